@@ -1,0 +1,28 @@
+"""The serving core shared by the live engine and the simulator: pure Python, no torch.
+
+Layout (one concept per module):
+
+* `config`        - validated cache and scheduler settings
+* `block_keys`    - process-stable chained block hashes (token ids or trace prefix hashes)
+* `request`       - request state and lifecycle
+* `block_pool`    - blocks, ref counts, prefix-cache map, empty/cached free lists
+* `eviction/`     - pluggable eviction policies for cached free blocks (lru, fifo, lfu, s3fifo)
+* `kv_manager`    - paged block tables: prefix hits, copy-on-write forks, swap, sink+window
+* `reservation`   - contiguous reservation baselines (max, pow2, oracle) behind the same interface
+* `victims`, `request_queue` - preemption victim policies and waiting queues
+* `scheduler`     - continuous batching with chunked prefill and preemption
+* `fast_forward`  - batched advance of pure-decode stretches (the simulator's fast path)
+* `metrics`       - counters, gauges and the memory breakdown
+"""
+
+from engine.core.config import CacheConfig, ConfigError, SchedulerConfig
+from engine.core.metrics import MemoryBreakdown, SchedulerStats, kv_snapshot, memory_breakdown
+from engine.core.outputs import ScheduledRequest, SchedulerOutput, UpdateOutput
+from engine.core.request import Request, RequestStatus, make_request
+from engine.core.scheduler import Scheduler
+
+__all__ = [
+    "CacheConfig", "ConfigError", "MemoryBreakdown", "Request", "RequestStatus", "ScheduledRequest", "Scheduler",
+    "SchedulerConfig", "SchedulerOutput", "SchedulerStats", "UpdateOutput", "kv_snapshot", "make_request",
+    "memory_breakdown",
+]

@@ -1,0 +1,105 @@
+"""Block keys: the identity of the i-th full KV block of a request, used for prefix caching.
+
+A key is a chained hash: key(i) = H(key(i-1), content of block i), so two requests share block i only if their
+whole prefixes up to and including block i agree. Hashes use blake2b (never Python's `hash()`), so keys are
+stable across processes and runs.
+
+Two sources of content:
+
+* `TokenBlockKeys`: the token ids themselves (the live engine).
+* `HashBlockKeys`: a trace's prefix hashes at granularity G, a multiple of the block size b (Mooncake's
+  512-token `hash_ids`). Group j expands into G/b sub-blocks keyed H(prev, hash_j, sub-index), so sharing at
+  granularity G is preserved exactly at block size b. Blocks past the hashed part of the prompt (the tail of the
+  prompt not covered, and every block holding generated tokens) are keyed with a per-request salt: they are
+  cacheable, but never shared with another request - as on the live engine, where generated text differs.
+  No token list is ever built, so a million such requests fit in memory.
+"""
+
+from __future__ import annotations
+
+from array import array
+from hashlib import blake2b
+
+ROOT_KEY = 0x6B76706C616E  # "kvplan": the parent of block 0
+
+
+def chain_hash(parent: int, payload: bytes) -> int:
+    """Process-stable 63-bit hash of (parent key, payload)."""
+    digest = blake2b(parent.to_bytes(8, "little") + payload, digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def stable_id_hash(text: str) -> int:
+    return chain_hash(ROOT_KEY, text.encode())
+
+
+class TokenBlockKeys:
+    """Keys of the full blocks of a growing token list (shared by reference with the request)."""
+
+    __slots__ = ("block_size", "keys", "token_ids")
+
+    def __init__(self, token_ids: list[int], block_size: int) -> None:
+        self.token_ids = token_ids
+        self.block_size = block_size
+        self.keys: list[int] = []
+
+    def key(self, index: int) -> int | None:
+        """Key of block `index`, or None while that block is not full."""
+        keys, bs = self.keys, self.block_size
+        while len(keys) <= index:
+            start = len(keys) * bs
+            if start + bs > len(self.token_ids):
+                return None
+            parent = keys[-1] if keys else ROOT_KEY
+            keys.append(chain_hash(parent, array("q", self.token_ids[start:start + bs]).tobytes()))
+        return keys[index]
+
+    def fork(self, token_ids: list[int], child_salt: str, keep_blocks: int) -> TokenBlockKeys:
+        child = TokenBlockKeys(token_ids, self.block_size)
+        child.keys = self.keys[:keep_blocks]
+        return child
+
+
+class HashBlockKeys:
+    """Keys derived from a trace's prefix hashes at granularity `granularity` (a multiple of `block_size`)."""
+
+    __slots__ = ("block_size", "granularity", "hash_ids", "keys", "num_hashed_blocks", "salt")
+
+    def __init__(self, hash_ids: list[int] | tuple[int, ...], granularity: int, block_size: int,
+                 prompt_len: int, salt: str) -> None:
+        if granularity % block_size:
+            raise ValueError(f"hash granularity {granularity} is not a multiple of block size {block_size}; "
+                             "prefix hashes can only be expanded to a block size that divides them")
+        self.hash_ids = hash_ids
+        self.granularity = granularity
+        self.block_size = block_size
+        # Only blocks lying wholly inside both the prompt and the hashed span carry the trace's identity.
+        self.num_hashed_blocks = min(prompt_len, len(hash_ids) * granularity) // block_size
+        self.salt = stable_id_hash(salt)
+        self.keys: list[int] = []
+
+    def key(self, index: int) -> int:
+        """Key of block `index` (always defined: the caller only asks for blocks it has filled)."""
+        keys = self.keys
+        per_group = self.granularity // self.block_size
+        while len(keys) <= index:
+            i = len(keys)
+            parent = keys[-1] if keys else ROOT_KEY
+            if i < self.num_hashed_blocks:
+                group, sub = divmod(i, per_group)
+                payload = array("q", (int(self.hash_ids[group]), sub)).tobytes()
+            else:
+                payload = array("q", (self.salt, i)).tobytes()
+            keys.append(chain_hash(parent, payload))
+        return keys[index]
+
+    def fork(self, token_ids: list[int] | None, child_salt: str, keep_blocks: int) -> HashBlockKeys:
+        child = HashBlockKeys.__new__(HashBlockKeys)
+        child.hash_ids, child.granularity, child.block_size = self.hash_ids, self.granularity, self.block_size
+        child.num_hashed_blocks = self.num_hashed_blocks
+        child.salt = stable_id_hash(child_salt)
+        child.keys = self.keys[:keep_blocks]
+        return child
+
+
+BlockKeys = TokenBlockKeys | HashBlockKeys

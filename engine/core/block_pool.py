@@ -1,0 +1,129 @@
+"""A fixed pool of KV blocks with reference counts and a prefix cache.
+
+Invariants (checked by the property tests):
+
+* every block is exactly one of: in use (ref_cnt > 0), empty free (ref_cnt 0, no key), cached free
+  (ref_cnt 0, keyed, an eviction candidate);
+* `cached[key] is block` iff `block.key == key`; a key maps to at most one block;
+* a freed full block keeps its key and can be hit until an allocation evicts it.
+
+Allocation takes empty blocks first and evicts a cached one (chosen by the eviction policy) only when none is
+left, so cached contents are never thrown away while empty memory remains::
+
+    allocate ─► empty stack ─(empty?)─► policy.evict() ─► drop key ─► ref_cnt = 1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.core.config import ConfigError, check_int
+from engine.core.eviction import EvictionPolicy, make_eviction_policy
+
+
+@dataclass(slots=True, eq=False)
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    key: int | None = None  # set once the block is full and registered in the prefix cache
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, eviction_policy: str = "lru",
+                 enable_caching: bool = True) -> None:
+        check_int("cache.num_blocks", num_blocks, 1)
+        check_int("cache.block_size", block_size, 1, 256)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self._empty: list[KVBlock] = self.blocks[::-1]  # a stack: block 0 is handed out first
+        self.policy: EvictionPolicy = make_eviction_policy(eviction_policy, num_blocks)
+        self.cached: dict[int, KVBlock] = {}
+
+    # -- queries -------------------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks an allocation can obtain: empty plus cached-but-free."""
+        return len(self._empty) + len(self.policy)
+
+    @property
+    def num_empty(self) -> int:
+        return len(self._empty)
+
+    @property
+    def num_cached_free(self) -> int:
+        return len(self.policy)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_evictions(self) -> int:
+        return self.policy.num_evictions
+
+    def usage(self) -> float:
+        """Fraction of blocks in use; cached-but-free blocks count as free (as vLLM)."""
+        return self.num_used / self.num_blocks
+
+    def lookup(self, key: int) -> KVBlock | None:
+        return self.cached.get(key)
+
+    # -- mutation ------------------------------------------------------------------------------------------
+    def allocate(self) -> KVBlock:
+        """One block with ref_cnt 1. The caller checks `num_free` first."""
+        if self._empty:
+            block = self._empty.pop()
+        else:
+            block = self.policy.evict()
+            del self.cached[block.key]
+            block.key = None
+        block.ref_cnt = 1
+        return block
+
+    def acquire(self, block: KVBlock) -> None:
+        """Take one more reference to a cached block (a prefix hit)."""
+        if block.ref_cnt == 0:
+            self.policy.remove(block)
+        block.ref_cnt += 1
+        self.policy.touch(block)
+
+    def share(self, block: KVBlock) -> None:
+        """One more reference to a block already in use (a fork)."""
+        block.ref_cnt += 1
+
+    def release(self, block: KVBlock) -> None:
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            if block.key is not None:
+                self.policy.insert(block)
+            else:
+                self._empty.append(block)
+
+    def register(self, block: KVBlock, key: int) -> bool:
+        """Enter a full, in-use block under `key`. False when caching is off or another block holds the key
+        (two requests computed the same contents concurrently; the first one stays the cached copy)."""
+        if not self.enable_caching or key in self.cached:
+            return False
+        block.key = key
+        self.cached[key] = block
+        self.policy.on_cached(block)
+        return True
+
+    def drop_cache(self) -> int:
+        """Forget every cached free block (they become empty). Returns how many were dropped."""
+        dropped = 0
+        while len(self.policy):
+            block = self.policy.pop_victim()
+            del self.cached[block.key]
+            block.key = None
+            self._empty.append(block)
+            dropped += 1
+        return dropped
+
+
+def check_pool_size(path: str, num_blocks: int, needed: int, what: str) -> None:
+    if num_blocks < needed:
+        raise ConfigError(f"{path}: {num_blocks} blocks cannot hold {what} ({needed} blocks needed); "
+                          f"allowed: at least {needed}")

@@ -1,0 +1,102 @@
+"""Validated configuration of the KV cache and the scheduler.
+
+Every check raises `ConfigError` whose message starts with the key path (`cache.block_size`, ...) so that the
+YAML layer can point at the offending key, and says what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALLOCATORS = ("paged", "max", "pow2", "oracle")
+PREEMPTION_MODES = ("recompute", "swap")
+QUEUE_POLICIES = ("fcfs", "priority")
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of its allowed range or names something unknown."""
+
+
+def check_int(path: str, value: object, lo: int, hi: int | None = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
+    if not ok:
+        allowed = f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
+        raise ConfigError(f"{path}: must be {allowed}, got {value!r}")
+
+
+def check_choice(path: str, value: object, allowed: tuple[str, ...] | list[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{path}: unknown value {value!r}; allowed: {', '.join(allowed)}")
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    """How KV memory is carved up.
+
+    `allocator="paged"` is PagedAttention-style block allocation; `max`, `pow2` and `oracle` are the contiguous
+    reservation baselines of the vLLM paper (reserve the model's max length, the next power of two of the real
+    need, or exactly the real need). `sink_tokens`/`window_tokens` > 0 keeps only the attention sinks and a
+    recent window of each request (StreamingLLM); `window_tokens=0` means full attention.
+    """
+
+    block_size: int = 16
+    num_blocks: int = 1024
+    num_cpu_blocks: int = 0
+    enable_prefix_caching: bool = True
+    eviction_policy: str = "lru"
+    allocator: str = "paged"
+    max_model_len: int = 4096
+    sink_tokens: int = 0
+    window_tokens: int = 0
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        from engine.core.eviction import EVICTION_POLICIES
+
+        check_int("cache.block_size", self.block_size, 1, 256)
+        check_int("cache.num_blocks", self.num_blocks, 1)
+        check_int("cache.num_cpu_blocks", self.num_cpu_blocks, 0)
+        check_int("cache.max_model_len", self.max_model_len, 1)
+        check_int("cache.sink_tokens", self.sink_tokens, 0)
+        check_int("cache.window_tokens", self.window_tokens, 0)
+        check_choice("cache.eviction_policy", self.eviction_policy, sorted(EVICTION_POLICIES))
+        check_choice("cache.allocator", self.allocator, ALLOCATORS)
+        if not isinstance(self.watermark, int | float) or not 0.0 <= self.watermark < 1.0:
+            raise ConfigError(f"cache.watermark: must be a fraction in [0, 1), got {self.watermark!r}")
+        if self.sink_tokens and not self.window_tokens:
+            raise ConfigError("cache.sink_tokens: needs cache.window_tokens > 0 (sinks only make sense with a window)")
+        if self.allocator != "paged":
+            for key, on in (("enable_prefix_caching", self.enable_prefix_caching),
+                            ("window_tokens", self.window_tokens), ("num_cpu_blocks", self.num_cpu_blocks)):
+                if on:
+                    raise ConfigError(f"cache.{key}: not supported with the contiguous reservation allocator "
+                                      f"{self.allocator!r}; allowed only with allocator 'paged'")
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_tokens > 0
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.watermark * self.num_blocks)
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    """Continuous batching limits and policies (names follow vLLM)."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+    preemption_mode: str = "recompute"
+    victim_policy: str = "newest"
+
+    def __post_init__(self) -> None:
+        from engine.core.victims import VICTIM_POLICIES
+
+        check_int("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        check_int("scheduler.max_num_seqs", self.max_num_seqs, 1)
+        check_choice("scheduler.policy", self.policy, QUEUE_POLICIES)
+        check_choice("scheduler.preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        check_choice("scheduler.victim_policy", self.victim_policy, sorted(VICTIM_POLICIES))

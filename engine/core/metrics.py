@@ -1,0 +1,119 @@
+"""Counters, gauges and the memory breakdown, with vLLM's names.
+
+The memory breakdown splits the KV token slots at one instant into fractions that sum to 1:
+
+* `token_states`            - slots holding a computed token's K and V;
+* `reserved_unused`         - slots allocated to a request for tokens it will still produce (within its
+                              prompt + output budget) but has not yet;
+* `internal_fragmentation`  - allocated slots beyond what the request will ever need (the tail of the last
+                              block; a reservation larger than the real length);
+* `external_fragmentation`  - free slots that a contiguous allocator cannot use because they lie outside the
+                              largest free extent (always 0 for paged allocation);
+* `free`                    - the rest (cached-but-free blocks count as free, as in vLLM).
+
+A block shared by several tables is counted once, with the most tokens any holder has in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.core.kv_manager import KVCacheManager
+    from engine.core.request import Request
+    from engine.core.reservation import ReservationAllocator
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_recomputes: int = 0
+    num_swap_outs: int = 0
+    num_rejected: int = 0
+    num_finished: int = 0
+
+
+@dataclass(slots=True)
+class MemoryBreakdown:
+    token_states: float
+    reserved_unused: float
+    internal_fragmentation: float
+    external_fragmentation: float
+    free: float
+
+    @property
+    def kv_token_utilization(self) -> float:
+        """Token states ÷ allocated token slots (1.0 when nothing is allocated)."""
+        allocated = self.token_states + self.reserved_unused + self.internal_fragmentation
+        return self.token_states / allocated if allocated else 1.0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def memory_breakdown(kv: KVCacheManager | ReservationAllocator, requests: Iterable[Request]
+                     ) -> MemoryBreakdown:
+    if hasattr(kv, "extents"):
+        return _reservation_breakdown(kv, requests)
+    return _paged_breakdown(kv, requests)
+
+
+def _paged_breakdown(kv: KVCacheManager, requests: Iterable[Request]) -> MemoryBreakdown:
+    bs = kv.block_size
+    filled: dict[int, int] = {}  # block id -> most slots any holder has written
+    needed: dict[int, int] = {}  # block id -> most slots any holder will ever write
+    for request in requests:
+        table = kv.tables.get(request.request_id)
+        if table is None:
+            continue
+        done, final = request.num_computed_tokens, max(request.final_len, request.num_tokens)
+        for i, block in enumerate(table):
+            if block is None:
+                continue
+            base = i * bs
+            bid = block.block_id
+            filled[bid] = max(filled.get(bid, 0), min(max(done - base, 0), bs))
+            needed[bid] = max(needed.get(bid, 0), min(max(final - base, 0), bs))
+    total = kv.config.num_blocks * bs
+    used_slots = kv.pool.num_used * bs
+    tokens = sum(filled.values())
+    reserved = sum(needed.values()) - tokens
+    return MemoryBreakdown(tokens / total, reserved / total, (used_slots - tokens - reserved) / total, 0.0,
+                           (total - used_slots) / total)
+
+
+def _reservation_breakdown(kv: ReservationAllocator, requests: Iterable[Request]) -> MemoryBreakdown:
+    tokens = reserved = internal = 0
+    for request in requests:
+        extent = kv.extents.get(request.request_id)
+        if extent is None:
+            continue
+        length = extent[1]
+        need = min(request.final_len, length)
+        tokens += request.num_computed_tokens
+        reserved += need - request.num_computed_tokens
+        internal += length - need
+    total = kv.total_slots
+    free = total - kv.reserved_slots
+    largest = kv.largest_free_extent()
+    return MemoryBreakdown(tokens / total, reserved / total, internal / total, (free - largest) / total,
+                           largest / total)
+
+
+def kv_snapshot(kv: KVCacheManager | ReservationAllocator, stats: SchedulerStats) -> dict[str, float | int]:
+    """Instantaneous gauges and cumulative counters under vLLM's metric names."""
+    pool = getattr(kv, "pool", None)
+    return {
+        "kv_usage": kv.usage(),
+        "num_blocks_used": pool.num_used if pool else 0,
+        "num_cached_free_blocks": pool.num_cached_free if pool else 0,
+        "prefix_cache_queries": kv.prefix_queries,
+        "prefix_cache_hits": kv.prefix_hits,
+        "prefix_cache_hit_rate": kv.prefix_hits / kv.prefix_queries if kv.prefix_queries else 0.0,
+        "num_preemptions": stats.num_preemptions,
+        "num_evicted_blocks": pool.num_evictions if pool else 0,
+        "num_rejected": stats.num_rejected,
+    }

@@ -1,0 +1,50 @@
+"""Plain-data descriptions of one scheduler step, consumed by the model runner (engine) or cost model (sim).
+
+The runner executes a step in this order: `copies` (copy-on-write), `swap_out` (GPU -> CPU), `swap_in`
+(CPU -> GPU), then the forward pass over `scheduled`. The order matters: a block released by a request that was
+swapped out or preempted in this step may be reused, in the same step, by a swap-in or a new request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.request import Request
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # tokens computed for it in this step
+    start_pos: int  # position of the first of them (= tokens already computed, prefix hits included)
+    num_cached_tokens: int  # tokens served by the prefix cache at this admission (0 if already running)
+    block_ids: list[int]  # the live block table (valid until the next schedule)
+    samples: bool  # this step computes the request's last pending token, so a token is sampled
+    is_decode: bool  # a one-token step on a generated token (everything else is prefill or recompute)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    step_id: int
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) GPU blocks, copy-on-write
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu, cpu)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, gpu)
+    preempted: list[str] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (request id, reason)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(slots=True)
+class UpdateOutput:
+    finished: list[Request] = field(default_factory=list)
+    forked: list[Request] = field(default_factory=list)  # children created for n > 1 in this update
+    released: dict[str, list[int]] = field(default_factory=dict)  # sink+window: request id -> block ids

@@ -1,0 +1,130 @@
+"""Request state as the scheduler and KV manager see it.
+
+A request either carries its token ids (the live engine: `token_ids` holds prompt + generated tokens) or runs
+count-only (the simulator: `token_ids is None`, only lengths and prefix block keys exist). The core never needs
+the tokens themselves, only their count and the block keys.
+
+Lifecycle::
+
+    WAITING ──admit──► RUNNING ──finish──► FINISHED
+       ▲                 │  │
+       │   recompute     │  └──swap──► SWAPPED ──swap in──► RUNNING
+       └── PREEMPTED ◄───┘
+    any non-final state ──abort / reject──► ABORTED
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.core.block_keys import BlockKeys, HashBlockKeys, TokenBlockKeys
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    SWAPPED = 2
+    PREEMPTED = 3  # freed by recompute preemption, waiting to be re-admitted
+    FINISHED = 4
+    ABORTED = 5
+
+    @property
+    def is_final(self) -> bool:
+        return self >= RequestStatus.FINISHED
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    arrival_s: float = 0.0
+    priority: int = 0  # smaller is more important (vLLM convention)
+    n: int = 1  # parallel samples: the prompt is computed once, then forked into n sequences
+    token_ids: list[int] | None = None
+    prefix_hashes: tuple[int, ...] | None = None  # a trace's prefix hashes, one per `hash_granularity` tokens
+    hash_granularity: int = 0
+    block_keys: BlockKeys | None = None  # attached by the scheduler when prefix caching is on
+    stop_token_ids: frozenset[int] = frozenset()
+    status: RequestStatus = RequestStatus.WAITING
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit (tokens) at the first admission
+    num_hashed_blocks: int = 0  # blocks of this request already registered in the prefix cache
+    num_preemptions: int = 0
+    seq: int = 0  # admission order of add_request, a stable tie-breaker
+    parent_id: str | None = None
+    children_ids: list[str] = field(default_factory=list)
+    forked: bool = False  # n > 1 requests: True once the children exist
+    finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: what a recompute must cover."""
+        return self.prompt_len + self.num_output_tokens
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return self.prompt_len + self.num_output_tokens - self.num_computed_tokens
+
+    @property
+    def final_len(self) -> int:
+        """Length the request reaches if it runs to its output budget."""
+        return self.prompt_len + self.max_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return [] if self.token_ids is None else self.token_ids[self.prompt_len:]
+
+    def append_token(self, token: int | None) -> None:
+        self.num_output_tokens += 1
+        if self.token_ids is not None:
+            self.token_ids.append(token if token is not None else 0)
+
+    def spawn(self, child_id: str) -> Request:
+        """A sibling sharing this request's whole history (fork for n > 1 or beam search)."""
+        tokens = None if self.token_ids is None else list(self.token_ids)
+        keys = None
+        if self.block_keys is not None:
+            keep = self.num_computed_tokens // self.block_keys.block_size
+            keys = self.block_keys.fork(tokens, child_id, keep)
+        return Request(
+            request_id=child_id, prompt_len=self.prompt_len, max_tokens=self.max_tokens,
+            arrival_s=self.arrival_s, priority=self.priority, n=1, token_ids=tokens,
+            prefix_hashes=self.prefix_hashes, hash_granularity=self.hash_granularity, block_keys=keys,
+            stop_token_ids=self.stop_token_ids, status=self.status, num_output_tokens=self.num_output_tokens,
+            num_computed_tokens=self.num_computed_tokens, num_cached_tokens=self.num_cached_tokens,
+            num_hashed_blocks=self.num_hashed_blocks, seq=self.seq, parent_id=self.request_id, forked=True,
+        )
+
+
+def make_request(request_id: str, *, max_tokens: int, prompt_len: int | None = None,
+                 prompt_token_ids: list[int] | None = None, prefix_hashes: list[int] | None = None,
+                 hash_granularity: int = 0, arrival_s: float = 0.0, priority: int = 0, n: int = 1,
+                 stop_token_ids: frozenset[int] | set[int] = frozenset()) -> Request:
+    """Build a request from token ids (engine) or from lengths plus optional trace prefix hashes (simulator)."""
+    tokens = list(prompt_token_ids) if prompt_token_ids is not None else None
+    if tokens is not None:
+        prompt_len = len(tokens)
+    if prompt_len is None or prompt_len < 1:
+        raise ValueError(f"request {request_id}: prompt must have at least one token, got {prompt_len}")
+    if max_tokens < 1:
+        raise ValueError(f"request {request_id}: max_tokens must be >= 1, got {max_tokens}")
+    if n < 1:
+        raise ValueError(f"request {request_id}: n must be >= 1, got {n}")
+    if prefix_hashes and hash_granularity < 1:
+        raise ValueError(f"request {request_id}: prefix_hashes need a hash_granularity >= 1")
+    return Request(request_id=request_id, prompt_len=prompt_len, max_tokens=max_tokens, arrival_s=arrival_s,
+                   priority=priority, n=n, token_ids=tokens,
+                   prefix_hashes=tuple(prefix_hashes) if prefix_hashes else None,
+                   hash_granularity=hash_granularity, stop_token_ids=frozenset(stop_token_ids))
+
+
+def attach_block_keys(request: Request, block_size: int) -> None:
+    """Give the request the block-key source matching its content and the cache's block size."""
+    if request.token_ids is not None:
+        request.block_keys = TokenBlockKeys(request.token_ids, block_size)
+    else:
+        request.block_keys = HashBlockKeys(request.prefix_hashes or (), request.hash_granularity or block_size,
+                                           block_size, request.prompt_len, request.request_id)

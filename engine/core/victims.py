@@ -1,0 +1,25 @@
+"""Whom to preempt when a running request cannot get a block.
+
+Each policy is a sort key over running requests; the victim is the request with the largest key. Ties fall to
+the most recently added request (largest `seq`), so every policy is deterministic.
+
+* `newest`            - the most recently arrived request (vLLM's default: it has the least work to redo),
+* `lowest_priority`   - the largest priority value (vLLM's priority scheduling), then the newest,
+* `longest_remaining` - the most output tokens still to generate, then the newest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from engine.core.request import Request
+
+VICTIM_POLICIES: dict[str, Callable[[Request], tuple]] = {
+    "newest": lambda r: (r.arrival_s, r.seq),
+    "lowest_priority": lambda r: (r.priority, r.arrival_s, r.seq),
+    "longest_remaining": lambda r: (r.max_tokens - r.num_output_tokens, r.arrival_s, r.seq),
+}
+
+
+def pick_victim(policy: str, running: Iterable[Request]) -> Request:
+    return max(running, key=VICTIM_POLICIES[policy])

@@ -1,0 +1,1 @@
+"""Triton kernels for paged KV and their torch reference implementations."""

@@ -1,0 +1,3 @@
+"""kvplan: KV-cache capacity planning for LLM serving."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install (idempotent) and run the whole test suite plus the linter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+.venv/bin/ruff check .
+.venv/bin/python -m pytest "$@"

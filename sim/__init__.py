@@ -1,0 +1,1 @@
+"""SimPy discrete-event model of the serving system, running the shared `engine.core` scheduler."""

@@ -1,0 +1,1 @@
+"""Request records, loaders for public trace formats, transforms and synthetic workloads."""
