@@ -1,8 +1,10 @@
 """Plain-data descriptions of one scheduler step, consumed by the model runner (engine) or cost model (sim).
 
-The runner executes a step in this order: `copies` (copy-on-write), `swap_out` (GPU -> CPU), `swap_in`
-(CPU -> GPU), then the forward pass over `scheduled`. The order matters: a block released by a request that was
-swapped out or preempted in this step may be reused, in the same step, by a swap-in or a new request.
+The runner executes a step in this order: `swap_out` (GPU -> CPU), `copies` (copy-on-write), `swap_in`
+(CPU -> GPU), then the forward pass over `scheduled`. The order matters: the blocks a victim releases when it is
+swapped out may be reused in the same step as copy-on-write destinations, so they are read first. (Swap-ins only
+happen in steps without preemption, so they never meet a swap-out.) A victim preempted after it was scheduled in
+this step loses its copies; if it is swapped out, its swap-out reads each copy's source instead.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class ScheduledRequest:
     block_ids: list[int]  # the live block table (valid until the next schedule)
     samples: bool  # this step computes the request's last pending token, so a token is sampled
     is_decode: bool  # a one-token step on a generated token (everything else is prefill or recompute)
+    copies: tuple[tuple[int, int], ...] = ()  # this request's copy-on-write pairs (also in SchedulerOutput)
 
     @property
     def request_id(self) -> str:

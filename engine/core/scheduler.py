@@ -206,7 +206,7 @@ class Scheduler:
         samples = start + n == request.num_tokens
         out.scheduled.append(ScheduledRequest(
             request, n, start, cached_tokens, self.kv.block_ids[request.request_id], samples,
-            samples and n == 1 and start >= request.prompt_len))
+            samples and n == 1 and start >= request.prompt_len, copies))
         out.num_batched_tokens += n
         if copies:
             out.copies.extend(copies)
@@ -217,17 +217,19 @@ class Scheduler:
         victim.num_preemptions += 1
         self.stats.num_preemptions += 1
         out.preempted.append(victim.request_id)
-        refund = 0
+        refund, undone = 0, ()
         for i, item in enumerate(out.scheduled):
             if item.request is victim:
-                refund = item.num_new_tokens
+                refund, undone = item.num_new_tokens, item.copies
                 out.num_batched_tokens -= refund
+                out.copies = [c for c in out.copies if c not in undone]
                 del out.scheduled[i]
                 break
         if self.config.preemption_mode == "swap":
             copies = self.kv.swap_out(victim)
             if copies is not None:
-                out.swap_out.extend(copies)
+                source = {dst: src for src, dst in undone}  # its copy-on-write never ran: read the source
+                out.swap_out.extend((source.get(gpu, gpu), cpu) for gpu, cpu in copies)
                 victim.status = RequestStatus.SWAPPED
                 self.swapped.append(victim)
                 self.stats.num_swap_outs += 1

@@ -1,0 +1,64 @@
+"""Checks of the DESIGN.md invariants over a live Scheduler, shared by the property and unit tests."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from engine.core import RequestStatus, Scheduler
+from engine.core.block_pool import BlockPool
+
+
+def check_pool(pool: BlockPool, tables: dict) -> None:
+    holders: Counter[int] = Counter()
+    for table in tables.values():
+        for block in table:
+            if block is not None:
+                holders[block.block_id] += 1
+    empty = {b.block_id for b in pool._empty}
+    assert len(empty) == len(pool._empty), "a block is twice in the empty list"
+    assert len(empty) + len(pool.policy) + pool.num_used == pool.num_blocks
+    for block in pool.blocks:
+        assert block.ref_cnt == holders[block.block_id], f"block {block.block_id}: ref {block.ref_cnt} != holders"
+        if block.ref_cnt == 0 and block.key is None:
+            assert block.block_id in empty, f"free unkeyed block {block.block_id} not in the empty list"
+        else:
+            assert block.block_id not in empty, f"block {block.block_id} is in the empty list but used or keyed"
+        if block.key is not None:
+            assert pool.cached[block.key] is block
+    assert all(b.key == k for k, b in pool.cached.items())
+    cached_free = sum(1 for b in pool.blocks if b.ref_cnt == 0 and b.key is not None)
+    assert cached_free == len(pool.policy), "eviction candidates != cached free blocks"
+
+
+def check_scheduler(sched: Scheduler) -> None:
+    kv = sched.kv
+    live = set(sched.requests)
+    assert set(kv.tables) <= live and set(kv.cpu_tables) <= live
+    for rid, table in kv.tables.items():
+        assert kv.block_ids[rid] == [-1 if b is None else b.block_id for b in table]
+    check_pool(kv.pool, kv.tables)
+    if kv.cpu_pool is not None:
+        check_pool(kv.cpu_pool, kv.cpu_tables)
+    for request in sched.running:
+        assert request.status is RequestStatus.RUNNING
+        table = kv.tables[request.request_id]
+        assert len(table) * kv.block_size >= request.num_computed_tokens
+        if kv.config.windowed:
+            held = sum(1 for b in table if b is not None)
+            assert held <= kv.blocks_for(10**9), f"{request.request_id} holds {held} blocks in window mode"
+    for request in sched.swapped:
+        assert request.request_id in kv.cpu_tables and request.request_id not in kv.tables
+    for request in sched.waiting:
+        assert request.request_id not in kv.tables and request.num_computed_tokens == 0
+    assert len(sched.running) + len(sched.swapped) + len(sched.waiting) == len(sched.requests)
+
+
+def check_all_free(sched: Scheduler) -> None:
+    """After every request ended: no leak; after dropping the cache every block is empty."""
+    pool = sched.kv.pool
+    assert all(b.ref_cnt == 0 for b in pool.blocks), "leaked block references"
+    assert pool.num_free == pool.num_blocks
+    sched.reset_prefix_cache()
+    assert pool.num_empty == pool.num_blocks and not pool.cached
+    if sched.kv.cpu_pool is not None:
+        assert sched.kv.cpu_pool.num_free == sched.kv.cpu_pool.num_blocks
