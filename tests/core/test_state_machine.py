@@ -38,9 +38,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         need = -(-(self.max_prompt + 8) // block_size)
         num_blocks = max(need, blocks_per_request * need // 2)
         self.sched = Scheduler(
-            CacheConfig(block_size=block_size, num_blocks=num_blocks, num_cpu_blocks=num_blocks if mode == "swap" else 0,
-                        eviction_policy=policy, max_model_len=4096, window_tokens=window_tokens,
-                        sink_tokens=sink_tokens, watermark=0.0),
+            CacheConfig(block_size=block_size, num_blocks=num_blocks,
+                        num_cpu_blocks=num_blocks if mode == "swap" else 0, eviction_policy=policy,
+                        max_model_len=4096, window_tokens=window_tokens, sink_tokens=sink_tokens, watermark=0.0),
             SchedulerConfig(max_num_batched_tokens=max(self.max_prompt + 8, 24) if not chunk else 2 * block_size + 3,
                             max_num_seqs=6, enable_chunked_prefill=chunk, policy=queue, preemption_mode=mode,
                             victim_policy=victim))
@@ -95,7 +95,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         ids = sorted(self.sched.requests)
         assert self.sched.abort(ids[pick % len(ids)])
 
-    @precondition(lambda self: any(r.num_output_tokens > 0 and r.forked or r.n == 1 and r.num_output_tokens
+    @precondition(lambda self: any((r.num_output_tokens > 0 and r.forked) or (r.n == 1 and r.num_output_tokens)
                                    for r in self.sched.running))
     @rule(pick=st.integers(0, 10**6))
     def fork(self, pick):
