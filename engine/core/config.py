@@ -72,6 +72,21 @@ class CacheConfig:
                     raise ConfigError(f"cache.{key}: not supported with the contiguous reservation allocator "
                                       f"{self.allocator!r}; allowed only with allocator 'paged'")
 
+        need = self.blocks_per_request(self.max_model_len)
+        if self.num_blocks < need:
+            raise ConfigError(
+                f"cache.num_blocks: {self.num_blocks} blocks of {self.block_size} tokens cannot hold one request of "
+                f"max_model_len {self.max_model_len} ({need} blocks needed); allowed: num_blocks >= {need}, or a "
+                "smaller cache.max_model_len")
+
+    def blocks_per_request(self, num_tokens: int) -> int:
+        """Blocks one request of `num_tokens` tokens holds at its peak."""
+        blocks = -(-num_tokens // self.block_size)
+        if self.window_tokens:
+            sink = -(-self.sink_tokens // self.block_size)
+            blocks = min(blocks, sink + -(-self.window_tokens // self.block_size) + 1)
+        return blocks
+
     @property
     def windowed(self) -> bool:
         return self.window_tokens > 0

@@ -54,17 +54,10 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage()
 
-    def blocks_for(self, num_tokens: int) -> int:
-        """Blocks a request of `num_tokens` holds at its peak."""
-        blocks = cdiv(num_tokens, self.block_size)
-        if self.config.windowed:
-            blocks = min(blocks, self.sink_blocks + cdiv(self.config.window_tokens, self.block_size) + 1)
-        return blocks
-
     def admission_error(self, request: Request, first_chunk_tokens: int) -> str | None:
         """Why `request` could never run even alone in an empty cache, or None."""
         total = self.config.num_blocks
-        need = self.blocks_for(min(request.final_len, self.config.max_model_len))
+        need = self.config.blocks_per_request(min(request.final_len, self.config.max_model_len))
         if need > total:
             return (f"needs {need} KV blocks ({request.final_len} tokens at block size {self.block_size}) "
                     f"but the cache holds only {total}")

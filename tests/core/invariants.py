@@ -45,7 +45,8 @@ def check_scheduler(sched: Scheduler) -> None:
         assert len(table) * kv.block_size >= request.num_computed_tokens
         if kv.config.windowed:
             held = sum(1 for b in table if b is not None)
-            assert held <= kv.blocks_for(10**9), f"{request.request_id} holds {held} blocks in window mode"
+            bound = kv.config.blocks_per_request(10**9)
+            assert held <= bound, f"{request.request_id} holds {held} > {bound} blocks in window mode"
     for request in sched.swapped:
         assert request.request_id in kv.cpu_tables and request.request_id not in kv.tables
     for request in sched.waiting:

@@ -40,7 +40,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched = Scheduler(
             CacheConfig(block_size=block_size, num_blocks=num_blocks,
                         num_cpu_blocks=num_blocks if mode == "swap" else 0, eviction_policy=policy,
-                        max_model_len=4096, window_tokens=window_tokens, sink_tokens=sink_tokens, watermark=0.0),
+                        max_model_len=self.max_prompt + 8, window_tokens=window_tokens, sink_tokens=sink_tokens,
+                        watermark=0.0),
             SchedulerConfig(max_num_batched_tokens=max(self.max_prompt + 8, 24) if not chunk else 2 * block_size + 3,
                             max_num_seqs=6, enable_chunked_prefill=chunk, policy=queue, preemption_mode=mode,
                             victim_policy=victim))

@@ -1,0 +1,48 @@
+"""Block keys: chained, process-stable, and equal across granularities when the trace says so."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from engine.core.block_keys import HashBlockKeys, TokenBlockKeys
+
+
+def test_token_keys_are_chained_and_only_for_full_blocks():
+    a = TokenBlockKeys([1, 2, 3, 4, 5, 6, 7], 3)
+    b = TokenBlockKeys([9, 2, 3, 4, 5, 6], 3)
+    assert a.key(2) is None  # tokens 6..8 are not all there
+    assert a.key(0) != b.key(0)
+    assert a.key(1) != b.key(1)  # same tokens [4, 5, 6], different parents
+
+
+def test_keys_are_stable_across_processes():
+    code = ("from engine.core.block_keys import TokenBlockKeys, HashBlockKeys;"
+            "print(TokenBlockKeys([5, 6, 7, 8], 2).key(1), HashBlockKeys([3, 4], 512, 16, 1000, 'x').key(40))")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2)}
+    assert len(runs) == 1
+    local = f"{TokenBlockKeys([5, 6, 7, 8], 2).key(1)} {HashBlockKeys([3, 4], 512, 16, 1000, 'x').key(40)}\n"
+    assert runs == {local}
+
+
+def test_hash_granularity_expands_exactly_to_the_block_size():
+    # Two requests sharing the first 512-token hash share exactly the first 32 blocks of 16 tokens.
+    a = HashBlockKeys([10, 11], 512, 16, prompt_len=1024, salt="a")
+    b = HashBlockKeys([10, 12], 512, 16, prompt_len=1024, salt="b")
+    assert [a.key(i) for i in range(32)] == [b.key(i) for i in range(32)]
+    assert a.key(32) != b.key(32)
+
+
+def test_blocks_past_the_hashed_prompt_are_private_to_the_request():
+    a = HashBlockKeys([10], 512, 16, prompt_len=100, salt="a")  # 6 full blocks inside the prompt
+    b = HashBlockKeys([10], 512, 16, prompt_len=100, salt="b")
+    assert a.key(5) == b.key(5)
+    assert a.key(6) != b.key(6)  # block 6 holds prompt tail and generated tokens
+
+
+def test_granularity_must_be_a_multiple_of_the_block_size():
+    with pytest.raises(ValueError, match="granularity 512 is not a multiple of block size 24"):
+        HashBlockKeys([1], 512, 24, 100, "a")

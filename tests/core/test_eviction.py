@@ -1,0 +1,135 @@
+"""Hand-worked eviction orders for every policy, on the block pool directly."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.core.block_pool import BlockPool
+from engine.core.config import ConfigError
+from engine.core.eviction import EVICTION_POLICIES
+
+
+def cache_chain(pool: BlockPool, keys: list[int]) -> list:
+    blocks = [pool.allocate() for _ in keys]
+    for block, key in zip(blocks, keys, strict=True):
+        assert pool.register(block, key)
+    return blocks
+
+
+def release_tail_first(pool: BlockPool, blocks: list) -> None:
+    for block in reversed(blocks):
+        pool.release(block)
+
+
+def hit(pool: BlockPool, block, times: int = 1) -> None:
+    for _ in range(times):
+        pool.acquire(block)
+        pool.release(block)
+
+
+def eviction_order(pool: BlockPool, count: int) -> list[int]:
+    """Block ids in the order allocations evict them (empty blocks are used first and not reported)."""
+    while pool.num_empty:
+        pool.allocate()
+    order = []
+    for _ in range(count):
+        key_before = {b.block_id: b.key for b in pool.blocks}
+        block = pool.allocate()
+        assert key_before[block.block_id] is not None and block.key is None
+        order.append(block.block_id)
+    return order
+
+
+def two_chains(policy: str) -> tuple[BlockPool, list, list]:
+    pool = BlockPool(num_blocks=6, block_size=4, eviction_policy=policy)
+    a = cache_chain(pool, [100, 101, 102])  # blocks 0, 1, 2: one request's chain
+    b = cache_chain(pool, [200, 201])  # blocks 3, 4
+    return pool, a, b
+
+
+def test_lru_evicts_deepest_block_of_the_least_recently_freed_chain_first():
+    pool, a, b = two_chains("lru")
+    release_tail_first(pool, a)
+    release_tail_first(pool, b)
+    assert eviction_order(pool, 5) == [2, 1, 0, 4, 3]
+    assert pool.num_evictions == 5
+
+
+def test_lru_hit_on_a_free_block_refreshes_it():
+    pool, a, b = two_chains("lru")
+    release_tail_first(pool, a)
+    release_tail_first(pool, b)
+    hit(pool, a[0])
+    assert eviction_order(pool, 5) == [2, 1, 4, 3, 0]
+
+
+def test_fifo_evicts_in_cache_insertion_order_ignoring_hits():
+    pool, a, b = two_chains("fifo")
+    release_tail_first(pool, b)
+    release_tail_first(pool, a)
+    hit(pool, a[0], times=3)
+    assert eviction_order(pool, 5) == [0, 1, 2, 3, 4]
+
+
+def test_lfu_evicts_fewest_uses_then_earliest_freed():
+    pool, a, b = two_chains("lfu")
+    for _ in range(2):  # two hits on block 0 while it is in use
+        pool.acquire(a[0])
+    pool.release(a[0])
+    pool.release(a[0])
+    pool.acquire(b[0])  # one hit on block 3
+    pool.release(b[0])
+    release_tail_first(pool, a)
+    release_tail_first(pool, b)
+    assert eviction_order(pool, 5) == [2, 1, 4, 3, 0]
+
+
+def test_s3fifo_promotes_a_block_hit_in_the_small_queue_and_evicts_one_hit_wonders_first():
+    pool = BlockPool(num_blocks=4, block_size=4, eviction_policy="s3fifo")
+    x, y, z = cache_chain(pool, [1, 2, 3])
+    pool.acquire(x)  # a hit while x is in use
+    pool.release(x)
+    for block in (x, y, z):  # freed oldest first: LRU would evict x first
+        pool.release(block)
+    assert eviction_order(pool, 3) == [y.block_id, z.block_id, x.block_id]
+
+
+def test_s3fifo_ghost_hit_goes_straight_to_main():
+    pool = BlockPool(num_blocks=3, block_size=4, eviction_policy="s3fifo")
+    (y,) = cache_chain(pool, [7])
+    pool.release(y)
+    pool.allocate(), pool.allocate()  # exhaust empty blocks
+    evicted = pool.allocate()  # evicts y: key 7 is remembered in the ghost queue
+    assert evicted is y and 7 in pool.policy._ghost
+    assert pool.register(evicted, 7)  # the same contents come back
+    assert evicted.block_id in pool.policy._in_main
+    others = [b for b in pool.blocks if b is not evicted]
+    assert pool.register(others[0], 8)
+    pool.release(evicted)
+    pool.release(others[0])
+    # the small queue (key 8) is drained before main (key 7), although 7 was freed first
+    assert eviction_order(pool, 2) == [others[0].block_id, evicted.block_id]
+
+
+@pytest.mark.parametrize("policy", sorted(EVICTION_POLICIES))
+def test_every_policy_counts_evictions_and_drops_keys(policy):
+    pool, a, b = two_chains(policy)
+    release_tail_first(pool, a)
+    release_tail_first(pool, b)
+    order = eviction_order(pool, 5)
+    assert sorted(order) == [0, 1, 2, 3, 4]
+    assert pool.num_evictions == 5 and not pool.cached
+
+
+def test_unknown_policy_lists_the_allowed_ones():
+    with pytest.raises(ConfigError, match=r"cache.eviction_policy: unknown policy 'mru'; allowed: fifo, lfu, lru"):
+        BlockPool(4, 4, eviction_policy="mru")
+
+
+def test_duplicate_contents_are_not_cached_twice():
+    pool = BlockPool(4, 4)
+    first, second = pool.allocate(), pool.allocate()
+    assert pool.register(first, 5)
+    assert not pool.register(second, 5)
+    pool.release(second)
+    assert pool.num_empty == 3  # the duplicate became an empty block, not a cached one
