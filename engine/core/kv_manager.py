@@ -105,6 +105,8 @@ class KVCacheManager:
         rid, bs, pool = request.request_id, self.block_size, self.pool
         table = self.tables.get(rid)
         start = request.num_computed_tokens
+        if table is not None and start + num_new_tokens <= len(table) * bs and table[start // bs].ref_cnt == 1:
+            return NO_COPIES  # the common decode step: room left in a private last block
         held = 0 if table is None else len(table)
         if hits:
             start = len(hits) * bs

@@ -23,7 +23,7 @@ from itertools import count
 
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_manager import KVCacheManager
-from engine.core.metrics import SchedulerStats
+from engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
 from engine.core.outputs import ScheduledRequest, SchedulerOutput, UpdateOutput
 from engine.core.request import Request, RequestStatus, attach_block_keys
 from engine.core.request_queue import make_queue
@@ -301,6 +301,13 @@ class Scheduler:
         del self.requests[request.request_id]
         self.stats.num_finished += 1
         result.finished.append(request)
+
+    def kv_metrics(self) -> dict[str, float | int]:
+        """vLLM-named gauges and counters plus the memory breakdown at this instant."""
+        live = [*self.running, *self.swapped]
+        breakdown = memory_breakdown(self.kv, live)
+        return {**kv_snapshot(self.kv, self.stats), **breakdown.as_dict(),
+                "kv_token_utilization": breakdown.kv_token_utilization}
 
     # -- cache control -------------------------------------------------------------------------------------
     def reset_prefix_cache(self) -> int:

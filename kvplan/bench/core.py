@@ -3,6 +3,7 @@ of one scheduler cycle."""
 
 from __future__ import annotations
 
+import statistics
 import time
 
 from engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request, memory_breakdown
@@ -42,8 +43,9 @@ def memory_efficiency(allocator: str, block_size: int, lengths: list[tuple[int, 
 
 
 def decode_cycle_time(num_running: int, block_size: int = 16, cycles: int = 200, prompt_len: int = 200,
-                      with_tokens: bool = False) -> float:
-    """Mean wall time (s) of one schedule()+update() with `num_running` requests all in decode."""
+                      with_tokens: bool = False, repeats: int = 5) -> float:
+    """Wall time (s) of one schedule()+update() with `num_running` requests all in decode: the median over
+    `repeats` runs of the mean over `cycles` cycles (robust to a busy machine)."""
     blocks = num_running * ((prompt_len + cycles + 64) // block_size + 2)
     sched = Scheduler(CacheConfig(block_size=block_size, num_blocks=blocks, enable_prefix_caching=True),
                       SchedulerConfig(max_num_batched_tokens=max(8192, num_running), max_num_seqs=num_running))
@@ -54,13 +56,17 @@ def decode_cycle_time(num_running: int, block_size: int = 16, cycles: int = 200,
     while any(r.num_output_tokens == 0 for r in sched.requests.values()):  # prefill everything first
         step = sched.schedule()
         sched.update(step, [1] * len(step.scheduled) if with_tokens else None)
-    start = time.perf_counter()
-    for _ in range(cycles):
-        step = sched.schedule()
-        sched.update(step, [1] * len(step.scheduled) if with_tokens else None)
-    elapsed = (time.perf_counter() - start) / cycles
-    assert len(step.scheduled) == num_running, "benchmark setup: not every request decoded in the last cycle"
-    return elapsed
+    means = []
+    per_repeat = cycles // repeats
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(per_repeat):
+            step = sched.schedule()
+            sched.update(step, [1] * len(step.scheduled) if with_tokens else None)
+        means.append((time.perf_counter() - start) / per_repeat)
+        if len(step.scheduled) != num_running:
+            raise RuntimeError("benchmark setup: not every request decoded in the last cycle")
+    return statistics.median(means)
 
 
 def run(num_requests: int = 600, seed: int = 0) -> dict:

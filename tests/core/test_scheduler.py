@@ -187,3 +187,17 @@ def test_bad_cache_configuration_says_what_is_allowed(kwargs, message):
 def test_bad_scheduler_configuration_says_what_is_allowed(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         SchedulerConfig(**kwargs)
+
+
+def test_kv_metrics_report_vllm_names_and_a_breakdown_that_sums_to_one():
+    sched = make_scheduler(block_size=4, num_blocks=16)
+    sched.add_request(make_request("a", prompt_token_ids=list(range(10)), max_tokens=4))
+    step(sched)
+    metrics = sched.kv_metrics()
+    assert metrics["kv_usage"] == 3 / 16 and metrics["num_blocks_used"] == 3
+    assert metrics["token_states"] == 10 / 64 and metrics["reserved_unused"] == 2 / 64  # 11 computed next step
+    parts = ("token_states", "reserved_unused", "internal_fragmentation", "external_fragmentation", "free")
+    assert abs(sum(metrics[p] for p in parts) - 1) < 1e-12
+    run_to_completion(sched)
+    metrics = sched.kv_metrics()
+    assert metrics["kv_usage"] == 0 and metrics["num_cached_free_blocks"] == 3
