@@ -61,7 +61,7 @@ class Scheduler:
         request.seq = next(self._seq)
         if self._keys_wanted and request.block_keys is None:
             attach_block_keys(request, self.block_size)
-        reason = self._rejection_reason(request)
+        reason = self.rejection_reason(request)
         if reason is not None:
             request.status = RequestStatus.ABORTED
             request.finish_reason = f"rejected: {reason}"
@@ -73,7 +73,8 @@ class Scheduler:
         self.waiting.push(request)
         return True
 
-    def _rejection_reason(self, request: Request) -> str | None:
+    def rejection_reason(self, request: Request) -> str | None:
+        """Why `request` could never run under this configuration, or None."""
         limit, budget = self.cache_config.max_model_len, self.config.max_num_batched_tokens
         if request.final_len > limit:
             return (f"prompt ({request.prompt_len}) + max_tokens ({request.max_tokens}) = {request.final_len} "

@@ -1,0 +1,271 @@
+"""`LLM`: the offline engine API (vLLM-shaped) and the step-by-step interface used for replay.
+
+    llm = LLM("tiny-llama", block_size=16, kv_cache_memory=64 << 20)
+    outputs = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0, max_tokens=8))
+
+One `step()` = `scheduler.schedule()` -> block copies / swaps -> prepare packed inputs -> forward -> sample ->
+`scheduler.update()`; the scheduler, block pool and KV manager are the shared `engine.core` ones.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.attention import register_paged_attention
+from engine.backends import make_backend
+from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
+from engine.core.outputs import SchedulerOutput
+from engine.kv_cache import KVLayout, PagedKVCache
+from engine.model_runner import ModelRunner
+from engine.models import load_model
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.profiler import StepProfiler
+from engine.sampling import SampledToken, SamplingParams, sample_row
+
+DEFAULT_KV_CACHE_MEMORY = 512 << 20
+DEFAULT_SWAP_SPACE = 256 << 20
+
+
+@dataclass(slots=True)
+class _Group:
+    """One user request: its n sequences (index 0 is the request itself, j > 0 its forked children)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    generators: list[torch.Generator]
+    sequences: dict[int, object] = field(default_factory=dict)  # index -> core Request
+    logprobs: dict[int, list[SampledToken]] = field(default_factory=dict)
+    finished: int = 0
+
+
+class LLM:
+    def __init__(self, model: str, *, block_size: int = 16, kv_cache_memory: int | None = None,
+                 gpu_memory_utilization: float = 0.9, swap_space: int = DEFAULT_SWAP_SPACE,
+                 enable_prefix_caching: bool = True, eviction_policy: str = "lru",
+                 preemption_mode: str = "recompute", victim_policy: str = "newest", max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
+                 max_model_len: int | None = None, dtype: str | torch.dtype = "float32", device: str | None = None,
+                 attention_backend: str = "torch", sink_tokens: int = 0, window_tokens: int = 0, seed: int = 0,
+                 profile_path: str | Path | None = None) -> None:
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.loaded = load_model(model, dtype=dtype, device=str(self.device),
+                                 attn_implementation=register_paged_attention())
+        self.tokenizer = self.loaded.tokenizer
+        self.max_model_len = min(max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
+        layout = KVLayout(self.loaded.num_layers, self.loaded.num_kv_heads, self.loaded.head_dim, block_size, dtype)
+        num_blocks = self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization)
+        num_cpu_blocks = layout.blocks_in(swap_space) if preemption_mode == "swap" else 0
+        try:
+            cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
+                                enable_prefix_caching=enable_prefix_caching, eviction_policy=eviction_policy,
+                                max_model_len=self.max_model_len, sink_tokens=sink_tokens,
+                                window_tokens=window_tokens)
+        except ConfigError as exc:
+            budget = layout.bytes_per_block * num_blocks
+            raise ValueError(f"KV budget too small: {budget} bytes hold {num_blocks} blocks of {block_size} tokens "
+                             f"({layout.bytes_per_block} bytes each): {exc}") from exc
+        self.scheduler = Scheduler(cache, SchedulerConfig(
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
+            victim_policy=victim_policy))
+        self.kv_cache = PagedKVCache(layout, num_blocks, num_cpu_blocks, self.device)
+        self.runner = ModelRunner(self.loaded.model, self.kv_cache, make_backend(attention_backend), self.device)
+        self._seeds = torch.Generator().manual_seed(seed)
+        self._groups: dict[str, _Group] = {}
+        self._owner: dict[str, tuple[str, int]] = {}  # sequence id -> (group id, index)
+        self._counter = 0
+        self.profiler = None if profile_path is None else StepProfiler(profile_path, {
+            "model": model, "device": str(self.device), "dtype": str(dtype), "block_size": block_size,
+            "num_blocks": num_blocks, "torch": torch.__version__})
+
+    def _num_blocks(self, layout: KVLayout, kv_cache_memory: int | None, utilization: float) -> int:
+        if self.device.type == "cuda" and kv_cache_memory is None:
+            from engine.kv_cache import cuda_blocks_for_utilization
+
+            return cuda_blocks_for_utilization(layout, utilization, self.device)
+        return layout.blocks_in(kv_cache_memory if kv_cache_memory is not None else DEFAULT_KV_CACHE_MEMORY)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.kv_cache.num_blocks
+
+    # -- requests ------------------------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def check_prompt(self, tokens: list[int], params: SamplingParams) -> None:
+        """Raise ValueError for a request that cannot run; nothing is changed."""
+        if not tokens:
+            raise ValueError("empty prompt: a request needs at least one token")
+        if len(tokens) >= self.max_model_len:
+            raise ValueError(f"prompt of {len(tokens)} tokens is longer than the model's context "
+                             f"(max_model_len {self.max_model_len})")
+        if len(tokens) + params.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({len(tokens)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
+                             f"context (max_model_len {self.max_model_len})")
+        vocab = self.loaded.vocab_size
+        if min(tokens) < 0 or max(tokens) >= vocab:
+            raise ValueError(f"prompt token ids must lie in [0, {vocab}); got {min(tokens)}..{max(tokens)}")
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+                    request_id: str | None = None, arrival_s: float | None = None, priority: int = 0) -> str:
+        params = params or SamplingParams()
+        tokens = self.encode(prompt)
+        self.check_prompt(tokens, params)
+        rid = request_id if request_id is not None else f"req-{self._counter}"
+        if rid in self._groups:
+            raise ValueError(f"request id {rid!r} is already in use")
+        self._counter += 1
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.loaded.eos_token_ids))
+        request = make_request(rid, prompt_token_ids=tokens, max_tokens=params.max_tokens, n=params.n,
+                               stop_token_ids=stops, arrival_s=arrival_s or 0.0, priority=priority)
+        reason = self.scheduler.rejection_reason(request)
+        if reason is not None:
+            raise ValueError(f"request {rid} cannot run: {reason}")
+        seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seeds))
+        group = _Group(rid, prompt if isinstance(prompt, str) else None, tokens, params,
+                       RequestMetrics(arrival_s if arrival_s is not None else time.perf_counter()),
+                       [torch.Generator().manual_seed(seed + j) for j in range(params.n)])
+        group.sequences[0] = request
+        self._groups[rid] = group
+        self._owner[rid] = (rid, 0)
+        self.scheduler.add_request(request)
+        return rid
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: str) -> None:
+        group = self._groups.pop(request_id, None)
+        if group is not None:
+            for request in group.sequences.values():
+                self.scheduler.abort(request.request_id)
+                self._owner.pop(request.request_id, None)
+
+    # -- one engine step -----------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; returns the requests that finished in it."""
+        times: dict[str, float] = {}
+        mark = self._clock()
+        out = self.scheduler.schedule()
+        mark = scheduled_at = self._lap(times, "schedule", mark)
+        self.runner.apply_memory_ops(out)
+        sampled: list = [None] * len(out.scheduled)
+        if out.scheduled:
+            prepared = self.runner.prepare(out)
+            mark = self._lap(times, "prepare", mark)
+            logits = self.runner.forward(prepared)
+            mark = self._lap(times, "forward", mark)
+            self._sample(out, prepared.sampled_items, logits, sampled)
+            mark = self._lap(times, "sample", mark)
+        result = self.scheduler.update(out, sampled)
+        now = self._lap(times, "update", mark)
+        finished = self._record(out, result, scheduled_at, now)
+        if self.profiler is not None:
+            self.profiler.record(out, self.kv_cache.layout.block_size, times)
+        return finished
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _lap(self, times: dict[str, float], name: str, since: float) -> float:
+        now = self._clock()
+        times[name] = now - since
+        return now
+
+    def _sample(self, out: SchedulerOutput, items: list, logits: torch.Tensor, sampled: list) -> None:
+        position = {id(item): i for i, item in enumerate(out.scheduled)}
+        for row, item in enumerate(items):
+            request = item.request
+            group_id, index = self._owner[request.request_id]
+            group = self._groups[group_id]
+            if request.n > 1 and not request.forked:  # first tokens of all n sequences, from the prompt's logits
+                draws = [sample_row(logits[row], group.params, g) for g in group.generators]
+                for j, draw in enumerate(draws):
+                    group.logprobs.setdefault(j, []).append(draw)
+                sampled[position[id(item)]] = [d.token for d in draws]
+            else:
+                draw = sample_row(logits[row], group.params, group.generators[index])
+                group.logprobs.setdefault(index, []).append(draw)
+                sampled[position[id(item)]] = draw.token
+
+    def _record(self, out: SchedulerOutput, result, scheduled_at: float, now: float) -> list[RequestOutput]:
+        for child in result.forked:
+            group_id, _ = self._owner[child.parent_id]
+            index = int(child.request_id.rsplit("#", 1)[1])
+            self._groups[group_id].sequences[index] = child
+            self._owner[child.request_id] = (group_id, index)
+        for item in out.scheduled:
+            group_id, index = self._owner[item.request_id]
+            metrics = self._groups[group_id].metrics
+            if metrics.first_scheduled_s is None:
+                metrics.first_scheduled_s = scheduled_at
+                metrics.num_cached_tokens = item.num_cached_tokens
+            if item.samples and index == 0:
+                metrics.first_token_s = metrics.first_token_s or now
+                metrics.token_times_s.append(now)
+        done = []
+        for request in result.finished:
+            group_id, _ = self._owner.pop(request.request_id)
+            group = self._groups[group_id]
+            group.finished += 1
+            group.metrics.num_preemptions += request.num_preemptions
+            if group.finished == group.params.n:
+                group.metrics.finished_s = now
+                done.append(self._output(self._groups.pop(group_id)))
+        return done
+
+    def _output(self, group: _Group) -> RequestOutput:
+        completions = []
+        for index in sorted(group.sequences):
+            request = group.sequences[index]
+            tokens = request.output_token_ids
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer is not None else None
+            completions.append(CompletionOutput(index, tokens, text, request.finish_reason,
+                                                group.logprobs.get(index) if group.params.logprobs is not None
+                                                else None))
+        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions, group.metrics)
+
+    # -- batch API -----------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[str | Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in input order. All prompts are checked before any work."""
+        params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
+            try:
+                self.check_prompt(self.encode(prompt), p)
+            except ValueError as exc:
+                raise ValueError(f"prompt {i}: {exc}") from None
+        ids = [self.add_request(prompt, p) for prompt, p in zip(prompts, params_list, strict=True)]
+        results: dict[str, RequestOutput] = {}
+        while len(results) < len(ids):
+            for output in self.step():
+                results[output.request_id] = output
+        return [results[rid] for rid in ids]
+
+    def close(self) -> None:
+        if self.profiler is not None:
+            self.profiler.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,74 @@
+"""Sampling parameters and the sampler.
+
+Every random draw uses the request's own `torch.Generator`, seeded from `SamplingParams.seed` (or from the
+engine's seeded generator when no seed is given), so a request's tokens do not depend on what else is in the
+batch. For n > 1 the j-th sequence draws from seed + j: each sequence equals an independent n = 1 run with that
+seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = no limit
+    top_p: float = 1.0
+    max_tokens: int = 16
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # also return this many top alternatives per token
+
+    def __post_init__(self) -> None:
+        checks = ((self.n >= 1, "n must be >= 1"), (self.temperature >= 0, "temperature must be >= 0"),
+                  (self.top_k >= 0, "top_k must be >= 0 (0 = off)"), (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+                  (self.max_tokens >= 1, "max_tokens must be >= 1"),
+                  (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0"))
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"SamplingParams: {message}, got {self!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(slots=True)
+class SampledToken:
+    token: int
+    logprob: float | None = None
+    top_logprobs: dict[int, float] = field(default_factory=dict)
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> SampledToken:
+    """One token from a [vocab] logits row."""
+    logits = logits.float()
+    if params.greedy:
+        token = int(torch.argmax(logits))
+    else:
+        probs = torch.softmax(_filter(logits / params.temperature, params.top_k, params.top_p), dim=-1)
+        token = int(torch.multinomial(probs, 1, generator=generator))
+    if params.logprobs is None:
+        return SampledToken(token)
+    logprobs = torch.log_softmax(logits, dim=-1)
+    top = torch.topk(logprobs, params.logprobs) if params.logprobs else None
+    alternatives = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+    return SampledToken(token, float(logprobs[token]), alternatives)
+
+
+def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the smallest prefix reaching top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return logits

@@ -1,0 +1,76 @@
+"""`kvplan generate`: run prompts through the live paged-KV engine and print the text and per-request metrics."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    p = verbs.add_parser("generate", help="generate text with the live engine",
+                         description="Generate with the paged-KV engine. MODEL is a local HF directory or a built-in "
+                                     "name (smollm2-135m, tiny-llama, tiny-qwen2, tiny-gpt2, llama-100m).")
+    p.add_argument("--model", required=True, help="local HF model directory or built-in name")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", action="append", help="a prompt (repeat for a batch); chat-templated when the "
+                                                          "tokenizer has a chat template")
+    source.add_argument("--prompt-ids", action="append", help="a prompt as space-separated token ids (repeatable)")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--n", type=int, default=1, help="parallel samples per prompt")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache bytes (CPU; default 512 MiB)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_generate)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from engine.llm import LLM
+    from engine.sampling import SamplingParams
+    from kvplan.output import print_json
+
+    llm = LLM(args.model, block_size=args.block_size, kv_cache_memory=args.kv_cache_memory, dtype=args.dtype,
+              attention_backend=args.attention_backend)
+    if args.prompt_ids:
+        prompts = [_parse_ids(text) for text in args.prompt_ids]
+    else:
+        prompts = [_templated(llm, text, args.raw) for text in args.prompt]
+    params = SamplingParams(n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    outputs = llm.generate(prompts, params)
+    report = {"model": args.model, "kv_blocks": llm.num_kv_blocks, "block_size": args.block_size, "requests": [
+        {"request_id": o.request_id, "prompt": o.prompt if o.prompt is not None else o.prompt_token_ids,
+         "outputs": [{"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
+                     for c in o.outputs],
+         "metrics": o.metrics.as_dict()} for o in outputs]}
+    if args.json:
+        print_json(report)
+        return 0
+    print(f"model {args.model}: {llm.num_kv_blocks} KV blocks of {args.block_size} tokens")
+    for request in report["requests"]:
+        for completion in request["outputs"]:
+            shown = completion["text"] if completion["text"] is not None else completion["token_ids"]
+            print(f"\n[{request['request_id']}.{completion['index']}] ({completion['finish_reason']}) {shown}")
+        m = request["metrics"]
+        print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()))
+    return 0
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split()]
+    except ValueError:
+        raise ValueError(f"--prompt-ids: expected space-separated integers, got {text!r}") from None
+
+
+def _templated(llm, text: str, raw: bool) -> str | list[int]:
+    tokenizer = llm.tokenizer
+    if raw or tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return text
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=False))
