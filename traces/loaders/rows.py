@@ -1,0 +1,231 @@
+"""Reading raw rows with their line numbers, and validating them into columns.
+
+Every loader goes through here, so every format reports bad input the same way: the first bad row stops the
+load with `path:LINE: problem; allowed: ...`, or, with `skip_bad`, all bad rows are dropped and counted in the
+trace's `LoadReport` (never silently).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces.schema import LoadReport, Trace, TraceFormatError, gather_segments, offsets_from_counts
+
+EXTRA_FIELDS = 8  # a CSV row may carry this many fields beyond its header before pandas itself gives up
+SHOWN_BAD_LINES = 5
+
+
+def object_column(values: list) -> np.ndarray:
+    """A 1-D object array even when every value is a list (numpy would otherwise build a 2-D array)."""
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+
+
+@dataclass(slots=True)
+class Rows:
+    """Raw values of one file: a column per field (object arrays; None where absent) and each row's line."""
+
+    path: str
+    header: list[str]
+    line: np.ndarray
+    fields: dict[str, np.ndarray]
+    problems: dict[int, str] = field(default_factory=dict)  # row index -> first problem found in it
+
+    def __len__(self) -> int:
+        return len(self.line)
+
+    def require(self, names: list[str], layout: str) -> None:
+        missing = [n for n in names if n not in self.fields]
+        if missing:
+            raise TraceFormatError(f"{self.path}:1: missing column {', '.join(map(repr, missing))}; "
+                                   f"found {', '.join(self.header) or 'nothing'}; allowed: {layout}")
+
+    def flag(self, mask: np.ndarray, message: object) -> None:
+        """Record a problem for each row in `mask` that has none yet (`message`: text or f(row))."""
+        for row in np.flatnonzero(mask):
+            if row not in self.problems:
+                self.problems[int(row)] = message(int(row)) if callable(message) else str(message)
+
+    def ok(self) -> np.ndarray:
+        mask = np.ones(len(self), dtype=bool)
+        mask[list(self.problems)] = False
+        return mask
+
+    def number(self, name: str, *, integer: bool = True, minimum: float | None = 0,
+               default: float | None = None) -> np.ndarray:
+        """Column `name` as float64, flagging missing, non-numeric, fractional and too-small values.
+
+        With a `default`, a missing value (absent column, empty cell, JSON null) takes it instead of failing.
+        """
+        raw = self.fields.get(name)
+        if raw is None:
+            raw = np.full(len(self), None, dtype=object)
+        missing = pd.isna(raw) | (raw == "")
+        if default is None:
+            self.flag(missing, f"missing value for column {name!r}")
+        values = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(np.float64, copy=True)
+        present = ~missing
+        self.flag(present & ~np.isfinite(values),
+                  lambda r: f"non-numeric {name} {raw[r]!r}; allowed: a number")
+        kind = "an integer" if integer else "a number"
+        with np.errstate(invalid="ignore"):
+            if integer:
+                self.flag(present & np.isfinite(values) & (values != np.round(values)),
+                          lambda r: f"{name} {raw[r]!r} is not an integer")
+            if minimum is not None:
+                self.flag(present & (values < minimum),
+                          lambda r: f"{name} {values[r]:g} is out of range; allowed: {kind} >= {minimum:g}")
+        if default is not None:
+            values[missing] = default
+        return values
+
+    def datetime(self, name: str) -> np.ndarray:
+        """Wall-clock strings (7 fractional digits, or ISO 8601 with a zone) as seconds since the earliest."""
+        raw = self.fields[name]
+        times = pd.to_datetime(pd.Series(raw, dtype=object), format="ISO8601", utc=True, errors="coerce")
+        self.flag(times.isna().to_numpy(),
+                  lambda r: f"bad {name} {raw[r]!r}; allowed: 'YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM]'")
+        valid = times.notna().to_numpy()
+        nanos = times.to_numpy(dtype="datetime64[ns]", na_value=np.datetime64("NaT")).astype(np.int64)
+        # Subtract in integers first: epoch seconds as float64 would lose the 7th fractional digit.
+        start = nanos[valid].min() if valid.any() else 0
+        return np.where(valid, (nanos - start) / 1e9, np.nan)
+
+    def hash_lists(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A column of JSON lists of non-negative integers as (flat values, per-row counts); bad rows count 0.
+
+        A missing value (null) is an empty list: that request carries no shared prefix.
+        """
+        raw = object_column([[] if v is None else v for v in self.fields[name]])
+        is_list = np.fromiter((isinstance(v, list) for v in raw), dtype=bool, count=len(raw))
+        self.flag(~is_list, lambda r: f"{name} must be a list of integers, got {raw[r]!r}")
+        counts = np.fromiter((len(v) if ok else 0 for v, ok in zip(raw, is_list, strict=True)),
+                             dtype=np.int64, count=len(raw))
+        try:
+            flat = np.fromiter(chain.from_iterable(v for v, ok in zip(raw, is_list, strict=True) if ok),
+                               dtype=np.int64, count=int(counts.sum()))
+            bad = np.zeros(len(raw), dtype=bool) if flat.size == 0 or flat.min() >= 0 else None
+        except (TypeError, ValueError, OverflowError):
+            bad = None
+        if bad is None:  # the slow path only runs to find which rows are wrong
+            bad = np.fromiter((ok and not all(type(h) is int and 0 <= h < 2**63 for h in v)
+                               for v, ok in zip(raw, is_list, strict=True)), dtype=bool, count=len(raw))
+            self.flag(bad, f"{name} must hold integers in [0, 2^63)")
+            counts[bad] = 0
+            good = is_list & ~bad
+            flat = np.fromiter(chain.from_iterable(v for v, ok in zip(raw, good, strict=True) if ok),
+                               dtype=np.int64, count=int(counts.sum()))
+        counts[~is_list] = 0
+        return flat, counts
+
+
+def read_csv(path: str | Path) -> Rows:
+    """All fields as strings, one row per non-blank line, keeping each row's line number."""
+    path = str(path)
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        header = [h.strip() for h in f.readline().rstrip("\r\n").split(",")]
+    names = header + [f"__extra{i}" for i in range(EXTRA_FIELDS)]
+    try:
+        frame = pd.read_csv(path, header=None, skiprows=1, names=names, dtype=str, keep_default_na=False,
+                            skip_blank_lines=False, encoding="utf-8-sig")
+    except pd.errors.ParserError as exc:
+        raise TraceFormatError(f"{path}: {exc}; allowed: the header's {len(header)} fields per row") from exc
+    line = np.arange(2, len(frame) + 2, dtype=np.int64)
+    cells = frame.to_numpy(dtype=object)
+    filled = cells != ""
+    blank = ~filled.any(axis=1) if len(frame) else np.zeros(0, dtype=bool)
+    rows = Rows(path, header, line[~blank], {})
+    cells, filled = cells[~blank], filled[~blank]
+    for j, name in enumerate(header):
+        rows.fields[name] = np.where(filled[:, j], cells[:, j], None)
+    rows.flag(filled[:, len(header):].any(axis=1), f"more fields than the header's {len(header)}")
+    return rows
+
+
+def read_jsonl(path: str | Path) -> Rows:
+    """One JSON object per non-blank line."""
+    path = str(path)
+    objects: list[dict] = []
+    lines: list[int] = []
+    problems: dict[int, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for number, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                obj, problems[len(objects)] = {}, f"invalid JSON ({exc.msg}); allowed: one object per line"
+            if not isinstance(obj, dict):
+                obj, problems[len(objects)] = {}, "not a JSON object; allowed: one JSON object per line"
+            objects.append(obj)
+            lines.append(number)
+    header = list(objects[0]) if objects else []
+    keys = dict.fromkeys(chain.from_iterable(objects))
+    fields = {k: object_column([o.get(k) for o in objects]) for k in keys}
+    return Rows(path, header, np.array(lines, dtype=np.int64), fields, problems)
+
+
+@dataclass(slots=True)
+class LoadOptions:
+    skip_bad: bool = False  # drop malformed rows (counted in the report) instead of stopping
+    order_tolerance_s: float = 1.0  # how far a timestamp may fall behind an earlier one and still be sorted
+    keep_failed: bool = False  # BurstGPT: keep failed requests (0 response tokens)
+
+
+def finish(rows: Rows, columns: dict[str, np.ndarray], opts: LoadOptions, report: LoadReport, *,
+           hashes: tuple[np.ndarray, np.ndarray] | None = None, exclude: np.ndarray | None = None,
+           **trace_args: object) -> Trace:
+    """Check arrival order, then raise on the first bad row or drop the bad rows, and build the sorted Trace.
+
+    `exclude` marks rows the format itself leaves out (already counted in `report`); they are not checked.
+    """
+    if exclude is not None:
+        rows.flag(exclude, "excluded")
+    _check_order(rows, columns["arrival_s"], opts.order_tolerance_s)
+    ok = rows.ok()
+    excluded = np.zeros(len(rows), dtype=bool) if exclude is None else exclude
+    if not (ok | excluded).all():
+        bad_rows = np.flatnonzero(~ok & ~excluded)
+        if not opts.skip_bad:
+            first = int(bad_rows[0])
+            raise TraceFormatError(f"{rows.path}:{rows.line[first]}: {rows.problems[first]}")
+        report.dropped_bad += len(bad_rows)
+        report.bad_lines = [int(rows.line[r]) for r in bad_rows[:SHOWN_BAD_LINES]]
+    kept = {name: values[ok] for name, values in columns.items()}
+    arrival = kept["arrival_s"]
+    report.reordered = int(np.count_nonzero(arrival[1:] < np.maximum.accumulate(arrival)[:-1]))
+    order = np.argsort(arrival, kind="stable")
+    kept = {name: values[order] for name, values in kept.items()}
+    if len(order) and trace_args.get("timed", True):
+        kept["arrival_s"] = kept["arrival_s"] - kept["arrival_s"][0]
+    source_index = np.flatnonzero(ok)[order]
+    kept.setdefault("request_id", source_index)  # the source row: a stable id under any transform
+    if hashes is not None:
+        flat, counts = hashes
+        offsets = offsets_from_counts(counts)
+        kept["hash_ids"], kept["hash_offsets"] = gather_segments(flat, offsets, source_index)
+    return Trace.build(**kept, report=report, **trace_args)
+
+
+def _check_order(rows: Rows, arrival: np.ndarray, tolerance_s: float) -> None:
+    """Flag rows whose timestamp falls more than the tolerance behind an earlier row's."""
+    ok = rows.ok() & np.isfinite(arrival)
+    valid = np.flatnonzero(ok)
+    if len(valid) < 2:
+        return
+    times = arrival[valid]
+    latest_before = np.maximum.accumulate(np.concatenate(([times[0]], times[:-1])))
+    behind = latest_before - times
+    late = valid[behind > tolerance_s]
+    lag = dict(zip(valid, behind, strict=True))
+    rows.flag(np.isin(np.arange(len(rows)), late),
+              lambda r: f"timestamp goes backwards by {lag[r]:.6g} s; allowed: at most {tolerance_s:g} s "
+                        "(--order-tolerance)")
