@@ -69,9 +69,10 @@ class Format:
     def _hashes(self, rows: Rows, columns: dict[str, np.ndarray]) -> tuple[tuple | None, int]:
         if self.hashes is None or self.hashes not in rows.fields:
             return None, 0
-        if self.granularity:
-            return rows.hash_lists(self.hashes), self.granularity
-        return rows.hash_lists(self.hashes), uniform_granularity(rows, columns.get("_granularity"))
+        granularity = self.granularity or uniform_granularity(rows, columns.get("_granularity"))
+        if not granularity:  # our own format writes null hashes and granularity 0 for hash-free traces
+            return None, 0
+        return rows.hash_lists(self.hashes), granularity
 
 
 def parse(rows: Rows, f: Field) -> np.ndarray:
