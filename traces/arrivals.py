@@ -13,38 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.schema import TraceFormatError
+from traces.specs import check_keys, number, spec_error
 
 PROCESSES = ("poisson", "gamma", "onoff", "diurnal")
-
-
-def spec_error(path: str, problem: str) -> TraceFormatError:
-    return TraceFormatError(f"{path}: {problem}")
-
-
-def number(spec: dict, key: str, path: str, *, default: float | None = None, positive: bool = True,
-           minimum: float | None = None) -> float:
-    """A numeric field of a spec, checked, with its YAML key path in any error."""
-    value = spec.get(key, default)
-    where = f"{path}.{key}"
-    if value is None:
-        raise spec_error(where, "required")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise spec_error(where, f"must be a number, got {value!r}")
-    if positive and value <= 0:
-        raise spec_error(where, f"must be > 0, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise spec_error(where, f"must be >= {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def check_keys(spec: object, allowed: tuple[str, ...], path: str) -> dict:
-    if not isinstance(spec, dict):
-        raise spec_error(path, f"must be a mapping, got {spec!r}")
-    unknown = sorted(set(spec) - set(allowed))
-    if unknown:
-        raise spec_error(f"{path}.{unknown[0]}", f"unknown key; allowed: {', '.join(allowed)}")
-    return spec
 
 
 def arrival_times(spec: dict, count: int, rng: np.random.Generator, path: str = "arrivals") -> np.ndarray:
