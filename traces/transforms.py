@@ -41,9 +41,12 @@ def scale_rate(trace: Trace, factor: float) -> Trace:
     return _noted(replace(trace, arrival_s=trace.arrival_s / factor), f"rate scaled x{factor:g}")
 
 
-def retime(trace: Trace, arrivals: dict, seed: int) -> Trace:
-    """New arrival times from an arrival-process spec (see `traces.arrivals`), keeping order and lengths."""
-    times = arrival_times(arrivals, len(trace), np.random.default_rng(seed))
+def retime(trace: Trace, arrivals: dict, seed: int, path: str = "arrivals") -> Trace:
+    """New arrival times from an arrival-process spec (see `traces.arrivals`), keeping order and lengths.
+
+    `path` names the spec in error messages (its YAML key, or the command-line option).
+    """
+    times = arrival_times(arrivals, len(trace), np.random.default_rng(seed), path)
     out = replace(trace, arrival_s=times - times[0] if len(times) else times, timed=True)
     return _noted(out, f"re-timed with {arrivals.get('process', 'poisson')} arrivals (seed {seed})")
 
