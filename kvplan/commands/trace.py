@@ -14,33 +14,36 @@ def register(verbs: argparse._SubParsersAction) -> None:
     parser = verbs.add_parser("trace", help="inspect, convert and generate request traces",
                               description=__doc__)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, summary, description, adders, handler in (
+        ("stats", "summary statistics of a trace",
+         "Request count, duration, rate, inter-arrival CV, prompt and output length percentiles, and the "
+         "infinite-cache prefix reuse when the trace carries prefix hashes.", (_load_arguments,), _stats),
+        ("convert", "any format to our JSONL / CSV / Parquet, with transforms",
+         "Load a trace, apply the chosen transforms in the order listed below, and write it in our lossless "
+         "interchange format.", (_load_arguments, _out_argument, _kind_argument, _transform_arguments),
+         _convert),
+        ("synth", "generate a synthetic trace from a YAML spec",
+         "Generate a trace from SPEC.yaml (see traces/samples/*.yaml). Without --out, print its statistics "
+         "only.", (_spec_arguments, _kind_argument), _synth),
+    ):
+        action = actions.add_parser(name, help=summary, description=description)
+        for add in adders:
+            add(action)
+        action.add_argument("--json", action="store_true", help="print one JSON object")
+        action.set_defaults(handler=handler)
 
-    stats = actions.add_parser(
-        "stats", help="summary statistics of a trace",
-        description="Request count, duration, rate, inter-arrival CV, prompt and output length percentiles, "
-                    "and the infinite-cache prefix reuse when the trace carries prefix hashes.")
-    _load_arguments(stats)
-    stats.add_argument("--json", action="store_true", help="print one JSON object")
-    stats.set_defaults(handler=_stats)
 
-    convert = actions.add_parser("convert", help="any format to our JSONL / CSV / Parquet, with transforms",
-                                 description="Load a trace, apply the chosen transforms in the order listed "
-                                             "below, and write it in our lossless interchange format.")
-    _load_arguments(convert)
-    convert.add_argument("out", help="output file (.jsonl, .csv or .parquet)")
-    convert.add_argument("--to", choices=KINDS, help="output format (default: from the extension)")
-    _transform_arguments(convert)
-    convert.add_argument("--json", action="store_true", help="print one JSON object")
-    convert.set_defaults(handler=_convert)
+def _spec_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="YAML workload spec")
+    parser.add_argument("-o", "--out", help="write the trace here (.jsonl, .csv or .parquet)")
 
-    synth = actions.add_parser("synth", help="generate a synthetic trace from a YAML spec",
-                               description="Generate a trace from SPEC.yaml (see traces/samples/*.yaml). "
-                                           "Without --out, print its statistics only.")
-    synth.add_argument("spec", help="YAML workload spec")
-    synth.add_argument("-o", "--out", help="write the trace here (.jsonl, .csv or .parquet)")
-    synth.add_argument("--to", choices=KINDS, help="output format (default: from the extension)")
-    synth.add_argument("--json", action="store_true", help="print one JSON object")
-    synth.set_defaults(handler=_synth)
+
+def _out_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", help="output file (.jsonl, .csv or .parquet)")
+
+
+def _kind_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--to", choices=KINDS, help="output format (default: from the extension)")
 
 
 def _load_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,8 +152,8 @@ def _show(summary: dict, as_json: bool, extra: dict | None = None) -> None:
     if summary["duration_s"] is None:
         timing = "no arrival times (length-only: re-time it with convert --retime)"
     else:
-        timing = (f"duration {summary['duration_s']:.1f} s, mean rate {_num(summary['mean_rate_rps'])} req/s, "
-                  f"inter-arrival CV {_num(summary['interarrival_cv'])}")
+        rate, cv = _num(summary["mean_rate_rps"]), _num(summary["interarrival_cv"])
+        timing = f"duration {summary['duration_s']:.1f} s, mean rate {rate} req/s, inter-arrival CV {cv}"
     print(f"requests: {summary['requests']}, {timing}")
     columns = ("mean", "p50", "p90", "p99", "max")
     print(format_table(["tokens", *columns],
