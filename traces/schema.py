@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 NO_VALUE = -1  # session_id / turn when the source has none
+ARRAY_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "request_id", "session_id", "turn", "priority",
+                "n", "hash_ids", "hash_offsets")
 
 
 class TraceFormatError(ValueError):
@@ -106,6 +108,13 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every per-request or per-hash array of the trace, by field name."""
+        return {name: getattr(self, name) for name in ARRAY_FIELDS if getattr(self, name) is not None}
+
+    def memory_bytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays().values())
 
     @property
     def has_prefix(self) -> bool:
