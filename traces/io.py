@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,9 @@ import pandas as pd
 from traces.schema import NO_VALUE, Trace
 
 KINDS = ("jsonl", "csv", "parquet")
+MOONCAKE_GRANULARITY = 512
+AZURE_START = datetime(2023, 11, 16, 18, 15, 46, tzinfo=UTC)  # the first request of the 2023 conv trace
+AZURE_START_TICKS = int(AZURE_START.timestamp()) * 10**7
 
 
 def kind_of(path: str | Path, kind: str | None = None) -> str:
@@ -51,6 +55,32 @@ def to_frame(trace: Trace, *, hashes_as_text: bool = False) -> pd.DataFrame:
         lists = np.split(trace.hash_ids, trace.hash_offsets[1:-1]) if len(trace) else []
         frame["prefix_hashes"] = [" ".join(map(str, h.tolist())) for h in lists] if hashes_as_text else lists
     return frame
+
+
+def render_layout(trace: Trace, layout: str) -> bytes:
+    """The trace in a public layout that its loader reads back: "mooncake" (512-token hash_ids required) or
+    "azure" (2023 wall-clock strings from AZURE_START). Lossy: other columns are dropped."""
+    if layout == "mooncake":
+        if trace.hash_granularity != MOONCAKE_GRANULARITY:
+            raise ValueError(f"the Mooncake layout holds {MOONCAKE_GRANULARITY}-token hash_ids; this trace "
+                             f"has granularity {trace.hash_granularity or 'none'}")
+        millis = np.rint(trace.arrival_s * 1000).astype(np.int64).tolist()
+        lines = [json.dumps({"timestamp": millis[i], "input_length": int(trace.prompt_tokens[i]),
+                             "output_length": int(trace.output_tokens[i]),
+                             "hash_ids": trace.hashes_of(i).tolist()}) for i in range(len(trace))]
+        return "".join(line + "\n" for line in lines).encode()
+    if layout == "azure":
+        # 100 ns resolution, printed with 7 fractional digits as the 2023 release does.
+        ticks = np.rint(trace.arrival_s * 1e7).astype(np.int64) + AZURE_START_TICKS
+        stamps = [f"{_wall_clock(t // 10**7)}.{t % 10**7:07d}" for t in ticks.tolist()]
+        frame = pd.DataFrame({"TIMESTAMP": stamps, "ContextTokens": trace.prompt_tokens,
+                              "GeneratedTokens": trace.output_tokens})
+        return frame.to_csv(index=False).encode()
+    raise ValueError(f"unknown layout {layout!r}; allowed: mooncake, azure")
+
+
+def _wall_clock(epoch_s: int) -> str:
+    return datetime.fromtimestamp(epoch_s, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _jsonl(trace: Trace) -> str:

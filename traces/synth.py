@@ -14,7 +14,8 @@
 
 A prompt is a list of segments: system prompt, few-shot template, then for turn j the previous turns'
 messages and answers followed by the new message. Hash id i is a chained hash of the segment pieces inside
-block i, so requests share exactly the blocks whose whole content prefix agrees, as on a real server.
+block i, so requests share exactly the blocks whose whole content prefix agrees, as on a real server; the ids
+are then renumbered 0, 1, 2, ... in order of first appearance, as in Mooncake's remapped hash_ids.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from traces.arrivals import arrival_times
 from traces.distributions import Sampler, length_sampler
 from traces.schema import LoadReport, Trace, offsets_from_counts
 from traces.specs import check_keys, integer, number, spec_error
+from traces.transforms import compact_hash_ids
 
 TOP_KEYS = ("seed", "requests", "arrivals", "lengths", "prefix")
 PREFIX_KEYS = ("granularity", "system_prompts", "few_shot", "conversations")
@@ -84,13 +86,13 @@ def synthesize(spec: dict, base_dir: Path = Path()) -> Trace:
     order = np.argsort(arrival, kind="stable")[:count]
     hashes = [block_hashes(segments[i], granularity) for i in order] if granularity else None
     prompt_tokens = [sum(s[-1] for s in segments[i]) for i in order]
-    return Trace.build(
+    return compact_hash_ids(Trace.build(
         arrival[order] - arrival[order].min(), prompt_tokens, answer[order],
         session_id=session[order], turn=turn[order] + 1,
         hash_ids=None if hashes is None else [h for hs in hashes for h in hs],
         hash_offsets=None if hashes is None else offsets_from_counts(np.array([len(h) for h in hashes])),
         hash_granularity=granularity, report=LoadReport(format="synth"),
-    )
+    ))
 
 
 def _schedule(arrivals: object, conversations: object, count: int, rng: np.random.Generator,

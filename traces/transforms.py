@@ -116,6 +116,21 @@ def expand_granularity(trace: Trace, block_size: int) -> Trace:
     return _noted(out, f"expanded hash granularity {g} to block size {block_size}")
 
 
+def compact_hash_ids(trace: Trace) -> Trace:
+    """Renumber hash ids 0, 1, 2, ... in order of first appearance (as Mooncake's remapped ids): the same
+    sharing, shorter files."""
+    if not trace.has_prefix:
+        return trace
+    return replace(trace, hash_ids=first_appearance_ranks(trace.hash_ids))
+
+
+def first_appearance_ranks(ids: np.ndarray) -> np.ndarray:
+    unique_first, inverse = np.unique(ids, return_index=True, return_inverse=True)[1:]
+    rank = np.empty(len(unique_first), dtype=np.int64)
+    rank[np.argsort(unique_first)] = np.arange(len(unique_first))
+    return rank[inverse]
+
+
 def derived_ids(hashes: np.ndarray, per_hash: int) -> np.ndarray:
     """[len(hashes), per_hash] process-stable 63-bit ids: id(h, j) from blake2b keyed by (h, j // 8)."""
     digests_per_hash = -(-per_hash // DIGEST_IDS)

@@ -108,3 +108,10 @@ def test_materialize_trace_records():
     recs = list(materialize(t, 500, seed=0))
     assert [len(r.prompt_token_ids) for r in recs] == [20, 20]
     assert recs[0].prompt_token_ids[:8] == recs[1].prompt_token_ids[:8]
+
+
+def test_compact_hash_ids_keeps_sharing_and_numbers_by_first_appearance():
+    t = _hashed([30, 30, 30], [[900, 5, 77], [900, 5, 12], [3, 77]], 10)
+    c = tf.compact_hash_ids(t)
+    assert c.hash_ids.tolist() == [0, 1, 2, 0, 1, 3, 4, 2]
+    assert infinite_cache_hits(c).tolist() == infinite_cache_hits(t).tolist()
