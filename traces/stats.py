@@ -36,11 +36,11 @@ def distribution(values: np.ndarray) -> dict:
 
 
 def prefix_summary(trace: Trace) -> dict:
-    hits = infinite_cache_hits(trace)
+    hits, unique_blocks = _reuse(trace)
     total = int(trace.prompt_tokens.sum())
     return {
         "hash_granularity": trace.hash_granularity,
-        "unique_blocks": len(np.unique(trace.hash_ids)),
+        "unique_blocks": unique_blocks,
         "prompt_tokens": total,
         "hit_tokens": int(hits.sum()),
         "reuse_fraction": float(hits.sum() / total) if total else 0.0,
@@ -54,6 +54,11 @@ def infinite_cache_hits(trace: Trace) -> np.ndarray:
     min(k * granularity, prompt length). Vectorized: a block occurrence is "seen" when the first request
     that carried its hash id came before this one.
     """
+    return _reuse(trace)[0]
+
+
+def _reuse(trace: Trace) -> tuple[np.ndarray, int]:
+    """(hit tokens per request, number of unique hash ids): one sort of the hash ids serves both."""
     assert trace.hash_ids is not None and trace.hash_offsets is not None
     ids, offsets = trace.hash_ids, trace.hash_offsets
     counts = np.diff(offsets)
@@ -67,4 +72,4 @@ def infinite_cache_hits(trace: Trace) -> np.ndarray:
     nonempty = counts > 0
     if nonempty.any():
         run[nonempty] = np.minimum.reduceat(stop, offsets[:-1][nonempty])
-    return np.minimum(run * trace.hash_granularity, trace.prompt_tokens)
+    return np.minimum(run * trace.hash_granularity, trace.prompt_tokens), len(first_index)
