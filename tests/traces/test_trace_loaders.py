@@ -74,6 +74,14 @@ def test_burstgpt_release3_sessions(tmp_path):
     assert [r.session_id for r in t.records()] == [17, None]
 
 
+def test_burstgpt_session_labels_that_are_not_numbers(tmp_path):
+    text = BURSTGPT_V3.replace(",17,", ",a9f3,").replace("3.0,,", "3.0,b1,")
+    t = traces.load(write_text(tmp_path, "BurstGPT_v3.csv", text), keep_failed=True)
+    assert t.session_id.tolist() == [0, 0, 1]
+    t = traces.load(write_text(tmp_path, "BurstGPT_v3.csv", BURSTGPT_V3.replace("0.5,17,", "0.5,,")))
+    assert t.session_id.tolist() == [-1, -1]
+
+
 def test_vidur_and_length_only(tmp_path):
     t = traces.load(write_text(tmp_path, "splitwise.csv", VIDUR))
     assert t.report.format == "vidur" and t.timed

@@ -25,7 +25,7 @@ BURSTGPT = csv_format(
     (Field("arrival_s", "Timestamp", integer=False),
      Field("prompt_tokens", "Request tokens", minimum=1),
      Field("output_tokens", "Response tokens"),
-     Field("session_id", "Session ID", default=NO_VALUE)),
+     Field("session_id", "Session ID", default=NO_VALUE, kind="label")),
     "BurstGPT CSV (releases 1-3; failed requests dropped unless --keep-failed)",
     adjust=_failed, extra_required=("Model", "Log Type"),
 )

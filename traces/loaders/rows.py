@@ -86,6 +86,20 @@ class Rows:
             values[missing] = default
         return values
 
+    def label(self, name: str, missing_value: int) -> np.ndarray:
+        """An identifier column (session ids): integers kept as they are, any other labels numbered 0, 1, ...
+        in order of first appearance; missing values become `missing_value`."""
+        raw = self.fields.get(name)
+        if raw is None:
+            return np.full(len(self), missing_value, dtype=np.float64)
+        missing = pd.isna(raw) | (raw == "")
+        numbers = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(np.float64, copy=True)
+        present = ~missing
+        if not np.all(np.isfinite(numbers[present]) & (numbers[present] == np.round(numbers[present]))):
+            numbers[present] = pd.factorize(pd.Series(raw[present], dtype=object).astype(str))[0]
+        numbers[missing] = missing_value
+        return numbers
+
     def datetime(self, name: str) -> np.ndarray:
         """Wall-clock strings (7 fractional digits, or ISO 8601 with a zone) as seconds since the earliest."""
         raw = self.fields[name]

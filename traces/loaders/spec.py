@@ -24,7 +24,7 @@ class Field:
     integer: bool = True
     minimum: float | None = 0
     default: float | None = None  # None: the field is required in every row
-    kind: str = "number"  # "number" or "datetime"
+    kind: str = "number"  # "number", "datetime", or "label" (identifiers that may not be numbers)
 
 
 # Hook: (rows, parsed columns, options, report) -> mask of rows the format leaves out on purpose, or None.
@@ -78,6 +78,8 @@ class Format:
 def parse(rows: Rows, f: Field) -> np.ndarray:
     if f.kind == "datetime":
         return rows.datetime(f.source)
+    if f.kind == "label":
+        return rows.label(f.source, missing_value=int(f.default if f.default is not None else -1))
     values = rows.number(f.source, integer=f.integer, minimum=f.minimum, default=f.default)
     return values / f.per_second if f.per_second != 1.0 else values
 
