@@ -7,7 +7,7 @@ import pytest
 from trace_fixtures import AZURE_2023, QWEN, write_jsonl, write_text
 
 import traces
-from traces.io import kind_of, render
+from traces.io import kind_of, render, to_frame
 from traces.schema import Trace
 
 
@@ -45,3 +45,24 @@ def test_output_kind_from_extension():
     assert kind_of("a/b.txt", "csv") == "csv"
     with pytest.raises(ValueError, match=r"b.txt: cannot tell the output format.*\.jsonl"):
         kind_of("a/b.txt")
+
+
+def test_native_jsonl_bad_row_names_the_line(tmp_path):
+    original = traces.load(write_jsonl(tmp_path, "q.jsonl", QWEN))
+    lines = render(original, "jsonl").decode().splitlines()
+    lines[1] = lines[1].replace('"prompt_tokens":40', '"prompt_tokens":0')
+    path = write_text(tmp_path, "t.jsonl", "\n".join(lines) + "\n")
+    with pytest.raises(traces.TraceFormatError, match=r"t.jsonl:2: prompt_tokens 0 is out of range; allowed: "
+                                                      r"an integer >= 1"):
+        traces.load(path)
+
+
+def test_native_parquet_bad_row_names_the_row(tmp_path):
+    frame = to_frame(traces.load(write_jsonl(tmp_path, "q.jsonl", QWEN)))
+    frame.loc[2, "granularity_check"] = 0  # an unknown extra column is ignored
+    frame["hash_granularity"] = [16, 16, 512, 16]
+    frame.to_parquet(tmp_path / "t.parquet")
+    with pytest.raises(traces.TraceFormatError, match=r"t.parquet:3: hash_granularity 512 differs from the "
+                                                      r"trace's 16; allowed: one value per trace"):
+        traces.load(tmp_path / "t.parquet")
+    assert traces.load(tmp_path / "t.parquet", skip_bad=True).report.bad_lines == [3]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trace_fixtures import MOONCAKE, VIDUR, write_jsonl, write_text
 
 import traces
@@ -115,3 +117,18 @@ def test_compact_hash_ids_keeps_sharing_and_numbers_by_first_appearance():
     c = tf.compact_hash_ids(t)
     assert c.hash_ids.tolist() == [0, 1, 2, 0, 1, 3, 4, 2]
     assert infinite_cache_hits(c).tolist() == infinite_cache_hits(t).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 60), st.lists(st.integers(0, 6), max_size=6)), max_size=12))
+def test_vectorized_reuse_matches_the_definition(requests):
+    """Against a direct reading of the definition, on random small traces."""
+    g = 8
+    trace = _hashed([p for p, _ in requests], [h for _, h in requests], g)
+    seen: set[int] = set()
+    expected = []
+    for prompt, hashes in requests:
+        run = next((k for k, h in enumerate(hashes) if h not in seen), len(hashes))
+        expected.append(min(run * g, prompt))
+        seen.update(hashes)
+    assert infinite_cache_hits(trace).tolist() == expected
