@@ -122,12 +122,15 @@ class Rows:
         self.flag(~is_list, lambda r: f"{name} must be a list of integers, got {raw[r]!r}")
         counts = np.fromiter((len(v) if ok else 0 for v, ok in zip(raw, is_list, strict=True)),
                              dtype=np.int64, count=len(raw))
-        try:
-            flat = np.fromiter(chain.from_iterable(v for v, ok in zip(raw, is_list, strict=True) if ok),
-                               dtype=np.int64, count=int(counts.sum()))
-            bad = np.zeros(len(raw), dtype=bool) if flat.size == 0 or flat.min() >= 0 else None
-        except (TypeError, ValueError, OverflowError):
-            bad = None
+        lists = [v for v, ok in zip(raw, is_list, strict=True) if ok]
+        bad = None
+        # numpy would silently truncate 1.5 or True to an integer: check the element types first (one C pass).
+        if set(map(type, chain.from_iterable(lists))) <= {int}:
+            try:
+                flat = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=int(counts.sum()))
+                bad = np.zeros(len(raw), dtype=bool) if flat.size == 0 or flat.min() >= 0 else None
+            except OverflowError:
+                pass
         if bad is None:  # the slow path only runs to find which rows are wrong
             bad = np.fromiter((ok and not all(type(h) is int and 0 <= h < 2**63 for h in v)
                                for v, ok in zip(raw, is_list, strict=True)), dtype=bool, count=len(raw))
