@@ -40,3 +40,11 @@ def integer(spec: dict, key: str, path: str, *, default: int | None = None, mini
     if value != int(value):
         raise spec_error(f"{path}.{key}", f"must be an integer, got {value!r}")
     return int(value)
+
+
+def fraction(spec: dict, path: str, default: float) -> float:
+    """The `fraction` field: a share in (0, 1]."""
+    value = number(spec, "fraction", path, default=default)
+    if value > 1:
+        raise spec_error(f"{path}.fraction", f"must be in (0, 1], got {value!r}")
+    return value

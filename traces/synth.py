@@ -31,7 +31,7 @@ import yaml
 from traces.arrivals import arrival_times
 from traces.distributions import Sampler, length_sampler
 from traces.schema import LoadReport, Trace, offsets_from_counts
-from traces.specs import check_keys, integer, number, spec_error
+from traces.specs import check_keys, fraction, integer, number
 from traces.transforms import compact_hash_ids
 
 TOP_KEYS = ("seed", "requests", "arrivals", "lengths", "prefix")
@@ -80,8 +80,8 @@ def synthesize(spec: dict, base_dir: Path = Path()) -> Trace:
                                        base_dir)
     message, answer = prompt(rng, len(session)), output(rng, len(session))
     granularity = integer(prefix, "granularity", "prefix", default=16) if prefix else 0
-    system = _shared(prefix.get("system_prompts"), "prefix.system_prompts", base_dir, rng)
-    shots = _shared(prefix.get("few_shot"), "prefix.few_shot", base_dir, rng)
+    system = _system_prompts(prefix.get("system_prompts"), base_dir, rng)
+    shots = _few_shot(prefix.get("few_shot"), base_dir, rng)
     segments = _segments(session, turn, message, answer, system, shots, rng)
     order = np.argsort(arrival, kind="stable")[:count]
     hashes = [block_hashes(segments[i], granularity) for i in order] if granularity else None
@@ -118,31 +118,38 @@ def _conversations(spec: object, base_dir: Path) -> tuple[Sampler | None, float]
         return None, 0.0
     path = "prefix.conversations"
     check_keys(spec, ("fraction", "turns", "think_s"), path)
-    fraction = number(spec, "fraction", path, default=1.0)
-    if fraction > 1:
-        raise spec_error(f"{path}.fraction", f"must be in (0, 1], got {fraction!r}")
+    multi_turn = fraction(spec, path, 1.0)
     turns = length_sampler(spec.get("turns"), f"{path}.turns", base_dir)
     think_s = number(spec, "think_s", path, default=30.0)
-    return (lambda rng, size: np.where(rng.random(size) < fraction, turns(rng, size), 1)), think_s
+    return (lambda rng, size: np.where(rng.random(size) < multi_turn, turns(rng, size), 1)), think_s
 
 
-def _shared(spec: object, path: str, base_dir: Path, rng: np.random.Generator) -> Shared | None:
+def _system_prompts(spec: object, base_dir: Path, rng: np.random.Generator) -> Shared | None:
     if spec is None:
         return None
-    few_shot = path.endswith("few_shot")
-    keys = ("templates", "shots", "shot_tokens", "fraction", "zipf") if few_shot else ("count", "tokens",
-                                                                                       "fraction", "zipf")
-    check_keys(spec, keys, path)
-    count = integer(spec, "templates" if few_shot else "count", path)
-    if few_shot:  # a template is `shots` examples, each of its own length
-        shots = integer(spec, "shots", path)
-        draw = length_sampler(spec.get("shot_tokens"), f"{path}.shot_tokens", base_dir)
-        lengths = draw(rng, count * shots).reshape(count, shots).sum(axis=1)
-    else:
-        lengths = length_sampler(spec.get("tokens"), f"{path}.tokens", base_dir)(rng, count)
-    weights = 1.0 / np.arange(1, count + 1) ** number(spec, "zipf", path, default=1.0)
-    fraction = number(spec, "fraction", path, default=1.0 if not few_shot else 0.5)
-    return Shared(lengths, weights / weights.sum(), fraction)
+    path = "prefix.system_prompts"
+    check_keys(spec, ("count", "tokens", "fraction", "zipf"), path)
+    count = integer(spec, "count", path)
+    lengths = length_sampler(spec.get("tokens"), f"{path}.tokens", base_dir)(rng, count)
+    return _popular(spec, path, lengths, default_fraction=1.0)
+
+
+def _few_shot(spec: object, base_dir: Path, rng: np.random.Generator) -> Shared | None:
+    if spec is None:
+        return None
+    path = "prefix.few_shot"
+    check_keys(spec, ("templates", "shots", "shot_tokens", "fraction", "zipf"), path)
+    count, shots = integer(spec, "templates", path), integer(spec, "shots", path)
+    draw = length_sampler(spec.get("shot_tokens"), f"{path}.shot_tokens", base_dir)
+    # A template is `shots` examples, each of its own length.
+    lengths = draw(rng, count * shots).reshape(count, shots).sum(axis=1)
+    return _popular(spec, path, lengths, default_fraction=0.5)
+
+
+def _popular(spec: dict, path: str, lengths: np.ndarray, default_fraction: float) -> Shared:
+    """A family with Zipf popularity: the k-th most popular member is chosen with weight 1 / k^zipf."""
+    weights = 1.0 / np.arange(1, len(lengths) + 1) ** number(spec, "zipf", path, default=1.0)
+    return Shared(lengths, weights / weights.sum(), fraction(spec, path, default_fraction))
 
 
 def _segments(session: np.ndarray, turn: np.ndarray, message: np.ndarray, answer: np.ndarray,

@@ -102,6 +102,7 @@ def test_empirical_lengths_from_a_trace(tmp_path):
     ({"prefix__system_prompts__count": 2.5}, "prefix.system_prompts.count: must be an integer"),
     ({"prefix__conversations__turns": None}, "prefix.conversations.turns.dist: unknown distribution None"),
     ({"requests": None}, "spec.requests: required"),
+    ({"prefix__few_shot__fraction": 1.5}, "prefix.few_shot.fraction: must be in (0, 1], got 1.5"),
     ({"prefix__colour": 1}, "prefix.colour: unknown key; allowed: granularity"),
     ({"lengths__prompt": {"dist": "empirical", "trace": "absent.csv"}}, "lengths.prompt.trace: no such file"),
 ])
