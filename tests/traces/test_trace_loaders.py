@@ -127,7 +127,9 @@ MALFORMED = [
     ("mooncake", jsonl_text(MOONCAKE), 2, '{"timestamp": 0, "input_length": 10, "hash_ids": [1]}',
      "missing value for column 'output_length'"),
     ("mooncake", jsonl_text(MOONCAKE), 3, '{"timestamp": 3000, "input_length": 10, "output_length": 1, '
-     '"hash_ids": [1, 2.5]}', "hash_ids must hold integers"),
+     '"hash_ids": [1, 2.5]}', "hash_ids must be a list of integers, got [1, 2.5]"),
+    ("mooncake", jsonl_text(MOONCAKE), 3, '{"timestamp": 3000, "input_length": 10, "output_length": 1, '
+     '"hash_ids": [1, -4]}', "hash_ids must hold integers >= 0"),
     ("mooncake", jsonl_text(MOONCAKE), 2, '{"timestamp": 0, "input_length": 10,', "invalid JSON"),
     ("qwen-bailian", jsonl_text(QWEN), 4, '{"chat_id": 305, "parent_chat_id": 201, "timestamp": 1.0, '
      '"input_length": 800, "output_length": 10, "type": "text", "turn": 3, "hash_ids": []}',

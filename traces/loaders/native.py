@@ -47,8 +47,6 @@ def read_parquet(path: str | Path) -> Rows:
     """Rows of a Parquet file; 'line' numbers are 1-based row numbers."""
     frame = pd.read_parquet(path)
     fields = {name: frame[name].to_numpy(dtype=object) for name in frame.columns}
-    if HASHES in fields:
-        fields[HASHES] = object_column([None if v is None else [int(h) for h in v] for v in fields[HASHES]])
     for name, values in fields.items():  # pandas reads integer columns with nulls as floats with NaN
         fields[name] = np.where(pd.isna(values), None, values) if name != HASHES else values
     return Rows(str(path), list(frame.columns), np.arange(1, len(frame) + 1, dtype=np.int64), fields)

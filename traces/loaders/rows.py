@@ -8,8 +8,8 @@ trace's `LoadReport` (never silently).
 from __future__ import annotations
 
 import json
+from array import array
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -113,34 +113,60 @@ class Rows:
         return np.where(valid, (nanos - start) / 1e9, np.nan)
 
     def hash_lists(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """A column of JSON lists of non-negative integers as (flat values, per-row counts); bad rows count 0.
+        """A column of integer lists in [0, 2^63) as (flat values, per-row counts); bad rows count 0.
 
         A missing value (null) is an empty list: that request carries no shared prefix.
         """
-        raw = object_column([[] if v is None else v for v in self.fields[name]])
-        is_list = np.fromiter((isinstance(v, list) for v in raw), dtype=bool, count=len(raw))
-        self.flag(~is_list, lambda r: f"{name} must be a list of integers, got {raw[r]!r}")
-        counts = np.fromiter((len(v) if ok else 0 for v, ok in zip(raw, is_list, strict=True)),
-                             dtype=np.int64, count=len(raw))
-        lists = [v for v, ok in zip(raw, is_list, strict=True) if ok]
-        bad = None
-        # numpy would silently truncate 1.5 or True to an integer: check the element types first (one C pass).
-        if set(map(type, chain.from_iterable(lists))) <= {int}:
-            try:
-                flat = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=int(counts.sum()))
-                bad = np.zeros(len(raw), dtype=bool) if flat.size == 0 or flat.min() >= 0 else None
-            except OverflowError:
-                pass
-        if bad is None:  # the slow path only runs to find which rows are wrong
-            bad = np.fromiter((ok and not all(type(h) is int and 0 <= h < 2**63 for h in v)
-                               for v, ok in zip(raw, is_list, strict=True)), dtype=bool, count=len(raw))
-            self.flag(bad, f"{name} must hold integers in [0, 2^63)")
-            counts[bad] = 0
-            good = is_list & ~bad
-            flat = np.fromiter(chain.from_iterable(v for v, ok in zip(raw, good, strict=True) if ok),
-                               dtype=np.int64, count=int(counts.sum()))
-        counts[~is_list] = 0
+        raw = self.fields[name]
+        arrays = [int_array(v) for v in raw]
+        bad = np.fromiter((a is None for a in arrays), dtype=bool, count=len(arrays))
+        self.flag(bad, lambda r: f"{name} must be a list of integers, got {_short(raw[r])}")
+        counts = np.fromiter((0 if a is None else len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        flat = np.frombuffer(b"".join(a for a in arrays if a is not None), dtype=np.int64)
+        negative = flat < 0
+        if negative.any():
+            owner = np.repeat(np.arange(len(arrays)), counts)
+            rows = np.unique(owner[negative])
+            self.flag(np.isin(np.arange(len(arrays)), rows), f"{name} must hold integers >= 0")
+            flat = flat[~np.isin(owner, rows)]
+            counts[rows] = 0
         return flat, counts
+
+
+def int_array(value: object) -> array | None:
+    """A list (or array) of integers as a compact array('q'); None for anything else (a bad value).
+
+    Loaders turn hash lists into these as soon as they are read: 8 bytes per id instead of a Python int.
+    """
+    if value is None:
+        return array("q")
+    if isinstance(value, array) and value.typecode == "q":
+        return value
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        out = array("q")
+        out.frombytes(value.astype("<i8").tobytes())
+        return out
+    if not isinstance(value, list):
+        return None
+    try:
+        return array("q", value)  # rejects floats and strings; ints beyond 64 bits overflow
+    except (TypeError, OverflowError):
+        return None
+
+
+def _compact(value: object) -> object:
+    """Integer lists as array('q') as soon as a line is read (a million rows hold tens of millions of hash
+    ids); other values, and lists that are not all integers, stay as they are for validation to name."""
+    if isinstance(value, list):
+        compact = int_array(value)
+        if compact is not None:
+            return compact
+    return value
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def read_csv(path: str | Path) -> Rows:
@@ -167,26 +193,32 @@ def read_csv(path: str | Path) -> Rows:
 
 
 def read_jsonl(path: str | Path) -> Rows:
-    """One JSON object per non-blank line."""
+    """One JSON object per non-blank line, gathered straight into columns (no per-row dicts kept)."""
     path = str(path)
-    objects: list[dict] = []
+    columns: dict[str, list] = {}
     lines: list[int] = []
     problems: dict[int, str] = {}
     with open(path, encoding="utf-8") as f:
         for number, text in enumerate(f, start=1):
             if not text.strip():
                 continue
+            row = len(lines)
+            lines.append(number)
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
-                obj, problems[len(objects)] = {}, f"invalid JSON ({exc.msg}); allowed: one object per line"
+                obj, problems[row] = {}, f"invalid JSON ({exc.msg}); allowed: one object per line"
             if not isinstance(obj, dict):
-                obj, problems[len(objects)] = {}, "not a JSON object; allowed: one JSON object per line"
-            objects.append(obj)
-            lines.append(number)
-    header = list(objects[0]) if objects else []
-    keys = dict.fromkeys(chain.from_iterable(objects))
-    fields = {k: object_column([o.get(k) for o in objects]) for k in keys}
+                obj, problems[row] = {}, "not a JSON object; allowed: one JSON object per line"
+            for key, value in obj.items():
+                if key not in columns:  # a key first seen here: earlier rows lack it
+                    columns[key] = [None] * row
+                columns[key].append(_compact(value))
+            for column in columns.values():  # keys this line lacks
+                if len(column) == row:
+                    column.append(None)
+    header = list(columns)
+    fields = {k: object_column(v) for k, v in columns.items()}
     return Rows(path, header, np.array(lines, dtype=np.int64), fields, problems)
 
 
