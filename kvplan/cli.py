@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Verbs in the order `kvplan --help` lists them; later features add their module here.
-COMMANDS = ("bench", "generate")
+COMMANDS = ("trace", "generate", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

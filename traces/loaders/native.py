@@ -1,0 +1,59 @@
+"""Our own interchange formats, written by `kvplan trace convert`: JSONL, CSV and Parquet of the Request
+record. JSONL and Parquet hold `prefix_hashes` as lists; CSV as space-separated integers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces.loaders.rows import Rows, object_column, read_csv
+from traces.loaders.spec import Field, Format, jsonl_format
+from traces.schema import NO_VALUE
+
+FIELDS = (
+    Field("request_id", "request_id"),
+    Field("arrival_s", "arrival_s", integer=False),
+    Field("prompt_tokens", "prompt_tokens", minimum=1),
+    Field("output_tokens", "output_tokens"),
+    Field("session_id", "session_id", default=NO_VALUE),
+    Field("turn", "turn", default=NO_VALUE),
+    Field("priority", "priority", minimum=None, default=0),
+    Field("n", "n", minimum=1, default=1),
+    Field("_granularity", "hash_granularity", default=0),
+)
+HASHES = "prefix_hashes"
+
+
+def _split_hashes(text: object) -> object:
+    """'3 17 42' -> [3, 17, 42]; anything unparsable stays as it is so that validation names it."""
+    if text is None:
+        return None
+    try:
+        return [int(h) for h in str(text).split()]
+    except ValueError:
+        return text
+
+
+def read_native_csv(path: str | Path) -> Rows:
+    rows = read_csv(path)
+    if HASHES in rows.fields:
+        rows.fields[HASHES] = object_column([_split_hashes(v) for v in rows.fields[HASHES]])
+    return rows
+
+
+def read_parquet(path: str | Path) -> Rows:
+    """Rows of a Parquet file; 'line' numbers are 1-based row numbers."""
+    frame = pd.read_parquet(path)
+    fields = {name: frame[name].to_numpy(dtype=object) for name in frame.columns}
+    for name, values in fields.items():  # pandas reads integer columns with nulls as floats with NaN
+        fields[name] = np.where(pd.isna(values), None, values) if name != HASHES else values
+    return Rows(str(path), list(frame.columns), np.arange(1, len(frame) + 1, dtype=np.int64), fields)
+
+
+_DESCRIPTION = "kvplan Request records ({}): the lossless interchange format"
+KVPLAN_JSONL = jsonl_format("kvplan-jsonl", FIELDS, _DESCRIPTION.format("JSONL"), hashes=HASHES)
+KVPLAN_CSV = Format("kvplan-csv", "csv", read_native_csv, FIELDS, _DESCRIPTION.format("CSV"), hashes=HASHES)
+KVPLAN_PARQUET = Format("kvplan-parquet", "parquet", read_parquet, FIELDS, _DESCRIPTION.format("Parquet"),
+                        hashes=HASHES)

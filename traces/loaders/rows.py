@@ -1,0 +1,280 @@
+"""Reading raw rows with their line numbers, and validating them into columns.
+
+Every loader goes through here, so every format reports bad input the same way: the first bad row stops the
+load with `path:LINE: problem; allowed: ...`, or, with `skip_bad`, all bad rows are dropped and counted in the
+trace's `LoadReport` (never silently).
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces.schema import LoadReport, Trace, TraceFormatError, gather_segments, offsets_from_counts
+
+EXTRA_FIELDS = 8  # a CSV row may carry this many fields beyond its header before pandas itself gives up
+SHOWN_BAD_LINES = 5
+
+
+def object_column(values: list) -> np.ndarray:
+    """A 1-D object array even when every value is a list (numpy would otherwise build a 2-D array)."""
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+
+
+@dataclass(slots=True)
+class Rows:
+    """Raw values of one file: a column per field (object arrays; None where absent) and each row's line."""
+
+    path: str
+    header: list[str]
+    line: np.ndarray
+    fields: dict[str, np.ndarray]
+    problems: dict[int, str] = field(default_factory=dict)  # row index -> first problem found in it
+
+    def __len__(self) -> int:
+        return len(self.line)
+
+    def require(self, names: list[str], layout: str) -> None:
+        missing = [n for n in names if n not in self.fields]
+        if missing:
+            raise TraceFormatError(f"{self.path}:1: missing column {', '.join(map(repr, missing))}; "
+                                   f"found {', '.join(self.header) or 'nothing'}; allowed: {layout}")
+
+    def flag(self, mask: np.ndarray, message: object) -> None:
+        """Record a problem for each row in `mask` that has none yet (`message`: text or f(row))."""
+        for row in np.flatnonzero(mask):
+            if row not in self.problems:
+                self.problems[int(row)] = message(int(row)) if callable(message) else str(message)
+
+    def ok(self) -> np.ndarray:
+        mask = np.ones(len(self), dtype=bool)
+        mask[list(self.problems)] = False
+        return mask
+
+    def number(self, name: str, *, integer: bool = True, minimum: float | None = 0,
+               default: float | None = None) -> np.ndarray:
+        """Column `name` as float64, flagging missing, non-numeric, fractional and too-small values.
+
+        With a `default`, a missing value (absent column, empty cell, JSON null) takes it instead of failing.
+        """
+        raw = self.fields.get(name)
+        if raw is None:
+            raw = np.full(len(self), None, dtype=object)
+        missing = pd.isna(raw) | (raw == "")
+        if default is None:
+            self.flag(missing, f"missing value for column {name!r}")
+        values = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(np.float64, copy=True)
+        present = ~missing
+        self.flag(present & ~np.isfinite(values),
+                  lambda r: f"non-numeric {name} {raw[r]!r}; allowed: a number")
+        kind = "an integer" if integer else "a number"
+        with np.errstate(invalid="ignore"):
+            if integer:
+                self.flag(present & np.isfinite(values) & (values != np.round(values)),
+                          lambda r: f"{name} {raw[r]!r} is not an integer")
+            if minimum is not None:
+                self.flag(present & (values < minimum),
+                          lambda r: f"{name} {values[r]:g} is out of range; allowed: {kind} >= {minimum:g}")
+        if default is not None:
+            values[missing] = default
+        return values
+
+    def label(self, name: str, missing_value: int) -> np.ndarray:
+        """An identifier column (session ids): integers kept as they are, any other labels numbered 0, 1, ...
+        in order of first appearance; missing values become `missing_value`."""
+        raw = self.fields.get(name)
+        if raw is None:
+            return np.full(len(self), missing_value, dtype=np.float64)
+        missing = pd.isna(raw) | (raw == "")
+        numbers = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(np.float64, copy=True)
+        present = ~missing
+        if not np.all(np.isfinite(numbers[present]) & (numbers[present] == np.round(numbers[present]))):
+            numbers[present] = pd.factorize(pd.Series(raw[present], dtype=object).astype(str))[0]
+        numbers[missing] = missing_value
+        return numbers
+
+    def datetime(self, name: str) -> np.ndarray:
+        """Wall-clock strings (7 fractional digits, or ISO 8601 with a zone) as seconds since the earliest."""
+        raw = self.fields[name]
+        times = pd.to_datetime(pd.Series(raw, dtype=object), format="ISO8601", utc=True, errors="coerce")
+        self.flag(times.isna().to_numpy(),
+                  lambda r: f"bad {name} {raw[r]!r}; allowed: 'YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM]'")
+        valid = times.notna().to_numpy()
+        nanos = times.to_numpy(dtype="datetime64[ns]", na_value=np.datetime64("NaT")).astype(np.int64)
+        # Subtract in integers first: epoch seconds as float64 would lose the 7th fractional digit.
+        start = nanos[valid].min() if valid.any() else 0
+        return np.where(valid, (nanos - start) / 1e9, np.nan)
+
+    def hash_lists(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A column of integer lists in [0, 2^63) as (flat values, per-row counts); bad rows count 0.
+
+        A missing value (null) is an empty list: that request carries no shared prefix.
+        """
+        raw = self.fields[name]
+        arrays = [int_array(v) for v in raw]
+        bad = np.fromiter((a is None for a in arrays), dtype=bool, count=len(arrays))
+        self.flag(bad, lambda r: f"{name} must be a list of integers, got {_short(raw[r])}")
+        counts = np.fromiter((0 if a is None else len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        flat = np.frombuffer(b"".join(a for a in arrays if a is not None), dtype=np.int64)
+        negative = flat < 0
+        if negative.any():
+            owner = np.repeat(np.arange(len(arrays)), counts)
+            rows = np.unique(owner[negative])
+            self.flag(np.isin(np.arange(len(arrays)), rows), f"{name} must hold integers >= 0")
+            flat = flat[~np.isin(owner, rows)]
+            counts[rows] = 0
+        return flat, counts
+
+
+def int_array(value: object) -> array | None:
+    """A list (or array) of integers as a compact array('q'); None for anything else (a bad value).
+
+    Loaders turn hash lists into these as soon as they are read: 8 bytes per id instead of a Python int.
+    """
+    if value is None:
+        return array("q")
+    if isinstance(value, array) and value.typecode == "q":
+        return value
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        out = array("q")
+        out.frombytes(value.astype("<i8").tobytes())
+        return out
+    if not isinstance(value, list):
+        return None
+    try:
+        return array("q", value)  # rejects floats and strings; ints beyond 64 bits overflow
+    except (TypeError, OverflowError):
+        return None
+
+
+def _compact(value: object) -> object:
+    """Integer lists as array('q') as soon as a line is read (a million rows hold tens of millions of hash
+    ids); other values, and lists that are not all integers, stay as they are for validation to name."""
+    if isinstance(value, list):
+        compact = int_array(value)
+        if compact is not None:
+            return compact
+    return value
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def read_csv(path: str | Path) -> Rows:
+    """All fields as strings, one row per non-blank line, keeping each row's line number."""
+    path = str(path)
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        header = [h.strip() for h in f.readline().rstrip("\r\n").split(",")]
+    names = header + [f"__extra{i}" for i in range(EXTRA_FIELDS)]
+    try:
+        frame = pd.read_csv(path, header=None, skiprows=1, names=names, dtype=str, keep_default_na=False,
+                            skip_blank_lines=False, encoding="utf-8-sig")
+    except pd.errors.ParserError as exc:
+        raise TraceFormatError(f"{path}: {exc}; allowed: the header's {len(header)} fields per row") from exc
+    line = np.arange(2, len(frame) + 2, dtype=np.int64)
+    cells = frame.to_numpy(dtype=object)
+    filled = cells != ""
+    blank = ~filled.any(axis=1) if len(frame) else np.zeros(0, dtype=bool)
+    rows = Rows(path, header, line[~blank], {})
+    cells, filled = cells[~blank], filled[~blank]
+    for j, name in enumerate(header):
+        rows.fields[name] = np.where(filled[:, j], cells[:, j], None)
+    rows.flag(filled[:, len(header):].any(axis=1), f"more fields than the header's {len(header)}")
+    return rows
+
+
+def read_jsonl(path: str | Path) -> Rows:
+    """One JSON object per non-blank line, gathered straight into columns (no per-row dicts kept)."""
+    path = str(path)
+    columns: dict[str, list] = {}
+    lines: list[int] = []
+    problems: dict[int, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for number, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            row = len(lines)
+            lines.append(number)
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                obj, problems[row] = {}, f"invalid JSON ({exc.msg}); allowed: one object per line"
+            if not isinstance(obj, dict):
+                obj, problems[row] = {}, "not a JSON object; allowed: one JSON object per line"
+            for key, value in obj.items():
+                if key not in columns:  # a key first seen here: earlier rows lack it
+                    columns[key] = [None] * row
+                columns[key].append(_compact(value))
+            for column in columns.values():  # keys this line lacks
+                if len(column) == row:
+                    column.append(None)
+    header = list(columns)
+    fields = {k: object_column(v) for k, v in columns.items()}
+    return Rows(path, header, np.array(lines, dtype=np.int64), fields, problems)
+
+
+@dataclass(slots=True)
+class LoadOptions:
+    skip_bad: bool = False  # drop malformed rows (counted in the report) instead of stopping
+    order_tolerance_s: float = 1.0  # how far a timestamp may fall behind an earlier one and still be sorted
+    keep_failed: bool = False  # BurstGPT: keep failed requests (0 response tokens)
+
+
+def finish(rows: Rows, columns: dict[str, np.ndarray], opts: LoadOptions, report: LoadReport, *,
+           hashes: tuple[np.ndarray, np.ndarray] | None = None, exclude: np.ndarray | None = None,
+           **trace_args: object) -> Trace:
+    """Check arrival order, then raise on the first bad row or drop the bad rows, and build the sorted Trace.
+
+    `exclude` marks rows the format itself leaves out (already counted in `report`); they are not checked.
+    """
+    if exclude is not None:
+        rows.flag(exclude, "excluded")
+    _check_order(rows, columns["arrival_s"], opts.order_tolerance_s)
+    ok = rows.ok()
+    excluded = np.zeros(len(rows), dtype=bool) if exclude is None else exclude
+    if not (ok | excluded).all():
+        bad_rows = np.flatnonzero(~ok & ~excluded)
+        if not opts.skip_bad:
+            first = int(bad_rows[0])
+            raise TraceFormatError(f"{rows.path}:{rows.line[first]}: {rows.problems[first]}")
+        report.dropped_bad += len(bad_rows)
+        report.bad_lines = [int(rows.line[r]) for r in bad_rows[:SHOWN_BAD_LINES]]
+    kept = {name: values[ok] for name, values in columns.items()}
+    arrival = kept["arrival_s"]
+    report.reordered = int(np.count_nonzero(arrival[1:] < np.maximum.accumulate(arrival)[:-1]))
+    order = np.argsort(arrival, kind="stable")
+    kept = {name: values[order] for name, values in kept.items()}
+    if len(order) and trace_args.get("timed", True):
+        kept["arrival_s"] = kept["arrival_s"] - kept["arrival_s"][0]
+    source_index = np.flatnonzero(ok)[order]
+    kept.setdefault("request_id", source_index)  # the source row: a stable id under any transform
+    if hashes is not None:
+        flat, counts = hashes
+        offsets = offsets_from_counts(counts)
+        kept["hash_ids"], kept["hash_offsets"] = gather_segments(flat, offsets, source_index)
+    return Trace.build(**kept, report=report, **trace_args)
+
+
+def _check_order(rows: Rows, arrival: np.ndarray, tolerance_s: float) -> None:
+    """Flag rows whose timestamp falls more than the tolerance behind an earlier row's."""
+    ok = rows.ok() & np.isfinite(arrival)
+    valid = np.flatnonzero(ok)
+    if len(valid) < 2:
+        return
+    times = arrival[valid]
+    latest_before = np.maximum.accumulate(np.concatenate(([times[0]], times[:-1])))
+    behind = latest_before - times
+    late = valid[behind > tolerance_s]
+    lag = dict(zip(valid, behind, strict=True))
+    rows.flag(np.isin(np.arange(len(rows)), late),
+              lambda r: f"timestamp goes backwards by {lag[r]:.6g} s; allowed: at most {tolerance_s:g} s "
+                        "(--order-tolerance)")

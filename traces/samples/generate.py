@@ -1,0 +1,32 @@
+"""Regenerate the sample traces from their specs: `python -m traces.samples.generate [OUT_DIR]`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from traces.io import render, render_layout
+from traces.synth import synthesize_file
+
+HERE = Path(__file__).parent
+# sample file -> (spec, layout): our JSONL, or a public layout that its own loader reads.
+SAMPLES = {
+    "chat.jsonl": ("chat.yaml", "jsonl"),
+    "mooncake_style.jsonl": ("mooncake_style.yaml", "mooncake"),
+    "azure_style.csv": ("azure_style.yaml", "azure"),
+}
+
+
+def generate(out_dir: Path = HERE) -> list[Path]:
+    written = []
+    for name, (spec, layout) in SAMPLES.items():
+        trace = synthesize_file(HERE / spec)
+        data = render(trace, layout) if layout == "jsonl" else render_layout(trace, layout)
+        (out_dir / name).write_bytes(data)
+        written.append(out_dir / name)
+    return written
+
+
+if __name__ == "__main__":
+    for path in generate(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE):
+        print(f"{path} ({path.stat().st_size} bytes)")

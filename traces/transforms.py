@@ -1,0 +1,143 @@
+"""Trace transforms. Each returns a new Trace (arrays are never modified in place) and notes what it did in
+the trace's report, so a derived trace says how it was derived."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from hashlib import blake2b
+
+import numpy as np
+
+from traces.arrivals import arrival_times
+from traces.schema import Trace, gather_segments
+
+DIGEST_IDS = 8  # one 64-byte blake2b digest yields eight 64-bit ids
+
+
+def _noted(trace: Trace, note: str) -> Trace:
+    report = replace(trace.report, bad_lines=list(trace.report.bad_lines), notes=[*trace.report.notes, note])
+    return replace(trace, report=report)
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def window(trace: Trace, start_s: float, end_s: float | None = None) -> Trace:
+    """Requests arriving in [start_s, end_s), re-based so that the window starts at 0."""
+    end = np.inf if end_s is None else end_s
+    if end <= start_s:
+        raise ValueError(f"window end {end_s} must be after its start {start_s}")
+    mask = (trace.arrival_s >= start_s) & (trace.arrival_s < end)
+    out = trace.take(mask)
+    out.arrival_s = out.arrival_s - start_s
+    return _noted(out, f"window [{start_s:g}, {end:g}) s kept {len(out)} of {len(trace)} requests")
+
+
+def scale_rate(trace: Trace, factor: float) -> Trace:
+    """Multiply the request rate by `factor` (> 1 compresses time, < 1 stretches it)."""
+    _positive("rate factor", factor)
+    return _noted(replace(trace, arrival_s=trace.arrival_s / factor), f"rate scaled x{factor:g}")
+
+
+def retime(trace: Trace, arrivals: dict, seed: int, path: str = "arrivals") -> Trace:
+    """New arrival times from an arrival-process spec (see `traces.arrivals`), keeping order and lengths.
+
+    `path` names the spec in error messages (its YAML key, or the command-line option).
+    """
+    times = arrival_times(arrivals, len(trace), np.random.default_rng(seed), path)
+    out = replace(trace, arrival_s=times - times[0] if len(times) else times, timed=True)
+    return _noted(out, f"re-timed with {arrivals.get('process', 'poisson')} arrivals (seed {seed})")
+
+
+def sample(trace: Trace, fraction: float, seed: int) -> Trace:
+    """A uniform random subset of round(fraction * n) requests, in arrival order."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"sample fraction must be in (0, 1], got {fraction!r}")
+    rng = np.random.default_rng(seed)
+    keep = np.sort(rng.choice(len(trace), size=round(fraction * len(trace)), replace=False))
+    return _noted(trace.take(keep), f"sampled {len(keep)} of {len(trace)} requests (seed {seed})")
+
+
+def clip_to_context(trace: Trace, context: int) -> Trace:
+    """Fit every request in a model's context: prompt <= context - 1, then prompt + output <= context.
+
+    Prefix hashes past the clipped prompt are dropped with it.
+    """
+    if context < 2:
+        raise ValueError(f"context must be >= 2 tokens, got {context}")
+    prompt = np.minimum(trace.prompt_tokens, context - 1)
+    output = np.minimum(trace.output_tokens, context - prompt)
+    changed = int(np.count_nonzero((prompt != trace.prompt_tokens) | (output != trace.output_tokens)))
+    out = replace(trace, prompt_tokens=prompt, output_tokens=output)
+    if trace.has_prefix:
+        keep = -(-prompt // trace.hash_granularity)  # blocks still (partly) inside the prompt
+        out.hash_ids, out.hash_offsets = gather_segments(trace.hash_ids, trace.hash_offsets,
+                                                         np.arange(len(trace)), keep)
+    return _noted(out, f"clipped {changed} requests to a {context}-token context")
+
+
+def jitter(trace: Trace, quantum_s: float, seed: int) -> Trace:
+    """Spread timestamps rounded to `quantum_s` uniformly over [t, t + quantum_s), then re-sort.
+
+    The Mooncake conversation trace rounds arrivals to about 3 s; replaying it as is sends bursts of
+    simultaneous requests that the real service never saw.
+    """
+    _positive("jitter quantum", quantum_s)
+    rng = np.random.default_rng(seed)
+    shifted = trace.arrival_s + rng.uniform(0.0, quantum_s, size=len(trace))
+    order = np.argsort(shifted, kind="stable")
+    out = trace.take(order)
+    out.arrival_s = shifted[order]
+    return _noted(out, f"jittered arrivals within {quantum_s:g} s (seed {seed})")
+
+
+def expand_granularity(trace: Trace, block_size: int) -> Trace:
+    """Re-express prefix hashes at granularity G as hashes at block size b (G a multiple of b).
+
+    Hash h becomes G/b derived ids blake2b(h, j), so two requests share their first k*G/b new ids exactly when
+    they shared their first k old ones. Sub-blocks wholly past the prompt are dropped.
+    """
+    if not trace.has_prefix:
+        raise ValueError("the trace has no prefix hashes to expand")
+    g = trace.hash_granularity
+    if block_size < 1 or g % block_size:
+        raise ValueError(f"hash granularity {g} is not a multiple of block size {block_size}; "
+                         "allowed: a block size that divides it")
+    per_hash = g // block_size
+    unique, inverse = np.unique(trace.hash_ids, return_inverse=True)
+    table = derived_ids(unique, per_hash)
+    flat = table[inverse].reshape(-1)
+    counts = np.diff(trace.hash_offsets)
+    keep = np.minimum(-(-trace.prompt_tokens // block_size), counts * per_hash)
+    ids, offsets = gather_segments(flat, trace.hash_offsets * per_hash, np.arange(len(trace)), keep)
+    out = replace(trace, hash_ids=ids, hash_offsets=offsets, hash_granularity=block_size)
+    return _noted(out, f"expanded hash granularity {g} to block size {block_size}")
+
+
+def compact_hash_ids(trace: Trace) -> Trace:
+    """Renumber hash ids 0, 1, 2, ... in order of first appearance (as Mooncake's remapped ids): the same
+    sharing, shorter files."""
+    if not trace.has_prefix:
+        return trace
+    return replace(trace, hash_ids=first_appearance_ranks(trace.hash_ids))
+
+
+def first_appearance_ranks(ids: np.ndarray) -> np.ndarray:
+    unique_first, inverse = np.unique(ids, return_index=True, return_inverse=True)[1:]
+    rank = np.empty(len(unique_first), dtype=np.int64)
+    rank[np.argsort(unique_first)] = np.arange(len(unique_first))
+    return rank[inverse]
+
+
+def derived_ids(hashes: np.ndarray, per_hash: int) -> np.ndarray:
+    """[len(hashes), per_hash] process-stable 63-bit ids: id(h, j) from blake2b keyed by (h, j // 8)."""
+    digests_per_hash = -(-per_hash // DIGEST_IDS)
+    raw = b"".join(
+        blake2b(int(h).to_bytes(8, "little") + d.to_bytes(8, "little"), digest_size=64,
+                person=b"kvplan-expand").digest()
+        for h in hashes.tolist() for d in range(digests_per_hash))
+    words = np.frombuffer(raw, dtype="<u8").reshape(len(hashes), digests_per_hash * DIGEST_IDS)
+    return (words[:, :per_hash] >> np.uint64(1)).astype(np.int64)
+
