@@ -1,1 +1,15 @@
-"""Triton kernels for paged KV and their torch reference implementations."""
+"""Triton kernels for paged KV and their torch reference implementations.
+
+The functional API the engine calls; each wrapper validates its arguments (`kernels.checks`) and launches
+one kernel. On a machine without CUDA the kernels run only under TRITON_INTERPRET=1, which must be set before
+this package is imported (Triton reads it when the kernels are defined).
+"""
+
+from kernels.quant import QMAX, make_scales
+from kernels.store_kv import store_kv
+
+__all__ = [
+    "QMAX",
+    "make_scales",
+    "store_kv",
+]
