@@ -5,11 +5,14 @@ one kernel. On a machine without CUDA the kernels run only under TRITON_INTERPRE
 this package is imported (Triton reads it when the kernels are defined).
 """
 
+from kernels.decode_attention import choose_num_splits, paged_decode_attention
 from kernels.quant import QMAX, make_scales
 from kernels.store_kv import store_kv
 
 __all__ = [
     "QMAX",
+    "choose_num_splits",
     "make_scales",
+    "paged_decode_attention",
     "store_kv",
 ]
