@@ -6,6 +6,7 @@ this package is imported (Triton reads it when the kernels are defined).
 """
 
 from kernels.decode_attention import choose_num_splits, paged_decode_attention
+from kernels.prefill_attention import paged_prefill_attention
 from kernels.quant import QMAX, make_scales
 from kernels.store_kv import store_kv
 
@@ -14,5 +15,6 @@ __all__ = [
     "choose_num_splits",
     "make_scales",
     "paged_decode_attention",
+    "paged_prefill_attention",
     "store_kv",
 ]
