@@ -25,7 +25,9 @@ from kernels.checks import check_attention, check_int, check_out, check_same_dev
 MAX_SPLITS = 64
 
 
-@triton.jit
+# Lengths of sink and window vary per deployment; specializing on them (Triton does for the value 1) would
+# only add compilations.
+@triton.jit(do_not_specialize=["sink_tokens", "window_tokens"])
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr,
                          context_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
                          sm_scale_log2, sink_tokens, window_tokens,

@@ -106,5 +106,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         GROUP=group, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=BLOCK_M,
         TOKENS=tokens, BLOCK_N=block_n(head_dim), QUANT=quantized,
         DOT_PRECISION=dot_precision(k_cache.dtype == torch.float32),
+        num_warps=8 if head_dim >= 128 else 4,  # a 64 x 128 float32 accumulator spills with 4 warps
     )
     return out
