@@ -81,15 +81,16 @@ def paged_kv(lengths: list[int], block_size: int, num_kv_heads: int, head_dim: i
     return PagedKV(k_cache, v_cache, k_scale, v_scale, tables, poison)
 
 
-def release_invisible_blocks(kv: PagedKV, lengths: list[int], sink_tokens: int, window_tokens: int) -> None:
-    """Point the table entries of blocks holding no visible position at the poison block, as the engine
-    releases (and marks -1) blocks that fell out of the sink + window."""
+def release_invisible_blocks(kv: PagedKV, lengths: list[int], sink_tokens: int, window_tokens: int,
+                             marker: int | None = None) -> None:
+    """Overwrite the table entries of blocks holding no visible position with `marker` (default: the poison
+    block), as the engine releases (and marks -1) blocks that fell out of the sink + window."""
     block_size = kv.k_cache.shape[1]
     for r, n in enumerate(lengths):
         keep = set((visible_positions(n, sink_tokens, window_tokens) // block_size).tolist())
         for b in range(-(-n // block_size)):
             if b not in keep:
-                kv.block_tables[r, b] = kv.poison_block
+                kv.block_tables[r, b] = kv.poison_block if marker is None else marker
 
 
 def randn(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:

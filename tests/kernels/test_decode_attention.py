@@ -6,9 +6,11 @@ import itertools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_cases import DEVICE, TOLERANCE, assert_close, paged_kv, randn, release_invisible_blocks
 
-from kernels import paged_decode_attention
+from kernels import choose_num_splits, paged_decode_attention
 from kernels.reference import ref_paged_decode_attention
 
 HEAD_DIM = 32
@@ -116,3 +118,47 @@ def test_writes_into_given_out_and_strided_q() -> None:
     expected = ref_paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables,
                                           torch.tensor(lengths, dtype=torch.int32, device=DEVICE))
     torch.testing.assert_close(out, expected, **TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("block_size", [64, 128, 256])
+def test_large_blocks(block_size: int) -> None:
+    gen = torch.Generator().manual_seed(block_size)
+    lengths = [0, 1, 63, 64, 65]
+    kv = paged_kv(lengths, block_size, 1, HEAD_DIM, torch.float16, gen)
+    q = randn((len(lengths), 2, HEAD_DIM), torch.float16, gen)
+    run_both(kv, q, lengths, torch.float16, num_splits=2)
+
+
+def test_minus_one_table_entries() -> None:
+    """The engine's own markers: -1 for padding and for blocks released outside sink + window."""
+    gen = torch.Generator().manual_seed(11)
+    lengths = [0, 30, 70]
+    kv = paged_kv(lengths, 8, 2, HEAD_DIM, torch.float32, gen)
+    kv.block_tables[kv.block_tables == kv.poison_block] = -1
+    release_invisible_blocks(kv, lengths, 4, 20, marker=-1)
+    q = randn((len(lengths), 2, HEAD_DIM), torch.float32, gen)
+    run_both(kv, q, lengths, torch.float32, num_splits=2, sink_tokens=4, window_tokens=20)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(lengths=st.lists(st.integers(0, 70), min_size=1, max_size=4),
+       block_size=st.sampled_from([1, 2, 4, 8, 32]), group=st.integers(1, 4), num_splits=st.integers(1, 4),
+       sink=st.integers(0, 8), window=st.integers(0, 40))
+def test_random_cases(lengths: list[int], block_size: int, group: int, num_splits: int, sink: int,
+                      window: int) -> None:
+    gen = torch.Generator().manual_seed(len(lengths) * 100 + block_size)
+    kv = paged_kv(lengths, block_size, 1, HEAD_DIM, torch.float32, gen)
+    release_invisible_blocks(kv, lengths, sink, window)
+    q = randn((len(lengths), group, HEAD_DIM), torch.float32, gen)
+    run_both(kv, q, lengths, torch.float32, num_splits=num_splits, sink_tokens=sink, window_tokens=window)
+
+
+@pytest.mark.parametrize(("seqs", "kv_heads", "context", "sms", "expected"), [
+    (64, 8, 4096, 132, 1),  # 512 programs already cover the GPU
+    (1, 8, 4096, 132, 16),  # capped by 256 tokens per split
+    (1, 8, 32768, 132, 33),  # two waves of 132 SMs
+    (2, 8, 100, 132, 1),  # too short to split
+    (1, 1, 10**6, 10**4, 64),  # capped by MAX_SPLITS
+])
+def test_choose_num_splits(seqs: int, kv_heads: int, context: int, sms: int, expected: int) -> None:
+    assert choose_num_splits(seqs, kv_heads, context, sms) == expected

@@ -6,6 +6,8 @@ import itertools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_cases import DEVICE, assert_close, paged_kv, randn
 
 from kernels import paged_prefill_attention
@@ -74,3 +76,18 @@ def test_no_requests_and_all_empty_chunks() -> None:
     kv, q = make_case([(4, 0), (0, 0)], 8, 1, 1, HEAD_DIM, torch.float32, torch.float32, 0)
     run_both(kv, q, [(4, 0), (0, 0)], torch.float32)
     assert q.shape[0] == 0
+
+
+@pytest.mark.parametrize("block_size", [64, 128, 256])
+def test_large_blocks(block_size: int) -> None:
+    chunks = [(0, 64), (63, 2), (1, 0)]
+    kv, q = make_case(chunks, block_size, 1, 2, HEAD_DIM, torch.float16, torch.float16, block_size)
+    run_both(kv, q, chunks, torch.float16)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(chunks=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 30)), min_size=1, max_size=3),
+       block_size=st.sampled_from([1, 2, 4, 16]), group=st.integers(1, 5))
+def test_random_cases(chunks: list[tuple[int, int]], block_size: int, group: int) -> None:
+    kv, q = make_case(chunks, block_size, 1, group, HEAD_DIM, torch.float32, torch.float32, len(chunks))
+    run_both(kv, q, chunks, torch.float32)
