@@ -24,6 +24,22 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def visible_span(end, first_query, sink_tokens, window_tokens):
+    """Positions below `end` that queries at positions first_query … end-1 can see under sink + window:
+    [0, sink_end) ∪ [window_start, end). Returns (sink_end, window_start, count). Window 0 means all."""
+    windowed = window_tokens > 0
+    sink_end = tl.where(windowed, tl.minimum(sink_tokens, end), end)
+    window_start = tl.where(windowed, tl.maximum(sink_end, first_query + 1 - window_tokens), end)
+    return sink_end, window_start, sink_end + end - window_start
+
+
+@triton.jit
+def span_position(index, sink_end, window_start):
+    """Position of the index-th visible token, walking the visible span as one sequence."""
+    return tl.where(index < sink_end, index, index - sink_end + window_start)
+
+
+@triton.jit
 def kv_offsets(block_table_ptr, pos, mask, kv_head,
                BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Element offsets of the cache rows and of their scales for token positions `pos` of one request."""

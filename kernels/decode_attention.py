@@ -19,7 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_tl import LOG2E, NEG_INIT, attend_tile, block_n, dot_precision, normalize
+from kernels.attention_tl import (
+    LOG2E,
+    NEG_INIT,
+    attend_tile,
+    block_n,
+    dot_precision,
+    normalize,
+    span_position,
+    visible_span,
+)
 from kernels.checks import check_attention, check_int, check_out, check_same_device, check_shape, check_tensor
 
 MAX_SPLITS = 64
@@ -46,10 +55,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
                 mask=row_mask[:, None], other=0.0).to(tl.float32)
 
     n = tl.load(context_lens_ptr + seq)
-    windowed = window_tokens > 0
-    sink_end = tl.where(windowed, tl.minimum(sink_tokens, n), n)
-    window_start = tl.where(windowed, tl.maximum(sink_end, n - window_tokens), n)
-    visible = sink_end + n - window_start
+    sink_end, window_start, visible = visible_span(n, n - 1, sink_tokens, window_tokens)
     per_split = tl.cdiv(tl.cdiv(visible, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = split * per_split
     hi = tl.minimum(visible, lo + per_split)
@@ -61,7 +67,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
     for start in range(lo, hi, BLOCK_N):
         index = start + tl.arange(0, BLOCK_N)
         kv_mask = index < hi
-        pos = tl.where(index < sink_end, index, index - sink_end + window_start)
+        pos = span_position(index, sink_end, window_start)
         m_i, l_i, acc = attend_tile(q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
                                     block_table, pos, kv_mask, kv_mask[None, :], kv_head, dims, sm_scale_log2,
                                     BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, QUANT, DOT_PRECISION)

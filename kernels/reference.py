@@ -39,13 +39,23 @@ def gather_kv(cache: torch.Tensor, scale: torch.Tensor | None, block_table: torc
     return dequantize(rows, scale[blocks, offsets]) if scale is not None else rows.float()
 
 
-def visible_positions(context_len: int, sink_tokens: int = 0, window_tokens: int = 0,
+def in_view(pos: torch.Tensor, query_pos: torch.Tensor, sink_tokens: int, window_tokens: int) -> torch.Tensor:
+    """Whether the query at `query_pos` sees position `pos` (broadcasting): causal, then p < sink or
+    p > query_pos - window (window 0 = no limit)."""
+    causal = pos <= query_pos
+    if window_tokens == 0:
+        return causal
+    return causal & ((pos < sink_tokens) | (pos > query_pos - window_tokens))
+
+
+def visible_positions(end: int, sink_tokens: int = 0, window_tokens: int = 0, first_query: int | None = None,
                       device: torch.device | str = "cpu") -> torch.Tensor:
-    """Positions the query at position context_len - 1 sees: p < sink or p >= n - window (window 0 = all)."""
-    p = torch.arange(context_len, device=device)
+    """Positions below `end` that some query at first_query … end-1 (default: only end-1) sees."""
+    p = torch.arange(end, device=device)
     if window_tokens == 0:
         return p
-    return p[(p < sink_tokens) | (p >= context_len - window_tokens)]
+    first = end - 1 if first_query is None else first_query
+    return p[(p < sink_tokens) | (p > first - window_tokens)]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -70,7 +80,7 @@ def ref_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for r, n in enumerate(context_lens.tolist()):
-        pos = visible_positions(n, sink_tokens, window_tokens, q.device)
+        pos = visible_positions(n, sink_tokens, window_tokens, device=q.device)
         k = gather_kv(k_cache, k_scale, block_tables[r], pos)
         v = gather_kv(v_cache, v_scale, block_tables[r], pos)
         out[r] = attend(q[r : r + 1], k, v, scale)[0]
@@ -80,6 +90,7 @@ def ref_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 def ref_paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                 prefix_lens: torch.Tensor, scale: float | None = None,
+                                sink_tokens: int = 0, window_tokens: int = 0,
                                 k_scale: torch.Tensor | None = None,
                                 v_scale: torch.Tensor | None = None) -> torch.Tensor:
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -87,11 +98,12 @@ def ref_paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     bounds = cu_seqlens_q.tolist()
     for r, prefix in enumerate(prefix_lens.tolist()):
         start, end = bounds[r], bounds[r + 1]
-        pos = torch.arange(prefix + end - start, device=q.device)
+        pos = visible_positions(prefix + end - start, sink_tokens, window_tokens, prefix, q.device)
         k = gather_kv(k_cache, k_scale, block_tables[r], pos)
         v = gather_kv(v_cache, v_scale, block_tables[r], pos)
         q_pos = prefix + torch.arange(end - start, device=q.device)
-        out[start:end] = attend(q[start:end], k, v, scale, mask=pos[None, :] <= q_pos[:, None])
+        out[start:end] = attend(q[start:end], k, v, scale,
+                                mask=in_view(pos[None, :], q_pos[:, None], sink_tokens, window_tokens))
     return out.to(q.dtype)
 
 

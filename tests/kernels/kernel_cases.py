@@ -82,12 +82,14 @@ def paged_kv(lengths: list[int], block_size: int, num_kv_heads: int, head_dim: i
 
 
 def release_invisible_blocks(kv: PagedKV, lengths: list[int], sink_tokens: int, window_tokens: int,
-                             marker: int | None = None) -> None:
+                             marker: int | None = None, first_queries: list[int] | None = None) -> None:
     """Overwrite the table entries of blocks holding no visible position with `marker` (default: the poison
-    block), as the engine releases (and marks -1) blocks that fell out of the sink + window."""
+    block), as the engine releases (and marks -1) blocks that fell out of the sink + window. Visible means
+    seen by a query at first_queries[r] … lengths[r]-1 (default: the last position only, as in decode)."""
     block_size = kv.k_cache.shape[1]
     for r, n in enumerate(lengths):
-        keep = set((visible_positions(n, sink_tokens, window_tokens) // block_size).tolist())
+        first = None if first_queries is None else first_queries[r]
+        keep = set((visible_positions(n, sink_tokens, window_tokens, first) // block_size).tolist())
         for b in range(-(-n // block_size)):
             if b not in keep:
                 kv.block_tables[r, b] = kv.poison_block if marker is None else marker

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import DEVICE, assert_close, paged_kv, randn
+from kernel_cases import DEVICE, assert_close, paged_kv, randn, release_invisible_blocks
 
 from kernels import paged_prefill_attention
 from kernels.reference import ref_paged_prefill_attention
@@ -29,7 +29,7 @@ MATRIX = [
 ]
 
 
-def run_both(kv, q, chunks: list[tuple[int, int]], dtype: torch.dtype, **kwargs) -> None:
+def run_both(kv, q, chunks: list[tuple[int, int]], dtype: torch.dtype, **kwargs) -> torch.Tensor:
     cu = torch.tensor([0, *itertools.accumulate(c for _, c in chunks)], dtype=torch.int32, device=DEVICE)
     prefix_lens = torch.tensor([p for p, _ in chunks], dtype=torch.int32, device=DEVICE)
     out = paged_prefill_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, prefix_lens, **kv.scales,
@@ -38,6 +38,7 @@ def run_both(kv, q, chunks: list[tuple[int, int]], dtype: torch.dtype, **kwargs)
     expected = ref_paged_prefill_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, cu, prefix_lens,
                                            **kv.scales, **kwargs)
     assert_close(out, expected, dtype)
+    return out
 
 
 def make_case(chunks: list[tuple[int, int]], block_size: int, num_kv_heads: int, group: int,
@@ -85,9 +86,36 @@ def test_large_blocks(block_size: int) -> None:
     run_both(kv, q, chunks, torch.float16)
 
 
+def windowed_case(chunks: list[tuple[int, int]], block_size: int, group: int, sink: int, window: int,
+                  seed: int):
+    """A case whose blocks that no chunk query can see are released (poisoned) in the block table."""
+    kv, q = make_case(chunks, block_size, 1, group, HEAD_DIM, torch.float32, torch.float32, seed)
+    release_invisible_blocks(kv, [p + c for p, c in chunks], sink, window,
+                             first_queries=[p for p, _ in chunks])
+    return kv, q
+
+
+@pytest.mark.parametrize(("sink", "window", "block_size"), [(4, 16, 8), (0, 8, 4), (16, 32, 16), (1, 1, 1)])
+def test_sink_and_window(sink: int, window: int, block_size: int) -> None:
+    chunks = [(0, 0), (0, 1), (0, 40), (48, 3), (30, 20), (60, 1)]
+    kv, q = windowed_case(chunks, block_size, 2, sink, window, sink + window)
+    run_both(kv, q, chunks, torch.float32, sink_tokens=sink, window_tokens=window)
+
+
+def test_window_excludes_what_full_attention_sees() -> None:
+    """Guards the window tests: with a window the result must differ from full causal attention."""
+    chunks = [(30, 20)]
+    kv, q = windowed_case(chunks, 8, 1, 0, 0, 3)
+    full = run_both(kv, q, chunks, torch.float32)
+    windowed = run_both(kv, q, chunks, torch.float32, sink_tokens=2, window_tokens=10)
+    assert (full - windowed).abs().max() > 1e-3
+
+
 @settings(max_examples=12, deadline=None, derandomize=True)
 @given(chunks=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 30)), min_size=1, max_size=3),
-       block_size=st.sampled_from([1, 2, 4, 16]), group=st.integers(1, 5))
-def test_random_cases(chunks: list[tuple[int, int]], block_size: int, group: int) -> None:
-    kv, q = make_case(chunks, block_size, 1, group, HEAD_DIM, torch.float32, torch.float32, len(chunks))
-    run_both(kv, q, chunks, torch.float32)
+       block_size=st.sampled_from([1, 2, 4, 16]), group=st.integers(1, 5), sink=st.integers(0, 6),
+       window=st.sampled_from([0, 0, 1, 7, 16, 40]))
+def test_random_cases(chunks: list[tuple[int, int]], block_size: int, group: int, sink: int,
+                      window: int) -> None:
+    kv, q = windowed_case(chunks, block_size, group, sink, window, len(chunks))
+    run_both(kv, q, chunks, torch.float32, sink_tokens=sink, window_tokens=window)
