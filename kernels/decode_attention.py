@@ -43,10 +43,11 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
                          stride_qs, stride_qh, stride_bt, stride_os, stride_oh,
                          GROUP: tl.constexpr, BLOCK_H: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                          HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                         NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                         SPLIT: tl.constexpr, QUANT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    num_splits = tl.num_programs(2)  # a launch value, not a constant: one compilation serves every count
     group_rows = tl.arange(0, BLOCK_H)
     dims = tl.arange(0, HEAD_DIM)
     row_mask = group_rows < GROUP
@@ -56,7 +57,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
 
     n = tl.load(context_lens_ptr + seq)
     sink_end, window_start, visible = visible_span(n, n - 1, sink_tokens, window_tokens)
-    per_split = tl.cdiv(tl.cdiv(visible, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(visible, num_splits), BLOCK_N) * BLOCK_N
     lo = split * per_split
     hi = tl.minimum(visible, lo + per_split)
 
@@ -73,26 +74,25 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_p
                                     BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, QUANT, DOT_PRECISION)
 
     o = normalize(acc, l_i)
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
     else:
-        part = (seq * (NUM_KV_HEADS * GROUP) + heads) * NUM_SPLITS + split
+        part = (seq * (NUM_KV_HEADS * GROUP) + heads) * num_splits + split
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], o, mask=row_mask[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_mask)
 
 
 @triton.jit
-def _merge_splits_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_os, stride_oh,
-                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                         BLOCK_P: tl.constexpr):
+def _merge_splits_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_os, stride_oh, num_splits,
+                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, BLOCK_P)
     dims = tl.arange(0, HEAD_DIM)
-    part = (seq * NUM_HEADS + head) * NUM_SPLITS + splits
-    split_mask = splits < NUM_SPLITS
+    part = (seq * NUM_HEADS + head) * num_splits + splits
+    split_mask = splits < num_splits
     lse = tl.load(part_lse_ptr + part, mask=split_mask, other=float("-inf"))
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)  # every split empty (empty context): all weights become 0
@@ -157,12 +157,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         scale * LOG2E, sink_tokens, window_tokens,
         q.stride(0), q.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n(head_dim), NUM_SPLITS=num_splits,
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n(head_dim), SPLIT=num_splits > 1,
         QUANT=quantized, DOT_PRECISION=dot_precision(k_cache.dtype == torch.float32),
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
-            *parts, out, out.stride(0), out.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-            NUM_SPLITS=num_splits, BLOCK_P=triton.next_power_of_2(num_splits),
+            *parts, out, out.stride(0), out.stride(1), num_splits, NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+            BLOCK_P=triton.next_power_of_2(num_splits),
         )
     return out

@@ -4,7 +4,8 @@
 #   2. `kvplan bench kernels --json`, which also writes the grid as CSV.
 # Usage: bash scripts/gpu_check.sh [OUT_DIR]      (OUT_DIR defaults to $OUT, else results/gpu_check)
 # Python: $PYTHON, else ./.venv/bin/python, else python3; it needs a CUDA build of torch and triton.
-# Budget: about 1 minute of tests plus 2-3 minutes of benchmark (Triton compiles included) on one H200.
+# Budget: under 10 minutes on one H200. The tests mostly wait on Triton compiling their ~100 kernel variants
+# (a few minutes, capped at 5); the benchmark is sized to finish in under 4 minutes, compilation included.
 # Exit status: 0 when both steps succeed, 1 when there is no GPU, else the first failing step's status.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ fi
 timeout 300 "$PY" -m pytest tests/kernels -q -p no:cacheprovider 2>&1 | tee "$DEST/tests.txt"
 tests_rc=${PIPESTATUS[0]}
 
-timeout 420 "$PY" -m kvplan.cli bench kernels --json --csv "$DEST/bench_kernels.csv" > "$DEST/bench_kernels.json"
+timeout 270 "$PY" -m kvplan.cli bench kernels --json --csv "$DEST/bench_kernels.csv" > "$DEST/bench_kernels.json"
 bench_rc=$?
 "$PY" - "$DEST/bench_kernels.json" <<'EOF' || true
 import json, sys
