@@ -73,10 +73,19 @@ def test_head_dims_groups_and_bf16(head_dim: int, dtype: torch.dtype, group: int
     run_both(kv, q, chunks, dtype, scale=0.2, max_query_len=17)
 
 
-def test_no_requests_and_all_empty_chunks() -> None:
-    kv, q = make_case([(4, 0), (0, 0)], 8, 1, 1, HEAD_DIM, torch.float32, torch.float32, 0)
-    run_both(kv, q, [(4, 0), (0, 0)], torch.float32)
-    assert q.shape[0] == 0
+def test_empty_chunks_between_others() -> None:
+    """Requests with nothing to compute sit between others in cu_seqlens_q without shifting their rows."""
+    chunks = [(4, 0), (0, 3), (0, 0), (9, 2), (5, 0)]
+    kv, q = make_case(chunks, 8, 1, 1, HEAD_DIM, torch.float32, torch.float32, 0)
+    run_both(kv, q, chunks, torch.float32)
+
+
+def test_no_requests() -> None:
+    kv, q = make_case([], 8, 1, 2, HEAD_DIM, torch.float32, torch.float32, 0)
+    empty = torch.empty(0, dtype=torch.int32, device=DEVICE)
+    out = paged_prefill_attention(q, kv.k_cache, kv.v_cache, kv.block_tables.reshape(0, 1),
+                                  torch.zeros(1, dtype=torch.int32, device=DEVICE), empty)
+    assert out.shape == (0, 2, HEAD_DIM)
 
 
 @pytest.mark.parametrize("block_size", [64, 128, 256])
