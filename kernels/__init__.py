@@ -1,1 +1,22 @@
-"""Triton kernels for paged KV and their torch reference implementations."""
+"""Triton kernels for paged KV and their torch reference implementations.
+
+The functional API the engine calls; each wrapper validates its arguments (`kernels.checks`) and launches
+one kernel. On a machine without CUDA the kernels run only under TRITON_INTERPRET=1, which must be set before
+this package is imported (Triton reads it when the kernels are defined).
+"""
+
+from kernels.copy_blocks import copy_blocks
+from kernels.decode_attention import choose_num_splits, paged_decode_attention
+from kernels.prefill_attention import paged_prefill_attention
+from kernels.quant import QMAX, make_scales
+from kernels.store_kv import store_kv
+
+__all__ = [
+    "QMAX",
+    "choose_num_splits",
+    "copy_blocks",
+    "make_scales",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "store_kv",
+]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from kvplan.output import format_table, print_json
+from kvplan.output import format_table, print_json, write_atomic
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -27,6 +28,18 @@ def register(verbs: argparse._SubParsersAction) -> None:
     engine.add_argument("--requests", type=int, default=64)
     engine.add_argument("--json", action="store_true", help="print one JSON object")
     engine.set_defaults(handler=_bench_engine)
+    kernels = targets.add_parser(
+        "kernels", help="paged Triton kernels vs torch SDPA (needs a CUDA GPU)",
+        description="Paged decode and prefill attention over a grid of batch sizes, context lengths and "
+                    "block sizes 8-128, against torch SDPA on a contiguous cache: time, achieved HBM "
+                    "bandwidth, fraction of the device's peak, and the ratio to SDPA. Writes the grid as CSV "
+                    "for calibration. Without a CUDA GPU it says so and exits 0.")
+    kernels.add_argument("--json", action="store_true", help="print one JSON object")
+    kernels.add_argument("--csv", type=Path, default=Path("results/bench_kernels.csv"),
+                         help="where to write the grid (default results/bench_kernels.csv)")
+    kernels.add_argument("--peak-gbps", type=float, default=None,
+                         help="peak HBM bandwidth in GB/s, overriding the built-in table of devices")
+    kernels.set_defaults(handler=_bench_kernels)
 
 
 def _bench_core(args: argparse.Namespace) -> int:
@@ -68,4 +81,39 @@ def _bench_engine(args: argparse.Namespace) -> int:
     print(f"\nengine / best static batch: {result['ratio_vs_best_static']:.2f}x   "
           f"engine / generate_batch: {result['ratio_vs_generate_batch']:.2f}x   "
           f"KV token utilization (block 16): {result['results']['engine']['kv_token_utilization']:.3f}")
+    return 0
+
+
+def _bench_kernels(args: argparse.Namespace) -> int:
+    import torch  # imported here: the CLI must start without torch
+
+    if not torch.cuda.is_available():
+        reason = "no CUDA GPU: the kernel benchmark measures GPU HBM bandwidth, so nothing was measured"
+        if args.json:
+            print_json({"skipped": True, "reason": reason})
+        else:
+            print(f"kvplan bench kernels: {reason}")
+        return 0
+    from kvplan.bench import kernels
+
+    result = kernels.run(torch.device("cuda"), peak_override=args.peak_gbps)
+    write_atomic(args.csv, kernels.to_csv(result))
+    result["csv"] = str(args.csv)
+    if args.json:
+        print_json(result)
+        return 0
+    print(f"{result['device']} ({result['num_sms']} SMs), peak HBM {result['peak_gbps']} GB/s "
+          f"({result['peak_source']}); grid written to {args.csv}\n")
+    print(format_table(
+        ["kind", "batch", "context", "block", "splits", "ms", "sdpa_ms", "GB/s", "of_peak", "vs_sdpa",
+         "TFLOP/s", "max_diff"],
+        [[r["kind"], r["batch"], r["context"], r["block_size"], r["num_splits"], r["kernel_ms"], r["sdpa_ms"],
+          r["gbps"], r["frac_peak"] if r["frac_peak"] is not None else "-", r["vs_sdpa"], r["tflops"],
+          r["max_abs_diff"]] for r in result["rows"]]))
+    t = result["target"]
+    if t["measured"]:
+        print(f"\nTarget (decode, batch {t['batch']}, context {t['context']}, block {t['block_size']}): "
+              f"{t['frac_peak'] or 0:.1%} of peak (goal >= {t['min_frac_peak']:.0%}: "
+              f"{'met' if t['frac_peak_ok'] else 'not met'}), {t['vs_sdpa']:.2f}x SDPA time "
+              f"(goal <= {t['max_vs_sdpa']}x: {'met' if t['vs_sdpa_ok'] else 'not met'})")
     return 0
