@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
-from kernel_cases import DEVICE
 
 from kvplan.bench.hbm import peak_gbps
 from kvplan.bench.kernels import TARGET, Grid, check_target, run, to_csv
 from kvplan.cli import main
+from tests.kernels.kernel_cases import DEVICE
 
 TINY = Grid(decode_batches=(2,), decode_contexts=(40,), prefill_batches=(2,), prefill_contexts=(24,),
             prefill_chunk=16, block_sizes=(8, 16), num_heads=4, num_kv_heads=2, head_dim=32,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE
 
 from kernels import copy_blocks, make_scales
 from kernels.reference import ref_copy_blocks
+from tests.kernels.kernel_cases import DEVICE
 
 
 def numbered(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

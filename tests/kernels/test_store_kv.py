@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import DEVICE, empty_cache, randn
 
 from kernels import QMAX, store_kv
 from kernels.quant import dequantize, quantize_rows
 from kernels.reference import ref_store_kv
+from tests.kernels.kernel_cases import DEVICE, empty_cache, randn
 
 NUM_BLOCKS = 6
 

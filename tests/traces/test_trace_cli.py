@@ -6,11 +6,11 @@ import json
 
 import pytest
 import yaml
-from test_trace_synth import SPEC
-from trace_fixtures import AZURE_2023, MOONCAKE, write_jsonl, write_text
 
 import traces
 from kvplan.cli import main
+from tests.traces.test_trace_synth import SPEC
+from tests.traces.trace_fixtures import AZURE_2023, MOONCAKE, write_jsonl, write_text
 
 
 def _json(capsys) -> dict:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from trace_fixtures import MOONCAKE, write_jsonl
-
 import traces
 from engine.core.request import attach_block_keys, make_request
+from tests.traces.trace_fixtures import MOONCAKE, write_jsonl
 from traces.transforms import expand_granularity
 
 BLOCK = 16

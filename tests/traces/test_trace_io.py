@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from trace_fixtures import AZURE_2023, QWEN, write_jsonl, write_text
 
 import traces
+from tests.traces.trace_fixtures import AZURE_2023, QWEN, write_jsonl, write_text
 from traces.io import kind_of, render, to_frame
 from traces.schema import Trace
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from trace_fixtures import (
+
+import traces
+from tests.traces.trace_fixtures import (
     AZURE_2023,
     AZURE_2024,
     BURSTGPT,
@@ -17,8 +19,6 @@ from trace_fixtures import (
     write_jsonl,
     write_text,
 )
-
-import traces
 from traces import TraceFormatError
 
 

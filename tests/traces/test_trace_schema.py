@@ -5,9 +5,9 @@ from __future__ import annotations
 import types
 
 import numpy as np
-from trace_fixtures import jsonl_text, write_text
 
 import traces
+from tests.traces.trace_fixtures import jsonl_text, write_text
 from traces import transforms as tf
 from traces.schema import ARRAY_FIELDS, Trace
 

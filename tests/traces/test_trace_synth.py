@@ -7,8 +7,8 @@ import copy
 import numpy as np
 import pytest
 import yaml
-from trace_fixtures import VIDUR, write_text
 
+from tests.traces.trace_fixtures import VIDUR, write_text
 from traces.arrivals import arrival_times
 from traces.synth import synthesize, synthesize_file
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from trace_fixtures import MOONCAKE, VIDUR, write_jsonl, write_text
 
 import traces
+from tests.traces.trace_fixtures import MOONCAKE, VIDUR, write_jsonl, write_text
 from traces import transforms as tf
 from traces.materialize import materialize, prompt_token_ids
 from traces.schema import RequestRecord, Trace
