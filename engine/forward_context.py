@@ -17,18 +17,37 @@ import torch
 @dataclass(slots=True)
 class AttentionMetadata:
     """The batch is packed: all new tokens of all scheduled requests in one sequence, prefills first
-    (each with `query_lens[i]` tokens), then decodes (one token each)."""
+    (each with `prefill_query_lens[i]` tokens), then decodes (one token each).
+
+    Visibility (StreamingLLM-style when `window_tokens` > 0): the query at position q sees key positions
+    p <= q with p < sink_tokens or p > q - window_tokens. Blocks released by sink+window are -1 in the block
+    tables and are never read (no visible position lies in them).
+    """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64, physical slot each new token's K/V is written to
-    # prefill (or chunk / recompute) requests, each attending to its cached prefix plus itself, causally
+    num_prefill_tokens: int
+    sink_tokens: int
+    window_tokens: int
+    # prefill (chunk, recompute) requests, each attending causally to its cached prefix plus itself
     prefill_query_starts: list[int]
     prefill_query_lens: list[int]
-    prefill_key_positions: list[torch.Tensor]  # per request: positions of the keys it attends to
+    prefill_key_positions: list[torch.Tensor]  # per request: positions of the keys it holds, up to its last query
     prefill_key_slots: list[torch.Tensor]  # per request: slots of those keys
-    # decode requests: one query each, attending to `decode_context_lens` keys through `decode_block_tables`
-    num_prefill_tokens: int
-    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64 (holes point at block 0)
+    prefill_block_tables: torch.Tensor | None  # [num_prefills, max_blocks] int32, -1 = none / released
+    prefill_cu_seqlens: torch.Tensor | None  # [num_prefills + 1] int32
+    prefill_prefix_lens: torch.Tensor | None  # [num_prefills] int32: tokens before each chunk
+    # decode requests: one query each, over `decode_context_lens` keys
+    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int32, -1 = none / released
+    decode_context_lens: torch.Tensor | None  # [num_decodes] int32
     decode_key_mask: torch.Tensor | None  # [num_decodes, max_blocks * block_size] bool: key visible
+
+    def visible(self, key_positions: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
+        """[queries, keys] bool: causal, and inside the sinks or the window."""
+        k, q = key_positions.unsqueeze(0), query_positions.unsqueeze(1)
+        mask = k <= q
+        if self.window_tokens:
+            mask &= (k < self.sink_tokens) | (k > q - self.window_tokens)
+        return mask
 
 
 @dataclass(slots=True)

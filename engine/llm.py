@@ -53,15 +53,16 @@ class LLM:
                  preemption_mode: str = "recompute", victim_policy: str = "newest", max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  max_model_len: int | None = None, dtype: str | torch.dtype = "float32", device: str | None = None,
-                 attention_backend: str = "torch", sink_tokens: int = 0, window_tokens: int = 0, seed: int = 0,
-                 profile_path: str | Path | None = None) -> None:
+                 attention_backend: str | None = None, kv_cache_dtype: str = "auto", sink_tokens: int = 0,
+                 window_tokens: int = 0, seed: int = 0, profile_path: str | Path | None = None) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.loaded = load_model(model, dtype=dtype, device=str(self.device),
                                  attn_implementation=register_paged_attention())
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = min(max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
-        layout = KVLayout(self.loaded.num_layers, self.loaded.num_kv_heads, self.loaded.head_dim, block_size, dtype)
+        layout = KVLayout(self.loaded.num_layers, self.loaded.num_kv_heads, self.loaded.head_dim, block_size,
+                          self._kv_dtype(kv_cache_dtype, dtype))
         num_blocks = self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization)
         num_cpu_blocks = layout.blocks_in(swap_space) if preemption_mode == "swap" else 0
         try:
@@ -78,7 +79,8 @@ class LLM:
             enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
             victim_policy=victim_policy))
         self.kv_cache = PagedKVCache(layout, num_blocks, num_cpu_blocks, self.device)
-        self.runner = ModelRunner(self.loaded.model, self.kv_cache, make_backend(attention_backend), self.device)
+        backend = make_backend(attention_backend or ("triton" if self.device.type == "cuda" else "torch"), self.device)
+        self.runner = ModelRunner(self.loaded.model, self.kv_cache, backend, self.device, sink_tokens, window_tokens)
         self._seeds = torch.Generator().manual_seed(seed)
         self._groups: dict[str, _Group] = {}
         self._owner: dict[str, tuple[str, int]] = {}  # sequence id -> (group id, index)
@@ -86,6 +88,15 @@ class LLM:
         self.profiler = None if profile_path is None else StepProfiler(profile_path, {
             "model": model, "device": str(self.device), "dtype": str(dtype), "block_size": block_size,
             "num_blocks": num_blocks, "torch": torch.__version__})
+
+    def _kv_dtype(self, name: str, model_dtype: torch.dtype) -> torch.dtype:
+        """`auto`: the model's dtype on GPU; float32 on CPU, where half-precision attention is several times slower
+        than float32 (the memory budget then buys half the tokens)."""
+        if name == "auto":
+            return model_dtype if self.device.type == "cuda" else torch.float32
+        if name not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"kv_cache_dtype: unknown {name!r}; allowed: auto, float32, float16, bfloat16")
+        return getattr(torch, name)
 
     def _num_blocks(self, layout: KVLayout, kv_cache_memory: int | None, utilization: float) -> int:
         if self.device.type == "cuda" and kv_cache_memory is None:

@@ -24,13 +24,25 @@ class PreparedStep:
     sampled_items: list[ScheduledRequest]  # in the order of `sample_rows`
 
 
+def padded_tables(items: list[ScheduledRequest]) -> torch.Tensor:
+    """[requests, longest table] int32 block tables, -1 where a table is shorter or has a released block."""
+    width = max(len(item.block_ids) for item in items)
+    tables = torch.full((len(items), width), -1, dtype=torch.int32)
+    for row, item in enumerate(items):
+        tables[row, :len(item.block_ids)] = torch.tensor(item.block_ids, dtype=torch.int32)
+    return tables
+
+
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, backend, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, backend, device: torch.device,
+                 sink_tokens: int = 0, window_tokens: int = 0) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.backend = backend
         self.device = device
         self.block_size = kv_cache.layout.block_size
+        self.sink_tokens = sink_tokens
+        self.window_tokens = window_tokens
 
     def apply_memory_ops(self, step: SchedulerOutput) -> None:
         """In the order the core prescribes: swap-out, copy-on-write, swap-in."""
@@ -39,57 +51,61 @@ class ModelRunner:
         self.kv_cache.swap_in(step.swap_in)
 
     def prepare(self, step: SchedulerOutput) -> PreparedStep:
-        bs = self.block_size
         prefills = [item for item in step.scheduled if not item.is_decode]
         decodes = [item for item in step.scheduled if item.is_decode]
         ids: list[int] = []
         positions: list[int] = []
-        slots: list[torch.Tensor] = []
-        starts, lens, key_positions, key_slots, sample_rows, sampled = [], [], [], [], [], []
-        for item in prefills:
+        sample_rows: list[int] = []
+        sampled: list[ScheduledRequest] = []
+        for item in [*prefills, *decodes]:
             start, n = item.start_pos, item.num_new_tokens
-            kpos = torch.arange(start + n)
-            blocks = torch.tensor(item.block_ids, dtype=torch.long)[kpos // bs]
-            visible = blocks >= 0  # sink+window holes are not attended to
-            kpos, kslots = kpos[visible], (blocks * bs + kpos % bs)[visible]
-            starts.append(len(ids))
-            lens.append(n)
-            key_positions.append(kpos.to(self.device))
-            key_slots.append(kslots.to(self.device))
-            slots.append(kslots[-n:])
             ids.extend(item.request.token_ids[start:start + n])
             positions.extend(range(start, start + n))
             if item.samples:
                 sample_rows.append(len(ids) - 1)
                 sampled.append(item)
-        num_prefill_tokens = len(ids)
-        tables = mask = None
-        if decodes:
-            tables, mask, decode_slots = self._decode_tables(decodes)
-            slots.append(decode_slots)
-            for item in decodes:
-                ids.append(item.request.token_ids[item.start_pos])
-                positions.append(item.start_pos)
-                sample_rows.append(len(ids) - 1)
-                sampled.append(item)
-        metadata = AttentionMetadata(torch.cat(slots).to(self.device), starts, lens, key_positions, key_slots,
-                                     num_prefill_tokens, tables, mask)
         device = self.device
+        metadata = self._metadata(prefills, decodes)
         return PreparedStep(torch.tensor([ids], device=device), torch.tensor([positions], device=device), metadata,
                             torch.tensor(sample_rows, dtype=torch.long, device=device), sampled)
 
-    def _decode_tables(self, decodes: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        bs = self.block_size
-        width = max(len(item.block_ids) for item in decodes)
-        tables = torch.full((len(decodes), width), -1, dtype=torch.long)
-        for row, item in enumerate(decodes):
-            tables[row, :len(item.block_ids)] = torch.tensor(item.block_ids, dtype=torch.long)
-        context = torch.tensor([item.start_pos + 1 for item in decodes])
-        key_index = torch.arange(width * bs)
-        mask = (key_index.unsqueeze(0) < context.unsqueeze(1)) & (tables.repeat_interleave(bs, dim=1) >= 0)
-        last = context - 1
-        slots = tables.gather(1, (last // bs).unsqueeze(1)).squeeze(1) * bs + last % bs
-        return tables.clamp(min=0).to(self.device), mask.to(self.device), slots
+    def _metadata(self, prefills: list[ScheduledRequest], decodes: list[ScheduledRequest]) -> AttentionMetadata:
+        bs, device = self.block_size, self.device
+        starts, lens, key_positions, key_slots, slots = [], [], [], [], []
+        offset = 0
+        for item in prefills:
+            start, n = item.start_pos, item.num_new_tokens
+            kpos = torch.arange(start + n)
+            blocks = torch.tensor(item.block_ids, dtype=torch.long)[kpos // bs]
+            held = blocks >= 0  # blocks released by sink+window are never read
+            kpos, kslots = kpos[held], (blocks * bs + kpos % bs)[held]
+            starts.append(offset)
+            lens.append(n)
+            key_positions.append(kpos.to(device))
+            key_slots.append(kslots.to(device))
+            slots.append(kslots[-n:])
+            offset += n
+        meta = AttentionMetadata(
+            torch.empty(0), offset, self.sink_tokens, self.window_tokens, starts, lens, key_positions, key_slots,
+            None, None, None, None, None, None)
+        if prefills:
+            meta.prefill_block_tables = padded_tables(prefills).to(device)
+            meta.prefill_cu_seqlens = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                                                   device=device)
+            meta.prefill_prefix_lens = torch.tensor([i.start_pos for i in prefills], dtype=torch.int32,
+                                                    device=device)
+        if decodes:
+            tables = padded_tables(decodes)
+            context = torch.tensor([item.start_pos + 1 for item in decodes])
+            last = context - 1
+            slots.append(tables.long().gather(1, (last // bs).unsqueeze(1)).squeeze(1) * bs + last % bs)
+            key_index = torch.arange(tables.shape[1] * bs)
+            mask = meta.visible(key_index, last) & (tables.repeat_interleave(bs, dim=1) >= 0)
+            meta.decode_block_tables = tables.to(device)
+            meta.decode_context_lens = context.to(torch.int32).to(device)
+            meta.decode_key_mask = mask.to(device)
+        meta.slot_mapping = torch.cat(slots).to(device)
+        return meta
 
     @torch.inference_mode()
     def forward(self, prepared: PreparedStep) -> torch.Tensor:

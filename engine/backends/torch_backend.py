@@ -2,8 +2,10 @@
 
 Decodes are batched: their block tables are gathered into one padded [decodes, kv_heads, keys, head_dim]
 tensor with a visibility mask, and one SDPA call covers them all. Prefill chunks are handled one request at a
-time with an explicit causal mask (a query at position p sees keys at positions <= p), which also covers
-chunked prefill and prefix-cache hits (the prefix keys were written by earlier steps or other requests).
+time: a chunk with no cached prefix uses SDPA's causal path; a chunk after a prefix (chunked prefill, prefix-cache
+hit, sink+window holes) uses an explicit mask (a query at position p sees keys at positions <= p). Attention runs
+in the cache's dtype (the engine keeps a float32 cache on CPU, where half-precision attention is slow); GQA is
+handled by SDPA without repeating K/V.
 """
 
 from __future__ import annotations
@@ -31,29 +33,28 @@ class TorchAttentionBackend:
         flat_v = value_cache.view(-1, kv_heads, head_dim)
         for start, length, positions, slots in zip(meta.prefill_query_starts, meta.prefill_query_lens,
                                                    meta.prefill_key_positions, meta.prefill_key_slots, strict=True):
-            q = query[start:start + length]
-            query_positions = positions[-length:]  # the chunk's own tokens are the last keys
-            mask = positions.unsqueeze(0) <= query_positions.unsqueeze(1)
-            out[start:start + length] = _sdpa(q.unsqueeze(0), flat_k[slots].unsqueeze(0),
-                                              flat_v[slots].unsqueeze(0), mask.unsqueeze(0), scale)[0]
+            q = query[start:start + length].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
+            k = flat_k[slots].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, keys, d]
+            v = flat_v[slots].transpose(0, 1).unsqueeze(0)
+            if len(positions) == length and not meta.window_tokens:  # no prefix, no window: plain causal
+                mask, causal = None, True
+            else:
+                mask, causal = meta.visible(positions, positions[-length:]), False
+            out[start:start + length] = _sdpa(q, k, v, mask, causal, scale)[0].transpose(0, 1)
         if meta.decode_block_tables is not None:
-            tables = meta.decode_block_tables
+            tables = meta.decode_block_tables.clamp(min=0).long()  # holes are masked out
             decodes = tables.shape[0]
-            k = key_cache[tables].reshape(decodes, -1, kv_heads, head_dim)
-            v = value_cache[tables].reshape(decodes, -1, kv_heads, head_dim)
-            q = query[meta.num_prefill_tokens:].unsqueeze(1)  # [decodes, 1, heads, head_dim]
-            mask = meta.decode_key_mask.unsqueeze(1)  # [decodes, 1, keys]
-            out[meta.num_prefill_tokens:] = _sdpa(q, k, v, mask, scale)[:, 0]
+            k = key_cache[tables].view(decodes, -1, kv_heads, head_dim).transpose(1, 2)
+            v = value_cache[tables].view(decodes, -1, kv_heads, head_dim).transpose(1, 2)
+            q = query[meta.num_prefill_tokens:].unsqueeze(2)  # [decodes, heads, 1, d]
+            mask = meta.decode_key_mask[:, None, None, :]
+            out[meta.num_prefill_tokens:] = _sdpa(q, k, v, mask, False, scale)[:, :, 0]
         return out
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, Tq, H, D], k/v [B, Tk, Hkv, D], mask [B, Tq, Tk] (True = visible) -> [B, Tq, H, D]."""
-    heads, kv_heads = q.shape[2], k.shape[2]
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    if heads != kv_heads:
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
-    dtype = q.dtype
-    out = F.scaled_dot_product_attention(q, k.to(dtype), v.to(dtype), attn_mask=mask.unsqueeze(1), scale=scale)
-    return out.transpose(1, 2)
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+          scale: float) -> torch.Tensor:
+    """q [B, H, Tq, D], k/v [B, Hkv, Tk, D] in the cache dtype -> [B, H, Tq, D] in q's dtype."""
+    out = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out.to(q.dtype)
