@@ -16,6 +16,9 @@ import torch.nn.functional as F
 from engine.forward_context import AttentionMetadata
 
 
+DECODE_GROUP = 16  # decodes per gathered batch
+
+
 class TorchAttentionBackend:
     name = "torch"
 
@@ -34,22 +37,33 @@ class TorchAttentionBackend:
         for start, length, positions, slots in zip(meta.prefill_query_starts, meta.prefill_query_lens,
                                                    meta.prefill_key_positions, meta.prefill_key_slots, strict=True):
             q = query[start:start + length].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
-            k = flat_k[slots].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, keys, d]
-            v = flat_v[slots].transpose(0, 1).unsqueeze(0)
+            k = flat_k.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, keys, d]
+            v = flat_v.index_select(0, slots).transpose(0, 1).unsqueeze(0)
             if len(positions) == length and not meta.window_tokens:  # no prefix, no window: plain causal
                 mask, causal = None, True
             else:
                 mask, causal = meta.visible(positions, positions[-length:]), False
             out[start:start + length] = _sdpa(q, k, v, mask, causal, scale)[0].transpose(0, 1)
         if meta.decode_block_tables is not None:
-            tables = meta.decode_block_tables.clamp(min=0).long()  # holes are masked out
-            decodes = tables.shape[0]
-            k = key_cache[tables].view(decodes, -1, kv_heads, head_dim).transpose(1, 2)
-            v = value_cache[tables].view(decodes, -1, kv_heads, head_dim).transpose(1, 2)
-            q = query[meta.num_prefill_tokens:].unsqueeze(2)  # [decodes, heads, 1, d]
-            mask = meta.decode_key_mask[:, None, None, :]
-            out[meta.num_prefill_tokens:] = _sdpa(q, k, v, mask, False, scale)[:, :, 0]
+            self._decode(query[meta.num_prefill_tokens:], key_cache, value_cache, meta, scale,
+                         out[meta.num_prefill_tokens:])
         return out
+
+
+    @staticmethod
+    def _decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
+                scale: float, out: torch.Tensor) -> None:
+        """Decodes in groups of similar context length, each gathered only up to its own longest context, so a
+        few long requests do not make every request pay for padding."""
+        block_size, kv_heads, head_dim = key_cache.shape[1:]
+        context = meta.decode_context_lens.long()
+        for rows in torch.argsort(context).split(DECODE_GROUP):
+            width = -(-int(context[rows].max()) // block_size)
+            blocks = meta.decode_block_tables[rows, :width].clamp(min=0).long().reshape(-1)  # holes are masked
+            k = key_cache.index_select(0, blocks).view(len(rows), -1, kv_heads, head_dim).transpose(1, 2)
+            v = value_cache.index_select(0, blocks).view(len(rows), -1, kv_heads, head_dim).transpose(1, 2)
+            mask = meta.decode_key_mask[rows, :width * block_size][:, None, None, :]
+            out[rows] = _sdpa(query[rows].unsqueeze(2), k, v, mask, False, scale)[:, :, 0]
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
