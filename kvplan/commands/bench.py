@@ -40,6 +40,16 @@ def register(verbs: argparse._SubParsersAction) -> None:
     kernels.add_argument("--peak-gbps", type=float, default=None,
                          help="peak HBM bandwidth in GB/s, overriding the built-in table of devices")
     kernels.set_defaults(handler=_bench_kernels)
+    trace_load = targets.add_parser(
+        "traces", help="loading a 1M-request trace against the 10 s / 1 GB budgets",
+        description="Generate (seeded, in a temporary directory) an Azure-2023-layout CSV and a Mooncake-like "
+                    "JSONL with 512-token hash_ids, load each with traces.load in a fresh process, and report "
+                    "rows/s, wall seconds, the loaded Trace's array bytes and the load's peak RSS increase "
+                    "(VmHWM), with ratios to the budgets (10 s, 1 GB).")
+    trace_load.add_argument("--rows", type=int, default=1_000_000, help="requests per file (default 1000000)")
+    trace_load.add_argument("--seed", type=int, default=0)
+    trace_load.add_argument("--json", action="store_true", help="print one JSON object")
+    trace_load.set_defaults(handler=_bench_traces)
 
 
 def _bench_core(args: argparse.Namespace) -> int:
@@ -116,4 +126,25 @@ def _bench_kernels(args: argparse.Namespace) -> int:
               f"{t['frac_peak'] or 0:.1%} of peak (goal >= {t['min_frac_peak']:.0%}: "
               f"{'met' if t['frac_peak_ok'] else 'not met'}), {t['vs_sdpa']:.2f}x SDPA time "
               f"(goal <= {t['max_vs_sdpa']}x: {'met' if t['vs_sdpa_ok'] else 'not met'})")
+    return 0
+
+
+def _bench_traces(args: argparse.Namespace) -> int:
+    from kvplan.bench import traces
+
+    result = traces.run(args.rows, args.seed)
+    if args.json:
+        print_json(result)
+        return 0
+    print(f"{result['rows']} requests per file (seed {result['seed']}); budgets: load <= "
+          f"{result['load_budget_s']:g} s, held <= {result['memory_budget_bytes'] / 1e9:g} GB; peak RSS: "
+          f"{result['peak_rss_method']}\n")
+    mb = 1e6
+    print(format_table(
+        ["file", "file_MB", "hash_ids", "seconds", "cpu_s", "rows/s", "vs_10s", "held_MB", "vs_1GB", "peak_MB",
+         "vs_1GB"],
+        [[name, r["file_bytes"] / mb, r["hash_ids"], r["seconds"], r["cpu_seconds"], round(r["rows_per_s"]),
+          r["seconds_vs_budget"],
+          r["memory_bytes"] / mb, r["memory_vs_budget"], r["peak_rss_increase_bytes"] / mb, r["peak_rss_vs_budget"]]
+         for name, r in result["loads"].items()]))
     return 0
