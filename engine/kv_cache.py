@@ -28,14 +28,6 @@ class KVLayout:
         return num_bytes // self.bytes_per_block
 
 
-def cuda_blocks_for_utilization(layout: KVLayout, utilization: float, device: torch.device) -> int:
-    """Blocks that fit in `utilization` of the GPU's memory after the peak the model reached while profiling
-    (the caller runs one forward pass of the largest batch first, as vLLM does)."""
-    total = torch.cuda.get_device_properties(device).total_memory
-    peak = torch.cuda.max_memory_allocated(device)
-    return layout.blocks_in(max(int(total * utilization) - peak, 0))
-
-
 class PagedKVCache:
     def __init__(self, layout: KVLayout, num_blocks: int, num_cpu_blocks: int, device: torch.device) -> None:
         self.layout = layout

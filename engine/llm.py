@@ -63,7 +63,9 @@ class LLM:
         self.max_model_len = min(max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
         layout = KVLayout(self.loaded.num_layers, self.loaded.num_kv_heads, self.loaded.head_dim, block_size,
                           self._kv_dtype(kv_cache_dtype, dtype))
-        num_blocks = self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization)
+        backend = make_backend(attention_backend or ("triton" if self.device.type == "cuda" else "torch"), self.device)
+        num_blocks = self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization, backend,
+                                      max_num_batched_tokens)
         num_cpu_blocks = layout.blocks_in(swap_space) if preemption_mode == "swap" else 0
         try:
             cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
@@ -79,7 +81,6 @@ class LLM:
             enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
             victim_policy=victim_policy))
         self.kv_cache = PagedKVCache(layout, num_blocks, num_cpu_blocks, self.device)
-        backend = make_backend(attention_backend or ("triton" if self.device.type == "cuda" else "torch"), self.device)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, backend, self.device, sink_tokens, window_tokens)
         self._seeds = torch.Generator().manual_seed(seed)
         self._groups: dict[str, _Group] = {}
@@ -98,11 +99,12 @@ class LLM:
             raise ValueError(f"kv_cache_dtype: unknown {name!r}; allowed: auto, float32, float16, bfloat16")
         return getattr(torch, name)
 
-    def _num_blocks(self, layout: KVLayout, kv_cache_memory: int | None, utilization: float) -> int:
+    def _num_blocks(self, layout: KVLayout, kv_cache_memory: int | None, utilization: float, backend,
+                    max_batched_tokens: int) -> int:
         if self.device.type == "cuda" and kv_cache_memory is None:
-            from engine.kv_cache import cuda_blocks_for_utilization
+            from engine.memory_profile import gpu_kv_blocks
 
-            return cuda_blocks_for_utilization(layout, utilization, self.device)
+            return gpu_kv_blocks(self.loaded.model, layout, backend, self.device, utilization, max_batched_tokens)
         return layout.blocks_in(kv_cache_memory if kv_cache_memory is not None else DEFAULT_KV_CACHE_MEMORY)
 
     @property

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from engine.forward_context import AttentionMetadata
 
-
 DECODE_GROUP = 16  # decodes per gathered batch
 
 

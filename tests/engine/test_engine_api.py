@@ -110,3 +110,22 @@ def test_generate_cli_prints_tokens_and_metrics(tiny_models, capsys):
     assert len(request["outputs"][0]["token_ids"]) == 4 and request["metrics"]["ttft_s"] > 0
     assert main(["generate", "--model", tiny_models["tiny-llama"], "--prompt", "hello"]) == 2
     assert "no tokenizer" in capsys.readouterr().err
+
+
+def test_memory_profile_step_runs_the_largest_batch_through_the_model(tiny_models):
+    import torch
+
+    from engine.attention import register_paged_attention
+    from engine.backends import make_backend
+    from engine.kv_cache import KVLayout, PagedKVCache
+    from engine.memory_profile import dummy_prefill_step
+    from engine.model_runner import ModelRunner
+    from engine.models import load_model
+
+    loaded = load_model(tiny_models["tiny-llama"], attn_implementation=register_paged_attention())
+    layout = KVLayout(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, 16, torch.float32)
+    step = dummy_prefill_step(100, 16)
+    runner = ModelRunner(loaded.model, PagedKVCache(layout, 7, 0, torch.device("cpu")), make_backend(
+        "torch", torch.device("cpu")), torch.device("cpu"))
+    logits = runner.forward(runner.prepare(step))
+    assert step.scheduled[0].block_ids == list(range(7)) and logits.shape == (1, loaded.vocab_size)
