@@ -1,0 +1,76 @@
+"""A cluster: N replicas behind a router, fed by an arrival process that replays a trace."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import simpy
+
+from engine.core import CacheConfig, Request, SchedulerConfig, make_request
+from sim.cost import CostModel
+from sim.metrics import ItlLog, RequestLog
+from sim.replica import SERIES_COLUMNS, Replica
+from sim.routers import Router
+from traces import Trace
+
+
+class Cluster:
+    def __init__(self, trace: Trace, num_replicas: int, router: Router, cache: CacheConfig, config: SchedulerConfig,
+                 cost: CostModel, *, sample_interval_s: float = 1.0, fast_path: bool = True) -> None:
+        self.env = simpy.Environment()
+        self.trace = trace
+        self.router = router
+        self.log = RequestLog()
+        self.next_arrival_s = math.inf
+        self.replicas = [Replica(self.env, i, cache, config, cost, self.log, self._next_arrival,
+                                 sample_interval_s=sample_interval_s, fast_path=fast_path)
+                         for i in range(num_replicas)]
+        self.env.process(self._arrivals())
+
+    def _next_arrival(self) -> float:
+        return self.next_arrival_s
+
+    def run(self) -> None:
+        self.env.run()
+
+    def _arrivals(self):
+        arrivals = self.trace.arrival_s.tolist()
+        for row, arrival in enumerate(arrivals):
+            self.next_arrival_s = arrival
+            if arrival > self.env.now:
+                yield self.env.timeout(arrival - self.env.now)
+            request = self._request(row, arrival)
+            self.router.pick(request, self.replicas).submit(request, row)
+        self.next_arrival_s = math.inf
+
+    def _request(self, row: int, arrival: float) -> Request:
+        t = self.trace
+        hashes = t.hashes_of(row).tolist() if t.has_prefix else None
+        return make_request(str(row), max_tokens=int(t.output_tokens[row]), prompt_len=int(t.prompt_tokens[row]),
+                            prefix_hashes=hashes or None, hash_granularity=t.hash_granularity if hashes else 0,
+                            arrival_s=arrival, priority=int(t.priority[row]), n=int(t.n[row]))
+
+    # -- results -------------------------------------------------------------------------------------------
+    def itl(self) -> ItlLog:
+        return ItlLog().merge(r.itl for r in self.replicas)
+
+    def series_rows(self) -> list[tuple]:
+        return [row for r in self.replicas for row in r.series]
+
+    def counters(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for replica in self.replicas:
+            for key, value in replica.counters().items():
+                totals[key] = totals.get(key, 0) + value
+        return totals
+
+    def rejected(self) -> list[tuple[int, str]]:
+        return sorted(x for r in self.replicas for x in r.rejected)
+
+    @staticmethod
+    def series_columns() -> tuple[str, ...]:
+        return SERIES_COLUMNS
+
+    def request_ids(self) -> np.ndarray:
+        return self.trace.request_id

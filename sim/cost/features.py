@@ -1,0 +1,68 @@
+"""Step features both cost models price, for one step or a vectorised stretch of pure-decode steps.
+
+Per step: scheduled requests, prefill tokens (every token that is not a one-token decode), prefill attention
+work Σ chunk × (start + chunk/2) (kept doubled, so it stays an exact integer), decode requests, Σ and max of
+decode context (tokens attended, the new one included), and KV blocks touched (Σ over requests of the blocks
+their attention reads: the block-size effect).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Cells of the (steps x requests) matrix computed at once for blocks touched in a decode stretch.
+_CHUNK_CELLS = 1 << 20
+
+
+@dataclass(slots=True)
+class StepFeatures:
+    num_requests: np.ndarray
+    prefill_tokens: np.ndarray
+    prefill_attention2: np.ndarray  # 2 × Σ chunk × (start + chunk/2) = Σ chunk × (2 start + chunk)
+    decode_requests: np.ndarray
+    decode_context: np.ndarray
+    decode_context_max: np.ndarray
+    blocks_touched: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.num_requests)
+
+
+def _one(*values: int) -> list[np.ndarray]:
+    return [np.array([v], dtype=np.int64) for v in values]
+
+
+def step_features(step, block_size: int, attended_limit: int = 0) -> StepFeatures:
+    """Features of one `SchedulerOutput`. `attended_limit` > 0 caps the tokens attention reads (sink+window)."""
+    prefill = attn2 = decodes = ctx = ctx_max = blocks = 0
+    for item in step.scheduled:
+        n, start = item.num_new_tokens, item.start_pos
+        end = start + n
+        if attended_limit:  # sink+window: attention reads at most the retained tokens
+            end, start = min(end, attended_limit), min(start, attended_limit)
+        blocks += -(-end // block_size)
+        if item.is_decode:
+            decodes += 1
+            ctx += end
+            ctx_max = max(ctx_max, end)
+        else:
+            prefill += n
+            attn2 += n * (2 * start + n)
+    return StepFeatures(*_one(len(step.scheduled), prefill, attn2, decodes, ctx, ctx_max, blocks))
+
+
+def decode_stretch_features(contexts: np.ndarray, k: int, block_size: int) -> StepFeatures:
+    """Features of k pure-decode steps where request i attends contexts[i] + j tokens in step j (0-based)."""
+    r = len(contexts)
+    steps = np.arange(k, dtype=np.int64)
+    ctx = contexts.astype(np.int64)
+    blocks = np.empty(k, dtype=np.int64)
+    rows = max(1, _CHUNK_CELLS // max(r, 1))
+    for lo in range(0, k, rows):
+        grid = ctx[None, :] + steps[lo:lo + rows, None]
+        blocks[lo:lo + rows] = (-(-grid // block_size)).sum(axis=1)
+    zeros = np.zeros(k, dtype=np.int64)
+    return StepFeatures(np.full(k, r, dtype=np.int64), zeros, zeros, np.full(k, r, dtype=np.int64),
+                        int(ctx.sum()) + r * steps, int(ctx.max()) + steps, blocks)
