@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cluster import Cluster
-from sim.routers import make_router
+from sim.routers import Router, make_router
 from sim.run import SimResult, SimSpec, build_configs, build_cost, check_trace, collect
 from traces import Trace
 
@@ -32,16 +32,16 @@ def random_trace(seed: int, count: int = 40, *, rate: float = 20.0, prompt: tupl
                        hash_offsets=np.array(offsets), hash_granularity=granularity)
 
 
-def build(trace: Trace, spec: SimSpec) -> Cluster:
+def build(trace: Trace, spec: SimSpec, router: Router | None = None) -> Cluster:
     """The cluster `simulate` would run, returned so that a test can look at each replica's core."""
     check_trace(trace)
     cost, blocks = build_cost(spec)
     cache, config = build_configs(spec, trace, blocks)
-    return Cluster(trace, spec.replicas, make_router(spec.router), cache, config, cost,
+    return Cluster(trace, spec.replicas, router or make_router(spec.router), cache, config, cost,
                    sample_interval_s=spec.sample_interval_s or 0.5, fast_path=spec.fast_path)
 
 
-def run(trace: Trace, spec: SimSpec) -> tuple[SimResult, Cluster]:
-    cluster = build(trace, spec)
+def run(trace: Trace, spec: SimSpec, router: Router | None = None) -> tuple[SimResult, Cluster]:
+    cluster = build(trace, spec, router)
     cluster.run()
     return collect(cluster, cluster.replicas[0].sched.cache_config.num_blocks), cluster
