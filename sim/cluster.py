@@ -23,8 +23,10 @@ class Cluster:
         self.router = router
         self.log = RequestLog()
         self.next_arrival_s = math.inf
+        reads_cache = getattr(router, "reads_prefix_cache", False) and cache.enable_prefix_caching
         self.replicas = [Replica(self.env, i, cache, config, cost, self.log, self._next_arrival,
-                                 sample_interval_s=sample_interval_s, fast_path=fast_path)
+                                 sample_interval_s=sample_interval_s, fast_path=fast_path,
+                                 cross_arrivals=not reads_cache)
                          for i in range(num_replicas)]
         self.env.process(self._arrivals())
 

@@ -5,8 +5,8 @@ stamp the sampled tokens with the step's end time. Requests are added to the sch
 hands them over (mid-step, exactly as a live engine's queue) and are first scheduled at the next step.
 
 Decode fast path: when `decode_horizon` says the next k steps are pure decode with nothing else happening, the
-replica prices all k steps in one vectorised call, keeps the prefix of them that ends strictly before the next
-arrival (any replica's: a router may look at this one) and the next time-series sample, applies them with
+replica prices all k steps in one vectorised call, keeps the prefix of them that starts before the next arrival
+(any replica's: a router may look at this one) and the next time-series sample, applies them with
 `advance_decode`, and stamps tokens with the same step-end times that k single steps would produce.
 """
 
@@ -47,7 +47,7 @@ class Track:
 class Replica:
     def __init__(self, env: simpy.Environment, index: int, cache: CacheConfig, config: SchedulerConfig,
                  cost: CostModel, log: RequestLog, next_arrival: Callable[[], float], *,
-                 sample_interval_s: float = 1.0, fast_path: bool = True) -> None:
+                 sample_interval_s: float = 1.0, fast_path: bool = True, cross_arrivals: bool = True) -> None:
         self.env, self.index, self.cost, self.log = env, index, cost, log
         self.sched = Scheduler(cache, config)
         self.block_size = cache.block_size
@@ -55,6 +55,7 @@ class Replica:
         self.next_arrival = next_arrival
         self.sample_interval_s, self.next_sample_s = sample_interval_s, 0.0
         self.fast_path = fast_path
+        self.cross_arrivals = cross_arrivals  # may a stretch run across an arrival (see `_fast_forward`)
         self.itl = ItlLog()
         self.tracks: dict[str, Track] = {}
         self.rejected: list[tuple[int, str]] = []
@@ -113,7 +114,7 @@ class Replica:
             self._finish_step(step, sched.update(step, None), end)
 
     def _step_time(self, step) -> float:
-        time = float(self.cost.step_times(step_features(step, self.block_size, self.attended_limit))[0])
+        time = float(self.cost.step_times(step_features(step, self.block_size, self.attended_limit)))
         moved = len(step.swap_out) + len(step.swap_in)
         if moved or step.copies:
             time += self.cost.transfer_time(moved, len(step.copies))
@@ -161,24 +162,29 @@ class Replica:
         running = sched.running
         if not running or any(r.num_computed_tokens < r.prompt_len for r in running):
             return []  # a one-token prefill chunk looks like decode to the horizon but is priced as prefill
-        bound = min(self.next_arrival(), self.next_sample_s if self.sample_interval_s else math.inf)
-        contexts = np.fromiter((r.num_computed_tokens + 1 for r in running), dtype=np.int64, count=len(running))
-        first = float(self.cost.step_times(decode_stretch_features(contexts, 1, self.block_size))[0])
-        room = bound - self.clock
-        if room <= first:
-            return []
-        limit = FAST_PATH_CAP if math.isinf(room) else min(FAST_PATH_CAP, int(room / first) + 1)
-        k = decode_horizon(sched, limit)
+        k = decode_horizon(sched, FAST_PATH_CAP)
         if k <= 0:
             return []
+        arrival = self.next_arrival()
+        sample = self.next_sample_s if self.sample_interval_s else math.inf
+        bound = min(arrival, sample)
+        contexts = np.fromiter((r.num_computed_tokens + 1 for r in running), dtype=np.int64, count=len(running))
+        if k > 8 and not math.isinf(bound):  # price only about as many steps as fit before the bound
+            first = self.cost.step_times(decode_stretch_features(contexts, 1, self.block_size))[0]
+            k = min(k, int((bound - self.clock) / first) + 2)
         features = decode_stretch_features(contexts, k, self.block_size)
         times = self.cost.step_times(features).tolist()
         ends, clock = [], self.clock
         for dt in times:
             clock += dt
-            if clock >= bound:
-                break
             ends.append(clock)
+            if clock >= bound:
+                # The step that runs across the bound may join the stretch: a sample is taken after it anyway,
+                # and an arrival during it sees the same counts and block usage - only its prefix-cache
+                # registrations would show early, which matters to a router that reads the cache.
+                if clock >= arrival and not self.cross_arrivals:
+                    ends.pop()
+                break
         k = len(ends)
         if k == 0:
             return []

@@ -2,7 +2,8 @@
 
 Every model implements `CostModel`: `step_times(features)` maps a batch of steps' features (one array entry per
 step) to seconds, so the replica's decode fast path prices k steps in one vectorised call and a single step is
-the same call with k = 1 (bit-identical times either way); `transfer_time` prices swap and copy-on-write traffic.
+the same arithmetic on plain ints (bit-identical times either way); `transfer_time` prices swap and copy-on-write
+traffic.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from sim.cost.features import StepFeatures
 
 
 class CostModel(Protocol):
-    def step_times(self, f: StepFeatures) -> np.ndarray: ...
+    def step_times(self, f: StepFeatures) -> np.ndarray | float: ...
 
     def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float: ...
 
@@ -24,7 +25,7 @@ def step_time(model: CostModel, step, block_size: int, attended_limit: int = 0) 
     """Seconds for one `SchedulerOutput`: compute plus its swap and copy-on-write transfers."""
     from sim.cost.features import step_features
 
-    compute = float(model.step_times(step_features(step, block_size, attended_limit))[0])
+    compute = float(model.step_times(step_features(step, block_size, attended_limit)))
     moved = len(step.swap_out) + len(step.swap_in)
     if moved or step.copies:
         compute += model.transfer_time(moved, len(step.copies))

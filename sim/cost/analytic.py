@@ -9,7 +9,7 @@ full, so the block size shows), and the new tokens' K and V written.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +28,14 @@ class AnalyticCost:
     memory_efficiency: float = 0.8  # achieved fraction of peak HBM bandwidth
     step_overhead_s: float = 2e-3
     request_overhead_s: float = 2e-5
+    # Derived once (the model's sizes are properties computed on every access).
+    _flops_per_token: float = field(init=False, repr=False)
+    _attn_unit: float = field(init=False, repr=False)
+    _weight_bytes: float = field(init=False, repr=False)
+    _kv_token: float = field(init=False, repr=False)
+    _kv_block: float = field(init=False, repr=False)
+    _flop_rate: float = field(init=False, repr=False)
+    _byte_rate: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for key in ("compute_efficiency", "memory_efficiency"):
@@ -37,6 +45,14 @@ class AnalyticCost:
         for key in ("step_overhead_s", "request_overhead_s"):
             if getattr(self, key) < 0:
                 raise ValueError(f"cost.{key}: must be >= 0, got {getattr(self, key)!r}")
+        m = self.model
+        self._flops_per_token = 2.0 * m.matmul_params
+        self._attn_unit = 4.0 * m.num_layers * m.num_heads * m.head_dim
+        self._weight_bytes = float(m.weight_bytes)
+        self._kv_token = self.kv_bytes_per_token
+        self._kv_block = self._kv_token * self.block_size
+        self._flop_rate = self.hardware.peak_flops * self.compute_efficiency
+        self._byte_rate = self.hardware.hbm_bandwidth * self.memory_efficiency
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -46,19 +62,18 @@ class AnalyticCost:
     def bytes_per_block(self) -> float:
         return self.kv_bytes_per_token * self.block_size
 
-    def step_times(self, f: StepFeatures) -> np.ndarray:
-        m = self.model
+    def step_times(self, f: StepFeatures) -> np.ndarray | float:
         tokens = f.prefill_tokens + f.decode_requests
-        attn_unit = 4.0 * m.num_layers * m.num_heads * m.head_dim
-        flops = 2.0 * m.matmul_params * tokens + attn_unit * (f.prefill_attention2 / 2.0 + f.decode_context)
-        traffic = float(m.weight_bytes) + self.bytes_per_block * f.blocks_touched + self.kv_bytes_per_token * tokens
-        compute = flops / (self.hardware.peak_flops * self.compute_efficiency)
-        memory = traffic / (self.hardware.hbm_bandwidth * self.memory_efficiency)
-        return np.maximum(compute, memory) + self.step_overhead_s + self.request_overhead_s * f.num_requests
+        flops = self._flops_per_token * tokens + self._attn_unit * (f.prefill_attention2 / 2.0 + f.decode_context)
+        traffic = self._weight_bytes + self._kv_block * f.blocks_touched + self._kv_token * tokens
+        compute = flops / self._flop_rate
+        memory = traffic / self._byte_rate
+        longer = np.maximum(compute, memory) if isinstance(compute, np.ndarray) else max(compute, memory)
+        return longer + self.step_overhead_s + self.request_overhead_s * f.num_requests
 
     def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float:
         swap = swapped_blocks * self.bytes_per_block / self.hardware.host_link_bandwidth
-        copy = 2 * copied_blocks * self.bytes_per_block / (self.hardware.hbm_bandwidth * self.memory_efficiency)
+        copy = 2 * copied_blocks * self.bytes_per_block / self._byte_rate
         return swap + copy
 
 

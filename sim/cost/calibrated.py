@@ -43,7 +43,7 @@ class CalibratedCost:
     kv_capacity_blocks: int | None = None
     meta: dict = field(default_factory=dict)
 
-    def step_times(self, f: StepFeatures) -> np.ndarray:
+    def step_times(self, f: StepFeatures) -> np.ndarray | float:
         c = self.coefficients.get
         return (c("step", 0.0) + c("request", 0.0) * f.num_requests + c("prefill_tokens", 0.0) * f.prefill_tokens
                 + c("prefill_attention", 0.0) * (f.prefill_attention2 / 2.0)

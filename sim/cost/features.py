@@ -18,20 +18,16 @@ _CHUNK_CELLS = 1 << 20
 
 @dataclass(slots=True)
 class StepFeatures:
-    num_requests: np.ndarray
-    prefill_tokens: np.ndarray
-    prefill_attention2: np.ndarray  # 2 × Σ chunk × (start + chunk/2) = Σ chunk × (2 start + chunk)
-    decode_requests: np.ndarray
-    decode_context: np.ndarray
-    decode_context_max: np.ndarray
-    blocks_touched: np.ndarray
+    """Integer features: plain ints for one step, int64 arrays (one entry per step) for a stretch. The cost
+    models apply the same IEEE operations to either, so a step is priced bit-identically both ways."""
 
-    def __len__(self) -> int:
-        return len(self.num_requests)
-
-
-def _one(*values: int) -> list[np.ndarray]:
-    return [np.array([v], dtype=np.int64) for v in values]
+    num_requests: np.ndarray | int
+    prefill_tokens: np.ndarray | int
+    prefill_attention2: np.ndarray | int  # 2 × Σ chunk × (start + chunk/2) = Σ chunk × (2 start + chunk)
+    decode_requests: np.ndarray | int
+    decode_context: np.ndarray | int
+    decode_context_max: np.ndarray | int
+    blocks_touched: np.ndarray | int
 
 
 def step_features(step, block_size: int, attended_limit: int = 0) -> StepFeatures:
@@ -50,7 +46,7 @@ def step_features(step, block_size: int, attended_limit: int = 0) -> StepFeature
         else:
             prefill += n
             attn2 += n * (2 * start + n)
-    return StepFeatures(*_one(len(step.scheduled), prefill, attn2, decodes, ctx, ctx_max, blocks))
+    return StepFeatures(len(step.scheduled), prefill, attn2, decodes, ctx, ctx_max, blocks)
 
 
 def decode_stretch_features(contexts: np.ndarray, k: int, block_size: int) -> StepFeatures:

@@ -83,7 +83,7 @@ def test_calibrated_profile_is_a_linear_model_over_the_features(tmp_path):
     step = sched.schedule()  # a decodes at position 40 (attends 41), b prefills 20 tokens from 0
     f = step_features(step, 16)
     expected = 1.0 + 0.1 * 2 + 0.01 * 20 + 0.001 * (20 * 10) + 2.0 + 0.0001 * 41 + 0.003 * 41 + 0.2 * (3 + 2)
-    assert cost.step_times(f)[0] == pytest.approx(expected)
+    assert cost.step_times(f) == pytest.approx(expected)
     assert cost.transfer_time(3, 0) == 1.5
     _, blocks = build_cost(SimSpec(cost="calibrated", profile=str(path), block_size=32))
     assert blocks == 250  # measured at block 16: the same bytes in blocks of 32
@@ -113,5 +113,5 @@ def test_stretch_features_match_single_steps_of_the_core():
         step = step_features(out, 4)
         for name in ("num_requests", "prefill_tokens", "prefill_attention2", "decode_requests", "decode_context",
                      "decode_context_max", "blocks_touched"):
-            assert getattr(step, name)[0] == getattr(stretch, name)[j], (name, j)
+            assert getattr(step, name) == getattr(stretch, name)[j], (name, j)
         sched.update(out)
