@@ -22,7 +22,8 @@ class Cluster:
         self.trace = trace
         self.router = router
         self.log = RequestLog()
-        self.next_arrival_s = math.inf
+        self.arrivals = trace.arrival_s.tolist()
+        self.next_row = 0  # the next trace row to arrive
         reads_cache = getattr(router, "reads_prefix_cache", False) and cache.enable_prefix_caching
         self.replicas = [Replica(self.env, i, cache, config, cost, self.log, self._next_arrival,
                                  sample_interval_s=sample_interval_s, fast_path=fast_path,
@@ -30,21 +31,24 @@ class Cluster:
                          for i in range(num_replicas)]
         self.env.process(self._arrivals())
 
-    def _next_arrival(self) -> float:
-        return self.next_arrival_s
+    def _next_arrival(self, index: int) -> float:
+        """When replica `index` may next see a request: the next arrival, or, under a router that decides
+        placement in advance (round robin), the next arrival that router will hand to this replica."""
+        ahead = getattr(self.router, "arrivals_before", None)
+        row = self.next_row + (ahead(index, len(self.replicas)) if ahead is not None else 0)
+        return self.arrivals[row] if row < len(self.arrivals) else math.inf
 
     def run(self) -> None:
         self.env.run()
 
     def _arrivals(self):
-        arrivals = self.trace.arrival_s.tolist()
-        for row, arrival in enumerate(arrivals):
-            self.next_arrival_s = arrival
+        for row, arrival in enumerate(self.arrivals):
+            self.next_row = row
             if arrival > self.env.now:
                 yield self.env.timeout(arrival - self.env.now)
             request = self._request(row, arrival)
             self.router.pick(request, self.replicas).submit(request, row)
-        self.next_arrival_s = math.inf
+        self.next_row = len(self.arrivals)
 
     def _request(self, row: int, arrival: float) -> Request:
         t = self.trace

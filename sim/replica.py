@@ -22,7 +22,7 @@ import simpy
 from engine.core import CacheConfig, Request, Scheduler, SchedulerConfig
 from engine.core.fast_forward import advance_decode, decode_horizon
 from sim.cost import CostModel
-from sim.cost.features import decode_stretch_features, step_features
+from sim.cost.features import decode_stretch_features, first_decode_features, step_features
 from sim.metrics import ItlLog, RequestLog
 
 NAN = math.nan
@@ -46,7 +46,7 @@ class Track:
 
 class Replica:
     def __init__(self, env: simpy.Environment, index: int, cache: CacheConfig, config: SchedulerConfig,
-                 cost: CostModel, log: RequestLog, next_arrival: Callable[[], float], *,
+                 cost: CostModel, log: RequestLog, next_arrival: Callable[[int], float], *,
                  sample_interval_s: float = 1.0, fast_path: bool = True, cross_arrivals: bool = True) -> None:
         self.env, self.index, self.cost, self.log = env, index, cost, log
         self.sched = Scheduler(cache, config)
@@ -162,16 +162,17 @@ class Replica:
         running = sched.running
         if not running or any(r.num_computed_tokens < r.prompt_len for r in running):
             return []  # a one-token prefill chunk looks like decode to the horizon but is priced as prefill
-        k = decode_horizon(sched, FAST_PATH_CAP)
-        if k <= 0:
-            return []
-        arrival = self.next_arrival()
+        arrival = self.next_arrival(self.index)
         sample = self.next_sample_s if self.sample_interval_s else math.inf
         bound = min(arrival, sample)
         contexts = np.fromiter((r.num_computed_tokens + 1 for r in running), dtype=np.int64, count=len(running))
-        if k > 8 and not math.isinf(bound):  # price only about as many steps as fit before the bound
-            first = self.cost.step_times(decode_stretch_features(contexts, 1, self.block_size))[0]
-            k = min(k, int((bound - self.clock) / first) + 2)
+        limit = FAST_PATH_CAP
+        if not math.isinf(bound):  # ask only for about as many steps as fit before the bound
+            first = self.cost.step_times(first_decode_features(contexts, self.block_size))
+            limit = min(limit, int((bound - self.clock) / first) + 2)
+        k = decode_horizon(sched, limit)
+        if k <= 0:
+            return []
         features = decode_stretch_features(contexts, k, self.block_size)
         times = self.cost.step_times(features).tolist()
         ends, clock = [], self.clock

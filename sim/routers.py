@@ -33,6 +33,10 @@ class RoundRobin:
         self.next_index += 1
         return replica
 
+    def arrivals_before(self, index: int, num_replicas: int) -> int:
+        """How many arrivals go elsewhere before the next one reaches replica `index`."""
+        return (index - self.next_index) % num_replicas
+
 
 def least_loaded(replicas: list[Replica]) -> Replica:
     return min(replicas, key=lambda r: (r.outstanding, r.index))

@@ -12,9 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Cells of the (steps x requests) matrix computed at once for blocks touched in a decode stretch.
-_CHUNK_CELLS = 1 << 20
-
 
 @dataclass(slots=True)
 class StepFeatures:
@@ -54,11 +51,18 @@ def decode_stretch_features(contexts: np.ndarray, k: int, block_size: int) -> St
     r = len(contexts)
     steps = np.arange(k, dtype=np.int64)
     ctx = contexts.astype(np.int64)
-    blocks = np.empty(k, dtype=np.int64)
-    rows = max(1, _CHUNK_CELLS // max(r, 1))
-    for lo in range(0, k, rows):
-        grid = ctx[None, :] + steps[lo:lo + rows, None]
-        blocks[lo:lo + rows] = (-(-grid // block_size)).sum(axis=1)
-    zeros = np.zeros(k, dtype=np.int64)
-    return StepFeatures(np.full(k, r, dtype=np.int64), zeros, zeros, np.full(k, r, dtype=np.int64),
-                        int(ctx.sum()) + r * steps, int(ctx.max()) + steps, blocks)
+    # Request i reads one more block from step j on when contexts[i] + j - 1 is a multiple of the block size,
+    # i.e. at every step j >= 1 with j = (1 - contexts[i]) mod block_size: count requests per residue.
+    per_residue = np.bincount((1 - ctx) % block_size, minlength=block_size)
+    growth = per_residue[steps % block_size]
+    growth[0] = 0
+    blocks = int((-(-ctx // block_size)).sum()) + np.cumsum(growth)
+    return StepFeatures(np.full(k, r, dtype=np.int64), np.zeros(k, dtype=np.int64), np.zeros(k, dtype=np.int64),
+                        np.full(k, r, dtype=np.int64), int(ctx.sum()) + r * steps, int(ctx.max()) + steps, blocks)
+
+
+def first_decode_features(contexts: np.ndarray, block_size: int) -> StepFeatures:
+    """The first step of `decode_stretch_features` as plain ints (a cheap estimate of the step time)."""
+    r = len(contexts)
+    return StepFeatures(r, 0, 0, r, int(contexts.sum()), int(contexts.max()),
+                        int((-(-contexts // block_size)).sum()))

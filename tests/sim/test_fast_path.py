@@ -17,6 +17,7 @@ CASES = [
                 victim_policy="longest_remaining")),
     (3, SimSpec(num_blocks=500, block_size=4, replicas=3, router="prefix_aware", eviction_policy="s3fifo")),
     (4, SimSpec(num_blocks=300, allocator="pow2", enable_prefix_caching=False, replicas=2, router="least_kv_usage")),
+    (6, SimSpec(num_blocks=300, block_size=8, replicas=3, router="round_robin")),
     (5, SimSpec(num_blocks=120, block_size=16, cost_options={"step_overhead_s": 0.0, "request_overhead_s": 0.0})),
 ]
 
