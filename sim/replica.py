@@ -5,9 +5,11 @@ stamp the sampled tokens with the step's end time. Requests are added to the sch
 hands them over (mid-step, exactly as a live engine's queue) and are first scheduled at the next step.
 
 Decode fast path: when `decode_horizon` says the next k steps are pure decode with nothing else happening, the
-replica prices all k steps in one vectorised call, keeps the prefix of them that starts before the next arrival
-(any replica's: a router may look at this one) and the next time-series sample, applies them with
-`advance_decode`, and stamps tokens with the same step-end times that k single steps would produce.
+replica prices all k steps in one vectorised call, keeps those that start before the next arrival this replica
+may receive (any arrival, as a router may send it here; under round robin, its own next one) and before the
+next time-series sample, applies them with `advance_decode`, and stamps tokens with the same step-end times that
+k single steps produce. The step running across an arrival may join the stretch unless the router reads the
+prefix cache (that step's cache registrations would show before the arrival).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from engine.core import CacheConfig, Request, Scheduler, SchedulerConfig
+from engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
 from engine.core.fast_forward import advance_decode, decode_horizon
-from sim.cost import CostModel
-from sim.cost.features import decode_stretch_features, first_decode_features, step_features
+from sim.cost import CostModel, step_time
+from sim.cost.features import decode_stretch_features, first_decode_features
 from sim.metrics import ItlLog, RequestLog
 
 NAN = math.nan
@@ -107,18 +109,11 @@ class Replica:
                 track = self.tracks[item.request.request_id]
                 if track.first_scheduled_s != track.first_scheduled_s:  # NaN: first time scheduled
                     track.first_scheduled_s = start
-            dt = self._step_time(step)
+            dt = step_time(self.cost, step, self.block_size, self.attended_limit)
             self._account(sched.kv.usage(), dt)
             self.clock = end = start + dt
             yield self.env.timeout(max(end - self.env.now, 0.0))
             self._finish_step(step, sched.update(step, None), end)
-
-    def _step_time(self, step) -> float:
-        time = float(self.cost.step_times(step_features(step, self.block_size, self.attended_limit)))
-        moved = len(step.swap_out) + len(step.swap_in)
-        if moved or step.copies:
-            time += self.cost.transfer_time(moved, len(step.copies))
-        return time
 
     def _account(self, usage: float, dt: float) -> None:
         self.usage_seconds += usage * dt
@@ -132,8 +127,10 @@ class Replica:
         for child in update.forked:
             parent = self.tracks[child.parent_id]
             sample = int(child.request_id.rsplit("#", 1)[1])
+            # A sibling that found no room (reservation allocators) samples its first token after a recompute.
+            first = end if child.status is RequestStatus.RUNNING or child.status is RequestStatus.FINISHED else NAN
             self.tracks[child.request_id] = Track(parent.request, sample, parent.arrival_s, parent.first_scheduled_s,
-                                                  end, end)
+                                                  first, first)
         for request in update.finished:
             self._close(request, end)
 
@@ -156,11 +153,13 @@ class Replica:
 
     # -- fast path -----------------------------------------------------------------------------------------
     def _fast_forward(self) -> list[float]:
-        """Apply the longest exact pure-decode stretch that ends before the next arrival and sample; returns
-        its step-end times (empty when none applies)."""
+        """Apply the longest exact pure-decode stretch before the next arrival and sample; returns its step-end
+        times (empty when none applies)."""
         sched = self.sched
         running = sched.running
-        if not running or any(r.num_computed_tokens < r.prompt_len for r in running):
+        if not running or len(sched.waiting) or sched.swapped:
+            return []  # cheap exits first: an admission or swap-in is due
+        if any(r.num_computed_tokens < r.prompt_len for r in running):
             return []  # a one-token prefill chunk looks like decode to the horizon but is priced as prefill
         arrival = self.next_arrival(self.index)
         sample = self.next_sample_s if self.sample_interval_s else math.inf

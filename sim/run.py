@@ -47,7 +47,7 @@ class SimSpec:
     policy: str = "fcfs"
     preemption_mode: str = "recompute"
     victim_policy: str = "newest"
-    sample_interval_s: float | None = None  # default: the trace span / 200
+    sample_interval_s: float | None = None  # default: the trace span / 100
     fast_path: bool = True
     cost_options: dict = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
 
@@ -136,7 +136,7 @@ def simulate(trace: Trace, spec: SimSpec) -> SimResult:
     cache, config = build_configs(spec, trace, num_blocks)
     interval = spec.sample_interval_s
     if interval is None:
-        interval = max(float(trace.arrival_s[-1] - trace.arrival_s[0]) / 200.0, 1e-3)
+        interval = max(float(trace.arrival_s[-1] - trace.arrival_s[0]) / 100.0, 1e-3)
     cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,
                       fast_path=spec.fast_path)
     cluster.run()

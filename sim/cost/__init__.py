@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sim.cost.features import StepFeatures
+from sim.cost.features import StepFeatures, step_features
 
 
 class CostModel(Protocol):
@@ -23,8 +23,6 @@ class CostModel(Protocol):
 
 def step_time(model: CostModel, step, block_size: int, attended_limit: int = 0) -> float:
     """Seconds for one `SchedulerOutput`: compute plus its swap and copy-on-write transfers."""
-    from sim.cost.features import step_features
-
     compute = float(model.step_times(step_features(step, block_size, attended_limit)))
     moved = len(step.swap_out) + len(step.swap_in)
     if moved or step.copies:
