@@ -1,8 +1,8 @@
 """Per-request table and the vLLM-style summary, shared by the simulator and (later) the engine's replay.
 
 The per-request table has one row per generated sequence (an n > 1 request gives n rows, `sample` 0..n-1).
-Inter-token latencies are kept as a multiset of (value, count): every request decoding in the same step sees
-the same gap, so one entry per distinct gap replaces one per token (a million requests fit in memory).
+Inter-token latencies are kept as a multiset of (gap, count) at microsecond resolution: one entry per distinct
+gap instead of one per token, so a million requests fit in memory.
 """
 
 from __future__ import annotations
@@ -66,26 +66,29 @@ def add_latency_columns(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 class ItlLog:
-    """Multiset of inter-token gaps in seconds: value -> count."""
+    """Multiset of inter-token gaps, counted per microsecond: gap -> count. Microsecond bins keep the table small
+    on long runs (a bin per distinct float would grow with the number of steps) and lose nothing at the
+    millisecond precision the summary reports."""
 
     def __init__(self) -> None:
-        self.counts: dict[float, int] = {}
+        self.counts: dict[int, int] = {}
 
-    def add(self, value: float, count: int = 1) -> None:
-        self.counts[value] = self.counts.get(value, 0) + count
+    def add(self, seconds: float, count: int = 1) -> None:
+        key = round(seconds * 1e6)
+        self.counts[key] = self.counts.get(key, 0) + count
 
     def merge(self, others: Iterable[ItlLog]) -> ItlLog:
         for other in others:
-            for value, count in other.counts.items():
-                self.add(value, count)
+            for key, count in other.counts.items():
+                self.counts[key] = self.counts.get(key, 0) + count
         return self
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted values, counts)."""
-        values = np.fromiter(self.counts.keys(), dtype=np.float64, count=len(self.counts))
+        """(sorted gaps in seconds, counts)."""
+        keys = np.fromiter(self.counts.keys(), dtype=np.int64, count=len(self.counts))
         counts = np.fromiter(self.counts.values(), dtype=np.int64, count=len(self.counts))
-        order = np.argsort(values, kind="stable")
-        return values[order], counts[order]
+        order = np.argsort(keys, kind="stable")
+        return keys[order] / 1e6, counts[order]
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
