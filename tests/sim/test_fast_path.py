@@ -36,3 +36,18 @@ def test_fast_path_equals_step_by_step(seed, spec):
     for a, b in zip(fast_cluster.replicas, slow_cluster.replicas, strict=True):
         assert a.sched.stats == b.sched.stats
         assert a.sched.kv_metrics() == b.sched.kv_metrics()
+
+
+def test_fast_path_equals_step_by_step_under_a_calibrated_profile(tmp_path):
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("block_size: 16\nkv_capacity_blocks: 90\ncoefficients: {step: 0.003, request: 2.0e-5, "
+                       "prefill_tokens: 4.0e-5, prefill_attention: 1.0e-9, decode_requests: 3.0e-5, "
+                       "decode_context: 2.0e-8, decode_context_max: 4.0e-7, blocks_touched: 1.0e-6}\n")
+    spec = SimSpec(cost="calibrated", profile=str(profile), block_size=8, replicas=2, router="least_outstanding")
+    trace = random_trace(11, 40, rate=15.0, output=(1, 120))
+    fast, cluster = run(trace, spec)
+    slow, _ = run(trace, dataclasses.replace(spec, fast_path=False))
+    assert cluster.replicas[0].sched.cache_config.num_blocks == 180  # 90 blocks of 16 re-cut into blocks of 8
+    assert sum(r.num_fast_steps for r in cluster.replicas) > 0
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    assert fast.summary == slow.summary

@@ -34,6 +34,18 @@ def test_json_summary_and_tables(tmp_path, capsys):
     assert (out / "series.csv").is_file() and json.loads((out / "summary.json").read_text())["summary"]
 
 
+def test_parquet_tables_per_block_size(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["simulate", "--trace", SAMPLE, "--block-size", "128", "256", "--num-blocks", "4000",
+                 "--out", str(out), "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["block_size"] for r in runs] == [128, 256]
+    for block in (128, 256):
+        table = pd.read_parquet(out / f"block{block}" / "requests.parquet")
+        assert len(table) == 400 and (table["ttft_ms"] > 0).all()
+        assert len(pd.read_parquet(out / f"block{block}" / "series.parquet")) > 0
+
+
 def test_block_size_comparison_table(capsys):
     assert main(["simulate", "--trace", SAMPLE, "--block-size", "64", "256", "--num-blocks", "4000"]) == 0
     text = capsys.readouterr().out
