@@ -66,6 +66,7 @@ class Replica:
         self.usage_seconds = 0.0  # ∫ KV block usage dt over busy time
         self.peak_usage = 0.0
         self.num_fast_steps = 0
+        self._common_gaps, self._common_gap = 0, 0.0  # see `_gap`
         self._wake: simpy.Event | None = None
         self.process = env.process(self._run())
 
@@ -111,9 +112,10 @@ class Replica:
                     track.first_scheduled_s = start
             dt = step_time(self.cost, step, self.block_size, self.attended_limit)
             self._account(sched.kv.usage(), dt)
-            self.clock = end = start + dt
+            end = start + dt
             yield self.env.timeout(max(end - self.env.now, 0.0))
             self._finish_step(step, sched.update(step, None), end)
+            self.clock = end
 
     def _account(self, usage: float, dt: float) -> None:
         self.usage_seconds += usage * dt
@@ -124,6 +126,7 @@ class Replica:
         for item in step.scheduled:
             if item.samples:
                 self._token(self.tracks[item.request.request_id], end)
+        self._flush_gaps()
         for child in update.forked:
             parent = self.tracks[child.parent_id]
             sample = int(child.request_id.rsplit("#", 1)[1])
@@ -135,15 +138,30 @@ class Replica:
             self._close(request, end)
 
     def _token(self, track: Track, now: float) -> None:
-        last = track.last_token_s
-        if last != last:  # NaN: the first token
+        if track.last_token_s != track.last_token_s:  # NaN: the first token
             track.first_token_s = now
+        else:
+            self._gap(track, now)
+        track.last_token_s = now
+
+    def _gap(self, track: Track, now: float) -> None:
+        """Record the gap since the sequence's last token; gaps from the step that just ended before this one
+        (the common case) are counted and added to the ITL log once by `_flush_gaps`."""
+        last = track.last_token_s
+        if last == self.clock:
+            self._common_gaps += 1
+            gap = now - last
+            self._common_gap = gap
         else:
             gap = now - last
             self.itl.add(gap)
-            if gap > track.itl_max_s:
-                track.itl_max_s = gap
-        track.last_token_s = now
+        if gap > track.itl_max_s:
+            track.itl_max_s = gap
+
+    def _flush_gaps(self) -> None:
+        if self._common_gaps:
+            self.itl.add(self._common_gap, self._common_gaps)
+            self._common_gaps = 0
 
     def _close(self, request: Request, end: float) -> None:
         t = self.tracks.pop(request.request_id)
@@ -207,24 +225,22 @@ class Replica:
         return [used / total for used in (pool.num_used - held + blocks_touched).tolist()]
 
     def _stamp_stretch(self, running: list[Request], ends: list[float]) -> None:
-        first_end = ends[0]
+        tracks = self.tracks
         for request in running:
-            track = self.tracks[request.request_id]
-            gap = first_end - track.last_token_s
-            self.itl.add(gap)
-            if gap > track.itl_max_s:
-                track.itl_max_s = gap
+            track = tracks[request.request_id]
+            self._gap(track, ends[0])
             track.last_token_s = ends[-1]
+        self._flush_gaps()
         if len(ends) > 1:
             widest = 0.0
-            prev = first_end
+            prev = ends[0]
             for end in ends[1:]:
                 gap = end - prev
                 self.itl.add(gap, len(running))
                 widest = gap if gap > widest else widest
                 prev = end
             for request in running:
-                track = self.tracks[request.request_id]
+                track = tracks[request.request_id]
                 if widest > track.itl_max_s:
                     track.itl_max_s = widest
 
