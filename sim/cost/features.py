@@ -57,8 +57,9 @@ def decode_stretch_features(contexts: np.ndarray, k: int, block_size: int) -> St
     growth = per_residue[steps % block_size]
     growth[0] = 0
     blocks = int((-(-ctx // block_size)).sum()) + np.cumsum(growth)
-    return StepFeatures(np.full(k, r, dtype=np.int64), np.zeros(k, dtype=np.int64), np.zeros(k, dtype=np.int64),
-                        np.full(k, r, dtype=np.int64), int(ctx.sum()) + r * steps, int(ctx.max()) + steps, blocks)
+    # The features constant over the stretch stay plain ints: numpy broadcasts them, element by element the
+    # same IEEE operations as for a single step.
+    return StepFeatures(r, 0, 0, r, int(ctx.sum()) + r * steps, int(ctx.max()) + steps, blocks)
 
 
 def first_decode_features(contexts: np.ndarray, block_size: int) -> StepFeatures:
