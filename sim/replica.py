@@ -177,8 +177,10 @@ class Replica:
         running = sched.running
         if not running or len(sched.waiting) or sched.swapped:
             return []  # cheap exits first: an admission or swap-in is due
-        if any(r.num_computed_tokens < r.prompt_len for r in running):
-            return []  # a one-token prefill chunk looks like decode to the horizon but is priced as prefill
+        if any(r.num_computed_tokens < r.prompt_len or r.num_output_tokens + 1 >= r.max_tokens for r in running):
+            # A one-token prefill chunk looks like decode to the horizon but is priced as prefill; a request
+            # finishing in the next step leaves no horizon (checked here before any pricing).
+            return []
         arrival = self.next_arrival(self.index)
         sample = self.next_sample_s if self.sample_interval_s else math.inf
         bound = min(arrival, sample)
