@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import simpy
 
 from engine.core import CacheConfig, Request, SchedulerConfig, make_request
 from sim.cost import CostModel
 from sim.metrics import ItlLog, RequestLog
-from sim.replica import SERIES_COLUMNS, Replica
+from sim.replica import Replica
 from sim.routers import Router
 from traces import Trace
 
@@ -73,10 +72,3 @@ class Cluster:
 
     def rejected(self) -> list[tuple[int, str]]:
         return sorted(x for r in self.replicas for x in r.rejected)
-
-    @staticmethod
-    def series_columns() -> tuple[str, ...]:
-        return SERIES_COLUMNS
-
-    def request_ids(self) -> np.ndarray:
-        return self.trace.request_id

@@ -13,6 +13,7 @@ from sim.cost import CostModel
 from sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from sim.cost.calibrated import load_profile
 from sim.metrics import kv_summary, summarize
+from sim.replica import SERIES_COLUMNS
 from sim.routers import make_router
 from sim.specs.hardware import get_hardware
 from sim.specs.models import DTYPE_BYTES, get_model
@@ -144,8 +145,8 @@ def simulate(trace: Trace, spec: SimSpec) -> SimResult:
 
 
 def collect(cluster: Cluster, num_blocks: int) -> SimResult:
-    table = cluster.log.to_frame(cluster.request_ids())
-    series = pd.DataFrame(cluster.series_rows(), columns=list(cluster.series_columns()))
+    table = cluster.log.to_frame(cluster.trace.request_id)
+    series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
     duration = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
     replicas = cluster.replicas
     kv = kv_summary(sum(r.usage_seconds for r in replicas), duration * len(replicas),
