@@ -6,6 +6,8 @@ import dataclasses
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sim.run import SimSpec
 from tests.sim.helpers import random_trace, run
@@ -49,5 +51,19 @@ def test_fast_path_equals_step_by_step_under_a_calibrated_profile(tmp_path):
     slow, _ = run(trace, dataclasses.replace(spec, fast_path=False))
     assert cluster.replicas[0].sched.cache_config.num_blocks == 180  # 90 blocks of 16 re-cut into blocks of 8
     assert sum(r.num_fast_steps for r in cluster.replicas) > 0
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    assert fast.summary == slow.summary
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), block=st.sampled_from([1, 4, 16]), blocks=st.integers(60, 400),
+       replicas=st.integers(1, 3), router=st.sampled_from(["round_robin", "least_outstanding", "prefix_aware"]),
+       eviction=st.sampled_from(["lru", "fifo", "lfu", "s3fifo"]), mode=st.sampled_from(["recompute", "swap"]))
+def test_fast_path_equals_step_by_step_on_random_configs(seed, block, blocks, replicas, router, eviction, mode):
+    trace = random_trace(seed, 25, rate=10.0, prompt=(4, 120), output=(1, 60), max_n=2)
+    spec = SimSpec(num_blocks=blocks * 16 // block, block_size=block, replicas=replicas, router=router,
+                   eviction_policy=eviction, preemption_mode=mode, num_cpu_blocks=2000)
+    fast, _ = run(trace, spec)
+    slow, _ = run(trace, dataclasses.replace(spec, fast_path=False))
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     assert fast.summary == slow.summary
