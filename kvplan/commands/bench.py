@@ -28,6 +28,19 @@ def register(verbs: argparse._SubParsersAction) -> None:
     engine.add_argument("--requests", type=int, default=64)
     engine.add_argument("--json", action="store_true", help="print one JSON object")
     engine.set_defaults(handler=_bench_engine)
+    sim = targets.add_parser(
+        "sim", help="simulator speed: the Azure conversation trace vs real time, a million requests on 16 replicas",
+        description="Replays the one-hour Azure LLM conversation trace (2023, 19,366 requests; read from "
+                    "../shared/data, reported as skipped when missing) on one replica of llama-3-8b on h100-sxm and "
+                    "prints simulated seconds per wall second (target >= 1000x) and the summary; then a seeded "
+                    "synthetic workload of a million ShareGPT-like requests on 16 round-robin replicas, with its "
+                    "wall time and the peak resident memory. Takes minutes.")
+    sim.add_argument("--data", type=Path, default=None, help="shared data directory (default ../shared/data)")
+    sim.add_argument("--requests", type=int, default=1_000_000, help="synthetic requests (default 1,000,000)")
+    sim.add_argument("--replicas", type=int, default=16, help="replicas for the synthetic run (default 16)")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--json", action="store_true", help="print one JSON object")
+    sim.set_defaults(handler=_bench_sim)
     kernels = targets.add_parser(
         "kernels", help="paged Triton kernels vs torch SDPA (needs a CUDA GPU)",
         description="Paged decode and prefill attention over a grid of batch sizes, context lengths and "
@@ -92,6 +105,36 @@ def _bench_engine(args: argparse.Namespace) -> int:
           f"engine / generate_batch: {result['ratio_vs_generate_batch']:.2f}x   "
           f"KV token utilization (block 16): {result['results']['engine']['kv_token_utilization']:.3f}")
     return 0
+
+
+def _bench_sim(args: argparse.Namespace) -> int:
+    from kvplan.bench import sim
+
+    result = sim.run(args.data or sim.DATA_DIR, args.requests, args.replicas, seed=args.seed)
+    if args.json:
+        print_json(result)
+        return 0
+    az, syn = result["azure_conv"], result["synthetic"]
+    if az.get("skipped"):
+        print(f"Azure conversation trace: skipped - {az['reason']}")
+    else:
+        print(f"Azure conversation trace ({az['requests']} requests, {az['model']} on {az['hardware']}, 1 replica, "
+              f"prefix caching {az['prefix_caching']}):\n  simulated {az['simulated_s']:.0f} s in {az['wall_s']:.2f} s "
+              f"wall = {az['speedup']:.0f}x real time (target >= {az['target']:.0f}x: "
+              f"{'met' if az['target_met'] else 'not met'}); {az['fast_steps']} of {az['steps']} steps on the fast "
+              "path")
+        print(_summary_table(az["summary"]))
+    print(f"\nSynthetic: {syn['requests']} requests on {syn['replicas']} replicas ({syn['router']}), "
+          f"{syn['arrival_rate']:.0f} req/s: simulated {syn['simulated_s']:.0f} s in {syn['wall_s']:.1f} s wall "
+          f"({syn['speedup']:.0f}x); peak resident memory {result['peak_rss_mb']:.0f} MB")
+    print(_summary_table(syn["summary"]))
+    return 0
+
+
+def _summary_table(summary: dict) -> str:
+    keys = ("completed", "request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+            "p99_itl_ms", "kv_usage_mean", "kv_usage_peak", "num_preemptions")
+    return format_table(list(keys), [[summary[k] for k in keys]])
 
 
 def _bench_kernels(args: argparse.Namespace) -> int:

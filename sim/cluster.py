@@ -1,0 +1,74 @@
+"""A cluster: N replicas behind a router, fed by an arrival process that replays a trace."""
+
+from __future__ import annotations
+
+import math
+
+import simpy
+
+from engine.core import CacheConfig, Request, SchedulerConfig, make_request
+from sim.cost import CostModel
+from sim.metrics import ItlLog, RequestLog
+from sim.replica import Replica
+from sim.routers import Router
+from traces import Trace
+
+
+class Cluster:
+    def __init__(self, trace: Trace, num_replicas: int, router: Router, cache: CacheConfig, config: SchedulerConfig,
+                 cost: CostModel, *, sample_interval_s: float = 1.0, fast_path: bool = True) -> None:
+        self.env = simpy.Environment()
+        self.trace = trace
+        self.router = router
+        self.log = RequestLog()
+        self.arrivals = trace.arrival_s.tolist()
+        self.next_row = 0  # the next trace row to arrive
+        reads_cache = getattr(router, "reads_prefix_cache", False) and cache.enable_prefix_caching
+        self.replicas = [Replica(self.env, i, cache, config, cost, self.log, self._next_arrival,
+                                 sample_interval_s=sample_interval_s, fast_path=fast_path,
+                                 cross_arrivals=not reads_cache)
+                         for i in range(num_replicas)]
+        self.env.process(self._arrivals())
+
+    def _next_arrival(self, index: int) -> float:
+        """When replica `index` may next see a request: the next arrival, or, under a router that decides
+        placement in advance (round robin), the next arrival that router will hand to this replica."""
+        ahead = getattr(self.router, "arrivals_before", None)
+        row = self.next_row + (ahead(index, len(self.replicas)) if ahead is not None else 0)
+        return self.arrivals[row] if row < len(self.arrivals) else math.inf
+
+    def run(self) -> None:
+        self.env.run()
+
+    def _arrivals(self):
+        for row, arrival in enumerate(self.arrivals):
+            self.next_row = row
+            if arrival > self.env.now:
+                yield self.env.timeout(arrival - self.env.now)
+            request = self._request(row, arrival)
+            self.router.pick(request, self.replicas).submit(request, row)
+        self.next_row = len(self.arrivals)
+
+    def _request(self, row: int, arrival: float) -> Request:
+        t = self.trace
+        hashes = t.hashes_of(row).tolist() if t.has_prefix else None
+        return make_request(str(row), max_tokens=int(t.output_tokens[row]), prompt_len=int(t.prompt_tokens[row]),
+                            prefix_hashes=hashes or None, hash_granularity=t.hash_granularity if hashes else 0,
+                            arrival_s=arrival, priority=int(t.priority[row]), n=int(t.n[row]))
+
+    # -- results -------------------------------------------------------------------------------------------
+    def itl(self) -> ItlLog:
+        return ItlLog().merge(r.itl for r in self.replicas)
+
+    def series_rows(self) -> list[tuple]:
+        return [row for r in self.replicas for row in r.series]
+
+    def counters(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for replica in self.replicas:
+            for key, value in replica.counters().items():
+                totals[key] = totals.get(key, 0) + value
+        return totals
+
+    def rejected(self) -> list[tuple[int, str]]:
+        return sorted(x for r in self.replicas for x in r.rejected)

@@ -1,0 +1,33 @@
+"""Cost models: how long one scheduler step takes on the modelled hardware.
+
+Every model implements `CostModel`: `step_times(features)` maps a batch of steps' features (one array entry per
+step) to seconds, so the replica's decode fast path prices k steps in one vectorised call and a single step is
+the same arithmetic on plain ints (bit-identical times either way); `transfer_time` prices swap and copy-on-write
+traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from sim.cost.features import StepFeatures, step_features
+
+
+class CostModel(Protocol):
+    def step_times(self, f: StepFeatures) -> np.ndarray | float: ...
+
+    def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float: ...
+
+
+def step_time(model: CostModel, step, block_size: int, attended_limit: int = 0) -> float:
+    """Seconds for one `SchedulerOutput`: compute plus its swap and copy-on-write transfers."""
+    compute = float(model.step_times(step_features(step, block_size, attended_limit)))
+    moved = len(step.swap_out) + len(step.swap_in)
+    if moved or step.copies:
+        compute += model.transfer_time(moved, len(step.copies))
+    return compute
+
+
+__all__ = ["CostModel", "StepFeatures", "step_time"]

@@ -1,0 +1,69 @@
+"""Step features both cost models price, for one step or a vectorised stretch of pure-decode steps.
+
+Per step: scheduled requests, prefill tokens (every token that is not a one-token decode), prefill attention
+work Σ chunk × (start + chunk/2) (kept doubled, so it stays an exact integer), decode requests, Σ and max of
+decode context (tokens attended, the new one included), and KV blocks touched (Σ over requests of the blocks
+their attention reads: the block-size effect).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class StepFeatures:
+    """Integer features: plain ints for one step, int64 arrays (one entry per step) for a stretch. The cost
+    models apply the same IEEE operations to either, so a step is priced bit-identically both ways."""
+
+    num_requests: np.ndarray | int
+    prefill_tokens: np.ndarray | int
+    prefill_attention2: np.ndarray | int  # 2 × Σ chunk × (start + chunk/2) = Σ chunk × (2 start + chunk)
+    decode_requests: np.ndarray | int
+    decode_context: np.ndarray | int
+    decode_context_max: np.ndarray | int
+    blocks_touched: np.ndarray | int
+
+
+def step_features(step, block_size: int, attended_limit: int = 0) -> StepFeatures:
+    """Features of one `SchedulerOutput`. `attended_limit` > 0 caps the tokens attention reads (sink+window)."""
+    prefill = attn2 = decodes = ctx = ctx_max = blocks = 0
+    for item in step.scheduled:
+        n, start = item.num_new_tokens, item.start_pos
+        end = start + n
+        if attended_limit:  # sink+window: attention reads at most the retained tokens
+            end, start = min(end, attended_limit), min(start, attended_limit)
+        blocks += -(-end // block_size)
+        if item.is_decode:
+            decodes += 1
+            ctx += end
+            ctx_max = max(ctx_max, end)
+        else:
+            prefill += n
+            attn2 += n * (2 * start + n)
+    return StepFeatures(len(step.scheduled), prefill, attn2, decodes, ctx, ctx_max, blocks)
+
+
+def decode_stretch_features(contexts: np.ndarray, k: int, block_size: int) -> StepFeatures:
+    """Features of k pure-decode steps where request i attends contexts[i] + j tokens in step j (0-based)."""
+    r = len(contexts)
+    steps = np.arange(k, dtype=np.int64)
+    ctx = contexts.astype(np.int64)
+    # Request i reads one more block from step j on when contexts[i] + j - 1 is a multiple of the block size,
+    # i.e. at every step j >= 1 with j = (1 - contexts[i]) mod block_size: count requests per residue.
+    per_residue = np.bincount((1 - ctx) % block_size, minlength=block_size)
+    growth = per_residue[steps % block_size]
+    growth[0] = 0
+    blocks = int((-(-ctx // block_size)).sum()) + np.cumsum(growth)
+    # The features constant over the stretch stay plain ints: numpy broadcasts them, element by element the
+    # same IEEE operations as for a single step.
+    return StepFeatures(r, 0, 0, r, int(ctx.sum()) + r * steps, int(ctx.max()) + steps, blocks)
+
+
+def first_decode_features(contexts: np.ndarray, block_size: int) -> StepFeatures:
+    """The first step of `decode_stretch_features` as plain ints (a cheap estimate of the step time)."""
+    r = len(contexts)
+    return StepFeatures(r, 0, 0, r, int(contexts.sum()), int(contexts.max()),
+                        int((-(-contexts // block_size)).sum()))

@@ -1,0 +1,264 @@
+"""One serving replica: a SimPy process that owns an `engine.core` Scheduler and advances time by a cost model.
+
+Each loop iteration is one scheduler step and one SimPy event: `schedule()`, price the step, wait, `update()`,
+stamp the sampled tokens with the step's end time. Requests are added to the scheduler the moment the router
+hands them over (mid-step, exactly as a live engine's queue) and are first scheduled at the next step.
+
+Decode fast path: when `decode_horizon` says the next k steps are pure decode with nothing else happening, the
+replica prices all k steps in one vectorised call, keeps those that start before the next arrival this replica
+may receive (any arrival, as a router may send it here; under round robin, its own next one) and before the
+next time-series sample, applies them with `advance_decode`, and stamps tokens with the same step-end times that
+k single steps produce. The step running across an arrival may join the stretch unless the router reads the
+prefix cache (that step's cache registrations would show before the arrival).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
+from engine.core.fast_forward import advance_decode, decode_horizon
+from sim.cost import CostModel, step_time
+from sim.cost.features import decode_stretch_features, first_decode_features
+from sim.metrics import ItlLog, RequestLog
+
+NAN = math.nan
+FAST_PATH_CAP = 1 << 14  # most steps priced in one stretch
+SERIES_COLUMNS = ("replica", "time_s", "running", "waiting", "swapped", "kv_usage", "num_cached_free_blocks",
+                  "token_states", "reserved_unused", "internal_fragmentation", "external_fragmentation", "free")
+
+
+@dataclass(slots=True)
+class Track:
+    """Timestamps of one live sequence (kept beside the core's Request, which has no room for them)."""
+
+    request: int  # trace row
+    sample: int
+    arrival_s: float
+    first_scheduled_s: float = NAN
+    first_token_s: float = NAN
+    last_token_s: float = NAN
+    itl_max_s: float = 0.0
+
+
+class Replica:
+    def __init__(self, env: simpy.Environment, index: int, cache: CacheConfig, config: SchedulerConfig,
+                 cost: CostModel, log: RequestLog, next_arrival: Callable[[int], float], *,
+                 sample_interval_s: float = 1.0, fast_path: bool = True, cross_arrivals: bool = True) -> None:
+        self.env, self.index, self.cost, self.log = env, index, cost, log
+        self.sched = Scheduler(cache, config)
+        self.block_size = cache.block_size
+        self.attended_limit = cache.sink_tokens + cache.window_tokens if cache.windowed else 0
+        self.next_arrival = next_arrival
+        self.sample_interval_s, self.next_sample_s = sample_interval_s, 0.0
+        self.fast_path = fast_path
+        self.cross_arrivals = cross_arrivals  # may a stretch run across an arrival (see `_fast_forward`)
+        self.itl = ItlLog()
+        self.tracks: dict[str, Track] = {}
+        self.rejected: list[tuple[int, str]] = []
+        self.series: list[tuple] = []
+        self.clock = 0.0  # exact step-end times, accumulated step by step (env.now may differ in the last ulp)
+        self.usage_seconds = 0.0  # ∫ KV block usage dt over busy time
+        self.peak_usage = 0.0
+        self.num_fast_steps = 0
+        self._common_gaps, self._common_gap = 0, 0.0  # see `_gap`
+        self._wake: simpy.Event | None = None
+        self.process = env.process(self._run())
+
+    # -- arrivals ------------------------------------------------------------------------------------------
+    @property
+    def outstanding(self) -> int:
+        return self.sched.num_unfinished
+
+    def submit(self, request: Request, row: int) -> None:
+        self.tracks[request.request_id] = Track(row, 0, request.arrival_s)
+        if not self.sched.add_request(request):
+            del self.tracks[request.request_id]
+            self.rejected.append((row, request.finish_reason or "rejected"))
+            return
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed(request.arrival_s)
+
+    # -- the step loop -------------------------------------------------------------------------------------
+    def _run(self):
+        sched = self.sched
+        while True:
+            if not sched.has_unfinished():
+                self._wake = self.env.event()
+                arrival = yield self._wake
+                self._wake = None
+                self.clock = max(self.clock, arrival)
+                continue
+            if self.clock >= self.next_sample_s:
+                self._sample()
+            if self.fast_path:
+                ends = self._fast_forward()
+                if ends:
+                    yield self.env.timeout(max(ends[-1] - self.env.now, 0.0))
+                    continue
+            step = sched.schedule()
+            if step.is_empty:
+                raise RuntimeError(f"replica {self.index}: {sched.num_unfinished} unfinished requests but nothing "
+                                   "could be scheduled")
+            start = self.clock
+            for item in step.scheduled:
+                track = self.tracks[item.request.request_id]
+                if track.first_scheduled_s != track.first_scheduled_s:  # NaN: first time scheduled
+                    track.first_scheduled_s = start
+            dt = step_time(self.cost, step, self.block_size, self.attended_limit)
+            self._account(sched.kv.usage(), dt)
+            end = start + dt
+            yield self.env.timeout(max(end - self.env.now, 0.0))
+            self._finish_step(step, sched.update(step, None), end)
+            self.clock = end
+
+    def _account(self, usage: float, dt: float) -> None:
+        self.usage_seconds += usage * dt
+        if usage > self.peak_usage:
+            self.peak_usage = usage
+
+    def _finish_step(self, step, update, end: float) -> None:
+        for item in step.scheduled:
+            if item.samples:
+                self._token(self.tracks[item.request.request_id], end)
+        self._flush_gaps()
+        for child in update.forked:
+            parent = self.tracks[child.parent_id]
+            sample = int(child.request_id.rsplit("#", 1)[1])
+            # A sibling that found no room (reservation allocators) samples its first token after a recompute.
+            first = end if child.status is RequestStatus.RUNNING or child.status is RequestStatus.FINISHED else NAN
+            self.tracks[child.request_id] = Track(parent.request, sample, parent.arrival_s, parent.first_scheduled_s,
+                                                  first, first)
+        for request in update.finished:
+            self._close(request, end)
+
+    def _token(self, track: Track, now: float) -> None:
+        if track.last_token_s != track.last_token_s:  # NaN: the first token
+            track.first_token_s = now
+        else:
+            self._gap(track, now)
+        track.last_token_s = now
+
+    def _gap(self, track: Track, now: float) -> None:
+        """Record the gap since the sequence's last token; gaps from the step that just ended before this one
+        (the common case) are counted and added to the ITL log once by `_flush_gaps`."""
+        last = track.last_token_s
+        if last == self.clock:
+            self._common_gaps += 1
+            gap = now - last
+            self._common_gap = gap
+        else:
+            gap = now - last
+            self.itl.add(gap)
+        if gap > track.itl_max_s:
+            track.itl_max_s = gap
+
+    def _flush_gaps(self) -> None:
+        if self._common_gaps:
+            self.itl.add(self._common_gap, self._common_gaps)
+            self._common_gaps = 0
+
+    def _close(self, request: Request, end: float) -> None:
+        t = self.tracks.pop(request.request_id)
+        self.log.add(t.request, t.sample, self.index, t.arrival_s, t.first_scheduled_s, t.first_token_s, end,
+                     request.prompt_len, request.num_output_tokens, request.num_cached_tokens,
+                     request.num_preemptions, t.itl_max_s)
+
+    # -- fast path -----------------------------------------------------------------------------------------
+    def _fast_forward(self) -> list[float]:
+        """Apply the longest exact pure-decode stretch before the next arrival and sample; returns its step-end
+        times (empty when none applies)."""
+        sched = self.sched
+        running = sched.running
+        if not running or len(sched.waiting) or sched.swapped:
+            return []  # cheap exits first: an admission or swap-in is due
+        if any(r.num_computed_tokens < r.prompt_len or r.num_output_tokens + 1 >= r.max_tokens for r in running):
+            # A one-token prefill chunk looks like decode to the horizon but is priced as prefill; a request
+            # finishing in the next step leaves no horizon (checked here before any pricing).
+            return []
+        arrival = self.next_arrival(self.index)
+        sample = self.next_sample_s if self.sample_interval_s else math.inf
+        bound = min(arrival, sample)
+        contexts = np.fromiter((r.num_computed_tokens + 1 for r in running), dtype=np.int64, count=len(running))
+        limit = FAST_PATH_CAP
+        if not math.isinf(bound):  # ask only for about as many steps as fit before the bound
+            first = self.cost.step_times(first_decode_features(contexts, self.block_size))
+            limit = min(limit, int((bound - self.clock) / first) + 2)
+        k = decode_horizon(sched, limit)
+        if k <= 0:
+            return []
+        features = decode_stretch_features(contexts, k, self.block_size)
+        times = self.cost.step_times(features).tolist()
+        ends, clock = [], self.clock
+        for dt in times:
+            clock += dt
+            ends.append(clock)
+            if clock >= bound:
+                # The step that runs across the bound may join the stretch: a sample is taken after it anyway,
+                # and an arrival during it sees the same counts and block usage - only its prefix-cache
+                # registrations would show early, which matters to a router that reads the cache.
+                if clock >= arrival and not self.cross_arrivals:
+                    ends.pop()
+                break
+        k = len(ends)
+        if k == 0:
+            return []
+        for usage, dt in zip(self._usage_during(contexts, features.blocks_touched[:k]), times, strict=False):
+            self._account(usage, dt)
+        advance_decode(sched, k)
+        self._stamp_stretch(running, ends)
+        self.clock = ends[-1]
+        self.num_fast_steps += k
+        return ends
+
+    def _usage_during(self, contexts: np.ndarray, blocks_touched: np.ndarray) -> list[float]:
+        pool = getattr(self.sched.kv, "pool", None)
+        if pool is None:  # contiguous reservation: decode allocates nothing
+            return [self.sched.kv.usage()] * len(blocks_touched)
+        # Blocks in use during step j: those before the stretch plus what the tables grew by, which is the
+        # blocks touched in step j minus the blocks the tables held before (every new block is private).
+        held = int((-(-(contexts - 1) // self.block_size)).sum())
+        total = pool.num_blocks
+        return [used / total for used in (pool.num_used - held + blocks_touched).tolist()]
+
+    def _stamp_stretch(self, running: list[Request], ends: list[float]) -> None:
+        tracks = self.tracks
+        for request in running:
+            track = tracks[request.request_id]
+            self._gap(track, ends[0])
+            track.last_token_s = ends[-1]
+        self._flush_gaps()
+        if len(ends) > 1:
+            widest = 0.0
+            prev = ends[0]
+            for end in ends[1:]:
+                gap = end - prev
+                self.itl.add(gap, len(running))
+                widest = gap if gap > widest else widest
+                prev = end
+            for request in running:
+                track = tracks[request.request_id]
+                if widest > track.itl_max_s:
+                    track.itl_max_s = widest
+
+    # -- time series ---------------------------------------------------------------------------------------
+    def _sample(self) -> None:
+        sched = self.sched
+        m = sched.kv_metrics()
+        self.series.append((self.index, self.clock, len(sched.running), len(sched.waiting), len(sched.swapped),
+                            m["kv_usage"], m["num_cached_free_blocks"], m["token_states"], m["reserved_unused"],
+                            m["internal_fragmentation"], m["external_fragmentation"], m["free"]))
+        if self.sample_interval_s:
+            self.next_sample_s = (math.floor(self.clock / self.sample_interval_s) + 1) * self.sample_interval_s
+        else:
+            self.next_sample_s = math.inf
+
+    def counters(self) -> dict[str, int]:
+        m = self.sched.kv_metrics()
+        return {key: int(m[key]) for key in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
+                                             "num_evicted_blocks")}

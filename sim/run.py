@@ -1,0 +1,159 @@
+"""Build and run a simulation from plain arguments (what `kvplan simulate` and the benchmarks call)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from engine.core import CacheConfig, ConfigError, SchedulerConfig
+from sim.cluster import Cluster
+from sim.cost import CostModel
+from sim.cost.analytic import AnalyticCost, kv_capacity_blocks
+from sim.cost.calibrated import load_profile
+from sim.metrics import kv_summary, summarize
+from sim.replica import SERIES_COLUMNS
+from sim.routers import make_router
+from sim.specs.hardware import get_hardware
+from sim.specs.models import DTYPE_BYTES, get_model
+from traces import Trace
+
+COST_MODELS = ("analytic", "calibrated")
+
+
+@dataclass(slots=True)
+class SimSpec:
+    model: str = "llama-3-8b"
+    hardware: str = "h100-sxm"
+    cost: str = "analytic"
+    profile: str | None = None  # calibrated cost: the profile YAML
+    replicas: int = 1
+    router: str = "round_robin"
+    block_size: int = 16
+    num_blocks: int | None = None  # measured KV capacity; default: the profile's, else the analytic estimate
+    gpu_memory_utilization: float = 0.9
+    kv_dtype: str | None = None  # default: the model's dtype
+    allocator: str = "paged"
+    enable_prefix_caching: bool = True
+    eviction_policy: str = "lru"
+    num_cpu_blocks: int = 0
+    max_model_len: int | None = None  # default: the longest request of the trace
+    sink_tokens: int = 0
+    window_tokens: int = 0
+    watermark: float = 0.01
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+    preemption_mode: str = "recompute"
+    victim_policy: str = "newest"
+    sample_interval_s: float | None = None  # default: the trace span / 100
+    fast_path: bool = True
+    cost_options: dict = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
+
+
+@dataclass(slots=True)
+class SimResult:
+    summary: dict
+    requests: pd.DataFrame
+    series: pd.DataFrame
+    info: dict
+
+
+def check_trace(trace: Trace, name: str = "trace") -> None:
+    if len(trace) == 0:
+        raise ValueError(f"--trace: {name} has no requests")
+    arrivals = trace.arrival_s
+    if len(arrivals) > 1 and np.any(np.diff(arrivals) < 0):
+        row = int(np.argmax(np.diff(arrivals) < 0)) + 1
+        raise ValueError(f"--trace: {name} is not sorted by arrival_s (row {row} arrives before row {row - 1})")
+
+
+def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
+    """The cost model and the KV capacity in blocks it implies (unless `spec.num_blocks` overrides it)."""
+    model, hardware = get_model(spec.model), get_hardware(spec.hardware)
+    kv_bytes = None
+    if spec.kv_dtype is not None:
+        if spec.kv_dtype not in DTYPE_BYTES:
+            raise ValueError(f"--kv-dtype: unknown dtype {spec.kv_dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
+        kv_bytes = DTYPE_BYTES[spec.kv_dtype]
+    blocks = kv_capacity_blocks(model, hardware, spec.block_size, kv_dtype_bytes=kv_bytes,
+                                gpu_memory_utilization=spec.gpu_memory_utilization,
+                                max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs)
+    if spec.cost == "analytic":
+        cost: CostModel = AnalyticCost(model, hardware, spec.block_size, kv_bytes, **spec.cost_options)
+    elif spec.cost == "calibrated":
+        if spec.profile is None:
+            raise ValueError("--profile: the calibrated cost model needs a profile YAML")
+        cost = load_profile(spec.profile)
+        if cost.kv_capacity_blocks is not None:
+            # Measured at the profile's block size: the same KV bytes re-cut into blocks of this size.
+            measured_at = int(cost.meta.get("block_size", spec.block_size))
+            blocks = cost.kv_capacity_blocks * measured_at // spec.block_size
+    else:
+        raise ValueError(f"--cost: unknown cost model {spec.cost!r}; allowed: {', '.join(COST_MODELS)}")
+    return cost, spec.num_blocks if spec.num_blocks is not None else blocks
+
+
+def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheConfig, SchedulerConfig]:
+    longest = int((trace.prompt_tokens + trace.output_tokens).max())
+    max_len = spec.max_model_len or longest
+    if max_len < longest:
+        raise ValueError(f"--max-model-len: {max_len} is shorter than the trace's longest request ({longest} "
+                         "tokens); allowed: at least that")
+    granularity = trace.hash_granularity if trace.has_prefix else 0
+    if spec.enable_prefix_caching and granularity and granularity % spec.block_size:
+        divisors = [b for b in range(1, min(granularity, 256) + 1) if granularity % b == 0]
+        raise ValueError(f"--block-size: {spec.block_size} does not divide the trace's prefix-hash granularity "
+                         f"{granularity}; allowed: {', '.join(map(str, divisors))} (or --no-prefix-caching)")
+    if num_blocks < 1:
+        raise ValueError(f"{spec.model} on {spec.hardware}: no memory left for the KV cache after the weights and "
+                         "activations; allowed: a larger --hardware, a higher --gpu-memory-utilization, or "
+                         "--num-blocks")
+    sched = SchedulerConfig(spec.max_num_batched_tokens, spec.max_num_seqs, spec.enable_chunked_prefill,
+                            spec.policy, spec.preemption_mode, spec.victim_policy)
+    if not spec.enable_chunked_prefill and int(trace.prompt_tokens.max()) > spec.max_num_batched_tokens:
+        raise ValueError(f"--max-num-batched-tokens: {spec.max_num_batched_tokens} cannot hold the trace's longest "
+                         f"prompt ({int(trace.prompt_tokens.max())} tokens) with chunked prefill off")
+    try:
+        cache = CacheConfig(spec.block_size, num_blocks, spec.num_cpu_blocks, spec.enable_prefix_caching,
+                            spec.eviction_policy, spec.allocator, max_len, spec.sink_tokens, spec.window_tokens,
+                            spec.watermark)
+    except ConfigError as exc:
+        if str(exc).startswith("cache.num_blocks"):
+            raise ConfigError(f"KV capacity of {num_blocks} blocks ({spec.model} on {spec.hardware}, block size "
+                              f"{spec.block_size}) cannot hold one request of the trace: {exc}") from None
+        raise
+    return cache, sched
+
+
+def simulate(trace: Trace, spec: SimSpec) -> SimResult:
+    check_trace(trace)
+    router = make_router(spec.router)
+    if spec.replicas < 1:
+        raise ValueError(f"--replicas: must be >= 1, got {spec.replicas}")
+    cost, num_blocks = build_cost(spec)
+    cache, config = build_configs(spec, trace, num_blocks)
+    interval = spec.sample_interval_s
+    if interval is None:
+        interval = max(float(trace.arrival_s[-1] - trace.arrival_s[0]) / 100.0, 1e-3)
+    cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,
+                      fast_path=spec.fast_path)
+    cluster.run()
+    return collect(cluster, num_blocks)
+
+
+def collect(cluster: Cluster, num_blocks: int) -> SimResult:
+    table = cluster.log.to_frame(cluster.trace.request_id)
+    series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
+    duration = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
+    replicas = cluster.replicas
+    kv = kv_summary(sum(r.usage_seconds for r in replicas), duration * len(replicas),
+                    max(r.peak_usage for r in replicas), series, cluster.counters())
+    rejected = cluster.rejected()
+    info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
+            "steps": sum(r.sched.stats.num_steps for r in replicas),
+            "fast_steps": sum(r.num_fast_steps for r in replicas),
+            "rejected": len(rejected), "rejected_first": [f"row {row}: {why}" for row, why in rejected[:3]]}
+    return SimResult(summarize(table, cluster.itl(), kv), table, series, info)

@@ -1,0 +1,1 @@
+"""Built-in hardware and model specifications for the analytic cost model (no weights needed)."""

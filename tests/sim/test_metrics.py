@@ -1,0 +1,43 @@
+"""Summary statistics: weighted percentiles equal numpy's on the expanded data; the summary key set."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.metrics import SUMMARY_KEYS, ItlLog, weighted_percentile
+from sim.run import SimSpec, simulate
+from tests.sim.helpers import random_trace
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_weighted_percentile_is_numpys_linear_percentile(seed):
+    rng = np.random.default_rng(seed)
+    values = np.sort(rng.random(rng.integers(1, 30)))
+    weights = rng.integers(1, 6, len(values))
+    expanded = np.repeat(values, weights)
+    for q in (0, 1, 50, 90, 99, 100):
+        assert weighted_percentile(values, weights, q) == pytest.approx(np.percentile(expanded, q), abs=1e-15)
+
+
+def test_itl_log_counts_merge():
+    a, b = ItlLog(), ItlLog()
+    a.add(0.5, 3)
+    a.add(0.25)
+    b.add(0.5000000004)  # the same microsecond
+    values, counts = ItlLog().merge([a, b]).arrays()
+    assert values.tolist() == [0.25, 0.5] and counts.tolist() == [1, 4]
+
+
+def test_summary_has_exactly_the_design_keys():
+    result = simulate(random_trace(3, 20), SimSpec(num_blocks=200))
+    assert tuple(result.summary) == SUMMARY_KEYS
+    assert len(SUMMARY_KEYS) == 5 + 16 + 8 + 5
+    memory = sum(result.summary[k] for k in ("token_states", "internal_fragmentation", "reserved_unused",
+                                             "external_fragmentation", "free"))
+    assert memory == pytest.approx(1.0)
+    table = result.requests
+    assert result.summary["mean_ttft_ms"] == pytest.approx(table["ttft_ms"].mean())
+    assert result.summary["p99_e2el_ms"] == pytest.approx(np.percentile(table["e2el_ms"], 99))
+    assert result.summary["output_throughput"] == pytest.approx(table["output_tokens"].sum()
+                                                                / result.summary["duration_s"])

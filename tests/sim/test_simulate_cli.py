@@ -1,0 +1,74 @@
+"""`kvplan simulate`: JSON output, tables on disk, and bad input named with what is allowed."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvplan.cli import main
+from sim.run import SimSpec, simulate
+from traces import Trace
+
+SAMPLE = "traces/samples/mooncake_style.jsonl"
+
+
+def _trace_file(tmp_path, rows: list[str]):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(r + "\n" for r in rows))
+    return str(path)
+
+
+def test_json_summary_and_tables(tmp_path, capsys):
+    trace = _trace_file(tmp_path, ['{"timestamp": 0, "input_length": 40, "output_length": 5, "hash_ids": [1]}',
+                                   '{"timestamp": 100, "input_length": 600, "output_length": 9, "hash_ids": [1, 2]}'])
+    out = tmp_path / "out"
+    args = ["simulate", "--trace", trace, "--block-size", "16", "--json", "--out", str(out), "--format", "csv"]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["completed"] == 2 and doc["block_size"] == 16
+    table = pd.read_csv(out / "requests.csv")
+    assert table["output_tokens"].tolist() == [5, 9]
+    assert (out / "series.csv").is_file() and json.loads((out / "summary.json").read_text())["summary"]
+
+
+def test_parquet_tables_per_block_size(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["simulate", "--trace", SAMPLE, "--block-size", "128", "256", "--num-blocks", "4000",
+                 "--out", str(out), "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["block_size"] for r in runs] == [128, 256]
+    for block in (128, 256):
+        table = pd.read_parquet(out / f"block{block}" / "requests.parquet")
+        assert len(table) == 400 and (table["ttft_ms"] > 0).all()
+        assert len(pd.read_parquet(out / f"block{block}" / "series.parquet")) > 0
+
+
+def test_block_size_comparison_table(capsys):
+    assert main(["simulate", "--trace", SAMPLE, "--block-size", "64", "256", "--num-blocks", "4000"]) == 0
+    text = capsys.readouterr().out
+    assert "kv_blocks" in text and "\n   64" in text and "\n  256" in text
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--router", "nearest"], "--router: unknown router 'nearest'; allowed: round_robin, least_outstanding"),
+    (["--eviction", "random"], "cache.eviction_policy: unknown value 'random'; allowed: fifo, lfu, lru, s3fifo"),
+    (["--preemption", "kill"], "scheduler.preemption_mode: unknown value 'kill'; allowed: recompute, swap"),
+    (["--hardware", "tpu-v5"], "--hardware: unknown hardware 'tpu-v5'; allowed: a100-40gb"),
+    (["--model", "gpt-9"], "--model: unknown model 'gpt-9'; allowed: llama-2-13b"),
+    (["--num-blocks", "100"], "cannot hold one request of the trace"),
+    (["--block-size", "48"], "--block-size: 48 does not divide the trace's prefix-hash granularity 512"),
+    (["--model", "llama-3-70b", "--hardware", "l4"], "no memory left for the KV cache"),
+])
+def test_bad_input_says_what_is_allowed(flags, message, capsys):
+    assert main(["simulate", "--trace", SAMPLE, *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_empty_and_unsorted_traces_are_reported():
+    with pytest.raises(ValueError, match="has no requests"):
+        simulate(Trace.build([], [], []), SimSpec())
+    with pytest.raises(ValueError, match="not sorted by arrival_s \\(row 2 arrives before row 1\\)"):
+        simulate(Trace.build(np.array([0.0, 2.0, 1.0]), [5, 5, 5], [2, 2, 2]), SimSpec())
