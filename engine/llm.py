@@ -90,11 +90,11 @@ class LLM:
             "model": model, "device": str(self.device), "dtype": str(dtype), "block_size": block_size,
             "num_blocks": num_blocks, "torch": torch.__version__})
 
-    def _kv_dtype(self, name: str, model_dtype: torch.dtype) -> torch.dtype:
-        """`auto`: the model's dtype on GPU; float32 on CPU, where half-precision attention is several times slower
-        than float32 (the memory budget then buys half the tokens)."""
+    @staticmethod
+    def _kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+        """`auto`: the model's dtype."""
         if name == "auto":
-            return model_dtype if self.device.type == "cuda" else torch.float32
+            return model_dtype
         if name not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"kv_cache_dtype: unknown {name!r}; allowed: auto, float32, float16, bfloat16")
         return getattr(torch, name)
