@@ -203,19 +203,25 @@ class LLM:
 
     def _sample(self, out: SchedulerOutput, items: list, logits: torch.Tensor, sampled: list) -> None:
         position = {id(item): i for i, item in enumerate(out.scheduled)}
+        argmax = logits.argmax(dim=-1).tolist()  # one batched argmax serves every plain greedy row
         for row, item in enumerate(items):
             request = item.request
             group_id, index = self._owner[request.request_id]
             group = self._groups[group_id]
+            params = group.params
             if request.n > 1 and not request.forked:  # first tokens of all n sequences, from the prompt's logits
-                draws = [sample_row(logits[row], group.params, g) for g in group.generators]
-                for j, draw in enumerate(draws):
-                    group.logprobs.setdefault(j, []).append(draw)
+                draws = [sample_row(logits[row], params, g) for g in group.generators]
                 sampled[position[id(item)]] = [d.token for d in draws]
+                if params.logprobs is not None:
+                    for j, draw in enumerate(draws):
+                        group.logprobs.setdefault(j, []).append(draw)
+            elif params.greedy and params.logprobs is None:
+                sampled[position[id(item)]] = argmax[row]
             else:
-                draw = sample_row(logits[row], group.params, group.generators[index])
-                group.logprobs.setdefault(index, []).append(draw)
+                draw = sample_row(logits[row], params, group.generators[index])
                 sampled[position[id(item)]] = draw.token
+                if params.logprobs is not None:
+                    group.logprobs.setdefault(index, []).append(draw)
 
     def _record(self, out: SchedulerOutput, result, scheduled_at: float, now: float) -> list[RequestOutput]:
         for child in result.forked:

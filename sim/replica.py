@@ -177,10 +177,8 @@ class Replica:
         running = sched.running
         if not running or len(sched.waiting) or sched.swapped:
             return []  # cheap exits first: an admission or swap-in is due
-        if any(r.num_computed_tokens < r.prompt_len or r.num_output_tokens + 1 >= r.max_tokens for r in running):
-            # A one-token prefill chunk looks like decode to the horizon but is priced as prefill; a request
-            # finishing in the next step leaves no horizon (checked here before any pricing).
-            return []
+        if any(r.num_computed_tokens < r.prompt_len for r in running):
+            return []  # a one-token prefill chunk looks like decode to the horizon but is priced as prefill
         arrival = self.next_arrival(self.index)
         sample = self.next_sample_s if self.sample_interval_s else math.inf
         bound = min(arrival, sample)
@@ -192,6 +190,7 @@ class Replica:
         k = decode_horizon(sched, limit)
         if k <= 0:
             return []
+        soonest = min(r.max_tokens - r.num_output_tokens for r in running)  # the step with the first completion
         features = decode_stretch_features(contexts, k, self.block_size)
         times = self.cost.step_times(features).tolist()
         ends, clock = [], self.clock
@@ -202,16 +201,18 @@ class Replica:
                 # The step that runs across the bound may join the stretch: a sample is taken after it anyway,
                 # and an arrival during it sees the same counts and block usage - only its prefix-cache
                 # registrations would show early, which matters to a router that reads the cache.
-                if clock >= arrival and not self.cross_arrivals:
-                    ends.pop()
+                if clock >= arrival and (not self.cross_arrivals or len(ends) == soonest):
+                    ends.pop()  # the arrival must not see this step's completions (step-by-step would not)
                 break
         k = len(ends)
         if k == 0:
             return []
         for usage, dt in zip(self._usage_during(contexts, features.blocks_touched[:k]), times, strict=False):
             self._account(usage, dt)
-        advance_decode(sched, k)
+        finished = advance_decode(sched, k)
         self._stamp_stretch(running, ends)
+        for request in finished:  # completions happen only in the stretch's last step
+            self._close(request, ends[-1])
         self.clock = ends[-1]
         self.num_fast_steps += k
         return ends

@@ -82,6 +82,30 @@ class BlockPool:
         block.ref_cnt = 1
         return block
 
+    def allocate_many(self, n: int) -> list[KVBlock]:
+        """`n` blocks, exactly those (and in the order) that n calls of `allocate` would return."""
+        empty = self._empty
+        take = min(n, len(empty))
+        blocks = empty[len(empty) - take:][::-1]  # the stack's top first, as pop() would
+        del empty[len(empty) - take:]
+        for block in blocks:
+            block.ref_cnt = 1
+        blocks.extend(self.allocate() for _ in range(n - take))
+        return blocks
+
+    def release_all(self, blocks: list[KVBlock | None]) -> None:
+        """Release `blocks` last to first (a request's table: tail first), skipping holes."""
+        empty, policy = self._empty, self.policy
+        for block in reversed(blocks):
+            if block is None:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.key is not None:
+                    policy.insert(block)
+                else:
+                    empty.append(block)
+
     def acquire(self, block: KVBlock) -> None:
         """Take one more reference to a cached block (a prefix hit)."""
         if block.ref_cnt == 0:

@@ -133,10 +133,10 @@ class KVCacheManager:
             table[start // bs] = copy
             ids[start // bs] = copy.block_id
             copies = ((shared_tail.block_id, copy.block_id),)
-        for _ in range(new_blocks):
-            block = pool.allocate()
-            table.append(block)
-            ids.append(block.block_id)
+        if new_blocks > 0:
+            blocks = pool.allocate_many(new_blocks)
+            table.extend(blocks)
+            ids.extend([block.block_id for block in blocks])
         return copies
 
     def _take_hits(self, request: Request, hits: list[KVBlock], table: list, ids: list[int]) -> None:
@@ -157,15 +157,10 @@ class KVCacheManager:
         table = self.tables.pop(rid, None)
         if table is not None:
             del self.block_ids[rid]
-            release = self.pool.release
-            for block in reversed(table):
-                if block is not None:
-                    release(block)
+            self.pool.release_all(table)
         cpu_table = self.cpu_tables.pop(rid, None)
         if cpu_table is not None:
-            for block in reversed(cpu_table):
-                if block is not None:
-                    self.cpu_pool.release(block)
+            self.cpu_pool.release_all(cpu_table)
         request.num_hashed_blocks = 0
 
     def fork(self, parent: Request, child: Request) -> bool:

@@ -69,11 +69,26 @@ def test_fast_path_equals_step_by_step(seed, block_size):
     assert fast_steps > 100, "the workload never exercised the fast path"
 
 
-def test_horizon_stops_before_any_completion_and_before_running_out_of_empty_blocks():
+def test_horizon_ends_at_the_first_completion_and_before_running_out_of_empty_blocks():
     sched = make_scheduler(block_size=4, num_blocks=8, budget=64, max_model_len=32)
     sched.add_request(make_request("a", prompt_len=3, max_tokens=10))
     sched.add_request(make_request("b", prompt_len=3, max_tokens=5))
     sched.update(sched.schedule())  # both prefilled, one token each
-    assert decode_horizon(sched, 100) == 3  # b's 5th token would finish it: at most 3 more without finishing
+    assert decode_horizon(sched, 100) == 4  # b's 5th token finishes it: the stretch ends with that step
+    assert decode_horizon(sched, 2) == 2
+    finished = advance_decode(sched, 4)
+    assert [r.request_id for r in finished] == ["b"] and finished[0].finish_reason == "length"
+    assert [r.request_id for r in sched.running] == ["a"] and "b" not in sched.kv.tables
+    # a holds 8 tokens in 2 blocks, with 6 blocks empty: 7 more decode steps fit, the 9th token needs block 3
+    assert decode_horizon(sched, 100) == 5  # a finishes at its 10th token, 5 steps on
     sched.add_request(make_request("c", prompt_len=3, max_tokens=5))
     assert decode_horizon(sched, 100) == 0  # someone is waiting: admissions are events
+
+
+def test_horizon_is_bounded_by_the_empty_blocks():
+    sched = make_scheduler(block_size=4, num_blocks=9, budget=64, max_model_len=36)
+    for rid in "abc":
+        sched.add_request(make_request(rid, prompt_len=4, max_tokens=30))
+    sched.update(sched.schedule())  # 3 blocks used (4 tokens each, all full): 6 empty blocks
+    # every request needs a new block at each of its next steps 0, 4, 8: 6 blocks last exactly 8 steps
+    assert decode_horizon(sched, 100) == 8
