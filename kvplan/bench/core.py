@@ -33,6 +33,9 @@ def memory_efficiency(allocator: str, block_size: int, lengths: list[tuple[int, 
             samples += 1
             batch += len(sched.running)
         sched.update(step)
+    if not samples:
+        raise ValueError(f"--requests: {len(lengths)} requests never filled the {num_slots} KV slots of the "
+                         f"{allocator} allocator, so there is no saturated step to measure; use more requests")
     means = {k: v / samples for k, v in sums.items()}
     allocated = means["token_states"] + means["reserved_unused"] + means["internal_fragmentation"]
     means["kv_token_utilization"] = means["token_states"] / allocated

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from kvplan.output import format_table, print_json, write_atomic
@@ -65,13 +66,23 @@ def register(verbs: argparse._SubParsersAction) -> None:
     trace_load.set_defaults(handler=_bench_traces)
 
 
+def _report(args: argparse.Namespace, result: dict, show: Callable[[dict], None]) -> int:
+    """One JSON object with --json, else the human-readable form."""
+    if args.json:
+        print_json(result)
+    else:
+        show(result)
+    return 0
+
+
 def _bench_core(args: argparse.Namespace) -> int:
     from kvplan.bench import core
 
     result = core.run(args.requests, args.seed)
-    if args.json:
-        print_json(result)
-        return 0
+    return _report(args, result, _show_core)
+
+
+def _show_core(result: dict) -> None:
     w = result["workload"]
     print(f"Memory: {w['requests']} ShareGPT-like requests (mean prompt {w['mean_prompt']:.0f}, output "
           f"{w['mean_output']:.0f}, max {w['max_len']}), {w['kv_slots']} KV token slots, averaged over steps\n")
@@ -87,16 +98,16 @@ def _bench_core(args: argparse.Namespace) -> int:
         ["256 (token ids)", c["decode_cycle_256_token_ids_ms"], c["decode_cycle_256_token_ids_vs_budget"]],
         ["1024", c["decode_cycle_1024_ms"], c["decode_cycle_1024_vs_budget"]],
     ]))
-    return 0
 
 
 def _bench_engine(args: argparse.Namespace) -> int:
     from kvplan.bench import engine
 
     result = engine.run(args.dtype, args.requests)
-    if args.json:
-        print_json(result)
-        return 0
+    return _report(args, result, _show_engine)
+
+
+def _show_engine(result: dict) -> None:
     print(f"{result['requests']} requests, {result['useful_tokens']} useful output tokens, {result['model']} "
           f"({result['dtype']}, {result['threads']} threads)\n")
     rows = [[name, r["seconds"], r["useful_tokens_per_s"]] for name, r in result["results"].items()]
@@ -104,16 +115,16 @@ def _bench_engine(args: argparse.Namespace) -> int:
     print(f"\nengine / best static batch: {result['ratio_vs_best_static']:.2f}x   "
           f"engine / generate_batch: {result['ratio_vs_generate_batch']:.2f}x   "
           f"KV token utilization (block 16): {result['results']['engine']['kv_token_utilization']:.3f}")
-    return 0
 
 
 def _bench_sim(args: argparse.Namespace) -> int:
     from kvplan.bench import sim
 
     result = sim.run(args.data or sim.DATA_DIR, args.requests, args.replicas, seed=args.seed)
-    if args.json:
-        print_json(result)
-        return 0
+    return _report(args, result, _show_sim)
+
+
+def _show_sim(result: dict) -> None:
     az, syn = result["azure_conv"], result["synthetic"]
     if az.get("skipped"):
         print(f"Azure conversation trace: skipped - {az['reason']}")
@@ -128,7 +139,6 @@ def _bench_sim(args: argparse.Namespace) -> int:
           f"{syn['arrival_rate']:.0f} req/s: simulated {syn['simulated_s']:.0f} s in {syn['wall_s']:.1f} s wall "
           f"({syn['speedup']:.0f}x); peak resident memory {result['peak_rss_mb']:.0f} MB")
     print(_summary_table(syn["summary"]))
-    return 0
 
 
 def _summary_table(summary: dict) -> str:
@@ -142,21 +152,18 @@ def _bench_kernels(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():
         reason = "no CUDA GPU: the kernel benchmark measures GPU HBM bandwidth, so nothing was measured"
-        if args.json:
-            print_json({"skipped": True, "reason": reason})
-        else:
-            print(f"kvplan bench kernels: {reason}")
-        return 0
+        return _report(args, {"skipped": True, "reason": reason}, lambda r: print(f"kvplan bench kernels: {reason}"))
     from kvplan.bench import kernels
 
     result = kernels.run(torch.device("cuda"), peak_override=args.peak_gbps)
     write_atomic(args.csv, kernels.to_csv(result))
     result["csv"] = str(args.csv)
-    if args.json:
-        print_json(result)
-        return 0
+    return _report(args, result, _show_kernels)
+
+
+def _show_kernels(result: dict) -> None:
     print(f"{result['device']} ({result['num_sms']} SMs), peak HBM {result['peak_gbps']} GB/s "
-          f"({result['peak_source']}); grid written to {args.csv}\n")
+          f"({result['peak_source']}); grid written to {result['csv']}\n")
     print(format_table(
         ["kind", "batch", "context", "block", "splits", "ms", "sdpa_ms", "GB/s", "of_peak", "vs_sdpa",
          "TFLOP/s", "max_diff"],
@@ -169,16 +176,16 @@ def _bench_kernels(args: argparse.Namespace) -> int:
               f"{t['frac_peak'] or 0:.1%} of peak (goal >= {t['min_frac_peak']:.0%}: "
               f"{'met' if t['frac_peak_ok'] else 'not met'}), {t['vs_sdpa']:.2f}x SDPA time "
               f"(goal <= {t['max_vs_sdpa']}x: {'met' if t['vs_sdpa_ok'] else 'not met'})")
-    return 0
 
 
 def _bench_traces(args: argparse.Namespace) -> int:
     from kvplan.bench import traces
 
     result = traces.run(args.rows, args.seed)
-    if args.json:
-        print_json(result)
-        return 0
+    return _report(args, result, _show_traces)
+
+
+def _show_traces(result: dict) -> None:
     print(f"{result['rows']} requests per file (seed {result['seed']}); budgets: load <= "
           f"{result['load_budget_s']:g} s, held <= {result['memory_budget_bytes'] / 1e9:g} GB; peak RSS: "
           f"{result['peak_rss_method']}\n")
@@ -190,4 +197,3 @@ def _bench_traces(args: argparse.Namespace) -> int:
           r["seconds_vs_budget"],
           r["memory_bytes"] / mb, r["memory_vs_budget"], r["peak_rss_increase_bytes"] / mb, r["peak_rss_vs_budget"]]
          for name, r in result["loads"].items()]))
-    return 0
