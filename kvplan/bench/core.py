@@ -9,13 +9,15 @@ import time
 from engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request, memory_breakdown
 from kvplan.bench.workloads import sharegpt_like
 
+SATURATED_USAGE = 0.9  # a step counts as memory-bound when requests wait and this much KV memory is taken
 CYCLE_BUDGET_S = 1e-3  # DESIGN.md: one schedule+update cycle with 256 running decodes <= 1 ms
 
 
 def memory_efficiency(allocator: str, block_size: int, lengths: list[tuple[int, int]], num_slots: int,
                       max_model_len: int, sample_every: int = 4) -> dict[str, float]:
     """Replay the requests (all queued at t=0) to completion and average the memory breakdown over the
-    saturated steps (requests still waiting for memory), which is where the allocator decides capacity."""
+    saturated steps (requests waiting while at least 90% of the memory is taken), which is where the allocator
+    decides capacity."""
     blocks = num_slots // block_size
     sched = Scheduler(CacheConfig(block_size=block_size, num_blocks=blocks, allocator=allocator,
                                   enable_prefix_caching=False, max_model_len=max_model_len, watermark=0.0),
@@ -27,7 +29,7 @@ def memory_efficiency(allocator: str, block_size: int, lengths: list[tuple[int, 
     samples = batch = 0
     while sched.has_unfinished():
         step = sched.schedule()
-        if step.step_id % sample_every == 0 and len(sched.waiting):
+        if step.step_id % sample_every == 0 and len(sched.waiting) and sched.kv.usage() >= SATURATED_USAGE:
             for key, value in memory_breakdown(sched.kv, sched.running).as_dict().items():
                 sums[key] += value
             samples += 1
