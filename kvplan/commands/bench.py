@@ -12,25 +12,23 @@ from kvplan.output import format_table, print_json, write_atomic
 def register(verbs: argparse._SubParsersAction) -> None:
     parser = verbs.add_parser("bench", help="run a benchmark", description=__doc__)
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
-    core = targets.add_parser("core", help="serving core: memory efficiency and scheduler cycle time",
-                              description="Paged allocation vs contiguous reservation (Max, Pow2, Oracle) on a "
-                                          "ShareGPT-like workload, and the wall time of one schedule+update "
-                                          "cycle with 256 and 1024 running decode requests.")
+    core = _target(targets, _bench_core, "core", help="serving core: memory efficiency and scheduler cycle time",
+                   description="Paged allocation vs contiguous reservation (Max, Pow2, Oracle) on a ShareGPT-like "
+                               "workload, and the wall time of one schedule+update cycle with 256 and 1024 running "
+                               "decode requests.")
     core.add_argument("--requests", type=int, default=600, help="requests in the memory workload (default 600)")
     core.add_argument("--seed", type=int, default=0)
-    core.add_argument("--json", action="store_true", help="print one JSON object")
-    core.set_defaults(handler=_bench_core)
-    engine = targets.add_parser("engine", help="live engine vs HF generate (static batches) and generate_batch",
-                                description="The mixed workload (64 requests, prompts 32-512, outputs 16-256 tokens) "
-                                            "on a random ~100M-parameter Llama: useful output tokens/s of the engine, "
-                                            "HF generate with static batches of 8 and 16, and HF continuous "
-                                            "batching, plus the engine's KV token utilization. Takes minutes on CPU.")
+    engine = _target(targets, _bench_engine, "engine",
+                     help="live engine vs HF generate (static batches) and generate_batch",
+                     description="The mixed workload (64 requests, prompts 32-512, outputs 16-256 tokens) on a random "
+                                 "~100M-parameter Llama: useful output tokens/s of the engine, HF generate with "
+                                 "static batches of 8 and 16, and HF continuous batching, plus the engine's KV "
+                                 "token utilization. Takes minutes on CPU.")
     engine.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     engine.add_argument("--requests", type=int, default=64)
-    engine.add_argument("--json", action="store_true", help="print one JSON object")
-    engine.set_defaults(handler=_bench_engine)
-    sim = targets.add_parser(
-        "sim", help="simulator speed: the Azure conversation trace vs real time, a million requests on 16 replicas",
+    sim = _target(
+        targets, _bench_sim, "sim",
+        help="simulator speed: the Azure conversation trace vs real time, a million requests on 16 replicas",
         description="Replays the one-hour Azure LLM conversation trace (2023, 19,366 requests; read from "
                     "../shared/data, reported as skipped when missing) on one replica of llama-3-8b on h100-sxm and "
                     "prints simulated seconds per wall second (target >= 1000x) and the summary; then a seeded "
@@ -40,30 +38,33 @@ def register(verbs: argparse._SubParsersAction) -> None:
     sim.add_argument("--requests", type=int, default=1_000_000, help="synthetic requests (default 1,000,000)")
     sim.add_argument("--replicas", type=int, default=16, help="replicas for the synthetic run (default 16)")
     sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--json", action="store_true", help="print one JSON object")
-    sim.set_defaults(handler=_bench_sim)
-    kernels = targets.add_parser(
-        "kernels", help="paged Triton kernels vs torch SDPA (needs a CUDA GPU)",
+    kernels = _target(
+        targets, _bench_kernels, "kernels", help="paged Triton kernels vs torch SDPA (needs a CUDA GPU)",
         description="Paged decode and prefill attention over a grid of batch sizes, context lengths and "
                     "block sizes 8-128, against torch SDPA on a contiguous cache: time, achieved HBM "
                     "bandwidth, fraction of the device's peak, and the ratio to SDPA. Writes the grid as CSV "
                     "for calibration. Without a CUDA GPU it says so and exits 0.")
-    kernels.add_argument("--json", action="store_true", help="print one JSON object")
     kernels.add_argument("--csv", type=Path, default=Path("results/bench_kernels.csv"),
                          help="where to write the grid (default results/bench_kernels.csv)")
     kernels.add_argument("--peak-gbps", type=float, default=None,
                          help="peak HBM bandwidth in GB/s, overriding the built-in table of devices")
-    kernels.set_defaults(handler=_bench_kernels)
-    trace_load = targets.add_parser(
-        "traces", help="loading a 1M-request trace against the 10 s / 1 GB budgets",
+    trace_load = _target(
+        targets, _bench_traces, "traces", help="loading a 1M-request trace against the 10 s / 1 GB budgets",
         description="Generate (seeded, in a temporary directory) an Azure-2023-layout CSV and a Mooncake-like "
                     "JSONL with 512-token hash_ids, load each with traces.load in a fresh process, and report "
                     "rows/s, wall seconds, the loaded Trace's array bytes and the load's peak RSS increase "
                     "(VmHWM), with ratios to the budgets (10 s, 1 GB).")
     trace_load.add_argument("--rows", type=int, default=1_000_000, help="requests per file (default 1000000)")
     trace_load.add_argument("--seed", type=int, default=0)
-    trace_load.add_argument("--json", action="store_true", help="print one JSON object")
-    trace_load.set_defaults(handler=_bench_traces)
+
+
+def _target(targets: argparse._SubParsersAction, handler: Callable[[argparse.Namespace], int], name: str,
+            **kwargs: str) -> argparse.ArgumentParser:
+    """A benchmark target: every one prints one JSON object with --json."""
+    parser = targets.add_parser(name, **kwargs)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 def _report(args: argparse.Namespace, result: dict, show: Callable[[dict], None]) -> int:
