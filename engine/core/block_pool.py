@@ -95,16 +95,10 @@ class BlockPool:
 
     def release_all(self, blocks: list[KVBlock | None]) -> None:
         """Release `blocks` last to first (a request's table: tail first), skipping holes."""
-        empty, policy = self._empty, self.policy
+        release = self.release
         for block in reversed(blocks):
-            if block is None:
-                continue
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                if block.key is not None:
-                    policy.insert(block)
-                else:
-                    empty.append(block)
+            if block is not None:
+                release(block)
 
     def acquire(self, block: KVBlock) -> None:
         """Take one more reference to a cached block (a prefix hit)."""
