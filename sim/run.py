@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from engine.core import CacheConfig, ConfigError, SchedulerConfig
+from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
 from sim.cluster import Cluster
 from sim.cost import CostModel
 from sim.cost.analytic import AnalyticCost, kv_capacity_blocks
@@ -113,9 +113,6 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
                          "--num-blocks")
     sched = SchedulerConfig(spec.max_num_batched_tokens, spec.max_num_seqs, spec.enable_chunked_prefill,
                             spec.policy, spec.preemption_mode, spec.victim_policy)
-    if not spec.enable_chunked_prefill and int(trace.prompt_tokens.max()) > spec.max_num_batched_tokens:
-        raise ValueError(f"--max-num-batched-tokens: {spec.max_num_batched_tokens} cannot hold the trace's longest "
-                         f"prompt ({int(trace.prompt_tokens.max())} tokens) with chunked prefill off")
     try:
         cache = CacheConfig(spec.block_size, num_blocks, spec.num_cpu_blocks, spec.enable_prefix_caching,
                             spec.eviction_policy, spec.allocator, max_len, spec.sink_tokens, spec.window_tokens,
@@ -125,6 +122,12 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
             raise ConfigError(f"KV capacity of {num_blocks} blocks ({spec.model} on {spec.hardware}, block size "
                               f"{spec.block_size}) cannot hold one request of the trace: {exc}") from None
         raise
+    # The core's own admission rule decides whether the longest prompt could ever be scheduled (a token budget
+    # too small with chunked prefill off, a first chunk larger than the watermark leaves).
+    probe = make_request("longest-prompt", prompt_len=int(trace.prompt_tokens.max()), max_tokens=1)
+    reason = Scheduler(cache, sched).rejection_reason(probe)
+    if reason is not None:
+        raise ValueError(f"the trace's longest prompt can never be scheduled with this configuration: {reason}")
     return cache, sched
 
 
