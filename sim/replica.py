@@ -7,9 +7,10 @@ hands them over (mid-step, exactly as a live engine's queue) and are first sched
 Decode fast path: when `decode_horizon` says the next k steps are pure decode with nothing else happening, the
 replica prices all k steps in one vectorised call, keeps those that start before the next arrival this replica
 may receive (any arrival, as a router may send it here; under round robin, its own next one) and before the
-next time-series sample, applies them with `advance_decode`, and stamps tokens with the same step-end times that
-k single steps produce. The step running across an arrival may join the stretch unless the router reads the
-prefix cache (that step's cache registrations would show before the arrival).
+next time-series sample, applies them with `advance_decode`, and stamps tokens and completions with the same
+step-end times that k single steps produce. Requests that reach their output budget finish inside the stretch.
+The step running across an arrival may join the stretch unless a request finishes in it or the router reads the
+prefix cache (either would show before the arrival).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from sim.cost.features import decode_stretch_features, first_decode_features
 from sim.metrics import ItlLog, RequestLog
 
 NAN = math.nan
-FAST_PATH_CAP = 1 << 14  # most steps priced in one stretch
+FAST_PATH_CELLS = 1 << 20  # most (request, step) pairs priced in one stretch
 SERIES_COLUMNS = ("replica", "time_s", "running", "waiting", "swapped", "kv_usage", "num_cached_free_blocks",
                   "token_states", "reserved_unused", "internal_fragmentation", "external_fragmentation", "free")
 
@@ -177,21 +178,25 @@ class Replica:
         running = sched.running
         if not running or len(sched.waiting) or sched.swapped:
             return []  # cheap exits first: an admission or swap-in is due
-        if any(r.num_computed_tokens < r.prompt_len for r in running):
-            return []  # a one-token prefill chunk looks like decode to the horizon but is priced as prefill
+        contexts, remaining = [], []
+        for r in running:
+            if r.num_computed_tokens < r.prompt_len:
+                return []  # a one-token prefill chunk looks like decode to the horizon but is priced as prefill
+            contexts.append(r.num_computed_tokens + 1)
+            remaining.append(r.max_tokens - r.num_output_tokens)
         arrival = self.next_arrival(self.index)
         sample = self.next_sample_s if self.sample_interval_s else math.inf
         bound = min(arrival, sample)
-        contexts = np.fromiter((r.num_computed_tokens + 1 for r in running), dtype=np.int64, count=len(running))
-        limit = FAST_PATH_CAP
+        limit = max(FAST_PATH_CELLS // len(running), 1)
         if not math.isinf(bound):  # ask only for about as many steps as fit before the bound
             first = self.cost.step_times(first_decode_features(contexts, self.block_size))
-            limit = min(limit, int((bound - self.clock) / first) + 2)
+            # Completions make later steps shorter than the first: ask for a quarter more.
+            limit = min(limit, int((bound - self.clock) / first * 1.25) + 2)
         k = decode_horizon(sched, limit)
         if k <= 0:
             return []
-        soonest = min(r.max_tokens - r.num_output_tokens for r in running)  # the step with the first completion
-        features = decode_stretch_features(contexts, k, self.block_size)
+        remaining_steps = np.array(remaining, dtype=np.int64)
+        features = decode_stretch_features(np.array(contexts, dtype=np.int64), remaining_steps, k, self.block_size)
         times = self.cost.step_times(features).tolist()
         ends, clock = [], self.clock
         for dt in times:
@@ -199,53 +204,45 @@ class Replica:
             ends.append(clock)
             if clock >= bound:
                 # The step that runs across the bound may join the stretch: a sample is taken after it anyway,
-                # and an arrival during it sees the same counts and block usage - only its prefix-cache
-                # registrations would show early, which matters to a router that reads the cache.
-                if clock >= arrival and (not self.cross_arrivals or len(ends) == soonest):
-                    ends.pop()  # the arrival must not see this step's completions (step-by-step would not)
+                # and an arrival during it sees the same counts and block usage - unless a request finishes in
+                # it (step by step, its completion would show only after the arrival), or the router reads the
+                # prefix cache (the step's cache registrations would show early).
+                if clock >= arrival and (not self.cross_arrivals or len(ends) in remaining):
+                    ends.pop()
                 break
         k = len(ends)
         if k == 0:
             return []
-        for usage, dt in zip(self._usage_during(contexts, features.blocks_touched[:k]), times, strict=False):
-            self._account(usage, dt)
-        finished = advance_decode(sched, k)
-        self._stamp_stretch(running, ends)
-        for request in finished:  # completions happen only in the stretch's last step
-            self._close(request, ends[-1])
+        usage: list[float] = []
+        finished = advance_decode(sched, k, usage)
+        for used, dt in zip(usage, times, strict=False):
+            self._account(used, dt)
+        self._stamp_stretch(running, remaining, ends, features.num_requests)
+        for step, request in finished:
+            self._close(request, ends[step])
         self.clock = ends[-1]
         self.num_fast_steps += k
         return ends
 
-    def _usage_during(self, contexts: np.ndarray, blocks_touched: np.ndarray) -> list[float]:
-        pool = getattr(self.sched.kv, "pool", None)
-        if pool is None:  # contiguous reservation: decode allocates nothing
-            return [self.sched.kv.usage()] * len(blocks_touched)
-        # Blocks in use during step j: those before the stretch plus what the tables grew by, which is the
-        # blocks touched in step j minus the blocks the tables held before (every new block is private).
-        held = int((-(-(contexts - 1) // self.block_size)).sum())
-        total = pool.num_blocks
-        return [used / total for used in (pool.num_used - held + blocks_touched).tolist()]
-
-    def _stamp_stretch(self, running: list[Request], ends: list[float]) -> None:
-        tracks = self.tracks
-        for request in running:
+    def _stamp_stretch(self, running: list[Request], remaining: list[int], ends: list[float],
+                       alive: np.ndarray) -> None:
+        """Token times of a stretch: request i samples at the end of each of its min(remaining[i], k) steps;
+        alive[j] requests sample in step j."""
+        k = len(ends)
+        widest = [0.0] * k  # widest[j]: the widest gap between consecutive step ends up to step j
+        for j in range(1, k):
+            gap = ends[j] - ends[j - 1]
+            self.itl.add(gap, int(alive[j]))
+            widest[j] = gap if gap > widest[j - 1] else widest[j - 1]
+        tracks, first = self.tracks, ends[0]
+        for request, steps in zip(running, remaining, strict=True):
+            last = min(steps, k) - 1
             track = tracks[request.request_id]
-            self._gap(track, ends[0])
-            track.last_token_s = ends[-1]
+            self._gap(track, first)
+            track.last_token_s = ends[last]
+            if widest[last] > track.itl_max_s:
+                track.itl_max_s = widest[last]
         self._flush_gaps()
-        if len(ends) > 1:
-            widest = 0.0
-            prev = ends[0]
-            for end in ends[1:]:
-                gap = end - prev
-                self.itl.add(gap, len(running))
-                widest = gap if gap > widest else widest
-                prev = end
-            for request in running:
-                track = tracks[request.request_id]
-                if widest > track.itl_max_s:
-                    track.itl_max_s = widest
 
     # -- time series ---------------------------------------------------------------------------------------
     def _sample(self) -> None:

@@ -93,12 +93,18 @@ class BlockPool:
         blocks.extend(self.allocate() for _ in range(n - take))
         return blocks
 
-    def release_all(self, blocks: list[KVBlock | None]) -> None:
-        """Release `blocks` last to first (a request's table: tail first), skipping holes."""
-        release = self.release
-        for block in reversed(blocks):
+    def release_all(self, blocks: list[KVBlock | None] | tuple[KVBlock, ...]) -> None:
+        """Drop one reference to each of `blocks`, last to first (a request's table: tail first), skipping
+        holes. A block whose last reference goes becomes cached free when keyed, else empty."""
+        empty, insert = self._empty, self.policy.insert
+        for block in reversed(blocks):  # inlined, not a loop over `release`: a finishing request frees ~100
             if block is not None:
-                release(block)
+                block.ref_cnt -= 1
+                if block.ref_cnt == 0:
+                    if block.key is not None:
+                        insert(block)
+                    else:
+                        empty.append(block)
 
     def acquire(self, block: KVBlock) -> None:
         """Take one more reference to a cached block (a prefix hit)."""
@@ -112,12 +118,7 @@ class BlockPool:
         block.ref_cnt += 1
 
     def release(self, block: KVBlock) -> None:
-        block.ref_cnt -= 1
-        if block.ref_cnt == 0:
-            if block.key is not None:
-                self.policy.insert(block)
-            else:
-                self._empty.append(block)
+        self.release_all((block,))
 
     def register(self, block: KVBlock, key: int) -> bool:
         """Enter a full, in-use block under `key`. False when caching is off or another block holds the key

@@ -1,12 +1,17 @@
 """Batched advance of a pure-decode stretch: k scheduler cycles in one call, for the simulator.
 
 When every running request is decoding one token per step and nothing else can happen - no arrival (the caller
-bounds k by the next one), nobody waiting or swapped out, no completion before the last of the k steps, no
-copy-on-write, no block allocation beyond the empty blocks (so no eviction and no allocation failure), no sliding
-window - then k cycles of `schedule()` + `update()` are predictable. `advance_decode` applies them in one pass
-and leaves exactly the state k single cycles would leave: the same block ids (allocations replayed in step
-order, then request order), the same prefix-cache registrations and, in the last step, the same completions in
-the same order (the eviction policies see the same sequence), the same counts.
+bounds k by the next one), nobody waiting or swapped out, no copy-on-write, no block allocation beyond the empty
+blocks (so no eviction and no allocation failure), no sliding window - then k cycles of `schedule()` + `update()`
+are predictable, completions included: a request that reaches its output budget finishes in its step and the
+others go on decoding. `advance_decode` applies the k cycles in one pass and leaves exactly the state k single
+cycles would leave: the same block ids (allocations replayed in step order, then request order), the same
+prefix-cache registrations and completions in the same order (the eviction policies see the same sequence), the
+same counts. Blocks a completion frees only add to the empty ones, so the horizon need not count them::
+
+    step        0    1    2    3    4
+    request a   ▪    ▪    ▪    ▪    ▪      allocate / register / finish events, replayed sorted by
+    request b   ▪    ▪    ✓               (step, schedule-before-update, running order, register-before-finish)
 """
 
 from __future__ import annotations
@@ -29,15 +34,14 @@ def decode_horizon(sched: Scheduler, limit: int) -> int:
         return 0
     if sched.cache_config.windowed or len(sched.running) > sched.config.max_num_batched_tokens:
         return 0
-    k = limit
+    longest = 0
     for request in sched.running:
         if request.token_ids is not None or request.num_tokens_to_compute != 1:
             return 0  # the engine samples real tokens (stop tokens possible); only count-only runs qualify
         if request.n > 1 and not request.forked:
             return 0
-        k = min(k, request.max_tokens - request.num_output_tokens)  # completions only in the last step
-    if k <= 0:
-        return 0
+        longest = max(longest, request.max_tokens - request.num_output_tokens)
+    k = min(limit, longest)  # past the longest remaining output nobody is left to step
     pool = getattr(sched.kv, "pool", None)
     if pool is None:  # contiguous reservation: decode never allocates
         return k
@@ -63,33 +67,49 @@ def decode_horizon(sched: Scheduler, limit: int) -> int:
 
 
 def _blocks_needed(sched: Scheduler, k: int) -> int:
-    bs = sched.block_size
-    # Positions pos .. pos+k-1 are written; a block starts at every multiple of bs among them.
-    return sum((r.num_computed_tokens + k - 1) // bs - (r.num_computed_tokens - 1) // bs for r in sched.running)
+    bs, total = sched.block_size, 0
+    for r in sched.running:
+        # Positions pos .. pos+n-1 are written (n: the steps before it finishes); a block starts at every
+        # multiple of bs among them.
+        pos, n = r.num_computed_tokens, min(k, r.max_tokens - r.num_output_tokens)
+        total += (pos + n - 1) // bs - (pos - 1) // bs
+    return total
 
 
-def advance_decode(sched: Scheduler, k: int) -> list[Request]:
-    """Apply k pure-decode cycles at once (k from `decode_horizon`); returns the requests that finished in the
-    last of them, in the order `update()` would have finished them."""
+def advance_decode(sched: Scheduler, k: int, usage: list[float] | None = None) -> list[tuple[int, Request]]:
+    """Apply k pure-decode cycles at once (k from `decode_horizon`). Returns the requests that finished, each
+    with the step (0-based) it finished in, in the order `update()` would have finished them. `usage`, when
+    given, receives the KV usage while each step runs (after its allocations, before its completions)."""
     if k <= 0:
         return []
     running = sched.running
-    for request in running:
-        request.num_computed_tokens += k
-        request.num_output_tokens += k
-    finishing = [idx for idx, r in enumerate(running) if r.num_output_tokens >= r.max_tokens]
+    steps = [min(k, r.max_tokens - r.num_output_tokens) for r in running]  # each request's steps in the stretch
+    for request, n in zip(running, steps, strict=True):
+        request.num_computed_tokens += n
+        request.num_output_tokens += n
     pool = getattr(sched.kv, "pool", None)
-    events = _block_events(sched, pool, k) if pool is not None else []
-    events += [(k - 1, UPDATE, idx, FINISH, 0) for idx in finishing]
+    events = _block_events(sched, pool, steps) if pool is not None else []
+    events += [(n - 1, UPDATE, idx, FINISH, 0) for idx, (request, n) in enumerate(zip(running, steps, strict=True))
+               if request.num_output_tokens >= request.max_tokens]
     events.sort()
-    result = UpdateOutput()
-    tables, ids = sched.kv.tables, sched.kv.block_ids
-    for _, phase, idx, kind, j in events:
+    result, finished = UpdateOutput(), []
+    kv = sched.kv
+    tables, ids = kv.tables, kv.block_ids
+    # Usage changes only at events: count allocations (all from the empty stack), re-read it after completions.
+    now, recorded = kv.usage(), 0  # `recorded`: steps whose usage is in `usage`
+    used, total = (pool.num_used, pool.num_blocks) if pool is not None else (0, 1)
+    for t, phase, idx, kind, j in events:
+        # An allocation in step t closes steps < t; an update closes step t (ALLOCATE = 0, UPDATE = 1).
+        if usage is not None and recorded < t + phase:
+            usage.extend([now] * (t + phase - recorded))
+            recorded = t + phase
         request = running[idx]
         if phase == ALLOCATE:
             block = pool.allocate()
             tables[request.request_id].append(block)
             ids[request.request_id].append(block.block_id)
+            used += 1
+            now = used / total  # as BlockPool.usage() computes it
         elif kind == REGISTER:
             block = tables[request.request_id][j]
             if block.key is None:
@@ -97,25 +117,30 @@ def advance_decode(sched: Scheduler, k: int) -> list[Request]:
             request.num_hashed_blocks = j + 1
         else:
             sched._finish(request, "length", result)
-    if result.finished:
+            finished.append((t, request))
+            now = kv.usage()
+            used = pool.num_used if pool is not None else 0
+    if usage is not None and recorded < k:
+        usage.extend([now] * (k - recorded))
+    if finished:
         sched.running = [r for r in running if r.status is RequestStatus.RUNNING]
     sched.step_id += k
     sched.stats.num_steps += k
-    return result.finished
+    return finished
 
 
-def _block_events(sched: Scheduler, pool, k: int) -> list[tuple[int, int, int, int, int]]:
-    """(step, phase, running index, kind, logical block) of every allocation and registration in the k steps;
-    the counts were already advanced by k."""
+def _block_events(sched: Scheduler, pool, steps: list[int]) -> list[tuple[int, int, int, int, int]]:
+    """(step, phase, running index, kind, logical block) of every allocation and registration; request i runs
+    steps[i] steps and its counts were already advanced by them."""
     bs, registering = sched.block_size, pool.enable_caching
     events = []
-    for idx, request in enumerate(sched.running):
-        pos = request.num_computed_tokens - k  # before the stretch
+    for idx, (request, n) in enumerate(zip(sched.running, steps, strict=True)):
+        pos = request.num_computed_tokens - n  # before the stretch
         # Step t writes position pos + t; a new block is allocated whenever that position starts one.
-        for start in range(-(-pos // bs) * bs, pos + k, bs):
+        for start in range(-(-pos // bs) * bs, pos + n, bs):
             events.append((start - pos, ALLOCATE, idx, 0, start // bs))
         if registering and request.block_keys is not None:
             # After step t, pos + t + 1 tokens are computed; block e // bs - 1 is full when e = pos + t + 1.
-            for end in range((pos // bs + 1) * bs, pos + k + 1, bs):
+            for end in range((pos // bs + 1) * bs, pos + n + 1, bs):
                 events.append((end - pos - 1, UPDATE, idx, REGISTER, end // bs - 1))
     return events

@@ -46,24 +46,18 @@ def step_features(step, block_size: int, attended_limit: int = 0) -> StepFeature
     return StepFeatures(len(step.scheduled), prefill, attn2, decodes, ctx, ctx_max, blocks)
 
 
-def decode_stretch_features(contexts: np.ndarray, k: int, block_size: int) -> StepFeatures:
-    """Features of k pure-decode steps where request i attends contexts[i] + j tokens in step j (0-based)."""
-    r = len(contexts)
+def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int, block_size: int) -> StepFeatures:
+    """Features of k pure-decode steps where request i attends contexts[i] + j tokens in step j (0-based) and
+    runs remaining[i] steps: a request that finishes drops out of the later steps. Cost O(len(contexts) × k)."""
     steps = np.arange(k, dtype=np.int64)
-    ctx = contexts.astype(np.int64)
-    # Request i reads one more block from step j on when contexts[i] + j - 1 is a multiple of the block size,
-    # i.e. at every step j >= 1 with j = (1 - contexts[i]) mod block_size: count requests per residue.
-    per_residue = np.bincount((1 - ctx) % block_size, minlength=block_size)
-    growth = per_residue[steps % block_size]
-    growth[0] = 0
-    blocks = int((-(-ctx // block_size)).sum()) + np.cumsum(growth)
-    # The features constant over the stretch stay plain ints: numpy broadcasts them, element by element the
-    # same IEEE operations as for a single step.
-    return StepFeatures(r, 0, 0, r, int(ctx.sum()) + r * steps, int(ctx.max()) + steps, blocks)
+    alive = steps < remaining[:, None]  # (request, step)
+    attended = np.where(alive, contexts[:, None] + steps, 0)
+    count = alive.sum(axis=0)
+    blocks = (-(-attended // block_size)).sum(axis=0)
+    return StepFeatures(count, 0, 0, count, attended.sum(axis=0), attended.max(axis=0), blocks)
 
 
-def first_decode_features(contexts: np.ndarray, block_size: int) -> StepFeatures:
+def first_decode_features(contexts: list[int], block_size: int) -> StepFeatures:
     """The first step of `decode_stretch_features` as plain ints (a cheap estimate of the step time)."""
-    r = len(contexts)
-    return StepFeatures(r, 0, 0, r, int(contexts.sum()), int(contexts.max()),
-                        int((-(-contexts // block_size)).sum()))
+    return StepFeatures(len(contexts), 0, 0, len(contexts), sum(contexts), max(contexts),
+                        sum(-(-c // block_size) for c in contexts))

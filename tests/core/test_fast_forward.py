@@ -69,18 +69,23 @@ def test_fast_path_equals_step_by_step(seed, block_size):
     assert fast_steps > 100, "the workload never exercised the fast path"
 
 
-def test_horizon_ends_at_the_first_completion_and_before_running_out_of_empty_blocks():
+def test_stretch_runs_through_completions_and_reports_their_steps():
     sched = make_scheduler(block_size=4, num_blocks=8, budget=64, max_model_len=32)
     sched.add_request(make_request("a", prompt_len=3, max_tokens=10))
     sched.add_request(make_request("b", prompt_len=3, max_tokens=5))
-    sched.update(sched.schedule())  # both prefilled, one token each
-    assert decode_horizon(sched, 100) == 4  # b's 5th token finishes it: the stretch ends with that step
+    sched.update(sched.schedule())  # both prefilled, one token each: a has 9 tokens to go, b 4
+    # 2 blocks used, 6 empty; a writes positions 3..11 (2 new blocks), b positions 3..6 (1 new block)
+    assert decode_horizon(sched, 100) == 9  # nobody is left after a's last token
     assert decode_horizon(sched, 2) == 2
-    finished = advance_decode(sched, 4)
-    assert [r.request_id for r in finished] == ["b"] and finished[0].finish_reason == "length"
+    usage: list[float] = []
+    finished = advance_decode(sched, 6, usage)
+    assert [(step, r.request_id) for step, r in finished] == [(3, "b")]  # b's 5th token, in step 3
+    assert finished[0][1].finish_reason == "length"
     assert [r.request_id for r in sched.running] == ["a"] and "b" not in sched.kv.tables
-    # a holds 8 tokens in 2 blocks, with 6 blocks empty: 7 more decode steps fit, the 9th token needs block 3
-    assert decode_horizon(sched, 100) == 5  # a finishes at its 10th token, 5 steps on
+    # step 0 writes position 3 into the first blocks; step 1 opens both second blocks; b's 2 blocks go free
+    # after step 3; step 5 opens a's third block (position 8)
+    assert usage == [2 / 8, 4 / 8, 4 / 8, 4 / 8, 2 / 8, 3 / 8]
+    assert sched.running[0].num_output_tokens == 7 and decode_horizon(sched, 100) == 3
     sched.add_request(make_request("c", prompt_len=3, max_tokens=5))
     assert decode_horizon(sched, 100) == 0  # someone is waiting: admissions are events
 

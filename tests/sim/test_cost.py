@@ -54,7 +54,7 @@ def test_analytic_decode_step_is_the_roofline_by_hand():
     model, hw = get_model("llama-2-7b"), get_hardware("a100-80gb")
     cost = AnalyticCost(model, hw, 16, compute_efficiency=0.5, memory_efficiency=0.5, step_overhead_s=1e-3,
                         request_overhead_s=1e-4)
-    f = decode_stretch_features(np.array([100, 200]), 1, 16)  # two decodes attending 100 and 200 tokens
+    f = decode_stretch_features(np.array([100, 200]), np.array([5, 5]), 1, 16)  # decodes attending 100 and 200
     blocks = 7 + 13
     traffic = model.weight_bytes + blocks * 16 * 524_288 + 2 * 524_288
     flops = 2 * model.matmul_params * 2 + 4 * 32 * 32 * 128 * 300
@@ -103,11 +103,13 @@ def test_bad_profiles_name_the_key(tmp_path, text, match):
 def test_stretch_features_match_single_steps_of_the_core():
     cache = CacheConfig(block_size=4, num_blocks=200, enable_prefix_caching=False, max_model_len=128)
     sched = Scheduler(cache, SchedulerConfig())
-    for i, prompt in enumerate((5, 9, 30)):
-        sched.add_request(make_request(str(i), prompt_len=prompt, max_tokens=50))
+    for i, (prompt, max_tokens) in enumerate(((5, 50), (9, 4), (30, 9))):  # two finish inside the stretch
+        sched.add_request(make_request(str(i), prompt_len=prompt, max_tokens=max_tokens))
     sched.update(sched.schedule())
     contexts = np.array([r.num_computed_tokens + 1 for r in sched.running])
-    stretch = decode_stretch_features(contexts, 12, 4)
+    remaining = np.array([r.max_tokens - r.num_output_tokens for r in sched.running])
+    stretch = decode_stretch_features(contexts, remaining, 12, 4)
+    assert stretch.num_requests.tolist() == [3, 3, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1]
     for j in range(12):
         out = sched.schedule()
         step = step_features(out, 4)
