@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from engine.attention import register_paged_attention
-from engine.backends import make_backend
+from engine.backends import default_backend, make_backend
 from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
 from engine.core.outputs import SchedulerOutput
 from engine.kv_cache import KVLayout, PagedKVCache
@@ -63,7 +63,7 @@ class LLM:
         self.max_model_len = min(max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
         layout = KVLayout(self.loaded.num_layers, self.loaded.num_kv_heads, self.loaded.head_dim, block_size,
                           self._kv_dtype(kv_cache_dtype, dtype))
-        backend = make_backend(attention_backend or ("triton" if self.device.type == "cuda" else "torch"), self.device)
+        backend = make_backend(attention_backend or default_backend(self.device), self.device)
         num_blocks = self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization, backend,
                                       max_num_batched_tokens)
         num_cpu_blocks = layout.blocks_in(swap_space) if preemption_mode == "swap" else 0

@@ -8,6 +8,8 @@ mask (a query at position p sees keys at positions <= p, within the sinks or the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -18,6 +20,10 @@ DECODE_GROUP = 16  # decodes per gathered batch
 
 class TorchAttentionBackend:
     name = "torch"
+
+    def __init__(self) -> None:
+        self._groups_meta: AttentionMetadata | None = None  # the step `_groups` were built for
+        self._groups: list[DecodeGroup] = []
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
@@ -48,40 +54,61 @@ class TorchAttentionBackend:
         return out
 
 
-    @staticmethod
-    def _decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float, out: torch.Tensor) -> None:
+    def _decode(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
         """Decodes in groups of similar context length, each gathered only up to its own longest context, so a
         few long requests do not make every request pay for padding."""
-        num_blocks, block_size, kv_heads, head_dim = key_cache.shape
+        num_blocks = key_cache.shape[0]
         rows_k, rows_v = key_cache.view(num_blocks, -1), value_cache.view(num_blocks, -1)
-        context = meta.decode_context_lens.long()
-        for rows in torch.argsort(context).split(DECODE_GROUP):
-            width = -(-int(context[rows].max()) // block_size)
-            blocks = meta.decode_block_tables[rows, :width].clamp(min=0).long().reshape(-1)  # holes are masked
-            k = rows_k.index_select(0, blocks).view(len(rows), -1, kv_heads, head_dim)  # [n, keys, Hkv, d]
-            v = rows_v.index_select(0, blocks).view(len(rows), -1, kv_heads, head_dim)
-            mask = meta.decode_key_mask[rows, :width * block_size]
-            out[rows] = _decode_attention(query[rows], k, v, mask, scale)
+        for group in self._decode_groups(meta, key_cache.shape[1]):
+            k = rows_k.index_select(0, group.blocks).view(len(group.rows), -1, *key_cache.shape[2:])
+            v = rows_v.index_select(0, group.blocks).view(len(group.rows), -1, *key_cache.shape[2:])
+            out[group.rows] = _decode_attention(query[group.rows], k, v, group.bias, scale)
+
+    def _decode_groups(self, meta: AttentionMetadata, block_size: int) -> list[DecodeGroup]:
+        """The step's decode groups, built once and reused by every layer."""
+        if self._groups_meta is not meta:
+            self._groups_meta, self._groups = meta, decode_groups(meta, block_size)
+        return self._groups
 
 
-def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+@dataclass(slots=True)
+class DecodeGroup:
+    rows: torch.Tensor  # [n] decode rows in the packed batch
+    blocks: torch.Tensor  # [n * width] int64 physical blocks to gather, row by row (holes read block 0, masked)
+    bias: torch.Tensor  # [n, 1, width * block_size] float32: 0 where the key is visible, -inf elsewhere
+
+
+def decode_groups(meta: AttentionMetadata, block_size: int) -> list[DecodeGroup]:
+    context = meta.decode_context_lens.long()
+    groups = []
+    for rows in torch.argsort(context).split(DECODE_GROUP):
+        width = -(-int(context[rows].max()) // block_size)
+        blocks = meta.decode_block_tables[rows, :width].clamp(min=0).long().reshape(-1)
+        visible = meta.decode_key_mask[rows, :width * block_size]
+        bias = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, float("-inf"))
+        groups.append(DecodeGroup(rows, blocks, bias.unsqueeze(1)))
+    return groups
+
+
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
                       scale: float) -> torch.Tensor:
-    """One query per request: q [B, H, D], k/v [B, keys, Hkv, D] as gathered, mask [B, keys] -> [B, H, D].
+    """One query per request: q [B, H, D], k/v [B, keys, Hkv, D] as gathered, bias [B, 1, keys] -> [B, H, D].
 
     Two batched matmuls straight on the gathered layout, with no permuted copy of K or V: every query head is
     scored against every KV head (H / Hkv times the FLOPs, which are negligible next to reading the cache), and
-    query head h keeps KV head h // (H / Hkv), as HF's repeat_kv pairs them. The softmax runs in float32.
+    query head h keeps KV head h // (H / Hkv), as HF's repeat_kv pairs them. The softmax runs in float32 over
+    the last dimension, and its probabilities [B, H, keys] feed the second matmul as they are.
     """
     batch, keys, kv_heads, dim = k.shape
     heads = q.shape[1]
     group = heads // kv_heads
-    scores = torch.bmm(k.reshape(batch, keys * kv_heads, dim), q.to(k.dtype).transpose(1, 2))
-    # [B, keys, kv head, kv head of the query head, group]: the diagonal pairs each query head with its KV head
-    scores = scores.view(batch, keys, kv_heads, kv_heads, group).diagonal(dim1=2, dim2=3)  # [B, keys, G, Hkv]
-    scores = scores.transpose(2, 3).reshape(batch, keys, heads).float() * scale
-    probs = torch.softmax(scores.masked_fill_(~mask[:, :, None], float("-inf")), dim=1).to(v.dtype)
-    out = torch.bmm(probs.transpose(1, 2), v.reshape(batch, keys, kv_heads * dim))  # [B, H, Hkv * D]
+    scores = torch.bmm(q.to(k.dtype), k.reshape(batch, keys * kv_heads, dim).transpose(1, 2))  # [B, H, keys*Hkv]
+    # [B, kv head of the query head, group, keys, key's kv head]: the diagonal pairs each query head with its KV head
+    scores = scores.view(batch, kv_heads, group, keys, kv_heads).diagonal(dim1=1, dim2=4)  # [B, G, keys, Hkv]
+    scores = scores.permute(0, 3, 1, 2).float().contiguous().view(batch, heads, keys).mul_(scale).add_(bias)
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    out = torch.bmm(probs, v.reshape(batch, keys, kv_heads * dim))  # [B, H, Hkv * D]
     out = out.view(batch, kv_heads, group, kv_heads, dim).diagonal(dim1=1, dim2=3)  # [B, G, D, Hkv]
     return out.permute(0, 3, 1, 2).reshape(batch, heads, dim).to(q.dtype)
 

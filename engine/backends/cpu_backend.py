@@ -1,0 +1,76 @@
+"""CPU backend: the torch backend's prefill and KV stores, with decode attention done by a fused C++ kernel
+(`cpu_decode.cpp`) that reads each sequence's blocks in place instead of gathering them.
+
+On CPU the torch backend's decode is bound by copying every sequence's K/V through its block table (and by
+matmuls that score each query head against every KV head); the fused kernel reads the cache once per step.
+The extension is compiled on first use with torch's C++ extension loader (g++ and ninja) into the torch
+extensions cache, for this machine's CPU; `cpu_kernel_error()` says why it cannot be built, if it cannot.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+from pathlib import Path
+
+import torch
+
+from engine.backends.torch_backend import TorchAttentionBackend
+from engine.forward_context import AttentionMetadata
+
+SOURCE = Path(__file__).with_name("cpu_decode.cpp")
+
+
+def _cpu_tag() -> str:
+    """The build targets this CPU (-march=native): a cached build must not be loaded on a different one."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
+                     "")
+    except OSError:
+        flags = ""
+    return hashlib.blake2b(f"{platform.machine()} {flags}".encode(), digest_size=6).hexdigest()
+
+
+@functools.cache
+def cpu_kernel():
+    """The compiled extension module (built once per machine and source version)."""
+    from torch.utils.cpp_extension import load
+
+    return load(name=f"kvplan_cpu_decode_{_cpu_tag()}", sources=[str(SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+
+
+@functools.cache
+def cpu_kernel_error() -> str | None:
+    """None when the fused kernel builds and loads here, else the reason."""
+    try:
+        cpu_kernel()
+    except Exception as exc:  # compiler, ninja or loader missing: the caller falls back to the torch backend
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+    return None
+
+
+def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, sink_tokens: int = 0,
+                 window_tokens: int = 0) -> torch.Tensor:
+    """Decode attention: query [B, H, D] (any float dtype) over the paged caches -> [B, H, D] float32."""
+    return cpu_kernel().paged_decode(query.float().contiguous(), key_cache, value_cache,
+                                     block_tables.to(torch.int32).contiguous(),
+                                     context_lens.to(torch.int32).contiguous(), scale, sink_tokens, window_tokens)
+
+
+class CpuAttentionBackend(TorchAttentionBackend):
+    name = "cpu"
+
+    def __init__(self) -> None:
+        super().__init__()
+        error = cpu_kernel_error()
+        if error is not None:
+            raise RuntimeError(f"attention_backend 'cpu': the fused decode kernel cannot be built here ({error}); "
+                               "use attention_backend='torch'")
+
+    def _decode(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+        out.copy_(paged_decode(query, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens,
+                               scale, meta.sink_tokens, meta.window_tokens))
