@@ -20,6 +20,7 @@ from engine.attention import register_paged_attention
 from engine.backends import default_backend, make_backend
 from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
 from engine.core.outputs import SchedulerOutput
+from engine.cpu_linear import can_pack, pack_linears
 from engine.kv_cache import KVLayout, PagedKVCache
 from engine.model_runner import ModelRunner
 from engine.models import load_model
@@ -59,6 +60,8 @@ class LLM:
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.loaded = load_model(model, dtype=dtype, device=str(self.device),
                                  attn_implementation=register_paged_attention())
+        if can_pack(self.loaded.model):  # bf16/fp16 on CPU: oneDNN weights packed once, not on every call
+            pack_linears(self.loaded.model, batch_hint=min(max_num_seqs, 64))
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = min(max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
         layout = KVLayout(self.loaded.num_layers, self.loaded.num_kv_heads, self.loaded.head_dim, block_size,
