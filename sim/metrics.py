@@ -74,8 +74,13 @@ class ItlLog:
         self.counts: dict[int, int] = {}
 
     def add(self, seconds: float, count: int = 1) -> None:
-        key = round(seconds * 1e6)
-        self.counts[key] = self.counts.get(key, 0) + count
+        self.add_many((seconds,), (count,))
+
+    def add_many(self, seconds: Iterable[float], counts: Iterable[int]) -> None:
+        table = self.counts
+        for gap, count in zip(seconds, counts, strict=True):
+            key = round(gap * 1e6)
+            table[key] = table.get(key, 0) + count
 
     def merge(self, others: Iterable[ItlLog]) -> ItlLog:
         for other in others:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import accumulate, pairwise
 
 import numpy as np
 import simpy
@@ -229,11 +230,9 @@ class Replica:
         """Token times of a stretch: request i samples at the end of each of its min(remaining[i], k) steps;
         alive[j] requests sample in step j."""
         k = len(ends)
-        widest = [0.0] * k  # widest[j]: the widest gap between consecutive step ends up to step j
-        for j in range(1, k):
-            gap = ends[j] - ends[j - 1]
-            self.itl.add(gap, int(alive[j]))
-            widest[j] = gap if gap > widest[j - 1] else widest[j - 1]
+        gaps = [b - a for a, b in pairwise(ends)]  # gaps[j - 1]: step j-1 end -> step j end
+        self.itl.add_many(gaps, alive[1:k].tolist())
+        widest = list(accumulate(gaps, max, initial=0.0))  # widest[j]: the widest of the first j gaps
         tracks, first = self.tracks, ends[0]
         for request, steps in zip(running, remaining, strict=True):
             last = min(steps, k) - 1

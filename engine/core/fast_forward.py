@@ -34,27 +34,28 @@ def decode_horizon(sched: Scheduler, limit: int) -> int:
         return 0
     if sched.cache_config.windowed or len(sched.running) > sched.config.max_num_batched_tokens:
         return 0
-    longest = 0
+    pool = getattr(sched.kv, "pool", None)
+    bs, tables = sched.block_size, sched.kv.tables
+    registering = pool is not None and pool.enable_caching
+    longest = needed = 0  # needed: new blocks for `limit` steps (the same as for k, as no request runs longer)
     for request in sched.running:
         if request.token_ids is not None or request.num_tokens_to_compute != 1:
             return 0  # the engine samples real tokens (stop tokens possible); only count-only runs qualify
         if request.n > 1 and not request.forked:
             return 0
-        longest = max(longest, request.max_tokens - request.num_output_tokens)
-    k = min(limit, longest)  # past the longest remaining output nobody is left to step
-    pool = getattr(sched.kv, "pool", None)
-    if pool is None:  # contiguous reservation: decode never allocates
-        return k
-    bs, tables = sched.block_size, sched.kv.tables
-    registering = pool.enable_caching
-    for request in sched.running:
+        remaining = request.max_tokens - request.num_output_tokens
+        longest = max(longest, remaining)
+        if pool is None:
+            continue  # contiguous reservation: decode never allocates
         pos = request.num_computed_tokens
         table = tables[request.request_id]
         if len(table) != -(-pos // bs) or (pos % bs and table[pos // bs].ref_cnt > 1):
             return 0  # the next write needs copy-on-write (or the table is not in its steady decode shape)
         if registering and request.block_keys is not None and request.num_hashed_blocks != pos // bs:
             return 0
-    if _blocks_needed(sched, k) <= pool.num_empty:
+        needed += _new_blocks(pos, min(limit, remaining), bs)
+    k = min(limit, longest)  # past the longest remaining output nobody is left to step
+    if pool is None or needed <= pool.num_empty:
         return k  # the common case: empty blocks are plentiful
     lo, hi = 0, k - 1  # new blocks needed grows with k: find the largest k served by empty blocks alone
     while lo < hi:
@@ -67,13 +68,15 @@ def decode_horizon(sched: Scheduler, limit: int) -> int:
 
 
 def _blocks_needed(sched: Scheduler, k: int) -> int:
-    bs, total = sched.block_size, 0
-    for r in sched.running:
-        # Positions pos .. pos+n-1 are written (n: the steps before it finishes); a block starts at every
-        # multiple of bs among them.
-        pos, n = r.num_computed_tokens, min(k, r.max_tokens - r.num_output_tokens)
-        total += (pos + n - 1) // bs - (pos - 1) // bs
-    return total
+    bs = sched.block_size
+    return sum(_new_blocks(r.num_computed_tokens, min(k, r.max_tokens - r.num_output_tokens), bs)
+               for r in sched.running)
+
+
+def _new_blocks(pos: int, n: int, bs: int) -> int:
+    """Blocks a request with `pos` tokens computed opens while writing positions pos .. pos+n-1: one at every
+    multiple of bs among them."""
+    return (pos + n - 1) // bs - (pos - 1) // bs
 
 
 def advance_decode(sched: Scheduler, k: int, usage: list[float] | None = None) -> list[tuple[int, Request]]:
@@ -83,14 +86,20 @@ def advance_decode(sched: Scheduler, k: int, usage: list[float] | None = None) -
     if k <= 0:
         return []
     running = sched.running
-    steps = [min(k, r.max_tokens - r.num_output_tokens) for r in running]  # each request's steps in the stretch
-    for request, n in zip(running, steps, strict=True):
-        request.num_computed_tokens += n
-        request.num_output_tokens += n
     pool = getattr(sched.kv, "pool", None)
-    events = _block_events(sched, pool, steps) if pool is not None else []
-    events += [(n - 1, UPDATE, idx, FINISH, 0) for idx, (request, n) in enumerate(zip(running, steps, strict=True))
-               if request.num_output_tokens >= request.max_tokens]
+    bs = sched.block_size
+    registering = pool is not None and pool.enable_caching
+    steps, events = [], []  # steps[i]: request i's steps in the stretch; events: see `_block_events`
+    for idx, request in enumerate(running):
+        n = min(k, request.max_tokens - request.num_output_tokens)
+        steps.append(n)
+        pos = request.num_computed_tokens  # before the stretch
+        request.num_computed_tokens = pos + n
+        request.num_output_tokens += n
+        if pool is not None:
+            _block_events(events, idx, pos, n, bs, registering and request.block_keys is not None)
+        if request.num_output_tokens >= request.max_tokens:
+            events.append((n - 1, UPDATE, idx, FINISH, 0))
     events.sort()
     result, finished = UpdateOutput(), []
     kv = sched.kv
@@ -129,18 +138,13 @@ def advance_decode(sched: Scheduler, k: int, usage: list[float] | None = None) -
     return finished
 
 
-def _block_events(sched: Scheduler, pool, steps: list[int]) -> list[tuple[int, int, int, int, int]]:
-    """(step, phase, running index, kind, logical block) of every allocation and registration; request i runs
-    steps[i] steps and its counts were already advanced by them."""
-    bs, registering = sched.block_size, pool.enable_caching
-    events = []
-    for idx, (request, n) in enumerate(zip(sched.running, steps, strict=True)):
-        pos = request.num_computed_tokens - n  # before the stretch
-        # Step t writes position pos + t; a new block is allocated whenever that position starts one.
-        for start in range(-(-pos // bs) * bs, pos + n, bs):
-            events.append((start - pos, ALLOCATE, idx, 0, start // bs))
-        if registering and request.block_keys is not None:
-            # After step t, pos + t + 1 tokens are computed; block e // bs - 1 is full when e = pos + t + 1.
-            for end in range((pos // bs + 1) * bs, pos + n + 1, bs):
-                events.append((end - pos - 1, UPDATE, idx, REGISTER, end // bs - 1))
-    return events
+def _block_events(events: list, idx: int, pos: int, n: int, bs: int, registering: bool) -> None:
+    """Append (step, phase, running index, kind, logical block) for every allocation and registration of running
+    request `idx`, which had `pos` tokens computed and runs n steps."""
+    # Step t writes position pos + t; a new block is allocated whenever that position starts one.
+    for start in range(-(-pos // bs) * bs, pos + n, bs):
+        events.append((start - pos, ALLOCATE, idx, 0, start // bs))
+    if registering:
+        # After step t, pos + t + 1 tokens are computed; block e // bs - 1 is full when e = pos + t + 1.
+        for end in range((pos // bs + 1) * bs, pos + n + 1, bs):
+            events.append((end - pos - 1, UPDATE, idx, REGISTER, end // bs - 1))

@@ -52,6 +52,7 @@ class Scheduler:
         self._seq = count()
         self._rejected: list[tuple[str, str]] = []
         self._keys_wanted = self.cache_config.enable_prefix_caching and self.cache_config.allocator == "paged"
+        self._windowed = self.cache_config.windowed  # only then can update() release blocks mid-request
 
     # -- requests ------------------------------------------------------------------------------------------
     def add_request(self, request: Request) -> bool:
@@ -258,7 +259,8 @@ class Scheduler:
             request.num_computed_tokens += item.num_new_tokens
             if not item.samples:
                 kv.commit(request)
-                self._slide_window(request, result)
+                if self._windowed:
+                    self._slide_window(request, result)
                 continue
             token = sampled[i] if sampled is not None else None
             if request.n > 1 and not request.forked:
@@ -276,7 +278,7 @@ class Scheduler:
             self._finish(request, "length", result)
         elif token is not None and token in request.stop_token_ids:
             self._finish(request, "stop", result)
-        else:
+        elif self._windowed:
             self._slide_window(request, result)
 
     def _fork_after_prompt(self, request: Request, tokens: list | None, result: UpdateOutput) -> None:

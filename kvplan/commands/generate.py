@@ -24,7 +24,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache bytes (CPU; default 512 MiB)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    p.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"],
+                   help="default: cpu (fused C++ decode) on CPU when it builds, else torch; triton on CUDA")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_generate)
 

@@ -51,9 +51,9 @@ def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int,
     runs remaining[i] steps: a request that finishes drops out of the later steps. Cost O(len(contexts) × k)."""
     steps = np.arange(k, dtype=np.int64)
     alive = steps < remaining[:, None]  # (request, step)
-    attended = np.where(alive, contexts[:, None] + steps, 0)
+    attended = (contexts[:, None] + steps) * alive
     count = alive.sum(axis=0)
-    blocks = (-(-attended // block_size)).sum(axis=0)
+    blocks = ((attended + (block_size - 1)) // block_size).sum(axis=0)
     return StepFeatures(count, 0, 0, count, attended.sum(axis=0), attended.max(axis=0), blocks)
 
 
