@@ -22,14 +22,16 @@ from engine.forward_context import AttentionMetadata
 SOURCE = Path(__file__).with_name("cpu_decode.cpp")
 
 
-def _cpu_tag() -> str:
-    """The build targets this CPU (-march=native): a cached build must not be loaded on a different one."""
+def _build_tag() -> str:
+    """The build targets this CPU (-march=native) and this environment's torch headers: a cached build must not
+    be loaded on another CPU, and two virtual environments must not keep rebuilding over each other."""
     try:
         flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
                      "")
     except OSError:
         flags = ""
-    return hashlib.blake2b(f"{platform.machine()} {flags}".encode(), digest_size=6).hexdigest()
+    key = f"{platform.machine()} {flags} {Path(torch.__file__).parent} {torch.__version__}"
+    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
 
 
 @functools.cache
@@ -37,7 +39,7 @@ def cpu_kernel():
     """The compiled extension module (built once per machine and source version)."""
     from torch.utils.cpp_extension import load
 
-    return load(name=f"kvplan_cpu_decode_{_cpu_tag()}", sources=[str(SOURCE)],
+    return load(name=f"kvplan_cpu_decode_{_build_tag()}", sources=[str(SOURCE)],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
 
 
