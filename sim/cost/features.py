@@ -52,9 +52,10 @@ def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int,
     steps = np.arange(k, dtype=np.int64)
     alive = steps < remaining[:, None]  # (request, step)
     attended = (contexts[:, None] + steps) * alive
-    count = alive.sum(axis=0)
-    blocks = ((attended + (block_size - 1)) // block_size).sum(axis=0)
-    return StepFeatures(count, 0, 0, count, attended.sum(axis=0), attended.max(axis=0), blocks)
+    count = np.add.reduce(alive, axis=0, dtype=np.int64)  # ufunc reductions: .sum() adds a Python layer per call
+    blocks = np.add.reduce((attended + (block_size - 1)) // block_size, axis=0)
+    return StepFeatures(count, 0, 0, count, np.add.reduce(attended, axis=0), np.maximum.reduce(attended, axis=0),
+                        blocks)
 
 
 def first_decode_features(contexts: list[int], block_size: int) -> StepFeatures:
