@@ -1,7 +1,7 @@
 """Reference attention over the paged cache, in torch: gather each request's keys through its block table.
 
 Decodes are batched in groups of similar context length: each group's blocks are gathered with one row-wise
-index_select and attended with two batched matmuls on that layout (no permuted copies). Prefill chunks are
+index_select and attended with two batched matmuls on that layout (no permuted copy of K or V). Prefill chunks are
 handled one request at a time with SDPA: its causal path when the chunk has no cached prefix, else an explicit
 mask (a query at position p sees keys at positions <= p, within the sinks or the window). GQA never repeats K/V.
 """
@@ -52,7 +52,6 @@ class TorchAttentionBackend:
             self._decode(query[meta.num_prefill_tokens:], key_cache, value_cache, meta, scale,
                          out[meta.num_prefill_tokens:])
         return out
-
 
     def _decode(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
