@@ -196,8 +196,8 @@ class Replica:
         k = decode_horizon(sched, limit)
         if k <= 0:
             return []
-        remaining_steps = np.array(remaining, dtype=np.int64)
-        features = decode_stretch_features(np.array(contexts, dtype=np.int64), remaining_steps, k, self.block_size)
+        features = decode_stretch_features(np.array(contexts, dtype=np.int64), np.array(remaining, dtype=np.int64),
+                                           k, self.block_size)
         times = self.cost.step_times(features).tolist()
         ends, clock = [], self.clock
         for dt in times:

@@ -89,10 +89,9 @@ def advance_decode(sched: Scheduler, k: int, usage: list[float] | None = None) -
     pool = getattr(sched.kv, "pool", None)
     bs = sched.block_size
     registering = pool is not None and pool.enable_caching
-    steps, events = [], []  # steps[i]: request i's steps in the stretch; events: see `_block_events`
+    events = []  # see `_block_events`
     for idx, request in enumerate(running):
-        n = min(k, request.max_tokens - request.num_output_tokens)
-        steps.append(n)
+        n = min(k, request.max_tokens - request.num_output_tokens)  # its steps in the stretch
         pos = request.num_computed_tokens  # before the stretch
         request.num_computed_tokens = pos + n
         request.num_output_tokens += n
