@@ -45,10 +45,10 @@ class ModelRunner:
         self.window_tokens = window_tokens
 
     def apply_memory_ops(self, step: SchedulerOutput) -> None:
-        """In the order the core prescribes: swap-out, copy-on-write, swap-in."""
+        """In the order the core prescribes: swap-out, swap-in, copy-on-write."""
         self.kv_cache.swap_out(step.swap_out)
-        self.kv_cache.copy_blocks(step.copies)
         self.kv_cache.swap_in(step.swap_in)
+        self.kv_cache.copy_blocks(step.copies)
 
     def prepare(self, step: SchedulerOutput) -> PreparedStep:
         prefills = [item for item in step.scheduled if not item.is_decode]

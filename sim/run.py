@@ -48,6 +48,7 @@ class SimSpec:
     policy: str = "fcfs"
     preemption_mode: str = "recompute"
     victim_policy: str = "newest"
+    schedule: str = "mixed"
     sample_interval_s: float | None = None  # default: the trace span / 100
     fast_path: bool = True
     cost_options: dict = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
@@ -112,7 +113,7 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
                          "activations; allowed: a larger --hardware, a higher --gpu-memory-utilization, or "
                          "--num-blocks")
     sched = SchedulerConfig(spec.max_num_batched_tokens, spec.max_num_seqs, spec.enable_chunked_prefill,
-                            spec.policy, spec.preemption_mode, spec.victim_policy)
+                            spec.policy, spec.preemption_mode, spec.victim_policy, spec.schedule)
     try:
         cache = CacheConfig(spec.block_size, num_blocks, spec.num_cpu_blocks, spec.enable_prefix_caching,
                             spec.eviction_policy, spec.allocator, max_len, spec.sink_tokens, spec.window_tokens,

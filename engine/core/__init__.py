@@ -10,7 +10,9 @@ Layout (one concept per module):
 * `kv_manager`    - paged block tables: prefix hits, copy-on-write forks, swap, sink+window
 * `reservation`   - contiguous reservation baselines (max, pow2, oracle) behind the same interface
 * `victims`, `request_queue` - preemption victim policies and waiting queues
-* `scheduler`     - continuous batching with chunked prefill and preemption
+* `preemption`    - preempting and swapping sequence groups all or nothing
+* `scheduler`     - continuous batching (mixed or prefill-first) with chunked prefill, preemption and the
+                    admission rule that keeps it live
 * `fast_forward`  - batched advance of pure-decode stretches (the simulator's fast path)
 * `metrics`       - counters, gauges and the memory breakdown
 """

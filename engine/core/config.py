@@ -11,6 +11,7 @@ from dataclasses import dataclass
 ALLOCATORS = ("paged", "max", "pow2", "oracle")
 PREEMPTION_MODES = ("recompute", "swap")
 QUEUE_POLICIES = ("fcfs", "priority")
+SCHEDULES = ("mixed", "prefill_first")
 
 
 class ConfigError(ValueError):
@@ -80,12 +81,46 @@ class CacheConfig:
                 "smaller cache.max_model_len")
 
     def blocks_per_request(self, num_tokens: int) -> int:
-        """Blocks one request of `num_tokens` tokens holds at its peak."""
+        """Blocks one request of `num_tokens` tokens holds once its window has slid (decode steady state)."""
         blocks = -(-num_tokens // self.block_size)
         if self.window_tokens:
             sink = -(-self.sink_tokens // self.block_size)
             blocks = min(blocks, sink + -(-self.window_tokens // self.block_size) + 1)
         return blocks
+
+    def peak_blocks(self, num_positions: int, chunk: int) -> int:
+        """Most GPU blocks one sequence holds in any step while it writes KV positions 0 .. num_positions-1 in
+        steps of at most `chunk` tokens starting anywhere (a prefill chunk, a recompute chunk, a decode token).
+
+        Without a window that is every position's block. With sink+window, a step writing [s, e) holds the sink
+        blocks, the blocks not yet released at s (those from (s - W) // b on) and the new ones up to e; blocks
+        leave the window only after the step. So the peak is the largest of, over starts s < num_positions:
+
+        * s < s0 = W + sink blocks * b - nothing released yet beyond the sinks: ceil(min(s + chunk, n) / b),
+          largest at the last such s;
+        * s >= s0, step not clipped by the end (s + chunk <= n): it depends only on s mod b, so one period of b
+          starts covers all of them;
+        * s >= s0, clipped (e = n): largest at the first such s (fewer blocks released).
+        """
+        bs, n = self.block_size, num_positions
+        if not self.window_tokens or n <= 0:
+            return -(-max(n, 0) // bs)
+        sink = -(-self.sink_tokens // bs)
+        first_release = self.window_tokens + sink * bs  # s0: the first start at which a non-sink block is gone
+
+        def held(start: int) -> int:
+            end = min(start + chunk, n)
+            gone = max(0, start - self.window_tokens) // bs  # blocks < gone have left the window
+            blocks = -(-end // bs)
+            return min(sink, blocks) + max(0, blocks - max(sink, gone))
+
+        peak = held(min(first_release, n) - 1)
+        steady = range(first_release, min(n - chunk, first_release + bs - 1) + 1)  # empty unless s0 + chunk <= n
+        peak = max(peak, *(held(s) for s in steady), 0)
+        clipped = max(first_release, n - chunk + 1)
+        if clipped < n:
+            peak = max(peak, held(clipped))
+        return peak
 
     @property
     def windowed(self) -> bool:
@@ -98,7 +133,12 @@ class CacheConfig:
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    """Continuous batching limits and policies (names follow vLLM)."""
+    """Continuous batching limits and policies (names follow vLLM).
+
+    `schedule="mixed"` puts running requests first and fills the rest of the token budget with prefill chunks
+    (vLLM V1, Sarathi); `"prefill_first"` runs a step of prefills alone whenever any can be scheduled and decodes
+    only in steps without one (vLLM V0 and the vLLM paper).
+    """
 
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
@@ -106,6 +146,7 @@ class SchedulerConfig:
     policy: str = "fcfs"
     preemption_mode: str = "recompute"
     victim_policy: str = "newest"
+    schedule: str = "mixed"
 
     def __post_init__(self) -> None:
         from engine.core.victims import VICTIM_POLICIES
@@ -115,3 +156,4 @@ class SchedulerConfig:
         check_choice("scheduler.policy", self.policy, QUEUE_POLICIES)
         check_choice("scheduler.preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         check_choice("scheduler.victim_policy", self.victim_policy, sorted(VICTIM_POLICIES))
+        check_choice("scheduler.schedule", self.schedule, SCHEDULES)

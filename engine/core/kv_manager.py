@@ -4,7 +4,8 @@ A block table maps a request's logical block i (tokens [i*b, (i+1)*b)) to a phys
 reference count: a prefix-cache hit or a fork puts the same physical block into several tables. The rules:
 
 * A prefix hit covers full blocks only, whose keys match the whole chain, and never the last token to compute
-  (its logits are needed), so at most (num_tokens - 1) // b blocks hit.
+  (its logits are needed), so at most (num_tokens - 1) // b blocks hit. In sink+window mode at most the sink
+  blocks plus one window's blocks hit: more would be held at once past the request's admitted peak.
 * Copy-on-write: a request about to write into a partial block that another table also holds gets a private
   copy first; the (src, dst) pair is returned for the model runner. Nothing is ever written into a block whose
   ref count is above one.
@@ -14,7 +15,8 @@ reference count: a prefix-cache hit or a fork puts the same physical block into 
 
       logical:  [s0][s1][--][--][--][w0][w1][w2 partial]
                  sinks   released     recent window
-* Swap moves every block of a request to a CPU-side pool and back, returning the (src, dst) copies.
+* Swap moves a sequence group's blocks to a CPU-side pool and back, all or nothing, returning the (src, dst)
+  copies; a block the group's members share is copied once and is shared again after swap-in.
 """
 
 from __future__ import annotations
@@ -54,18 +56,19 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage()
 
-    def admission_error(self, request: Request, first_chunk_tokens: int) -> str | None:
-        """Why `request` could never run even alone in an empty cache, or None."""
+    def admission_error(self, request: Request, chunk: int) -> str | None:
+        """Why `request` could never run even alone in an empty cache, writing at most `chunk` tokens a step,
+        or None. The watermark plays no part: it never holds back the only request that could run."""
         total = self.config.num_blocks
-        need = self.config.blocks_per_request(min(request.final_len, self.config.max_model_len))
-        if need > total:
+        need = self.config.peak_blocks(request.final_len - 1, chunk)  # the last sampled token is never written
+        if need <= total:
+            return None
+        if not self.config.windowed:
             return (f"needs {need} KV blocks ({request.final_len} tokens at block size {self.block_size}) "
                     f"but the cache holds only {total}")
-        first = cdiv(first_chunk_tokens, self.block_size)
-        if first > total - self.config.watermark_blocks:
-            return (f"its first chunk needs {first} KV blocks but only {total - self.config.watermark_blocks} "
-                    f"can be admitted ({total} minus a watermark of {self.config.watermark_blocks})")
-        return None
+        return (f"needs {need} KV blocks at its peak (sinks, a window of {self.config.window_tokens} tokens and a "
+                f"step of up to {chunk} new tokens at block size {self.block_size}) but the cache holds only "
+                f"{total}; allowed: a smaller max_num_batched_tokens, window or block size, or more blocks")
 
     # -- prefix cache --------------------------------------------------------------------------------------
     def find_cached_prefix(self, request: Request) -> list[KVBlock]:
@@ -75,7 +78,10 @@ class KVCacheManager:
             return []
         cached = self.pool.cached
         hits: list[KVBlock] = []
-        for i in range((request.num_tokens - 1) // self.block_size):
+        limit = (request.num_tokens - 1) // self.block_size
+        if self.config.windowed:  # only blocks the step keeps (sinks + one window): more would pass its peak
+            limit = min(limit, self.sink_blocks + self.config.window_tokens // self.block_size)
+        for i in range(limit):
             key = keys.key(i)
             block = cached.get(key) if key is not None else None
             if block is None:
@@ -174,49 +180,76 @@ class KVCacheManager:
         return True
 
     # -- swap ----------------------------------------------------------------------------------------------
-    def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
-        """Move the request's blocks to the CPU pool: (gpu, cpu) copies, or None if the CPU pool is full."""
-        table = self.tables[request.request_id]
-        live = sum(1 for b in table if b is not None)
-        if self.cpu_pool is None or self.cpu_pool.num_free < live:
+    def swap_out(self, group: list[Request]) -> list[tuple[int, int]] | None:
+        """Move a sequence group's blocks to the CPU pool, all or nothing: (gpu, cpu) copies, or None if the CPU
+        pool cannot take them. A block shared inside the group is copied once and stays shared on the CPU."""
+        tables = [self.tables[r.request_id] for r in group]
+        if self.cpu_pool is None or self.cpu_pool.num_free < self._distinct_blocks(tables):
             return None
-        cpu_table, copies = self._copy_table(table, self.cpu_pool)
-        self.free(request)
-        self.cpu_tables[request.request_id] = cpu_table
+        cpu_tables, copies = self._copy_tables(tables, self.cpu_pool)
+        for request, cpu_table in zip(group, cpu_tables, strict=True):
+            self.free(request)
+            self.cpu_tables[request.request_id] = cpu_table
         return copies
 
-    def swap_in_cost(self, request: Request, num_new_tokens: int) -> int:
-        """GPU blocks needed to swap the request in and compute `num_new_tokens` more tokens."""
-        cpu_table = self.cpu_tables[request.request_id]
-        live = sum(1 for b in cpu_table if b is not None)
-        extra = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - len(cpu_table)
-        return live + max(extra, 0)
+    def swap_in_cost(self, group: list[Request], num_new_tokens: list[int]) -> int:
+        """GPU blocks needed to swap the group in and let member i compute `num_new_tokens[i]` more tokens,
+        counting the copy-on-write copies that `allocate` will make of the partial blocks they share."""
+        tables = [self.cpu_tables[r.request_id] for r in group]
+        holders: dict[int, int] = {}  # cpu block id -> tables holding it (its ref count on the CPU)
+        for table in tables:
+            for block in table:
+                if block is not None:
+                    holders[block.block_id] = holders.get(block.block_id, 0) + 1
+        cost, bs = len(holders), self.block_size
+        for request, table, n in zip(group, tables, num_new_tokens, strict=True):
+            start = request.num_computed_tokens
+            cost += max(cdiv(start + n, bs) - len(table), 0)
+            tail = table[start // bs] if start % bs and start // bs < len(table) else None
+            if n and tail is not None and holders[tail.block_id] > 1:
+                cost += 1  # copy-on-write of a shared partial block; the copy drops one holder
+                holders[tail.block_id] -= 1
+        return cost
 
-    def swap_in(self, request: Request) -> list[tuple[int, int]]:
-        """Move the request's blocks back from the CPU pool: (cpu, gpu) copies. The caller checked room."""
-        cpu_table = self.cpu_tables.pop(request.request_id)
-        table, copies = self._copy_table(cpu_table, self.pool)
-        for block in reversed(cpu_table):
-            if block is not None:
-                self.cpu_pool.release(block)
-        self.tables[request.request_id] = table
-        self.block_ids[request.request_id] = [HOLE if b is None else b.block_id for b in table]
-        request.num_hashed_blocks = 0  # the copies are new blocks: register them again
+    def swap_in(self, group: list[Request]) -> list[tuple[int, int]]:
+        """Move a group's blocks back from the CPU pool: (cpu, gpu) copies, shared blocks shared again. The caller
+        checked room with `swap_in_cost`."""
+        cpu_tables = [self.cpu_tables.pop(r.request_id) for r in group]
+        tables, copies = self._copy_tables(cpu_tables, self.pool)
+        for request, table, cpu_table in zip(group, tables, cpu_tables, strict=True):
+            self.cpu_pool.release_all(cpu_table)
+            self.tables[request.request_id] = table
+            self.block_ids[request.request_id] = [HOLE if b is None else b.block_id for b in table]
+            request.num_hashed_blocks = 0  # the copies are new blocks: register them again
         return copies
 
     @staticmethod
-    def _copy_table(table: list[KVBlock | None], target: BlockPool
-                    ) -> tuple[list[KVBlock | None], list[tuple[int, int]]]:
-        new_table: list[KVBlock | None] = []
+    def _distinct_blocks(tables: list[list[KVBlock | None]]) -> int:
+        return len({block.block_id for table in tables for block in table if block is not None})
+
+    @staticmethod
+    def _copy_tables(tables: list[list[KVBlock | None]], target: BlockPool
+                     ) -> tuple[list[list[KVBlock | None]], list[tuple[int, int]]]:
+        """Copy blocks into `target`, each distinct block once; a block held by several tables is held by the
+        same copy in each (one reference per table)."""
+        copy_of: dict[int, KVBlock] = {}
         copies: list[tuple[int, int]] = []
-        for block in table:
-            if block is None:
-                new_table.append(None)
-                continue
-            dst = target.allocate()
-            copies.append((block.block_id, dst.block_id))
-            new_table.append(dst)
-        return new_table, copies
+        new_tables: list[list[KVBlock | None]] = []
+        for table in tables:
+            new_table: list[KVBlock | None] = []
+            for block in table:
+                if block is None:
+                    new_table.append(None)
+                    continue
+                dst = copy_of.get(block.block_id)
+                if dst is None:
+                    dst = copy_of[block.block_id] = target.allocate()
+                    copies.append((block.block_id, dst.block_id))
+                else:
+                    target.share(dst)
+                new_table.append(dst)
+            new_tables.append(new_table)
+        return new_tables, copies
 
     # -- sink + window -------------------------------------------------------------------------------------
     def release_outside_window(self, request: Request) -> list[int]:

@@ -55,6 +55,7 @@ class Request:
     num_preemptions: int = 0
     seq: int = 0  # admission order of add_request, a stable tie-breaker
     parent_id: str | None = None
+    group_id: str | None = None  # the sequence group (n > 1 samples, beams) it belongs to; None: its own
     children_ids: list[str] = field(default_factory=list)
     forked: bool = False  # n > 1 requests: True once the children exist
     finish_reason: str | None = None
@@ -72,6 +73,16 @@ class Request:
     def final_len(self) -> int:
         """Length the request reaches if it runs to its output budget."""
         return self.prompt_len + self.max_tokens
+
+    @property
+    def group(self) -> str:
+        """Key of its sequence group: the id of the request the group was forked from."""
+        return self.group_id or self.request_id
+
+    @property
+    def seq_slots(self) -> int:
+        """Sequences it counts for under `max_num_seqs`: n until an n > 1 request has forked its samples."""
+        return self.n if not self.forked else 1
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -95,7 +106,8 @@ class Request:
             prefix_hashes=self.prefix_hashes, hash_granularity=self.hash_granularity, block_keys=keys,
             stop_token_ids=self.stop_token_ids, status=self.status, num_output_tokens=self.num_output_tokens,
             num_computed_tokens=self.num_computed_tokens, num_cached_tokens=self.num_cached_tokens,
-            num_hashed_blocks=self.num_hashed_blocks, seq=self.seq, parent_id=self.request_id, forked=True,
+            num_hashed_blocks=self.num_hashed_blocks, seq=self.seq, parent_id=self.request_id, group_id=self.group,
+            forked=True,
         )
 
 

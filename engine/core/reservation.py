@@ -58,7 +58,7 @@ class ReservationAllocator:
     def largest_free_extent(self) -> int:
         return max(self._free_lengths.values(), default=0)
 
-    def admission_error(self, request: Request, first_chunk_tokens: int) -> str | None:
+    def admission_error(self, request: Request, chunk: int) -> str | None:
         size = self.reservation(request)
         if size > self.total_slots:
             return (f"reserves {size} contiguous slots ({self.config.allocator}) but the cache holds only "
@@ -127,7 +127,7 @@ class ReservationAllocator:
         """A child needs its own reservation (contents copied by the runner); False when none fits."""
         return self.allocate(child, 0) is not None
 
-    def swap_out(self, request: Request) -> None:
+    def swap_out(self, group: list[Request]) -> None:
         return None  # not supported: the scheduler falls back to recompute
 
     def release_outside_window(self, request: Request) -> list[int]:

@@ -3,17 +3,33 @@
 `schedule()` spends a token budget (`max_num_batched_tokens`) on, in order:
 
 1. running requests - each gets all its pending tokens, or what is left of the budget (chunked prefill); when a
-   block cannot be had, a victim (by `victim_policy`) is preempted until it can, by recompute (blocks freed,
-   request back to the head of the waiting queue) or swap (blocks copied to the CPU pool);
-2. swapped requests, swapped back in first-come first-served - only if nobody was preempted in this step;
+   block cannot be had, a victim (by `victim_policy`) is preempted with its whole sequence group until it can,
+   by recompute (blocks freed, requests back to the head of the waiting queue) or swap (blocks copied to the CPU
+   pool, the group all or nothing);
+2. swapped groups, swapped back in first-come first-served - only if nobody was preempted in this step;
 3. waiting requests (FCFS or priority) - only if nobody was preempted and nobody is still swapped out, after a
-   prefix-cache lookup, keeping `watermark` of the blocks free for running requests.
+   prefix-cache lookup.
+
+Under `schedule="prefill_first"` a step first tries prefills alone (prompt chunks of running requests, then
+waiting requests); decodes and swap-ins run only in steps where no prefill could be scheduled.
+
+Liveness. A request is accepted only if it can run to completion alone in an empty cache (its peak block need
+over any step of at most the token budget, see `CacheConfig.peak_blocks`), so:
+
+* the watermark (`CacheConfig.watermark`) is headroom against thrashing among running requests and is asked of
+  an admission or swap-in only while something is running - it never holds back the only request that could run;
+* a recompute longer than the whole budget is chunked even with chunked prefill off (no step could hold it);
+* a swapped group that cannot come back even into an empty cache (its members' shared tail blocks need copies)
+  is dropped from the CPU and recomputed, its members from then on independent sequences;
+* `max_num_seqs` counts sequences: an n > 1 request needs room for n at admission.
+
+Hence every `schedule()` with unfinished requests schedules work, preempts, or reports rejections.
 
 `update(step, sampled)` advances the computed counts, appends the sampled tokens (count-only when `sampled` is
 None, as in the simulator), forks n > 1 requests into siblings after their prompt, registers full blocks in the
 prefix cache, releases blocks that left the sink+window, and finishes requests at their output budget or a stop
-token, freeing their blocks. Requests that could never fit, even alone in an empty cache, are rejected at
-`add_request` and reported in the next step.
+token, freeing their blocks. Requests that could never run are rejected at `add_request` and reported in the
+next step.
 """
 
 from __future__ import annotations
@@ -25,6 +41,7 @@ from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_manager import KVCacheManager
 from engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
 from engine.core.outputs import ScheduledRequest, SchedulerOutput, UpdateOutput
+from engine.core.preemption import GroupPreemption
 from engine.core.request import Request, RequestStatus, attach_block_keys
 from engine.core.request_queue import make_queue
 from engine.core.reservation import ReservationAllocator
@@ -37,7 +54,7 @@ def make_kv_manager(config: CacheConfig) -> KVCacheManager | ReservationAllocato
     return KVCacheManager(config) if config.allocator == "paged" else ReservationAllocator(config)
 
 
-class Scheduler:
+class Scheduler(GroupPreemption):
     def __init__(self, cache: CacheConfig | None = None, config: SchedulerConfig | None = None) -> None:
         self.cache_config = cache or CacheConfig()
         self.config = config or SchedulerConfig()
@@ -45,14 +62,16 @@ class Scheduler:
         self.block_size = self.cache_config.block_size
         self.waiting = make_queue(self.config.policy)
         self.running: list[Request] = []
-        self.swapped: deque[Request] = deque()
+        self.swapped: deque[Request] = deque()  # members of a group are adjacent, in group order
         self.requests: dict[str, Request] = {}  # live (not finished, aborted or rejected) requests
+        self.num_running_seqs = 0  # sequences the running requests count for under max_num_seqs
         self.stats = SchedulerStats()
         self.step_id = 0
         self._seq = count()
         self._rejected: list[tuple[str, str]] = []
         self._keys_wanted = self.cache_config.enable_prefix_caching and self.cache_config.allocator == "paged"
         self._windowed = self.cache_config.windowed  # only then can update() release blocks mid-request
+        self._prefill_first = self.config.schedule == "prefill_first"
 
     # -- requests ------------------------------------------------------------------------------------------
     def add_request(self, request: Request) -> bool:
@@ -75,22 +94,24 @@ class Scheduler:
         return True
 
     def rejection_reason(self, request: Request) -> str | None:
-        """Why `request` could never run under this configuration, or None."""
+        """Why `request` could never run to completion under this configuration, or None."""
         limit, budget = self.cache_config.max_model_len, self.config.max_num_batched_tokens
         if request.final_len > limit:
             return (f"prompt ({request.prompt_len}) + max_tokens ({request.max_tokens}) = {request.final_len} "
                     f"exceeds max_model_len {limit}")
+        if request.n > self.config.max_num_seqs:
+            return f"n = {request.n} parallel sequences exceed max_num_seqs {self.config.max_num_seqs}"
         if not self.config.enable_chunked_prefill and request.prompt_len > budget:
             return (f"prompt of {request.prompt_len} tokens exceeds max_num_batched_tokens {budget} and chunked "
                     "prefill is off")
-        return self.kv.admission_error(request, min(request.prompt_len, budget))
+        return self.kv.admission_error(request, budget)
 
     def abort(self, request_id: str) -> bool:
         request = self.requests.pop(request_id, None)
         if request is None:
             return False
         if request.status is RUNNING:
-            self.running.remove(request)
+            self._stop_running(request)
         elif request.status is RequestStatus.SWAPPED:
             self.swapped.remove(request)
         else:
@@ -101,20 +122,26 @@ class Scheduler:
         return True
 
     def fork(self, parent: Request, child_id: str) -> Request:
-        """A running sibling of `parent` sharing all its blocks (n > 1 sampling, beam search). Call between
-        `update()` and the next `schedule()`."""
+        """A running sibling of `parent` in its sequence group, sharing all its blocks (n > 1 sampling, beam
+        search). Call between `update()` and the next `schedule()`."""
         if child_id in self.requests:
             raise ValueError(f"request id {child_id!r} is already live")
+        self._check_seq_room(1)
         child = parent.spawn(child_id)
         child.seq = next(self._seq)
         parent.children_ids.append(child_id)
         self.requests[child_id] = child
         if self.kv.fork(parent, child):
-            self.running.append(child)
+            self._start_running(child)
         else:  # a reservation allocator found no room for the child: it recomputes later
             self._requeue_for_recompute(child)
             self.stats.num_preemptions += 1
         return child
+
+    def _check_seq_room(self, extra: int) -> None:
+        if self.num_running_seqs + extra > self.config.max_num_seqs:
+            raise ValueError(f"fork: {self.num_running_seqs} running sequences leave no room under max_num_seqs "
+                             f"{self.config.max_num_seqs}")
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self.swapped or len(self.waiting))
@@ -123,6 +150,31 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.running) + len(self.swapped) + len(self.waiting)
 
+    # -- running set ---------------------------------------------------------------------------------------
+    def _start_running(self, request: Request) -> None:
+        request.status = RUNNING
+        self.running.append(request)
+        self.num_running_seqs += request.seq_slots
+
+    def _stop_running(self, request: Request) -> None:
+        self.running.remove(request)
+        self.num_running_seqs -= request.seq_slots
+
+    def _has_seq_room(self, slots: int) -> bool:
+        return self.num_running_seqs + slots <= self.config.max_num_seqs
+
+    def _reserve(self) -> int:
+        """Blocks an admission or swap-in must leave free: the watermark, only while something runs."""
+        return self.cache_config.watermark_blocks if self.running else 0
+
+    def _chunk(self, pending: int, budget: int) -> int:
+        """Tokens to compute now out of `pending` within `budget`; 0: wait for a step with room."""
+        if pending <= budget or self.config.enable_chunked_prefill:
+            return min(pending, budget)
+        # Chunked prefill off: a prefill runs whole - except a recompute of prompt + generated tokens longer than
+        # the whole budget, which no step could hold.
+        return budget if pending > self.config.max_num_batched_tokens else 0
+
     # -- schedule ------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(self.step_id)
@@ -130,31 +182,53 @@ class Scheduler:
         self.stats.num_steps += 1
         if self._rejected:
             out.rejected, self._rejected = self._rejected, []
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        budget = self.config.max_num_batched_tokens
+        if self._prefill_first and not self.swapped and self._schedule_prefills(out, budget):
+            return out
+        budget = self._schedule_running(out, budget)
         if not out.preempted:
             budget = self._schedule_swapped(out, budget)
-            if not self.swapped:
+            if not self.swapped and not (self._prefill_first and out.scheduled):
                 self._schedule_waiting(out, budget)
+        if not out.scheduled and not out.preempted and self.has_unfinished():
+            raise RuntimeError(f"scheduler bug: an empty step with {len(self.running)} running, {len(self.swapped)} "
+                               f"swapped and {len(self.waiting)} waiting requests ({self.kv.num_free_blocks} of "
+                               f"{self.cache_config.num_blocks} blocks free)")
         return out
 
+    def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> bool:
+        """prefill_first: prompt chunks of running requests and then waiting admissions, alone in the step and
+        without preempting anyone. True when any was scheduled (the step then runs only them)."""
+        kv = self.kv
+        for request in self.running:
+            if budget <= 0:
+                break
+            if request.num_computed_tokens >= request.prompt_len and request.num_tokens_to_compute == 1:
+                continue  # decoding: waits for a step without prefills
+            n = self._chunk(request.num_tokens_to_compute, budget)
+            copies = kv.allocate(request, n) if n else None
+            if copies is not None:
+                budget -= n
+                self._emit(out, request, n, copies, 0)
+        self._schedule_waiting(out, budget)
+        return bool(out.scheduled)
+
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        chunked, kv = self.config.enable_chunked_prefill, self.kv
+        kv = self.kv
         for request in list(self.running):
             if budget <= 0:
                 break
             if request.status is not RUNNING:
                 continue  # preempted as a victim earlier in this loop
             pending = request.num_tokens_to_compute
-            n = min(pending, budget)
-            if n < pending and not chunked:
+            n = pending if pending <= budget else self._chunk(pending, budget)  # decodes skip the call
+            if n == 0:
                 continue
             copies = kv.allocate(request, n)
-            while copies is None:
-                victim = pick_victim(self.config.victim_policy, self.running)
-                budget += self._preempt(victim, out)
-                if victim is request:
-                    break
-                copies = kv.allocate(request, n)
+            while copies is None and request.status is RUNNING:
+                budget += self._preempt(pick_victim(self.config.victim_policy, self.running), out)
+                if request.status is RUNNING:
+                    copies = kv.allocate(request, n)
             if copies is None:
                 continue
             budget -= n
@@ -162,44 +236,51 @@ class Scheduler:
         return budget
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
-        chunked, kv, limit = self.config.enable_chunked_prefill, self.kv, self.config.max_num_seqs
-        while self.swapped and budget > 0 and len(self.running) < limit:
-            request = self.swapped[0]
-            pending = request.num_tokens_to_compute
-            n = min(pending, budget)
-            if n < pending and not chunked:
+        kv = self.kv
+        while self.swapped and budget > 0:
+            group = self._swapped_head_group()
+            if not self._has_seq_room(sum(r.seq_slots for r in group)):
                 break
-            if kv.num_free_blocks - kv.swap_in_cost(request, n) < self.cache_config.watermark_blocks:
+            chunks, left = [], budget
+            for request in group:
+                chunks.append(self._chunk(request.num_tokens_to_compute, left))
+                left -= chunks[-1]
+            if not any(chunks):
                 break
-            self.swapped.popleft()
-            out.swap_in.extend(kv.swap_in(request))
-            copies = kv.allocate(request, n)
-            request.status = RUNNING
-            self.running.append(request)
-            budget -= n
-            self._emit(out, request, n, copies, 0)
+            if kv.num_free_blocks - kv.swap_in_cost(group, chunks) < self._reserve():
+                if self.running:
+                    break  # room comes back as running requests finish
+                self._recompute_swapped(group)  # could never come back, even into an empty cache
+                continue
+            for _ in group:
+                self.swapped.popleft()
+            out.swap_in.extend(kv.swap_in(group))
+            for request, n in zip(group, chunks, strict=True):
+                self._start_running(request)
+                if n:
+                    self._emit(out, request, n, kv.allocate(request, n), 0)
+            budget = left
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        chunked, kv, limit = self.config.enable_chunked_prefill, self.kv, self.config.max_num_seqs
-        reserve = self.cache_config.watermark_blocks
-        while len(self.waiting) and budget > 0 and len(self.running) < limit:
+        kv = self.kv
+        while len(self.waiting) and budget > 0:
             request = self.waiting.peek()
+            if not self._has_seq_room(request.seq_slots):
+                break
             hits = kv.find_cached_prefix(request)
             cached_tokens = len(hits) * self.block_size
-            pending = request.num_tokens - cached_tokens
-            n = min(pending, budget)
-            if n < pending and not chunked:
+            n = self._chunk(request.num_tokens - cached_tokens, budget)
+            if n == 0:
                 break
-            copies = kv.allocate(request, n, hits, reserve)
+            copies = kv.allocate(request, n, hits, self._reserve())
             if copies is None:
                 break
             self.waiting.pop()
             kv.record_admission(request, len(hits))
             if request.status is RequestStatus.WAITING:
                 request.num_cached_tokens = cached_tokens
-            request.status = RUNNING
-            self.running.append(request)
+            self._start_running(request)
             budget -= n
             self._emit(out, request, n, copies, cached_tokens)
 
@@ -212,39 +293,6 @@ class Scheduler:
         out.num_batched_tokens += n
         if copies:
             out.copies.extend(copies)
-
-    def _preempt(self, victim: Request, out: SchedulerOutput) -> int:
-        """Preempt `victim`; returns the budget it gives back if it was already scheduled in this step."""
-        self.running.remove(victim)
-        victim.num_preemptions += 1
-        self.stats.num_preemptions += 1
-        out.preempted.append(victim.request_id)
-        refund, undone = 0, ()
-        for i, item in enumerate(out.scheduled):
-            if item.request is victim:
-                refund, undone = item.num_new_tokens, item.copies
-                out.num_batched_tokens -= refund
-                out.copies = [c for c in out.copies if c not in undone]
-                del out.scheduled[i]
-                break
-        if self.config.preemption_mode == "swap":
-            copies = self.kv.swap_out(victim)
-            if copies is not None:
-                source = {dst: src for src, dst in undone}  # its copy-on-write never ran: read the source
-                out.swap_out.extend((source.get(gpu, gpu), cpu) for gpu, cpu in copies)
-                victim.status = RequestStatus.SWAPPED
-                self.swapped.append(victim)
-                self.stats.num_swap_outs += 1
-                return refund
-        self.kv.free(victim)
-        self._requeue_for_recompute(victim)
-        return refund
-
-    def _requeue_for_recompute(self, request: Request) -> None:
-        request.num_computed_tokens = 0
-        request.status = RequestStatus.PREEMPTED
-        self.waiting.push_front(request)
-        self.stats.num_recomputes += 1
 
     # -- update --------------------------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: list | None = None) -> UpdateOutput:
@@ -285,6 +333,7 @@ class Scheduler:
         tokens = tokens if tokens is not None else [None] * request.n
         if len(tokens) != request.n:
             raise ValueError(f"request {request.request_id}: expected {request.n} sampled tokens, got {len(tokens)}")
+        self.num_running_seqs -= request.n - 1  # its samples' slots pass to the children
         request.forked = True
         children = [self.fork(request, f"{request.request_id}#{j}") for j in range(1, request.n)]
         result.forked.extend(children)
@@ -298,10 +347,12 @@ class Scheduler:
             result.released[request.request_id] = released
 
     def _finish(self, request: Request, reason: str, result: UpdateOutput) -> None:
+        """End a running request; the caller drops finished requests from `running`."""
         self.kv.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.request_id]
+        self.num_running_seqs -= request.seq_slots
         self.stats.num_finished += 1
         result.finished.append(request)
 

@@ -45,6 +45,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="fcfs", help="fcfs or priority")
     p.add_argument("--preemption", default="recompute", help="recompute or swap")
     p.add_argument("--victim", default="newest", help="newest, lowest_priority or longest_remaining")
+    p.add_argument("--schedule", default="mixed",
+                   help="mixed (decodes first, prefill chunks fill the budget: vLLM V1) or prefill_first (a step "
+                        "of prefills runs alone: vLLM V0)")
     p.add_argument("--sample-interval", type=float, default=None, help="seconds between time-series samples")
     p.add_argument("--no-fast-path", action="store_true", help="step by step (identical results, slower)")
     p.add_argument("--out", type=Path, default=None, help="write the per-request table and time series here")
@@ -65,7 +68,8 @@ def spec_from_args(args: argparse.Namespace, block_size: int):
         sink_tokens=args.sink_tokens, window_tokens=args.window_tokens,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy, preemption_mode=args.preemption,
-        victim_policy=args.victim, sample_interval_s=args.sample_interval, fast_path=not args.no_fast_path)
+        victim_policy=args.victim, schedule=args.schedule, sample_interval_s=args.sample_interval,
+        fast_path=not args.no_fast_path)
 
 
 def run(args: argparse.Namespace) -> int:

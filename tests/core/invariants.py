@@ -30,32 +30,53 @@ def check_pool(pool: BlockPool, tables: dict) -> None:
     assert cached_free == len(pool.policy), "eviction candidates != cached free blocks"
 
 
-def check_scheduler(sched: Scheduler) -> None:
+def check_scheduler(sched: Scheduler, mid_step: bool = False) -> None:
+    """`mid_step`: between schedule() and update(), when a step's new blocks are held but the blocks that left
+    the window are not yet released."""
     kv = sched.kv
     live = set(sched.requests)
-    assert set(kv.tables) <= live and set(kv.cpu_tables) <= live
+    assert set(kv.tables) <= live
+    if hasattr(kv, "extents"):  # a contiguous reservation allocator
+        assert kv.reserved_slots == sum(length for _, length in kv.extents.values()) <= kv.total_slots
+    else:
+        _check_paged(sched, mid_step)
+    for request in sched.running:
+        assert request.status is RequestStatus.RUNNING and request.request_id in kv.tables
+    for request in sched.waiting:
+        assert request.request_id not in kv.tables and request.num_computed_tokens == 0
+    assert len(sched.running) + len(sched.swapped) + len(sched.waiting) == len(sched.requests)
+    assert sched.num_running_seqs == sum(r.seq_slots for r in sched.running) <= sched.config.max_num_seqs
+
+
+def _check_paged(sched: Scheduler, mid_step: bool) -> None:
+    kv = sched.kv
+    assert set(kv.cpu_tables) <= set(sched.requests)
     for rid, table in kv.tables.items():
         assert kv.block_ids[rid] == [-1 if b is None else b.block_id for b in table]
     check_pool(kv.pool, kv.tables)
     if kv.cpu_pool is not None:
         check_pool(kv.cpu_pool, kv.cpu_tables)
     for request in sched.running:
-        assert request.status is RequestStatus.RUNNING
         table = kv.tables[request.request_id]
         assert len(table) * kv.block_size >= request.num_computed_tokens
         if kv.config.windowed:
             held = sum(1 for b in table if b is not None)
-            bound = kv.config.blocks_per_request(10**9)
+            bound = (kv.config.peak_blocks(request.final_len - 1, sched.config.max_num_batched_tokens) if mid_step
+                     else kv.config.blocks_per_request(10**9))
             assert held <= bound, f"{request.request_id} holds {held} > {bound} blocks in window mode"
+    groups = [r.group for r in sched.swapped]
     for request in sched.swapped:
         assert request.request_id in kv.cpu_tables and request.request_id not in kv.tables
-    for request in sched.waiting:
-        assert request.request_id not in kv.tables and request.num_computed_tokens == 0
-    assert len(sched.running) + len(sched.swapped) + len(sched.waiting) == len(sched.requests)
+    assert len(set(groups)) == len([g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]), \
+        "a swapped group's members are not adjacent"
 
 
 def check_all_free(sched: Scheduler) -> None:
     """After every request ended: no leak; after dropping the cache every block is empty."""
+    if hasattr(sched.kv, "extents"):
+        assert not sched.kv.extents and sched.kv.reserved_slots == 0
+        assert sched.kv.largest_free_extent() == sched.kv.total_slots
+        return
     pool = sched.kv.pool
     assert all(b.ref_cnt == 0 for b in pool.blocks), "leaked block references"
     assert pool.num_free == pool.num_blocks

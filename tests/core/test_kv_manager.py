@@ -63,18 +63,36 @@ def test_swap_out_and_in_move_every_block():
     kv = KVCacheManager(CacheConfig(block_size=4, num_blocks=8, num_cpu_blocks=4, max_model_len=32))
     request = computed_request(kv, "r", list(range(10)))
     gpu_ids = list(kv.block_ids["r"])
-    out = kv.swap_out(request)
+    out = kv.swap_out([request])
     assert [g for g, _ in out] == gpu_ids and kv.cpu_pool.num_used == 3 and "r" not in kv.tables
-    assert kv.swap_in_cost(request, 1) == 3  # position 10 still fits in the last block
-    back = kv.swap_in(request)
+    assert kv.swap_in_cost([request], [1]) == 3  # position 10 still fits in the last block
+    back = kv.swap_in([request])
     assert [c for c, _ in back] == [c for _, c in out] and kv.cpu_pool.num_used == 0
     assert kv.block_ids["r"] == [g for _, g in back]
+
+
+def test_a_group_swaps_its_shared_blocks_once_and_shares_them_again():
+    kv = KVCacheManager(CacheConfig(block_size=4, num_blocks=8, num_cpu_blocks=4, max_model_len=32))
+    parent = computed_request(kv, "p", list(range(10)))  # 3 blocks; both siblings still share all three
+    child = parent.spawn("c")
+    kv.fork(parent, child)
+    out = kv.swap_out([parent, child])
+    assert len(out) == 3 and kv.cpu_pool.num_used == 3 and kv.pool.num_used == 0
+    assert kv.cpu_tables["p"] == kv.cpu_tables["c"] and all(b.ref_cnt == 2 for b in kv.cpu_tables["p"])
+    # Swap-in: the 3 shared blocks, plus one copy-on-write copy of the partial tail for the first writer.
+    assert kv.swap_in_cost([parent, child], [1, 1]) == 4
+    assert kv.swap_in_cost([parent, child], [1, 0]) == 4 and kv.swap_in_cost([parent, child], [0, 0]) == 3
+    back = kv.swap_in([parent, child])
+    assert len(back) == 3 and kv.cpu_pool.num_used == 0 and kv.pool.num_used == 3
+    assert kv.tables["p"] == kv.tables["c"] and all(b.ref_cnt == 2 for b in kv.tables["p"])
+    assert len(kv.allocate(parent, 1)) == 1 and kv.allocate(child, 1) == ()
+    assert kv.pool.num_used == 4
 
 
 def test_swap_out_fails_cleanly_when_the_cpu_pool_is_full():
     kv = KVCacheManager(CacheConfig(block_size=4, num_blocks=8, num_cpu_blocks=2, max_model_len=32))
     request = computed_request(kv, "r", list(range(10)))
-    assert kv.swap_out(request) is None and len(kv.tables["r"]) == 3
+    assert kv.swap_out([request]) is None and len(kv.tables["r"]) == 3
 
 
 def test_sink_and_window_keep_only_sink_and_recent_blocks():

@@ -96,8 +96,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         ids = sorted(self.sched.requests)
         assert self.sched.abort(ids[pick % len(ids)])
 
-    @precondition(lambda self: any((r.num_output_tokens > 0 and r.forked) or (r.n == 1 and r.num_output_tokens)
-                                   for r in self.sched.running))
+    @precondition(lambda self: self.sched.num_running_seqs < self.sched.config.max_num_seqs and any(
+        (r.num_output_tokens > 0 and r.forked) or (r.n == 1 and r.num_output_tokens) for r in self.sched.running))
     @rule(pick=st.integers(0, 10**6))
     def fork(self, pick):
         parents = [r for r in self.sched.running if r.num_output_tokens > 0 and (r.n == 1 or r.forked)]
@@ -113,8 +113,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     # -- checks --------------------------------------------------------------------------------------------
     def _apply_memory_ops(self, out):
         bs = self.bs
-        for memory_from, memory_to, pairs in ((self.gpu, self.cpu, out.swap_out), (self.gpu, self.gpu, out.copies),
-                                              (self.cpu, self.gpu, out.swap_in)):
+        for memory_from, memory_to, pairs in ((self.gpu, self.cpu, out.swap_out), (self.cpu, self.gpu, out.swap_in),
+                                              (self.gpu, self.gpu, out.copies)):
             for src, dst in pairs:
                 for s in range(bs):
                     value = memory_from.get(src * bs + s)

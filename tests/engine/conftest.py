@@ -30,8 +30,9 @@ def hf_greedy():
             if path not in models:
                 models[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
             with torch.inference_mode():
-                out = models[path].generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                                            min_new_tokens=max_new_tokens, pad_token_id=0)
+                ids = torch.tensor([prompt])  # an explicit mask: HF would infer one from pad_token_id and hide 0s
+                out = models[path].generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                            do_sample=False, min_new_tokens=max_new_tokens, pad_token_id=0)
             cache[key] = out[0, len(prompt):].tolist()
         return cache[key]
 

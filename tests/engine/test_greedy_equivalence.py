@@ -60,3 +60,22 @@ def _bytes_per_block(path: str, block_size: int) -> int:
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = config.hidden_size // config.num_attention_heads
     return 2 * layers * block_size * heads * head_dim * 4
+
+
+@pytest.mark.parametrize("schedule", ["mixed", "prefill_first"])
+def test_chunking_off_with_a_pool_a_few_requests_wide_finishes(schedule, tiny_models, hf_greedy):
+    """A request preempted after generating tokens has prompt + generated > the token budget: with chunking off
+    it used to block the waiting queue forever. Now its recompute is chunked and every request finishes with
+    HF's greedy tokens."""
+    path = tiny_models["tiny-llama"]
+    llm = LLM(path, block_size=16, kv_cache_memory=8 * _bytes_per_block(path, 16), max_num_batched_tokens=64,
+              enable_chunked_prefill=False, enable_prefix_caching=False, max_model_len=128, schedule=schedule)
+    g = torch.Generator().manual_seed(3)
+    shapes = [(48, 60), (60, 40), (8, 4)]
+    prompts = [torch.randint(0, 256, (length,), generator=g).tolist() for length, _ in shapes]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for _, m in shapes]
+    outputs = llm.generate(prompts, params)
+    assert llm.scheduler.stats.num_preemptions > 0, "the small pool did not force a preemption"
+    for prompt, (_, max_tokens), output in zip(prompts, shapes, outputs, strict=True):
+        assert output.outputs[0].token_ids == hf_greedy(path, prompt, max_tokens)
+    assert llm.scheduler.kv.pool.num_used == 0

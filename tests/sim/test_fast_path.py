@@ -21,6 +21,9 @@ CASES = [
     (4, SimSpec(num_blocks=300, allocator="pow2", enable_prefix_caching=False, replicas=2, router="least_kv_usage")),
     (6, SimSpec(num_blocks=300, block_size=8, replicas=3, router="round_robin")),
     (5, SimSpec(num_blocks=120, block_size=16, cost_options={"step_overhead_s": 0.0, "request_overhead_s": 0.0})),
+    (7, SimSpec(num_blocks=90, block_size=16, schedule="prefill_first")),
+    (8, SimSpec(num_blocks=70, block_size=8, schedule="prefill_first", enable_chunked_prefill=False,
+                preemption_mode="swap", num_cpu_blocks=300, replicas=2, router="least_outstanding")),
 ]
 
 
@@ -58,11 +61,13 @@ def test_fast_path_equals_step_by_step_under_a_calibrated_profile(tmp_path):
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), block=st.sampled_from([1, 4, 16]), blocks=st.integers(60, 400),
        replicas=st.integers(1, 3), router=st.sampled_from(["round_robin", "least_outstanding", "prefix_aware"]),
-       eviction=st.sampled_from(["lru", "fifo", "lfu", "s3fifo"]), mode=st.sampled_from(["recompute", "swap"]))
-def test_fast_path_equals_step_by_step_on_random_configs(seed, block, blocks, replicas, router, eviction, mode):
+       eviction=st.sampled_from(["lru", "fifo", "lfu", "s3fifo"]), mode=st.sampled_from(["recompute", "swap"]),
+       schedule=st.sampled_from(["mixed", "prefill_first"]))
+def test_fast_path_equals_step_by_step_on_random_configs(seed, block, blocks, replicas, router, eviction, mode,
+                                                         schedule):
     trace = random_trace(seed, 25, rate=10.0, prompt=(4, 120), output=(1, 60), max_n=2)
     spec = SimSpec(num_blocks=blocks * 16 // block, block_size=block, replicas=replicas, router=router,
-                   eviction_policy=eviction, preemption_mode=mode, num_cpu_blocks=2000)
+                   eviction_policy=eviction, preemption_mode=mode, num_cpu_blocks=2000, schedule=schedule)
     fast, _ = run(trace, spec)
     slow, _ = run(trace, dataclasses.replace(spec, fast_path=False))
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)

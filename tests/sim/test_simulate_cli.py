@@ -72,3 +72,22 @@ def test_empty_and_unsorted_traces_are_reported():
         simulate(Trace.build([], [], []), SimSpec())
     with pytest.raises(ValueError, match="not sorted by arrival_s \\(row 2 arrives before row 1\\)"):
         simulate(Trace.build(np.array([0.0, 2.0, 1.0]), [5, 5, 5], [2, 2, 2]), SimSpec())
+
+
+def test_a_reservation_of_every_slot_runs_to_the_end(capsys):
+    """Used to end in "unfinished requests but nothing could be scheduled": the watermark came on top of a
+    reservation as large as the whole cache."""
+    assert main(["simulate", "--trace", SAMPLE, "--allocator", "max", "--num-blocks", "2168", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["completed"] == 400 and doc["info"]["rejected"] == 0
+
+
+def test_sink_window_peak_is_checked_against_every_chunk(capsys):
+    """Used to preempt one request hundreds of times and end in a RuntimeError: each later chunk needs the sinks,
+    the window and a whole budget-sized chunk, which 300 blocks cannot hold."""
+    flags = ["simulate", "--trace", SAMPLE, "--num-blocks", "300", "--sink-tokens", "4", "--window-tokens", "4096",
+             "--no-prefix-caching"]
+    assert main(flags) == 2
+    assert "needs 386 KV blocks at its peak" in capsys.readouterr().err
+    assert main([*flags, "--max-num-batched-tokens", "512", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["completed"] == 400

@@ -1,7 +1,9 @@
 """A min-heap of free cached blocks keyed by a policy-chosen priority, with lazy deletion.
 
 A block's live entry is the one whose priority equals `self._live[block_id]`; older entries for the same block
-(left behind by remove/re-insert) are skipped when they surface. Amortized O(log n) per operation.
+(left behind by remove/re-insert) are skipped when they surface. When stale entries outnumber live ones the
+heap is rebuilt from the live ones, so its size stays O(live entries) whatever the hit pattern (a popular prefix
+hit and released thousands of times leaves no trail). Amortized O(log n) per operation.
 """
 
 from __future__ import annotations
@@ -25,6 +27,18 @@ class LazyHeap:
         self._live[block.block_id] = priority
         self._blocks[block.block_id] = block
         heapq.heappush(self._heap, (priority, block.block_id))
+        if len(self._heap) > 2 * len(self._live) + 16:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the stale entries: O(live) work, paid for by the more than `live` pushes that made them."""
+        self._heap = [(priority, block_id) for block_id, priority in self._live.items()]
+        heapq.heapify(self._heap)
+
+    @property
+    def num_entries(self) -> int:
+        """Heap entries, stale ones included (what the policy's memory grows with)."""
+        return len(self._heap)
 
     def discard(self, block: KVBlock) -> None:
         del self._live[block.block_id]
