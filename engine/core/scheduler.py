@@ -126,7 +126,9 @@ class Scheduler(GroupPreemption):
         search). Call between `update()` and the next `schedule()`."""
         if child_id in self.requests:
             raise ValueError(f"request id {child_id!r} is already live")
-        self._check_seq_room(1)
+        if not self._has_seq_room(1):
+            raise ValueError(f"fork: {self.num_running_seqs} running sequences leave no room under max_num_seqs "
+                             f"{self.config.max_num_seqs}")
         child = parent.spawn(child_id)
         child.seq = next(self._seq)
         parent.children_ids.append(child_id)
@@ -137,11 +139,6 @@ class Scheduler(GroupPreemption):
             self._requeue_for_recompute(child)
             self.stats.num_preemptions += 1
         return child
-
-    def _check_seq_room(self, extra: int) -> None:
-        if self.num_running_seqs + extra > self.config.max_num_seqs:
-            raise ValueError(f"fork: {self.num_running_seqs} running sequences leave no room under max_num_seqs "
-                             f"{self.config.max_num_seqs}")
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self.swapped or len(self.waiting))
