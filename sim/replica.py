@@ -103,10 +103,7 @@ class Replica:
                 if ends:
                     yield self.env.timeout(max(ends[-1] - self.env.now, 0.0))
                     continue
-            step = sched.schedule()
-            if step.is_empty:
-                raise RuntimeError(f"replica {self.index}: {sched.num_unfinished} unfinished requests but nothing "
-                                   "could be scheduled")
+            step = sched.schedule()  # never empty while requests are unfinished: at least a preemption
             start = self.clock
             for item in step.scheduled:
                 track = self.tracks[item.request.request_id]

@@ -165,3 +165,16 @@ def test_eviction_policy_state_stays_bounded_by_the_cache(policy):
         run_to_completion(sched)
     assert sched.kv.prefix_hits >= 2999 * 32
     assert policy_footprint(sched.kv.pool.policy) <= 4 * sched.cache_config.num_blocks + 64
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_a_group_that_outgrows_the_pool_finishes_as_independent_sequences(mode):
+    """Two samples sharing a 4-token prompt need 1 + 3 + 3 blocks of a 4-block pool: the group preempts itself
+    (a step with nothing scheduled), is recomputed, and its members then run one at a time."""
+    sched = make_scheduler(block_size=4, num_blocks=4, budget=64, max_model_len=16, enable_prefix_caching=False,
+                           preemption_mode=mode, num_cpu_blocks=8 if mode == "swap" else 0)
+    sched.add_request(make_request("g", prompt_len=4, max_tokens=10, n=2))
+    finished, preempted = drain(sched)
+    assert set(preempted) >= {"g", "g#1"}
+    assert sorted((r.request_id, r.num_output_tokens) for r in finished) == [("g", 10), ("g#1", 10)]
+    check_all_free(sched)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -9,7 +10,7 @@ from engine.core import CacheConfig, SchedulerConfig
 from sim.cluster import Cluster
 from sim.cost.analytic import AnalyticCost
 from sim.routers import make_router
-from sim.run import SimSpec, collect
+from sim.run import SimSpec, collect, simulate
 from sim.specs.hardware import HardwareSpec
 from sim.specs.models import ModelSpec
 from tests.sim.helpers import random_trace, run
@@ -89,3 +90,12 @@ def test_preemption_and_eviction_counts_are_the_cores(mode):
     assert evictions > 0 and result.summary["num_evicted_blocks"] == evictions
     assert result.summary["prefix_cache_hits"] == sum(r.sched.kv.prefix_hits for r in cluster.replicas)
     assert 0 < result.summary["kv_usage_mean"] <= result.summary["kv_usage_peak"] <= 1.0
+
+
+def test_a_step_that_only_preempts_costs_its_transfers_and_the_run_goes_on():
+    """A sampling group outgrows a 4-block pool: its step preempts it and schedules nothing (it used to end the
+    run with "nothing could be scheduled"); the samples then finish as independent sequences."""
+    trace = Trace.build(np.array([0.0]), [4], [10], n=np.array([2]))
+    result = simulate(trace, SimSpec(num_blocks=4, block_size=4, enable_prefix_caching=False))
+    assert result.summary["completed"] == 1 and result.summary["num_preemptions"] == 2
+    assert result.requests["output_tokens"].tolist() == [10, 10]
