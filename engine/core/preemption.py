@@ -42,14 +42,14 @@ class GroupPreemption:
 
     def _group_of(self, request: Request, members: list[Request]) -> list[Request]:
         """`request`'s sequence group among `members` (in their order); a lone request is its own group."""
-        if request.group_id is None and not request.children_ids:
+        if not request.grouped:
             return [request]
         key = request.group
         return [r for r in members if r.group == key]
 
     def _swapped_head_group(self) -> list[Request]:
         head = self.swapped[0]
-        if head.group_id is None and not head.children_ids:
+        if not head.grouped:
             return [head]
         group = []
         for request in self.swapped:  # a group's members are adjacent

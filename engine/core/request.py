@@ -80,6 +80,11 @@ class Request:
         return self.group_id or self.request_id
 
     @property
+    def grouped(self) -> bool:
+        """Whether it shares a sequence group with others (forked from, or has forked, siblings)."""
+        return self.group_id is not None or bool(self.children_ids)
+
+    @property
     def seq_slots(self) -> int:
         """Sequences it counts for under `max_num_seqs`: n until an n > 1 request has forked its samples."""
         return self.n if not self.forked else 1
