@@ -2,13 +2,19 @@
 
 Per step: scheduled requests, prefill tokens (every token that is not a one-token decode), prefill attention
 work Σ chunk × (start + chunk/2) (kept doubled, so it stays an exact integer), decode requests, Σ and max of
-decode context (tokens attended, the new one included), and KV blocks touched (Σ over requests of the blocks
-their attention reads: the block-size effect).
+decode context (tokens attended, the new one included), KV blocks touched (Σ over requests of the blocks their
+attention reads: the block-size effect), and sampled rows (requests whose last pending token is computed in
+this step: only those rows go through the LM head and the sampler).
+
+`step_features` reads any sequence of items with `num_new_tokens`, `start_pos`, `is_decode` and `samples`: the
+core's `ScheduledRequest`s in the simulator, or the items of a recorded engine step profile (`kvplan calibrate`),
+so a live step and a simulated one are described by the same arithmetic.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -25,14 +31,22 @@ class StepFeatures:
     decode_context: np.ndarray | int
     decode_context_max: np.ndarray | int
     blocks_touched: np.ndarray | int
+    sampled: np.ndarray | int  # rows that reach the LM head (every decode; a prefill's last chunk)
 
 
-def step_features(step, block_size: int, attended_limit: int = 0) -> StepFeatures:
-    """Features of one `SchedulerOutput`. `attended_limit` > 0 caps the tokens attention reads (sink+window)."""
-    prefill = attn2 = decodes = ctx = ctx_max = blocks = 0
-    for item in step.scheduled:
+FEATURE_NAMES = tuple(f.name for f in fields(StepFeatures))
+
+
+def step_features(items: Iterable, block_size: int, attended_limit: int = 0) -> StepFeatures:
+    """Features of one step's scheduled items. `attended_limit` > 0 caps the tokens attention reads
+    (sink+window)."""
+    count = prefill = attn2 = decodes = ctx = ctx_max = blocks = sampled = 0
+    for item in items:
+        count += 1
         n, start = item.num_new_tokens, item.start_pos
         end = start + n
+        if item.samples:
+            sampled += 1
         if attended_limit:  # sink+window: attention reads at most the retained tokens
             end, start = min(end, attended_limit), min(start, attended_limit)
         blocks += -(-end // block_size)
@@ -43,7 +57,7 @@ def step_features(step, block_size: int, attended_limit: int = 0) -> StepFeature
         else:
             prefill += n
             attn2 += n * (2 * start + n)
-    return StepFeatures(len(step.scheduled), prefill, attn2, decodes, ctx, ctx_max, blocks)
+    return StepFeatures(count, prefill, attn2, decodes, ctx, ctx_max, blocks, sampled)
 
 
 def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int, block_size: int) -> StepFeatures:
@@ -55,10 +69,10 @@ def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int,
     count = np.add.reduce(alive, axis=0, dtype=np.int64)  # ufunc reductions: .sum() adds a Python layer per call
     blocks = np.add.reduce((attended + (block_size - 1)) // block_size, axis=0)
     return StepFeatures(count, 0, 0, count, np.add.reduce(attended, axis=0), np.maximum.reduce(attended, axis=0),
-                        blocks)
+                        blocks, count)
 
 
 def first_decode_features(contexts: list[int], block_size: int) -> StepFeatures:
     """The first step of `decode_stretch_features` as plain ints (a cheap estimate of the step time)."""
     return StepFeatures(len(contexts), 0, 0, len(contexts), sum(contexts), max(contexts),
-                        sum(-(-c // block_size) for c in contexts))
+                        sum(-(-c // block_size) for c in contexts), len(contexts))

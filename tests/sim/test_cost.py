@@ -10,7 +10,7 @@ import pytest
 from engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
 from sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from sim.cost.calibrated import load_profile
-from sim.cost.features import decode_stretch_features, step_features
+from sim.cost.features import FEATURE_NAMES, decode_stretch_features, step_features
 from sim.run import SimSpec, build_cost
 from sim.specs.hardware import HardwareSpec, get_hardware
 from sim.specs.models import MODELS, get_model
@@ -81,7 +81,7 @@ def test_calibrated_profile_is_a_linear_model_over_the_features(tmp_path):
     sched.update(sched.schedule())
     sched.add_request(make_request("b", prompt_len=20, max_tokens=3))
     step = sched.schedule()  # a decodes at position 40 (attends 41), b prefills 20 tokens from 0
-    f = step_features(step, 16)
+    f = step_features(step.scheduled, 16)
     expected = 1.0 + 0.1 * 2 + 0.01 * 20 + 0.001 * (20 * 10) + 2.0 + 0.0001 * 41 + 0.003 * 41 + 0.2 * (3 + 2)
     assert cost.step_times(f) == pytest.approx(expected)
     assert cost.transfer_time(3, 0) == 1.5
@@ -112,8 +112,7 @@ def test_stretch_features_match_single_steps_of_the_core():
     assert stretch.num_requests.tolist() == [3, 3, 3, 2, 2, 2, 2, 2, 1, 1, 1, 1]
     for j in range(12):
         out = sched.schedule()
-        step = step_features(out, 4)
-        for name in ("num_requests", "prefill_tokens", "prefill_attention2", "decode_requests", "decode_context",
-                     "decode_context_max", "blocks_touched"):
+        step = step_features(out.scheduled, 4)
+        for name in FEATURE_NAMES:
             assert getattr(step, name) == np.broadcast_to(getattr(stretch, name), 12)[j], (name, j)
         sched.update(out)
