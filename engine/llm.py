@@ -19,7 +19,7 @@ import torch
 from engine.attention import register_paged_attention
 from engine.backends import default_backend, make_backend
 from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
-from engine.core.outputs import SchedulerOutput
+from engine.core.outputs import SchedulerOutput, UpdateOutput
 from engine.cpu_linear import can_pack, pack_linears
 from engine.kv_cache import KVLayout, PagedKVCache
 from engine.model_runner import ModelRunner
@@ -30,6 +30,16 @@ from engine.sampling import SampledToken, SamplingParams, sample_row
 
 DEFAULT_KV_CACHE_MEMORY = 512 << 20
 DEFAULT_SWAP_SPACE = 256 << 20
+
+
+@dataclass(slots=True)
+class StepTrace:
+    """What the last `step()` did: read by the live replay and the calibration driver."""
+
+    output: SchedulerOutput
+    update: UpdateOutput
+    times_s: dict[str, float]  # schedule / prepare / forward / sample / update
+    kv_usage: float  # fraction of KV blocks in use while the step ran
 
 
 @dataclass(slots=True)
@@ -56,7 +66,8 @@ class LLM:
                  max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  max_model_len: int | None = None, dtype: str | torch.dtype = "float32", device: str | None = None,
                  attention_backend: str | None = None, kv_cache_dtype: str = "auto", sink_tokens: int = 0,
-                 window_tokens: int = 0, seed: int = 0, profile_path: str | Path | None = None) -> None:
+                 window_tokens: int = 0, seed: int = 0, profile_path: str | Path | None = None,
+                 num_gpu_blocks_override: int | None = None) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.loaded = load_model(model, dtype=dtype, device=str(self.device),
@@ -68,8 +79,8 @@ class LLM:
         layout = KVLayout(self.loaded.num_layers, self.loaded.num_kv_heads, self.loaded.head_dim, block_size,
                           self._kv_dtype(kv_cache_dtype, dtype))
         backend = make_backend(attention_backend or default_backend(self.device), self.device)
-        num_blocks = self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization, backend,
-                                      max_num_batched_tokens)
+        num_blocks = num_gpu_blocks_override or self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization,
+                                                                 backend, max_num_batched_tokens)
         num_cpu_blocks = layout.blocks_in(swap_space) if preemption_mode == "swap" else 0
         try:
             cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
@@ -90,9 +101,13 @@ class LLM:
         self._groups: dict[str, _Group] = {}
         self._owner: dict[str, tuple[str, int]] = {}  # sequence id -> (group id, index)
         self._counter = 0
-        self.profiler = None if profile_path is None else StepProfiler(profile_path, {
-            "model": model, "device": str(self.device), "dtype": str(dtype), "block_size": block_size,
-            "num_blocks": num_blocks, "torch": torch.__version__})
+        self.last_step: StepTrace | None = None
+        self.profile_meta = {
+            "model": model, "device": str(self.device), "dtype": str(dtype).removeprefix("torch."),
+            "kv_dtype": str(layout.dtype).removeprefix("torch."), "block_size": block_size, "num_blocks": num_blocks,
+            "num_cpu_blocks": num_cpu_blocks, "sink_tokens": sink_tokens, "window_tokens": window_tokens,
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
+        self.profiler = None if profile_path is None else StepProfiler(profile_path, self.profile_meta)
 
     @staticmethod
     def _kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -178,6 +193,7 @@ class LLM:
         times: dict[str, float] = {}
         mark = self._clock()
         out = self.scheduler.schedule()
+        usage = self.scheduler.kv.usage()  # the blocks this step holds (the simulator reads it at the same point)
         mark = scheduled_at = self._lap(times, "schedule", mark)
         self.runner.apply_memory_ops(out)
         sampled: list = [None] * len(out.scheduled)
@@ -191,6 +207,7 @@ class LLM:
         result = self.scheduler.update(out, sampled)
         now = self._lap(times, "update", mark)
         finished = self._record(out, result, scheduled_at, now)
+        self.last_step = StepTrace(out, result, times, usage)
         if self.profiler is not None:
             self.profiler.record(out, self.kv_cache.layout.block_size, times)
         return finished

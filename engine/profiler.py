@@ -1,8 +1,10 @@
-"""Step profiler: one JSONL record per engine step - the input of `kvplan calibrate`.
+"""Step profiler: one JSONL record per engine step - the input of `kvplan calibrate` and of policy validation.
 
-Each record holds the batch composition (per prefill: new tokens and the cached prefix they attend to; per
-decode: its context length), the block size and blocks touched, and the wall time split into schedule /
-prepare / forward / sample / update. Records go to a temporary file that is renamed into place on close, so an
+The first line is `{"meta": {...}}` (model, device, dtype, block size, KV blocks, sink/window, versions). Each
+step record holds the batch composition - one item per scheduled request: `[request id, new tokens, start
+position, is decode, samples]` - the swap and copy-on-write block counts, and the wall time split into schedule /
+prepare / forward / sample / update plus the whole step (`wall_s`). A live replay adds the step's start and end on
+the trace's clock (`start_s`, `end_s`). Records go to a temporary file that is renamed into place on close, so an
 interrupted run never leaves a half-written profile.
 """
 
@@ -15,15 +17,12 @@ from pathlib import Path
 from engine.core.outputs import SchedulerOutput
 
 
-def step_record(step: SchedulerOutput, block_size: int, times: dict[str, float]) -> dict:
-    prefills = [{"new_tokens": i.num_new_tokens, "cached_prefix": i.start_pos} for i in step.scheduled
-                if not i.is_decode]
-    decodes = [i.start_pos + 1 for i in step.scheduled if i.is_decode]
-    blocks = sum(sum(1 for b in i.block_ids if b >= 0) for i in step.scheduled)
-    return {"step": step.step_id, "block_size": block_size, "prefill": prefills, "decode_context_lens": decodes,
-            "num_batched_tokens": step.num_batched_tokens, "blocks_touched": blocks,
-            "num_copies": len(step.copies), "num_swap_out": len(step.swap_out), "num_swap_in": len(step.swap_in),
-            "times_s": times}
+def step_record(step: SchedulerOutput, block_size: int, times: dict[str, float], **extra: float) -> dict:
+    items = [[i.request_id, i.num_new_tokens, i.start_pos, i.is_decode, i.samples] for i in step.scheduled]
+    return {"step": step.step_id, "block_size": block_size, "items": items,
+            "num_batched_tokens": step.num_batched_tokens, "num_copies": len(step.copies),
+            "num_swap_out": len(step.swap_out), "num_swap_in": len(step.swap_in), "times_s": times,
+            "wall_s": sum(times.values()), **extra}
 
 
 class StepProfiler:
@@ -34,10 +33,16 @@ class StepProfiler:
         self._file = self._tmp.open("w")
         self._file.write(json.dumps({"meta": meta}) + "\n")
 
-    def record(self, step: SchedulerOutput, block_size: int, times: dict[str, float]) -> None:
-        self._file.write(json.dumps(step_record(step, block_size, times)) + "\n")
+    def record(self, step: SchedulerOutput, block_size: int, times: dict[str, float], **extra: float) -> None:
+        self._file.write(json.dumps(step_record(step, block_size, times, **extra)) + "\n")
 
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
             os.replace(self._tmp, self.path)
+
+    def discard(self) -> None:
+        """Drop a profile that must not be published (the run failed)."""
+        if not self._file.closed:
+            self._file.close()
+            self._tmp.unlink(missing_ok=True)

@@ -16,7 +16,8 @@ from traces import Trace
 
 class Cluster:
     def __init__(self, trace: Trace, num_replicas: int, router: Router, cache: CacheConfig, config: SchedulerConfig,
-                 cost: CostModel, *, sample_interval_s: float = 1.0, fast_path: bool = True) -> None:
+                 cost: CostModel, *, sample_interval_s: float = 1.0, fast_path: bool = True,
+                 record_tokens: bool = False) -> None:
         self.env = simpy.Environment()
         self.trace = trace
         self.router = router
@@ -26,7 +27,7 @@ class Cluster:
         reads_cache = getattr(router, "reads_prefix_cache", False) and cache.enable_prefix_caching
         self.replicas = [Replica(self.env, i, cache, config, cost, self.log, self._next_arrival,
                                  sample_interval_s=sample_interval_s, fast_path=fast_path,
-                                 cross_arrivals=not reads_cache)
+                                 cross_arrivals=not reads_cache, record_tokens=record_tokens)
                          for i in range(num_replicas)]
         self.env.process(self._arrivals())
 

@@ -46,12 +46,14 @@ class Track:
     first_token_s: float = NAN
     last_token_s: float = NAN
     itl_max_s: float = 0.0
+    times: list[float] | None = None  # every token time, when the replica records them (policy validation)
 
 
 class Replica:
     def __init__(self, env: simpy.Environment, index: int, cache: CacheConfig, config: SchedulerConfig,
                  cost: CostModel, log: RequestLog, next_arrival: Callable[[int], float], *,
-                 sample_interval_s: float = 1.0, fast_path: bool = True, cross_arrivals: bool = True) -> None:
+                 sample_interval_s: float = 1.0, fast_path: bool = True, cross_arrivals: bool = True,
+                 record_tokens: bool = False) -> None:
         self.env, self.index, self.cost, self.log = env, index, cost, log
         self.sched = Scheduler(cache, config)
         self.block_size = cache.block_size
@@ -60,6 +62,12 @@ class Replica:
         self.sample_interval_s, self.next_sample_s = sample_interval_s, 0.0
         self.fast_path = fast_path
         self.cross_arrivals = cross_arrivals  # may a stretch run across an arrival (see `_fast_forward`)
+        # Every token time per (row, sample), for comparing with a live run; stretches stamp only their ends.
+        self.token_times: dict[tuple[int, int], list[float]] | None = None
+        if record_tokens:
+            if fast_path:
+                raise ValueError("recording every token time needs the step-by-step path (fast_path=False)")
+            self.token_times = {}
         self.itl = ItlLog()
         self.tracks: dict[str, Track] = {}
         self.rejected: list[tuple[int, str]] = []
@@ -78,7 +86,8 @@ class Replica:
         return self.sched.num_unfinished
 
     def submit(self, request: Request, row: int) -> None:
-        self.tracks[request.request_id] = Track(row, 0, request.arrival_s)
+        self.tracks[request.request_id] = Track(row, 0, request.arrival_s,
+                                                times=None if self.token_times is None else [])
         if not self.sched.add_request(request):
             del self.tracks[request.request_id]
             self.rejected.append((row, request.finish_reason or "rejected"))
@@ -132,11 +141,14 @@ class Replica:
             # A sibling that found no room (reservation allocators) samples its first token after a recompute.
             first = end if child.status is RequestStatus.RUNNING or child.status is RequestStatus.FINISHED else NAN
             self.tracks[child.request_id] = Track(parent.request, sample, parent.arrival_s, parent.first_scheduled_s,
-                                                  first, first)
+                                                  first, first, times=None if parent.times is None
+                                                  else [first] if first == first else [])
         for request in update.finished:
             self._close(request, end)
 
     def _token(self, track: Track, now: float) -> None:
+        if track.times is not None:
+            track.times.append(now)
         if track.last_token_s != track.last_token_s:  # NaN: the first token
             track.first_token_s = now
         else:
@@ -164,6 +176,8 @@ class Replica:
 
     def _close(self, request: Request, end: float) -> None:
         t = self.tracks.pop(request.request_id)
+        if t.times is not None:
+            self.token_times[(t.request, t.sample)] = t.times
         self.log.add(t.request, t.sample, self.index, t.arrival_s, t.first_scheduled_s, t.first_token_s, end,
                      request.prompt_len, request.num_output_tokens, request.num_cached_tokens,
                      request.num_preemptions, t.itl_max_s)

@@ -12,6 +12,7 @@ from sim.cluster import Cluster
 from sim.cost import CostModel
 from sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from sim.cost.calibrated import load_profile
+from sim.cost.recorded import RecordedCost, read_step_profile
 from sim.metrics import kv_summary, summarize
 from sim.replica import SERIES_COLUMNS
 from sim.routers import make_router
@@ -19,7 +20,7 @@ from sim.specs.hardware import get_hardware
 from sim.specs.models import DTYPE_BYTES, get_model
 from traces import Trace
 
-COST_MODELS = ("analytic", "calibrated")
+COST_MODELS = ("analytic", "calibrated", "recorded")
 
 
 @dataclass(slots=True)
@@ -27,7 +28,7 @@ class SimSpec:
     model: str = "llama-3-8b"
     hardware: str = "h100-sxm"
     cost: str = "analytic"
-    profile: str | None = None  # calibrated cost: the profile YAML
+    profile: str | None = None  # calibrated cost: the profile YAML; recorded cost: a live replay's steps.jsonl
     replicas: int = 1
     router: str = "round_robin"
     block_size: int = 16
@@ -51,6 +52,7 @@ class SimSpec:
     schedule: str = "mixed"
     sample_interval_s: float | None = None  # default: the trace span / 100
     fast_path: bool = True
+    record_tokens: bool = False  # keep every token time (SimResult.token_times); step by step
     cost_options: dict = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
 
 
@@ -60,6 +62,7 @@ class SimResult:
     requests: pd.DataFrame
     series: pd.DataFrame
     info: dict
+    token_times: dict[tuple[int, int], list[float]] | None = None  # (row, sample) -> every token's time
 
 
 def check_trace(trace: Trace, name: str = "trace") -> None:
@@ -84,6 +87,15 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
                                 max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs)
     if spec.cost == "analytic":
         cost: CostModel = AnalyticCost(model, hardware, spec.block_size, kv_bytes, **spec.cost_options)
+    elif spec.cost == "recorded":
+        if spec.profile is None:
+            raise ValueError("--profile: the recorded cost model needs a live replay's steps.jsonl")
+        meta, steps = read_step_profile(spec.profile)
+        if meta.get("block_size") != spec.block_size:
+            raise ValueError(f"--block-size: {spec.block_size} differs from the recorded run's "
+                             f"{meta.get('block_size')}; allowed: {meta.get('block_size')}")
+        cost = RecordedCost(steps, str(spec.profile))
+        blocks = int(meta["num_blocks"])
     elif spec.cost == "calibrated":
         if spec.profile is None:
             raise ValueError("--profile: the calibrated cost model needs a profile YAML")
@@ -142,8 +154,10 @@ def simulate(trace: Trace, spec: SimSpec) -> SimResult:
     interval = spec.sample_interval_s
     if interval is None:
         interval = max(float(trace.arrival_s[-1] - trace.arrival_s[0]) / 100.0, 1e-3)
+    # A recorded cost prices steps one by one, by id; token times are recorded step by step.
+    fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens
     cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,
-                      fast_path=spec.fast_path)
+                      fast_path=fast_path, record_tokens=spec.record_tokens)
     cluster.run()
     return collect(cluster, num_blocks)
 
@@ -160,4 +174,7 @@ def collect(cluster: Cluster, num_blocks: int) -> SimResult:
             "steps": sum(r.sched.stats.num_steps for r in replicas),
             "fast_steps": sum(r.num_fast_steps for r in replicas),
             "rejected": len(rejected), "rejected_first": [f"row {row}: {why}" for row, why in rejected[:3]]}
-    return SimResult(summarize(table, cluster.itl(), kv), table, series, info)
+    tokens = None
+    if replicas[0].token_times is not None:
+        tokens = {key: times for r in replicas for key, times in r.token_times.items()}
+    return SimResult(summarize(table, cluster.itl(), kv), table, series, info, tokens)

@@ -23,7 +23,11 @@ class CostModel(Protocol):
 
 def step_time(model: CostModel, step, block_size: int, attended_limit: int = 0) -> float:
     """Seconds for one `SchedulerOutput`: compute plus its swap and copy-on-write transfers. A step that only
-    preempts (a sequence group that cannot grow in place) runs no forward pass: it costs its transfers alone."""
+    preempts (a sequence group that cannot grow in place) runs no forward pass: it costs its transfers alone.
+    A recorded cost (a live run's measured steps) prices the step by its id."""
+    recorded = getattr(model, "recorded_step_time", None)
+    if recorded is not None:
+        return recorded(step)
     compute = float(model.step_times(step_features(step.scheduled, block_size, attended_limit))) if step.scheduled else 0.0
     moved = len(step.swap_out) + len(step.swap_in)
     if moved or step.copies:

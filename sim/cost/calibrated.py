@@ -1,26 +1,34 @@
 """Calibrated cost: a linear model over the step features with coefficients fitted on live engine runs.
 
-A profile YAML (written by hand until `kvplan calibrate` exists) looks like::
+A profile (`profiles/*.yaml`, written by `kvplan calibrate`, read by `--cost calibrated --profile P`)::
 
-    model: llama-3-8b
-    device: h100-sxm
-    block_size: 16                 # the block size the profile was measured at (informational)
-    kv_capacity_blocks: 30000      # optional: measured KV capacity, overrides the analytic estimate
+    model: llama-100m
+    device: cpu-local
+    dtype: bfloat16
+    block_size: 16                 # the block size kv_capacity_blocks was measured at
+    block_sizes: [8, 16, 32]       # the block sizes the steps were measured at
+    kv_capacity_blocks: 1365       # measured KV capacity (overrides the analytic estimate)
     coefficients:                  # seconds per unit of each feature; missing ones are 0
-      step: 2.1e-3                 # fixed per-step overhead
-      request: 1.5e-5              # per scheduled request
+      step: 2.1e-3                 # fixed per-step overhead (scheduling, launch, weights read once)
+      request: 1.5e-5              # per scheduled request (input preparation)
       prefill_tokens: 6.0e-5
       prefill_attention: 1.0e-9    # per unit of Σ chunk × (cached prefix + chunk/2)
       decode_requests: 2.0e-5
       decode_context: 1.0e-8       # per token of Σ decode context
       decode_context_max: 5.0e-7   # per token of the longest decode context (the spread)
       blocks_touched: 3.0e-7
+      sampled: 4.0e-4              # per row through the LM head and the sampler
     swap_seconds_per_block: 2.0e-5
     copy_seconds_per_block: 1.0e-6
+    fit: {...}                     # fit quality: R², held-out error, residual percentiles
+    provenance: {...}              # machine, versions, threads, date, git revision, command
+
+Every coefficient must be a finite number >= 0: a negative one could price a step below zero.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,9 +38,16 @@ import yaml
 from sim.cost.features import StepFeatures
 
 COEFFICIENTS = ("step", "request", "prefill_tokens", "prefill_attention", "decode_requests", "decode_context",
-                "decode_context_max", "blocks_touched")
-PROFILE_KEYS = ("model", "device", "block_size", "kv_capacity_blocks", "coefficients", "swap_seconds_per_block",
-                "copy_seconds_per_block", "fit", "provenance")
+                "decode_context_max", "blocks_touched", "sampled")
+TRANSFERS = ("swap_seconds_per_block", "copy_seconds_per_block")
+PROFILE_KEYS = ("model", "device", "dtype", "block_size", "block_sizes", "kv_capacity_blocks", "coefficients",
+                *TRANSFERS, "fit", "provenance")
+
+
+def feature_columns(f: StepFeatures) -> tuple:
+    """The values each coefficient multiplies, in `COEFFICIENTS` order (the calibrated model's design row)."""
+    return (1, f.num_requests, f.prefill_tokens, f.prefill_attention2 / 2.0, f.decode_requests, f.decode_context,
+            f.decode_context_max, f.blocks_touched, f.sampled)
 
 
 @dataclass(slots=True)
@@ -41,25 +56,52 @@ class CalibratedCost:
     swap_seconds_per_block: float = 0.0
     copy_seconds_per_block: float = 0.0
     kv_capacity_blocks: int | None = None
-    meta: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)  # every other profile key (model, device, block_size, fit, ...)
 
     def step_times(self, f: StepFeatures) -> np.ndarray | float:
         c = self.coefficients.get
-        return (c("step", 0.0) + c("request", 0.0) * f.num_requests + c("prefill_tokens", 0.0) * f.prefill_tokens
-                + c("prefill_attention", 0.0) * (f.prefill_attention2 / 2.0)
-                + c("decode_requests", 0.0) * f.decode_requests + c("decode_context", 0.0) * f.decode_context
-                + c("decode_context_max", 0.0) * f.decode_context_max
-                + c("blocks_touched", 0.0) * f.blocks_touched)
+        total = 0.0
+        for name, value in zip(COEFFICIENTS, feature_columns(f), strict=True):
+            coefficient = c(name, 0.0)
+            if coefficient:
+                total = total + coefficient * value
+        return total
 
     def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float:
         return swapped_blocks * self.swap_seconds_per_block + copied_blocks * self.copy_seconds_per_block
+
+    def to_dict(self) -> dict:
+        doc = {k: v for k, v in self.meta.items() if k in PROFILE_KEYS}
+        if self.kv_capacity_blocks is not None:
+            doc["kv_capacity_blocks"] = self.kv_capacity_blocks
+        doc["coefficients"] = {k: float(self.coefficients.get(k, 0.0)) for k in COEFFICIENTS}
+        doc["swap_seconds_per_block"] = float(self.swap_seconds_per_block)
+        doc["copy_seconds_per_block"] = float(self.copy_seconds_per_block)
+        order = {k: i for i, k in enumerate(PROFILE_KEYS)}
+        return dict(sorted(doc.items(), key=lambda kv: order[kv[0]]))
+
+
+def save_profile(cost: CalibratedCost, path: str | Path, header: str = "") -> None:
+    from kvplan.output import write_atomic  # the one atomic writer; imported late (kvplan imports sim)
+
+    text = yaml.safe_dump(cost.to_dict(), sort_keys=False, width=120)
+    write_atomic(path, "".join(f"# {line}\n" for line in header.splitlines()) + text)
+
+
+def _seconds(path: Path, key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{path}: {key}: must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def load_profile(path: str | Path) -> CalibratedCost:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--profile: {path}: no such profile file")
-    doc = yaml.safe_load(path.read_text())
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: a profile is a YAML mapping with keys {', '.join(PROFILE_KEYS)}")
     unknown = sorted(set(doc) - set(PROFILE_KEYS))
@@ -68,14 +110,19 @@ def load_profile(path: str | Path) -> CalibratedCost:
     coeffs = doc.get("coefficients")
     if not isinstance(coeffs, dict) or not coeffs:
         raise ValueError(f"{path}: coefficients: a mapping of feature -> seconds; allowed: {', '.join(COEFFICIENTS)}")
-    for key, value in coeffs.items():
+    for key in coeffs:
         if key not in COEFFICIENTS:
             raise ValueError(f"{path}: coefficients.{key}: unknown feature; allowed: {', '.join(COEFFICIENTS)}")
-        if not isinstance(value, int | float):
-            raise ValueError(f"{path}: coefficients.{key}: must be a number, got {value!r}")
+    coefficients = {k: _seconds(path, f"coefficients.{k}", v) for k, v in coeffs.items()}
+    if not any(coefficients.values()):
+        raise ValueError(f"{path}: coefficients: all zero would price every step at 0 s; allowed: at least one > 0")
     capacity = doc.get("kv_capacity_blocks")
-    if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
         raise ValueError(f"{path}: kv_capacity_blocks: must be an integer >= 1, got {capacity!r}")
-    return CalibratedCost({k: float(v) for k, v in coeffs.items()},
-                          float(doc.get("swap_seconds_per_block", 0.0)), float(doc.get("copy_seconds_per_block", 0.0)),
-                          capacity, {k: doc[k] for k in ("model", "device", "block_size") if k in doc})
+    block_size = doc.get("block_size")
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
+                                   or block_size < 1):
+        raise ValueError(f"{path}: block_size: must be an integer >= 1, got {block_size!r}")
+    transfers = [_seconds(path, k, doc.get(k, 0.0)) for k in TRANSFERS]
+    meta = {k: v for k, v in doc.items() if k not in ("coefficients", "kv_capacity_blocks", *TRANSFERS)}
+    return CalibratedCost(coefficients, *transfers, capacity, meta)

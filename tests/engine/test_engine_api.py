@@ -97,9 +97,10 @@ def test_step_profiler_writes_one_record_per_step(tiny_models, tmp_path):
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines[0]["meta"]["block_size"] == 4 and len(lines) == steps + 1
     first = lines[1]
-    assert first["prefill"] == [{"new_tokens": 16, "cached_prefix": 0}] and first["decode_context_lens"] == []
+    assert first["items"] == [["req-0", 16, 0, False, False]]  # [id, new tokens, start, is decode, samples]
     assert set(first["times_s"]) == {"schedule", "prepare", "forward", "sample", "update"}
-    assert any(rec["decode_context_lens"] for rec in lines[1:])
+    assert first["wall_s"] == pytest.approx(sum(first["times_s"].values()))
+    assert any(item[3] and item[4] for rec in lines[1:] for item in rec["items"])
 
 
 def test_generate_cli_prints_tokens_and_metrics(tiny_models, capsys):

@@ -1,0 +1,109 @@
+"""Engine step profiles (JSONL, written by `engine.profiler`) and the recorded cost model built from them.
+
+`RecordedCost` prices simulated step i with live step i's measured duration (end − start on the trace clock):
+the simulator then reproduces the live run's timing exactly, so any difference in token times is a difference
+in policy. It also checks, step by step, that the simulated batch is the live one (same requests, same new
+tokens, same start positions) and stops at the first step that differs, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.cost.features import StepFeatures
+
+
+class PolicyDivergence(RuntimeError):
+    """The simulated scheduler did not schedule what the live engine scheduled."""
+
+
+@dataclass(slots=True)
+class ProfiledItem:
+    """One scheduled request of a recorded step (the fields `step_features` reads, plus its id)."""
+
+    request_id: str
+    num_new_tokens: int
+    start_pos: int
+    is_decode: bool
+    samples: bool
+
+
+@dataclass(slots=True)
+class ProfiledStep:
+    step: int
+    block_size: int
+    items: list[ProfiledItem]
+    swapped_blocks: int
+    copied_blocks: int
+    wall_s: float  # the engine's own step() time
+    start_s: float | None = None  # on the trace clock (live replay only)
+    end_s: float | None = None
+
+    @property
+    def duration_s(self) -> float:
+        """The time a simulator must charge for this step: the replay's start-to-end when known."""
+        return self.end_s - self.start_s if self.end_s is not None else self.wall_s
+
+
+def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
+    """(meta, steps) of a step profile; a malformed line is an error naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such step profile")
+    meta: dict | None = None
+    steps: list[ProfiledStep] = []
+    with path.open() as f:
+        for number, line in enumerate(f, 1):
+            try:
+                record = json.loads(line)
+                if number == 1:
+                    meta = record["meta"]
+                    continue
+                items = [ProfiledItem(str(i[0]), int(i[1]), int(i[2]), bool(i[3]), bool(i[4]))
+                         for i in record["items"]]
+                steps.append(ProfiledStep(int(record["step"]), int(record["block_size"]), items,
+                                          int(record["num_swap_out"]) + int(record["num_swap_in"]),
+                                          int(record["num_copies"]), float(record["wall_s"]),
+                                          record.get("start_s"), record.get("end_s")))
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                what = "a {'meta': {...}} header" if number == 1 else "a step record"
+                raise ValueError(f"{path}:{number}: not {what} of an engine step profile ({exc!r})") from None
+    if meta is None:
+        raise ValueError(f"{path}:1: empty step profile; allowed: a file written by the engine's step profiler")
+    return meta, steps
+
+
+class RecordedCost:
+    """Prices step i of a simulation with step i of a live replay's profile (a replay of the same trace)."""
+
+    def __init__(self, steps: list[ProfiledStep], source: str = "profile") -> None:
+        if any(s.start_s is None for s in steps):
+            raise ValueError(f"{source}: not the step profile of a live replay (steps lack start_s/end_s); "
+                             "allowed: the steps.jsonl that `kvplan replay` writes")
+        self.steps = {s.step: s for s in steps}
+        self.source = source
+
+    def recorded_step_time(self, step) -> float:
+        live = self.steps.get(step.step_id)
+        if live is None:
+            raise PolicyDivergence(f"{self.source}: the simulation ran a step {step.step_id} the live run never "
+                                   f"ran (it recorded {len(self.steps)} steps)")
+        simulated = [(i.request_id, i.num_new_tokens, i.start_pos) for i in step.scheduled]
+        recorded = [(i.request_id, i.num_new_tokens, i.start_pos) for i in live.items]
+        if sorted(simulated) != sorted(recorded):
+            extra = sorted(set(simulated) - set(recorded))[:3]
+            missing = sorted(set(recorded) - set(simulated))[:3]
+            raise PolicyDivergence(f"{self.source}: step {step.step_id} differs: the simulation scheduled "
+                                   f"{extra} that the live run did not, and not {missing} that it did "
+                                   "(request id, new tokens, start)")
+        return live.duration_s
+
+    def step_times(self, f: StepFeatures) -> np.ndarray | float:
+        raise TypeError("a recorded cost prices steps by their id, not their features: run without the fast path")
+
+    def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float:
+        return 0.0  # the recorded duration includes the step's swaps and copies
