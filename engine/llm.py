@@ -106,7 +106,7 @@ class LLM:
             "model": model, "device": str(self.device), "dtype": str(dtype).removeprefix("torch."),
             "kv_dtype": str(layout.dtype).removeprefix("torch."), "block_size": block_size, "num_blocks": num_blocks,
             "num_cpu_blocks": num_cpu_blocks, "sink_tokens": sink_tokens, "window_tokens": window_tokens,
-            "threads": torch.get_num_threads(), "torch": torch.__version__}
+            "threads": torch.get_num_threads(), "torch": str(torch.__version__)}
         self.profiler = None if profile_path is None else StepProfiler(profile_path, self.profile_meta)
 
     @staticmethod

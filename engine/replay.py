@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 from engine.core import RequestStatus
@@ -98,7 +99,7 @@ class LiveReplay:
 
     def _serve(self, requests: Sequence[ReplayRequest], profiler: StepProfiler | None) -> ReplayLog:
         llm, sched = self.llm, self.llm.scheduler
-        if any(b.arrival_s < a.arrival_s for a, b in zip(requests, requests[1:], strict=False)):
+        if any(b.arrival_s < a.arrival_s for a, b in pairwise(requests)):
             raise ValueError("replay: requests must be sorted by arrival_s")
         t0 = requests[0].arrival_s if requests else 0.0
         origin = self.clock() - t0

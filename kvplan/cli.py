@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Verbs in the order `kvplan --help` lists them; later features add their module here.
-COMMANDS = ("trace", "simulate", "generate", "bench")
+COMMANDS = ("trace", "simulate", "generate", "replay", "calibrate", "validate", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

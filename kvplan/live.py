@@ -42,7 +42,7 @@ class EngineOptions:
     window_tokens: int = 0
 
     @classmethod
-    def keys(cls) -> tuple[str, ...]:
+    def option_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
 
     def llm_kwargs(self) -> dict:

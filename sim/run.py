@@ -18,6 +18,7 @@ from sim.replica import SERIES_COLUMNS
 from sim.routers import make_router
 from sim.specs.hardware import get_hardware
 from sim.specs.models import DTYPE_BYTES, get_model
+from sim.specs.profiles import PROFILED_DEVICES, shipped_profile
 from traces import Trace
 
 COST_MODELS = ("analytic", "calibrated", "recorded")
@@ -75,7 +76,41 @@ def check_trace(trace: Trace, name: str = "trace") -> None:
 
 
 def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
-    """The cost model and the KV capacity in blocks it implies (unless `spec.num_blocks` overrides it)."""
+    """The cost model and the KV capacity in blocks it implies (unless `spec.num_blocks` overrides it). A profiled
+    device (`cpu-local`) means the calibrated cost of its shipped profile for the model."""
+    cost_name, profile = spec.cost, spec.profile
+    if spec.hardware in PROFILED_DEVICES:
+        if cost_name == "analytic":
+            cost_name = "calibrated"
+        if cost_name == "calibrated" and profile is None:
+            profile = str(shipped_profile(spec.model, spec.hardware))
+    if cost_name == "analytic":
+        return analytic_cost(spec)
+    if cost_name == "recorded":
+        if profile is None:
+            raise ValueError("--profile: the recorded cost model needs a live replay's steps.jsonl")
+        meta, steps = read_step_profile(profile)
+        if meta.get("block_size") != spec.block_size:
+            raise ValueError(f"--block-size: {spec.block_size} differs from the recorded run's "
+                             f"{meta.get('block_size')}; allowed: {meta.get('block_size')}")
+        return RecordedCost(steps, str(profile)), spec.num_blocks or int(meta["num_blocks"])
+    if cost_name != "calibrated":
+        raise ValueError(f"--cost: unknown cost model {spec.cost!r}; allowed: {', '.join(COST_MODELS)}")
+    if profile is None:
+        raise ValueError("--profile: the calibrated cost model needs a profile YAML")
+    cost = load_profile(profile)
+    measured_at = int(cost.meta.get("block_size", spec.block_size))
+    # Transfers and capacity were measured at the profile's block size: the same bytes re-cut into this size.
+    cost.swap_seconds_per_block *= spec.block_size / measured_at
+    cost.copy_seconds_per_block *= spec.block_size / measured_at
+    if spec.num_blocks is not None:
+        return cost, spec.num_blocks
+    if cost.kv_capacity_blocks is None:
+        return cost, analytic_cost(spec)[1]
+    return cost, cost.kv_capacity_blocks * measured_at // spec.block_size
+
+
+def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
     model, hardware = get_model(spec.model), get_hardware(spec.hardware)
     kv_bytes = None
     if spec.kv_dtype is not None:
@@ -85,27 +120,7 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
     blocks = kv_capacity_blocks(model, hardware, spec.block_size, kv_dtype_bytes=kv_bytes,
                                 gpu_memory_utilization=spec.gpu_memory_utilization,
                                 max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs)
-    if spec.cost == "analytic":
-        cost: CostModel = AnalyticCost(model, hardware, spec.block_size, kv_bytes, **spec.cost_options)
-    elif spec.cost == "recorded":
-        if spec.profile is None:
-            raise ValueError("--profile: the recorded cost model needs a live replay's steps.jsonl")
-        meta, steps = read_step_profile(spec.profile)
-        if meta.get("block_size") != spec.block_size:
-            raise ValueError(f"--block-size: {spec.block_size} differs from the recorded run's "
-                             f"{meta.get('block_size')}; allowed: {meta.get('block_size')}")
-        cost = RecordedCost(steps, str(spec.profile))
-        blocks = int(meta["num_blocks"])
-    elif spec.cost == "calibrated":
-        if spec.profile is None:
-            raise ValueError("--profile: the calibrated cost model needs a profile YAML")
-        cost = load_profile(spec.profile)
-        if cost.kv_capacity_blocks is not None:
-            # Measured at the profile's block size: the same KV bytes re-cut into blocks of this size.
-            measured_at = int(cost.meta.get("block_size", spec.block_size))
-            blocks = cost.kv_capacity_blocks * measured_at // spec.block_size
-    else:
-        raise ValueError(f"--cost: unknown cost model {spec.cost!r}; allowed: {', '.join(COST_MODELS)}")
+    cost = AnalyticCost(model, hardware, spec.block_size, kv_bytes, **spec.cost_options)
     return cost, spec.num_blocks if spec.num_blocks is not None else blocks
 
 

@@ -21,9 +21,12 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", required=True, help="trace file (any format `kvplan trace` reads)")
     p.add_argument("--trace-format", default=None, help="trace format, when detection is not enough")
     p.add_argument("--model", default="llama-3-8b", help="built-in model spec or a path to an HF config.json")
-    p.add_argument("--hardware", default="h100-sxm", help="built-in hardware (a100-40gb, h100-sxm, l4, ...)")
-    p.add_argument("--cost", default="analytic", help="cost model: analytic or calibrated")
-    p.add_argument("--profile", default=None, help="calibrated cost profile YAML")
+    p.add_argument("--hardware", default="h100-sxm",
+                   help="built-in hardware (a100-40gb, h100-sxm, l4, ...), or cpu-local: this kind of 2-core CPU "
+                        "through the shipped calibrated profile of --model (llama-100m, smollm2-135m)")
+    p.add_argument("--cost", default="analytic", help="cost model: analytic, calibrated (--profile P.yaml) or recorded "
+                   "(--profile steps.jsonl of a live replay of this trace)")
+    p.add_argument("--profile", default=None, help="calibrated profile YAML, or a replay's steps.jsonl")
     p.add_argument("--block-size", type=int, nargs="+", default=[16],
                    help="KV block size; several values run one simulation each and compare them")
     p.add_argument("--replicas", type=int, default=1)

@@ -37,9 +37,19 @@ class ModelSpec:
         return self.num_layers * self.layer_params + embed * (1 if self.tied_embeddings else 2)
 
     @property
+    def layer_matmul_params(self) -> int:
+        """Parameters of every layer's GEMMs (q, k, v, o and the MLP): every token in a step multiplies through them."""
+        return self.num_layers * self.layer_params
+
+    @property
+    def lm_head_params(self) -> int:
+        """The LM head (vocab × hidden; the embedding table itself when tied): only sampled rows multiply through it."""
+        return self.vocab_size * self.hidden_size
+
+    @property
     def matmul_params(self) -> int:
-        """Parameters every token multiplies through (all layers plus the LM head; not the embedding lookup)."""
-        return self.num_layers * self.layer_params + self.vocab_size * self.hidden_size
+        """Parameters a sampled token multiplies through (all layers plus the LM head; not the embedding lookup)."""
+        return self.layer_matmul_params + self.lm_head_params
 
     @property
     def weight_bytes(self) -> int:
@@ -64,6 +74,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     _spec("mistral-7b", 32, 4096, 32, 8, 14336, 32000),
     _spec("opt-13b", 40, 5120, 40, 40, 20480, 50272, gated_mlp=False, tied_embeddings=True),
     _spec("smollm2-135m", 30, 576, 9, 3, 1536, 49152, tied_embeddings=True),
+    _spec("llama-100m", 12, 768, 12, 4, 2048, 32000, tied_embeddings=True),  # the engine's random benchmark model
 )}
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}

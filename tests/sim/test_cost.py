@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
-from sim.cost.analytic import AnalyticCost, kv_capacity_blocks
+from sim.cost.analytic import AnalyticCost, elementwise_bytes_per_token, kv_capacity_blocks
 from sim.cost.calibrated import load_profile
-from sim.cost.features import FEATURE_NAMES, decode_stretch_features, step_features
+from sim.cost.features import FEATURE_NAMES, StepFeatures, decode_stretch_features, step_features
 from sim.run import SimSpec, build_cost
 from sim.specs.hardware import HardwareSpec, get_hardware
 from sim.specs.models import MODELS, get_model
@@ -39,6 +40,9 @@ def test_builtin_specs_and_hf_config(tmp_path):
     assert set(MODELS) >= {"llama-2-7b", "llama-2-13b", "llama-3-8b", "llama-3-70b", "qwen2.5-7b", "mistral-7b",
                            "opt-13b", "smollm2-135m"}
     assert 7.9e9 < get_model("llama-3-8b").num_params < 8.1e9
+    small = get_model("llama-100m")  # the engine's random benchmark model: 12 x 6.3M layers + 24.6M tied embedding
+    assert (small.head_dim, small.num_kv_heads, small.tied_embeddings, small.dtype_bytes) == (64, 4, True, 2)
+    assert small.num_params == 12 * (768 * 64 * (24 + 8) + 3 * 768 * 2048) + 32000 * 768 == 100_073_472
     cfg = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30,
            "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -51,16 +55,144 @@ def test_builtin_specs_and_hf_config(tmp_path):
 
 
 def test_analytic_decode_step_is_the_roofline_by_hand():
+    # Llama-2-7B (untied): the step streams the layers and the LM head, not the input embedding table.
     model, hw = get_model("llama-2-7b"), get_hardware("a100-80gb")
     cost = AnalyticCost(model, hw, 16, compute_efficiency=0.5, memory_efficiency=0.5, step_overhead_s=1e-3,
                         request_overhead_s=1e-4)
     f = decode_stretch_features(np.array([100, 200]), np.array([5, 5]), 1, 16)  # decodes attending 100 and 200
-    blocks = 7 + 13
-    traffic = model.weight_bytes + blocks * 16 * 524_288 + 2 * 524_288
-    flops = 2 * model.matmul_params * 2 + 4 * 32 * 32 * 128 * 300
-    expected = max(traffic / (hw.hbm_bandwidth * 0.5), flops / (hw.peak_flops * 0.5)) + 1e-3 + 2e-4
+    layers = 32 * (4096 * 128 * (32 + 32 + 32 + 32) + 3 * 4096 * 11008)
+    head = 32000 * 4096
+    assert (model.layer_matmul_params, model.lm_head_params) == (layers, head) == (6_476_005_376, 131_072_000)
+    assert model.weight_bytes == 2 * (layers + 2 * head)  # resident; only layers + head are read per step
+    kv_token = 524_288
+    flop_rate, byte_rate, attn_rate = 312e12 * 0.5, 2.039e12 * 0.5, 312e12 * 0.5
+    elementwise = (32 * (10 * 4096 + 2 * 64 * 128 + 3 * 11008) + 4 * 4096) * 2 + 2 * kv_token
+    expected = (max(2 * layers * 128 / flop_rate, 2 * layers / byte_rate)  # 2 rows cost one 128-row tile
+                + max(2 * head * 128 / flop_rate, 2 * head / byte_rate)  # both rows are sampled
+                + max(4 * 32 * 32 * 128 * 300 / attn_rate, (7 + 13) * 16 * kv_token / byte_rate)
+                + 2 * elementwise / byte_rate + 1e-3 + 2e-4)
     assert cost.step_times(f)[0] == pytest.approx(expected, rel=1e-12)
     assert cost.transfer_time(4, 0) == pytest.approx(4 * 16 * 524_288 / hw.host_link_bandwidth)
+    assert cost.transfer_time(0, 3) == pytest.approx(2 * 3 * 16 * 524_288 / byte_rate)
+
+
+# Llama-3-8B by hand (HF config.json): 32 layers, hidden 4096, 32 heads, 8 KV heads of 128, MLP 14336, vocab
+# 128256, bf16; on an A100-80GB (312 TFLOP/s dense bf16, 2.039 TB/s) at non-default efficiencies.
+L, HID, HEADS, KV_HEADS, HD, INTER, VOCAB = 32, 4096, 32, 8, 128, 14336, 128256
+LAYER_PARAMS = L * (HID * HD * (2 * HEADS + 2 * KV_HEADS) + 3 * HID * INTER)  # q, o + k, v; gate, up, down
+HEAD_PARAMS = VOCAB * HID
+KV_TOKEN = 2 * L * KV_HEADS * HD * 2
+# norms 4h + residual adds 6h + RoPE on q, k + SwiGLU 3i per layer; embedding gather + final norm 4h; KV write
+ELEMENTWISE_TOKEN = (L * (10 * HID + 2 * (HEADS + KV_HEADS) * HD + 3 * INTER) + 4 * HID) * 2 + 2 * KV_TOKEN
+PAIR_FLOPS = 4 * L * HEADS * HD  # QK^T and PV per (query, key) pair
+FLOP_RATE, ATTN_RATE, BYTE_RATE = 312e12 * 0.5, 312e12 * 0.4, 2.039e12 * 0.8
+
+
+def _llama3_cost():
+    return AnalyticCost(get_model("llama-3-8b"), get_hardware("a100-80gb"), 16, compute_efficiency=0.5,
+                        memory_efficiency=0.8, attention_efficiency=0.4, step_overhead_s=1e-3,
+                        request_overhead_s=1e-4)
+
+
+def _item(n, start, decode=False, samples=True):
+    return SimpleNamespace(num_new_tokens=n, start_pos=start, is_decode=decode, samples=samples)
+
+
+def test_llama3_shapes_by_hand():
+    model = get_model("llama-3-8b")
+    assert (LAYER_PARAMS, HEAD_PARAMS, KV_TOKEN) == (6_979_321_856, 525_336_576, 131_072)
+    assert (model.layer_matmul_params, model.lm_head_params, model.kv_bytes_per_token()) == (
+        LAYER_PARAMS, HEAD_PARAMS, KV_TOKEN)
+    assert model.matmul_params == LAYER_PARAMS + HEAD_PARAMS
+    assert elementwise_bytes_per_token(model) == ELEMENTWISE_TOKEN == 6_324_224
+
+
+def test_analytic_pure_decode_batch_by_hand():
+    # 64 decodes each attending 1000 tokens (63 blocks of 16): 64 rows cost a whole 128-row tile.
+    f = step_features([_item(1, 999, decode=True) for _ in range(64)], 16)
+    layers = max(2 * LAYER_PARAMS * 128 / FLOP_RATE, 2 * LAYER_PARAMS / BYTE_RATE)
+    assert layers == 2 * LAYER_PARAMS * 128 / FLOP_RATE  # 11.5 ms: the padded tile outweighs the 8.6 ms read
+    head = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
+    attention = max(PAIR_FLOPS * 64 * 1000 / ATTN_RATE, 64 * 63 * 16 * KV_TOKEN / BYTE_RATE)
+    assert attention == 64 * 63 * 16 * KV_TOKEN / BYTE_RATE  # decode attention is KV-bandwidth bound
+    expected = layers + head + attention + 64 * ELEMENTWISE_TOKEN / BYTE_RATE + 1e-3 + 64 * 1e-4
+    assert _llama3_cost().step_times(f) == pytest.approx(expected, rel=1e-12)
+    assert 0.024 < expected < 0.026  # 11.4 + 0.9 + 5.2 + 0.2 ms + 7.4 ms of overheads
+
+
+def test_analytic_long_prefill_with_cached_prefix_by_hand():
+    # The last 2048-token chunk of a prompt whose first 4096 tokens are cached: 2048 × (4096 + 1024) causal pairs,
+    # attention reads 6144 / 16 = 384 blocks; one sampled row.
+    f = step_features([_item(2048, 4096)], 16)
+    layers = max(2 * LAYER_PARAMS * 2048 / FLOP_RATE, 2 * LAYER_PARAMS / BYTE_RATE)
+    head = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
+    prefill_attention = PAIR_FLOPS * 2048 * (4096 + 1024) / ATTN_RATE
+    kv_read = 384 * 16 * KV_TOKEN / BYTE_RATE
+    expected = layers + head + prefill_attention + kv_read + 2048 * ELEMENTWISE_TOKEN / BYTE_RATE + 1e-3 + 1e-4
+    assert _llama3_cost().step_times(f) == pytest.approx(expected, rel=1e-12)
+    assert 0.23 < expected < 0.25
+
+
+def test_analytic_mixed_step_by_hand():
+    # 10 decodes attending 500 tokens (32 blocks) + a 300-token first chunk of a longer prompt (19 blocks, not
+    # sampled): 310 rows cost 3 tiles (384 rows), the 10 sampled rows one tile.
+    items = [_item(1, 499, decode=True) for _ in range(10)] + [_item(300, 0, samples=False)]
+    f = step_features(items, 16)
+    layers = max(2 * LAYER_PARAMS * 384 / FLOP_RATE, 2 * LAYER_PARAMS / BYTE_RATE)
+    head = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
+    prefill_attention = PAIR_FLOPS * 300 * 150 / ATTN_RATE
+    decode_attention = max(PAIR_FLOPS * 10 * 500 / ATTN_RATE, (10 * 32 + 19) * 16 * KV_TOKEN / BYTE_RATE)
+    elementwise = 310 * ELEMENTWISE_TOKEN / BYTE_RATE
+    expected = layers + head + prefill_attention + decode_attention + elementwise + 1e-3 + 11 * 1e-4
+    assert _llama3_cost().step_times(f) == pytest.approx(expected, rel=1e-12)
+
+
+def test_lm_head_grows_with_sampled_rows_not_prefill_tokens():
+    cost = _llama3_cost()
+
+    def price(prefill, sampled):
+        return cost.step_times(StepFeatures(1, prefill, prefill * prefill, 0, 0, 0, -(-prefill // 16), sampled))
+
+    head_tile = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
+    for prefill in (128, 2048, 8192):  # a chunk that samples pays one head tile, however long it is
+        assert price(prefill, 1) - price(prefill, 0) == pytest.approx(head_tile, rel=1e-9)
+    assert price(2048, 128) == price(2048, 1)  # one tile holds up to 128 sampled rows
+    assert price(2048, 129) - price(2048, 0) == pytest.approx(2 * head_tile, rel=1e-9)  # compute-bound: 2 tiles
+    # Charging the head on every prompt token would cost 2048 rows' worth; the head is ~0.5% of this step.
+    assert price(2048, 1) - price(2048, 0) < 0.01 * price(2048, 1)
+
+
+def test_elementwise_share_of_a_long_prefill():
+    model, hw = get_model("llama-3-8b"), get_hardware("a100-80gb")
+    cost = AnalyticCost(model, hw, 16)  # the defaults
+    step = cost.step_times(step_features([_item(2048, 0)], 16))
+    share = 2048 * ELEMENTWISE_TOKEN / (hw.hbm_bandwidth * cost.memory_efficiency) / step
+    assert 0.03 < share < 0.08
+
+
+@pytest.mark.parametrize("model_name,hardware", [("llama-3-8b", "a100-80gb"), ("llama-100m", "h100-sxm")])
+def test_stretch_and_single_steps_price_bit_identically(model_name, hardware):
+    cost = AnalyticCost(get_model(model_name), get_hardware(hardware), 16, kv_dtype_bytes=1)
+    rng = np.random.default_rng(3)
+    contexts = rng.integers(1, 5000, 140)
+    remaining = rng.integers(1, 40, 140)  # the batch shrinks across the 128-row tile boundary
+    k = 40
+    stretch = decode_stretch_features(contexts, remaining, k, 16)
+    times = cost.step_times(stretch)
+    assert isinstance(times, np.ndarray) and times.shape == (k,)
+    for j in range(k):
+        single = StepFeatures(*(int(np.broadcast_to(getattr(stretch, name), k)[j]) for name in FEATURE_NAMES))
+        assert cost.step_times(single) == times[j], j  # bit-identical, not approx
+    alive = np.broadcast_to(stretch.num_requests, k)
+    assert alive[0] > 128 > alive[-1]
+
+
+def test_analytic_rejects_bad_options():
+    model, hw = get_model("llama-100m"), get_hardware("a100-80gb")
+    with pytest.raises(ValueError, match=r"cost\.attention_efficiency"):
+        AnalyticCost(model, hw, 16, attention_efficiency=1.5)
+    with pytest.raises(ValueError, match=r"cost\.gemm_tile_rows"):
+        AnalyticCost(model, hw, 16, gemm_tile_rows=0)
 
 
 def _profile(tmp_path, text: str):
@@ -91,7 +223,11 @@ def test_calibrated_profile_is_a_linear_model_over_the_features(tmp_path):
 
 @pytest.mark.parametrize("text,match", [
     ("coefficients: {warp: 1}", "coefficients.warp: unknown feature; allowed: step"),
-    ("coefficients: {step: fast}", "coefficients.step: must be a number"),
+    ("coefficients: {step: fast}", "coefficients.step: must be a finite number of seconds >= 0"),
+    ("coefficients: {step: -1.0}", "coefficients.step: must be a finite number of seconds >= 0"),
+    ("coefficients: {step: .inf}", "coefficients.step: must be a finite number of seconds >= 0"),
+    ("coefficients: {step: true}", "coefficients.step: must be a finite number of seconds >= 0"),
+    ("coefficients: {step: 0}", "all zero would price every step at 0 s"),
     ("speed: 1\ncoefficients: {step: 1}", "unknown key 'speed'"),
     ("kv_capacity_blocks: -3\ncoefficients: {step: 1}", "kv_capacity_blocks: must be an integer >= 1"),
 ])

@@ -46,8 +46,10 @@ def test_same_seed_same_results():
 
 
 def test_two_requests_by_hand():
-    # 1 layer, 1 head of dim 4, hidden 4, MLP 4, vocab 4, 1-byte weights: 144 weight bytes, 8 KV bytes per token,
-    # 32 bytes per block of 4. Memory-bound at 1000 bytes/s; 10 ms per step plus 1 ms per request.
+    # 1 layer, 1 head of dim 4, hidden 4, MLP 4, vocab 4, 1-byte weights: 144 weight bytes, of which a step reads
+    # 128 (the layers and the LM head; the input embedding is only gathered row by row), 8 KV bytes per token,
+    # 32 bytes per block of 4, 100 element-wise bytes per token (norms, residuals, RoPE, activation, embedding
+    # gather, KV write). Memory-bound at 1000 bytes/s; 10 ms per step plus 1 ms per request.
     model = ModelSpec("tiny", 1, 4, 1, 1, 4, 4, 4, dtype_bytes=1)
     assert (model.weight_bytes, model.kv_bytes_per_token()) == (144, 8)
     cost = AnalyticCost(model, HardwareSpec("slow", 1e30, 1000.0, 1e6, 1000.0), 4, compute_efficiency=1.0,
@@ -57,10 +59,10 @@ def test_two_requests_by_hand():
     cluster = Cluster(trace, 1, make_router("round_robin"), cache, SchedulerConfig(), cost, sample_interval_s=1.0)
     cluster.run()
     table = collect(cluster, 16).requests.set_index("request")
-    # Step 1 at 0: A prefills 4 tokens (1 block): 144 + 32 + 4 x 8 = 208 bytes -> 0.208 + 0.010 + 0.001 s.
-    step1 = 0.219
-    # Step 2: A decodes (attends 5 tokens: 2 blocks) and B prefills 4 (1 block): 144 + 96 + 5 x 8 = 280 bytes.
-    step2 = 0.280 + 0.010 + 0.002
+    # Step 1 at 0: A prefills 4 tokens (1 block): 128 + 32 + 4 x 100 = 560 bytes -> 0.560 + 0.010 + 0.001 s.
+    step1 = 0.571
+    # Step 2: A decodes (attends 5 tokens: 2 blocks) and B prefills 4 (1 block): 128 + 96 + 5 x 100 = 724 bytes.
+    step2 = 0.724 + 0.010 + 0.002
     a, b = table.loc[0], table.loc[1]
     assert a["first_token_s"] == pytest.approx(step1, abs=1e-12)
     assert a["finish_s"] == pytest.approx(step1 + step2, abs=1e-12)

@@ -1,0 +1,139 @@
+"""`kvplan calibrate`: drive the live engine through a designed set of steps at each block size, fit the
+calibrated cost model, and write a profile (YAML) with its measured KV capacity, fit quality and provenance,
+plus a residual plot (PNG) beside it."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kvplan.engine_args import parse_bytes
+from kvplan.output import format_table, print_json, write_atomic
+
+PHASE_NAMES = ("prefill", "decode", "mixed", "transfers")
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    p = verbs.add_parser("calibrate", help="fit a cost profile from the live engine", description=__doc__)
+    p.add_argument("--model", required=True, help="smollm2-135m, llama-100m, tiny-llama or a local HF directory")
+    p.add_argument("--block-sizes", type=int, nargs="+", default=[8, 16, 32])
+    p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16, float16 or float32")
+    p.add_argument("--kv-cache-memory", type=parse_bytes, default=64 << 20,
+                   help="KV cache size whose capacity in blocks the profile records, e.g. 64MiB")
+    p.add_argument("--phases", nargs="+", default=list(PHASE_NAMES), choices=PHASE_NAMES)
+    p.add_argument("--repeats", type=int, default=1, help="recorded passes over each phase")
+    p.add_argument("--device-name", default="cpu-local", help="the `device` the profile is for")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True, help="profile YAML (the plot goes beside it as .png)")
+    p.add_argument("--steps-out", type=Path, default=None, help="also keep every recorded step (JSONL)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
+    if any(b < 1 for b in args.block_sizes):
+        raise ValueError(f"--block-sizes: each must be >= 1, got {args.block_sizes}")
+    from kvplan.calibration.fitting import calibrate_steps, residual_plot
+    from sim.cost.calibrated import save_profile
+    from sim.cost.recorded import read_step_profile
+
+    primary = 16 if 16 in args.block_sizes else args.block_sizes[0]
+    steps, capacity, meta = [], None, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for block_size in args.block_sizes:
+            for kind, phases in (("main", [p for p in args.phases if p != "transfers"]),
+                                 ("transfers", [p for p in args.phases if p == "transfers"])):
+                if not phases:
+                    continue
+                path = Path(tmp) / f"block{block_size}-{kind}.jsonl"
+                blocks, meta = measure(args, block_size, tuple(phases), path, transfers=kind == "transfers")
+                if kind == "main" and block_size == primary:
+                    capacity = blocks
+                steps += read_step_profile(path)[1]
+                print(f"  block {block_size} {kind}: {len(steps)} steps so far", file=sys.stderr)
+            if args.steps_out is not None:
+                write_atomic(args.steps_out, "".join(p.read_text() for p in sorted(Path(tmp).glob("*.jsonl"))))
+    cal = calibrate_steps(steps, primary, args.seed)
+    cost = cal.cost
+    cost.kv_capacity_blocks = capacity
+    cost.meta.update({"model": args.model, "device": args.device_name, "dtype": args.dtype, "block_size": primary,
+                      "block_sizes": list(args.block_sizes), "provenance": provenance(meta, args)})
+    save_profile(cost, args.out, f"kvplan calibrate profile: {args.model} on {args.device_name}\n"
+                 "Regenerate with the command under provenance.command.")
+    write_atomic(args.out.with_suffix(".png"), residual_plot(cal, f"{args.model} ({args.dtype}) on "
+                                                                   f"{args.device_name}"))
+    table = cal.residual_table()
+    if args.json:
+        print_json({**cost.to_dict(), "residuals": [dict(zip(HEADERS, row, strict=True)) for row in table]})
+        return 0
+    print(f"{args.out}: {len(steps)} steps at block sizes {args.block_sizes}; KV capacity {capacity} blocks of "
+          f"{primary}")
+    print(json.dumps(cost.meta["fit"]))
+    print(format_table(HEADERS, table))
+    print("coefficients (s): " + ", ".join(f"{k}={v:.3g}" for k, v in cost.coefficients.items()))
+    return 0
+
+
+HEADERS = ("steps", "count", "median_abs_err_%", "p90_abs_err_%", "bias_%", "mean_ms")
+
+
+def measure(args: argparse.Namespace, block_size: int, phases: tuple[str, ...], path: Path, *,
+            transfers: bool) -> tuple[int, dict]:
+    """Run the phases on a fresh engine; returns its KV blocks and profile meta. The transfer phases run on a
+    small pool under swap preemption, so that they actually swap."""
+    from engine.llm import LLM
+    from engine.profiler import StepProfiler
+    from kvplan.calibration.design import SWAP_POOL_TOKENS, run_phases
+
+    extra = dict(preemption_mode="swap", num_gpu_blocks_override=-(-SWAP_POOL_TOKENS // block_size),
+                 max_model_len=256) if transfers else dict(kv_cache_memory=args.kv_cache_memory)
+    llm = LLM(args.model, block_size=block_size, dtype=args.dtype, max_num_batched_tokens=512, seed=args.seed,
+              **extra)
+    profiler = StepProfiler(path, llm.profile_meta)
+    try:
+        run_phases(llm, phases, profiler, args.repeats, args.seed)
+    except BaseException:
+        profiler.discard()
+        raise
+    profiler.close()
+    return llm.num_kv_blocks, llm.profile_meta
+
+
+def provenance(meta: dict, args: argparse.Namespace) -> dict:
+    import torch
+    import transformers
+
+    return {"machine": platform.node(), "cpu": _cpu_model(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": str(torch.__version__),
+            "transformers": str(transformers.__version__),
+            "threads": meta.get("threads"), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "git_revision": _git_revision(),
+            "command": " ".join(["kvplan calibrate", *sys.argv[2:]]) if sys.argv[1:2] == ["calibrate"]
+            else f"kvplan calibrate --model {args.model} --block-sizes {' '.join(map(str, args.block_sizes))}"}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -1,0 +1,177 @@
+"""`kvplan validate`: for each engine configuration, replay the trace live N times (the run-to-run noise band)
+and simulate it; print live vs simulated percentiles with the error and the band, and the policy counters side by
+side; write a markdown report, CDF overlays and every run's tables.
+
+Modes: `policy` - the simulator is priced by each live run's own step durations, so every token time must match
+exactly (the proof that the simulator's policy layer is the engine's); `timing` - the simulator uses a calibrated
+profile (the error a user gets); `both` (default)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kvplan.commands.replay import add_trace_arguments, load_trace
+from kvplan.commands.simulate import write_tables
+from kvplan.engine_args import add_engine_arguments, load_configs, options_from_args
+from kvplan.output import atomic_dir, format_table, print_json
+
+MODES = ("policy", "timing", "both")
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    p = verbs.add_parser("validate", help="live runs vs the simulator: policy identity and timing error",
+                         description=__doc__)
+    add_trace_arguments(p)
+    add_engine_arguments(p)
+    p.add_argument("--profile", default=None,
+                   help="calibrated profile (default: the shipped cpu-local profile of --model, if any)")
+    p.add_argument("--configs", default=None, help="YAML list of named configurations overriding the options")
+    p.add_argument("--repeats", type=int, default=2, help="live runs per configuration (the noise band)")
+    p.add_argument("--mode", choices=MODES, default="both")
+    p.add_argument("--out", type=Path, required=True, help="result directory (replaced whole on success)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def resolve_profile(args: argparse.Namespace) -> str | None:
+    if args.mode == "policy":
+        return None
+    if args.profile is not None:
+        from sim.cost.calibrated import load_profile
+
+        load_profile(args.profile)  # bad profiles fail before any live run
+        return args.profile
+    from sim.specs.profiles import shipped_profile
+
+    try:
+        return str(shipped_profile(args.model))
+    except ValueError as exc:
+        raise ValueError(f"--profile: needed for --mode {args.mode}: {exc}; or --mode policy") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
+    profile = resolve_profile(args)
+    trace = load_trace(args)
+    base = options_from_args(args)
+    configs = load_configs(args.configs, base) if args.configs else [("default", base)]
+    results = []
+    with atomic_dir(args.out) as out:
+        for name, options in configs:
+            results.append(validate_config(args, trace, name, options, profile, out / name))
+        doc = {"trace": str(args.trace), "requests": len(trace), "model": args.model, "mode": args.mode,
+               "profile": profile, "repeats": args.repeats, "configs": results}
+        if args.mode != "policy":
+            from kvplan.validation import MetricRow, target_summary
+
+            doc["targets"] = target_summary({r["name"]: [MetricRow(**m) for m in r["timing"]] for r in results})
+        (out / "validation.json").write_text(json.dumps(doc, indent=2))
+        (out / "report.md").write_text(report_markdown(doc))
+    if args.json:
+        print_json(doc)
+    else:
+        print(report_text(doc))
+        print(f"\nwrote {args.out}/report.md, validation.json, and per configuration: live runs, simulations, cdf.png")
+    return 0
+
+
+def validate_config(args, trace, name: str, options, profile: str | None, out: Path) -> dict:
+    from kvplan.live import replay, sample_interval, sim_spec
+    from kvplan.validation import cdf_plot, counters, policy_check, timing_rows
+    from sim.run import simulate
+
+    lives, checks, meta = [], [], {}
+    for r in range(args.repeats):
+        print(f"  {name}: live run {r + 1}/{args.repeats}", file=sys.stderr)
+        where = out / f"live-{r + 1}"
+        live, meta = replay(args.model, trace, options, seed=args.seed, temperature=args.temperature,
+                            steps_path=where / "steps.jsonl")
+        write_tables(live, where, "parquet")
+        lives.append(live)
+        if args.mode != "timing":
+            recorded = simulate(trace, sim_spec(options, meta, cost="recorded", profile=str(where / "steps.jsonl"),
+                                                interval=sample_interval(trace), record_tokens=True))
+            checks.append(policy_check(live, recorded))
+    entry = {"name": name, "options": options.llm_kwargs(), "num_blocks": int(meta["num_blocks"]),
+             "busy_fraction": [round(r.info["busy_fraction"], 3) for r in lives],
+             "live_counters": [counters(r) for r in lives]}
+    sims = {}
+    if checks:
+        entry["policy"] = [{"identical": c.identical, "sequences": c.sequences, "max_token_diff_s": c.max_token_diff_s,
+                            "differences": c.differences} for c in checks]
+    if profile is not None:
+        sim = simulate(trace, sim_spec(options, meta, cost="calibrated", profile=profile,
+                                       interval=sample_interval(trace)))
+        write_tables(sim, out / "sim-timing", "parquet")
+        sims["calibrated"] = sim
+        entry["sim_counters"] = counters(sim)
+        entry["timing"] = [{"metric": m.metric, "live": m.live, "band_pct": m.band_pct, "simulated": m.simulated,
+                            "error_pct": m.error_pct} for m in timing_rows(lives, sim)]
+    (out / "cdf.png").write_bytes(cdf_plot(lives, sims, f"{name}: {len(lives)} live run(s) vs simulation"))
+    return entry
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def report_text(doc: dict) -> str:
+    parts = [f"{doc['trace']}: {doc['requests']} requests, {doc['model']}, {doc['repeats']} live run(s) per "
+             f"configuration, mode {doc['mode']}"]
+    for c in doc["configs"]:
+        parts.append(f"\n== {c['name']} ({c['num_blocks']} KV blocks, engine busy "
+                     f"{', '.join(f'{b:.0%}' for b in c['busy_fraction'])})")
+        for i, p in enumerate(c.get("policy", [])):
+            verdict = "identical" if p["identical"] else "DIFFERENT: " + "; ".join(p["differences"])
+            parts.append(f"policy (live run {i + 1}): {p['sequences']} sequences, token times {verdict} "
+                         f"(max diff {p['max_token_diff_s']:.2g} s)")
+        if "timing" in c:
+            rows = [[m["metric"], _fmt(m["live"]), f"±{m['band_pct']:.1f}", _fmt(m["simulated"]),
+                     f"{m['error_pct']:+.1f}"] for m in c["timing"]]
+            parts.append(format_table(("metric", "live", "band_%", "simulated", "error_%"), rows))
+            keys = list(c["sim_counters"])
+            rows = [[f"live {i + 1}", *(lc[k] for k in keys)] for i, lc in enumerate(c["live_counters"])]
+            rows.append(["simulated", *(c["sim_counters"][k] for k in keys)])
+            parts.append(format_table(("run", *keys), rows))
+    if "targets" in doc:
+        rows = [[t["metric"], f"{t['median_abs_error_pct']:.2f}", f"{t['median_noise_band_pct']:.2f}",
+                 f"{t['target_pct']:.0f}", "yes" if t["met"] else "NO"] for t in doc["targets"]]
+        parts.append("\nacross configurations (median |error| %):")
+        parts.append(format_table(("metric", "median_|err|_%", "noise_band_%", "target_%", "met"), rows))
+    return "\n".join(parts)
+
+
+def report_markdown(doc: dict) -> str:
+    lines = ["# kvplan validate report", "",
+             f"Trace `{doc['trace']}` ({doc['requests']} requests), model `{doc['model']}`, {doc['repeats']} live "
+             f"run(s) per configuration, mode `{doc['mode']}`, profile `{doc['profile']}`.", "",
+             "Error = (simulated − live) / live, live = the median of the live runs; the noise band is half the "
+             "live runs' range. Policy: the simulator priced by each live run's own step durations.", ""]
+    if "targets" in doc:
+        lines += ["## Across configurations", "", "| metric | median abs error % | noise band % | target % | met |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {t['metric']} | {t['median_abs_error_pct']:.2f} | {t['median_noise_band_pct']:.2f} | "
+                  f"{t['target_pct']:.0f} | {'yes' if t['met'] else 'no'} |" for t in doc["targets"]]
+        lines.append("")
+    for c in doc["configs"]:
+        lines += [f"## {c['name']}", "", f"Options: `{json.dumps(c['options'])}`; {c['num_blocks']} KV blocks; "
+                  f"engine busy {', '.join(f'{b:.0%}' for b in c['busy_fraction'])}.", ""]
+        for i, p in enumerate(c.get("policy", [])):
+            verdict = "identical" if p["identical"] else "different: " + "; ".join(p["differences"])
+            lines.append(f"- Policy, live run {i + 1}: {p['sequences']} sequences, token times {verdict} "
+                         f"(max difference {p['max_token_diff_s']:.2g} s).")
+        if "timing" in c:
+            lines += ["", "| metric | live | noise band ±% | simulated | error % |", "|---|---|---|---|---|"]
+            lines += [f"| {m['metric']} | {_fmt(m['live'])} | {m['band_pct']:.1f} | {_fmt(m['simulated'])} | "
+                      f"{m['error_pct']:+.1f} |" for m in c["timing"]]
+            keys = list(c["sim_counters"])
+            lines += ["", "| run | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+            lines += [f"| live {i + 1} | " + " | ".join(str(lc[k]) for k in keys) + " |"
+                      for i, lc in enumerate(c["live_counters"])]
+            lines.append("| simulated | " + " | ".join(str(c["sim_counters"][k]) for k in keys) + " |")
+        lines += ["", f"![CDFs]({c['name']}/cdf.png)", ""]
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""Engine options on the command line (`kvplan replay`, `validate`, `calibrate`) and in YAML config lists."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from kvplan.live import EngineOptions
+
+_UNITS = {"": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """'64MiB', '512m', '1e8', '1GB' -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match and match.group(2).lower()
+    if not match or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; allowed: a number of bytes with an optional "
+                                         "unit (KiB, MiB, GiB, KB, MB, GB), e.g. 64MiB")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be at least 1 byte")
+    return value
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    d = EngineOptions()
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: what --kv-cache-memory holds)")
+    p.add_argument("--kv-cache-memory", type=parse_bytes, default=d.kv_cache_memory, help="KV cache size, e.g. 64MiB")
+    p.add_argument("--dtype", default=d.dtype, help="model dtype: bfloat16, float16 or float32")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--eviction", default=d.eviction_policy, help="lru, fifo, lfu or s3fifo")
+    p.add_argument("--preemption", default=d.preemption_mode, help="recompute or swap")
+    p.add_argument("--victim", default=d.victim_policy, help="newest, lowest_priority or longest_remaining")
+    p.add_argument("--schedule", default=d.schedule, help="mixed or prefill_first")
+    p.add_argument("--swap-space", type=parse_bytes, default=d.swap_space, help="CPU swap space, e.g. 64MiB")
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--sink-tokens", type=int, default=0)
+    p.add_argument("--window-tokens", type=int, default=0)
+
+
+def options_from_args(args: argparse.Namespace) -> EngineOptions:
+    return EngineOptions(
+        block_size=args.block_size, num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
+        dtype=args.dtype, enable_prefix_caching=not args.no_prefix_caching, eviction_policy=args.eviction,
+        preemption_mode=args.preemption, victim_policy=args.victim, schedule=args.schedule,
+        swap_space=args.swap_space, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=not args.no_chunked_prefill,
+        max_model_len=args.max_model_len, sink_tokens=args.sink_tokens, window_tokens=args.window_tokens)
+
+
+_SIZES = ("kv_cache_memory", "swap_space")
+_TYPES = {"block_size": int, "num_blocks": int, "dtype": str, "enable_prefix_caching": bool, "eviction_policy": str,
+          "preemption_mode": str, "victim_policy": str, "schedule": str, "max_num_seqs": int,
+          "max_num_batched_tokens": int, "enable_chunked_prefill": bool, "max_model_len": int, "sink_tokens": int,
+          "window_tokens": int}
+
+
+def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, EngineOptions]]:
+    """A YAML list of named configurations, each overriding `base`:
+
+        - name: block16-prefix
+          block_size: 16
+          enable_prefix_caching: true
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--configs: {path}: no such file")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(doc, list) or not doc:
+        raise ValueError(f"{path}: a non-empty YAML list of configurations, each a mapping with a name")
+    allowed = ("name", *EngineOptions.option_names())
+    out, names = [], set()
+    for i, entry in enumerate(doc):
+        where = f"{path}: [{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise ValueError(f"{where}: a mapping with a string `name` and engine options")
+        if entry["name"] in names:
+            raise ValueError(f"{where}.name: {entry['name']!r} is used twice; allowed: unique names")
+        names.add(entry["name"])
+        changes = {}
+        for key, value in entry.items():
+            if key == "name":
+                continue
+            if key not in allowed:
+                raise ValueError(f"{where}.{key}: unknown option; allowed: {', '.join(allowed)}")
+            changes[key] = _value(f"{where}.{key}", key, value)
+        out.append((entry["name"], replace(base, **changes)))
+    return out
+
+
+def _value(where: str, key: str, value: object) -> object:
+    if key in _SIZES:
+        try:
+            return parse_bytes(str(value))
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    want = _TYPES[key]
+    if value is None and key in ("num_blocks", "max_model_len"):
+        return None
+    if want is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{where}: must be a non-negative integer, got {value!r}")
+    if want is not int and not isinstance(value, want):
+        raise ValueError(f"{where}: must be a {want.__name__}, got {value!r}")
+    return value

@@ -1,0 +1,111 @@
+"""The loop on a small case: live replay, the simulator priced by the replay's own steps (token times identical),
+the calibrated profile from `kvplan calibrate`, and the `replay`/`validate` CLIs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kvplan.cli import main
+from kvplan.live import EngineOptions, replay, sample_interval, sim_spec
+from kvplan.validation import policy_check
+from sim.cost.recorded import PolicyDivergence
+from sim.run import simulate
+from traces import Trace
+from traces.io import render
+from traces.synth import synthesize
+
+SHARED = {"seed": 3, "requests": 60, "arrivals": {"process": "poisson", "rate": 60},
+          "lengths": {"prompt": {"dist": "lognormal", "median": 40, "sigma": 0.7, "max": 160},
+                      "output": {"dist": "lognormal", "median": 14, "sigma": 0.6, "max": 60}},
+          "prefix": {"granularity": 16, "system_prompts": {"count": 3, "tokens": {"dist": "uniform", "min": 32,
+                                                                                   "max": 80}, "zipf": 1.0}}}
+
+
+def sampling_trace() -> Trace:
+    """Parallel sampling (n = 2, 3) beside plain requests: forks, copy-on-write, group preemption."""
+    rng = np.random.default_rng(5)
+    size = 24
+    return Trace.build(np.sort(rng.uniform(0, 0.3, size)), rng.integers(5, 60, size), rng.integers(2, 30, size),
+                       n=rng.choice([1, 1, 2, 3], size))
+
+
+def run_both(model: str, trace: Trace, options: EngineOptions, tmp_path):
+    steps = tmp_path / "steps.jsonl"
+    live, meta = replay(model, trace, options, steps_path=steps)
+    sim = simulate(trace, sim_spec(options, meta, cost="recorded", profile=str(steps),
+                                   interval=sample_interval(trace), record_tokens=True))
+    return live, sim, meta
+
+
+@pytest.mark.parametrize("options,trace", [
+    (EngineOptions(block_size=8, num_blocks=40, dtype="float32", max_num_batched_tokens=64, max_model_len=320),
+     synthesize(SHARED)),
+    (EngineOptions(block_size=4, num_blocks=48, dtype="float32", max_num_batched_tokens=48, max_model_len=100,
+                   preemption_mode="swap", schedule="prefill_first", enable_prefix_caching=False),
+     sampling_trace()),
+], ids=["recompute-prefix-sharing", "swap-parallel-sampling-prefill-first"])
+def test_simulator_priced_by_the_live_steps_gives_identical_token_times(tiny_models, tmp_path, options, trace):
+    live, sim, _ = run_both(tiny_models["tiny-llama"], trace, options, tmp_path)
+    check = policy_check(live, sim)
+    assert check.identical, check.differences
+    assert check.sequences == int(trace.n.sum())
+    assert live.summary["num_preemptions"] > 0  # memory pressure exercised preemption
+    if options.enable_prefix_caching:
+        assert live.summary["prefix_cache_hits"] > 0
+    for key, value in live.summary.items():
+        assert sim.summary[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
+
+
+def test_a_different_policy_is_caught_at_the_first_differing_step(tiny_models, tmp_path):
+    options = EngineOptions(block_size=8, num_blocks=40, dtype="float32", max_num_batched_tokens=64,
+                            max_model_len=320)
+    trace = synthesize(SHARED)
+    _, _, meta = run_both(tiny_models["tiny-llama"], trace, options, tmp_path)
+    other = replace(options, max_num_batched_tokens=48)
+    with pytest.raises(PolicyDivergence, match=r"step \d+ differs"):
+        simulate(trace, sim_spec(other, meta, cost="recorded", profile=str(tmp_path / "steps.jsonl"),
+                                 interval=sample_interval(trace)))
+
+
+def test_replay_and_validate_cli(tiny_models, tmp_path, capsys):
+    trace_path = tmp_path / "trace.jsonl"
+    trace_path.write_bytes(render(synthesize({**SHARED, "requests": 30}), "jsonl"))
+    model = tiny_models["tiny-llama"]
+    common = ["--model", model, "--trace", str(trace_path), "--dtype", "float32", "--block-size", "8",
+              "--num-blocks", "40", "--max-num-batched-tokens", "64", "--max-model-len", "320"]
+    assert main(["replay", *common, "--out", str(tmp_path / "live"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["completed"] == 30
+    assert {p.name for p in (tmp_path / "live").iterdir()} == {"requests.parquet", "series.parquet", "summary.json",
+                                                                "steps.jsonl", "engine.json"}
+    configs = tmp_path / "configs.yaml"
+    configs.write_text("- {name: mixed}\n- {name: prefill-first, schedule: prefill_first, block_size: 16}\n")
+    assert main(["validate", *common, "--mode", "policy", "--repeats", "1", "--configs", str(configs),
+                 "--out", str(tmp_path / "val")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("token times identical") == 2 and "DIFFERENT" not in out
+    report = (tmp_path / "val" / "report.md").read_text()
+    assert "## prefill-first" in report and (tmp_path / "val" / "mixed" / "cdf.png").stat().st_size > 0
+    configs.write_text("- {name: a, block_size: 0.5}\n")
+    assert main(["validate", *common, "--mode", "policy", "--configs", str(configs), "--out",
+                 str(tmp_path / "bad")]) == 2
+    assert "[0].block_size: must be a non-negative integer" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_calibrate_cli_writes_a_profile_the_simulator_runs(tiny_models, tmp_path, capsys):
+    profile = tmp_path / "tiny.yaml"
+    assert main(["calibrate", "--model", tiny_models["tiny-llama"], "--dtype", "float32", "--block-sizes", "8",
+                 "--phases", "prefill", "decode", "--out", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert "decode" in out and "coefficients (s)" in out
+    assert profile.with_suffix(".png").stat().st_size > 0
+    trace_path = tmp_path / "trace.jsonl"
+    trace_path.write_bytes(render(synthesize(SHARED), "jsonl"))
+    assert main(["simulate", "--trace", str(trace_path), "--model", tiny_models["tiny-llama"], "--cost",
+                 "calibrated", "--profile", str(profile), "--block-size", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["completed"] == 60
