@@ -9,12 +9,17 @@ Phases (each run `repeats` times after an unrecorded warm-up; every step of ever
 * transfers: a small pool under swap preemption (swap-out/in) and parallel sampling (copy-on-write forks).
 
 Token ids come from a seeded generator; outputs are forced with ignore_eos, so every run has the same shape.
+Requests sample at `temperature` (a replay's default is 1.0): sampling a row at a temperature costs ~10x a greedy
+argmax on CPU (2 ms against 0.2 ms for a 32k vocabulary), so a profile must be measured the way traffic samples.
+A step's duration is the whole `step()` call on the driver's clock (recorded as start_s/end_s), the engine's
+bookkeeping after the update included - what a replay's step-to-step time contains.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,23 +41,26 @@ class Driver:
 
     llm: LLM
     rng: np.random.Generator
+    temperature: float = 1.0
     profiler: StepProfiler | None = None
-    steps: int = 0
+    origin: float = field(default_factory=time.perf_counter)
 
     def tokens(self, count: int) -> list[int]:
         return self.rng.integers(0, self.llm.loaded.vocab_size, size=count).tolist()
 
     def add(self, prompt: list[int], max_tokens: int, n: int = 1) -> None:
-        params = SamplingParams(temperature=1.0 if n > 1 else 0.0, max_tokens=max_tokens, n=n, ignore_eos=True,
-                                seed=int(self.rng.integers(1 << 30)))
+        params = SamplingParams(temperature=self.temperature if n == 1 else max(self.temperature, 1.0),
+                                max_tokens=max_tokens, n=n, ignore_eos=True, seed=int(self.rng.integers(1 << 30)))
         self.llm.add_request(prompt, params)
 
     def step(self) -> None:
+        start = time.perf_counter() - self.origin
         self.llm.step()
-        self.steps += 1
+        end = time.perf_counter() - self.origin
         if self.profiler is not None:
             trace = self.llm.last_step
-            self.profiler.record(trace.output, self.llm.kv_cache.layout.block_size, trace.times_s)
+            self.profiler.record(trace.output, self.llm.kv_cache.layout.block_size, trace.times_s, start_s=start,
+                                 end_s=end)
 
     def drain(self) -> None:
         while self.llm.has_unfinished_requests():
@@ -121,8 +129,9 @@ def warm_up(d: Driver) -> None:
     d.drain()
 
 
-def run_phases(llm: LLM, phases: tuple[str, ...], profiler: StepProfiler, repeats: int, seed: int) -> None:
-    driver = Driver(llm, np.random.default_rng(seed))
+def run_phases(llm: LLM, phases: tuple[str, ...], profiler: StepProfiler, repeats: int, seed: int,
+               temperature: float = 1.0) -> None:
+    driver = Driver(llm, np.random.default_rng(seed), temperature)
     warm_up(driver)
     driver.profiler = profiler
     for name in phases:

@@ -28,6 +28,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
                    help="KV cache size whose capacity in blocks the profile records, e.g. 64MiB")
     p.add_argument("--phases", nargs="+", default=list(PHASE_NAMES), choices=PHASE_NAMES)
     p.add_argument("--repeats", type=int, default=1, help="recorded passes over each phase")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of the designed requests: as the traffic samples (0: greedy)")
     p.add_argument("--device-name", default="cpu-local", help="the `device` the profile is for")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True, help="profile YAML (the plot goes beside it as .png)")
@@ -39,6 +41,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
+    if not 0.0 <= args.temperature < float("inf"):
+        raise ValueError(f"--temperature: must be a finite number >= 0, got {args.temperature}")
     if any(b < 1 for b in args.block_sizes):
         raise ValueError(f"--block-sizes: each must be >= 1, got {args.block_sizes}")
     from kvplan.calibration.fitting import calibrate_steps, residual_plot
@@ -64,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     cal = calibrate_steps(steps, primary, args.seed)
     cost = cal.cost
     cost.kv_capacity_blocks = capacity
+    cost.meta["fit"]["temperature"] = args.temperature
     cost.meta.update({"model": args.model, "device": args.device_name, "dtype": args.dtype, "block_size": primary,
                       "block_sizes": list(args.block_sizes), "provenance": provenance(meta, args)})
     save_profile(cost, args.out, f"kvplan calibrate profile: {args.model} on {args.device_name}\n"
@@ -93,13 +98,14 @@ def measure(args: argparse.Namespace, block_size: int, phases: tuple[str, ...], 
     from engine.profiler import StepProfiler
     from kvplan.calibration.design import SWAP_POOL_TOKENS, run_phases
 
+    # The designed requests are at most ~600 tokens: a shorter max_model_len lets a small KV budget hold one.
     extra = dict(preemption_mode="swap", num_gpu_blocks_override=-(-SWAP_POOL_TOKENS // block_size),
-                 max_model_len=256) if transfers else dict(kv_cache_memory=args.kv_cache_memory)
+                 max_model_len=256) if transfers else dict(kv_cache_memory=args.kv_cache_memory, max_model_len=1024)
     llm = LLM(args.model, block_size=block_size, dtype=args.dtype, max_num_batched_tokens=512, seed=args.seed,
               **extra)
     profiler = StepProfiler(path, llm.profile_meta)
     try:
-        run_phases(llm, phases, profiler, args.repeats, args.seed)
+        run_phases(llm, phases, profiler, args.repeats, args.seed, args.temperature)
     except BaseException:
         profiler.discard()
         raise
@@ -131,9 +137,13 @@ def _cpu_model() -> str:
 
 
 def _git_revision() -> str | None:
+    """HEAD, with '+dirty' when the working tree has uncommitted changes (the code measured is not HEAD's)."""
+    here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=here)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, timeout=5, cwd=here)
     except (OSError, subprocess.SubprocessError):
         return None
+    revision = head.stdout.strip()
+    return (revision + ("+dirty" if status.stdout.strip() else "")) if revision else None

@@ -14,6 +14,8 @@ With M = the step's tokens (prefill tokens + decodes) and S = its sampled rows (
   reads: whole blocks, so the block size shows; every request's blocks, a prefill's cached prefix included);
 - element-wise (memory-bound): RMSNorms, RoPE, the MLP activation, residual adds, the embedding gather and the
   KV-cache write, bytes per token at memory bandwidth.
+`StepFeatures.batched` (a CPU BLAS effect: one token row runs a cheaper matrix-vector kernel) is priced by the
+calibrated model only; on a GPU the tile quantization above already makes one row cost a whole tile.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ A profile (`profiles/*.yaml`, written by `kvplan calibrate`, read by `--cost cal
       decode_context_max: 5.0e-7   # per token of the longest decode context (the spread)
       blocks_touched: 3.0e-7
       sampled: 4.0e-4              # per row through the LM head and the sampler
+      batched: 2.0e-2              # a step with >= 2 token rows (matrix-matrix instead of matrix-vector)
     swap_seconds_per_block: 2.0e-5
     copy_seconds_per_block: 1.0e-6
     fit: {...}                     # fit quality: R², held-out error, residual percentiles
@@ -38,7 +39,7 @@ import yaml
 from sim.cost.features import StepFeatures
 
 COEFFICIENTS = ("step", "request", "prefill_tokens", "prefill_attention", "decode_requests", "decode_context",
-                "decode_context_max", "blocks_touched", "sampled")
+                "decode_context_max", "blocks_touched", "sampled", "batched")
 TRANSFERS = ("swap_seconds_per_block", "copy_seconds_per_block")
 PROFILE_KEYS = ("model", "device", "dtype", "block_size", "block_sizes", "kv_capacity_blocks", "coefficients",
                 *TRANSFERS, "fit", "provenance")
@@ -47,7 +48,7 @@ PROFILE_KEYS = ("model", "device", "dtype", "block_size", "block_sizes", "kv_cap
 def feature_columns(f: StepFeatures) -> tuple:
     """The values each coefficient multiplies, in `COEFFICIENTS` order (the calibrated model's design row)."""
     return (1, f.num_requests, f.prefill_tokens, f.prefill_attention2 / 2.0, f.decode_requests, f.decode_context,
-            f.decode_context_max, f.blocks_touched, f.sampled)
+            f.decode_context_max, f.blocks_touched, f.sampled, f.batched)
 
 
 @dataclass(slots=True)

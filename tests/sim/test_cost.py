@@ -151,7 +151,8 @@ def test_lm_head_grows_with_sampled_rows_not_prefill_tokens():
     cost = _llama3_cost()
 
     def price(prefill, sampled):
-        return cost.step_times(StepFeatures(1, prefill, prefill * prefill, 0, 0, 0, -(-prefill // 16), sampled))
+        return cost.step_times(StepFeatures(1, prefill, prefill * prefill, 0, 0, 0, -(-prefill // 16), sampled,
+                                               int(prefill >= 2)))
 
     head_tile = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
     for prefill in (128, 2048, 8192):  # a chunk that samples pays one head tile, however long it is

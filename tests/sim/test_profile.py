@@ -15,7 +15,8 @@ from sim.cost.fit import fit_with_holdout, nnls
 from sim.cost.recorded import ProfiledItem, ProfiledStep
 
 TRUE = {"step": 2e-3, "request": 5e-5, "prefill_tokens": 3e-4, "prefill_attention": 2e-8, "decode_requests": 1e-4,
-        "decode_context": 4e-7, "decode_context_max": 2e-6, "blocks_touched": 3e-6, "sampled": 8e-4}
+        "decode_context": 4e-7, "decode_context_max": 2e-6, "blocks_touched": 3e-6, "sampled": 8e-4,
+        "batched": 2e-2}
 
 
 def test_profile_round_trips(tmp_path):
