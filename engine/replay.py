@@ -44,7 +44,7 @@ class ReplayRequest:
 
 
 @dataclass(slots=True)
-class Sequence_:
+class SequenceTimes:
     """Timestamps of one generated sequence (sample j of a request)."""
 
     row: int
@@ -61,7 +61,7 @@ class Sequence_:
 
 @dataclass(slots=True)
 class ReplayLog:
-    sequences: list[Sequence_]  # finished sequences, in completion order
+    sequences: list[SequenceTimes]  # finished sequences, in completion order
     series: list[tuple]  # (time_s, running, waiting, swapped, *SERIES_KEYS)
     rejected: list[tuple[int, str]]  # (row, reason)
     counters: dict[str, int]
@@ -103,8 +103,8 @@ class LiveReplay:
             raise ValueError("replay: requests must be sorted by arrival_s")
         t0 = requests[0].arrival_s if requests else 0.0
         origin = self.clock() - t0
-        live: dict[str, Sequence_] = {}
-        done: list[Sequence_] = []
+        live: dict[str, SequenceTimes] = {}
+        done: list[SequenceTimes] = []
         rejected: list[tuple[int, str]] = []
         series: list[tuple] = []
         next_sample = 0.0
@@ -148,7 +148,7 @@ class LiveReplay:
         return ReplayLog(done, series, rejected, counters, usage_seconds, peak, steps, busy, llm.num_kv_blocks,
                          llm.kv_cache.layout.block_size)
 
-    def _admit(self, request: ReplayRequest, live: dict[str, Sequence_], rejected: list) -> None:
+    def _admit(self, request: ReplayRequest, live: dict[str, SequenceTimes], rejected: list) -> None:
         rid = str(request.row)
         params = SamplingParams(temperature=self.temperature, max_tokens=request.max_tokens, n=request.n,
                                 ignore_eos=True, seed=self.seed * 1_000_003 + request.row)
@@ -158,9 +158,11 @@ class LiveReplay:
         except ValueError as exc:
             rejected.append((request.row, str(exc)))
             return
-        live[rid] = Sequence_(request.row, 0, request.arrival_s, math.nan, prompt_tokens=len(request.prompt_token_ids))
+        live[rid] = SequenceTimes(request.row, 0, request.arrival_s, math.nan,
+                                  prompt_tokens=len(request.prompt_token_ids))
 
-    def _stamp(self, trace, live: dict[str, Sequence_], done: list[Sequence_], start: float, end: float) -> None:
+    def _stamp(self, trace, live: dict[str, SequenceTimes], done: list[SequenceTimes], start: float,
+               end: float) -> None:
         for item in trace.output.scheduled:
             seq = live[item.request_id]
             if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time scheduled
@@ -172,8 +174,8 @@ class LiveReplay:
             sample = int(child.request_id.rsplit("#", 1)[1])
             # A sibling that found no room (reservation allocators) samples its first token after a recompute.
             first = [end] if child.status in (RequestStatus.RUNNING, RequestStatus.FINISHED) else []
-            live[child.request_id] = Sequence_(parent.row, sample, parent.arrival_s, parent.first_scheduled_s, first,
-                                               prompt_tokens=parent.prompt_tokens)
+            live[child.request_id] = SequenceTimes(parent.row, sample, parent.arrival_s, parent.first_scheduled_s,
+                                                   first, prompt_tokens=parent.prompt_tokens)
         for request in trace.update.finished:
             seq = live.pop(request.request_id)
             seq.finish_s = end

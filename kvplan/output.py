@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -11,8 +12,24 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 
+def strict(obj: object) -> object:
+    """`obj` with every non-finite float (NaN, ±inf: a latency with no samples, an error over a zero) as None,
+    so that the JSON written is strict (RFC 8259 has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [strict(v) for v in obj]
+    return obj
+
+
+def json_text(obj: object) -> str:
+    return json.dumps(strict(obj), indent=2, allow_nan=False)
+
+
 def print_json(obj: object) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=False))
+    print(json_text(obj))
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

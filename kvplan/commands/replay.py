@@ -5,12 +5,11 @@ simulate`, plus the step profile (steps.jsonl) that `kvplan validate --mode poli
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from kvplan.commands.simulate import TABLE, write_tables
 from kvplan.engine_args import add_engine_arguments, options_from_args
-from kvplan.output import atomic_dir, format_table, print_json
+from kvplan.output import atomic_dir, format_table, json_text, print_json
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -56,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         result, meta = replay(args.model, trace, options, seed=args.seed, temperature=args.temperature,
                               steps_path=out / "steps.jsonl")
         write_tables(result, out, args.format)
-        (out / "engine.json").write_text(json.dumps({"engine": meta, "options": options.llm_kwargs()}, indent=2))
+        (out / "engine.json").write_text(json_text({"engine": meta, "options": options.llm_kwargs()}))
     if args.json:
         print_json({"summary": result.summary, "info": result.info})
         return 0

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
-from kvplan.output import format_table, print_json, write_atomic
+from kvplan.output import format_table, json_text, print_json, write_atomic
 
 TABLE = (("block", "block_size"), ("kv_blocks", "num_blocks"), ("done", "completed"),
          ("req/s", "request_throughput"), ("out_tok/s", "output_throughput"), ("ttft_ms", "mean_ttft_ms"),
@@ -113,4 +112,4 @@ def write_tables(result, out: Path, fmt: str) -> None:
         else:
             frame.to_csv(buffer, index=False)
         write_atomic(out / f"{name}.{fmt}", buffer.getvalue())
-    write_atomic(out / "summary.json", json.dumps({"summary": result.summary, "info": result.info}, indent=2))
+    write_atomic(out / "summary.json", json_text({"summary": result.summary, "info": result.info}))

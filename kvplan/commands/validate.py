@@ -16,7 +16,7 @@ from pathlib import Path
 from kvplan.commands.replay import add_trace_arguments, load_trace
 from kvplan.commands.simulate import write_tables
 from kvplan.engine_args import add_engine_arguments, load_configs, options_from_args
-from kvplan.output import atomic_dir, format_table, print_json
+from kvplan.output import atomic_dir, format_table, json_text, print_json
 
 MODES = ("policy", "timing", "both")
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             from kvplan.validation import MetricRow, target_summary
 
             doc["targets"] = target_summary({r["name"]: [MetricRow(**m) for m in r["timing"]] for r in results})
-        (out / "validation.json").write_text(json.dumps(doc, indent=2))
+        (out / "validation.json").write_text(json_text(doc))
         (out / "report.md").write_text(report_markdown(doc))
     if args.json:
         print_json(doc)
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
 def validate_config(args, trace, name: str, options, profile: str | None, out: Path) -> dict:
     from kvplan.live import replay, sample_interval, sim_spec
-    from kvplan.validation import cdf_plot, counters, policy_check, timing_rows
+    from kvplan.validation import cdf_plot, counters, timing_rows
     from sim.run import simulate
 
     lives, checks, meta = [], [], {}
@@ -93,16 +93,15 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
         write_tables(live, where, "parquet")
         lives.append(live)
         if args.mode != "timing":
-            recorded = simulate(trace, sim_spec(options, meta, cost="recorded", profile=str(where / "steps.jsonl"),
-                                                interval=sample_interval(trace), record_tokens=True))
-            checks.append(policy_check(live, recorded))
+            checks.append(check_policy(trace, live, options, meta, where / "steps.jsonl"))
     entry = {"name": name, "options": options.llm_kwargs(), "num_blocks": int(meta["num_blocks"]),
              "busy_fraction": [round(r.info["busy_fraction"], 3) for r in lives],
              "live_counters": [counters(r) for r in lives]}
     sims = {}
     if checks:
         entry["policy"] = [{"identical": c.identical, "sequences": c.sequences, "max_token_diff_s": c.max_token_diff_s,
-                            "differences": c.differences} for c in checks]
+                            "differences": c.differences, "live_counters": a, "sim_counters": b}
+                           for c, a, b in checks]
     if profile is not None:
         sim = simulate(trace, sim_spec(options, meta, cost="calibrated", profile=profile,
                                        interval=sample_interval(trace)))
@@ -113,6 +112,25 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
                             "error_pct": m.error_pct} for m in timing_rows(lives, sim)]
     (out / "cdf.png").write_bytes(cdf_plot(lives, sims, f"{name}: {len(lives)} live run(s) vs simulation"))
     return entry
+
+
+def check_policy(trace, live, options, meta: dict, steps: Path) -> tuple:
+    """(PolicyCheck, live counters, simulated counters) for the simulator priced by this run's own steps."""
+    from kvplan.live import sample_interval, sim_spec
+    from kvplan.validation import PolicyCheck, counters, policy_check
+    from sim.cost.recorded import PolicyDivergence
+    from sim.run import simulate
+
+    try:
+        recorded = simulate(trace, sim_spec(options, meta, cost="recorded", profile=str(steps),
+                                            interval=sample_interval(trace), record_tokens=True))
+    except PolicyDivergence as exc:
+        return PolicyCheck(False, len(live.token_times), float("nan"), [str(exc)]), counters(live), {}
+    return policy_check(live, recorded), counters(live), counters(recorded)
+
+
+def _counts(c: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in c.items())
 
 
 def _fmt(value: float) -> str:
@@ -128,7 +146,8 @@ def report_text(doc: dict) -> str:
         for i, p in enumerate(c.get("policy", [])):
             verdict = "identical" if p["identical"] else "DIFFERENT: " + "; ".join(p["differences"])
             parts.append(f"policy (live run {i + 1}): {p['sequences']} sequences, token times {verdict} "
-                         f"(max diff {p['max_token_diff_s']:.2g} s)")
+                         f"(max diff {p['max_token_diff_s']:.2g} s); counters live {_counts(p['live_counters'])}, "
+                         f"simulated {_counts(p['sim_counters'])}")
         if "timing" in c:
             rows = [[m["metric"], _fmt(m["live"]), f"±{m['band_pct']:.1f}", _fmt(m["simulated"]),
                      f"{m['error_pct']:+.1f}"] for m in c["timing"]]
@@ -163,7 +182,8 @@ def report_markdown(doc: dict) -> str:
         for i, p in enumerate(c.get("policy", [])):
             verdict = "identical" if p["identical"] else "different: " + "; ".join(p["differences"])
             lines.append(f"- Policy, live run {i + 1}: {p['sequences']} sequences, token times {verdict} "
-                         f"(max difference {p['max_token_diff_s']:.2g} s).")
+                         f"(max difference {p['max_token_diff_s']:.2g} s); counters live "
+                         f"{_counts(p['live_counters'])}, simulated {_counts(p['sim_counters'])}.")
         if "timing" in c:
             lines += ["", "| metric | live | noise band ±% | simulated | error % |", "|---|---|---|---|---|"]
             lines += [f"| {m['metric']} | {_fmt(m['live'])} | {m['band_pct']:.1f} | {_fmt(m['simulated'])} | "

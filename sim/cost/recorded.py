@@ -17,8 +17,10 @@ import numpy as np
 from sim.cost.features import StepFeatures
 
 
-class PolicyDivergence(RuntimeError):
-    """The simulated scheduler did not schedule what the live engine scheduled."""
+class PolicyDivergence(ValueError):
+    """The simulated scheduler did not schedule what the live engine scheduled: a configuration that differs from
+    the replay's (a user error for `simulate --cost recorded`), or - with the replay's own configuration, as
+    `kvplan validate` runs it - a policy difference between the simulator and the engine, which it reports."""
 
 
 @dataclass(slots=True)
@@ -99,7 +101,8 @@ class RecordedCost:
             missing = sorted(set(recorded) - set(simulated))[:3]
             raise PolicyDivergence(f"{self.source}: step {step.step_id} differs: the simulation scheduled "
                                    f"{extra} that the live run did not, and not {missing} that it did "
-                                   "(request id, new tokens, start)")
+                                   "(request id, new tokens, start); allowed: the options the replay ran with "
+                                   "(its engine.json)")
         return live.duration_s
 
     def step_times(self, f: StepFeatures) -> np.ndarray | float:
