@@ -129,8 +129,11 @@ def check_policy(trace, live, options, meta: dict, steps: Path) -> tuple:
     return policy_check(live, recorded), counters(live), counters(recorded)
 
 
-def _counts(c: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in c.items())
+def policy_sentence(p: dict) -> str:
+    verdict = "identical" if p["identical"] else "DIFFERENT: " + "; ".join(p["differences"])
+    counts = {side: ", ".join(f"{k}={v}" for k, v in p[f"{side}_counters"].items()) for side in ("live", "sim")}
+    return (f"{p['sequences']} sequences, token times {verdict} (max diff {p['max_token_diff_s']:.2g} s); "
+            f"counters live {counts['live']}, simulated {counts['sim']}")
 
 
 def _fmt(value: float) -> str:
@@ -143,11 +146,7 @@ def report_text(doc: dict) -> str:
     for c in doc["configs"]:
         parts.append(f"\n== {c['name']} ({c['num_blocks']} KV blocks, engine busy "
                      f"{', '.join(f'{b:.0%}' for b in c['busy_fraction'])})")
-        for i, p in enumerate(c.get("policy", [])):
-            verdict = "identical" if p["identical"] else "DIFFERENT: " + "; ".join(p["differences"])
-            parts.append(f"policy (live run {i + 1}): {p['sequences']} sequences, token times {verdict} "
-                         f"(max diff {p['max_token_diff_s']:.2g} s); counters live {_counts(p['live_counters'])}, "
-                         f"simulated {_counts(p['sim_counters'])}")
+        parts += [f"policy (live run {i + 1}): {policy_sentence(p)}" for i, p in enumerate(c.get("policy", []))]
         if "timing" in c:
             rows = [[m["metric"], _fmt(m["live"]), f"±{m['band_pct']:.1f}", _fmt(m["simulated"]),
                      f"{m['error_pct']:+.1f}"] for m in c["timing"]]
@@ -179,11 +178,7 @@ def report_markdown(doc: dict) -> str:
     for c in doc["configs"]:
         lines += [f"## {c['name']}", "", f"Options: `{json.dumps(c['options'])}`; {c['num_blocks']} KV blocks; "
                   f"engine busy {', '.join(f'{b:.0%}' for b in c['busy_fraction'])}.", ""]
-        for i, p in enumerate(c.get("policy", [])):
-            verdict = "identical" if p["identical"] else "different: " + "; ".join(p["differences"])
-            lines.append(f"- Policy, live run {i + 1}: {p['sequences']} sequences, token times {verdict} "
-                         f"(max difference {p['max_token_diff_s']:.2g} s); counters live "
-                         f"{_counts(p['live_counters'])}, simulated {_counts(p['sim_counters'])}.")
+        lines += [f"- Policy, live run {i + 1}: {policy_sentence(p)}." for i, p in enumerate(c.get("policy", []))]
         if "timing" in c:
             lines += ["", "| metric | live | noise band ±% | simulated | error % |", "|---|---|---|---|---|"]
             lines += [f"| {m['metric']} | {_fmt(m['live'])} | {m['band_pct']:.1f} | {_fmt(m['simulated'])} | "
