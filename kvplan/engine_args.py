@@ -7,9 +7,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from kvplan.live import EngineOptions
+from traces.specs import read_yaml
 
 _UNITS = {"": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30}
@@ -73,12 +72,7 @@ def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, Engin
           enable_prefix_caching: true
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--configs: {path}: no such file")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    doc = read_yaml(path, "--configs")
     if not isinstance(doc, list) or not doc:
         raise ValueError(f"{path}: a non-empty YAML list of configurations, each a mapping with a name")
     allowed = ("name", *EngineOptions.option_names())

@@ -3,7 +3,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from traces.schema import TraceFormatError
+
+
+def read_yaml(path: str | Path, flag: str) -> object:
+    """The YAML document at `path` (safe_load); a missing file or a syntax error is one line naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{flag}: {path}: no such file")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
 
 
 def spec_error(path: str, problem: str) -> TraceFormatError:

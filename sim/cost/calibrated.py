@@ -37,6 +37,7 @@ import numpy as np
 import yaml
 
 from sim.cost.features import StepFeatures
+from traces.specs import read_yaml
 
 COEFFICIENTS = ("step", "request", "prefill_tokens", "prefill_attention", "decode_requests", "decode_context",
                 "decode_context_max", "blocks_touched", "sampled", "batched")
@@ -58,14 +59,18 @@ class CalibratedCost:
     copy_seconds_per_block: float = 0.0
     kv_capacity_blocks: int | None = None
     meta: dict = field(default_factory=dict)  # every other profile key (model, device, block_size, fit, ...)
+    _terms: list[tuple[int, float]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # The non-zero terms, found once: step_times runs on every simulated step.
+        self._terms = [(i, self.coefficients[name]) for i, name in enumerate(COEFFICIENTS)
+                       if self.coefficients.get(name, 0.0)]
 
     def step_times(self, f: StepFeatures) -> np.ndarray | float:
-        c = self.coefficients.get
+        columns = feature_columns(f)
         total = 0.0
-        for name, value in zip(COEFFICIENTS, feature_columns(f), strict=True):
-            coefficient = c(name, 0.0)
-            if coefficient:
-                total = total + coefficient * value
+        for i, coefficient in self._terms:
+            total = total + coefficient * columns[i]
         return total
 
     def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float:
@@ -97,12 +102,7 @@ def _seconds(path: Path, key: str, value: object) -> float:
 
 def load_profile(path: str | Path) -> CalibratedCost:
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--profile: {path}: no such profile file")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    doc = read_yaml(path, "--profile")
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: a profile is a YAML mapping with keys {', '.join(PROFILE_KEYS)}")
     unknown = sorted(set(doc) - set(PROFILE_KEYS))
