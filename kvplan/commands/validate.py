@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from itertools import pairwise
 from pathlib import Path
+
+import numpy as np
 
 from kvplan.commands.replay import add_trace_arguments, load_trace
 from kvplan.commands.simulate import write_tables
@@ -31,6 +34,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--configs", default=None, help="YAML list of named configurations overriding the options")
     p.add_argument("--repeats", type=int, default=2, help="live runs per configuration (the noise band)")
     p.add_argument("--mode", choices=MODES, default="both")
+    p.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
+                   help="timing: skip the speed probe around each live run (and the speed-adjusted comparison)")
     p.add_argument("--out", type=Path, required=True, help="result directory (replaced whole on success)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
@@ -68,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
         if args.mode != "policy":
             from kvplan.validation import MetricRow, target_summary
 
-            doc["targets"] = target_summary({r["name"]: [MetricRow(**m) for m in r["timing"]] for r in results})
+            for key, rows in (("targets", "timing"), ("targets_speed_adjusted", "timing_speed_adjusted")):
+                if all(rows in r for r in results):
+                    doc[key] = target_summary({r["name"]: [MetricRow(**m) for m in r[rows]] for r in results})
         (out / "validation.json").write_text(json_text(doc))
         (out / "report.md").write_text(report_markdown(doc))
     if args.json:
@@ -81,9 +88,12 @@ def run(args: argparse.Namespace) -> int:
 
 def validate_config(args, trace, name: str, options, profile: str | None, out: Path) -> dict:
     from kvplan.live import replay, sample_interval, sim_spec
-    from kvplan.validation import cdf_plot, counters, timing_rows
+    from kvplan.validation import cdf_plot, counters
+    from sim.cost.calibrated import load_profile, save_profile
     from sim.run import simulate
 
+    cost = load_profile(profile) if profile is not None and args.speed_probe else None
+    probes = [probe(args, options, cost, name)] if cost is not None else []
     lives, checks, meta = [], [], {}
     for r in range(args.repeats):
         print(f"  {name}: live run {r + 1}/{args.repeats}", file=sys.stderr)
@@ -92,6 +102,8 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
                             steps_path=where / "steps.jsonl")
         write_tables(live, where, "parquet")
         lives.append(live)
+        if cost is not None:
+            probes.append(probe(args, options, cost, name))
         if args.mode != "timing":
             checks.append(check_policy(trace, live, options, meta, where / "steps.jsonl"))
     entry = {"name": name, "options": options.llm_kwargs(), "num_blocks": int(meta["num_blocks"]),
@@ -103,15 +115,42 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
                             "differences": c.differences, "live_counters": a, "sim_counters": b}
                            for c, a, b in checks]
     if profile is not None:
-        sim = simulate(trace, sim_spec(options, meta, cost="calibrated", profile=profile,
-                                       interval=sample_interval(trace)))
-        write_tables(sim, out / "sim-timing", "parquet")
-        sims["calibrated"] = sim
-        entry["sim_counters"] = counters(sim)
-        entry["timing"] = [{"metric": m.metric, "live": m.live, "band_pct": m.band_pct, "simulated": m.simulated,
-                            "error_pct": m.error_pct} for m in timing_rows(lives, sim)]
+        simulations = [("calibrated", "timing", profile)]
+        if probes:
+            # Each live run at the mean of the probes either side of it; the simulation at the runs' mean.
+            factors = [(a.factor + b.factor) / 2 for a, b in pairwise(probes)]
+            entry["speed"] = {"probe_factors": [round(p.factor, 4) for p in probes],
+                              "run_factors": [round(f, 4) for f in factors], "factor": float(np.mean(factors))}
+            adjusted = out / "profile-speed-adjusted.yaml"
+            save_profile(cost.scaled(entry["speed"]["factor"]), adjusted,
+                         f"{profile} scaled by the speed probe's factor {entry['speed']['factor']:.4f}")
+            simulations.append(("speed-adjusted", "timing_speed_adjusted", str(adjusted)))
+        for label, key, path in simulations:
+            sim = simulate(trace, sim_spec(options, meta, cost="calibrated", profile=path,
+                                           interval=sample_interval(trace)))
+            write_tables(sim, out / f"sim-{label}", "parquet")
+            sims[label] = sim
+            entry[key] = timing_entry(lives, sim)
+        entry["sim_counters"] = counters(sims["calibrated"])
     (out / "cdf.png").write_bytes(cdf_plot(lives, sims, f"{name}: {len(lives)} live run(s) vs simulation"))
     return entry
+
+
+def probe(args, options, cost, name: str):
+    from kvplan.calibration.probe import speed_probe
+
+    result = speed_probe(args.model, cost, block_size=options.block_size, dtype=options.dtype, seed=args.seed,
+                         temperature=args.temperature)
+    print(f"  {name}: speed probe: {result.measured_s:.3f} s measured, {result.predicted_s:.3f} s by the profile "
+          f"(x{result.factor:.3f})", file=sys.stderr)
+    return result
+
+
+def timing_entry(lives, sim) -> list[dict]:
+    from kvplan.validation import timing_rows
+
+    return [{"metric": m.metric, "live": m.live, "band_pct": m.band_pct, "simulated": m.simulated,
+             "error_pct": m.error_pct} for m in timing_rows(lives, sim)]
 
 
 def check_policy(trace, live, options, meta: dict, steps: Path) -> tuple:
@@ -140,6 +179,40 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
+def timing_table(c: dict) -> tuple[tuple[str, ...], list[list[str]]]:
+    """Per metric: live (median of runs), noise band, simulated and error; then the speed-adjusted pair."""
+    headers = ("metric", "live", "band_%", "simulated", "error_%")
+    rows = [[m["metric"], _fmt(m["live"]), f"±{m['band_pct']:.1f}", _fmt(m["simulated"]), f"{m['error_pct']:+.1f}"]
+            for m in c["timing"]]
+    if "timing_speed_adjusted" in c:
+        headers += ("sim_speed_adj", "error_adj_%")
+        for row, m in zip(rows, c["timing_speed_adjusted"], strict=True):
+            row += [_fmt(m["simulated"]), f"{m['error_pct']:+.1f}"]
+    return headers, rows
+
+
+def counter_table(c: dict) -> tuple[tuple[str, ...], list[list[object]]]:
+    keys = list(c["sim_counters"])
+    rows = [[f"live {i + 1}", *(lc[k] for k in keys)] for i, lc in enumerate(c["live_counters"])]
+    rows.append(["simulated", *(c["sim_counters"][k] for k in keys)])
+    return ("run", *keys), rows
+
+
+def target_tables(doc: dict) -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
+    titles = {"targets": "as calibrated", "targets_speed_adjusted": "profile scaled by the speed probe"}
+    headers = ("metric", "median_|err|_%", "noise_band_%", "target_%", "met")
+    return [(f"across configurations, {title} (median |error| %)", headers,
+             [[t["metric"], f"{t['median_abs_error_pct']:.2f}", f"{t['median_noise_band_pct']:.2f}",
+               f"{t['target_pct']:.0f}", "yes" if t["met"] else "NO"] for t in doc[key]])
+            for key, title in titles.items() if key in doc]
+
+
+def speed_sentence(c: dict) -> str:
+    s = c["speed"]
+    return (f"machine speed vs profile (speed probe, >1 = slower): {', '.join(f'{f:.3f}' for f in s['probe_factors'])}"
+            f" around the live runs; simulated speed-adjusted at x{s['factor']:.3f}")
+
+
 def report_text(doc: dict) -> str:
     parts = [f"{doc['trace']}: {doc['requests']} requests, {doc['model']}, {doc['repeats']} live run(s) per "
              f"configuration, mode {doc['mode']}"]
@@ -147,20 +220,19 @@ def report_text(doc: dict) -> str:
         parts.append(f"\n== {c['name']} ({c['num_blocks']} KV blocks, engine busy "
                      f"{', '.join(f'{b:.0%}' for b in c['busy_fraction'])})")
         parts += [f"policy (live run {i + 1}): {policy_sentence(p)}" for i, p in enumerate(c.get("policy", []))]
+        if "speed" in c:
+            parts.append(speed_sentence(c))
         if "timing" in c:
-            rows = [[m["metric"], _fmt(m["live"]), f"±{m['band_pct']:.1f}", _fmt(m["simulated"]),
-                     f"{m['error_pct']:+.1f}"] for m in c["timing"]]
-            parts.append(format_table(("metric", "live", "band_%", "simulated", "error_%"), rows))
-            keys = list(c["sim_counters"])
-            rows = [[f"live {i + 1}", *(lc[k] for k in keys)] for i, lc in enumerate(c["live_counters"])]
-            rows.append(["simulated", *(c["sim_counters"][k] for k in keys)])
-            parts.append(format_table(("run", *keys), rows))
-    if "targets" in doc:
-        rows = [[t["metric"], f"{t['median_abs_error_pct']:.2f}", f"{t['median_noise_band_pct']:.2f}",
-                 f"{t['target_pct']:.0f}", "yes" if t["met"] else "NO"] for t in doc["targets"]]
-        parts.append("\nacross configurations (median |error| %):")
-        parts.append(format_table(("metric", "median_|err|_%", "noise_band_%", "target_%", "met"), rows))
+            parts.append(format_table(*timing_table(c)))
+            parts.append(format_table(*counter_table(c)))
+    for title, headers, rows in target_tables(doc):
+        parts += [f"\n{title}:", format_table(headers, rows)]
     return "\n".join(parts)
+
+
+def markdown_table(headers, rows) -> list[str]:
+    return ["| " + " | ".join(map(str, headers)) + " |", "|---" * len(headers) + "|",
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
 
 
 def report_markdown(doc: dict) -> str:
@@ -168,25 +240,18 @@ def report_markdown(doc: dict) -> str:
              f"Trace `{doc['trace']}` ({doc['requests']} requests), model `{doc['model']}`, {doc['repeats']} live "
              f"run(s) per configuration, mode `{doc['mode']}`, profile `{doc['profile']}`.", "",
              "Error = (simulated − live) / live, live = the median of the live runs; the noise band is half the "
-             "live runs' range. Policy: the simulator priced by each live run's own step durations.", ""]
-    if "targets" in doc:
-        lines += ["## Across configurations", "", "| metric | median abs error % | noise band % | target % | met |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {t['metric']} | {t['median_abs_error_pct']:.2f} | {t['median_noise_band_pct']:.2f} | "
-                  f"{t['target_pct']:.0f} | {'yes' if t['met'] else 'no'} |" for t in doc["targets"]]
-        lines.append("")
+             "live runs' range. Policy: the simulator priced by each live run's own step durations. Speed-adjusted: "
+             "the profile scaled by the speed probe's measure of how fast the machine ran around the live runs "
+             "(measured ÷ profile-predicted time of a fixed workload).", ""]
+    for title, headers, rows in target_tables(doc):
+        lines += [f"## {title[0].upper()}{title[1:]}", "", *markdown_table(headers, rows), ""]
     for c in doc["configs"]:
         lines += [f"## {c['name']}", "", f"Options: `{json.dumps(c['options'])}`; {c['num_blocks']} KV blocks; "
                   f"engine busy {', '.join(f'{b:.0%}' for b in c['busy_fraction'])}.", ""]
         lines += [f"- Policy, live run {i + 1}: {policy_sentence(p)}." for i, p in enumerate(c.get("policy", []))]
+        if "speed" in c:
+            lines.append(f"- {speed_sentence(c)[0].upper()}{speed_sentence(c)[1:]}.")
         if "timing" in c:
-            lines += ["", "| metric | live | noise band ±% | simulated | error % |", "|---|---|---|---|---|"]
-            lines += [f"| {m['metric']} | {_fmt(m['live'])} | {m['band_pct']:.1f} | {_fmt(m['simulated'])} | "
-                      f"{m['error_pct']:+.1f} |" for m in c["timing"]]
-            keys = list(c["sim_counters"])
-            lines += ["", "| run | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-            lines += [f"| live {i + 1} | " + " | ".join(str(lc[k]) for k in keys) + " |"
-                      for i, lc in enumerate(c["live_counters"])]
-            lines.append("| simulated | " + " | ".join(str(c["sim_counters"][k]) for k in keys) + " |")
+            lines += ["", *markdown_table(*timing_table(c)), "", *markdown_table(*counter_table(c))]
         lines += ["", f"![CDFs]({c['name']}/cdf.png)", ""]
     return "\n".join(lines)

@@ -76,6 +76,14 @@ class CalibratedCost:
     def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float:
         return swapped_blocks * self.swap_seconds_per_block + copied_blocks * self.copy_seconds_per_block
 
+    def scaled(self, factor: float) -> CalibratedCost:
+        """The same profile on a machine `factor` times slower (every coefficient and transfer cost scaled):
+        what `kvplan validate` simulates when a speed probe finds the machine away from its calibrated speed."""
+        meta = {**self.meta, "provenance": {**self.meta.get("provenance", {}), "speed_factor": factor}}
+        return CalibratedCost({k: v * factor for k, v in self.coefficients.items()},
+                              self.swap_seconds_per_block * factor, self.copy_seconds_per_block * factor,
+                              self.kv_capacity_blocks, meta)
+
     def to_dict(self) -> dict:
         doc = {k: v for k, v in self.meta.items() if k in PROFILE_KEYS}
         if self.kv_capacity_blocks is not None:

@@ -12,7 +12,8 @@ import pytest
 from kvplan.cli import main
 from kvplan.live import EngineOptions, replay, sample_interval, sim_spec
 from kvplan.validation import policy_check
-from sim.cost.recorded import PolicyDivergence
+from sim.cost.calibrated import load_profile
+from sim.cost.recorded import PolicyDivergence, ProfiledItem, ProfiledStep
 from sim.run import simulate
 from traces import Trace
 from traces.io import render
@@ -109,3 +110,33 @@ def test_calibrate_cli_writes_a_profile_the_simulator_runs(tiny_models, tmp_path
     assert main(["simulate", "--trace", str(trace_path), "--model", tiny_models["tiny-llama"], "--cost",
                  "calibrated", "--profile", str(profile), "--block-size", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["summary"]["completed"] == 60
+    # Timing mode: a speed probe around the live run, and the comparison both as calibrated and speed-adjusted.
+    assert main(["validate", "--trace", str(trace_path), "--model", tiny_models["tiny-llama"], "--profile",
+                 str(profile), "--dtype", "float32", "--block-size", "8", "--mode", "timing", "--repeats", "1",
+                 "--out", str(tmp_path / "val"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    speed = doc["configs"][0]["speed"]
+    assert len(speed["probe_factors"]) == 2 and speed["factor"] > 0
+    assert {t["metric"] for t in doc["targets_speed_adjusted"]} == {t["metric"] for t in doc["targets"]}
+    adjusted = load_profile(tmp_path / "val" / "default" / "profile-speed-adjusted.yaml")
+    assert adjusted.coefficients["step"] == pytest.approx(load_profile(profile).coefficients["step"] * speed["factor"])
+    assert "## Across configurations, profile scaled by the speed probe" in (tmp_path / "val" / "report.md").read_text()
+
+
+def test_the_speed_probe_prices_its_steps_as_the_simulator_does(tiny_models):
+    from kvplan.calibration.probe import predicted_seconds, speed_probe
+    from sim.cost.calibrated import COEFFICIENTS, CalibratedCost
+    from sim.cost.features import step_features
+
+    rng = np.random.default_rng(0)
+    cost = CalibratedCost(dict(zip(COEFFICIENTS, rng.uniform(1e-5, 1e-3, len(COEFFICIENTS)), strict=True)),
+                          swap_seconds_per_block=2e-4, copy_seconds_per_block=3e-5, meta={"block_size": 16})
+    probe = speed_probe(tiny_models["tiny-llama"], cost, block_size=8, dtype="float32")
+    assert probe.steps > 20 and probe.measured_s > 0
+    slower = speed_probe(tiny_models["tiny-llama"], cost.scaled(2.0), block_size=8, dtype="float32")
+    assert slower.predicted_s == pytest.approx(2 * probe.predicted_s)  # same fixed workload, twice the price
+    # Independently: each step priced by the simulator's own path (features -> step_times + transfer_time).
+    items = [ProfiledItem("a", 5, 0, False, True), ProfiledItem("b", 1, 40, True, True)]
+    steps = [ProfiledStep(0, 8, items, 2, 1, 0.1)]
+    expected = cost.step_times(step_features(steps[0].items, 8, 0)) + cost.transfer_time(2 * 8 / 16, 1 * 8 / 16)
+    assert predicted_seconds(cost, steps)[0] == pytest.approx(expected)
