@@ -22,6 +22,14 @@ from kvplan.engine_args import add_engine_arguments, load_configs, options_from_
 from kvplan.output import atomic_dir, format_table, json_text, print_json
 
 MODES = ("policy", "timing", "both")
+# The simulations a timing validation compares, beside the profile as calibrated: the profile scaled by a machine
+# speed factor measured independently around the live runs (the speed probe), and by the speed the live runs'
+# own steps show against the profile (an oracle for the machine's speed, not a prediction: what remains is
+# the model's error). (label, timing key, target key, column, title)
+ADJUSTED = (("speed-adjusted", "timing_speed_adjusted", "targets_speed_adjusted", "probe_adj",
+             "profile scaled by the speed probe"),
+            ("in-run-speed", "timing_in_run_speed", "targets_in_run_speed", "in_run_adj",
+             "profile scaled by the live runs' own step speed"))
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -73,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         if args.mode != "policy":
             from kvplan.validation import MetricRow, target_summary
 
-            for key, rows in (("targets", "timing"), ("targets_speed_adjusted", "timing_speed_adjusted")):
+            for key, rows in (("targets", "timing"), *((t, k) for _, k, t, _, _ in ADJUSTED)):
                 if all(rows in r for r in results):
                     doc[key] = target_summary({r["name"]: [MetricRow(**m) for m in r[rows]] for r in results})
         (out / "validation.json").write_text(json_text(doc))
@@ -119,12 +127,15 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
         if probes:
             # Each live run at the mean of the probes either side of it; the simulation at the runs' mean.
             factors = [(a.factor + b.factor) / 2 for a, b in pairwise(probes)]
+            in_run = [in_run_factor(cost, out / f"live-{r + 1}" / "steps.jsonl") for r in range(len(lives))]
             entry["speed"] = {"probe_factors": [round(p.factor, 4) for p in probes],
-                              "run_factors": [round(f, 4) for f in factors], "factor": float(np.mean(factors))}
-            adjusted = out / "profile-speed-adjusted.yaml"
-            save_profile(cost.scaled(entry["speed"]["factor"]), adjusted,
-                         f"{profile} scaled by the speed probe's factor {entry['speed']['factor']:.4f}")
-            simulations.append(("speed-adjusted", "timing_speed_adjusted", str(adjusted)))
+                              "run_factors": [round(f, 4) for f in factors], "factor": float(np.mean(factors)),
+                              "in_run_factors": [round(f, 4) for f in in_run], "in_run_factor": float(np.mean(in_run))}
+            for (label, key, _, _, title), factor in zip(ADJUSTED, ("factor", "in_run_factor"), strict=True):
+                adjusted = out / f"profile-{label}.yaml"
+                save_profile(cost.scaled(entry["speed"][factor]), adjusted,
+                             f"{profile}, {title}: x{entry['speed'][factor]:.4f}")
+                simulations.append((label, key, str(adjusted)))
         for label, key, path in simulations:
             sim = simulate(trace, sim_spec(options, meta, cost="calibrated", profile=path,
                                            interval=sample_interval(trace)))
@@ -144,6 +155,15 @@ def probe(args, options, cost, name: str):
     print(f"  {name}: speed probe: {result.measured_s:.3f} s measured, {result.predicted_s:.3f} s by the profile "
           f"(x{result.factor:.3f})", file=sys.stderr)
     return result
+
+
+def in_run_factor(cost, steps_path: Path) -> float:
+    """How fast a live run's own steps went against the profile: Σ measured / Σ profile-predicted."""
+    from kvplan.calibration.probe import predicted_seconds
+    from sim.cost.recorded import read_step_profile
+
+    steps = read_step_profile(steps_path)[1]
+    return float(sum(s.duration_s for s in steps) / predicted_seconds(cost, steps).sum())
 
 
 def timing_entry(lives, sim) -> list[dict]:
@@ -184,10 +204,11 @@ def timing_table(c: dict) -> tuple[tuple[str, ...], list[list[str]]]:
     headers = ("metric", "live", "band_%", "simulated", "error_%")
     rows = [[m["metric"], _fmt(m["live"]), f"±{m['band_pct']:.1f}", _fmt(m["simulated"]), f"{m['error_pct']:+.1f}"]
             for m in c["timing"]]
-    if "timing_speed_adjusted" in c:
-        headers += ("sim_speed_adj", "error_adj_%")
-        for row, m in zip(rows, c["timing_speed_adjusted"], strict=True):
-            row += [_fmt(m["simulated"]), f"{m['error_pct']:+.1f}"]
+    for _, key, _, column, _ in ADJUSTED:
+        if key in c:
+            headers += (column, f"{column}_err_%")
+            for row, m in zip(rows, c[key], strict=True):
+                row += [_fmt(m["simulated"]), f"{m['error_pct']:+.1f}"]
     return headers, rows
 
 
@@ -199,7 +220,7 @@ def counter_table(c: dict) -> tuple[tuple[str, ...], list[list[object]]]:
 
 
 def target_tables(doc: dict) -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
-    titles = {"targets": "as calibrated", "targets_speed_adjusted": "profile scaled by the speed probe"}
+    titles = {"targets": "as calibrated", **{target: title for _, _, target, _, title in ADJUSTED}}
     headers = ("metric", "median_|err|_%", "noise_band_%", "target_%", "met")
     return [(f"across configurations, {title} (median |error| %)", headers,
              [[t["metric"], f"{t['median_abs_error_pct']:.2f}", f"{t['median_noise_band_pct']:.2f}",
@@ -209,8 +230,9 @@ def target_tables(doc: dict) -> list[tuple[str, tuple[str, ...], list[list[str]]
 
 def speed_sentence(c: dict) -> str:
     s = c["speed"]
-    return (f"machine speed vs profile (speed probe, >1 = slower): {', '.join(f'{f:.3f}' for f in s['probe_factors'])}"
-            f" around the live runs; simulated speed-adjusted at x{s['factor']:.3f}")
+    return (f"machine speed vs profile (>1 = slower): speed probe {', '.join(f'{f:.3f}' for f in s['probe_factors'])}"
+            f" around the live runs (probe_adj at x{s['factor']:.3f}); the live runs' own steps "
+            f"{', '.join(f'{f:.3f}' for f in s['in_run_factors'])} (in_run_adj at x{s['in_run_factor']:.3f})")
 
 
 def report_text(doc: dict) -> str:
@@ -240,9 +262,11 @@ def report_markdown(doc: dict) -> str:
              f"Trace `{doc['trace']}` ({doc['requests']} requests), model `{doc['model']}`, {doc['repeats']} live "
              f"run(s) per configuration, mode `{doc['mode']}`, profile `{doc['profile']}`.", "",
              "Error = (simulated − live) / live, live = the median of the live runs; the noise band is half the "
-             "live runs' range. Policy: the simulator priced by each live run's own step durations. Speed-adjusted: "
+             "live runs' range. Policy: the simulator priced by each live run's own step durations. probe_adj: "
              "the profile scaled by the speed probe's measure of how fast the machine ran around the live runs "
-             "(measured ÷ profile-predicted time of a fixed workload).", ""]
+             "(measured ÷ profile-predicted time of a fixed workload); in_run_adj: scaled by the live runs' own "
+             "steps (measured ÷ profile-predicted), an oracle for the machine's speed that leaves the model's "
+             "error.", ""]
     for title, headers, rows in target_tables(doc):
         lines += [f"## {title[0].upper()}{title[1:]}", "", *markdown_table(headers, rows), ""]
     for c in doc["configs"]:

@@ -117,7 +117,9 @@ def test_calibrate_cli_writes_a_profile_the_simulator_runs(tiny_models, tmp_path
     doc = json.loads(capsys.readouterr().out)
     speed = doc["configs"][0]["speed"]
     assert len(speed["probe_factors"]) == 2 and speed["factor"] > 0
-    assert {t["metric"] for t in doc["targets_speed_adjusted"]} == {t["metric"] for t in doc["targets"]}
+    assert len(speed["in_run_factors"]) == 1 and speed["in_run_factor"] > 0
+    for key in ("targets_speed_adjusted", "targets_in_run_speed"):
+        assert {t["metric"] for t in doc[key]} == {t["metric"] for t in doc["targets"]}
     adjusted = load_profile(tmp_path / "val" / "default" / "profile-speed-adjusted.yaml")
     assert adjusted.coefficients["step"] == pytest.approx(load_profile(profile).coefficients["step"] * speed["factor"])
     assert "## Across configurations, profile scaled by the speed probe" in (tmp_path / "val" / "report.md").read_text()
