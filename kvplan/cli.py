@@ -6,12 +6,17 @@ import argparse
 import importlib
 import sys
 
+from kvplan import __version__
+
 # Verbs in the order `kvplan --help` lists them; later features add their module here.
-COMMANDS = ("trace", "simulate", "generate", "replay", "calibrate", "validate", "bench")
+COMMANDS = ("run", "trace", "simulate", "generate", "replay", "calibrate", "validate", "bench")
+# What the `engine` extra installs: a command that imports one of these needs it.
+ENGINE_PACKAGES = ("torch", "triton", "transformers", "accelerate", "gguf")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvplan", description="KV-cache capacity planner for LLM serving.")
+    parser.add_argument("--version", action="version", version=f"kvplan {__version__}")
     verbs = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"kvplan.commands.{name}").register(verbs)
@@ -24,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except (ValueError, FileNotFoundError) as exc:  # bad input: a clear message, no traceback
         print(f"kvplan {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # the light install: the command needs the live engine
+        if (exc.name or "").split(".")[0] not in ENGINE_PACKAGES:
+            raise
+        print(f"kvplan {args.command}: error: needs the live engine (module {exc.name!r} is not installed); "
+              "install it with: pip install 'kvplan[engine]'", file=sys.stderr)
         return 2
 
 

@@ -141,3 +141,52 @@ def derived_ids(hashes: np.ndarray, per_hash: int) -> np.ndarray:
     words = np.frombuffer(raw, dtype="<u8").reshape(len(hashes), digests_per_hash * DIGEST_IDS)
     return (words[:, :per_hash] >> np.uint64(1)).astype(np.int64)
 
+
+
+# The order `kvplan trace convert` and an experiment's workload.transforms apply transforms in.
+TRANSFORM_ORDER = ("window", "sample", "rate_scale", "retime", "jitter", "clip_context", "expand_block")
+
+
+def _number(value: object, where: str, *, integer: bool = False) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
+    if not ok or (integer and not float(value).is_integer()):
+        raise ValueError(f"{where}: must be {'an integer' if integer else 'a finite number'}, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def apply_transforms(trace: Trace, steps: dict, seed: int, path: str | None = None) -> Trace:
+    """Apply the transforms named in `steps` (name -> argument) in `TRANSFORM_ORDER`; an error names the YAML
+    key `path.name`, or the command-line option (`--clip-context`) when `path` is None. Random transforms
+    (sample, retime, jitter) draw from `seed`."""
+    def label(name: str) -> str:
+        return f"{path}.{name}" if path else "--" + name.replace("_", "-")
+
+    for name in steps:
+        if name not in TRANSFORM_ORDER:
+            raise ValueError(f"{label(name)}: unknown transform; allowed: {', '.join(TRANSFORM_ORDER)}")
+    for name in (n for n in TRANSFORM_ORDER if steps.get(n) is not None):
+        value, where = steps[name], label(name)
+        try:
+            if name == "window":
+                if not isinstance(value, list | tuple) or len(value) != 2:
+                    raise ValueError(f"must be [START_S, END_S], got {value!r}")
+                trace = window(trace, _number(value[0], f"{where}[0]"), _number(value[1], f"{where}[1]"))
+            elif name == "sample":
+                trace = sample(trace, _number(value, where), seed)
+            elif name == "rate_scale":
+                trace = scale_rate(trace, _number(value, where))
+            elif name == "retime":
+                if not isinstance(value, dict):
+                    raise ValueError(f"must be an arrival-process mapping, e.g. {{process: poisson, rate: 4}}, "
+                                     f"got {value!r}")
+                trace = retime(trace, value, seed, path=where)
+            elif name == "jitter":
+                trace = jitter(trace, _number(value, where), seed)
+            elif name == "clip_context":
+                trace = clip_to_context(trace, _number(value, where, integer=True))
+            else:
+                trace = expand_granularity(trace, _number(value, where, integer=True))
+        except ValueError as exc:
+            message = str(exc)
+            raise ValueError(message if message.startswith(where) else f"{where}: {message}") from None
+    return trace

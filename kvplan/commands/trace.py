@@ -1,4 +1,5 @@
-"""`kvplan trace stats|convert|synth`: inspect, convert and generate request traces."""
+"""`kvplan trace stats|convert|synth|samples`: inspect, convert and generate request traces; list the bundled
+samples."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
         ("synth", "generate a synthetic trace from a YAML spec",
          "Generate a trace from SPEC.yaml (see traces/samples/*.yaml). Without --out, print its statistics "
          "only.", (_spec_arguments, _kind_argument), _synth),
+        ("samples", "list the bundled sample traces and where they are installed",
+         "The small project-made sample traces that ship with kvplan (each generated from the YAML spec beside "
+         "it), with their paths: pass one as --trace.", (), _samples),
     ):
         action = actions.add_parser(name, help=summary, description=description)
         for add in adders:
@@ -86,23 +90,12 @@ def _load(args: argparse.Namespace):  # -> traces.Trace
 
 
 def _transform(trace, args: argparse.Namespace):  # (Trace, args) -> Trace
-    from traces import transforms as tf
+    from traces.transforms import apply_transforms
 
-    if args.window:
-        trace = tf.window(trace, *args.window)
-    if args.sample is not None:
-        trace = tf.sample(trace, args.sample, args.seed)
-    if args.rate_scale is not None:
-        trace = tf.scale_rate(trace, args.rate_scale)
-    if args.retime:
-        trace = tf.retime(trace, yaml.safe_load(args.retime), args.seed, path="--retime")
-    if args.jitter is not None:
-        trace = tf.jitter(trace, args.jitter, args.seed)
-    if args.clip_context is not None:
-        trace = tf.clip_to_context(trace, args.clip_context)
-    if args.expand_block is not None:
-        trace = tf.expand_granularity(trace, args.expand_block)
-    return trace
+    steps = {"window": args.window, "sample": args.sample, "rate_scale": args.rate_scale,
+             "retime": yaml.safe_load(args.retime) if args.retime else None, "jitter": args.jitter,
+             "clip_context": args.clip_context, "expand_block": args.expand_block}
+    return apply_transforms(trace, steps, args.seed)
 
 
 def _write(trace, out: str, kind: str | None) -> str:
@@ -138,6 +131,20 @@ def _synth(args: argparse.Namespace) -> int:
     if args.out:
         extra = {"written": args.out, "written_format": _write(trace, args.out, args.to)}
     _show(summarize(trace), args.json, extra)
+    return 0
+
+
+def _samples(args: argparse.Namespace) -> int:
+    import traces
+    from traces.samples import bundled_traces
+    from traces.stats import summarize
+
+    rows = [{"name": name, "requests": summarize(traces.load(path))["requests"], "path": str(path)}
+            for name, path in bundled_traces().items()]
+    if args.json:
+        print_json(rows)
+    else:
+        print(format_table(("name", "requests", "path"), [list(r.values()) for r in rows]))
     return 0
 
 

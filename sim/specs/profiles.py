@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 PROFILED_DEVICES = ("cpu-local",)
 
 

@@ -10,7 +10,7 @@ import importlib.abc, sys
 class NoTorch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "torch" or name.startswith(("torch.", "triton", "transformers")):
-            raise ImportError(f"{name} is blocked for this test")
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked for this test)", name=name)
 sys.meta_path.insert(0, NoTorch())
 """
 

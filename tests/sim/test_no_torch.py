@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -25,3 +26,37 @@ def test_sim_imports_and_runs_without_torch():
     result = subprocess.run([sys.executable, "-c", BLOCK_TORCH + RUN_SIM], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "3"
+
+
+CLI_WITHOUT_ENGINE = """
+import contextlib, io, json
+from kvplan.cli import main
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    code = main(["generate", "--model", "llama-100m", "--prompt", "hi"])
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    assert main(["trace", "samples", "--json"]) == 0
+samples = json.loads(out.getvalue())
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(["trace", "stats", samples[0]["path"]]) == 0
+assert "torch" not in sys.modules
+print(json.dumps({"code": code, "err": err.getvalue(), "samples": [s["name"] for s in samples]}))
+"""
+
+
+def test_engine_commands_name_the_missing_extra_in_one_line():
+    result = subprocess.run([sys.executable, "-c", BLOCK_TORCH + CLI_WITHOUT_ENGINE], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["code"] == 2
+    assert doc["err"].count("\n") == 1 and "pip install 'kvplan[engine]'" in doc["err"]
+    assert doc["err"].startswith("kvplan generate: error: needs the live engine")
+    assert {"mooncake_style", "chat", "azure_style"} <= set(doc["samples"])
+
+
+def test_version_and_module_entry_point():
+    from kvplan import __version__
+
+    result = subprocess.run([sys.executable, "-m", "kvplan", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == f"kvplan {__version__}"

@@ -1,0 +1,94 @@
+"""`kvplan run EXPERIMENT.yaml`: every point of a capacity-planning experiment on the simulator, in parallel,
+resumable; writes runs.parquet, points.parquet, summary.md, plots and report.html, and prints the
+recommendation. `--explain` prints the resolved points and runs nothing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvplan.output import format_table, print_json
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    p = verbs.add_parser("run", help="run a YAML capacity-planning experiment", description=__doc__)
+    p.add_argument("experiment", help="experiment YAML, or example:NAME for a bundled example (experiments/)")
+    p.add_argument("--out", type=Path, default=None, help="result directory (default: results/NAME)")
+    p.add_argument("--workers", type=int, default=1, help="parallel worker processes (or Ray CPUs)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local")
+    p.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local instance)")
+    p.add_argument("--resume", action="store_true", help="reuse finished runs of an interrupted or earlier run")
+    p.add_argument("--explain", action="store_true", help="print the resolved points and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def load(path: Path):  # -> (Experiment, list[Point])
+    from kvplan.experiments.check import check_point, resolve
+    from kvplan.experiments.fields import SchemaError
+    from kvplan.experiments.points import expand
+    from kvplan.experiments.schema import load_experiment
+
+    exp = load_experiment(path)
+    try:
+        resolve(exp)
+        points = expand(exp)
+        for point in points:
+            check_point(exp, point)
+    except SchemaError as exc:
+        raise SchemaError(f"{path}: {exc}") from None
+    return exp, points
+
+
+def explain(exp, points) -> dict:
+    from kvplan.experiments.results import slo_lines
+
+    searched = f"{exp.search['target']} over [{exp.search['low']:g}, {exp.search['high']:g}]" if exp.search else None
+    return {"name": exp.name, "base": exp.base, "seeds": exp.seeds, "search": searched, "slo": slo_lines(exp),
+            "objective": exp.objective, "points": [{"point": p.index, "label": p.label, "values": p.values}
+                                                   for p in points]}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise ValueError(f"--workers: must be >= 1, got {args.workers}")
+    from kvplan.experiments.examples import experiment_path
+
+    exp, points = load(experiment_path(args.experiment))
+    if args.explain:
+        doc = explain(exp, points)
+        if args.json:
+            print_json(doc)
+        else:
+            print_explain(doc)
+        return 0
+    from kvplan.experiments.report import write_results
+    from kvplan.experiments.runner import run_experiment
+
+    out = args.out or Path("results") / exp.name
+    outcome = run_experiment(exp, out, workers=args.workers, backend=args.backend, ray_address=args.ray_address,
+                             resume=args.resume, progress=not args.quiet and not args.json, write=write_results)
+    doc = (out / "result.json").read_text()
+    if args.json:
+        print(doc)
+        return 0
+    print((out / "summary.md").read_text())
+    print(f"wrote {out}/: report.html, summary.md, runs.parquet ({len(outcome.runs)} runs), points.parquet, plots/",
+          file=sys.stderr)
+    return 0
+
+
+def print_explain(doc: dict) -> None:
+    print(f"experiment {doc['name']}: {len(doc['points'])} point(s) x seeds {doc['seeds']}"
+          + (f", search {doc['search']}" if doc["search"] else ""))
+    base = doc["base"]
+    print(f"base: model {base['model']}, hardware {base['hardware']}, cluster {base['cluster']}")
+    print("engine: " + ", ".join(f"{k}={v}" for k, v in base["engine"].items()))
+    print("workload: " + ", ".join(f"{k}={v}" for k, v in base["workload"].items()))
+    if doc["slo"]:
+        print("slo: " + "; ".join(doc["slo"]))
+    print(f"objective: {doc['objective']['goal']} {doc['objective']['metric']}")
+    rows = [[p["point"], p["label"]] for p in doc["points"]]
+    print(format_table(("point", "values"), rows))

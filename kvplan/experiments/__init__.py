@@ -1,0 +1,1 @@
+"""Capacity-planning experiments: the YAML schema, points and runs, the runner, results and reports."""

@@ -1,0 +1,226 @@
+"""Running an experiment: every point's runs on a pool of worker processes (or Ray tasks), finished runs
+reused, progress on stderr, and the result set swapped in whole at the end.
+
+    OUT.partial/runs/<key>/   each run, written whole as it finishes (content-addressed: see points.run_key)
+    OUT.partial/...           the aggregate tables, plots and report, written last
+    OUT                       <- OUT.partial renamed over it once everything is written
+
+A crash (or Ctrl-C) leaves OUT as it was and OUT.partial with every finished run; `--resume` continues from
+OUT.partial (or from OUT's runs when there is no partial set), so an interrupted sweep loses nothing and a
+re-run computes only what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvplan.experiments.execute import execute_run, read_run
+from kvplan.experiments.points import expand, run_key
+from kvplan.experiments.schema import Experiment
+from kvplan.experiments.search import PointTask, slo_verdict
+
+
+class Finished:
+    """A run made in this process (one worker): a handle that is already done."""
+
+    __slots__ = ("doc",)
+
+    def __init__(self, doc: dict) -> None:
+        self.doc = doc
+
+
+class LocalBackend:
+    """Worker processes (`workers` > 1) or this process (1): the same calls either way."""
+
+    def __init__(self, workers: int) -> None:
+        self.pool = None
+        if workers > 1:
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(max_workers=workers)
+
+    def submit(self, config: dict, run_dir: str, tables: bool):
+        if self.pool is None:
+            return Finished(execute_run(config, run_dir, tables))
+        return self.pool.submit(execute_run, config, run_dir, tables)
+
+    def wait(self, handles: list) -> list:
+        ready = [h for h in handles if isinstance(h, Finished)]
+        if ready or not handles:
+            return ready
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        return list(wait(handles, return_when=FIRST_COMPLETED).done)
+
+    @staticmethod
+    def result(handle) -> dict:
+        return handle.doc if isinstance(handle, Finished) else handle.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+class RayBackend:
+    """The same runs as Ray tasks: a local Ray instance by default, or the cluster at `address`."""
+
+    def __init__(self, address: str | None, workers: int) -> None:
+        try:
+            import ray
+        except ModuleNotFoundError:
+            raise ValueError("--backend ray: Ray is not installed; install it with: "
+                             "pip install 'kvplan[ray]'") from None
+        self.ray = ray
+        if not ray.is_initialized():
+            kwargs = {"address": address} if address else {"num_cpus": workers, "include_dashboard": False}
+            ray.init(ignore_reinit_error=True, log_to_driver=False, **kwargs)
+        self.task = ray.remote(execute_run)
+
+    def submit(self, config: dict, run_dir: str, tables: bool):
+        return self.task.remote(config, run_dir, tables)
+
+    def wait(self, handles: list) -> list:
+        return self.ray.wait(handles, num_returns=1)[0] if handles else []
+
+    def result(self, handle) -> dict:
+        return self.ray.get(handle)
+
+    def close(self) -> None:
+        self.ray.shutdown()
+
+
+@dataclass(slots=True)
+class Progress:
+    """Points done and an ETA on stderr: one rewritten line on a terminal, a line per finished point otherwise."""
+
+    points: int
+    started: float = field(default_factory=time.perf_counter)
+    runs: int = 0
+    cached: int = 0
+    points_done: int = 0
+    enabled: bool = True
+
+    def update(self, *, run: bool = False, cached: bool = False, point: bool = False) -> None:
+        self.runs += run
+        self.cached += cached
+        self.points_done += point
+        if not self.enabled or not (point or sys.stderr.isatty()):
+            return
+        elapsed = time.perf_counter() - self.started
+        fresh = self.points_done and self.runs
+        eta = elapsed / self.points_done * (self.points - self.points_done) if fresh else None
+        line = (f"points {self.points_done}/{self.points}, runs {self.runs} + {self.cached} reused, "
+                f"{elapsed:.0f} s" + (f", ETA {eta:.0f} s" if eta is not None else ""))
+        print(("\r" + line) if sys.stderr.isatty() else line, end="" if sys.stderr.isatty() else "\n",
+              file=sys.stderr, flush=True)
+
+
+@dataclass(slots=True)
+class Outcome:
+    tasks: list[PointTask]
+    runs: dict[str, dict]  # run key -> {config, doc (summary.json), met, broken (SLO lines), points (indices)}
+    made: int = 0  # runs simulated now
+    reused: int = 0  # finished runs found in the staging directory (--resume)
+
+
+def prepare_staging(out: Path, resume: bool) -> Path:
+    staging = out.with_name(out.name + ".partial")
+    if not resume:
+        shutil.rmtree(staging, ignore_errors=True)
+    elif not staging.exists() and (out / "runs").is_dir():
+        # Resume from a finished set: hard links, so OUT stays untouched until the new set replaces it.
+        shutil.copytree(out / "runs", staging / "runs", copy_function=os.link)
+    (staging / "runs").mkdir(parents=True, exist_ok=True)
+    return staging
+
+
+def run_points(exp: Experiment, staging: Path, backend, progress: Progress) -> Outcome:
+    """Drive every point's task to its end: submit a round, feed back verdicts, reuse finished runs."""
+    tasks = [PointTask(exp, p) for p in expand(exp)]
+    runs: dict[str, dict] = {}
+    waiting: dict[int, dict[str, dict | None]] = {}  # task index -> its round's run keys -> doc (None: pending)
+    inflight: dict[object, str] = {}  # backend handle -> run key
+    issued: dict[str, list[int]] = {}  # run key -> tasks waiting for it (equal configurations run once)
+
+    def issue(index: int, configs: list[dict]) -> None:
+        keys = [run_key(c) for c in configs]
+        waiting[index] = dict.fromkeys(keys)  # the whole round first: a round completes only when all of it has
+        for key, config in zip(keys, configs, strict=True):
+            runs.setdefault(key, {"config": config, "point": index})
+            issued.setdefault(key, []).append(index)
+            if len(issued[key]) > 1:  # another point asked for the same run: share it
+                waiting[index][key] = runs[key].get("doc")
+                continue
+            done = read_run(staging / "runs" / key)
+            if done is not None:
+                progress.update(cached=True)
+                record(key, done)
+                waiting[index][key] = done
+            else:
+                inflight[backend.submit(config, str(staging / "runs" / key), exp.outputs["tables"])] = key
+        maybe_advance(index)
+
+    def record(key: str, doc: dict) -> None:
+        runs[key]["doc"] = doc
+        runs[key]["met"], runs[key]["broken"] = slo_verdict(exp, doc)
+
+    def deliver(key: str, doc: dict) -> None:
+        record(key, doc)
+        for index in issued[key]:
+            if key in waiting.get(index, {}):
+                waiting[index][key] = doc
+                maybe_advance(index)
+
+    def maybe_advance(index: int) -> None:
+        round_docs = waiting[index]
+        if any(doc is None for doc in round_docs.values()):
+            return
+        met = all(runs[key]["met"] for key in round_docs)
+        del waiting[index]
+        following = tasks[index].next(met)
+        if following:
+            issue(index, following)
+        else:
+            progress.update(point=True)
+
+    for i, task in enumerate(tasks):
+        issue(i, task.first())
+    while inflight:
+        for handle in backend.wait(list(inflight)):
+            key = inflight.pop(handle)
+            progress.update(run=True)
+            deliver(key, backend.result(handle))
+    for key, run in runs.items():
+        run["points"] = issued[key]
+    return Outcome(tasks, runs, progress.runs, progress.cached)
+
+
+def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str = "local",
+                   ray_address: str | None = None, resume: bool = False, progress: bool = True,
+                   write: Callable[[Experiment, Outcome, Path], None] | None = None) -> Outcome:
+    """Run every point into OUT.partial, write the aggregate result there, then swap it in as OUT."""
+    staging = prepare_staging(out, resume)
+    pool = LocalBackend(workers) if backend == "local" else RayBackend(ray_address, workers)
+    try:
+        outcome = run_points(exp, staging, pool, Progress(len(expand(exp)), enabled=progress))
+    finally:
+        pool.close()
+    if progress and sys.stderr.isatty():
+        print(file=sys.stderr)
+    for stale in (staging / "runs").iterdir():  # runs of an earlier version of the experiment, temp dirs
+        if stale.name not in outcome.runs:
+            shutil.rmtree(stale, ignore_errors=True)
+    if write is not None:
+        write(exp, outcome, staging)
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(staging, out)
+    shutil.rmtree(old, ignore_errors=True)
+    return outcome

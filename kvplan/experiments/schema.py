@@ -1,0 +1,251 @@
+"""The experiment file: one YAML document describing what to simulate, what to vary and what "good" means.
+
+    name: quickstart                        # required: names the result set
+    description: ...                        # optional, shown in the report
+    model: llama-3-8b                       # a built-in model spec, or a path to an HF config.json
+    hardware: a100-40gb                     # built-in; cpu-local (the shipped profile of the model); or a
+                                            #   calibrated profile (.yaml from `kvplan calibrate`)
+    engine: {block_size: 16, ...}           # serving knobs, vLLM's names (ENGINE below)
+    cluster: {replicas: 1, router: round_robin}
+    workload:                               # exactly one of trace / synthetic
+      trace: sample:mooncake_style          # a file (relative to this one) or sample:NAME (`kvplan trace samples`)
+      format: null                          # detected from the content unless named
+      transforms: {window: [0, 600], sample: 0.5, retime: {process: poisson, rate: 4}, jitter: 3,
+                   clip_context: 8192, expand_block: 16}   # applied in this order
+      synthetic: {requests: 500, arrivals: ..., lengths: ...}   # a `kvplan trace synth` spec, inline
+      rate_scale: 1.0                       # multiply the request rate (what a rate search varies)
+    sweep:                                  # points = the grid's cross product x the zipped rows
+      grid: {engine.block_size: [16, 32], engine.eviction_policy: [lru, s3fifo]}
+      zip: {engine.num_blocks: [2000, 4000], cluster.replicas: [2, 1]}
+    search:                                 # per point, by bisection on the SLOs below
+      target: max_rate                      # max_rate: the highest workload.rate_scale meeting the SLOs;
+      low: 0.25                             # min_replicas: the fewest cluster.replicas meeting them
+      high: 16
+      tolerance: 0.05                       # max_rate: relative width of the final bracket
+    slo:                                    # a run meets its SLO when every line holds
+      p99_ttft_ms: 2000                     # {p50,p90,p99}_{ttft,tpot,itl,e2el}_ms: upper bounds
+      attainment: {ttft_ms: 1000, tpot_ms: 80, fraction: 0.95}  # share of requests within all the bounds
+    objective: {metric: p90_e2el_ms, goal: min}   # ranks the points that meet the SLOs (the recommendation)
+    seeds: [0, 1]                           # or repeats: N (seeds 0..N-1): every random draw of the workload
+    outputs: {tables: true, plots: true, report: true}
+
+Validation happens on load, before any run: every error names the key path, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.core.config import ALLOCATORS, PREEMPTION_MODES, QUEUE_POLICIES, SCHEDULES
+from engine.core.eviction import EVICTION_POLICIES
+from engine.core.victims import VICTIM_POLICIES
+from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
+from sim.metrics import SUMMARY_KEYS
+from sim.routers import ROUTERS
+from sim.specs.models import DTYPE_BYTES
+
+TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "workload", "sweep", "search", "slo",
+            "objective", "seeds", "repeats", "outputs")
+
+ENGINE: dict[str, Field] = {
+    "block_size": Field("int", 16, minimum=1, maximum=256),
+    "num_blocks": Field("int", None, minimum=1, nullable=True, help="KV capacity; default: the hardware's"),
+    "gpu_memory_utilization": Field("float", 0.9, above=0, maximum=1),
+    "kv_dtype": Field("choice", None, tuple(DTYPE_BYTES), nullable=True),
+    "allocator": Field("choice", "paged", ALLOCATORS),
+    "enable_prefix_caching": Field("bool", True),
+    "eviction_policy": Field("choice", "lru", tuple(sorted(EVICTION_POLICIES))),
+    "num_cpu_blocks": Field("int", 0, minimum=0),
+    "max_model_len": Field("int", None, minimum=1, nullable=True),
+    "sink_tokens": Field("int", 0, minimum=0),
+    "window_tokens": Field("int", 0, minimum=0),
+    "watermark": Field("float", 0.01, minimum=0, maximum=0.5),
+    "max_num_batched_tokens": Field("int", 2048, minimum=1),
+    "max_num_seqs": Field("int", 256, minimum=1),
+    "enable_chunked_prefill": Field("bool", True),
+    "policy": Field("choice", "fcfs", QUEUE_POLICIES),
+    "preemption_mode": Field("choice", "recompute", PREEMPTION_MODES),
+    "victim_policy": Field("choice", "newest", tuple(sorted(VICTIM_POLICIES))),
+    "schedule": Field("choice", "mixed", SCHEDULES),
+}
+CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=4096),
+                             "router": Field("choice", "round_robin", tuple(ROUTERS))}
+TOP: dict[str, Field] = {"model": Field("str", "llama-3-8b"), "hardware": Field("str", "h100-sxm")}
+WORKLOAD_KEYS = ("trace", "format", "transforms", "synthetic", "rate_scale")
+RATE_SCALE = Field("float", 1.0, above=0)
+# What a sweep may vary: every engine and cluster knob, the model, the hardware and the request rate.
+SWEEPABLE: dict[str, Field] = {**TOP, **{f"engine.{k}": f for k, f in ENGINE.items()},
+                               **{f"cluster.{k}": f for k, f in CLUSTER.items()}, "workload.rate_scale": RATE_SCALE}
+
+SEARCH_TARGETS = {"max_rate": "workload.rate_scale", "min_replicas": "cluster.replicas"}
+SEARCH: dict[str, Field] = {"target": Field("choice", None, tuple(SEARCH_TARGETS)),
+                            "low": Field("float", None, above=0, nullable=True),
+                            "high": Field("float", None, above=0, nullable=True),
+                            "tolerance": Field("float", 0.05, above=0, maximum=0.5)}
+SEARCH_DEFAULTS = {"max_rate": (0.25, 16.0), "min_replicas": (1, 64)}
+
+SLO_LATENCIES = ("ttft", "tpot", "itl", "e2el")
+SLO_KEYS = {f"{p}_{lat}_ms": f"{'median' if p == 'p50' else p}_{lat}_ms" for lat in SLO_LATENCIES
+            for p in ("p50", "p90", "p99")}  # SLO key -> summary key
+# Per-request bounds of an attainment SLO -> the per-request table's column.
+ATTAINMENT_COLUMNS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "itl_ms": "max_itl_ms", "e2el_ms": "e2el_ms"}
+ATTAINMENT: dict[str, Field] = {**{k: Field("float", None, above=0, nullable=True) for k in ATTAINMENT_COLUMNS},
+                                "fraction": Field("float", 0.9, above=0, maximum=1)}
+OBJECTIVE: dict[str, Field] = {"metric": Field("choice", "p90_e2el_ms", SUMMARY_KEYS),
+                               "goal": Field("choice", "min", ("min", "max"))}
+OUTPUTS: dict[str, Field] = {"tables": Field("bool", True), "plots": Field("bool", True),
+                             "report": Field("bool", True)}
+
+
+@dataclass(slots=True)
+class Experiment:
+    """A validated experiment: the base configuration and what varies around it."""
+
+    name: str
+    source: Path  # the YAML file; relative paths in it resolve against its directory
+    text: str  # the file as written (the report shows it)
+    base: dict  # model, hardware, engine.*, cluster.*, workload: the configuration every point starts from
+    sweep_grid: dict[str, list] = field(default_factory=dict)
+    sweep_zip: dict[str, list] = field(default_factory=dict)
+    search: dict | None = None
+    slo: dict[str, float] = field(default_factory=dict)  # summary key -> upper bound
+    attainment: dict | None = None  # {column: bound, ..., "fraction": f}
+    objective: dict = field(default_factory=lambda: {"metric": "p90_e2el_ms", "goal": "min"})
+    seeds: list[int] = field(default_factory=lambda: [0])
+    outputs: dict = field(default_factory=lambda: {k: f.default for k, f in OUTPUTS.items()})
+    description: str = ""
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read and validate an experiment file; a problem is a `SchemaError` starting with `FILE: key.path:`."""
+    from traces.specs import read_yaml
+
+    path = Path(path)
+    doc = read_yaml(path, "EXPERIMENT")
+    try:
+        return parse_experiment(doc, path, path.read_text())
+    except SchemaError as exc:
+        raise SchemaError(f"{path}: {exc}") from None
+
+
+def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
+    check_mapping(doc, "", TOP_KEYS)
+    name = Field("str").check(doc.get("name"), "name")
+    base = {key: f.check(doc.get(key, f.default), key) for key, f in TOP.items()}
+    base["engine"] = check_fields(doc.get("engine"), "engine", ENGINE)
+    base["cluster"] = check_fields(doc.get("cluster"), "cluster", CLUSTER)
+    base["workload"] = parse_workload(doc.get("workload"))
+    exp = Experiment(name, source, text, base, description=str(doc.get("description") or ""))
+    exp.sweep_grid, exp.sweep_zip = parse_sweep(doc.get("sweep"))
+    exp.slo, exp.attainment = parse_slo(doc.get("slo"))
+    exp.search = parse_search(doc.get("search"), exp)
+    exp.objective = check_fields(doc.get("objective"), "objective", OBJECTIVE)
+    exp.seeds = parse_seeds(doc)
+    exp.outputs = check_fields(doc.get("outputs"), "outputs", OUTPUTS)
+    return exp
+
+
+def parse_workload(doc: object) -> dict:
+    if doc is None:
+        raise SchemaError("workload: required; allowed: a mapping with trace (a file or sample:NAME) or synthetic")
+    check_mapping(doc, "workload", WORKLOAD_KEYS)
+    if ("trace" in doc) == ("synthetic" in doc):
+        raise SchemaError("workload: needs exactly one of trace (a file or sample:NAME) and synthetic (a spec)")
+    out = {"rate_scale": RATE_SCALE.check(doc.get("rate_scale", 1.0), "workload.rate_scale"),
+           "transforms": parse_transforms(doc.get("transforms"))}
+    if "trace" in doc:
+        out["trace"] = Field("str").check(doc["trace"], "workload.trace")
+        out["format"] = Field("str", nullable=True).check(doc.get("format"), "workload.format")
+    else:
+        out["synthetic"] = check_mapping(doc["synthetic"], "workload.synthetic",
+                                         ("seed", "requests", "arrivals", "lengths", "prefix"))
+    return out
+
+
+def parse_transforms(doc: object) -> dict:
+    from traces.transforms import TRANSFORM_ORDER
+
+    if doc is None:
+        return {}
+    check_mapping(doc, "workload.transforms", TRANSFORM_ORDER)
+    if "rate_scale" in doc:
+        raise SchemaError("workload.transforms.rate_scale: set workload.rate_scale instead (searches vary it)")
+    return dict(doc)
+
+
+def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list]]:
+    if doc is None:
+        return {}, {}
+    check_mapping(doc, "sweep", ("grid", "zip"))
+    axes: dict[str, dict[str, list]] = {}
+    for kind in ("grid", "zip"):
+        section = check_mapping(doc.get(kind) or {}, f"sweep.{kind}", SWEEPABLE)
+        axes[kind] = {}
+        for key, values in section.items():
+            where = f"sweep.{kind}.{key}"
+            if not isinstance(values, list) or not values:
+                raise SchemaError(f"{where}: must be a non-empty list of values, got {values!r}")
+            axes[kind][key] = [SWEEPABLE[key].check(v, f"{where}[{i}]") for i, v in enumerate(values)]
+            if kind == "grid" and len(set(map(repr, axes[kind][key]))) != len(values):
+                raise SchemaError(f"{where}: lists a value twice: {values!r}")
+    lengths = {len(v) for v in axes["zip"].values()}
+    if len(lengths) > 1:
+        raise SchemaError(f"sweep.zip: every list must have the same length, got "
+                          f"{', '.join(f'{k}: {len(v)}' for k, v in axes['zip'].items())}")
+    both = sorted(set(axes["grid"]) & set(axes["zip"]))
+    if both:
+        raise SchemaError(f"sweep.zip.{both[0]}: also in sweep.grid; allowed: each key in one of them")
+    return axes["grid"], axes["zip"]
+
+
+def parse_slo(doc: object) -> tuple[dict[str, float], dict | None]:
+    if doc is None:
+        return {}, None
+    check_mapping(doc, "slo", (*SLO_KEYS, "attainment"))
+    bounds = {SLO_KEYS[k]: Field("float", above=0).check(v, f"slo.{k}") for k, v in doc.items() if k != "attainment"}
+    attainment = None
+    if "attainment" in doc:
+        attainment = check_fields(doc["attainment"], "slo.attainment", ATTAINMENT)
+        if all(attainment[k] is None for k in ATTAINMENT_COLUMNS):
+            raise SchemaError(f"slo.attainment: needs at least one per-request bound; allowed: "
+                              f"{', '.join(ATTAINMENT_COLUMNS)}")
+    return bounds, attainment
+
+
+def parse_search(doc: object, exp: Experiment) -> dict | None:
+    if doc is None:
+        return None
+    search = check_fields(doc, "search", SEARCH)
+    target = search["target"]
+    varied = SEARCH_TARGETS[target]
+    if varied in exp.sweep_grid or varied in exp.sweep_zip:
+        raise SchemaError(f"search.target: {target} varies {varied}, which the sweep also sets; allowed: one of them")
+    if not exp.slo and exp.attainment is None:
+        raise SchemaError("search: needs an slo section (the search finds where the SLOs stop being met)")
+    low, high = SEARCH_DEFAULTS[target]
+    search["low"] = low if search["low"] is None else search["low"]
+    search["high"] = high if search["high"] is None else search["high"]
+    if target == "min_replicas":
+        for key in ("low", "high"):
+            if not float(search[key]).is_integer():
+                raise SchemaError(f"search.{key}: min_replicas counts replicas: must be an integer, got "
+                                  f"{search[key]!r}")
+            search[key] = int(search[key])
+    if search["low"] >= search["high"]:
+        raise SchemaError(f"search.low: must be below search.high ({search['high']!r}), got {search['low']!r}")
+    return search
+
+
+def parse_seeds(doc: dict) -> list[int]:
+    if "seeds" in doc and "repeats" in doc:
+        raise SchemaError("seeds: set seeds or repeats, not both")
+    if "repeats" in doc:
+        return list(range(Field("int", minimum=1, maximum=1000).check(doc["repeats"], "repeats")))
+    seeds = doc.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds:
+        raise SchemaError(f"seeds: must be a non-empty list of integers >= 0, got {seeds!r}")
+    out = [Field("int", minimum=0).check(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
+    if len(set(out)) != len(out):
+        raise SchemaError(f"seeds: lists a seed twice: {seeds!r}")
+    return out

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The light install as a user gets it: build the wheel and the sdist, install the wheel *without* the engine extra
+# into a fresh virtual environment, and check there that torch is absent, that the simulator and the trace tools
+# run on the bundled samples and shipped profiles, and that an engine command names the extra in one line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+.venv/bin/python -m build --outdir "$tmp/dist" . > "$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
+wheel=$(ls "$tmp"/dist/*.whl)
+sdist=$(ls "$tmp"/dist/*.tar.gz)
+.venv/bin/python -m zipfile -l "$wheel" > "$tmp/wheel.txt"
+tar tzf "$sdist" > "$tmp/sdist.txt"
+for data in traces/samples/mooncake_style.jsonl sim/profiles/cpu-local/llama-100m.yaml engine/backends/cpu_decode.cpp \
+    experiments/quickstart.yaml; do
+  grep -q "$data" "$tmp/wheel.txt" || { echo "wheel lacks $data"; exit 1; }
+  grep -q "$data" "$tmp/sdist.txt" || { echo "sdist lacks $data"; exit 1; }
+done
+python3 -m venv "$tmp/venv"
+"$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check "$wheel" \
+  2> >(grep -v "is ignored: it is neither" >&2)
+cd "$tmp"  # away from the source tree: only the installed package is importable
+py="$tmp/venv/bin/python"
+kv="$tmp/venv/bin/kvplan"
+if "$py" -c "import torch" 2> /dev/null; then echo "the light install can import torch"; exit 1; fi
+"$kv" --version
+"$py" -m kvplan --version
+"$kv" trace samples
+sample=$("$py" -c "from traces.samples import bundled_traces; print(bundled_traces()['mooncake_style'])")
+"$kv" trace stats "$sample" > /dev/null
+"$kv" simulate --trace "$sample" --model llama-3-8b --hardware a100-40gb --block-size 16 32 > /dev/null
+chat=$("$py" -c "from traces.samples import bundled_traces; print(bundled_traces()['chat'])")
+"$kv" simulate --trace "$chat" --model llama-100m --hardware cpu-local > /dev/null  # a shipped profile
+"$kv" run example:quickstart --explain > /dev/null  # the examples are installed, and their samples resolve
+"$kv" run example:paged_vs_reservation --out "$tmp/paged" --quiet > /dev/null  # an experiment, end to end
+test -s "$tmp/paged/report.html"
+set +e
+"$kv" generate --model llama-100m --prompt hi 2> err.txt
+code=$?
+set -e
+cat err.txt
+[ "$code" -eq 2 ] && [ "$(wc -l < err.txt)" -eq 1 ] && grep -q "pip install 'kvplan\[engine\]'" err.txt
+echo "light install: wheel $(basename "$wheel"), simulate and trace run without torch, generate names the extra"

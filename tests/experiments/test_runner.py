@@ -1,0 +1,200 @@
+"""Running experiments: the bisection against a known threshold, a replica search against hand arithmetic, a
+sweep killed midway and resumed, and the quickstart (reduced) end to end with its outputs agreeing."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from kvplan.cli import main
+from kvplan.experiments.points import expand
+from kvplan.experiments.schema import parse_experiment
+from kvplan.experiments.search import PointTask
+from traces import Trace
+from traces.io import render
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_WORKLOAD = {"synthetic": {"seed": 4, "requests": 120, "arrivals": {"process": "poisson", "rate": 4},
+                               "lengths": {"prompt": {"dist": "lognormal", "median": 300, "sigma": 0.6, "max": 2000},
+                                           "output": {"dist": "lognormal", "median": 60, "sigma": 0.5,
+                                                      "max": 400}}}}
+
+
+def experiment(**doc):
+    base = {"name": "t", "model": "llama-3-8b", "hardware": "a100-40gb", "workload": TINY_WORKLOAD}
+    return parse_experiment({**base, **doc}, Path("t.yaml"))
+
+
+def drive(task: PointTask, meets) -> list:
+    """Run a task's bisection against a verdict function of the probed value; returns the values probed."""
+    rounds = task.first()
+    probed = []
+    while rounds:
+        value = task.current
+        probed.append(value)
+        assert all(r["seed"] in (0, 1) for r in rounds) and len(rounds) == 2
+        rounds = task.next(meets(value))
+    return probed
+
+
+@pytest.mark.parametrize("threshold", [0.3, 1.0, 3.7, 15.9])
+def test_rate_bisection_brackets_the_threshold_within_the_tolerance(threshold):
+    exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "max_rate", "low": 0.25, "high": 16,
+                                                     "tolerance": 0.05}, seeds=[0, 1])
+    task = PointTask(exp, expand(exp)[0])
+    probed = drive(task, lambda rate: rate <= threshold)
+    assert task.answer <= threshold < task.answer * 1.05
+    assert len(probed) <= 2 + int(np.ceil(np.log2(np.log(64) / np.log(1.05))))  # geometric bisection
+
+
+def test_rate_bisection_says_when_the_answer_is_outside_the_range():
+    exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "max_rate", "low": 1, "high": 4}, seeds=[0, 1])
+    low = PointTask(exp, expand(exp)[0])
+    drive(low, lambda rate: False)
+    assert low.answer is None and "lowest rate scale x1" in low.outcome
+    high = PointTask(exp, expand(exp)[0])
+    drive(high, lambda rate: True)
+    assert high.answer == 4 and "highest rate scale" in high.outcome
+
+
+@pytest.mark.parametrize("needed", [1, 2, 7, 32, 33])
+def test_replica_bisection_finds_the_fewest_replicas(needed):
+    exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "min_replicas", "low": 1, "high": 32},
+                     seeds=[0, 1])
+    task = PointTask(exp, expand(exp)[0])
+    probed = drive(task, lambda replicas: replicas >= needed)
+    assert task.answer == (needed if needed <= 32 else None)
+    assert len(probed) <= 2 + 5 and all(isinstance(v, int) for v in probed)
+
+
+def write_yaml(path: Path, doc: dict) -> Path:
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_min_replicas_matches_hand_arithmetic(tmp_path, capsys):
+    """12 identical prompts at t = 0, one request at a time per replica, one token each: with R round-robin
+    replicas, replica j serves its k-th request at k * s (s: the analytic price of one 512-token prefill step),
+    so the TTFTs are {1..ceil(12/R)} * s and p90 TTFT <= 3.5 s first holds at R = 4 (R = 3: p90 = 4 s)."""
+    from sim.cost.features import step_features
+    from sim.run import SimSpec, analytic_cost
+
+    n, prompt = 12, 512
+    trace = Trace.build(np.zeros(n), np.full(n, prompt), np.ones(n, dtype=np.int64))
+    (tmp_path / "burst.jsonl").write_bytes(render(trace, "jsonl"))
+    engine = {"block_size": 16, "max_num_seqs": 1, "max_num_batched_tokens": prompt,
+              "enable_prefix_caching": False}
+    cost, _ = analytic_cost(SimSpec(model="llama-3-8b", hardware="a100-40gb", block_size=16,
+                                    max_num_batched_tokens=prompt, max_num_seqs=1))
+
+    class Item:  # one whole prompt, from position 0, sampled
+        num_new_tokens, start_pos, is_decode, samples = prompt, 0, False, 1
+
+    s_ms = float(cost.step_times(step_features([Item()], 16, 0))) * 1e3
+    by_hand = {r: float(np.percentile([k * s_ms for j in range(r) for k in range(1, len(range(j, n, r)) + 1)], 90))
+               for r in range(1, n + 1)}
+    bound = 3.5 * s_ms
+    assert by_hand[3] == pytest.approx(4 * s_ms) and by_hand[4] == pytest.approx(3 * s_ms)
+    doc = {"name": "replicas", "model": "llama-3-8b", "hardware": "a100-40gb", "engine": engine,
+           "cluster": {"router": "round_robin"}, "workload": {"trace": "burst.jsonl"},
+           "search": {"target": "min_replicas", "low": 1, "high": n}, "slo": {"p90_ttft_ms": bound}}
+    path = write_yaml(tmp_path / "replicas.yaml", doc)
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["points"][0]["answer"] == min(r for r, v in by_hand.items() if v <= bound) == 4
+    runs = pd.read_parquet(tmp_path / "out" / "runs.parquet")
+    for _, run in runs.iterrows():  # every probe's simulated p90 TTFT is the hand value
+        assert run["p90_ttft_ms"] == pytest.approx(by_hand[int(run["probe"])], rel=1e-6)
+
+
+def sweep_doc(name: str) -> dict:
+    return {"name": name, "model": "llama-3-8b", "hardware": "a100-40gb", "workload": TINY_WORKLOAD,
+            "sweep": {"grid": {"engine.block_size": [8, 16, 32, 64], "engine.eviction_policy": ["lru", "fifo"]}},
+            "slo": {"p99_ttft_ms": 2000}, "seeds": [0, 1], "outputs": {"plots": False, "report": False}}
+
+
+def test_a_killed_sweep_resumes_with_only_the_missing_runs(tmp_path):
+    path = write_yaml(tmp_path / "sweep.yaml", sweep_doc("sweep"))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "kvplan", "run", str(path), "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    runs_dir = out.with_name("out.partial") / "runs"
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(runs_dir.glob("*/summary.json"))) < 3:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = len(list(runs_dir.glob("*/summary.json")))
+    assert 3 <= finished < 16 and not out.exists()
+    resumed = subprocess.run([*command, "--resume", "--json"], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert (result["runs_reused"], result["runs_made"]) == (finished, 16 - finished)
+    fresh = subprocess.run([sys.executable, "-m", "kvplan", "run", str(path), "--out", str(tmp_path / "fresh"),
+                            "--quiet", "--json", "--workers", "2"], capture_output=True, text=True)
+    assert fresh.returncode == 0, fresh.stderr
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "runs.parquet"),
+                                  pd.read_parquet(tmp_path / "fresh" / "runs.parquet"))
+    assert not out.with_name("out.partial").exists()
+
+
+def reduced_quickstart(tmp_path: Path) -> Path:
+    doc = yaml.safe_load((ROOT / "experiments" / "quickstart.yaml").read_text())
+    doc = copy.deepcopy(doc)
+    doc["workload"]["transforms"] = {"window": [0, 100]}
+    doc["sweep"]["grid"]["engine.enable_prefix_caching"] = [True]
+    doc["search"].update({"high": 16, "tolerance": 0.3})
+    return write_yaml(tmp_path / "quickstart.yaml", doc)
+
+
+def test_quickstart_end_to_end_outputs_agree(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", str(reduced_quickstart(tmp_path)), "--out", str(out), "--workers", "2"]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((out / "result.json").read_text())
+    runs = pd.read_parquet(out / "runs.parquet")
+    points = pd.read_parquet(out / "points.parquet")
+    assert len(runs) == result["runs"] == result["runs_made"] and len(points) == 2
+    for _, point in points.iterrows():
+        mine = runs[runs["point"] == point["point"]]
+        assert mine.loc[np.isclose(mine["probe"], point["answer"]), "slo_met"].all()
+        above = mine[mine["probe"] > point["answer"]]
+        assert point["search_outcome"] != "found" or (len(above) and not above["slo_met"].any())
+    best = points.sort_values("answer", ascending=False).iloc[0]
+    rec = result["recommendation"]
+    assert rec["label"] == best["label"] and rec["label"] in printed
+    summary = (out / "summary.md").read_text()
+    assert f"**{rec['label']}**" in summary
+    report = (out / "report.html").read_text()
+    plots = sorted((out / "plots").glob("*.png"))
+    assert {p.stem for p in plots} >= {"latency_vs_rate", "capacity", "memory_breakdown", "kv_over_time"}
+    assert report.count("data:image/png;base64,") == len(plots) and rec["label"] in report
+    assert (out / "experiment.yaml").read_text() == (tmp_path / "quickstart.yaml").read_text()
+    for key in runs["run"]:
+        assert (out / "runs" / key / "summary.json").is_file() and (out / "runs" / key / "requests.parquet").is_file()
+
+
+def test_ray_backend_runs_the_same_points(tmp_path, capsys):
+    pytest.importorskip("ray")
+    doc = sweep_doc("ray")
+    doc["sweep"] = {"grid": {"engine.block_size": [16, 32]}}
+    doc["seeds"] = [0]
+    path = write_yaml(tmp_path / "ray.yaml", doc)
+    assert main(["run", str(path), "--out", str(tmp_path / "ray"), "--backend", "ray", "--workers", "2",
+                 "--json"]) == 0
+    assert main(["run", str(path), "--out", str(tmp_path / "local"), "--json"]) == 0
+    capsys.readouterr()
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "ray" / "runs.parquet"),
+                                  pd.read_parquet(tmp_path / "local" / "runs.parquet"))
