@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install (idempotent) and run the main job: simulate the bundled Mooncake-style sample trace on llama-3-8b on an
-# A100-40GB, once per KV block size, and print the comparison table (about 5 s). Extra arguments go to
-# `kvplan simulate` (e.g. --replicas 2 --router prefix_aware --json).
+# Install (idempotent) and run the main job: the quickstart capacity-planning experiment (which KV block size,
+# and how much traffic, for Llama-3-8B on one A100-40GB on the bundled Mooncake-style sample). Prints the
+# recommendation; writes results/quickstart/ (report.html, summary.md, runs.parquet, plots). About a minute.
+# Extra arguments go to `kvplan run` (e.g. --out DIR, --workers 4, --resume).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-.venv/bin/kvplan simulate --trace traces/samples/mooncake_style.jsonl --model llama-3-8b --hardware a100-40gb \
-    --block-size 16 32 64 128 256 "$@"
+.venv/bin/kvplan run experiments/quickstart.yaml --workers 2 "$@"
