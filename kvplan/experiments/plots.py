@@ -118,7 +118,7 @@ def slo_headroom(points: pd.DataFrame, slo: dict[str, float], attainment: dict |
 
 def memory_breakdown(points: pd.DataFrame) -> bytes:
     """Where the KV memory went, averaged over each point's run: the paged-vs-reservation picture."""
-    fig, axes = _figure(1, 1, size=(max(6.0, 0.9 * len(points) + 3), 4.2))
+    fig, axes = _figure(1, 1, size=(max(6.0, 0.9 * len(points) + 3) + 2.0, 4.2))
     ax = axes[0][0]
     bottom = np.zeros(len(points))
     for key in MEMORY_KEYS:
@@ -127,7 +127,7 @@ def memory_breakdown(points: pd.DataFrame) -> bytes:
         bottom += share
     ax.set_xticks(range(len(points)), points["label"], rotation=30, ha="right", fontsize=8)
     ax.set(ylabel="share of KV memory (time average)", ylim=(0, 1.0), title="KV memory breakdown")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _png(fig)
 
 
@@ -141,7 +141,7 @@ def kv_over_time(series: pd.DataFrame, title: str) -> bytes | None:
     top.stackplot(mean.index, *(mean[k] for k in MEMORY_KEYS), labels=[k.replace("_", " ") for k in MEMORY_KEYS],
                   colors=[MEMORY_COLORS[k] for k in MEMORY_KEYS])
     top.set(ylabel="share of KV memory", ylim=(0, 1), title=title)
-    top.legend(fontsize=7, loc="upper right")
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     bottom.plot(mean.index, mean["running"], label="running")
     bottom.plot(mean.index, mean["waiting"], label="waiting")
     bottom.set(xlabel="time (s)", ylabel="requests per replica")
