@@ -25,7 +25,8 @@ def check_mapping(value: object, path: str, allowed: Iterable[str]) -> dict:
     """A mapping whose keys are all in `allowed` (an unknown key gets a did-you-mean)."""
     allowed = list(allowed)
     if not isinstance(value, dict):
-        raise SchemaError(f"{path}: must be a mapping with keys {', '.join(allowed)}, got {value!r}")
+        where = path or "the experiment"
+        raise SchemaError(f"{where}: must be a mapping with keys {', '.join(allowed)}, got {value!r}")
     for key in value:
         if key not in allowed:
             where = f"{path}.{key}" if path else str(key)

@@ -122,6 +122,9 @@ def test_the_cli_prints_one_line_and_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "engine.eviction_policy" in err and "allowed: fifo, lfu, lru, s3fifo" in err
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+    path.write_text("- name: a\n")  # a list, not a mapping
+    assert main(["run", str(path), "--explain"]) == 2
+    assert f"{path}: the experiment: must be a mapping with keys name, " in capsys.readouterr().err
 
 
 def test_the_sweep_expands_grid_times_zip_in_a_stable_order(tmp_path):
