@@ -152,7 +152,7 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress) -> O
         keys = [run_key(c) for c in configs]
         waiting[index] = dict.fromkeys(keys)  # the whole round first: a round completes only when all of it has
         for key, config in zip(keys, configs, strict=True):
-            runs.setdefault(key, {"config": config, "point": index})
+            runs.setdefault(key, {"config": config})
             issued.setdefault(key, []).append(index)
             if len(issued[key]) > 1:  # another point asked for the same run: share it
                 waiting[index][key] = runs[key].get("doc")
