@@ -144,7 +144,7 @@ class LiveReplay:
             now = end
         m = sched.kv_metrics()
         counters = {k: int(m[k]) for k in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
-                                           "num_evicted_blocks")}
+                                           "num_evicted_blocks", "num_rejected")}
         return ReplayLog(done, series, rejected, counters, usage_seconds, peak, steps, busy, llm.num_kv_blocks,
                          llm.kv_cache.layout.block_size)
 

@@ -43,14 +43,22 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join(lines)
 
 
+def current_umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str | Path, data: str | bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: a crash never leaves a half-written result."""
+    """Write to a temporary file beside `path`, then rename: a crash never leaves a half-written result. The
+    file gets the mode a plain open() would give it (0666 less the umask), not mkstemp's private 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+            os.fchmod(f.fileno(), 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -64,6 +72,7 @@ def atomic_dir(out: str | Path) -> Iterator[Path]:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    tmp.chmod(0o777 & ~current_umask())  # as mkdir would make it, not mkdtemp's private 0700
     try:
         yield tmp
     except BaseException:

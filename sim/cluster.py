@@ -13,6 +13,9 @@ from sim.replica import Replica
 from sim.routers import Router
 from traces import Trace
 
+# A BurstGPT failure kept with --keep-failed: 0 output tokens (and often 0 prompt tokens) leave nothing to run.
+UNSERVABLE = "a failed request in the trace (0 prompt or 0 output tokens): nothing to serve"
+
 
 class Cluster:
     def __init__(self, trace: Trace, num_replicas: int, router: Router, cache: CacheConfig, config: SchedulerConfig,
@@ -22,6 +25,7 @@ class Cluster:
         self.trace = trace
         self.router = router
         self.log = RequestLog()
+        self.unservable: list[tuple[int, str]] = []  # failed requests of the trace: nothing to serve
         self.arrivals = trace.arrival_s.tolist()
         self.next_row = 0  # the next trace row to arrive
         reads_cache = getattr(router, "reads_prefix_cache", False) and cache.enable_prefix_caching
@@ -46,6 +50,9 @@ class Cluster:
             self.next_row = row
             if arrival > self.env.now:
                 yield self.env.timeout(arrival - self.env.now)
+            if self.trace.prompt_tokens[row] < 1 or self.trace.output_tokens[row] < 1:
+                self.unservable.append((row, UNSERVABLE))
+                continue
             request = self._request(row, arrival)
             self.router.pick(request, self.replicas).submit(request, row)
         self.next_row = len(self.arrivals)
@@ -69,7 +76,10 @@ class Cluster:
         for replica in self.replicas:
             for key, value in replica.counters().items():
                 totals[key] = totals.get(key, 0) + value
+        totals["num_rejected"] = len(self.unservable) + sum(len(r.rejected) for r in self.replicas)
         return totals
 
     def rejected(self) -> list[tuple[int, str]]:
-        return sorted(x for r in self.replicas for x in r.rejected)
+        """(trace row, reason) of every request never served: rejected by a replica's scheduler (longer than
+        max_model_len, too large for the KV cache) or failed in the trace itself."""
+        return sorted([*self.unservable, *(x for r in self.replicas for x in r.rejected)])

@@ -23,7 +23,7 @@ SUMMARY_KEYS = (
     "completed", "duration_s", "request_throughput", "output_throughput", "total_token_throughput",
     *(f"{stat}_{lat}_ms" for lat in LATENCIES for stat in ("mean", "median", "p90", "p99")),
     "kv_usage_mean", "kv_usage_peak", "kv_token_utilization", "prefix_cache_queries", "prefix_cache_hits",
-    "prefix_cache_hit_rate", "num_preemptions", "num_evicted_blocks", *MEMORY_KEYS,
+    "prefix_cache_hit_rate", "num_preemptions", "num_evicted_blocks", "num_rejected", *MEMORY_KEYS,
 )
 
 
@@ -148,7 +148,7 @@ def kv_summary(usage_integral_blocks_s: float, total_blocks_s: float, peak: floa
             "prefix_cache_queries": queries, "prefix_cache_hits": hits,
             "prefix_cache_hit_rate": hits / queries if queries else 0.0,
             "num_preemptions": counters["num_preemptions"], "num_evicted_blocks": counters["num_evicted_blocks"],
-            **memory}
+            "num_rejected": counters.get("num_rejected", 0), **memory}
 
 
 def summarize(table: pd.DataFrame, itl: ItlLog, kv: dict[str, float]) -> dict[str, float]:

@@ -124,12 +124,39 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
     return cost, spec.num_blocks if spec.num_blocks is not None else blocks
 
 
-def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheConfig, SchedulerConfig]:
+def model_context(name: str) -> int | None:
+    """The context length of a model spec (built in, or a config.json's), or None when it states none. A
+    calibrated or recorded cost may name a model only as a label: then nothing bounds the context here."""
+    try:
+        return get_model(name).context_len
+    except ValueError:
+        return None
+
+
+def resolve_max_model_len(spec: SimSpec, trace: Trace) -> int:
+    """vLLM's rule: the model's context length bounds max_model_len, and requests beyond it are rejected (counted,
+    never served). The default here is the shorter of the context and the trace's longest request, so that
+    a reservation allocator reserving max_model_len per request reserves no more than the workload needs."""
+    context = model_context(spec.model)
+    if spec.max_model_len is not None:
+        if spec.max_model_len < 2:
+            raise ValueError(f"--max-model-len: {spec.max_model_len}; allowed: an integer >= 2")
+        if context is not None and spec.max_model_len > context:
+            raise ValueError(f"--max-model-len: {spec.max_model_len} exceeds {spec.model}'s context length "
+                             f"{context}; allowed: at most {context}")
+        return spec.max_model_len
     longest = int((trace.prompt_tokens + trace.output_tokens).max())
-    max_len = spec.max_model_len or longest
-    if max_len < longest:
-        raise ValueError(f"--max-model-len: {max_len} is shorter than the trace's longest request ({longest} "
-                         "tokens); allowed: at least that")
+    return longest if context is None else max(2, min(longest, context))
+
+
+def over_length(trace: Trace, max_len: int) -> int:
+    """Requests whose prompt + output exceed `max_len`: the scheduler rejects them (prompt + max_tokens > limit)."""
+    servable = (trace.prompt_tokens >= 1) & (trace.output_tokens >= 1)
+    return int(np.count_nonzero(servable & (trace.prompt_tokens + trace.output_tokens > max_len)))
+
+
+def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheConfig, SchedulerConfig]:
+    max_len = resolve_max_model_len(spec, trace)
     granularity = trace.hash_granularity if trace.has_prefix else 0
     if spec.enable_prefix_caching and granularity and granularity % spec.block_size:
         divisors = [b for b in range(1, min(granularity, 256) + 1) if granularity % b == 0]
@@ -152,7 +179,11 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
         raise
     # The core's own admission rule decides whether the longest prompt could ever be scheduled (a token budget
     # too small with chunked prefill off, a first chunk larger than the watermark leaves).
-    probe = make_request("longest-prompt", prompt_len=int(trace.prompt_tokens.max()), max_tokens=1)
+    # Requests too long for max_len, and failed ones (nothing to serve), are rejected one by one and counted.
+    fits = (trace.prompt_tokens + trace.output_tokens <= max_len) & (trace.prompt_tokens >= 1) & (
+        trace.output_tokens >= 1)
+    longest_prompt = int(trace.prompt_tokens[fits].max()) if fits.any() else 1
+    probe = make_request("longest-prompt", prompt_len=longest_prompt, max_tokens=1)
     reason = Scheduler(cache, sched).rejection_reason(probe)
     if reason is not None:
         raise ValueError(f"the trace's longest prompt can never be scheduled with this configuration: {reason}")
@@ -174,7 +205,11 @@ def simulate(trace: Trace, spec: SimSpec) -> SimResult:
     cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,
                       fast_path=fast_path, record_tokens=spec.record_tokens)
     cluster.run()
-    return collect(cluster, num_blocks)
+    result = collect(cluster, num_blocks)
+    failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))
+    result.info.update(max_model_len=cache.max_model_len, rejected_failed=failed,
+                       rejected_over_length=over_length(trace, cache.max_model_len))
+    return result
 
 
 def collect(cluster: Cluster, num_blocks: int) -> SimResult:

@@ -7,18 +7,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from traces.compression import METHODS, compression_of, decompression_errors
 from traces.detect import choose_format
 from traces.loaders import FORMATS, LoadOptions
 from traces.schema import LoadReport, RequestRecord, Trace, TraceFormatError
 
 
 def load(path: str | Path, format: str | None = None, skip_bad: bool = False, *,
-         order_tolerance_s: float = 1.0, keep_failed: bool = False) -> Trace:
-    """Load a trace file; the format is detected from the content unless named (see `FORMATS`)."""
+         order_tolerance_s: float = 1.0, keep_failed: bool = False, hash_granularity: int | None = None) -> Trace:
+    """Load a trace file, plain or gzip/bz2/xz/zstd-compressed; the format is detected from the (decompressed)
+    content unless named (see `FORMATS`). `hash_granularity` overrides the tokens per prefix hash that the
+    format states (a Mooncake-layout file written with 16-token blocks)."""
+    if Path(path).is_dir():
+        raise FileNotFoundError(f"{path}: is a directory; allowed: a trace file")
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such trace file")
-    opts = LoadOptions(skip_bad=skip_bad, order_tolerance_s=order_tolerance_s, keep_failed=keep_failed)
-    return choose_format(path, format).load(path, opts)
+    if hash_granularity is not None and hash_granularity < 1:
+        raise TraceFormatError(f"--hash-granularity: {hash_granularity}; allowed: an integer >= 1")
+    opts = LoadOptions(skip_bad=skip_bad, order_tolerance_s=order_tolerance_s, keep_failed=keep_failed,
+                       hash_granularity=hash_granularity)
+    try:
+        return choose_format(path, format).load(path, opts)
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(f"{path}: not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at "
+                               f"offset {exc.start} of its content); allowed: UTF-8 CSV or JSONL, Parquet, "
+                               f"each optionally {'/'.join(METHODS)}-compressed") from None
+    except decompression_errors() as exc:
+        method = compression_of(path)
+        if method is None:
+            raise
+        raise TraceFormatError(f"{path}: corrupt or truncated {method} data ({exc}); allowed: a complete "
+                               f"{method} file") from None
 
 
 __all__ = ["FORMATS", "LoadReport", "RequestRecord", "Trace", "TraceFormatError", "load"]

@@ -1,11 +1,19 @@
-"""Choosing a loader: by name, or from the file's content (Parquet magic, first JSON object, CSV header)."""
+"""Choosing a loader: by name, or from the file's (decompressed) content: Parquet magic, the first JSON
+object's keys, or the CSV header.
+
+Detection picks the most specific format whose required fields all appear. When another format would explain
+more of the file's fields than that one (a Qwen-Bailian file missing its `type` column still loads as
+Mooncake, with timestamps 1000x off), the choice is ambiguous and is refused, naming both and `--format`.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from traces.compression import open_binary, open_text
 from traces.loaders import FORMATS, Format
+from traces.loaders.rows import MissingHeader, check_header
 from traces.schema import TraceFormatError
 
 PARQUET_MAGIC = b"PAR1"
@@ -20,27 +28,48 @@ def choose_format(path: str | Path, name: str | None = None) -> Format:
 
 
 def detect(path: str | Path) -> Format:
-    """The most specific format whose required fields all appear in the first record (or header)."""
     kind, keys = _sniff(Path(path))
-    candidates = [f for f in FORMATS.values() if f.kind == kind and set(f.required) <= keys]
+    same_kind = [f for f in FORMATS.values() if f.kind == kind]
+    candidates = [f for f in same_kind if set(f.required) <= keys]
     if not candidates:
-        allowed = "; ".join(f"{f.name}: {f.layout}" for f in FORMATS.values())
         raise TraceFormatError(f"{path}:1: cannot tell the trace format from fields {sorted(keys)}; "
-                               f"pass --format. Allowed: {allowed}")
-    return max(candidates, key=lambda f: len(f.required))
+                               f"pass --format. Allowed: {_layouts(same_kind)}")
+    best = max(candidates, key=lambda f: len(f.required))
+    explained = len(keys & best.known)
+    for other in same_kind:
+        if other not in candidates and len(keys & other.known) > explained:
+            missing = ", ".join(repr(n) for n in other.required if n not in keys)
+            ignored = ", ".join(repr(n) for n in sorted(keys - best.known))
+            raise TraceFormatError(f"{path}:1: ambiguous trace format: its fields look like {other.name} but lack "
+                                   f"{missing}; as {best.name} its {ignored} would be ignored; allowed: --format "
+                                   f"{other.name} (after adding {missing}) or --format {best.name}")
+    return best
+
+
+def _layouts(formats: list[Format]) -> str:
+    return "; ".join(f"{f.name}: {f.layout}" for f in formats)
 
 
 def _sniff(path: Path) -> tuple[str, set[str]]:
-    with open(path, "rb") as f:
-        if f.read(4) == PARQUET_MAGIC:
-            import pandas as pd
+    with open_binary(path) as f:
+        magic = f.read(4)
+    if magic == PARQUET_MAGIC:
+        import pyarrow.parquet as pq
 
-            return "parquet", set(pd.read_parquet(path).columns)
-    with open(path, encoding="utf-8-sig") as f:
+        with open_binary(path) as f:
+            return "parquet", set(pq.read_schema(f).names)
+    with open_text(path) as f:
         first = next((line for line in f if line.strip()), "")
     if first.lstrip().startswith("{"):
         try:
             return "jsonl", set(json.loads(first))
         except json.JSONDecodeError as exc:
             raise TraceFormatError(f"{path}:1: first line is not a JSON object ({exc.msg})") from exc
-    return "csv", {h.strip() for h in first.rstrip("\r\n").split(",")}
+    header = [h.strip() for h in first.rstrip("\r\n").split(",")]
+    try:
+        check_header(str(path), header)
+    except MissingHeader as exc:
+        csv_formats = [f for f in FORMATS.values() if f.kind == "csv"]
+        raise TraceFormatError(exc.message(f"a header line naming the columns, one of: {_layouts(csv_formats)}")) \
+            from None
+    return "csv", set(header)

@@ -46,6 +46,7 @@ class LoadReport:
     dropped_bad: int = 0
     bad_lines: list[int] = field(default_factory=list)  # the first few line numbers of dropped rows
     dropped_failed: int = 0  # BurstGPT: failed requests (0 response tokens)
+    kept_failed: int = 0  # ... and those kept (--keep-failed): the simulator rejects them, counted
     reordered: int = 0  # rows that arrived out of order within the tolerance and were sorted
     notes: list[str] = field(default_factory=list)
 
@@ -55,7 +56,10 @@ class LoadReport:
             shown = ", ".join(str(n) for n in self.bad_lines)
             out.append(f"dropped {self.dropped_bad} bad rows (--skip-bad), first at lines {shown}")
         if self.dropped_failed:
-            out.append(f"dropped {self.dropped_failed} failed requests (0 output tokens)")
+            out.append(f"dropped {self.dropped_failed} failed requests (0 output tokens; --keep-failed keeps them)")
+        if self.kept_failed:
+            out.append(f"kept {self.kept_failed} failed requests (0 output tokens, --keep-failed): they arrive but "
+                       "are never served")
         if self.reordered:
             out.append(f"sorted {self.reordered} rows that arrived out of order within the tolerance")
         return out + self.notes
@@ -68,8 +72,8 @@ def _i64(values: object) -> np.ndarray:
 @dataclass(slots=True)
 class Trace:
     arrival_s: np.ndarray  # float64, non-decreasing
-    prompt_tokens: np.ndarray  # int64, >= 1
-    output_tokens: np.ndarray  # int64, >= 0
+    prompt_tokens: np.ndarray  # int64, >= 1; 0 only in a failed request (output 0) kept from the source
+    output_tokens: np.ndarray  # int64, >= 0 (0: a failed request, which the simulator rejects, counted)
     request_id: np.ndarray  # int64, unique
     session_id: np.ndarray  # int64, NO_VALUE when unknown
     turn: np.ndarray  # int64, NO_VALUE when unknown

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from kvplan.output import format_table, json_text, print_json, write_atomic
+from kvplan.trace_options import UNTIMED_NOTE, add_arrival_options, add_load_options, load_trace, retime_spec
 
 TABLE = (("block", "block_size"), ("kv_blocks", "num_blocks"), ("done", "completed"),
          ("req/s", "request_throughput"), ("out_tok/s", "output_throughput"), ("ttft_ms", "mean_ttft_ms"),
          ("p99_ttft", "p99_ttft_ms"), ("tpot_ms", "mean_tpot_ms"), ("p99_itl", "p99_itl_ms"),
          ("kv_mean", "kv_usage_mean"), ("kv_peak", "kv_usage_peak"), ("tok_util", "kv_token_utilization"),
-         ("hit_rate", "prefix_cache_hit_rate"), ("preempt", "num_preemptions"), ("evicted", "num_evicted_blocks"))
+         ("hit_rate", "prefix_cache_hit_rate"), ("preempt", "num_preemptions"), ("evicted", "num_evicted_blocks"),
+         ("rejected", "num_rejected"))
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("simulate", help="simulate serving a trace on N replicas", description=__doc__)
-    p.add_argument("--trace", required=True, help="trace file (any format `kvplan trace` reads)")
-    p.add_argument("--trace-format", default=None, help="trace format, when detection is not enough")
+    p.add_argument("--trace", required=True, help="trace file (any format `kvplan trace` reads, plain or compressed)")
+    add_load_options(p, "--trace-format")
+    add_arrival_options(p)
+    p.add_argument("--clip-context", nargs="?", type=int, const=0, default=None, metavar="TOKENS",
+                   help="clip requests to TOKENS (default: max_model_len) instead of rejecting those beyond it")
+    p.add_argument("--seed", type=int, default=0, help="seed for --rate / --retime arrivals (default 0)")
     p.add_argument("--model", default="llama-3-8b", help="built-in model spec or a path to an HF config.json")
     p.add_argument("--hardware", default="h100-sxm",
                    help="built-in hardware (a100-40gb, h100-sxm, l4, ...), or cpu-local: this kind of 2-core CPU "
@@ -38,7 +45,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--eviction", default="lru", help="lru, fifo, lfu or s3fifo")
     p.add_argument("--cpu-blocks", type=int, default=0, help="CPU swap space in blocks")
-    p.add_argument("--max-model-len", type=int, default=None, help="default: the trace's longest request")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest request served, at most the model's context (default: the shorter of the two "
+                        "and the trace's longest request); longer requests are rejected and counted")
     p.add_argument("--sink-tokens", type=int, default=0)
     p.add_argument("--window-tokens", type=int, default=0)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -75,10 +84,9 @@ def spec_from_args(args: argparse.Namespace, block_size: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    import traces
     from sim.run import check_trace, simulate
 
-    trace = traces.load(args.trace, args.trace_format)
+    trace, notes = prepare_trace(args)
     check_trace(trace, str(args.trace))
     runs = []
     for block_size in args.block_size:
@@ -90,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
             write_tables(result, where, args.format)
         runs.append({"block_size": block_size, "summary": result.summary,
                      "info": {**result.info, "wall_s": round(wall, 3)}})
+    notes += rejection_notes(runs[0]["info"], len(trace))
     if args.json:
-        print_json(runs[0] if len(runs) == 1 else {"runs": runs})
+        print_notes(notes)  # stderr: stdout stays one strict JSON object
+        print_json({**runs[0], "notes": notes} if len(runs) == 1 else {"runs": runs, "notes": notes})
         return 0
     print(f"{args.trace}: {len(trace)} requests on {args.replicas} x {args.model} / {args.hardware} "
           f"({args.cost} cost, router {args.router}, eviction {args.eviction}, preemption {args.preemption})\n")
@@ -99,7 +109,52 @@ def run(args: argparse.Namespace) -> int:
     print(format_table([h for h, _ in TABLE], rows))
     print(f"\nsimulated {runs[0]['summary']['duration_s']:.1f} s per run; wall "
           + ", ".join(f"{r['info']['wall_s']:.2f} s" for r in runs))
+    sys.stdout.flush()
+    print_notes(notes)
     return 0
+
+
+def print_notes(notes: list[str]) -> None:
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+
+
+def prepare_trace(args: argparse.Namespace):  # -> (traces.Trace, notes)
+    """The trace as loaded, re-timed (--rate / --retime) and clipped (--clip-context) when asked, with a note
+    for everything the user should know about it: what the load changed, and a length-only trace's burst."""
+    from sim.run import model_context
+    from traces.transforms import clip_to_context, retime
+
+    trace = load_trace(str(args.trace), args)
+    arrivals = retime_spec(args)
+    if arrivals is not None:
+        trace = retime(trace, arrivals, args.seed, "--rate" if args.rate is not None else "--retime")
+    if args.clip_context is not None:
+        context = args.clip_context or args.max_model_len or model_context(args.model)
+        if context is None:
+            raise ValueError(f"--clip-context: {args.model} states no context length; allowed: --clip-context TOKENS")
+        trace = clip_to_context(trace, context)
+    notes = list(trace.report.lines())
+    if not trace.timed:
+        notes.append(f"{args.trace} " + UNTIMED_NOTE.format(n=len(trace)))
+    return trace, notes
+
+
+def rejection_notes(info: dict, total: int) -> list[str]:
+    """Requests never served, by cause, so that a summary over the served ones is never mistaken for the whole."""
+    rejected = info["rejected"]
+    if not rejected:
+        return []
+    causes = []
+    if info["rejected_over_length"]:
+        causes.append(f"{info['rejected_over_length']} longer than max_model_len {info['max_model_len']} (prompt + "
+                      "output; --clip-context clips them instead)")
+    if info["rejected_failed"]:
+        causes.append(f"{info['rejected_failed']} failed requests of the trace (0 tokens)")
+    other = rejected - info["rejected_over_length"] - info["rejected_failed"]
+    if other:
+        causes.append(f"{other} that can never run in this configuration, e.g. {info['rejected_first'][0]}")
+    return [f"{rejected} of {total} requests rejected, never served (not in the latencies): " + "; ".join(causes)]
 
 
 def write_tables(result, out: Path, fmt: str) -> None:

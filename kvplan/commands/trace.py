@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-import yaml
-
 from kvplan.output import format_table, print_json, write_atomic
+from kvplan.trace_options import add_load_options, load_trace, retime_spec
 from traces.io import KINDS
 
 
@@ -51,17 +50,8 @@ def _kind_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_arguments(parser: argparse.ArgumentParser) -> None:
-    from traces import FORMATS
-
-    parser.add_argument("path", help="trace file")
-    parser.add_argument("--format", choices=tuple(FORMATS),
-                        help="input format (default: detected from the content)")
-    parser.add_argument("--skip-bad", action="store_true",
-                        help="drop malformed rows (reported with their line numbers) instead of stopping")
-    parser.add_argument("--order-tolerance", type=float, default=1.0, metavar="S",
-                        help="seconds a timestamp may go backwards and still be sorted (default 1)")
-    parser.add_argument("--keep-failed", action="store_true",
-                        help="BurstGPT: keep failed requests (0 response tokens)")
+    parser.add_argument("path", help="trace file, plain or gzip/bz2/xz/zstd-compressed")
+    add_load_options(parser)
 
 
 def _transform_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,17 +73,14 @@ def _transform_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace):  # -> traces.Trace
-    import traces
-
-    return traces.load(args.path, args.format, args.skip_bad, order_tolerance_s=args.order_tolerance,
-                       keep_failed=args.keep_failed)
+    return load_trace(args.path, args)
 
 
 def _transform(trace, args: argparse.Namespace):  # (Trace, args) -> Trace
     from traces.transforms import apply_transforms
 
     steps = {"window": args.window, "sample": args.sample, "rate_scale": args.rate_scale,
-             "retime": yaml.safe_load(args.retime) if args.retime else None, "jitter": args.jitter,
+             "retime": retime_spec(args), "jitter": args.jitter,
              "clip_context": args.clip_context, "expand_block": args.expand_block}
     return apply_transforms(trace, steps, args.seed)
 

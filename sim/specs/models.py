@@ -24,6 +24,9 @@ class ModelSpec:
     dtype_bytes: int = 2
     gated_mlp: bool = True  # SwiGLU (three MLP matrices) vs a plain two-matrix MLP (OPT)
     tied_embeddings: bool = False
+    # The context length (HF `max_position_embeddings`): vLLM's default and upper bound for max_model_len.
+    # None: not stated (a config.json without it), so only the workload bounds it.
+    context_len: int | None = None
 
     @property
     def layer_params(self) -> int:
@@ -65,16 +68,19 @@ def _spec(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter:
     return ModelSpec(name, layers, hidden, heads, kv_heads, hidden // heads, inter, vocab, **kw)
 
 
+# Context lengths are each model's published `max_position_embeddings` (Mistral-7B v0.1: 32768, with a
+# 4096-token sliding window that kvplan does not model by default; Qwen2.5-7B: 32768; SmolLM2: 8192).
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
-    _spec("llama-2-7b", 32, 4096, 32, 32, 11008, 32000),
-    _spec("llama-2-13b", 40, 5120, 40, 40, 13824, 32000),
-    _spec("llama-3-8b", 32, 4096, 32, 8, 14336, 128256),
-    _spec("llama-3-70b", 80, 8192, 64, 8, 28672, 128256),
-    _spec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064),
-    _spec("mistral-7b", 32, 4096, 32, 8, 14336, 32000),
-    _spec("opt-13b", 40, 5120, 40, 40, 20480, 50272, gated_mlp=False, tied_embeddings=True),
-    _spec("smollm2-135m", 30, 576, 9, 3, 1536, 49152, tied_embeddings=True),
-    _spec("llama-100m", 12, 768, 12, 4, 2048, 32000, tied_embeddings=True),  # the engine's random benchmark model
+    _spec("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, context_len=4096),
+    _spec("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, context_len=4096),
+    _spec("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, context_len=8192),
+    _spec("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, context_len=8192),
+    _spec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, context_len=32768),
+    _spec("mistral-7b", 32, 4096, 32, 8, 14336, 32000, context_len=32768),
+    _spec("opt-13b", 40, 5120, 40, 40, 20480, 50272, gated_mlp=False, tied_embeddings=True, context_len=2048),
+    _spec("smollm2-135m", 30, 576, 9, 3, 1536, 49152, tied_embeddings=True, context_len=8192),
+    # the engine's random benchmark model (engine/models.py)
+    _spec("llama-100m", 12, 768, 12, 4, 2048, 32000, tied_embeddings=True, context_len=2048),
 )}
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
@@ -109,4 +115,15 @@ def from_hf_config(path: Path) -> ModelSpec:
         name=str(path), num_layers=layers, hidden_size=hidden, num_heads=heads,
         num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or hidden // heads,
         intermediate_size=inter, vocab_size=vocab, dtype_bytes=DTYPE_BYTES.get(cfg.get("torch_dtype"), 2),
-        gated_mlp=not opt, tied_embeddings=bool(cfg.get("tie_word_embeddings", opt)))
+        gated_mlp=not opt, tied_embeddings=bool(cfg.get("tie_word_embeddings", opt)),
+        context_len=_context_len(path, cfg))
+
+
+def _context_len(path: Path, cfg: dict) -> int | None:
+    key = next((k for k in ("max_position_embeddings", "n_positions") if cfg.get(k) is not None), None)
+    if key is None:
+        return None
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise ValueError(f"{path}: {key}: {value!r}; allowed: an integer >= 2 (the model's context length)")
+    return value

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import traces
 from kvplan.cli import main
 from sim.run import SimSpec, simulate
 from traces import Trace
@@ -40,9 +41,16 @@ def test_parquet_tables_per_block_size(tmp_path, capsys):
                  "--out", str(out), "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
     assert [r["block_size"] for r in runs] == [128, 256]
+    # The sample, like the Mooncake trace, has requests beyond llama-3-8b's 8,192-token context: rejected, counted.
+    sample = traces.load(SAMPLE)
+    over = int(np.count_nonzero(sample.prompt_tokens + sample.output_tokens > 8192))
+    assert over > 0
+    for run in runs:
+        assert run["summary"]["num_rejected"] == run["info"]["rejected_over_length"] == over
+        assert run["info"]["max_model_len"] == 8192
     for block in (128, 256):
         table = pd.read_parquet(out / f"block{block}" / "requests.parquet")
-        assert len(table) == 400 and (table["ttft_ms"] > 0).all()
+        assert len(table) == 400 - over and (table["ttft_ms"] > 0).all()
         assert len(pd.read_parquet(out / f"block{block}" / "series.parquet")) > 0
 
 
@@ -76,8 +84,9 @@ def test_empty_and_unsorted_traces_are_reported():
 
 def test_a_reservation_of_every_slot_runs_to_the_end(capsys):
     """Used to end in "unfinished requests but nothing could be scheduled": the watermark came on top of a
-    reservation as large as the whole cache."""
-    assert main(["simulate", "--trace", SAMPLE, "--allocator", "max", "--num-blocks", "2168", "--json"]) == 0
+    reservation as large as the whole cache (max_model_len 8192 = 512 blocks of 16: every request reserves it all)."""
+    assert main(["simulate", "--trace", SAMPLE, "--allocator", "max", "--clip-context", "--num-blocks", "512",
+                 "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["completed"] == 400 and doc["info"]["rejected"] == 0
 
@@ -85,8 +94,8 @@ def test_a_reservation_of_every_slot_runs_to_the_end(capsys):
 def test_sink_window_peak_is_checked_against_every_chunk(capsys):
     """Used to preempt one request hundreds of times and end in a RuntimeError: each later chunk needs the sinks,
     the window and a whole budget-sized chunk, which 300 blocks cannot hold."""
-    flags = ["simulate", "--trace", SAMPLE, "--num-blocks", "300", "--sink-tokens", "4", "--window-tokens", "4096",
-             "--no-prefix-caching"]
+    flags = ["simulate", "--trace", SAMPLE, "--clip-context", "--num-blocks", "300", "--sink-tokens", "4",
+             "--window-tokens", "4096", "--no-prefix-caching"]
     assert main(flags) == 2
     assert "needs 386 KV blocks at its peak" in capsys.readouterr().err
     assert main([*flags, "--max-num-batched-tokens", "512", "--json"]) == 0

@@ -56,6 +56,18 @@ def _native_trace(reqs: list[dict], granularity: int, fraction_s: float) -> Trac
         hash_granularity=granularity)
 
 
+def _fit_prompts(reqs: list[dict], granularity: int, exact: bool) -> list[dict]:
+    """Prompt lengths that hold their hashes: ceil(prompt / granularity) blocks, at least (or exactly) one per
+    hash, as the loaders check."""
+    out = []
+    for r in reqs:
+        k, p = len(r["hashes"]), r["prompt_tokens"]
+        if granularity and k:
+            p = (k - 1) * granularity + 1 + (p % granularity if exact else p)
+        out.append({**r, "prompt_tokens": p})
+    return out
+
+
 def _write_source(folder: Path, layout: str, reqs: list[dict], granularity: int, fraction_s: float) -> Path:
     if layout == "mooncake":
         return write_jsonl(folder, "source.jsonl", [
@@ -85,6 +97,7 @@ def _convert(source: Path, out: Path) -> None:
 def test_loaded_trace_survives_convert_to_every_format(layout, reqs, granularity, fraction_s):
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
+        reqs = _fit_prompts(reqs, 512 if layout == "mooncake" else granularity, exact=layout == "mooncake")
         source = _write_source(folder, layout, reqs, granularity, fraction_s)
         loaded = traces.load(source)
         assert loaded.report.format == layout and len(loaded) == len(reqs)

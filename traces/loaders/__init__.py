@@ -1,14 +1,15 @@
 """Loaders for the public trace formats and our own, by name."""
 
-from traces.loaders.azure import AZURE
+from traces.loaders.azure import AZURE, AZURE_MULTIMODAL
 from traces.loaders.burstgpt import BURSTGPT
 from traces.loaders.hashed import MOONCAKE, QWEN_BAILIAN
 from traces.loaders.native import KVPLAN_CSV, KVPLAN_JSONL, KVPLAN_PARQUET
 from traces.loaders.rows import LoadOptions
 from traces.loaders.spec import Format
-from traces.loaders.vidur import LENGTHS, VIDUR
+from traces.loaders.vidur import LENGTHS, SPLITWISE, VIDUR
 
 FORMATS: dict[str, Format] = {f.name: f for f in (
-    AZURE, MOONCAKE, QWEN_BAILIAN, BURSTGPT, VIDUR, LENGTHS, KVPLAN_JSONL, KVPLAN_CSV, KVPLAN_PARQUET)}
+    AZURE, AZURE_MULTIMODAL, MOONCAKE, QWEN_BAILIAN, BURSTGPT, VIDUR, SPLITWISE, LENGTHS, KVPLAN_JSONL, KVPLAN_CSV,
+    KVPLAN_PARQUET)}
 
 __all__ = ["FORMATS", "Format", "LoadOptions"]

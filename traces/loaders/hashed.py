@@ -1,6 +1,8 @@
 """JSONL traces with prefix hashes: Mooncake / Kimi (FAST'25) and Qwen-Bailian ("KVCache in the wild").
 
-Mooncake: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512-token block).
+Mooncake: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one per 512-token block, the last one
+partial: exactly ceil(input_length / 512) of them in every row of the published traces; files without `hash_ids`
+load without prefix identity).
 Qwen-Bailian: `chat_id`, `parent_chat_id` (-1 for a first turn), `timestamp` (s), `input_length`,
 `output_length`, `type`, `turn`, `hash_ids` (one per 16-token block).
 """
@@ -19,7 +21,7 @@ MOONCAKE = jsonl_format(
      Field("prompt_tokens", "input_length", minimum=1),
      Field("output_tokens", "output_length")),
     "Mooncake / Kimi FAST'25 JSONL (512-token hash_ids)",
-    hashes="hash_ids", granularity=512,
+    hashes="hash_ids", granularity=512, hash_count="exact",
 )
 
 

@@ -3,11 +3,13 @@ record. JSONL and Parquet hold `prefix_hashes` as lists; CSV as space-separated 
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from traces.compression import compression_of, read_bytes
 from traces.loaders.rows import Rows, object_column, read_csv
 from traces.loaders.spec import Field, Format, jsonl_format
 from traces.schema import NO_VALUE
@@ -15,7 +17,7 @@ from traces.schema import NO_VALUE
 FIELDS = (
     Field("request_id", "request_id"),
     Field("arrival_s", "arrival_s", integer=False),
-    Field("prompt_tokens", "prompt_tokens", minimum=1),
+    Field("prompt_tokens", "prompt_tokens", minimum=0),  # 0 only in a failed request (a kept BurstGPT row)
     Field("output_tokens", "output_tokens"),
     Field("session_id", "session_id", default=NO_VALUE),
     Field("turn", "turn", default=NO_VALUE),
@@ -45,7 +47,7 @@ def read_native_csv(path: str | Path) -> Rows:
 
 def read_parquet(path: str | Path) -> Rows:
     """Rows of a Parquet file; 'line' numbers are 1-based row numbers."""
-    frame = pd.read_parquet(path)
+    frame = pd.read_parquet(path if compression_of(path) is None else io.BytesIO(read_bytes(path)))
     fields = {name: frame[name].to_numpy(dtype=object) for name in frame.columns}
     for name, values in fields.items():  # pandas reads integer columns with nulls as floats with NaN
         fields[name] = np.where(pd.isna(values), None, values) if name != HASHES else values
@@ -53,7 +55,9 @@ def read_parquet(path: str | Path) -> Rows:
 
 
 _DESCRIPTION = "kvplan Request records ({}): the lossless interchange format"
-KVPLAN_JSONL = jsonl_format("kvplan-jsonl", FIELDS, _DESCRIPTION.format("JSONL"), hashes=HASHES)
-KVPLAN_CSV = Format("kvplan-csv", "csv", read_native_csv, FIELDS, _DESCRIPTION.format("CSV"), hashes=HASHES)
+KVPLAN_JSONL = jsonl_format("kvplan-jsonl", FIELDS, _DESCRIPTION.format("JSONL"), hashes=HASHES,
+                            failed_requests=True)
+KVPLAN_CSV = Format("kvplan-csv", "csv", read_native_csv, FIELDS, _DESCRIPTION.format("CSV"), hashes=HASHES,
+                    failed_requests=True)
 KVPLAN_PARQUET = Format("kvplan-parquet", "parquet", read_parquet, FIELDS, _DESCRIPTION.format("Parquet"),
-                        hashes=HASHES)
+                        hashes=HASHES, failed_requests=True)

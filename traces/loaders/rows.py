@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from traces.compression import compression_of, open_text
 from traces.schema import LoadReport, Trace, TraceFormatError, gather_segments, offsets_from_counts
 
 EXTRA_FIELDS = 8  # a CSV row may carry this many fields beyond its header before pandas itself gives up
@@ -173,12 +174,14 @@ def _short(value: object, limit: int = 60) -> str:
 def read_csv(path: str | Path) -> Rows:
     """All fields as strings, one row per non-blank line, keeping each row's line number."""
     path = str(path)
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        header = [h.strip() for h in f.readline().rstrip("\r\n").split(",")]
+    with open_text(path) as f:
+        first = f.readline()
+    header = [h.strip() for h in first.rstrip("\r\n").split(",")]
+    check_header(path, header)
     names = header + [f"__extra{i}" for i in range(EXTRA_FIELDS)]
     try:
         frame = pd.read_csv(path, header=None, skiprows=1, names=names, dtype=str, keep_default_na=False,
-                            skip_blank_lines=False, encoding="utf-8-sig")
+                            skip_blank_lines=False, encoding="utf-8-sig", compression=compression_of(path))
     except pd.errors.ParserError as exc:
         raise TraceFormatError(f"{path}: {exc}; allowed: the header's {len(header)} fields per row") from exc
     line = np.arange(2, len(frame) + 2, dtype=np.int64)
@@ -193,6 +196,42 @@ def read_csv(path: str | Path) -> Rows:
     return rows
 
 
+class MissingHeader(TraceFormatError):
+    """A CSV whose first line is data: whoever knows the expected layout adds it to the message (`allowed`)."""
+
+    def __init__(self, path: str, first_line: str) -> None:
+        self.path, self.first_line = path, first_line
+        super().__init__(self.message("a header line naming the columns"))
+
+    def message(self, allowed: str) -> str:
+        return f"{self.path}:1: the first line {self.first_line!r} is data, not a header; allowed: {allowed}"
+
+
+def check_header(path: str, header: list[str]) -> None:
+    """A CSV's first line must name its columns, each once: a file without a header (its first line is data)
+    or with a repeated name is refused here, before pandas gives a message that names neither."""
+    if header_is_data(header):
+        raise MissingHeader(path, ",".join(header)[:80])
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise TraceFormatError(f"{path}:1: the header names column {name!r} twice; allowed: distinct names")
+        seen.add(name)
+
+
+def header_is_data(header: list[str]) -> bool:
+    """Every field of the line a number or a date: values, where a header would have names."""
+    def value(text: str) -> bool:
+        if not text:
+            return False
+        try:
+            float(text)
+            return True
+        except ValueError:
+            return text[:4].isdigit() and text[4:5] == "-"  # 2023-11-16 18:15:46.68, 2024-10-15T12:00:00Z
+    return bool(header) and all(value(h) for h in header)
+
+
 def read_jsonl(path: str | Path) -> Rows:
     """One JSON object per non-blank line, gathered straight into columns (no per-row dicts kept)."""
     path = str(path)
@@ -204,7 +243,7 @@ def read_jsonl(path: str | Path) -> Rows:
     # spends most of its load in this loop.
     same_keys: tuple[str, ...] | None = None
     same_columns: list[list] = []
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for number, text in enumerate(f, start=1):
             if not text or text.isspace():  # what `not text.strip()` tests, without copying the line
                 continue
@@ -269,6 +308,7 @@ class LoadOptions:
     skip_bad: bool = False  # drop malformed rows (counted in the report) instead of stopping
     order_tolerance_s: float = 1.0  # how far a timestamp may fall behind an earlier one and still be sorted
     keep_failed: bool = False  # BurstGPT: keep failed requests (0 response tokens)
+    hash_granularity: int | None = None  # tokens per prefix hash, overriding what the format states
 
 
 def finish(rows: Rows, columns: dict[str, np.ndarray], opts: LoadOptions, report: LoadReport, *,
@@ -281,6 +321,8 @@ def finish(rows: Rows, columns: dict[str, np.ndarray], opts: LoadOptions, report
     if exclude is not None:
         rows.flag(exclude, "excluded")
     _check_order(rows, columns["arrival_s"], opts.order_tolerance_s)
+    if "request_id" in columns:
+        _check_unique(rows, columns["request_id"])
     ok = rows.ok()
     excluded = np.zeros(len(rows), dtype=bool) if exclude is None else exclude
     if not (ok | excluded).all():
@@ -309,6 +351,18 @@ def finish(rows: Rows, columns: dict[str, np.ndarray], opts: LoadOptions, report
         else:
             kept["hash_ids"], kept["hash_offsets"] = gather_segments(flat, offsets, source_index)
     return Trace.build(**kept, report=report, **trace_args)
+
+
+def _check_unique(rows: Rows, ids: np.ndarray) -> None:
+    """Flag each row whose request id an earlier valid row already has (the first keeps it)."""
+    valid = np.flatnonzero(rows.ok())
+    _, first = np.unique(ids[valid], return_index=True)
+    repeated = np.setdiff1d(valid, valid[first])
+    if len(repeated):
+        line_of = {float(ids[r]): int(rows.line[r]) for r in valid[first]}
+        rows.flag(np.isin(np.arange(len(rows)), repeated),
+                  lambda r: f"request_id {ids[r]:.0f} repeats the id of line {line_of[float(ids[r])]}; allowed: "
+                            "unique ids")
 
 
 def _check_order(rows: Rows, arrival: np.ndarray, tolerance_s: float) -> None:

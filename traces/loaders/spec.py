@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.loaders.rows import LoadOptions, Rows, finish, read_csv, read_jsonl
-from traces.schema import LoadReport, Trace
+from traces.loaders.rows import LoadOptions, MissingHeader, Rows, finish, read_csv, read_jsonl
+from traces.schema import LoadReport, Trace, TraceFormatError
 
 
 @dataclass(slots=True, frozen=True)
@@ -38,41 +38,109 @@ class Format:
     reader: Callable[[str | Path], Rows]
     fields: tuple[Field, ...]
     description: str
-    hashes: str | None = None  # field holding prefix hash lists
+    hashes: str | None = None  # field holding prefix hash lists (optional in every row and every file)
     granularity: int = 0  # tokens per hash (0: read from the `hash_granularity` field)
+    # "exact": a row has one hash per (partial) prompt block, ceil(prompt / granularity), as every row of the
+    # published Mooncake traces does; "at_most": no more than that (a hash list may cover only a prefix).
+    hash_count: str = "at_most"
     timed: bool = True
     adjust: Adjust | None = None
     extra_required: tuple[str, ...] = field(default=())  # identify the format during detection
+    optional: tuple[str, ...] = field(default=())  # published columns the loader reads nothing from
+    # A failed request (0 output tokens) may have 0 prompt tokens: BurstGPT logs failures that way.
+    failed_requests: bool = False
 
     @property
     def required(self) -> list[str]:
-        names = [f.source for f in self.fields if f.default is None]
-        return names + ([self.hashes] if self.hashes and self.granularity else []) + list(self.extra_required)
+        return [f.source for f in self.fields if f.default is None] + list(self.extra_required)
+
+    @property
+    def known(self) -> set[str]:
+        """Every column the layout defines, required or not."""
+        return {f.source for f in self.fields} | set(self.extra_required) | set(self.optional) | (
+            {self.hashes} if self.hashes else set())
 
     @property
     def layout(self) -> str:
-        return ",".join(f.source for f in self.fields) + (f",{self.hashes}" if self.hashes else "")
+        optional = [f.source for f in self.fields if f.default is not None] + list(self.optional)
+        optional += [self.hashes] if self.hashes else []
+        return ",".join(self.required) + (f" (optional: {','.join(optional)})" if optional else "")
 
     def load(self, path: str | Path, opts: LoadOptions) -> Trace:
-        rows = self.reader(path)
+        try:
+            rows = self.reader(path)
+        except MissingHeader as exc:
+            raise TraceFormatError(exc.message(f"the {self.name} header {self.layout}")) from None
         rows.require(self.required, self.layout)
         columns = {f.column: parse(rows, f) for f in self.fields}
+        if self.failed_requests:
+            check_failed_prompts(rows, columns, self.field("prompt_tokens"))
         report = LoadReport(source=str(path), format=self.name)
         exclude = self.adjust(rows, columns, opts, report) if self.adjust else None
-        hashes, granularity = self._hashes(rows, columns)
+        hashes, granularity = self._hashes(rows, columns, opts.hash_granularity)
         columns = {k: v for k, v in columns.items() if not k.startswith("_")}
         if not self.timed:
             columns["arrival_s"] = np.zeros(len(rows))
         return finish(rows, columns, opts, report, hashes=hashes, exclude=exclude,
                       hash_granularity=granularity, timed=self.timed)
 
-    def _hashes(self, rows: Rows, columns: dict[str, np.ndarray]) -> tuple[tuple | None, int]:
+    def field(self, column: str) -> Field:
+        return next(f for f in self.fields if f.column == column)
+
+    def _hashes(self, rows: Rows, columns: dict[str, np.ndarray], override: int | None) -> tuple[tuple | None, int]:
         if self.hashes is None or self.hashes not in rows.fields:
             return None, 0
-        granularity = self.granularity or uniform_granularity(rows, columns.get("_granularity"))
+        flat, counts = rows.hash_lists(self.hashes)
+        granularity = override or self.granularity or uniform_granularity(rows, columns.get("_granularity"))
         if not granularity:  # our own format writes null hashes and granularity 0 for hash-free traces
+            rows.flag(counts > 0, f"{self.hashes} given but hash_granularity is missing or 0; allowed: the "
+                                  "tokens each hash covers (an integer >= 1), or no hashes")
             return None, 0
-        return rows.hash_lists(self.hashes), granularity
+        check_hash_counts(rows, counts, columns["prompt_tokens"], granularity, self.hashes,
+                          exact=self.hash_count == "exact" and not override)
+        return (flat, counts), granularity
+
+
+def check_failed_prompts(rows: Rows, columns: dict[str, np.ndarray], prompt: Field) -> None:
+    """Prompt tokens are parsed with a minimum of 0; only a failed request (0 output tokens) may have 0."""
+    empty = (columns["prompt_tokens"] == 0) & (columns["output_tokens"] != 0)
+    rows.flag(empty, f"{prompt.source} 0 is out of range; allowed: an integer >= 1 (0 only for a failed request, "
+                     "one with 0 output tokens)")
+
+
+def check_hash_counts(rows: Rows, counts: np.ndarray, prompt: np.ndarray, granularity: int, name: str, *,
+                      exact: bool) -> None:
+    """One hash per `granularity` prompt tokens, the last block partial: ceil(prompt / granularity) hashes
+    (exactly, or at most). A file whose counts do not fit is usually one written at another granularity:
+    the message says which granularity every row's counts would fit."""
+    valid = rows.ok() & (prompt >= 1)  # bad prompts (NaN) are flagged already
+    blocks = -(-np.where(valid, prompt, 1).astype(np.int64) // granularity)
+    # An empty list is a request without prefix identity, in any format.
+    wrong = valid & (counts > 0) & ((counts != blocks) if exact else (counts > blocks))
+    if not wrong.any():
+        return
+    hint = suggest_granularity(counts[valid], prompt[valid], exact)
+    rule = "exactly" if exact else "at most"
+    rows.flag(wrong, lambda r: f"{counts[r]} {name} for {int(prompt[r])} prompt tokens; at {granularity} tokens "
+                               f"per hash allowed: {rule} ceil({int(prompt[r])}/{granularity}) = {blocks[r]}{hint}")
+
+
+def suggest_granularity(counts: np.ndarray, prompt: np.ndarray, exact: bool) -> str:
+    """The granularity (a power of two where one fits) that makes every row's hash count right, as advice."""
+    # ceil(p / g) == k  <=>  ceil(p / k) <= g <= floor((p - 1) / (k - 1))  (no upper bound when k == 1);
+    # ceil(p / g) >= k needs only the upper bound.
+    with_hashes = counts > 0
+    if not with_hashes.any():
+        return ""
+    k, p = counts[with_hashes].astype(np.int64), prompt[with_hashes].astype(np.int64)
+    low = int((-(-p // k)).max()) if exact else 1
+    several = k > 1
+    high = int(((p[several] - 1) // (k[several] - 1)).min()) if several.any() else 1 << 20
+    if low > high:
+        return "; no single granularity fits every row's count"
+    powers = [1 << i for i in range(21) if low <= 1 << i <= high]
+    best = powers[-1] if powers else high
+    return f"; this file's counts fit {best}-token hashes (--hash-granularity {best})"
 
 
 def parse(rows: Rows, f: Field) -> np.ndarray:
