@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from kvplan import __version__
@@ -27,6 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print(f"kvplan {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `kvplan ... | head`: the reader left; say nothing more, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (ValueError, FileNotFoundError) as exc:  # bad input: a clear message, no traceback
         print(f"kvplan {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -8,10 +8,11 @@ Mooncake, with timestamps 1000x off), the choice is ambiguous and is refused, na
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
-from traces.compression import open_binary, open_text
+from traces.compression import compression_of, open_binary, open_text, read_bytes
 from traces.loaders import FORMATS, Format
 from traces.loaders.rows import MissingHeader, check_header
 from traces.schema import TraceFormatError
@@ -56,8 +57,9 @@ def _sniff(path: Path) -> tuple[str, set[str]]:
     if magic == PARQUET_MAGIC:
         import pyarrow.parquet as pq
 
-        with open_binary(path) as f:
-            return "parquet", set(pq.read_schema(f).names)
+        # Parquet's footer is at the end: a compressed file is decompressed whole (it is read whole anyway).
+        source = path if compression_of(path) is None else io.BytesIO(read_bytes(path))
+        return "parquet", set(pq.read_schema(source).names)
     with open_text(path) as f:
         first = next((line for line in f if line.strip()), "")
     if first.lstrip().startswith("{"):

@@ -71,3 +71,42 @@ def jsonl_text(objects: list[dict]) -> str:
 
 def write_jsonl(tmp_path: Path, name: str, objects: list[dict]) -> Path:
     return write_text(tmp_path, name, jsonl_text(objects))
+
+
+# BurstGPT_1 as published: a failed request has 0 request tokens and 0 response tokens.
+BURSTGPT_FAILED = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
+5,ChatGPT,472,18,490,Conversation log
+45,ChatGPT,0,0,0,Conversation log
+46,ChatGPT,1087,0,1087,Conversation log
+118,GPT-4,417,217,634,API log
+120,GPT-4,0,0,0,API log
+"""
+
+# BurstGPT excerpts without `Log Type` (and `Total tokens`).
+BURSTGPT_NO_LOG_TYPE = """Timestamp,Model,Request tokens,Response tokens
+5,ChatGPT,472,18
+118,GPT-4,417,217
+"""
+
+# splitwise-sim's request CSV (traces/test_trace.csv layout).
+SPLITWISE = """request_id,request_type,application_id,arrival_timestamp,batch_size,prompt_size,token_size
+0,2,0,1,1,4096,32
+1,2,0,3,1,2048,8
+2,2,0,4.5,1,2048,16
+"""
+
+# Azure LMM inference trace 2025 (AzureLMMInferenceTrace_multimodal.csv.gz, decompressed).
+AZURE_2025 = """TIMESTAMP,NumImages,ContextTokens,GeneratedTokens
+2024-10-15T12:00:00.269Z,0,770,491
+2024-10-15T12:00:05.819Z,1,949,126
+2024-10-15T12:00:06Z,3,964,79
+"""
+
+MOONCAKE_NO_HASHES = [{k: v for k, v in r.items() if k != "hash_ids"} for r in MOONCAKE]
+
+# A Mooncake-layout file whose hash_ids are 16-token blocks (ceil(input / 16) per row).
+MOONCAKE_16 = [
+    {"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": list(range(7))},
+    {"timestamp": 1000, "input_length": 40, "output_length": 5, "hash_ids": [0, 1, 7]},
+    {"timestamp": 2000, "input_length": 1030, "output_length": 5, "hash_ids": list(range(100, 165))},
+]

@@ -7,6 +7,7 @@ trace's `LoadReport` (never silently).
 
 from __future__ import annotations
 
+import io
 import json
 from array import array
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.compression import compression_of, open_text
+from traces.compression import compression_of, open_text, read_bytes
 from traces.schema import LoadReport, Trace, TraceFormatError, gather_segments, offsets_from_counts
 
 EXTRA_FIELDS = 8  # a CSV row may carry this many fields beyond its header before pandas itself gives up
@@ -179,9 +180,12 @@ def read_csv(path: str | Path) -> Rows:
     header = [h.strip() for h in first.rstrip("\r\n").split(",")]
     check_header(path, header)
     names = header + [f"__extra{i}" for i in range(EXTRA_FIELDS)]
+    # A compressed file is decompressed here, whole: pandas' own decompression reads a truncated archive as a
+    # shorter file and blames its last row; this raises the decompressor's error instead.
+    source = path if compression_of(path) is None else io.BytesIO(read_bytes(path))
     try:
-        frame = pd.read_csv(path, header=None, skiprows=1, names=names, dtype=str, keep_default_na=False,
-                            skip_blank_lines=False, encoding="utf-8-sig", compression=compression_of(path))
+        frame = pd.read_csv(source, header=None, skiprows=1, names=names, dtype=str, keep_default_na=False,
+                            skip_blank_lines=False, encoding="utf-8-sig")
     except pd.errors.ParserError as exc:
         raise TraceFormatError(f"{path}: {exc}; allowed: the header's {len(header)} fields per row") from exc
     line = np.arange(2, len(frame) + 2, dtype=np.int64)
