@@ -24,12 +24,13 @@ SUMMARY_FILE = "summary.json"
 
 
 @lru_cache(maxsize=4)
-def _base_trace(trace: str | None, fmt: str | None, synthetic: str | None, seed: int):  # -> Trace
+def _base_trace(trace: str | None, load: str, synthetic: str | None, seed: int):  # -> Trace
     import traces
     from traces.synth import synthesize
 
     if trace is not None:
-        return traces.load(trace, fmt)
+        options = json.loads(load)
+        return traces.load(trace, options.pop("format"), **options)
     spec = json.loads(synthetic)
     spec["seed"] = int(spec.get("seed", 0)) + seed  # each experiment seed draws a new workload
     try:
@@ -40,11 +41,14 @@ def _base_trace(trace: str | None, fmt: str | None, synthetic: str | None, seed:
 
 def build_trace(config: dict):  # -> Trace
     """The run's workload: the trace file or synthetic spec, its transforms, then the rate scale."""
+    from kvplan.experiments.schema import TRACE_LOAD
     from traces.transforms import apply_transforms, scale_rate
 
     w = config["workload"]
     synthetic = json.dumps(w["synthetic"], sort_keys=True) if "synthetic" in w else None
-    trace = _base_trace(w.get("trace"), w.get("format"), synthetic, int(config["seed"]))
+    # As JSON text, so that the cached base trace is keyed by plain strings.
+    load = json.dumps({key: w.get(key) for key in ("format", *TRACE_LOAD)}, sort_keys=True)
+    trace = _base_trace(w.get("trace"), load, synthetic, int(config["seed"]))
     trace = apply_transforms(trace, w["transforms"], int(config["seed"]), path="workload.transforms")
     return scale_rate(trace, w["rate_scale"]) if w["rate_scale"] != 1.0 else trace
 

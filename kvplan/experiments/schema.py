@@ -10,6 +10,9 @@
     workload:                               # exactly one of trace / synthetic
       trace: sample:mooncake_style          # a file (relative to this one) or sample:NAME (`kvplan trace samples`)
       format: null                          # detected from the content unless named
+      skip_bad: false                       # drop malformed rows (counted) instead of stopping
+      keep_failed: false                    # BurstGPT: keep failed requests (rejected, counted)
+      hash_granularity: null                # tokens per prefix hash, overriding the format's
       transforms: {window: [0, 600], sample: 0.5, retime: {process: poisson, rate: 4}, jitter: 3,
                    clip_context: 8192, expand_block: 16}   # applied in this order
       synthetic: {requests: 500, arrivals: ..., lengths: ...}   # a `kvplan trace synth` spec, inline
@@ -72,7 +75,13 @@ ENGINE: dict[str, Field] = {
 CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=4096),
                              "router": Field("choice", "round_robin", tuple(ROUTERS))}
 TOP: dict[str, Field] = {"model": Field("str", "llama-3-8b"), "hardware": Field("str", "h100-sxm")}
-WORKLOAD_KEYS = ("trace", "format", "transforms", "synthetic", "rate_scale")
+# How a trace file is read (`kvplan trace --help` has the same options): the only keys besides `trace`/`format`
+# that apply to a file and not to a synthetic workload.
+TRACE_LOAD: dict[str, Field] = {
+    "skip_bad": Field("bool", False), "keep_failed": Field("bool", False),
+    "hash_granularity": Field("int", None, minimum=1, nullable=True),
+}
+WORKLOAD_KEYS = ("trace", "format", *TRACE_LOAD, "transforms", "synthetic", "rate_scale")
 RATE_SCALE = Field("float", 1.0, above=0)
 # What a sweep may vary: every engine and cluster knob, the model, the hardware and the request rate.
 SWEEPABLE: dict[str, Field] = {**TOP, **{f"engine.{k}": f for k, f in ENGINE.items()},
@@ -156,7 +165,15 @@ def parse_workload(doc: object) -> dict:
            "transforms": parse_transforms(doc.get("transforms"))}
     if "trace" in doc:
         out["trace"] = Field("str").check(doc["trace"], "workload.trace")
-        out["format"] = Field("str", nullable=True).check(doc.get("format"), "workload.format")
+        from traces import FORMATS
+
+        out["format"] = Field("choice", choices=tuple(FORMATS), nullable=True).check(doc.get("format"),
+                                                                                      "workload.format")
+        for key, field in TRACE_LOAD.items():
+            out[key] = field.check(doc.get(key, field.default), f"workload.{key}")
+    elif set(TRACE_LOAD) & set(doc):
+        key = sorted(set(TRACE_LOAD) & set(doc))[0]
+        raise SchemaError(f"workload.{key}: applies to a trace file; allowed: with workload.trace only")
     else:
         out["synthetic"] = check_mapping(doc["synthetic"], "workload.synthetic",
                                          ("seed", "requests", "arrivals", "lengths", "prefix"))

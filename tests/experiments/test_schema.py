@@ -73,6 +73,11 @@ BROKEN = [
     (merged(workload__transforms={"windw": [0, 1]}), "workload.transforms.windw: unknown key; did you mean"
                                                      " 'window'?"),
     (merged(workload__rate_scale=-1), "workload.rate_scale: must be a finite number > 0, got -1"),
+    (merged(workload__format="mooncak"), "workload.format: unknown value 'mooncak'; did you mean 'mooncake'?"),
+    (merged(workload__hash_granularity=0), "workload.hash_granularity: must be an integer >= 1 or null, got 0"),
+    (merged(workload__keep_failed="yes"), "workload.keep_failed: must be true or false, got 'yes'"),
+    (merged(workload__trace=DROP, workload__transforms=DROP, workload__synthetic={"requests": 5},
+            workload__skip_bad=True), "workload.skip_bad: applies to a trace file; allowed: with workload.trace"),
     (merged(sweep={"grid": {"engine.block_size": []}}), "sweep.grid.engine.block_size: must be a non-empty list"),
     (merged(sweep={"grid": {"engine.blocksize": [16]}}), "sweep.grid.engine.blocksize: unknown key; did you mean"
                                                          " 'engine.block_size'?"),
@@ -114,6 +119,29 @@ def test_a_broken_file_names_the_key_path(tmp_path, doc, expected):
     message = str(info.value)
     assert message.startswith(f"{path}: ") and expected in message, message
     assert "\n" not in message
+
+
+def test_trace_reading_options_reach_the_loader(tmp_path):
+    """A Mooncake-layout file of 16-token hashes is refused, with the suggestion, until workload.hash_granularity
+    says so; a BurstGPT file's failed requests are kept with workload.keep_failed."""
+    from tests.traces.trace_fixtures import BURSTGPT_FAILED, MOONCAKE_16, write_jsonl, write_text
+
+    write_jsonl(tmp_path, "m16.jsonl", MOONCAKE_16)
+    doc = {**BASE, "workload": {"trace": "m16.jsonl"}}
+    with pytest.raises(SchemaError, match=r"point 0 \(base\): .*m16.jsonl:1: 7 hash_ids for 100 prompt tokens.*"
+                                          r"--hash-granularity 16"):
+        load(write(tmp_path, doc))
+    doc["workload"]["hash_granularity"] = 16
+    assert load(write(tmp_path, doc))[1]
+    from kvplan.experiments.execute import build_trace
+    from kvplan.experiments.points import run_config
+
+    _, points = load(write(tmp_path, doc))
+    assert build_trace(run_config(points[0].config, 0)).hash_granularity == 16
+    write_text(tmp_path, "burst.csv", BURSTGPT_FAILED)
+    doc = {**BASE, "workload": {"trace": "burst.csv", "keep_failed": True}}
+    _, points = load(write(tmp_path, doc))
+    assert len(build_trace(run_config(points[0].config, 0))) == 5
 
 
 def test_the_cli_prints_one_line_and_exits_2(tmp_path, capsys):

@@ -343,3 +343,22 @@ def test_simulate_has_the_loaders_options(tmp_path, capsys):
     code, out, err = _cli(["simulate", "--trace", str(path), "--skip-bad", "--json"], capsys)
     assert code == 0 and json.loads(out)["summary"]["completed"] == 2
     assert "dropped 1 bad rows (--skip-bad), first at lines 3" in err
+
+
+# -- output files follow the umask ------------------------------------------------------------------------------
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_written_files_and_result_directories_follow_the_umask(tmp_path, umask):
+    import os
+
+    from kvplan.output import atomic_dir, write_atomic
+
+    old = os.umask(umask)
+    try:
+        write_atomic(tmp_path / "a" / "t.jsonl", "x\n")
+        with atomic_dir(tmp_path / "set") as tmp:
+            write_atomic(tmp / "summary.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a" / "t.jsonl").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert (tmp_path / "set").stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (tmp_path / "set" / "summary.json").stat().st_mode & 0o777 == 0o666 & ~umask
