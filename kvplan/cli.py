@@ -6,8 +6,10 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 
 from kvplan import __version__
+from kvplan.arg_types import OneLineParser
 
 # Verbs in the order `kvplan --help` lists them; later features add their module here.
 COMMANDS = ("run", "trace", "simulate", "generate", "replay", "calibrate", "validate", "bench")
@@ -16,7 +18,7 @@ ENGINE_PACKAGES = ("torch", "triton", "transformers", "accelerate", "gguf")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvplan", description="KV-cache capacity planner for LLM serving.")
+    parser = OneLineParser(prog="kvplan", description="KV-cache capacity planner for LLM serving.")
     parser.add_argument("--version", action="version", version=f"kvplan {__version__}")
     verbs = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
@@ -25,7 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) or a usage error (2, one line already printed)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
@@ -39,11 +44,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ModuleNotFoundError as exc:  # the light install: the command needs the live engine
         if (exc.name or "").split(".")[0] not in ENGINE_PACKAGES:
-            raise
+            return _bug(args.command)
         print(f"kvplan {args.command}: error: needs the live engine (module {exc.name!r} is not installed); "
               "install it with: pip install 'kvplan[engine]'", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path that cannot be read or written (permissions, a directory, a full disk)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kvplan {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"kvplan {args.command}: error: out of memory; allowed: a smaller run (fewer requests, blocks or "
+              "replicas)", file=sys.stderr)
+        return 1
+    except Exception:
+        return _bug(args.command)
 
+
+def _bug(command: str) -> int:
+    """Anything not caught above is a bug in kvplan: its traceback, and a line that says so."""
+    traceback.print_exc()
+    print(f"kvplan {command}: internal error (a bug in kvplan {__version__}, not in your input): please report it "
+          "with the traceback above", file=sys.stderr)
+    return 1
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from kvplan.arg_types import BLOCK_SIZE, BLOCKS, MAX_TOKENS, POSITIVE_TOKENS, TOKENS, integer
 from kvplan.live import EngineOptions
 from traces.specs import read_yaml
 
@@ -29,8 +30,8 @@ def parse_bytes(text: str) -> int:
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     d = EngineOptions()
-    p.add_argument("--block-size", type=int, default=d.block_size)
-    p.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: what --kv-cache-memory holds)")
+    p.add_argument("--block-size", type=BLOCK_SIZE, default=d.block_size)
+    p.add_argument("--num-blocks", type=BLOCKS, default=None, help="KV blocks (default: what --kv-cache-memory holds)")
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=d.kv_cache_memory, help="KV cache size, e.g. 64MiB")
     p.add_argument("--dtype", default=d.dtype, help="model dtype: bfloat16, float16 or float32")
     p.add_argument("--no-prefix-caching", action="store_true")
@@ -39,12 +40,12 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--victim", default=d.victim_policy, help="newest, lowest_priority or longest_remaining")
     p.add_argument("--schedule", default=d.schedule, help="mixed or prefill_first")
     p.add_argument("--swap-space", type=parse_bytes, default=d.swap_space, help="CPU swap space, e.g. 64MiB")
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    p.add_argument("--max-num-seqs", type=integer(1, 1_000_000), default=d.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=POSITIVE_TOKENS, default=d.max_num_batched_tokens)
     p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--sink-tokens", type=int, default=0)
-    p.add_argument("--window-tokens", type=int, default=0)
+    p.add_argument("--max-model-len", type=integer(2, MAX_TOKENS), default=None)
+    p.add_argument("--sink-tokens", type=TOKENS, default=0)
+    p.add_argument("--window-tokens", type=TOKENS, default=0)
 
 
 def options_from_args(args: argparse.Namespace) -> EngineOptions:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -65,23 +67,99 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         raise
 
 
+MANIFEST = "manifest.json"
+
+
 @contextlib.contextmanager
-def atomic_dir(out: str | Path) -> Iterator[Path]:
+def atomic_dir(out: str | Path, config: object = None) -> Iterator[Path]:
     """Build a result directory in a temporary sibling and swap it in whole on success: a crash leaves the old
-    result set (or none), never a mix of old and new files."""
+    result set (or none), never a mix of old and new files.
+
+    The last file written is `manifest.json` (every file with its size and SHA-256, the configuration and its
+    hash, the kvplan version): a directory without one is not a complete result set. Between the two renames
+    there is, for an instant, no set at OUT at all; never a mixed one.
+    """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    _remove_stale_siblings(out)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp"))
     tmp.chmod(0o777 & ~current_umask())  # as mkdir would make it, not mkdtemp's private 0700
     try:
         yield tmp
+        write_manifest(tmp, config)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    publish(tmp, out)
+
+
+def publish(staging: Path, out: Path) -> None:
+    """Swap a finished staging directory in as `out`, replacing whatever was there."""
     old = None
     if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        old = out.with_name(f".{out.name}.{os.getpid()}.old")
         os.replace(out, old)
-    os.replace(tmp, out)
+    os.replace(staging, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_manifest(folder: Path, config: object = None) -> dict:
+    """`manifest.json` in `folder`: what a reader checks to know the set is complete and whose it is."""
+    from kvplan import __version__
+
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    config_text = json.dumps(strict(config), sort_keys=True, default=str)
+    manifest = {
+        "kvplan_version": __version__, "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "config_sha256": hashlib.sha256(config_text.encode()).hexdigest(), "config": strict(config),
+        "files": [{"path": str(p.relative_to(folder)), "bytes": p.stat().st_size,
+                   "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in files],
+    }
+    write_atomic(folder / MANIFEST, json.dumps(manifest, indent=2, default=str, allow_nan=False))
+    return manifest
+
+
+def _remove_stale_siblings(out: Path) -> None:
+    """Staging and old directories that a killed process left beside `out` (their pid no longer runs)."""
+    for sibling in out.parent.glob(f".{out.name}.*"):
+        parts = sibling.name[len(out.name) + 2:].split(".")
+        if sibling.is_dir() and parts[0].isdigit() and not _alive(int(parts[0])):
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_out_dir(path: Path, flag: str = "--out") -> None:
+    """Before any work: `path` can become a result directory (it is not a file, and its parent can be made)."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag}: {path} exists and is not a directory; allowed: a directory path (a result set "
+                         "is replaced whole)")
+    _check_parent(path, flag)
+
+
+def check_out_file(path: str | Path, flag: str = "--out") -> None:
+    """Before any work: `path` can be written as a regular file (not a directory, a device or /dev/null)."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise ValueError(f"{flag}: {path} is {kind}; allowed: a regular file path")
+    _check_parent(path, flag)
+
+
+def _check_parent(path: Path, flag: str) -> None:
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag}: {path}: {parent} is not a directory; allowed: a path under a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag}: {path}: {parent} is not writable; allowed: a path you may write")

@@ -8,6 +8,8 @@ import argparse
 
 import yaml
 
+from kvplan.arg_types import POSITIVE, SECONDS, integer
+
 
 def add_load_options(parser: argparse.ArgumentParser, format_flag: str = "--format") -> None:
     from traces import FORMATS
@@ -16,11 +18,11 @@ def add_load_options(parser: argparse.ArgumentParser, format_flag: str = "--form
                         help="input format (default: detected from the content)")
     parser.add_argument("--skip-bad", action="store_true",
                         help="drop malformed rows (reported with their line numbers) instead of stopping")
-    parser.add_argument("--order-tolerance", type=float, default=1.0, metavar="S",
+    parser.add_argument("--order-tolerance", type=SECONDS, default=1.0, metavar="S",
                         help="seconds a timestamp may go backwards and still be sorted (default 1)")
     parser.add_argument("--keep-failed", action="store_true",
                         help="BurstGPT: keep failed requests (0 response tokens); the simulator rejects them, counted")
-    parser.add_argument("--hash-granularity", type=int, default=None, metavar="TOKENS",
+    parser.add_argument("--hash-granularity", type=integer(1, 1 << 20), default=None, metavar="TOKENS",
                         help="tokens per prefix hash, overriding the format's (Mooncake: 512, Qwen-Bailian: 16)")
 
 
@@ -32,7 +34,7 @@ def load_trace(path: str, args: argparse.Namespace):  # -> traces.Trace
 
 
 def add_arrival_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rate", type=float, default=None, metavar="R",
+    parser.add_argument("--rate", type=POSITIVE, default=None, metavar="R",
                         help="new Poisson arrivals at R requests/s (lengths kept): for length-only traces")
     parser.add_argument("--retime", metavar="YAML", default=None,
                         help="new arrivals keeping lengths, e.g. '{process: gamma, rate: 4, cv: 2}'")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,6 +14,7 @@ from sim.cost import CostModel
 from sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from sim.cost.calibrated import load_profile
 from sim.cost.recorded import RecordedCost, read_step_profile
+from sim.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
 from sim.metrics import kv_summary, summarize
 from sim.replica import SERIES_COLUMNS
 from sim.routers import make_router
@@ -190,16 +192,32 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
     return cache, sched
 
 
+def check_sizes(spec: SimSpec, num_blocks: int, span_s: float) -> float:
+    """Refuse, before anything is built, a run that would exhaust memory or sample every step; returns the
+    sample interval to use."""
+    if not 1 <= spec.replicas <= MAX_REPLICAS:
+        raise ValueError(f"--replicas: {spec.replicas}; allowed: an integer in 1..{MAX_REPLICAS}")
+    total = spec.replicas * (num_blocks + spec.num_cpu_blocks)
+    if total > MAX_BLOCKS:
+        raise ValueError(f"--num-blocks: {spec.replicas} replicas x ({num_blocks} + {spec.num_cpu_blocks} CPU) = "
+                         f"{total} KV blocks; allowed: at most {MAX_BLOCKS} in one simulation (one object per block "
+                         "in memory)")
+    interval = spec.sample_interval_s
+    if interval is None:
+        return max(span_s / 100.0, 1e-3)
+    shortest = span_s / MAX_SAMPLES
+    if not (math.isfinite(interval) and interval > 0 and interval >= shortest):
+        raise ValueError(f"--sample-interval: {interval!r} s over a {span_s:g} s trace; allowed: a number >= "
+                         f"{shortest:.3g} (at most {MAX_SAMPLES} samples; each one is a step off the fast path)")
+    return interval
+
+
 def simulate(trace: Trace, spec: SimSpec) -> SimResult:
     check_trace(trace)
     router = make_router(spec.router)
-    if spec.replicas < 1:
-        raise ValueError(f"--replicas: must be >= 1, got {spec.replicas}")
     cost, num_blocks = build_cost(spec)
+    interval = check_sizes(spec, num_blocks, float(trace.arrival_s[-1] - trace.arrival_s[0]))
     cache, config = build_configs(spec, trace, num_blocks)
-    interval = spec.sample_interval_s
-    if interval is None:
-        interval = max(float(trace.arrival_s[-1] - trace.arrival_s[0]) / 100.0, 1e-3)
     # A recorded cost prices steps one by one, by id; token times are recorded step by step.
     fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens
     cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,

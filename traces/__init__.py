@@ -7,10 +7,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traces.compression import METHODS, compression_of, decompression_errors
+from traces.compression import METHODS, compression_of, decompression_errors, open_binary
 from traces.detect import choose_format
 from traces.loaders import FORMATS, LoadOptions
 from traces.schema import LoadReport, RequestRecord, Trace, TraceFormatError
+
+
+def first_undecodable(path: str | Path) -> tuple[int, int, bytes]:
+    """(line, column, byte) of the first byte that is not UTF-8, in the decompressed content."""
+    with open_binary(path) as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return number, exc.start + 1, raw[exc.start:exc.start + 1]
+    return 1, 1, b""
 
 
 def load(path: str | Path, format: str | None = None, skip_bad: bool = False, *,
@@ -27,11 +38,17 @@ def load(path: str | Path, format: str | None = None, skip_bad: bool = False, *,
     opts = LoadOptions(skip_bad=skip_bad, order_tolerance_s=order_tolerance_s, keep_failed=keep_failed,
                        hash_granularity=hash_granularity)
     try:
-        return choose_format(path, format).load(path, opts)
-    except UnicodeDecodeError as exc:
-        raise TraceFormatError(f"{path}: not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at "
-                               f"offset {exc.start} of its content); allowed: UTF-8 CSV or JSONL, Parquet, "
-                               f"each optionally {'/'.join(METHODS)}-compressed") from None
+        try:
+            return choose_format(path, format).load(path, opts)
+        except UnicodeDecodeError:
+            line, column, byte = first_undecodable(path)
+            if not skip_bad or line == 1:  # the header or first record must be readable to know the format
+                raise TraceFormatError(f"{path}:{line}: not UTF-8 text (byte {byte!r} at column {column}); allowed: "
+                                       "UTF-8 text (--skip-bad drops such rows), optionally "
+                                       f"{'/'.join(METHODS)}-compressed") from None
+            # Read again with the bad bytes escaped: the rows holding them are dropped and counted as bad.
+            opts.decode_errors = "surrogateescape"
+            return choose_format(path, format).load(path, opts)
     except decompression_errors() as exc:
         method = compression_of(path)
         if method is None:

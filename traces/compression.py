@@ -42,10 +42,10 @@ def open_binary(path: str | Path) -> BinaryIO:
     return _zstd_reader(path)
 
 
-def open_text(path: str | Path) -> TextIO:
+def open_text(path: str | Path, errors: str = "strict") -> TextIO:
     """The decompressed content as UTF-8 text (a leading byte-order mark dropped), universal newlines off so
     that CSV quoting and line counting see the file's own line ends."""
-    return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="")
+    return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", errors=errors, newline="")
 
 
 def read_bytes(path: str | Path) -> bytes:

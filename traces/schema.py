@@ -8,18 +8,31 @@ the engine and the simulator build core requests from; `Trace.records()` yields 
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 NO_VALUE = -1  # session_id / turn when the source has none
+MAX_TOKENS = 10_000_000  # a prompt or an output: longer than any model's context
+MAX_ARRIVAL_S = 1e10  # ~300 years of trace: float64 seconds still resolve microseconds
 ARRAY_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "request_id", "session_id", "turn", "priority",
                 "n", "hash_ids", "hash_offsets")
 
 
 class TraceFormatError(ValueError):
     """Bad input: the message names the file and line (or the YAML key) and what is allowed."""
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 60, 60, 8, 4, 3
+
+
+def short_repr(value: object) -> str:
+    """A value as an error message quotes it: bounded however large the value (a YAML alias bomb expands to
+    millions of items; its full repr would be tens of MB, and slow to build)."""
+    return _SHORT.repr(value)
 
 
 @dataclass(slots=True)

@@ -66,6 +66,12 @@ class CacheConfig:
             raise ConfigError(f"cache.watermark: must be a fraction in [0, 1), got {self.watermark!r}")
         if self.sink_tokens and not self.window_tokens:
             raise ConfigError("cache.sink_tokens: needs cache.window_tokens > 0 (sinks only make sense with a window)")
+        if self.sink_tokens > self.window_tokens:
+            # StreamingLLM keeps a few sink tokens beside a much longer window (4 + 1020); more sinks than window
+            # is a swapped pair of settings, not a cache anyone means to plan.
+            raise ConfigError(f"cache.sink_tokens: {self.sink_tokens} exceeds cache.window_tokens "
+                              f"{self.window_tokens}; allowed: at most the window (typically 4 sinks beside a window "
+                              "of thousands)")
         if self.allocator != "paged":
             for key, on in (("enable_prefix_caching", self.enable_prefix_caching),
                             ("window_tokens", self.window_tokens), ("num_cpu_blocks", self.num_cpu_blocks)):

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from kvplan.arg_types import COUNT, POSITIVE, REPLICAS, SEED, integer, out_path
 from kvplan.output import format_table, print_json, write_atomic
 
 
@@ -16,8 +17,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
                    description="Paged allocation vs contiguous reservation (Max, Pow2, Oracle) on a ShareGPT-like "
                                "workload, and the wall time of one schedule+update cycle with 256 and 1024 running "
                                "decode requests.")
-    core.add_argument("--requests", type=int, default=600, help="requests in the memory workload (default 600)")
-    core.add_argument("--seed", type=int, default=0)
+    core.add_argument("--requests", type=COUNT, default=600, help="requests in the memory workload (default 600)")
+    core.add_argument("--seed", type=SEED, default=0)
     engine = _target(targets, _bench_engine, "engine",
                      help="live engine vs HF generate (static batches) and generate_batch",
                      description="The mixed workload (64 requests, prompts 32-512, outputs 16-256 tokens) on a random "
@@ -25,7 +26,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
                                  "static batches of 8 and 16, and HF continuous batching, plus the engine's KV "
                                  "token utilization. Takes minutes on CPU.")
     engine.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    engine.add_argument("--requests", type=int, default=64)
+    engine.add_argument("--requests", type=COUNT, default=64)
     sim = _target(
         targets, _bench_sim, "sim",
         help="simulator speed: the Azure conversation trace vs real time, a million requests on 16 replicas",
@@ -35,18 +36,19 @@ def register(verbs: argparse._SubParsersAction) -> None:
                     "synthetic workload of a million ShareGPT-like requests on 16 round-robin replicas, with its "
                     "wall time and the peak resident memory. Takes minutes.")
     sim.add_argument("--data", type=Path, default=None, help="shared data directory (default ../shared/data)")
-    sim.add_argument("--requests", type=int, default=1_000_000, help="synthetic requests (default 1,000,000)")
-    sim.add_argument("--replicas", type=int, default=16, help="replicas for the synthetic run (default 16)")
-    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--requests", type=integer(1, 10_000_000), default=1_000_000,
+                     help="synthetic requests (default 1,000,000)")
+    sim.add_argument("--replicas", type=REPLICAS, default=16, help="replicas for the synthetic run (default 16)")
+    sim.add_argument("--seed", type=SEED, default=0)
     kernels = _target(
         targets, _bench_kernels, "kernels", help="paged Triton kernels vs torch SDPA (needs a CUDA GPU)",
         description="Paged decode and prefill attention over a grid of batch sizes, context lengths and "
                     "block sizes 8-128, against torch SDPA on a contiguous cache: time, achieved HBM "
                     "bandwidth, fraction of the device's peak, and the ratio to SDPA. Writes the grid as CSV "
                     "for calibration. Without a CUDA GPU it says so and exits 0.")
-    kernels.add_argument("--csv", type=Path, default=Path("results/bench_kernels.csv"),
+    kernels.add_argument("--csv", type=out_path, default=Path("results/bench_kernels.csv"),
                          help="where to write the grid (default results/bench_kernels.csv)")
-    kernels.add_argument("--peak-gbps", type=float, default=None,
+    kernels.add_argument("--peak-gbps", type=POSITIVE, default=None,
                          help="peak HBM bandwidth in GB/s, overriding the built-in table of devices")
     trace_load = _target(
         targets, _bench_traces, "traces", help="loading a 1M-request trace against the 10 s / 1 GB budgets",
@@ -54,8 +56,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
                     "JSONL with 512-token hash_ids, load each with traces.load in a fresh process, and report "
                     "rows/s, wall seconds, the loaded Trace's array bytes and the load's peak RSS increase "
                     "(VmHWM), with ratios to the budgets (10 s, 1 GB).")
-    trace_load.add_argument("--rows", type=int, default=1_000_000, help="requests per file (default 1000000)")
-    trace_load.add_argument("--seed", type=int, default=0)
+    trace_load.add_argument("--rows", type=integer(1, 10_000_000), default=1_000_000,
+                            help="requests per file (default 1000000)")
+    trace_load.add_argument("--seed", type=SEED, default=0)
 
 
 def _target(targets: argparse._SubParsersAction, handler: Callable[[argparse.Namespace], int], name: str,

@@ -13,8 +13,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kvplan.arg_types import BLOCK_SIZE, SEED, integer, number, out_path
 from kvplan.engine_args import parse_bytes
-from kvplan.output import format_table, print_json, write_atomic
+from kvplan.output import check_out_file, format_table, print_json, write_atomic
 
 PHASE_NAMES = ("prefill", "decode", "mixed", "transfers")
 
@@ -22,23 +23,26 @@ PHASE_NAMES = ("prefill", "decode", "mixed", "transfers")
 def register(verbs: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("calibrate", help="fit a cost profile from the live engine", description=__doc__)
     p.add_argument("--model", required=True, help="smollm2-135m, llama-100m, tiny-llama or a local HF directory")
-    p.add_argument("--block-sizes", type=int, nargs="+", default=[8, 16, 32])
+    p.add_argument("--block-sizes", type=BLOCK_SIZE, nargs="+", default=[8, 16, 32])
     p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16, float16 or float32")
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=64 << 20,
                    help="KV cache size whose capacity in blocks the profile records, e.g. 64MiB")
     p.add_argument("--phases", nargs="+", default=list(PHASE_NAMES), choices=PHASE_NAMES)
-    p.add_argument("--repeats", type=int, default=1, help="recorded passes over each phase")
-    p.add_argument("--temperature", type=float, default=1.0,
+    p.add_argument("--repeats", type=integer(1, 100), default=1, help="recorded passes over each phase")
+    p.add_argument("--temperature", type=number(low=0), default=1.0,
                    help="sampling temperature of the designed requests: as the traffic samples (0: greedy)")
     p.add_argument("--device-name", default="cpu-local", help="the `device` the profile is for")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True, help="profile YAML (the plot goes beside it as .png)")
-    p.add_argument("--steps-out", type=Path, default=None, help="also keep every recorded step (JSONL)")
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--out", type=out_path, required=True, help="profile YAML (the plot goes beside it as .png)")
+    p.add_argument("--steps-out", type=out_path, default=None, help="also keep every recorded step (JSONL)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_out_file(args.out)
+    if args.steps_out is not None:
+        check_out_file(args.steps_out, "--steps-out")
     if args.repeats < 1:
         raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
     if not 0.0 <= args.temperature < float("inf"):

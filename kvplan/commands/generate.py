@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvplan.arg_types import BLOCK_SIZE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE_TOKENS, SEED, integer, number
+
 
 def register(verbs: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("generate", help="generate text with the live engine",
@@ -15,14 +17,14 @@ def register(verbs: argparse._SubParsersAction) -> None:
                                                           "tokenizer has a chat template")
     source.add_argument("--prompt-ids", action="append", help="a prompt as space-separated token ids (repeatable)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    p.add_argument("--n", type=int, default=1, help="parallel samples per prompt")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache bytes (CPU; default 512 MiB)")
+    p.add_argument("--n", type=integer(1, 1024), default=1, help="parallel samples per prompt")
+    p.add_argument("--max-tokens", type=POSITIVE_TOKENS, default=64)
+    p.add_argument("--temperature", type=number(low=0), default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=NON_NEGATIVE, default=0)
+    p.add_argument("--top-p", type=FRACTION, default=1.0)
+    p.add_argument("--seed", type=SEED, default=None)
+    p.add_argument("--block-size", type=BLOCK_SIZE, default=16)
+    p.add_argument("--kv-cache-memory", type=COUNT, default=None, help="KV cache bytes (CPU; default 512 MiB)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"],
                    help="default: cpu (fused C++ decode) on CPU when it builds, else torch; triton on CUDA")

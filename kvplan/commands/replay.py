@@ -5,18 +5,18 @@ simulate`, plus the step profile (steps.jsonl) that `kvplan validate --mode poli
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from kvplan.arg_types import POSITIVE, SEED, number, out_path
 from kvplan.commands.simulate import TABLE, write_tables
 from kvplan.engine_args import add_engine_arguments, options_from_args
-from kvplan.output import atomic_dir, format_table, json_text, print_json
+from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("replay", help="serve a trace on the live engine in real time", description=__doc__)
     add_trace_arguments(p)
     add_engine_arguments(p)
-    p.add_argument("--out", type=Path, required=True, help="result directory (replaced whole on success)")
+    p.add_argument("--out", type=out_path, required=True, help="result directory (replaced whole on success)")
     p.add_argument("--format", choices=["parquet", "csv"], default="parquet", help="table format")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
@@ -26,9 +26,9 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="smollm2-135m, llama-100m, tiny-llama or a local HF directory")
     p.add_argument("--trace", required=True, help="trace file (any format `kvplan trace` reads)")
     p.add_argument("--trace-format", default=None, help="trace format, when detection is not enough")
-    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the arrival rate (2: twice as fast)")
-    p.add_argument("--seed", type=int, default=0, help="prompt token ids and sampling")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (outputs keep the "
+    p.add_argument("--rate-scale", type=POSITIVE, default=1.0, help="multiply the arrival rate (2: twice as fast)")
+    p.add_argument("--seed", type=SEED, default=0, help="prompt token ids and sampling")
+    p.add_argument("--temperature", type=number(low=0), default=1.0, help="sampling temperature (outputs keep the "
                    "trace's lengths either way: ignore_eos)")
 
 
@@ -49,9 +49,11 @@ def load_trace(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from kvplan.live import replay
 
+    check_out_dir(args.out)
     trace = load_trace(args)
     options = options_from_args(args)
-    with atomic_dir(args.out) as out:
+    with atomic_dir(args.out, {"command": "replay", "model": args.model, "trace": str(args.trace),
+                               "options": options.llm_kwargs()}) as out:
         result, meta = replay(args.model, trace, options, seed=args.seed, temperature=args.temperature,
                               steps_path=out / "steps.jsonl")
         write_tables(result, out, args.format)

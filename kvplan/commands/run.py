@@ -8,14 +8,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvplan.output import format_table, print_json
+from kvplan.arg_types import integer, out_path
+from kvplan.output import check_out_dir, format_table, print_json
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("run", help="run a YAML capacity-planning experiment", description=__doc__)
     p.add_argument("experiment", help="experiment YAML, or example:NAME for a bundled example (experiments/)")
-    p.add_argument("--out", type=Path, default=None, help="result directory (default: results/NAME)")
-    p.add_argument("--workers", type=int, default=1, help="parallel worker processes (or Ray CPUs)")
+    p.add_argument("--out", type=out_path, default=None, help="result directory (default: results/NAME)")
+    p.add_argument("--workers", type=integer(1, 256), default=1, help="parallel worker processes (or Ray CPUs)")
     p.add_argument("--backend", choices=("local", "ray"), default="local")
     p.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local instance)")
     p.add_argument("--resume", action="store_true", help="reuse finished runs of an interrupted or earlier run")
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.experiments.runner import run_experiment
 
     out = args.out or Path("results") / exp.name
+    check_out_dir(out)
     outcome = run_experiment(exp, out, workers=args.workers, backend=args.backend, ray_address=args.ray_address,
                              resume=args.resume, progress=not args.quiet and not args.json, write=write_results)
     doc = (out / "result.json").read_text()

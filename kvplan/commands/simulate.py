@@ -7,7 +7,21 @@ import sys
 import time
 from pathlib import Path
 
-from kvplan.output import format_table, json_text, print_json, write_atomic
+from kvplan.arg_types import (
+    BLOCK_SIZE,
+    BLOCKS,
+    CPU_BLOCKS,
+    FRACTION,
+    MAX_TOKENS,
+    POSITIVE,
+    POSITIVE_TOKENS,
+    REPLICAS,
+    SEED,
+    TOKENS,
+    integer,
+    out_path,
+)
+from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json, write_atomic
 from kvplan.trace_options import UNTIMED_NOTE, add_arrival_options, add_load_options, load_trace, retime_spec
 
 TABLE = (("block", "block_size"), ("kv_blocks", "num_blocks"), ("done", "completed"),
@@ -23,9 +37,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", required=True, help="trace file (any format `kvplan trace` reads, plain or compressed)")
     add_load_options(p, "--trace-format")
     add_arrival_options(p)
-    p.add_argument("--clip-context", nargs="?", type=int, const=0, default=None, metavar="TOKENS",
+    p.add_argument("--clip-context", nargs="?", type=integer(2, MAX_TOKENS), const=0, default=None, metavar="TOKENS",
                    help="clip requests to TOKENS (default: max_model_len) instead of rejecting those beyond it")
-    p.add_argument("--seed", type=int, default=0, help="seed for --rate / --retime arrivals (default 0)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed for --rate / --retime arrivals (default 0)")
     p.add_argument("--model", default="llama-3-8b", help="built-in model spec or a path to an HF config.json")
     p.add_argument("--hardware", default="h100-sxm",
                    help="built-in hardware (a100-40gb, h100-sxm, l4, ...), or cpu-local: this kind of 2-core CPU "
@@ -33,25 +47,25 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--cost", default="analytic", help="cost model: analytic, calibrated (--profile P.yaml) or recorded "
                    "(--profile steps.jsonl of a live replay of this trace)")
     p.add_argument("--profile", default=None, help="calibrated profile YAML, or a replay's steps.jsonl")
-    p.add_argument("--block-size", type=int, nargs="+", default=[16],
+    p.add_argument("--block-size", type=BLOCK_SIZE, nargs="+", default=[16],
                    help="KV block size; several values run one simulation each and compare them")
-    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--replicas", type=REPLICAS, default=1)
     p.add_argument("--router", default="round_robin",
                    help="round_robin, least_outstanding, least_kv_usage or prefix_aware")
-    p.add_argument("--num-blocks", type=int, default=None, help="KV capacity in blocks (default: analytic estimate)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--num-blocks", type=BLOCKS, default=None, help="KV capacity in blocks (default: analytic estimate)")
+    p.add_argument("--gpu-memory-utilization", type=FRACTION, default=0.9)
     p.add_argument("--kv-dtype", default=None, help="KV cache dtype (float16, bfloat16, float8, int8, float32)")
     p.add_argument("--allocator", default="paged", help="paged, or a reservation baseline: max, pow2, oracle")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--eviction", default="lru", help="lru, fifo, lfu or s3fifo")
-    p.add_argument("--cpu-blocks", type=int, default=0, help="CPU swap space in blocks")
-    p.add_argument("--max-model-len", type=int, default=None,
+    p.add_argument("--cpu-blocks", type=CPU_BLOCKS, default=0, help="CPU swap space in blocks")
+    p.add_argument("--max-model-len", type=integer(2, MAX_TOKENS), default=None,
                    help="longest request served, at most the model's context (default: the shorter of the two "
                         "and the trace's longest request); longer requests are rejected and counted")
-    p.add_argument("--sink-tokens", type=int, default=0)
-    p.add_argument("--window-tokens", type=int, default=0)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--sink-tokens", type=TOKENS, default=0)
+    p.add_argument("--window-tokens", type=TOKENS, default=0)
+    p.add_argument("--max-num-batched-tokens", type=POSITIVE_TOKENS, default=2048)
+    p.add_argument("--max-num-seqs", type=integer(1, 1_000_000), default=256)
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--policy", default="fcfs", help="fcfs or priority")
     p.add_argument("--preemption", default="recompute", help="recompute or swap")
@@ -59,9 +73,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule", default="mixed",
                    help="mixed (decodes first, prefill chunks fill the budget: vLLM V1) or prefill_first (a step "
                         "of prefills runs alone: vLLM V0)")
-    p.add_argument("--sample-interval", type=float, default=None, help="seconds between time-series samples")
+    p.add_argument("--sample-interval", type=POSITIVE, default=None, help="seconds between time-series samples")
     p.add_argument("--no-fast-path", action="store_true", help="step by step (identical results, slower)")
-    p.add_argument("--out", type=Path, default=None, help="write the per-request table and time series here")
+    p.add_argument("--out", type=out_path, default=None, help="write the per-request table and time series here")
     p.add_argument("--format", choices=["parquet", "csv"], default="parquet", help="table format for --out")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
@@ -86,18 +100,23 @@ def spec_from_args(args: argparse.Namespace, block_size: int):
 def run(args: argparse.Namespace) -> int:
     from sim.run import check_trace, simulate
 
+    if args.out is not None:
+        check_out_dir(args.out)
     trace, notes = prepare_trace(args)
     check_trace(trace, str(args.trace))
-    runs = []
+    runs, results = [], []
     for block_size in args.block_size:
         start = time.perf_counter()
         result = simulate(trace, spec_from_args(args, block_size))
         wall = time.perf_counter() - start
-        if args.out is not None:
-            where = args.out / f"block{block_size}" if len(args.block_size) > 1 else args.out
-            write_tables(result, where, args.format)
+        results.append(result)
         runs.append({"block_size": block_size, "summary": result.summary,
                      "info": {**result.info, "wall_s": round(wall, 3)}})
+    if args.out is not None:  # one result set, swapped in whole: never half this run and half an earlier one
+        options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "handler"}
+        with atomic_dir(args.out, {"command": "simulate", "options": options}) as tmp:
+            for block_size, result in zip(args.block_size, results, strict=True):
+                write_tables(result, tmp / f"block{block_size}" if len(results) > 1 else tmp, args.format)
     notes += rejection_notes(runs[0]["info"], len(trace))
     if args.json:
         print_notes(notes)  # stderr: stdout stays one strict JSON object

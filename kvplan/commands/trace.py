@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvplan.output import format_table, print_json, write_atomic
+from kvplan.arg_types import BLOCK_SIZE, FRACTION, MAX_TOKENS, POSITIVE, SECONDS, SEED, integer
+from kvplan.output import check_out_file, format_table, print_json, write_atomic
 from kvplan.trace_options import add_load_options, load_trace, retime_spec
 from traces.io import KINDS
 
@@ -56,19 +57,20 @@ def _load_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _transform_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("transforms (applied in this order)")
-    group.add_argument("--window", nargs=2, type=float, metavar=("START_S", "END_S"),
+    group.add_argument("--window", nargs=2, type=SECONDS, metavar=("START_S", "END_S"),
                        help="keep arrivals in [START_S, END_S), re-based to 0")
-    group.add_argument("--sample", type=float, metavar="FRACTION", help="keep a random fraction of requests")
-    group.add_argument("--rate-scale", type=float, metavar="FACTOR",
+    group.add_argument("--sample", type=FRACTION, metavar="FRACTION", help="keep a random fraction of requests")
+    group.add_argument("--rate-scale", type=POSITIVE, metavar="FACTOR",
                        help="multiply the request rate (> 1 compresses time, < 1 stretches it)")
     group.add_argument("--retime", metavar="YAML",
                        help="new arrivals keeping lengths, e.g. '{process: gamma, rate: 4, cv: 2}'")
-    group.add_argument("--jitter", type=float, metavar="QUANTUM_S",
+    group.add_argument("--jitter", type=POSITIVE, metavar="QUANTUM_S",
                        help="spread timestamps quantized to QUANTUM_S (Mooncake: 3)")
-    group.add_argument("--clip-context", type=int, metavar="TOKENS", help="fit requests in a model's context")
-    group.add_argument("--expand-block", type=int, metavar="BLOCK",
+    group.add_argument("--clip-context", type=integer(2, MAX_TOKENS), metavar="TOKENS",
+                       help="fit requests in a model's context")
+    group.add_argument("--expand-block", type=BLOCK_SIZE, metavar="BLOCK",
                        help="re-express prefix hashes at this block size (must divide the granularity)")
-    group.add_argument("--seed", type=int, default=0,
+    group.add_argument("--seed", type=SEED, default=0,
                        help="seed for --sample, --retime and --jitter (default 0)")
 
 
@@ -101,7 +103,11 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from traces.io import kind_of
     from traces.stats import summarize
+
+    kind_of(args.out, args.to)
+    check_out_file(args.out, "out")
 
     trace = _transform(_load(args), args)
     kind = _write(trace, args.out, args.to)
@@ -113,6 +119,8 @@ def _synth(args: argparse.Namespace) -> int:
     from traces.stats import summarize
     from traces.synth import synthesize_file
 
+    if args.out:
+        check_out_file(args.out)
     trace = synthesize_file(args.spec)
     extra = {}
     if args.out:

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from kvplan.arg_types import integer, out_path
 from kvplan.commands.replay import add_trace_arguments, load_trace
 from kvplan.commands.simulate import write_tables
 from kvplan.engine_args import add_engine_arguments, load_configs, options_from_args
-from kvplan.output import atomic_dir, format_table, json_text, print_json
+from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json
 
 MODES = ("policy", "timing", "both")
 # The simulations a timing validation compares, beside the profile as calibrated: the profile scaled by a machine
@@ -40,11 +41,11 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default=None,
                    help="calibrated profile (default: the shipped cpu-local profile of --model, if any)")
     p.add_argument("--configs", default=None, help="YAML list of named configurations overriding the options")
-    p.add_argument("--repeats", type=int, default=2, help="live runs per configuration (the noise band)")
+    p.add_argument("--repeats", type=integer(1, 100), default=2, help="live runs per configuration (the noise band)")
     p.add_argument("--mode", choices=MODES, default="both")
     p.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
                    help="timing: skip the speed probe around each live run (and the speed-adjusted comparison)")
-    p.add_argument("--out", type=Path, required=True, help="result directory (replaced whole on success)")
+    p.add_argument("--out", type=out_path, required=True, help="result directory (replaced whole on success)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -68,6 +69,7 @@ def resolve_profile(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
+    check_out_dir(args.out)
     profile = resolve_profile(args)
     trace = load_trace(args)
     base = options_from_args(args)

@@ -11,6 +11,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from traces.schema import short_repr
+
 
 class SchemaError(ValueError):
     """A value in an experiment file is not allowed; the message starts with the key path."""
@@ -26,7 +28,7 @@ def check_mapping(value: object, path: str, allowed: Iterable[str]) -> dict:
     allowed = list(allowed)
     if not isinstance(value, dict):
         where = path or "the experiment"
-        raise SchemaError(f"{where}: must be a mapping with keys {', '.join(allowed)}, got {value!r}")
+        raise SchemaError(f"{where}: must be a mapping with keys {', '.join(allowed)}, got {short_repr(value)}")
     for key in value:
         if key not in allowed:
             where = f"{path}.{key}" if path else str(key)
@@ -69,16 +71,16 @@ class Field:
             raise SchemaError(f"{path}: must be set; allowed: {self.allowed()}")
         if self.kind == "choice":
             if value not in self.choices:
-                raise SchemaError(f"{path}: unknown value {value!r}; {did_you_mean(value, self.choices)}"
+                raise SchemaError(f"{path}: unknown value {short_repr(value)}; {did_you_mean(value, self.choices)}"
                                   f"allowed: {self.allowed()}")
             return value
         if self.kind == "bool":
             if not isinstance(value, bool):
-                raise SchemaError(f"{path}: must be true or false, got {value!r}")
+                raise SchemaError(f"{path}: must be true or false, got {short_repr(value)}")
             return value
         if self.kind == "str":
             if not isinstance(value, str) or not value:
-                raise SchemaError(f"{path}: must be a non-empty string, got {value!r}")
+                raise SchemaError(f"{path}: must be a non-empty string, got {short_repr(value)}")
             return value
         return self._number(value, path)
 
@@ -90,7 +92,7 @@ class Field:
         ok = ok and (self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
         ok = ok and (self.maximum is None or value <= self.maximum)
         if not ok:
-            raise SchemaError(f"{path}: must be {self.allowed()}, got {value!r}")
+            raise SchemaError(f"{path}: must be {self.allowed()}, got {short_repr(value)}")
         return int(value) if self.kind == "int" else float(value)
 
 

@@ -24,6 +24,7 @@ from kvplan.experiments.execute import execute_run, read_run
 from kvplan.experiments.points import expand, run_key
 from kvplan.experiments.schema import Experiment
 from kvplan.experiments.search import PointTask, slo_verdict
+from kvplan.output import publish, write_manifest
 
 
 class Finished:
@@ -218,9 +219,6 @@ def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str
             shutil.rmtree(stale, ignore_errors=True)
     if write is not None:
         write(exp, outcome, staging)
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(staging, out)
-    shutil.rmtree(old, ignore_errors=True)
+    write_manifest(staging, {"experiment": str(exp.source), "runs": sorted(outcome.runs)})
+    publish(staging, out)
     return outcome

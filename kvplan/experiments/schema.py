@@ -47,6 +47,7 @@ from kvplan.experiments.fields import Field, SchemaError, check_fields, check_ma
 from sim.metrics import SUMMARY_KEYS
 from sim.routers import ROUTERS
 from sim.specs.models import DTYPE_BYTES
+from traces.schema import short_repr
 
 TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "workload", "sweep", "search", "slo",
             "objective", "seeds", "repeats", "outputs")
@@ -202,10 +203,10 @@ def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list]]:
         for key, values in section.items():
             where = f"sweep.{kind}.{key}"
             if not isinstance(values, list) or not values:
-                raise SchemaError(f"{where}: must be a non-empty list of values, got {values!r}")
+                raise SchemaError(f"{where}: must be a non-empty list of values, got {short_repr(values)}")
             axes[kind][key] = [SWEEPABLE[key].check(v, f"{where}[{i}]") for i, v in enumerate(values)]
             if kind == "grid" and len(set(map(repr, axes[kind][key]))) != len(values):
-                raise SchemaError(f"{where}: lists a value twice: {values!r}")
+                raise SchemaError(f"{where}: lists a value twice: {short_repr(values)}")
     lengths = {len(v) for v in axes["zip"].values()}
     if len(lengths) > 1:
         raise SchemaError(f"sweep.zip: every list must have the same length, got "
@@ -247,10 +248,11 @@ def parse_search(doc: object, exp: Experiment) -> dict | None:
         for key in ("low", "high"):
             if not float(search[key]).is_integer():
                 raise SchemaError(f"search.{key}: min_replicas counts replicas: must be an integer, got "
-                                  f"{search[key]!r}")
+                                  f"{short_repr(search[key])}")
             search[key] = int(search[key])
     if search["low"] >= search["high"]:
-        raise SchemaError(f"search.low: must be below search.high ({search['high']!r}), got {search['low']!r}")
+        raise SchemaError(f"search.low: must be below search.high ({short_repr(search['high'])}), got "
+                          f"{short_repr(search['low'])}")
     return search
 
 
@@ -261,8 +263,8 @@ def parse_seeds(doc: dict) -> list[int]:
         return list(range(Field("int", minimum=1, maximum=1000).check(doc["repeats"], "repeats")))
     seeds = doc.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds:
-        raise SchemaError(f"seeds: must be a non-empty list of integers >= 0, got {seeds!r}")
+        raise SchemaError(f"seeds: must be a non-empty list of integers >= 0, got {short_repr(seeds)}")
     out = [Field("int", minimum=0).check(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
     if len(set(out)) != len(out):
-        raise SchemaError(f"seeds: lists a seed twice: {seeds!r}")
+        raise SchemaError(f"seeds: lists a seed twice: {short_repr(seeds)}")
     return out

@@ -31,7 +31,7 @@ def configs(draw, pressure: bool = False) -> tuple[CacheConfig, SchedulerConfig]
     window = sink = 0
     if paged and num_blocks >= 3 and draw(st.booleans()):
         window = draw(st.integers(1, (num_blocks - 2) * bs))
-        sink = draw(st.integers(0, bs))
+        sink = draw(st.integers(0, min(bs, window)))
         if -(-sink // bs) + -(-window // bs) + 1 > num_blocks:
             sink = 0
     longest = num_blocks * bs if not window else 3 * num_blocks * bs

@@ -21,4 +21,4 @@ def test_bench_traces_reports_both_loads(capsys):
     assert main(["bench", "traces", "--rows", "40"]) == 0
     assert "mooncake_jsonl" in capsys.readouterr().out
     assert main(["bench", "traces", "--rows", "0"]) == 2
-    assert "--rows must be >= 1" in capsys.readouterr().err
+    assert "argument --rows: 0; allowed: an integer >= 1" in capsys.readouterr().err

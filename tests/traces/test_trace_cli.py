@@ -70,6 +70,5 @@ def test_bad_synth_spec_names_the_key(tmp_path, capsys):
 
 @pytest.mark.parametrize("action", ["stats", "convert", "synth"])
 def test_every_action_has_help(action, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["trace", action, "--help"])
-    assert exit_info.value.code == 0 and "usage: kvplan trace" in capsys.readouterr().out
+    assert main(["trace", action, "--help"]) == 0
+    assert "usage: kvplan trace" in capsys.readouterr().out

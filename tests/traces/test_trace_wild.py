@@ -150,7 +150,7 @@ def test_truncated_archive_and_binary_garbage_are_one_line_errors(tmp_path, caps
     garbage = tmp_path / "t.csv"
     garbage.write_bytes(b"\x8b\x00\xff\xfeTIMESTAMP\n\xff\xff,1,2\n")
     code, _, err = _cli(["trace", "stats", str(garbage)], capsys)
-    assert code == 2 and f"{garbage}: not UTF-8 text" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and f"{garbage}:1: not UTF-8 text" in err and len(err.strip().splitlines()) == 1
 
 
 # -- a CSV without a header ------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pandas as pd
 from traces.compression import compression_of, read_bytes
 from traces.loaders.rows import Rows, object_column, read_csv
 from traces.loaders.spec import Field, Format, jsonl_format
-from traces.schema import NO_VALUE
+from traces.schema import NO_VALUE, TraceFormatError
 
 FIELDS = (
     Field("request_id", "request_id"),
@@ -38,16 +38,20 @@ def _split_hashes(text: object) -> object:
         return text
 
 
-def read_native_csv(path: str | Path) -> Rows:
-    rows = read_csv(path)
+def read_native_csv(path: str | Path, errors: str = "strict") -> Rows:
+    rows = read_csv(path, errors)
     if HASHES in rows.fields:
         rows.fields[HASHES] = object_column([_split_hashes(v) for v in rows.fields[HASHES]])
     return rows
 
 
-def read_parquet(path: str | Path) -> Rows:
-    """Rows of a Parquet file; 'line' numbers are 1-based row numbers."""
+def read_parquet(path: str | Path, errors: str = "strict") -> Rows:
+    """Rows of a Parquet file; 'line' numbers are 1-based row numbers. (Parquet strings are UTF-8 by the
+    format's definition: `errors` is accepted for the reader interface only.)"""
     frame = pd.read_parquet(path if compression_of(path) is None else io.BytesIO(read_bytes(path)))
+    for name in frame.columns:
+        if frame[name].dtype == bool:
+            raise TraceFormatError(f"{path}: column {name!r} holds booleans; allowed: numbers")
     fields = {name: frame[name].to_numpy(dtype=object) for name in frame.columns}
     for name, values in fields.items():  # pandas reads integer columns with nulls as floats with NaN
         fields[name] = np.where(pd.isna(values), None, values) if name != HASHES else values

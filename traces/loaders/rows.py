@@ -7,6 +7,7 @@ trace's `LoadReport` (never silently).
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 from array import array
@@ -16,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.compression import compression_of, open_text, read_bytes
-from traces.schema import LoadReport, Trace, TraceFormatError, gather_segments, offsets_from_counts
+from traces.compression import open_text, read_bytes
+from traces.schema import LoadReport, Trace, TraceFormatError, gather_segments, offsets_from_counts, short_repr
 
 EXTRA_FIELDS = 8  # a CSV row may carry this many fields beyond its header before pandas itself gives up
 SHOWN_BAD_LINES = 5
@@ -167,28 +168,29 @@ def _compact(value: object) -> object:
     return value
 
 
-def _short(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
+def _short(value: object) -> str:
+    return short_repr(value)
 
 
-def read_csv(path: str | Path) -> Rows:
-    """All fields as strings, one row per non-blank line, keeping each row's line number."""
+def read_csv(path: str | Path, errors: str = "strict") -> Rows:
+    """All fields as strings, one row per non-blank line, keeping each row's line number (a quoted field may
+    span lines: then each row is numbered by the line it starts on)."""
     path = str(path)
-    with open_text(path) as f:
+    with open_text(path, errors) as f:
         first = f.readline()
     header = [h.strip() for h in first.rstrip("\r\n").split(",")]
     check_header(path, header)
     names = header + [f"__extra{i}" for i in range(EXTRA_FIELDS)]
-    # A compressed file is decompressed here, whole: pandas' own decompression reads a truncated archive as a
-    # shorter file and blames its last row; this raises the decompressor's error instead.
-    source = path if compression_of(path) is None else io.BytesIO(read_bytes(path))
+    # Read whole, once: a compressed file is decompressed here (pandas' own decompression reads a truncated
+    # archive as a shorter file and blames its last row), and the bytes tell whether any field is quoted.
+    data = read_bytes(path)
     try:
-        frame = pd.read_csv(source, header=None, skiprows=1, names=names, dtype=str, keep_default_na=False,
-                            skip_blank_lines=False, encoding="utf-8-sig")
+        frame = pd.read_csv(io.BytesIO(data), header=None, skiprows=1, names=names, dtype=str,
+                            keep_default_na=False, skip_blank_lines=False, encoding="utf-8-sig",
+                            encoding_errors=errors)
     except pd.errors.ParserError as exc:
         raise TraceFormatError(f"{path}: {exc}; allowed: the header's {len(header)} fields per row") from exc
-    line = np.arange(2, len(frame) + 2, dtype=np.int64)
+    line = _record_lines(data, errors, len(frame)) if b'"' in data else np.arange(2, len(frame) + 2, dtype=np.int64)
     cells = frame.to_numpy(dtype=object)
     filled = cells != ""
     blank = ~filled.any(axis=1) if len(frame) else np.zeros(0, dtype=bool)
@@ -197,7 +199,27 @@ def read_csv(path: str | Path) -> Rows:
     for j, name in enumerate(header):
         rows.fields[name] = np.where(filled[:, j], cells[:, j], None)
     rows.flag(filled[:, len(header):].any(axis=1), f"more fields than the header's {len(header)}")
+    if errors != "strict":
+        escaped = np.zeros(len(rows), dtype=bool)
+        for j in range(cells.shape[1]):
+            escaped |= pd.Series(cells[:, j], dtype=object).str.contains("[\udc80-\udcff]", regex=True).fillna(
+                False).to_numpy(dtype=bool)
+        rows.flag(escaped, "not UTF-8 text; allowed: UTF-8")
     return rows
+
+
+def _record_lines(data: bytes, errors: str, expected: int) -> np.ndarray:
+    """The line each data record starts on, by Python's csv reader (it counts the lines inside quoted fields)."""
+    text = data.decode("utf-8-sig", errors)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    next(reader, None)  # the header
+    starts, previous = [], reader.line_num
+    for _ in reader:
+        starts.append(previous + 1)
+        previous = reader.line_num
+    if len(starts) != expected:  # the two parsers disagree on what a record is: keep pandas' rows, count lines
+        return np.arange(2, expected + 2, dtype=np.int64)
+    return np.array(starts, dtype=np.int64)
 
 
 class MissingHeader(TraceFormatError):
@@ -236,8 +258,11 @@ def header_is_data(header: list[str]) -> bool:
     return bool(header) and all(value(h) for h in header)
 
 
-def read_jsonl(path: str | Path) -> Rows:
-    """One JSON object per non-blank line, gathered straight into columns (no per-row dicts kept)."""
+def read_jsonl(path: str | Path, errors: str = "strict") -> Rows:
+    """One JSON object per non-blank line, gathered straight into columns (no per-row dicts kept).
+
+    `errors="surrogateescape"` (the --skip-bad retry after a decode error) reads lines that are not UTF-8 and
+    marks them bad instead of stopping at them."""
     path = str(path)
     columns: dict[str, list] = {}
     lines: list[int] = []
@@ -247,13 +272,17 @@ def read_jsonl(path: str | Path) -> Rows:
     # spends most of its load in this loop.
     same_keys: tuple[str, ...] | None = None
     same_columns: list[list] = []
-    with open_text(path) as f:
+    with open_text(path, errors) as f:
         for number, text in enumerate(f, start=1):
             if not text or text.isspace():  # what `not text.strip()` tests, without copying the line
                 continue
             row = len(lines)
             lines.append(number)
             obj = _parse_line(text)
+            if isinstance(obj, dict) and ("true" in text or "false" in text):  # rare: look for booleans
+                obj = _without_booleans(obj)
+            if isinstance(obj, dict) and errors != "strict" and not text.isascii() and not _is_utf8(text):
+                obj = "not UTF-8 text; allowed: UTF-8"
             if isinstance(obj, str):
                 obj, problems[row] = {}, obj
             keys = tuple(obj)
@@ -272,6 +301,22 @@ def read_jsonl(path: str | Path) -> Rows:
     header = list(columns)
     fields = {k: object_column(v) for k, v in columns.items()}
     return Rows(path, header, np.array(lines, dtype=np.int64), fields, problems)
+
+
+def _without_booleans(obj: dict) -> dict | str:
+    """The problem when a value is a JSON boolean (or a list holding one): `true` is not the number 1."""
+    for key, value in obj.items():
+        if type(value) is bool or (type(value) is list and any(type(v) is bool for v in value)):
+            return f"{key} {_short(value)} is a boolean; allowed: numbers (and lists of integers)"
+    return obj
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: bytes that were not UTF-8, escaped by surrogateescape
+        return False
+    return True
 
 
 def _parse_line(text: str) -> dict | str:
@@ -313,6 +358,7 @@ class LoadOptions:
     order_tolerance_s: float = 1.0  # how far a timestamp may fall behind an earlier one and still be sorted
     keep_failed: bool = False  # BurstGPT: keep failed requests (0 response tokens)
     hash_granularity: int | None = None  # tokens per prefix hash, overriding what the format states
+    decode_errors: str = "strict"  # "surrogateescape": rows that are not UTF-8 become bad rows (--skip-bad)
 
 
 def finish(rows: Rows, columns: dict[str, np.ndarray], opts: LoadOptions, report: LoadReport, *,
@@ -370,16 +416,59 @@ def _check_unique(rows: Rows, ids: np.ndarray) -> None:
 
 
 def _check_order(rows: Rows, arrival: np.ndarray, tolerance_s: float) -> None:
-    """Flag rows whose timestamp falls more than the tolerance behind an earlier row's."""
+    """Flag the rows whose timestamp is out of order by more than the tolerance; the rest is sorted later.
+
+    Which rows are to blame: the longest run of rows already in order (a longest non-decreasing subsequence,
+    the earliest rows preferred) is the trace; a row outside it is flagged when it falls more than the
+    tolerance behind that run's rows before it, or jumps more than the tolerance ahead of its rows after it.
+    So one early outlier (a timestamp far in the future) is the one row blamed, not every row after it.
+    """
     ok = rows.ok() & np.isfinite(arrival)
     valid = np.flatnonzero(ok)
     if len(valid) < 2:
         return
     times = arrival[valid]
     latest_before = np.maximum.accumulate(np.concatenate(([times[0]], times[:-1])))
-    behind = latest_before - times
-    late = valid[behind > tolerance_s]
-    lag = dict(zip(valid, behind, strict=True))
-    rows.flag(np.isin(np.arange(len(rows)), late),
-              lambda r: f"timestamp goes backwards by {lag[r]:.6g} s; allowed: at most {tolerance_s:g} s "
-                        "(--order-tolerance)")
+    if not (latest_before - times > tolerance_s).any():  # the usual file: nothing to blame, no search needed
+        return
+    in_order = _earliest_longest_ordered(times)
+    before = np.maximum.accumulate(np.where(in_order, times, -np.inf))
+    before = np.concatenate(([-np.inf], before[:-1]))
+    after = np.minimum.accumulate(np.where(in_order, times, np.inf)[::-1])[::-1]
+    after = np.concatenate((after[1:], [np.inf]))
+    behind, ahead = before - times, times - after
+    late = ~in_order & (behind > tolerance_s)
+    early = ~in_order & ~late & (ahead > tolerance_s)
+    lag = dict(zip(valid.tolist(), behind.tolist(), strict=True))
+    lead = dict(zip(valid.tolist(), ahead.tolist(), strict=True))
+    allowed = f"allowed: at most {tolerance_s:g} s (--order-tolerance)"
+    rows.flag(np.isin(np.arange(len(rows)), valid[late]),
+              lambda r: f"timestamp goes backwards by {lag[r]:.6g} s; {allowed}")
+    rows.flag(np.isin(np.arange(len(rows)), valid[early]),
+              lambda r: f"timestamp jumps {lead[r]:.6g} s ahead of the rows after it; {allowed}")
+
+
+def _earliest_longest_ordered(times: np.ndarray) -> np.ndarray:
+    """Mask of a longest non-decreasing subsequence of `times`, the lexicographically earliest one.
+
+    longest[i] = the longest such run starting at i (patience sorting from the right, O(n log n)); then, left
+    to right, take each row that can still start a run of the remaining length."""
+    import bisect
+
+    n = len(times)
+    longest = np.empty(n, dtype=np.int64)
+    tails: list[float] = []  # tails[k]: the largest -time a run of length k + 1 can start with, seen so far
+    for i in range(n - 1, -1, -1):
+        x = -float(times[i])
+        k = bisect.bisect_right(tails, x)
+        if k == len(tails):
+            tails.append(x)
+        else:
+            tails[k] = x
+        longest[i] = k + 1
+    keep = np.zeros(n, dtype=bool)
+    need, last = len(tails), -np.inf
+    for i in range(n):
+        if need and longest[i] == need and times[i] >= last:
+            keep[i], need, last = True, need - 1, times[i]
+    return keep

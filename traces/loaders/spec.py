@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from traces.loaders.rows import LoadOptions, MissingHeader, Rows, finish, read_csv, read_jsonl
-from traces.schema import LoadReport, Trace, TraceFormatError
+from traces.schema import MAX_ARRIVAL_S, MAX_TOKENS, LoadReport, Trace, TraceFormatError
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,7 +68,7 @@ class Format:
 
     def load(self, path: str | Path, opts: LoadOptions) -> Trace:
         try:
-            rows = self.reader(path)
+            rows = self.reader(path, opts.decode_errors)
         except MissingHeader as exc:
             raise TraceFormatError(exc.message(f"the {self.name} header {self.layout}")) from None
         rows.require(self.required, self.layout)
@@ -143,13 +143,42 @@ def suggest_granularity(counts: np.ndarray, prompt: np.ndarray, exact: bool) -> 
     return f"; this file's counts fit {best}-token hashes (--hash-granularity {best})"
 
 
+# Upper bounds per Trace column, so that nothing wraps or rounds silently on the way to int64 and float64: token
+# counts beyond any model's context (1e30 would wrap to a negative int64), ids beyond 2^53 (two ids above it can
+# read as the same float64), arrivals beyond 1e10 s (~300 years; past that float64 seconds lose microseconds,
+# and at 1e27 every TTFT rounds to 0).
+EXACT_IDS = 2**53
+MAXIMA = {"prompt_tokens": (MAX_TOKENS, "longer than any model's context"),
+          "output_tokens": (MAX_TOKENS, "longer than any model's context"),
+          "request_id": (EXACT_IDS, "ids are exact only up to 2^53"),
+          "session_id": (EXACT_IDS, "ids are exact only up to 2^53"),
+          "_parent": (EXACT_IDS, "ids are exact only up to 2^53"),
+          "turn": (EXACT_IDS, "ids are exact only up to 2^53"),
+          "priority": (EXACT_IDS, "exact only up to 2^53"),
+          "n": (1024, "parallel samples of one request"),
+          "arrival_s": (MAX_ARRIVAL_S, "float64 seconds keep microseconds only up to there")}
+
+
 def parse(rows: Rows, f: Field) -> np.ndarray:
     if f.kind == "datetime":
         return rows.datetime(f.source)
     if f.kind == "label":
         return rows.label(f.source, missing_value=int(f.default if f.default is not None else -1))
     values = rows.number(f.source, integer=f.integer, minimum=f.minimum, default=f.default)
-    return values / f.per_second if f.per_second != 1.0 else values
+    values = values / f.per_second if f.per_second != 1.0 else values
+    if f.column in MAXIMA:
+        limit, why = MAXIMA[f.column]
+        with np.errstate(invalid="ignore"):
+            too_large = rows.ok() & (np.abs(values) > limit)
+        raw = rows.fields.get(f.source)
+        rows.flag(too_large, lambda r: f"{f.source} {_short_value(raw[r])} is out of range; allowed: at most "
+                                       f"{limit * f.per_second:g} ({why})")
+    return values
+
+
+def _short_value(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def uniform_granularity(rows: Rows, per_row: np.ndarray | None) -> int:
