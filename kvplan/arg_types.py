@@ -16,8 +16,11 @@ from sim.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_TOKENS
 
 
 def _describe(kind: str, low: float | None, high: float | None, above: float | None) -> str:
-    bounds = [f">= {low:g}" if low is not None else "", f"> {above:g}" if above is not None else "",
-              f"<= {high:g}" if high is not None else ""]
+    def show(x: float) -> str:
+        return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+    bounds = [f">= {show(low)}" if low is not None else "", f"> {show(above)}" if above is not None else "",
+              f"<= {show(high)}" if high is not None else ""]
     return " ".join([kind, " and ".join(b for b in bounds if b)]).strip()
 
 

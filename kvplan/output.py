@@ -120,6 +120,25 @@ def write_manifest(folder: Path, config: object = None) -> dict:
     return manifest
 
 
+def verify_result_set(folder: str | Path) -> dict:
+    """The manifest of a complete result set, after checking that every file it lists is there with its size and
+    hash and that nothing else is; raises ValueError naming what is wrong (no manifest: an incomplete set)."""
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{folder}: no {MANIFEST}: not a complete result set") from None
+    listed = {f["path"]: f for f in manifest["files"]}
+    present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST}
+    if present != set(listed):
+        raise ValueError(f"{folder}: files differ from {MANIFEST}: {sorted(present ^ set(listed))[:5]}")
+    for name, entry in listed.items():
+        data = (folder / name).read_bytes()
+        if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise ValueError(f"{folder}: {name} does not match {MANIFEST}")
+    return manifest
+
+
 def _remove_stale_siblings(out: Path) -> None:
     """Staging and old directories that a killed process left beside `out` (their pid no longer runs)."""
     for sibling in out.parent.glob(f".{out.name}.*"):

@@ -61,7 +61,8 @@ def _zstd_reader(path: str | Path) -> BinaryIO:
                                "(pip install zstandard), or decompress it first") from None
     raw = open(path, "rb")  # noqa: SIM115 -- the reader owns and closes it (closefd)
     # read_across_frames: a file made of several concatenated frames (zstd -c a b > f) reads whole.
-    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+    return io.BufferedReader(reader)  # lines and peeking, which the bare reader lacks
 
 
 def decompression_errors() -> tuple[type[BaseException], ...]:

@@ -12,7 +12,7 @@ import io
 import json
 from pathlib import Path
 
-from traces.compression import compression_of, open_binary, open_text, read_bytes
+from traces.compression import compression_of, open_binary, read_bytes
 from traces.loaders import FORMATS, Format
 from traces.loaders.rows import MissingHeader, check_header
 from traces.schema import TraceFormatError
@@ -24,8 +24,22 @@ def choose_format(path: str | Path, name: str | None = None) -> Format:
     if name is not None:
         if name not in FORMATS:
             raise TraceFormatError(f"unknown trace format {name!r}; allowed: {', '.join(FORMATS)}")
-        return FORMATS[name]
+        fmt = FORMATS[name]
+        kind = _kind(Path(path))
+        if kind != fmt.kind:
+            raise TraceFormatError(f"{path}: format {name} reads {fmt.kind.upper()}, but this file is "
+                                   f"{kind.upper()}; allowed: a {fmt.kind.upper()} file, or another --format")
+        return fmt
     return detect(path)
+
+
+def _kind(path: Path) -> str:
+    with open_binary(path) as f:
+        if f.read(4) == PARQUET_MAGIC:
+            return "parquet"
+    with open_binary(path) as f:
+        raw = next((line for line in f if line.strip()), b"")
+    return "jsonl" if raw.lstrip().startswith(b"{") else "csv"
 
 
 def detect(path: str | Path) -> Format:
@@ -60,8 +74,9 @@ def _sniff(path: Path) -> tuple[str, set[str]]:
         # Parquet's footer is at the end: a compressed file is decompressed whole (it is read whole anyway).
         source = path if compression_of(path) is None else io.BytesIO(read_bytes(path))
         return "parquet", set(pq.read_schema(source).names)
-    with open_text(path) as f:
-        first = next((line for line in f if line.strip()), "")
+    with open_binary(path) as f:  # the first line alone: a bad byte further on is the loader's to report
+        raw = next((line for line in f if line.strip()), b"")
+    first = raw.decode("utf-8-sig")  # not UTF-8: the loader names the line (traces.load)
     if first.lstrip().startswith("{"):
         try:
             return "jsonl", set(json.loads(first))

@@ -106,8 +106,8 @@ def _convert(args: argparse.Namespace) -> int:
     from traces.io import kind_of
     from traces.stats import summarize
 
-    kind_of(args.out, args.to)
     check_out_file(args.out, "out")
+    kind_of(args.out, args.to)
 
     trace = _transform(_load(args), args)
     kind = _write(trace, args.out, args.to)

@@ -46,6 +46,10 @@ class Rows:
 
     def require(self, names: list[str], layout: str) -> None:
         missing = [n for n in names if n not in self.fields]
+        if missing and self.problems and len(self.problems) == len(self):
+            # Not one row could be read (invalid JSON everywhere): that, not the columns, is the news.
+            first = min(self.problems)
+            raise TraceFormatError(f"{self.path}:{self.line[first]}: {self.problems[first]}")
         if missing:
             raise TraceFormatError(f"{self.path}:1: missing column {', '.join(map(repr, missing))}; "
                                    f"found {', '.join(self.header) or 'nothing'}; allowed: {layout}")
@@ -185,11 +189,13 @@ def read_csv(path: str | Path, errors: str = "strict") -> Rows:
     # archive as a shorter file and blames its last row), and the bytes tell whether any field is quoted.
     data = read_bytes(path)
     try:
-        frame = pd.read_csv(io.BytesIO(data), header=None, skiprows=1, names=names, dtype=str,
-                            keep_default_na=False, skip_blank_lines=False, encoding="utf-8-sig",
-                            encoding_errors=errors)
+        # Escaped bytes (the --skip-bad retry) cannot live in pandas' Arrow strings: plain objects then.
+        frame = pd.read_csv(io.BytesIO(data), header=None, skiprows=1, names=names,
+                            dtype=str if errors == "strict" else object, keep_default_na=False,
+                            skip_blank_lines=False, encoding="utf-8-sig", encoding_errors=errors)
     except pd.errors.ParserError as exc:
-        raise TraceFormatError(f"{path}: {exc}; allowed: the header's {len(header)} fields per row") from exc
+        problem = " ".join(str(exc).split())  # pandas' message spans lines
+        raise TraceFormatError(f"{path}: {problem}; allowed: the header's {len(header)} fields per row") from None
     line = _record_lines(data, errors, len(frame)) if b'"' in data else np.arange(2, len(frame) + 2, dtype=np.int64)
     cells = frame.to_numpy(dtype=object)
     filled = cells != ""
@@ -279,12 +285,14 @@ def read_jsonl(path: str | Path, errors: str = "strict") -> Rows:
             row = len(lines)
             lines.append(number)
             obj = _parse_line(text)
-            if isinstance(obj, dict) and ("true" in text or "false" in text):  # rare: look for booleans
-                obj = _without_booleans(obj)
-            if isinstance(obj, dict) and errors != "strict" and not text.isascii() and not _is_utf8(text):
-                obj = "not UTF-8 text; allowed: UTF-8"
             if isinstance(obj, str):
                 obj, problems[row] = {}, obj
+            elif errors != "strict" and not text.isascii() and not _is_utf8(text):
+                problems[row] = "not UTF-8 text; allowed: UTF-8"
+            elif "true" in text or "false" in text:  # rare: look for booleans (the row keeps its columns)
+                problem = _boolean_problem(obj)
+                if problem:
+                    problems[row] = problem
             keys = tuple(obj)
             if keys == same_keys:
                 for column, value in zip(same_columns, obj.values(), strict=True):
@@ -303,12 +311,13 @@ def read_jsonl(path: str | Path, errors: str = "strict") -> Rows:
     return Rows(path, header, np.array(lines, dtype=np.int64), fields, problems)
 
 
-def _without_booleans(obj: dict) -> dict | str:
+def _boolean_problem(obj: dict) -> str | None:
     """The problem when a value is a JSON boolean (or a list holding one): `true` is not the number 1."""
     for key, value in obj.items():
         if type(value) is bool or (type(value) is list and any(type(v) is bool for v in value)):
-            return f"{key} {_short(value)} is a boolean; allowed: numbers (and lists of integers)"
-    return obj
+            what = "holds a boolean" if type(value) is list else "is a boolean"
+            return f"{key} {_short(value)} {what}; allowed: numbers (and lists of integers)"
+    return None
 
 
 def _is_utf8(text: str) -> bool:

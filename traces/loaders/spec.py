@@ -147,7 +147,7 @@ def suggest_granularity(counts: np.ndarray, prompt: np.ndarray, exact: bool) -> 
 # counts beyond any model's context (1e30 would wrap to a negative int64), ids beyond 2^53 (two ids above it can
 # read as the same float64), arrivals beyond 1e10 s (~300 years; past that float64 seconds lose microseconds,
 # and at 1e27 every TTFT rounds to 0).
-EXACT_IDS = 2**53
+EXACT_IDS = 2**53 - 1
 MAXIMA = {"prompt_tokens": (MAX_TOKENS, "longer than any model's context"),
           "output_tokens": (MAX_TOKENS, "longer than any model's context"),
           "request_id": (EXACT_IDS, "ids are exact only up to 2^53"),
@@ -171,8 +171,10 @@ def parse(rows: Rows, f: Field) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             too_large = rows.ok() & (np.abs(values) > limit)
         raw = rows.fields.get(f.source)
+        shown = limit * f.per_second
+        shown = f"{int(shown)}" if float(shown).is_integer() and shown < 1e16 else f"{shown:g}"
         rows.flag(too_large, lambda r: f"{f.source} {_short_value(raw[r])} is out of range; allowed: at most "
-                                       f"{limit * f.per_second:g} ({why})")
+                                       f"{shown} ({why})")
     return values
 
 
