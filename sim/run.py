@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,7 @@ from sim.metrics import kv_summary, summarize
 from sim.replica import SERIES_COLUMNS
 from sim.routers import make_router
 from sim.specs.hardware import get_hardware
-from sim.specs.models import DTYPE_BYTES, get_model
+from sim.specs.models import DTYPE_BYTES, MODELS, get_model
 from sim.specs.profiles import PROFILED_DEVICES, shipped_profile
 from traces import Trace
 
@@ -129,10 +130,9 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
 def model_context(name: str) -> int | None:
     """The context length of a model spec (built in, or a config.json's), or None when it states none. A
     calibrated or recorded cost may name a model only as a label: then nothing bounds the context here."""
-    try:
-        return get_model(name).context_len
-    except ValueError:
-        return None
+    if name not in MODELS and not Path(name).exists():
+        return None  # a label (a calibrated profile's model name), not a spec: nothing to read a context from
+    return get_model(name).context_len  # a bad config.json is an error here too, never skipped
 
 
 def resolve_max_model_len(spec: SimSpec, trace: Trace) -> int:
@@ -158,6 +158,7 @@ def over_length(trace: Trace, max_len: int) -> int:
 
 
 def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheConfig, SchedulerConfig]:
+    check_sizes(spec, num_blocks, float(trace.arrival_s[-1] - trace.arrival_s[0]))  # before any pool is built
     max_len = resolve_max_model_len(spec, trace)
     granularity = trace.hash_granularity if trace.has_prefix else 0
     if spec.enable_prefix_caching and granularity and granularity % spec.block_size:
@@ -216,8 +217,8 @@ def simulate(trace: Trace, spec: SimSpec) -> SimResult:
     check_trace(trace)
     router = make_router(spec.router)
     cost, num_blocks = build_cost(spec)
-    interval = check_sizes(spec, num_blocks, float(trace.arrival_s[-1] - trace.arrival_s[0]))
     cache, config = build_configs(spec, trace, num_blocks)
+    interval = check_sizes(spec, num_blocks, float(trace.arrival_s[-1] - trace.arrival_s[0]))
     # A recorded cost prices steps one by one, by id; token times are recorded step by step.
     fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens
     cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,

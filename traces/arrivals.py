@@ -7,42 +7,68 @@ Two mechanisms cover the four processes:
   curve): unit-rate Poisson points are mapped through the inverse of the cumulative rate.
 
 Specs are plain dicts (from YAML); errors name the key path, e.g. `arrivals.cv: must be > 0`.
+
+Every setting is range-checked: a rate between one request a million seconds and a million a second (beyond
+either the gaps underflow or overflow the float clock), a CV from 0.01 to 10 (above 10 the gamma shape 1/cv²
+is so small that most gaps round to 0 and the sample stops showing the CV asked for), periods and on
+stretches from 1 ms (shorter ones divide by almost nothing) to ten years.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from traces.specs import check_keys, number, spec_error
+from traces.specs import check_keys, is_number, number, shown, spec_error
 
 PROCESSES = ("poisson", "gamma", "onoff", "diurnal")
+MIN_RATE, MAX_RATE = 1e-6, 1e6  # requests (sessions) per second
+MIN_CV, MAX_CV = 0.01, 10.0
+MIN_SECONDS, MAX_SECONDS = 1e-3, 10 * 365 * 86400.0  # on stretches and diurnal periods (off may be 0)
+MAX_CURVE = 100_000  # pieces of a diurnal curve (one a second over a day is 86,400)
+RATE_WHY = "requests per second"
+CV_WHY = "1 is Poisson, above 1 bursty; beyond 10 most gamma gaps round to 0"
 
 
 def arrival_times(spec: dict, count: int, rng: np.random.Generator, path: str = "arrivals") -> np.ndarray:
     """`count` arrival times in seconds, starting near 0, non-decreasing."""
     process = spec.get("process", "poisson") if isinstance(spec, dict) else None
     if process not in PROCESSES:
-        raise spec_error(f"{path}.process", f"unknown process {process!r}; allowed: {', '.join(PROCESSES)}")
+        raise spec_error(f"{path}.process", f"unknown process {shown(process)}; allowed: {', '.join(PROCESSES)}")
     if process in ("poisson", "gamma"):
         check_keys(spec, ("process", "rate", "cv"), path)
-        cv = number(spec, "cv", path) if process == "gamma" else 1.0
-        return renewal(number(spec, "rate", path), cv, count, rng)
+        cv = number(spec, "cv", path, minimum=MIN_CV, maximum=MAX_CV, why=CV_WHY) if process == "gamma" else 1.0
+        return renewal(_rate(spec, path), cv, count, rng)
     if process == "onoff":
         check_keys(spec, ("process", "rate", "on_s", "off_s"), path)
-        rates = [number(spec, "rate", path), 0.0]
-        durations = [number(spec, "on_s", path), number(spec, "off_s", path, minimum=0, positive=False)]
+        rates = [_rate(spec, path), 0.0]
+        durations = [number(spec, "on_s", path, minimum=MIN_SECONDS, maximum=MAX_SECONDS, why="seconds"),
+                     number(spec, "off_s", path, minimum=0, positive=False, maximum=MAX_SECONDS, why="seconds")]
         return piecewise_poisson(np.array(rates), np.array(durations), count, rng)
     check_keys(spec, ("process", "rate", "curve", "period_s"), path)
-    curve = spec.get("curve")
-    if (not isinstance(curve, list) or not curve
-            or not all(isinstance(c, int | float) and not isinstance(c, bool) and c >= 0 for c in curve)
-            or sum(curve) <= 0):
-        raise spec_error(f"{path}.curve", "must be a non-empty list of relative rates >= 0, sum > 0")
-    weights = np.asarray(curve, dtype=np.float64)
+    weights = _curve(spec.get("curve"), f"{path}.curve")
     # Scale the curve so that its time average is `rate`.
-    rates = weights / weights.mean() * number(spec, "rate", path)
-    period = number(spec, "period_s", path, default=86400.0)
+    rates = weights / weights.mean() * _rate(spec, path)
+    period = number(spec, "period_s", path, default=86400.0, minimum=MIN_SECONDS, maximum=MAX_SECONDS,
+                    why="seconds")
     return piecewise_poisson(rates, np.full(len(rates), period / len(rates)), count, rng)
+
+
+def _rate(spec: dict, path: str) -> float:
+    return number(spec, "rate", path, minimum=MIN_RATE, maximum=MAX_RATE, why=RATE_WHY)
+
+
+def _curve(curve: object, path: str) -> np.ndarray:
+    """The diurnal curve's relative rates: finite, >= 0, not all 0 (every stretch would be empty)."""
+    allowed = f"allowed: a non-empty list of at most {MAX_CURVE} relative rates >= 0 with sum > 0"
+    if not isinstance(curve, list) or not curve or len(curve) > MAX_CURVE:
+        raise spec_error(path, f"got {shown(curve)}; {allowed}")
+    for i, c in enumerate(curve):
+        if not is_number(c) or c < 0:
+            raise spec_error(f"{path}[{i}]", f"got {shown(c)}; {allowed}")
+    weights = np.asarray(curve, dtype=np.float64)
+    if weights.sum() <= 0 or not np.isfinite(weights.sum()):
+        raise spec_error(path, f"sums to {weights.sum():g}; {allowed}")
+    return weights
 
 
 def renewal(rate: float, cv: float, count: int, rng: np.random.Generator) -> np.ndarray:

@@ -25,14 +25,17 @@ class TraceFormatError(ValueError):
     """Bad input: the message names the file and line (or the YAML key) and what is allowed."""
 
 
+SHOWN_CHARS = 60
 _SHORT = reprlib.Repr()
-_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 60, 60, 8, 4, 3
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict = 2, 4, 4, 4
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = SHOWN_CHARS, SHOWN_CHARS, SHOWN_CHARS
 
 
-def short_repr(value: object) -> str:
-    """A value as an error message quotes it: bounded however large the value (a YAML alias bomb expands to
-    millions of items; its full repr would be tens of MB, and slow to build)."""
-    return _SHORT.repr(value)
+def short_repr(value: object, limit: int = SHOWN_CHARS) -> str:
+    """A value as an error message quotes it: about `limit` characters however large the value, and bounded in
+    time too (a YAML alias bomb expands to billions of items; reprlib never walks them all)."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclass(slots=True)

@@ -1,65 +1,171 @@
 """Checking YAML spec fields: every error names the key path and what is allowed (`arrivals.cv: must be > 0`).
+
+Every value quoted in a message goes through `shown`, which is bounded: a YAML alias bomb (a few lines that
+expand to billions of nested items) must not turn one error line into gigabytes.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import yaml
 
-from traces.schema import TraceFormatError
+from traces.schema import SHOWN_CHARS, TraceFormatError, short_repr
+
+# Specs, profiles and configs are a few KB; a file this large is not one, and reading it would only cost memory.
+MAX_FILE_BYTES = 16 * 2**20
+shown = short_repr  # every quoted value, bounded (see traces.schema.short_repr)
+
+
+def shown_key(key: object) -> str:
+    """A mapping key for a key path: as written when it is a short printable string, else bounded like `shown`."""
+    return key if isinstance(key, str) and key.isprintable() and len(key) <= SHOWN_CHARS else shown(key)
+
+
+def read_text(path: str | Path, flag: str) -> str:
+    """The UTF-8 text of a small input file; every way it cannot be read is one line naming it."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory; allowed: a file")
+    if not path.exists():
+        raise FileNotFoundError(f"{flag}: {path}: no such file")
+    if not path.is_file():
+        raise ValueError(f"{path}: not a regular file; allowed: a file")
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ValueError(f"{path}: {size} bytes; allowed: at most {MAX_FILE_BYTES} (a spec is a few KB)")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8-sig")  # a BOM some editors write is not content
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        problem = f"not UTF-8 text (byte 0x{data[exc.start]:02x})"
+        raise ValueError(f"{path}:{line}: {problem}; allowed: a UTF-8 file") from None
 
 
 def read_yaml(path: str | Path, flag: str) -> object:
     """The YAML document at `path` (safe_load); a missing file or a syntax error is one line naming it."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{flag}: {path}: no such file")
+    text = read_text(path, flag)
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:  # syntax errors and unsafe tags (`!!python/object`) carry a position
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = exc.problem or exc.context or "syntax error"
+        raise ValueError(f"{where}: not valid YAML: {_cut(problem)}") from None
+    except yaml.reader.ReaderError as exc:  # a control character such as NUL
+        line = text.count("\n", 0, exc.position) + 1
+        raise ValueError(f"{path}:{line}: not valid YAML: {_cut(str(exc).splitlines()[0])}") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise ValueError(f"{path}: not valid YAML: {_cut(str(exc).splitlines()[0])}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid YAML: nested too deeply; allowed: a plain mapping") from None
+
+
+def _cut(text: str, limit: int = 2 * SHOWN_CHARS) -> str:
+    """A parser's message on one line, bounded (it may quote a tag or a token the user wrote)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def spec_error(path: str, problem: str) -> TraceFormatError:
     return TraceFormatError(f"{path}: {problem}")
 
 
+def numeric_hint(value: object) -> str:
+    """YAML 1.1 reads `1e6` (no dot) as a string: say so, or the error would look absurd."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return " (a string: YAML reads 1e6 and 1.0e6 as text; write 1.0e+6 or 1000000)"
+    return ""
+
+
+def is_number(value: object) -> bool:
+    """A real, finite number: not a bool, not NaN or infinity, not an integer beyond the float range."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) if isinstance(value, float) else abs(value) < 2.0**1000
+
+
+def _fmt(bound: float) -> str:
+    """A bound as people write it: 10000000, not 1e+07; 0.01, not 0.010000."""
+    if isinstance(bound, int) or (bound.is_integer() and abs(bound) < 1e15):
+        return str(int(bound))
+    return f"{bound:g}"
+
+
+def _allowed(kind: str, positive: bool, minimum: float | None, maximum: float | None, why: str) -> str:
+    parts = [f">= {_fmt(minimum)}" if minimum is not None else "> 0" if positive else ""]
+    parts.append(f"<= {_fmt(maximum)}" if maximum is not None else "")
+    bounds = " and ".join(p for p in parts if p)
+    return f"; allowed: {kind}{' ' + bounds if bounds else ''}{f' ({why})' if why else ''}"
+
+
 def number(spec: dict, key: str, path: str, *, default: float | None = None, positive: bool = True,
-           minimum: float | None = None) -> float:
-    """A numeric field of a spec, checked, with its YAML key path in any error."""
+           minimum: float | None = None, maximum: float | None = None, why: str = "",
+           kind: str = "a number") -> float:
+    """A finite numeric field of a spec, range-checked, with its YAML key path in any error.
+
+    Booleans are not numbers (`rate: true` is a mistake, not 1), and NaN or infinity is never a setting.
+    """
     value = spec.get(key, default)
     where = f"{path}.{key}"
+    allowed = _allowed(kind, positive, minimum, maximum, why)
     if value is None:
-        raise spec_error(where, "required")
+        raise spec_error(where, f"required{allowed}")
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise spec_error(where, f"must be a number, got {value!r}")
+        raise spec_error(where, f"must be a number, got {shown(value)}{numeric_hint(value)}{allowed}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise spec_error(where, f"must be a finite number, got {value!r}{allowed}")
     if positive and value <= 0:
-        raise spec_error(where, f"must be > 0, got {value!r}")
+        raise spec_error(where, f"must be > 0, got {shown(value)}{allowed}")
     if minimum is not None and value < minimum:
-        raise spec_error(where, f"must be >= {minimum:g}, got {value!r}")
+        raise spec_error(where, f"must be >= {_fmt(minimum)}, got {shown(value)}{allowed}")
+    if maximum is not None and value > maximum:
+        raise spec_error(where, f"must be <= {_fmt(maximum)}, got {shown(value)}{allowed}")
+    if not is_number(value):  # an integer beyond the float range, where no maximum caught it
+        raise spec_error(where, f"must be a finite number, got {shown(value)}{allowed}")
     return float(value)
 
 
 def check_keys(spec: object, allowed: tuple[str, ...], path: str) -> dict:
     if not isinstance(spec, dict):
-        raise spec_error(path, f"must be a mapping, got {spec!r}")
-    unknown = sorted(set(spec) - set(allowed))
+        raise spec_error(path, f"must be a mapping, got {shown(spec)}")
+    unknown = sorted(set(spec) - set(allowed), key=str)  # YAML keys may be numbers too
     if unknown:
-        raise spec_error(f"{path}.{unknown[0]}", f"unknown key; allowed: {', '.join(allowed)}")
+        raise spec_error(f"{path}.{shown_key(unknown[0])}", f"unknown key; allowed: {', '.join(allowed)}")
     return spec
 
 
-def integer(spec: dict, key: str, path: str, *, default: int | None = None, minimum: int = 1) -> int:
-    value = number(spec, key, path, default=default, positive=False, minimum=minimum)
-    if value != int(value):
-        raise spec_error(f"{path}.{key}", f"must be an integer, got {value!r}")
-    return int(value)
+def integer(spec: dict, key: str, path: str, *, default: int | None = None, minimum: int = 1,
+            maximum: int | None = None, why: str = "") -> int:
+    """An integral field (2 and 2.0 are fine, 2.5 is not), range-checked like `number`."""
+    value = spec.get(key, default)
+    where = f"{path}.{key}"
+    allowed = _allowed("an integer", False, minimum, maximum, why)
+    if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+        raise spec_error(where, f"must be an integer, got {value!r}{allowed}")
+    if isinstance(value, int) and not isinstance(value, bool):  # exact: a float would round a huge integer
+        if value < minimum:
+            raise spec_error(where, f"must be >= {minimum}, got {shown(value)}{allowed}")
+        if maximum is not None and value > maximum:
+            raise spec_error(where, f"must be <= {maximum}, got {shown(value)}{allowed}")
+        return value
+    return int(number(spec, key, path, default=default, positive=False, minimum=minimum, maximum=maximum,
+                      why=why, kind="an integer"))
 
 
 def fraction(spec: dict, path: str, default: float) -> float:
     """The `fraction` field: a share in (0, 1]."""
     value = number(spec, "fraction", path, default=default)
     if value > 1:
-        raise spec_error(f"{path}.fraction", f"must be in (0, 1], got {value!r}")
+        raise spec_error(f"{path}.fraction", f"must be in (0, 1], got {value!r}; allowed: a share in (0, 1]")
     return value

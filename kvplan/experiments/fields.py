@@ -58,9 +58,12 @@ class Field:
             text = "a string"
         else:
             noun = "an integer" if self.kind == "int" else "a finite number"
-            bounds = [f">= {self.minimum:g}" if self.minimum is not None else "",
-                      f"> {self.above:g}" if self.above is not None else "",
-                      f"<= {self.maximum:g}" if self.maximum is not None else ""]
+            def show(x: float) -> str:
+                return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+            bounds = [f">= {show(self.minimum)}" if self.minimum is not None else "",
+                      f"> {show(self.above)}" if self.above is not None else "",
+                      f"<= {show(self.maximum)}" if self.maximum is not None else ""]
             text = " ".join([noun, " and ".join(b for b in bounds if b)]).strip()
         return f"{text} or null" if self.nullable else text
 

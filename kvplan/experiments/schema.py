@@ -44,6 +44,7 @@ from engine.core.config import ALLOCATORS, PREEMPTION_MODES, QUEUE_POLICIES, SCH
 from engine.core.eviction import EVICTION_POLICIES
 from engine.core.victims import VICTIM_POLICIES
 from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
+from sim.limits import MAX_BLOCKS
 from sim.metrics import SUMMARY_KEYS
 from sim.routers import ROUTERS
 from sim.specs.models import DTYPE_BYTES
@@ -54,13 +55,14 @@ TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "wo
 
 ENGINE: dict[str, Field] = {
     "block_size": Field("int", 16, minimum=1, maximum=256),
-    "num_blocks": Field("int", None, minimum=1, nullable=True, help="KV capacity; default: the hardware's"),
+    "num_blocks": Field("int", None, minimum=1, maximum=MAX_BLOCKS, nullable=True,
+                        help="KV capacity; default: the hardware's"),
     "gpu_memory_utilization": Field("float", 0.9, above=0, maximum=1),
     "kv_dtype": Field("choice", None, tuple(DTYPE_BYTES), nullable=True),
     "allocator": Field("choice", "paged", ALLOCATORS),
     "enable_prefix_caching": Field("bool", True),
     "eviction_policy": Field("choice", "lru", tuple(sorted(EVICTION_POLICIES))),
-    "num_cpu_blocks": Field("int", 0, minimum=0),
+    "num_cpu_blocks": Field("int", 0, minimum=0, maximum=MAX_BLOCKS),
     "max_model_len": Field("int", None, minimum=1, nullable=True),
     "sink_tokens": Field("int", 0, minimum=0),
     "window_tokens": Field("int", 0, minimum=0),

@@ -24,12 +24,15 @@ A profile (`profiles/*.yaml`, written by `kvplan calibrate`, read by `--cost cal
     fit: {...}                     # fit quality: R², held-out error, residual percentiles
     provenance: {...}              # machine, versions, threads, date, git revision, command
 
-Every coefficient must be a finite number >= 0: a negative one could price a step below zero.
+Every coefficient and transfer cost must be a finite number of seconds in [0, 3600] (`MAX_SECONDS`): a negative
+one could price a step below zero, and a measured step takes milliseconds, so more than an hour per unit is a
+typo that would only overflow the simulated clock. `kv_capacity_blocks` is at most 2^24 (`MAX_BLOCKS`: the
+simulator keeps over 100 bytes per block, so 2^24 blocks are ~2 GB per replica) and block sizes at most 256, the
+engine's limit. Every problem is one line `PROFILE: key: problem; allowed: ...`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,13 +40,16 @@ import numpy as np
 import yaml
 
 from sim.cost.features import StepFeatures
-from traces.specs import read_yaml
+from traces.specs import is_number, numeric_hint, read_yaml, shown, shown_key
 
 COEFFICIENTS = ("step", "request", "prefill_tokens", "prefill_attention", "decode_requests", "decode_context",
                 "decode_context_max", "blocks_touched", "sampled", "batched")
 TRANSFERS = ("swap_seconds_per_block", "copy_seconds_per_block")
 PROFILE_KEYS = ("model", "device", "dtype", "block_size", "block_sizes", "kv_capacity_blocks", "coefficients",
                 *TRANSFERS, "fit", "provenance")
+MAX_SECONDS = 3600.0  # per unit of a feature, or per block moved
+MAX_BLOCKS = 2**24
+MAX_BLOCK_SIZE = 256  # the engine's (and the simulator's) largest block size
 
 
 def feature_columns(f: StepFeatures) -> tuple:
@@ -103,9 +109,49 @@ def save_profile(cost: CalibratedCost, path: str | Path, header: str = "") -> No
 
 
 def _seconds(path: Path, key: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{path}: {key}: must be a finite number of seconds >= 0, got {value!r}")
+    allowed = f"allowed: 0 to {MAX_SECONDS:g} (a measured step takes milliseconds)"
+    if not is_number(value) or value < 0:
+        raise ValueError(f"{path}: {key}: must be a finite number of seconds >= 0, got {shown(value)}"
+                         f"{numeric_hint(value)}; {allowed}")
+    if value > MAX_SECONDS:
+        raise ValueError(f"{path}: {key}: {shown(value)} seconds is not a measurement; {allowed}")
     return float(value)
+
+
+def _integer(path: Path, doc: dict, key: str, maximum: int, why: str) -> int | None:
+    value = doc.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum):
+        raise ValueError(f"{path}: {key}: must be an integer >= 1, got {shown(value)}; allowed: 1 to {maximum} "
+                         f"({why})")
+    return value
+
+
+def _check_meta(path: Path, doc: dict) -> None:
+    """The descriptive keys: strings and mappings as `kvplan calibrate` writes them (later code relies on it)."""
+    for key in ("model", "device", "dtype"):
+        if key in doc and not isinstance(doc[key], str):
+            raise ValueError(f"{path}: {key}: must be a string, got {shown(doc[key])}; allowed: a name")
+    for key in ("fit", "provenance"):
+        if key in doc and not isinstance(doc[key], dict):
+            raise ValueError(f"{path}: {key}: must be a mapping, got {shown(doc[key])}; allowed: key: value pairs")
+    sizes = doc.get("block_sizes")
+    if sizes is not None and (not isinstance(sizes, list) or not sizes or not all(
+            isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_BLOCK_SIZE for b in sizes)):
+        raise ValueError(f"{path}: block_sizes: got {shown(sizes)}; allowed: a non-empty list of integers "
+                         f"1 to {MAX_BLOCK_SIZE}")
+
+
+def _coefficients(path: Path, coeffs: object) -> dict[str, float]:
+    if not isinstance(coeffs, dict) or not coeffs:
+        raise ValueError(f"{path}: coefficients: a mapping of feature -> seconds; allowed: {', '.join(COEFFICIENTS)}")
+    for key in coeffs:
+        if key not in COEFFICIENTS:
+            raise ValueError(f"{path}: coefficients.{shown_key(key)}: unknown feature; "
+                             f"allowed: {', '.join(COEFFICIENTS)}")
+    coefficients = {k: _seconds(path, f"coefficients.{k}", v) for k, v in coeffs.items()}
+    if not any(coefficients.values()):
+        raise ValueError(f"{path}: coefficients: all zero would price every step at 0 s; allowed: at least one > 0")
+    return coefficients
 
 
 def load_profile(path: str | Path) -> CalibratedCost:
@@ -113,25 +159,14 @@ def load_profile(path: str | Path) -> CalibratedCost:
     doc = read_yaml(path, "--profile")
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: a profile is a YAML mapping with keys {', '.join(PROFILE_KEYS)}")
-    unknown = sorted(set(doc) - set(PROFILE_KEYS))
+    unknown = sorted(set(doc) - set(PROFILE_KEYS), key=str)
     if unknown:
-        raise ValueError(f"{path}: unknown key {unknown[0]!r}; allowed: {', '.join(PROFILE_KEYS)}")
-    coeffs = doc.get("coefficients")
-    if not isinstance(coeffs, dict) or not coeffs:
-        raise ValueError(f"{path}: coefficients: a mapping of feature -> seconds; allowed: {', '.join(COEFFICIENTS)}")
-    for key in coeffs:
-        if key not in COEFFICIENTS:
-            raise ValueError(f"{path}: coefficients.{key}: unknown feature; allowed: {', '.join(COEFFICIENTS)}")
-    coefficients = {k: _seconds(path, f"coefficients.{k}", v) for k, v in coeffs.items()}
-    if not any(coefficients.values()):
-        raise ValueError(f"{path}: coefficients: all zero would price every step at 0 s; allowed: at least one > 0")
-    capacity = doc.get("kv_capacity_blocks")
-    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
-        raise ValueError(f"{path}: kv_capacity_blocks: must be an integer >= 1, got {capacity!r}")
-    block_size = doc.get("block_size")
-    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
-                                   or block_size < 1):
-        raise ValueError(f"{path}: block_size: must be an integer >= 1, got {block_size!r}")
+        raise ValueError(f"{path}: unknown key {shown(unknown[0])}; allowed: {', '.join(PROFILE_KEYS)}")
+    coefficients = _coefficients(path, doc.get("coefficients"))
+    capacity = _integer(path, doc, "kv_capacity_blocks", MAX_BLOCKS,
+                        "the simulator keeps over 100 bytes per block: 2^24 blocks are ~2 GB per replica")
+    _integer(path, doc, "block_size", MAX_BLOCK_SIZE, "the engine's largest block size")
+    _check_meta(path, doc)
     transfers = [_seconds(path, k, doc.get(k, 0.0)) for k in TRANSFERS]
     meta = {k: v for k, v in doc.items() if k not in ("coefficients", "kv_capacity_blocks", *TRANSFERS)}
     return CalibratedCost(coefficients, *transfers, capacity, meta)

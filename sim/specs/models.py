@@ -1,7 +1,9 @@
 """Model architecture specs: the shapes that decide FLOPs, weight bytes and KV bytes per token.
 
 Built-in specs follow the published HF `config.json` of each model; any other model is read from a path to
-its `config.json` (Llama/Mistral/Qwen2 and OPT key names).
+its `config.json` (Llama/Mistral/Qwen2 and OPT key names). Every field is checked: integers must be integral
+and in range (`CONFIG_LIMITS`, far above any published model), booleans are not numbers, the heads must split
+the hidden size and the KV heads the heads; each problem is one line `CONFIG: key: problem; allowed: ...`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from traces.specs import read_text, shown
 
 
 @dataclass(slots=True, frozen=True)
@@ -92,31 +96,116 @@ def get_model(name: str) -> ModelSpec:
         return MODELS[name]
     path = Path(name)
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"--model: {path}: a directory without config.json; allowed: a model directory "
+                             "or a path to an HF config.json")
         path = path / "config.json"
-    if path.suffix == ".json" and path.is_file():
+    if path.suffix == ".json":
+        if not path.exists():  # a ValueError like an unknown name: a calibrated run may name the model as a label
+            raise ValueError(f"--model: {path}: no such file; allowed: {', '.join(sorted(MODELS))}, "
+                             "or a path to an HF config.json")
         return from_hf_config(path)
     raise ValueError(f"--model: unknown model {name!r}; allowed: {', '.join(sorted(MODELS))}, "
                      "or a path to an HF config.json")
 
 
-def from_hf_config(path: Path) -> ModelSpec:
-    cfg = json.loads(path.read_text())
+REQUIRED = "hidden_size, num_attention_heads, num_hidden_layers, intermediate_size (or ffn_dim), vocab_size"
+# The largest value each size may take: generous bounds (the largest published models use a hidden size of
+# ~25k, 128 heads, ~200 layers and a vocabulary of ~260k), so that only typos and junk are refused.
+CONFIG_LIMITS = {"num_hidden_layers": 4096, "hidden_size": 2**20, "num_attention_heads": 2**14,
+                 "num_key_value_heads": 2**14, "head_dim": 2**16, "intermediate_size": 2**22, "ffn_dim": 2**22,
+                 "vocab_size": 2**24}
+
+
+def read_config(path: Path) -> dict:
+    """The config.json at `path` as a dict; unreadable, non-UTF-8 and invalid JSON are one line naming it."""
+    text = read_text(path, "--model")
     try:
-        hidden = cfg["hidden_size"]
-        heads = cfg["num_attention_heads"]
-        layers = cfg["num_hidden_layers"]
-        inter = cfg.get("intermediate_size") or cfg["ffn_dim"]
-        vocab = cfg["vocab_size"]
-    except KeyError as exc:
-        raise ValueError(f"{path}: config.json lacks {exc.args[0]!r}; needs hidden_size, num_attention_heads, "
-                         "num_hidden_layers, intermediate_size (or ffn_dim), vocab_size") from None
-    opt = cfg.get("model_type") == "opt"
+        cfg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid JSON: nested too deeply; allowed: an HF config.json object") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: a config.json is a JSON object with {REQUIRED}; got a {type(cfg).__name__}")
+    return cfg
+
+
+def _size(path: Path, cfg: dict, key: str) -> int:
+    """A positive integral size (32 or 32.0; not 32.5, "32", true, NaN or 0), at most its `CONFIG_LIMITS`."""
+    value, limit = cfg[key], CONFIG_LIMITS[key]
+    integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not integral or not 1 <= value <= limit:
+        raise ValueError(f"{path}: {key}: must be an integer >= 1, got {shown(value)}; allowed: 1 to {limit}")
+    return int(value)
+
+
+def _given(cfg: dict, key: str) -> bool:
+    return cfg.get(key) is not None  # HF writes null for "not set"
+
+
+def from_hf_config(path: Path) -> ModelSpec:
+    cfg = read_config(path)
+    inter_key = "intermediate_size" if _given(cfg, "intermediate_size") else "ffn_dim"
+    missing = next((k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", inter_key, "vocab_size")
+                    if not _given(cfg, k)), None)
+    if missing is not None:
+        raise ValueError(f"{path}: config.json lacks {missing!r}; needs {REQUIRED}")
+    hidden, heads = _size(path, cfg, "hidden_size"), _size(path, cfg, "num_attention_heads")
+    opt = _model_type(path, cfg) == "opt"
     return ModelSpec(
-        name=str(path), num_layers=layers, hidden_size=hidden, num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or hidden // heads,
-        intermediate_size=inter, vocab_size=vocab, dtype_bytes=DTYPE_BYTES.get(cfg.get("torch_dtype"), 2),
-        gated_mlp=not opt, tied_embeddings=bool(cfg.get("tie_word_embeddings", opt)),
-        context_len=_context_len(path, cfg))
+        name=str(path), num_layers=_size(path, cfg, "num_hidden_layers"), hidden_size=hidden, num_heads=heads,
+        num_kv_heads=_kv_heads(path, cfg, heads), head_dim=_head_dim(path, cfg, hidden, heads),
+        intermediate_size=_size(path, cfg, inter_key), vocab_size=_size(path, cfg, "vocab_size"),
+        dtype_bytes=_dtype_bytes(path, cfg), gated_mlp=not opt,
+        tied_embeddings=_flag(path, cfg, "tie_word_embeddings", opt), context_len=_context_len(path, cfg))
+
+
+def _head_dim(path: Path, cfg: dict, hidden: int, heads: int) -> int:
+    if _given(cfg, "head_dim"):
+        return _size(path, cfg, "head_dim")
+    if hidden % heads:
+        raise ValueError(f"{path}: hidden_size: {hidden} is not divisible by num_attention_heads {heads}; allowed: "
+                         "a multiple of num_attention_heads, or an explicit head_dim")
+    return hidden // heads
+
+
+def _kv_heads(path: Path, cfg: dict, heads: int) -> int:
+    if not _given(cfg, "num_key_value_heads"):
+        return heads  # multi-head attention: one KV head per query head
+    kv_heads = _size(path, cfg, "num_key_value_heads")
+    if heads % kv_heads:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        shown_divisors = ", ".join(map(str, divisors[:16])) + (", ..." if len(divisors) > 16 else "")
+        raise ValueError(f"{path}: num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}; "
+                         f"allowed: {shown_divisors}")
+    return kv_heads
+
+
+def _dtype_bytes(path: Path, cfg: dict) -> int:
+    """Weight bytes per parameter from `torch_dtype` (or the newer `dtype`); 2 when neither is given."""
+    key = next((k for k in ("torch_dtype", "dtype") if _given(cfg, k)), None)
+    if key is None:
+        return 2
+    if not isinstance(cfg[key], str) or cfg[key] not in DTYPE_BYTES:
+        raise ValueError(f"{path}: {key}: unknown dtype {shown(cfg[key])}; allowed: {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[cfg[key]]
+
+
+def _model_type(path: Path, cfg: dict) -> str | None:
+    value = cfg.get("model_type")
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{path}: model_type: must be a string, got {shown(value)}; allowed: e.g. llama, opt")
+    return value
+
+
+def _flag(path: Path, cfg: dict, key: str, default: bool) -> bool:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):  # "false" would be truthy
+        raise ValueError(f"{path}: {key}: must be true or false, got {shown(value)}; allowed: true, false")
+    return value
 
 
 def _context_len(path: Path, cfg: dict) -> int | None:
@@ -125,5 +214,5 @@ def _context_len(path: Path, cfg: dict) -> int | None:
         return None
     value = cfg[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-        raise ValueError(f"{path}: {key}: {value!r}; allowed: an integer >= 2 (the model's context length)")
+        raise ValueError(f"{path}: {key}: {shown(value)}; allowed: an integer >= 2 (the model's context length)")
     return value

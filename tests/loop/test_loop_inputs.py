@@ -93,4 +93,4 @@ def test_a_failed_run_leaves_the_previous_result_directory_whole(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["result"] and (out / "a.txt").read_text() == "old"
     with atomic_dir(out) as d:
         (d / "b.txt").write_text("new")
-    assert [p.name for p in out.iterdir()] == ["b.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["b.txt", "manifest.json"]
