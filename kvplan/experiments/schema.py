@@ -148,7 +148,8 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     base["engine"] = check_fields(doc.get("engine"), "engine", ENGINE)
     base["cluster"] = check_fields(doc.get("cluster"), "cluster", CLUSTER)
     base["workload"] = parse_workload(doc.get("workload"))
-    exp = Experiment(name, source, text, base, description=str(doc.get("description") or ""))
+    description = Field("str", nullable=True).check(doc.get("description") or None, "description") or ""
+    exp = Experiment(name, source, text, base, description=description)
     exp.sweep_grid, exp.sweep_zip = parse_sweep(doc.get("sweep"))
     exp.slo, exp.attainment = parse_slo(doc.get("slo"))
     exp.search = parse_search(doc.get("search"), exp)
