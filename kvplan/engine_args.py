@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +26,11 @@ def parse_bytes(text: str) -> int:
     value = int(float(match.group(1)) * _UNITS[unit])
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be at least 1 byte")
+    # The KV cache and swap space live in this machine's memory (CPU engine): more than it has cannot be made.
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if value > physical:
+        raise argparse.ArgumentTypeError(f"{text!r} is {value} bytes; allowed: at most this machine's memory, "
+                                         f"{physical} bytes")
     return value
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvplan.arg_types import BLOCK_SIZE, COUNT, FRACTION, NON_NEGATIVE, POSITIVE_TOKENS, SEED, integer, number
+from kvplan.arg_types import BLOCK_SIZE, FRACTION, NON_NEGATIVE, POSITIVE_TOKENS, SEED, integer, number
+from kvplan.engine_args import parse_bytes
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -24,7 +25,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=FRACTION, default=1.0)
     p.add_argument("--seed", type=SEED, default=None)
     p.add_argument("--block-size", type=BLOCK_SIZE, default=16)
-    p.add_argument("--kv-cache-memory", type=COUNT, default=None, help="KV cache bytes (CPU; default 512 MiB)")
+    p.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
+                   help="KV cache size, e.g. 256MiB (CPU; default 512 MiB)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"],
                    help="default: cpu (fused C++ decode) on CPU when it builds, else torch; triton on CUDA")
