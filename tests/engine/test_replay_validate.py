@@ -11,6 +11,7 @@ import pytest
 
 from kvplan.cli import main
 from kvplan.live import EngineOptions, replay, sample_interval, sim_spec
+from kvplan.output import verify_result_set
 from kvplan.validation import policy_check
 from sim.cost.calibrated import load_profile
 from sim.cost.recorded import PolicyDivergence, ProfiledItem, ProfiledStep
@@ -82,7 +83,8 @@ def test_replay_and_validate_cli(tiny_models, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)["summary"]
     assert summary["completed"] == 30
     assert {p.name for p in (tmp_path / "live").iterdir()} == {"requests.parquet", "series.parquet", "summary.json",
-                                                                "steps.jsonl", "engine.json"}
+                                                                "steps.jsonl", "engine.json", "manifest.json"}
+    verify_result_set(tmp_path / "live")
     configs = tmp_path / "configs.yaml"
     configs.write_text("- {name: mixed}\n- {name: prefill-first, schedule: prefill_first, block_size: 16}\n")
     assert main(["validate", *common, "--mode", "policy", "--repeats", "1", "--configs", str(configs),
