@@ -124,6 +124,12 @@ def sweep_doc(name: str) -> dict:
             "slo": {"p99_ttft_ms": 2000}, "seeds": [0, 1], "outputs": {"plots": False, "report": False}}
 
 
+def finished_runs(runs_dir: Path) -> int:
+    """Runs renamed into place; a hidden `.KEY.PID.*.tmp` sibling is a run still being written (pathlib's glob
+    matches hidden names too)."""
+    return sum(1 for p in runs_dir.glob("*/summary.json") if not p.parent.name.startswith("."))
+
+
 def test_a_killed_sweep_resumes_with_only_the_missing_runs(tmp_path):
     path = write_yaml(tmp_path / "sweep.yaml", sweep_doc("sweep"))
     out = tmp_path / "out"
@@ -131,12 +137,12 @@ def test_a_killed_sweep_resumes_with_only_the_missing_runs(tmp_path):
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     runs_dir = out.with_name("out.partial") / "runs"
     deadline = time.time() + 120
-    while time.time() < deadline and len(list(runs_dir.glob("*/summary.json"))) < 3:
+    while time.time() < deadline and finished_runs(runs_dir) < 3:
         assert proc.poll() is None, proc.stderr.read().decode()
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    finished = len(list(runs_dir.glob("*/summary.json")))
+    finished = finished_runs(runs_dir)
     assert 3 <= finished < 16 and not out.exists()
     resumed = subprocess.run([*command, "--resume", "--json"], capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
