@@ -193,9 +193,8 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
     return cache, sched
 
 
-def check_sizes(spec: SimSpec, num_blocks: int, span_s: float) -> float:
-    """Refuse, before anything is built, a run that would exhaust memory or sample every step; returns the
-    sample interval to use."""
+def check_sizes(spec: SimSpec, num_blocks: int, span_s: float) -> None:
+    """Refuse, before anything is built, a run that would exhaust memory or sample every step."""
     if not 1 <= spec.replicas <= MAX_REPLICAS:
         raise ValueError(f"--replicas: {spec.replicas}; allowed: an integer in 1..{MAX_REPLICAS}")
     total = spec.replicas * (num_blocks + spec.num_cpu_blocks)
@@ -203,14 +202,15 @@ def check_sizes(spec: SimSpec, num_blocks: int, span_s: float) -> float:
         raise ValueError(f"--num-blocks: {spec.replicas} replicas x ({num_blocks} + {spec.num_cpu_blocks} CPU) = "
                          f"{total} KV blocks; allowed: at most {MAX_BLOCKS} in one simulation (one object per block "
                          "in memory)")
-    interval = spec.sample_interval_s
-    if interval is None:
-        return max(span_s / 100.0, 1e-3)
-    shortest = span_s / MAX_SAMPLES
-    if not (math.isfinite(interval) and interval > 0 and interval >= shortest):
+    interval, shortest = spec.sample_interval_s, span_s / MAX_SAMPLES
+    if interval is not None and not (math.isfinite(interval) and interval > 0 and interval >= shortest):
         raise ValueError(f"--sample-interval: {interval!r} s over a {span_s:g} s trace; allowed: a number >= "
                          f"{shortest:.3g} (at most {MAX_SAMPLES} samples; each one is a step off the fast path)")
-    return interval
+
+
+def sample_interval(spec: SimSpec, span_s: float) -> float:
+    """The time-series interval: as given (checked by `check_sizes`), else the trace span / 100."""
+    return spec.sample_interval_s if spec.sample_interval_s is not None else max(span_s / 100.0, 1e-3)
 
 
 def simulate(trace: Trace, spec: SimSpec) -> SimResult:
@@ -218,7 +218,7 @@ def simulate(trace: Trace, spec: SimSpec) -> SimResult:
     router = make_router(spec.router)
     cost, num_blocks = build_cost(spec)
     cache, config = build_configs(spec, trace, num_blocks)
-    interval = check_sizes(spec, num_blocks, float(trace.arrival_s[-1] - trace.arrival_s[0]))
+    interval = sample_interval(spec, float(trace.arrival_s[-1] - trace.arrival_s[0]))
     # A recorded cost prices steps one by one, by id; token times are recorded step by step.
     fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens
     cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,
