@@ -188,7 +188,7 @@ class Replica:
         times (empty when none applies)."""
         sched = self.sched
         running = sched.running
-        if not running or len(sched.waiting) or sched.swapped:
+        if not running or sched.swapped or (len(sched.waiting) and not sched.waiting_head_blocked()):
             return []  # cheap exits first: an admission or swap-in is due
         contexts, remaining = [], []
         for r in running:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
 from sim.cluster import Cluster
-from sim.cost import CostModel
+from sim.cost import CostModel, StepFeatures
 from sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from sim.cost.calibrated import load_profile
 from sim.cost.recorded import RecordedCost, read_step_profile
@@ -54,7 +54,7 @@ class SimSpec:
     preemption_mode: str = "recompute"
     victim_policy: str = "newest"
     schedule: str = "mixed"
-    sample_interval_s: float | None = None  # default: the trace span / 100
+    sample_interval_s: float | None = None  # default: see `sample_interval`
     fast_path: bool = True
     record_tokens: bool = False  # keep every token time (SimResult.token_times); step by step
     cost_options: dict = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
@@ -208,9 +208,27 @@ def check_sizes(spec: SimSpec, num_blocks: int, span_s: float) -> None:
                          f"{shortest:.3g} (at most {MAX_SAMPLES} samples; each one is a step off the fast path)")
 
 
-def sample_interval(spec: SimSpec, span_s: float) -> float:
-    """The time-series interval: as given (checked by `check_sizes`), else the trace span / 100."""
-    return spec.sample_interval_s if spec.sample_interval_s is not None else max(span_s / 100.0, 1e-3)
+def sample_interval(spec: SimSpec, trace: Trace, cost: CostModel) -> float:
+    """The time-series interval: as given (checked by `check_sizes`), else the trace's arrival span / 100 -
+    unless that would take more than MAX_SAMPLES samples in the least time the prompts take to prefill (a burst:
+    every request at t = 0, as a lengths-only trace, was sampled every millisecond for as long as it ran, which
+    is every step and a million series rows); then that least time / 100."""
+    if spec.sample_interval_s is not None:
+        return spec.sample_interval_s
+    interval = max(float(trace.arrival_s[-1] - trace.arrival_s[0]) / 100.0, 1e-3)
+    bound = prefill_bound_s(trace, spec, cost)
+    return bound / 100.0 if bound / interval > MAX_SAMPLES else interval
+
+
+def prefill_bound_s(trace: Trace, spec: SimSpec, cost: CostModel) -> float:
+    """A lower bound on the run's length: every prompt token computed in full-budget prefill steps spread over
+    the replicas, each priced as a chunk starting at position 0 (the cheapest a chunk of that size can be)."""
+    if getattr(cost, "recorded_step_time", None) is not None:
+        return 0.0  # a recorded cost prices steps by id, not by shape
+    budget = spec.max_num_batched_tokens
+    chunk = StepFeatures(1, budget, budget * budget, 0, 0, 0, -(-budget // spec.block_size), 1, int(budget >= 2))
+    steps = int(np.sum(trace.prompt_tokens, dtype=np.int64)) / (budget * spec.replicas)
+    return steps * float(cost.step_times(chunk))
 
 
 def simulate(trace: Trace, spec: SimSpec) -> SimResult:
@@ -218,7 +236,7 @@ def simulate(trace: Trace, spec: SimSpec) -> SimResult:
     router = make_router(spec.router)
     cost, num_blocks = build_cost(spec)
     cache, config = build_configs(spec, trace, num_blocks)
-    interval = sample_interval(spec, float(trace.arrival_s[-1] - trace.arrival_s[0]))
+    interval = sample_interval(spec, trace, cost)
     # A recorded cost prices steps one by one, by id; token times are recorded step by step.
     fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens
     cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,

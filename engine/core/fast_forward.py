@@ -1,17 +1,23 @@
 """Batched advance of a pure-decode stretch: k scheduler cycles in one call, for the simulator.
 
 When every running request is decoding one token per step and nothing else can happen - no arrival (the caller
-bounds k by the next one), nobody waiting or swapped out, no copy-on-write, no block allocation beyond the empty
-blocks (so no eviction and no allocation failure), no sliding window - then k cycles of `schedule()` + `update()`
-are predictable, completions included: a request that reaches its output budget finishes in its step and the
-others go on decoding. `advance_decode` applies the k cycles in one pass and leaves exactly the state k single
-cycles would leave: the same block ids (allocations replayed in step order, then request order), the same
-prefix-cache registrations and completions in the same order (the eviction policies see the same sequence), the
-same counts. Blocks a completion frees only add to the empty ones, so the horizon need not count them::
+bounds k by the next one), nothing swapped out, no copy-on-write, no allocation failure, no sliding window, and
+either nobody waiting or a waiting head that cannot be admitted before the first completion (a backlog) - then
+k cycles of `schedule()` + `update()` are predictable, completions included: a request that reaches its output
+budget finishes in its step and the others go on decoding. `advance_decode` applies the k cycles in one pass and
+leaves exactly the state k single cycles would leave: the same block ids (allocations replayed in step order,
+then request order, each one taking an empty block or evicting the policy's victim exactly as a single step
+would), the same prefix-cache registrations and completions in the same order (the eviction policies see the
+same sequence), the same counts. The horizon asks the free blocks (empty plus cached) to cover every allocation
+of the stretch, so none can fail; blocks a completion frees only add to them::
 
     step        0    1    2    3    4
-    request a   ▪    ▪    ▪    ▪    ▪      allocate / register / finish events, replayed sorted by
+    request a   ▪    ▪    ▪    ▪    ▪      allocate (maybe evict) / register / finish events, replayed sorted by
     request b   ▪    ▪    ✓               (step, schedule-before-update, running order, register-before-finish)
+
+Nothing in a stretch reads the prefix cache (admissions are excluded, and the caller stops at any arrival a
+cache-aware router would route), so evicting inside it changes nothing but the blocks' fate, which the replay
+reproduces.
 """
 
 from __future__ import annotations
@@ -30,14 +36,18 @@ REGISTER, FINISH = 0, 1  # update() handles one request at a time: its registrat
 
 def decode_horizon(sched: Scheduler, limit: int) -> int:
     """Largest k <= limit for which `advance_decode(sched, k)` is exact (0 when no fast path applies)."""
-    if limit <= 0 or not sched.running or sched.swapped or len(sched.waiting) or sched._rejected:
+    if limit <= 0 or not sched.running or sched.swapped or sched._rejected:
         return 0
+    backlog = len(sched.waiting) > 0
+    if backlog and not sched.waiting_head_blocked():
+        return 0  # an admission is due
     if sched.cache_config.windowed or len(sched.running) > sched.config.max_num_batched_tokens:
         return 0
     pool = getattr(sched.kv, "pool", None)
     bs, tables = sched.block_size, sched.kv.tables
     registering = pool is not None and pool.enable_caching
-    longest = needed = 0  # needed: new blocks for `limit` steps (the same as for k, as no request runs longer)
+    longest, shortest = 0, limit
+    needed = 0  # new blocks for `limit` steps (the same as for k, as no request runs longer)
     for request in sched.running:
         if request.token_ids is not None or request.num_tokens_to_compute != 1:
             return 0  # the engine samples real tokens (stop tokens possible); only count-only runs qualify
@@ -45,6 +55,7 @@ def decode_horizon(sched: Scheduler, limit: int) -> int:
             return 0
         remaining = request.max_tokens - request.num_output_tokens
         longest = max(longest, remaining)
+        shortest = min(shortest, remaining)
         if pool is None:
             continue  # contiguous reservation: decode never allocates
         pos = request.num_computed_tokens
@@ -55,12 +66,14 @@ def decode_horizon(sched: Scheduler, limit: int) -> int:
             return 0
         needed += _new_blocks(pos, min(limit, remaining), bs)
     k = min(limit, longest)  # past the longest remaining output nobody is left to step
-    if pool is None or needed <= pool.num_empty:
-        return k  # the common case: empty blocks are plentiful
-    lo, hi = 0, k - 1  # new blocks needed grows with k: find the largest k served by empty blocks alone
+    if backlog:
+        k = min(k, shortest)  # the first completion frees a slot and blocks: the head may then be admitted
+    if pool is None or needed <= pool.num_free:
+        return k  # the common case: free blocks are plentiful
+    lo, hi = 0, k  # new blocks needed grows with k: find the largest k served by the free blocks
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _blocks_needed(sched, mid) <= pool.num_empty:
+        if _blocks_needed(sched, mid) <= pool.num_free:
             lo = mid
         else:
             hi = mid - 1

@@ -111,20 +111,11 @@ class KVCacheManager:
         rid, bs, pool = request.request_id, self.block_size, self.pool
         table = self.tables.get(rid)
         start = request.num_computed_tokens
+        # `_has_room`, inlined: this is the common decode step (room left in a private last block)
         if table is not None and start + num_new_tokens <= len(table) * bs and table[start // bs].ref_cnt == 1:
-            return NO_COPIES  # the common decode step: room left in a private last block
-        held = 0 if table is None else len(table)
-        if hits:
-            start = len(hits) * bs
-            held = len(hits)
-        new_blocks = cdiv(start + num_new_tokens, bs) - held
-        shared_tail = None
-        if start % bs and table is not None:
-            tail = table[start // bs]
-            if tail is not None and tail.ref_cnt > 1:
-                shared_tail = tail
-        taken_free = sum(1 for b in hits if b.ref_cnt == 0) if hits else 0
-        if pool.num_free - taken_free - max(new_blocks, 0) - (shared_tail is not None) < reserve:
+            return NO_COPIES
+        start, new_blocks, shared_tail, left = self._plan(request, table, num_new_tokens, hits)
+        if left < reserve:
             return None
         if table is None:
             table = self.tables[rid] = []
@@ -144,6 +135,38 @@ class KVCacheManager:
             table.extend(blocks)
             ids.extend([block.block_id for block in blocks])
         return copies
+
+    def can_allocate(self, request: Request, num_new_tokens: int, hits: list[KVBlock] | None = None,
+                     reserve: int = 0) -> bool:
+        """Whether `allocate` with these arguments would succeed (it changes nothing here)."""
+        table = self.tables.get(request.request_id)
+        return self._has_room(request, table, num_new_tokens) or self._plan(
+            request, table, num_new_tokens, hits)[3] >= reserve
+
+    def _has_room(self, request: Request, table: list[KVBlock | None] | None, num_new_tokens: int) -> bool:
+        start = request.num_computed_tokens
+        return (table is not None and start + num_new_tokens <= len(table) * self.block_size
+                and table[start // self.block_size].ref_cnt == 1)
+
+    def _plan(self, request: Request, table: list[KVBlock | None] | None, num_new_tokens: int,
+              hits: list[KVBlock] | None) -> tuple[int, int, KVBlock | None, int]:
+        """(first position written, new blocks, the shared partial tail to copy first or None, blocks left
+        free afterwards) for an allocation that `_has_room` does not cover."""
+        bs = self.block_size
+        start = request.num_computed_tokens
+        held = 0 if table is None else len(table)
+        if hits:
+            start = len(hits) * bs
+            held = len(hits)
+        new_blocks = cdiv(start + num_new_tokens, bs) - held
+        shared_tail = None
+        if start % bs and table is not None:
+            tail = table[start // bs]
+            if tail is not None and tail.ref_cnt > 1:
+                shared_tail = tail
+        taken_free = sum(1 for b in hits if b.ref_cnt == 0) if hits else 0
+        left = self.pool.num_free - taken_free - max(new_blocks, 0) - (shared_tail is not None)
+        return start, new_blocks, shared_tail, left
 
     def _take_hits(self, request: Request, hits: list[KVBlock], table: list, ids: list[int]) -> None:
         for block in hits:

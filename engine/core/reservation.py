@@ -92,6 +92,15 @@ class ReservationAllocator:
         self.reserved_slots += size
         return NO_COPIES
 
+    def can_allocate(self, request: Request, num_new_tokens: int, hits: list | None = None,
+                     reserve: int = 0) -> bool:
+        """Whether `allocate` with these arguments would succeed (it changes nothing here)."""
+        if request.request_id in self.extents:
+            return True
+        size = self.reservation(request)
+        return (self.total_slots - self.reserved_slots - size >= reserve * self.block_size
+                and self.largest_free_extent() >= size)
+
     def _first_fit(self, size: int) -> int | None:
         for start in self._free_starts:
             length = self._free_lengths[start]

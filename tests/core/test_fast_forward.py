@@ -97,3 +97,59 @@ def test_horizon_is_bounded_by_the_empty_blocks():
     sched.update(sched.schedule())  # 3 blocks used (4 tokens each, all full): 6 empty blocks
     # every request needs a new block at each of its next steps 0, 4, 8: 6 blocks last exactly 8 steps
     assert decode_horizon(sched, 100) == 8
+
+
+@pytest.mark.parametrize("policy", sorted(EVICTION_POLICIES))
+@pytest.mark.parametrize("schedule", ["mixed", "prefill_first"])
+def test_stretches_with_evictions_and_a_backlog_equal_single_steps(policy, schedule):
+    """A small cache full of cached-free blocks (so decode allocations evict inside stretches) and a queue that
+    max_num_seqs or the free blocks hold back (so stretches run with requests waiting)."""
+    rng = random.Random(sorted(EVICTION_POLICIES).index(policy) * 2 + (schedule == "mixed"))
+    kwargs = {"block_size": 4, "num_blocks": 90, "budget": 64, "max_seqs": 4, "eviction_policy": policy,
+              "max_model_len": 120, "schedule": schedule, "watermark": 0.05}
+    fast, slow = make_scheduler(**kwargs), make_scheduler(**kwargs)
+    counter = 0
+    evicting = backlogged = 0  # stretches that evicted, and that ran with requests waiting
+    for iteration in range(400):
+        if rng.random() < 0.2 or not fast.has_unfinished():
+            counter = add_random_requests(rng, (fast, slow), counter, shared_roots=2)
+        k = decode_horizon(fast, rng.randint(1, 60))
+        if k:
+            evictions, waiting = fast.kv.pool.num_evictions, len(fast.waiting)
+            advance_decode(fast, k)
+            evicting += fast.kv.pool.num_evictions > evictions
+            backlogged += waiting > 0
+            for _ in range(k):
+                slow.update(slow.schedule())
+        else:
+            fast.update(fast.schedule())
+            slow.update(slow.schedule())
+        assert snapshot(fast, iteration % 25 == 24) == snapshot(slow, iteration % 25 == 24)
+    assert evicting > 5 and backlogged > 5, (evicting, backlogged)
+
+
+def test_backlog_stretch_ends_at_the_first_completion():
+    sched = make_scheduler(block_size=4, num_blocks=64, budget=64, max_seqs=2, max_model_len=64)
+    for rid, out in (("a", 9), ("b", 4), ("c", 5)):
+        sched.add_request(make_request(rid, prompt_len=3, max_tokens=out))
+    sched.update(sched.schedule())  # a and b prefilled; c waits for a sequence slot
+    assert [r.request_id for r in sched.running] == ["a", "b"] and len(sched.waiting) == 1
+    assert decode_horizon(sched, 100) == 3  # b's last token (its 4th) comes in step 2; c may enter at step 3
+    finished = advance_decode(sched, 3)
+    assert [(step, r.request_id) for step, r in finished] == [(2, "b")]
+    assert decode_horizon(sched, 100) == 0  # c's admission is due
+    sched.update(sched.schedule())
+    assert [r.request_id for r in sched.running] == ["a", "c"]
+
+
+def test_horizon_counts_cached_free_blocks_as_room():
+    sched = make_scheduler(block_size=4, num_blocks=6, budget=64, max_model_len=24)
+    sched.add_request(make_request("old", prompt_len=8, max_tokens=1, prefix_hashes=[7, 8], hash_granularity=4))
+    sched.update(sched.schedule())  # its two full prompt blocks stay cached after it finishes
+    assert sched.kv.pool.num_cached_free == 2 and sched.kv.pool.num_empty == 4
+    sched.add_request(make_request("new", prompt_len=4, max_tokens=20))
+    sched.update(sched.schedule())  # 1 block held, 3 empty, 2 cached
+    # writes positions 4.. open a block every 4 steps: 5 free blocks (3 empty + 2 evictable) cover 20 steps
+    assert decode_horizon(sched, 100) == 19
+    advance_decode(sched, 19)
+    assert sched.kv.pool.num_evictions == 2 and not sched.has_unfinished()

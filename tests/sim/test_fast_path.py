@@ -24,6 +24,10 @@ CASES = [
     (7, SimSpec(num_blocks=90, block_size=16, schedule="prefill_first")),
     (8, SimSpec(num_blocks=70, block_size=8, schedule="prefill_first", enable_chunked_prefill=False,
                 preemption_mode="swap", num_cpu_blocks=300, replicas=2, router="least_outstanding")),
+    # a backlog held back by max_num_seqs while decode allocations evict cached blocks inside stretches
+    (9, SimSpec(num_blocks=90, block_size=4, max_num_seqs=3, eviction_policy="lfu")),
+    (10, SimSpec(num_blocks=80, block_size=8, max_num_seqs=4, eviction_policy="s3fifo", schedule="prefill_first")),
+    (11, SimSpec(num_blocks=100, block_size=4, max_num_seqs=6, eviction_policy="fifo", watermark=0.1)),
 ]
 
 
@@ -62,12 +66,13 @@ def test_fast_path_equals_step_by_step_under_a_calibrated_profile(tmp_path):
 @given(seed=st.integers(0, 10_000), block=st.sampled_from([1, 4, 16]), blocks=st.integers(60, 400),
        replicas=st.integers(1, 3), router=st.sampled_from(["round_robin", "least_outstanding", "prefix_aware"]),
        eviction=st.sampled_from(["lru", "fifo", "lfu", "s3fifo"]), mode=st.sampled_from(["recompute", "swap"]),
-       schedule=st.sampled_from(["mixed", "prefill_first"]))
+       schedule=st.sampled_from(["mixed", "prefill_first"]), max_seqs=st.sampled_from([2, 5, 256]))
 def test_fast_path_equals_step_by_step_on_random_configs(seed, block, blocks, replicas, router, eviction, mode,
-                                                         schedule):
+                                                         schedule, max_seqs):
     trace = random_trace(seed, 25, rate=10.0, prompt=(4, 120), output=(1, 60), max_n=2)
     spec = SimSpec(num_blocks=blocks * 16 // block, block_size=block, replicas=replicas, router=router,
-                   eviction_policy=eviction, preemption_mode=mode, num_cpu_blocks=2000, schedule=schedule)
+                   eviction_policy=eviction, preemption_mode=mode, num_cpu_blocks=2000, schedule=schedule,
+                   max_num_seqs=max_seqs)
     fast, _ = run(trace, spec)
     slow, _ = run(trace, dataclasses.replace(spec, fast_path=False))
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
