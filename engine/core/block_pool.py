@@ -90,7 +90,13 @@ class BlockPool:
         del empty[len(empty) - take:]
         for block in blocks:
             block.ref_cnt = 1
-        blocks.extend(self.allocate() for _ in range(n - take))
+        if n > take:  # the rest evicts, as `allocate` does once the empty stack is gone
+            cached = self.cached
+            for block in self.policy.evict_many(n - take):
+                del cached[block.key]
+                block.key = None
+                block.ref_cnt = 1
+                blocks.append(block)
         return blocks
 
     def release_all(self, blocks: list[KVBlock | None] | tuple[KVBlock, ...]) -> None:
@@ -129,6 +135,20 @@ class BlockPool:
         self.cached[key] = block
         self.policy.on_cached(block)
         return True
+
+    def register_blocks(self, table: list[KVBlock | None], keys: list[int], first: int, end: int) -> None:
+        """`register(table[i], keys[i])` for i in first .. end-1, skipping holes and blocks already keyed."""
+        if not self.enable_caching:
+            return
+        cached, on_cached = self.cached, self.policy.on_cached
+        for i in range(first, end):
+            block = table[i]
+            if block is not None and block.key is None:
+                key = keys[i]
+                if key not in cached:
+                    block.key = key
+                    cached[key] = block
+                    on_cached(block)
 
     def drop_cache(self) -> int:
         """Forget every cached free block (they become empty). Returns how many were dropped."""

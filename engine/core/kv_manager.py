@@ -95,11 +95,9 @@ class KVCacheManager:
         first = request.num_hashed_blocks
         if full <= first or request.block_keys is None or not self.pool.enable_caching:
             return
-        table, keys, register = self.tables[request.request_id], request.block_keys, self.pool.register
-        for i in range(first, full):
-            block = table[i]
-            if block is not None and block.key is None:
-                register(block, keys.key(i))
+        request.block_keys.key(full - 1)  # computes every key up to it in one call
+        keys = request.block_keys.keys
+        self.pool.register_blocks(self.tables[request.request_id], keys, first, min(full, len(keys)))
         request.num_hashed_blocks = full
 
     # -- allocation ----------------------------------------------------------------------------------------

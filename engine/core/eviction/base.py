@@ -54,3 +54,8 @@ class EvictionPolicy(ABC):
     def evict(self) -> KVBlock:
         self.num_evictions += 1
         return self.pop_victim()
+
+    def evict_many(self, n: int) -> list[KVBlock]:
+        """n victims, exactly those (and in the order) that n calls of `evict` would return."""
+        self.num_evictions += n
+        return [self.pop_victim() for _ in range(n)]

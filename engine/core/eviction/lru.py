@@ -32,5 +32,10 @@ class LRUPolicy(EvictionPolicy):
     def pop_victim(self) -> KVBlock:
         return self._queue.popitem(last=False)[1]
 
+    def evict_many(self, n: int) -> list[KVBlock]:
+        self.num_evictions += n
+        pop = self._queue.popitem
+        return [pop(False)[1] for _ in range(n)]
+
     def __len__(self) -> int:
         return len(self._queue)
