@@ -131,9 +131,21 @@ class Replica:
             self.peak_usage = usage
 
     def _finish_step(self, step, update, end: float) -> None:
+        tracks, clock = self.tracks, self.clock
+        gap, common = end - clock, 0
         for item in step.scheduled:
             if item.samples:
-                self._token(self.tracks[item.request.request_id], end)
+                track = tracks[item.request.request_id]
+                if track.last_token_s == clock and track.times is None:
+                    common += 1  # `_token` and `_gap`, inlined for the common case: a token in every step
+                    if gap > track.itl_max_s:
+                        track.itl_max_s = gap
+                    track.last_token_s = end
+                else:
+                    self._token(track, end)
+        if common:
+            self._common_gaps += common
+            self._common_gap = gap
         self._flush_gaps()
         for child in update.forked:
             parent = self.tracks[child.parent_id]

@@ -217,7 +217,8 @@ class Scheduler(GroupPreemption):
                 break
             if request.status is not RUNNING:
                 continue  # preempted as a victim earlier in this loop
-            pending = request.num_tokens_to_compute
+            # num_tokens_to_compute, inlined (this loop runs once per running request per step)
+            pending = request.prompt_len + request.num_output_tokens - request.num_computed_tokens
             n = pending if pending <= budget else self._chunk(pending, budget)  # decodes skip the call
             if n == 0:
                 continue
@@ -308,7 +309,7 @@ class Scheduler(GroupPreemption):
 
     def _emit(self, out: SchedulerOutput, request: Request, n: int, copies: tuple, cached_tokens: int) -> None:
         start = request.num_computed_tokens
-        samples = start + n == request.num_tokens
+        samples = start + n == request.prompt_len + request.num_output_tokens  # all of num_tokens
         out.scheduled.append(ScheduledRequest(
             request, n, start, cached_tokens, self.kv.block_ids[request.request_id], samples,
             samples and n == 1 and start >= request.prompt_len, copies))
@@ -321,14 +322,13 @@ class Scheduler(GroupPreemption):
         """Apply a step's results. `sampled[i]` is the token for `out.scheduled[i]` (ignored where it samples
         nothing; a list of n tokens for an n > 1 request finishing its prompt); None runs count-only."""
         result = UpdateOutput()
-        kv = self.kv
         for i, item in enumerate(out.scheduled):
             request = item.request
             if request.status is not RUNNING:
                 continue  # aborted after schedule()
             request.num_computed_tokens += item.num_new_tokens
             if not item.samples:
-                kv.commit(request)
+                self._commit(request)
                 if self._windowed:
                     self._slide_window(request, result)
                 continue
@@ -341,9 +341,17 @@ class Scheduler(GroupPreemption):
             self.running = [r for r in self.running if r.status is RUNNING]
         return result
 
+    def _commit(self, request: Request) -> None:
+        """`kv.commit`, called only when a block has filled since the last one (most decode steps fill none)."""
+        if self._keys_wanted and request.num_computed_tokens >= (request.num_hashed_blocks + 1) * self.block_size:
+            self.kv.commit(request)
+
     def _append(self, request: Request, token: int | None, result: UpdateOutput) -> None:
-        request.append_token(token)
-        self.kv.commit(request)
+        if request.token_ids is None:
+            request.num_output_tokens += 1  # append_token, inlined for count-only runs (the simulator)
+        else:
+            request.append_token(token)
+        self._commit(request)
         if request.num_output_tokens >= request.max_tokens:
             self._finish(request, "length", result)
         elif token is not None and token in request.stop_token_ids:
