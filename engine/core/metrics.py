@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from itertools import chain
 from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.core.kv_manager import HOLE
 
 if TYPE_CHECKING:
     from engine.core.kv_manager import KVCacheManager
@@ -62,25 +67,35 @@ def memory_breakdown(kv: KVCacheManager | ReservationAllocator, requests: Iterab
 
 
 def _paged_breakdown(kv: KVCacheManager, requests: Iterable[Request]) -> MemoryBreakdown:
+    """One pass over every live table, vectorised: a sample of 256 requests holding 170 blocks each is 43k
+    (block, holder) pairs, which a Python loop took 40 ms over."""
     bs = kv.block_size
-    filled: dict[int, int] = {}  # block id -> most slots any holder has written
-    needed: dict[int, int] = {}  # block id -> most slots any holder will ever write
+    tables, done, final = [], [], []
     for request in requests:
-        table = kv.tables.get(request.request_id)
-        if table is None:
+        ids = kv.block_ids.get(request.request_id)
+        if ids is None:
             continue
-        done, final = request.num_computed_tokens, max(request.final_len, request.num_tokens)
-        for i, block in enumerate(table):
-            if block is None:
-                continue
-            base = i * bs
-            bid = block.block_id
-            filled[bid] = max(filled.get(bid, 0), min(max(done - base, 0), bs))
-            needed[bid] = max(needed.get(bid, 0), min(max(final - base, 0), bs))
+        tables.append(ids)
+        done.append(request.num_computed_tokens)
+        final.append(max(request.final_len, request.num_tokens))
+    tokens = needed_slots = 0
+    if tables:
+        lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+        flat = np.fromiter(chain.from_iterable(tables), dtype=np.int64, count=int(lengths.sum()))
+        first = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        base = (np.arange(len(flat), dtype=np.int64) - first) * bs  # the first position of each table entry
+        held = flat != HOLE  # sink+window released blocks: holes in the table
+        block_ids, base = flat[held], base[held]
+        # A block shared by several tables counts once, with the most slots any holder has written / will write.
+        most = np.zeros(kv.config.num_blocks, dtype=np.int64)
+        np.maximum.at(most, block_ids, np.clip(np.repeat(done, lengths)[held] - base, 0, bs))
+        tokens = int(most.sum())
+        most[:] = 0
+        np.maximum.at(most, block_ids, np.clip(np.repeat(final, lengths)[held] - base, 0, bs))
+        needed_slots = int(most.sum())
     total = kv.config.num_blocks * bs
     used_slots = kv.pool.num_used * bs
-    tokens = sum(filled.values())
-    reserved = sum(needed.values()) - tokens
+    reserved = needed_slots - tokens
     return MemoryBreakdown(tokens / total, reserved / total, (used_slots - tokens - reserved) / total, 0.0,
                            (total - used_slots) / total)
 
