@@ -4,13 +4,14 @@ Each loop iteration is one scheduler step and one SimPy event: `schedule()`, pri
 stamp the sampled tokens with the step's end time. Requests are added to the scheduler the moment the router
 hands them over (mid-step, exactly as a live engine's queue) and are first scheduled at the next step.
 
-Decode fast path: when `decode_horizon` says the next k steps are pure decode with nothing else happening, the
-replica prices all k steps in one vectorised call, keeps those that start before the next arrival this replica
-may receive (any arrival, as a router may send it here; under round robin, its own next one) and before the
-next time-series sample, applies them with `advance_decode`, and stamps tokens and completions with the same
-step-end times that k single steps produce. Requests that reach their output budget finish inside the stretch.
-The step running across an arrival may join the stretch unless a request finishes in it or the router reads the
-prefix cache (either would show before the arrival).
+Decode fast path: when `decode_horizon` says the next k steps are pure decode with nothing else happening (cached
+blocks may be evicted inside them, and requests may wait as long as the head cannot be admitted before the first
+completion - a backlog), the replica prices all k steps in one vectorised call, keeps those that start before the
+next arrival this replica may receive (any arrival, as a router may send it here; under round robin, its own next
+one) and before the next time-series sample, applies them with `advance_decode`, and stamps tokens and completions
+with the same step-end times that k single steps produce. Requests that reach their output budget finish inside the
+stretch. The step running across an arrival may join the stretch unless a request finishes in it or the router
+reads the prefix cache (either would show before the arrival).
 """
 
 from __future__ import annotations

@@ -29,17 +29,20 @@ def register(verbs: argparse._SubParsersAction) -> None:
     engine.add_argument("--requests", type=COUNT, default=64)
     sim = _target(
         targets, _bench_sim, "sim",
-        help="simulator speed: the Azure conversation trace vs real time, a million requests on 16 replicas",
-        description="Replays the one-hour Azure LLM conversation trace (2023, 19,366 requests; read from "
-                    "../shared/data, reported as skipped when missing) on one replica of llama-3-8b on h100-sxm and "
-                    "prints simulated seconds per wall second (target >= 1000x) and the summary; then a seeded "
-                    "synthetic workload of a million ShareGPT-like requests on 16 round-robin replicas, with its "
-                    "wall time and the peak resident memory. Takes minutes.")
+        help="simulator speed in each regime: prefix caching off/on, 4x load, Mooncake, a burst, a million requests",
+        description="Simulated seconds per wall second, fast-path share and peak memory, each regime in its own "
+                    "process on llama-3-8b / h100-sxm: the one-hour Azure LLM conversation trace (2023) with prefix "
+                    "caching off, on, and at 4x its rate; the Mooncake FAST'25 conversation trace; a burst of 20,000 "
+                    "lengths-only arXiv requests at t = 0; a seeded million ShareGPT-like requests on 16 replicas. "
+                    "The public traces are read from ../shared/data (a row is reported as skipped when missing). "
+                    "Targets: >= 1000x real time; the burst <= 30 s; the million <= 60 s and 1 GB. Takes minutes.")
     sim.add_argument("--data", type=Path, default=None, help="shared data directory (default ../shared/data)")
     sim.add_argument("--requests", type=integer(1, 10_000_000), default=1_000_000,
                      help="synthetic requests (default 1,000,000)")
     sim.add_argument("--replicas", type=REPLICAS, default=16, help="replicas for the synthetic run (default 16)")
     sim.add_argument("--seed", type=SEED, default=0)
+    sim.add_argument("--regimes", nargs="+", choices=sim_regimes(), default=None, metavar="REGIME",
+                     help=f"run only these (default all: {', '.join(sim_regimes())})")
     kernels = _target(
         targets, _bench_kernels, "kernels", help="paged Triton kernels vs torch SDPA (needs a CUDA GPU)",
         description="Paged decode and prefill attention over a grid of batch sizes, context lengths and "
@@ -59,6 +62,12 @@ def register(verbs: argparse._SubParsersAction) -> None:
     trace_load.add_argument("--rows", type=integer(1, 10_000_000), default=1_000_000,
                             help="requests per file (default 1000000)")
     trace_load.add_argument("--seed", type=SEED, default=0)
+
+
+def sim_regimes() -> tuple[str, ...]:
+    from kvplan.bench.sim import REGIMES  # numpy only: the CLI still starts without torch
+
+    return REGIMES
 
 
 def _target(targets: argparse._SubParsersAction, handler: Callable[[argparse.Namespace], int], name: str,
@@ -124,25 +133,31 @@ def _show_engine(result: dict) -> None:
 def _bench_sim(args: argparse.Namespace) -> int:
     from kvplan.bench import sim
 
-    result = sim.run(args.data or sim.DATA_DIR, args.requests, args.replicas, seed=args.seed)
+    result = sim.run(args.data or sim.DATA_DIR, args.requests, args.replicas, seed=args.seed,
+                     regimes=tuple(args.regimes or sim.REGIMES))
     return _report(args, result, _show_sim)
 
 
 def _show_sim(result: dict) -> None:
-    az, syn = result["azure_conv"], result["synthetic"]
-    if az.get("skipped"):
-        print(f"Azure conversation trace: skipped - {az['reason']}")
-    else:
-        print(f"Azure conversation trace ({az['requests']} requests, {az['model']} on {az['hardware']}, 1 replica, "
-              f"prefix caching {az['prefix_caching']}):\n  simulated {az['simulated_s']:.0f} s in {az['wall_s']:.2f} s "
-              f"wall = {az['speedup']:.0f}x real time (target >= {az['target']:.0f}x: "
-              f"{'met' if az['target_met'] else 'not met'}); {az['fast_steps']} of {az['steps']} steps on the fast "
-              "path")
-        print(_summary_table(az["summary"]))
-    print(f"\nSynthetic: {syn['requests']} requests on {syn['replicas']} replicas ({syn['router']}), "
-          f"{syn['arrival_rate']:.0f} req/s: simulated {syn['simulated_s']:.0f} s in {syn['wall_s']:.1f} s wall "
-          f"({syn['speedup']:.0f}x); peak resident memory {result['peak_rss_mb']:.0f} MB")
-    print(_summary_table(syn["summary"]))
+    targets = {"speedup": f">= {result['speedup_target']:.0f}x", "wall_s": f"<= {result['burst_wall_target_s']:.0f} s",
+               "wall_s+rss": "<= 60 s, 1 GB"}
+    rows, skipped = [], []
+    for name, row in result["regimes"].items():
+        if row.get("skipped"):
+            skipped.append(f"{name}: skipped - {row['reason']}")
+            continue
+        rows.append([name, row["requests"], row["replicas"], row["prefix_caching"], row["wall_s"], row["simulated_s"],
+                     f"{row['speedup']:.0f}x", f"{row['fast_share']:.1%}", row["peak_rss_mb"],
+                     targets[row["target"]], "met" if row["target_met"] else "not met"])
+    if rows:
+        print(format_table(["regime", "requests", "replicas", "prefix", "wall_s", "simulated_s", "speedup",
+                            "fast_path", "peak_rss_mb", "target", ""], rows))
+    for line in skipped:
+        print(line)
+    for name, row in result["regimes"].items():
+        if not row.get("skipped"):
+            print(f"\n{name}:")
+            print(_summary_table(row["summary"]))
 
 
 def _summary_table(summary: dict) -> str:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
+import pytest
+
 from kvplan.bench import sim as bench
 
 
@@ -9,10 +15,22 @@ def test_synthetic_workload_completes_on_every_replica():
     result = bench.synthetic(300, 4, per_replica_rate=5.0, seed=2)
     assert result["summary"]["completed"] == 300
     assert result["simulated_s"] > 0 and result["wall_s"] > 0 and result["fast_steps"] > 0
+    assert 0 < result["fast_share"] <= 1 and result["peak_rss_mb"] > 0 and result["target"] == "wall_s+rss"
     again = bench.synthetic_trace(300, 20.0, 2)
     assert (again.prompt_tokens + again.output_tokens <= 2048).all()
 
 
-def test_missing_shared_data_is_reported_not_fatal(tmp_path):
-    result = bench.azure_conv(tmp_path)
+@pytest.mark.parametrize("name", [r for r in bench.REGIMES if r != "synthetic"])
+def test_missing_shared_data_is_reported_not_fatal(tmp_path, name):
+    result = bench.regime(name, str(tmp_path))
     assert result["skipped"] and "not found" in result["reason"] and "shared data" in result["reason"]
+
+
+def test_cli_runs_each_regime_in_its_own_process_and_prints_json(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "kvplan", "bench", "sim", "--regimes", "burst", "synthetic",
+                          "--requests", "200", "--replicas", "2", "--data", str(tmp_path), "--json"],
+                         capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert list(result["regimes"]) == ["burst", "synthetic"]
+    assert result["regimes"]["burst"]["skipped"]
+    assert result["regimes"]["synthetic"]["summary"]["completed"] == 200
