@@ -57,6 +57,7 @@ class Replica:
                  record_tokens: bool = False) -> None:
         self.env, self.index, self.cost, self.log = env, index, cost, log
         self.sched = Scheduler(cache, config)
+        self.sched.bulk_decodes = fast_path  # off when stepping one step at a time: the reference path
         self.block_size = cache.block_size
         self.attended_limit = cache.sink_tokens + cache.window_tokens if cache.windowed else 0
         self.next_arrival = next_arrival
@@ -134,16 +135,16 @@ class Replica:
     def _finish_step(self, step, update, end: float) -> None:
         tracks, clock = self.tracks, self.clock
         gap, common = end - clock, 0
-        for item in step.scheduled:
-            if item.samples:
-                track = tracks[item.request.request_id]
-                if track.last_token_s == clock and track.times is None:
-                    common += 1  # `_token` and `_gap`, inlined for the common case: a token in every step
-                    if gap > track.itl_max_s:
-                        track.itl_max_s = gap
-                    track.last_token_s = end
-                else:
-                    self._token(track, end)
+        sampled = [item.request for item in step.scheduled if item.samples]  # bulk decodes all sample
+        for request in step.decodes + sampled if step.decodes else sampled:
+            track = tracks[request.request_id]
+            if track.last_token_s == clock and track.times is None:
+                common += 1  # `_token` and `_gap`, inlined for the common case: a token in every step
+                if gap > track.itl_max_s:
+                    track.itl_max_s = gap
+                track.last_token_s = end
+            else:
+                self._token(track, end)
         if common:
             self._common_gaps += common
             self._common_gap = gap

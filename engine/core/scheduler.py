@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import deque
 from itertools import count
 
+from engine.core.bulk_decode import schedule_decode_prefix, update_decodes
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_manager import KVCacheManager
 from engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
@@ -72,6 +73,8 @@ class Scheduler(GroupPreemption):
         self._keys_wanted = self.cache_config.enable_prefix_caching and self.cache_config.allocator == "paged"
         self._windowed = self.cache_config.windowed  # only then can update() release blocks mid-request
         self._prefill_first = self.config.schedule == "prefill_first"
+        # Count-only runs (the simulator) may schedule the leading plain decodes in bulk (`bulk_decode`).
+        self.bulk_decodes = False
 
     # -- requests ------------------------------------------------------------------------------------------
     def add_request(self, request: Request) -> bool:
@@ -185,9 +188,9 @@ class Scheduler(GroupPreemption):
         budget = self._schedule_running(out, budget)
         if not out.preempted:
             budget = self._schedule_swapped(out, budget)
-            if not self.swapped and not (self._prefill_first and out.scheduled):
+            if not self.swapped and not (self._prefill_first and not out.is_empty):
                 self._schedule_waiting(out, budget)
-        if not out.scheduled and not out.preempted and self.has_unfinished():
+        if out.is_empty and not out.preempted and self.has_unfinished():
             raise RuntimeError(f"scheduler bug: an empty step with {len(self.running)} running, {len(self.swapped)} "
                                f"swapped and {len(self.waiting)} waiting requests ({self.kv.num_free_blocks} of "
                                f"{self.cache_config.num_blocks} blocks free)")
@@ -212,7 +215,9 @@ class Scheduler(GroupPreemption):
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         kv = self.kv
-        for request in list(self.running):
+        first = schedule_decode_prefix(self, out, budget) if self.bulk_decodes else 0
+        budget -= first
+        for request in self.running[first:]:  # a copy: preemption edits the list
             if budget <= 0:
                 break
             if request.status is not RUNNING:
@@ -322,6 +327,8 @@ class Scheduler(GroupPreemption):
         """Apply a step's results. `sampled[i]` is the token for `out.scheduled[i]` (ignored where it samples
         nothing; a list of n tokens for an n > 1 request finishing its prompt); None runs count-only."""
         result = UpdateOutput()
+        if out.decodes:
+            update_decodes(self, out, result)
         for i, item in enumerate(out.scheduled):
             request = item.request
             if request.status is not RUNNING:

@@ -29,8 +29,8 @@ def step_time(model: CostModel, step, block_size: int, attended_limit: int = 0) 
     if recorded is not None:
         return recorded(step)
     compute = 0.0
-    if step.scheduled:
-        compute = float(model.step_times(step_features(step.scheduled, block_size, attended_limit)))
+    if step.scheduled or step.decodes:
+        compute = float(model.step_times(step_features(step.scheduled, block_size, attended_limit, step.decodes)))
     moved = len(step.swap_out) + len(step.swap_in)
     if moved or step.copies:
         compute += model.transfer_time(moved, len(step.copies))

@@ -15,7 +15,7 @@ so a live step and a simulated one are described by the same arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -40,10 +40,16 @@ class StepFeatures:
 FEATURE_NAMES = tuple(f.name for f in fields(StepFeatures))
 
 
-def step_features(items: Iterable, block_size: int, attended_limit: int = 0) -> StepFeatures:
-    """Features of one step's scheduled items. `attended_limit` > 0 caps the tokens attention reads
+def step_features(items: Iterable, block_size: int, attended_limit: int = 0, bulk: Sequence = ()) -> StepFeatures:
+    """Features of one step's scheduled items, plus the core's bulk-scheduled plain decodes `bulk` (requests
+    about to compute one token each, never sink+window). `attended_limit` > 0 caps the tokens attention reads
     (sink+window)."""
     count = prefill = attn2 = decodes = ctx = ctx_max = blocks = sampled = 0
+    if bulk:
+        ends = [request.num_computed_tokens + 1 for request in bulk]
+        count = decodes = sampled = len(ends)
+        ctx, ctx_max = sum(ends), max(ends)
+        blocks = sum([-(-end // block_size) for end in ends])
     for item in items:
         count += 1
         n, start = item.num_new_tokens, item.start_pos

@@ -1,0 +1,99 @@
+"""Bulk scheduling of the running decodes that lead a mixed step, for count-only runs (the simulator).
+
+In a step that also prefills or admits - the step after every arrival under load - most of the batch is plain
+decodes: requests generating their next token with room, or one new block, for it. The scheduler's general loop
+spends an object and several calls on each; here they are handled as one list, `SchedulerOutput.decodes`, with
+exactly the effects the general loop has on them. Only a *leading* run of `running` qualifies, so that their
+allocations (in `schedule`) and their registrations and completions (in `update`) keep their places in running
+order before everything else in the step::
+
+    running:  [d d d d d d d | p d d]       d: plain decode, p: anything else (a prefill chunk, a recompute, a
+               └── bulk ───┘  └ general loop ┘      copy-on-write, an n > 1 prompt about to fork)
+
+A plain decode here: count-only (no token ids, so no stop token), one token pending past its prompt, n = 1 or
+already forked, and its next position either inside its private last block or opening exactly one new block.
+The run is taken only when the free blocks cover its new blocks *and* whatever the rest of the step could ask
+for, so the general loop never preempts in such a step (a victim could otherwise be one of the bulk decodes).
+Sink+window configurations never use it (their update releases blocks per request).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.core.kv_manager import cdiv
+from engine.core.outputs import SchedulerOutput, UpdateOutput
+from engine.core.request import RequestStatus
+
+if TYPE_CHECKING:
+    from engine.core.scheduler import Scheduler
+
+RUNNING = RequestStatus.RUNNING
+
+
+def schedule_decode_prefix(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
+    """Schedule the leading plain decodes of `sched.running` (at most `budget`) into `out.decodes`, allocating
+    their new blocks in running order; returns how many (0: the general loop schedules everything)."""
+    if sched._windowed:
+        return 0
+    running, kv = sched.running, sched.kv
+    pool = getattr(kv, "pool", None)
+    bs, tables = sched.block_size, kv.tables
+    count = new = 0
+    limit = min(len(running), budget)
+    while count < limit:
+        request = running[count]
+        pos = request.num_computed_tokens
+        if (request.token_ids is not None or pos < request.prompt_len
+                or pos != request.prompt_len + request.num_output_tokens - 1 or (request.n > 1 and not request.forked)):
+            break
+        if pool is not None:
+            table = tables[request.request_id]
+            held = len(table) * bs
+            if pos < held:
+                if table[pos // bs].ref_cnt != 1:
+                    break  # copy-on-write first: the general loop's case
+            elif pos == held:
+                new += 1
+            else:
+                break
+        count += 1
+    if count == 0 or (pool is not None and pool.num_free - new < _rest_need(sched, count)):
+        return 0
+    if new:
+        ids = kv.block_ids
+        for request in running[:count]:
+            table = tables[request.request_id]
+            if request.num_computed_tokens == len(table) * bs:
+                block = pool.allocate()  # an empty block, or the policy's victim, as `kv.allocate` takes it
+                table.append(block)
+                ids[request.request_id].append(block.block_id)
+    out.decodes = running[:count]
+    out.num_batched_tokens += count
+    return count
+
+
+def _rest_need(sched: Scheduler, first: int) -> int:
+    """Most blocks the running requests after the bulk decodes could allocate in this step (every pending token,
+    plus a copy of a shared tail): with that many free, none of them has to preempt."""
+    bs, tables, need = sched.block_size, sched.kv.tables, 0
+    for request in sched.running[first:]:
+        table = tables.get(request.request_id)
+        held = 0 if table is None else len(table)
+        need += max(cdiv(request.num_tokens, bs) - held, 0) + 1
+    return need
+
+
+def update_decodes(sched: Scheduler, out: SchedulerOutput, result: UpdateOutput) -> None:
+    """`update()` for `out.decodes`: one token each, full blocks registered, output budgets finished."""
+    commit, finish, bs = sched.kv.commit, sched._finish, sched.block_size
+    registering = sched._keys_wanted
+    for request in out.decodes:
+        if request.status is not RUNNING:
+            continue  # aborted after schedule()
+        request.num_computed_tokens += 1
+        request.num_output_tokens += 1
+        if registering and request.num_computed_tokens >= (request.num_hashed_blocks + 1) * bs:
+            commit(request)  # a block filled since the last registration (`Scheduler._commit`, inlined)
+        if request.num_output_tokens >= request.max_tokens:
+            finish(request, "length", result)
