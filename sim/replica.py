@@ -204,6 +204,9 @@ class Replica:
         running = sched.running
         if not running or sched.swapped or (len(sched.waiting) and not sched.waiting_head_blocked()):
             return []  # cheap exits first: an admission or swap-in is due
+        last = running[-1]  # the latest admitted, the likeliest to be still in its prompt
+        if last.num_computed_tokens < last.prompt_len + last.num_output_tokens - 1:
+            return []
         contexts, remaining = [], []
         for r in running:
             if r.num_computed_tokens < r.prompt_len:
