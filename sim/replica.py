@@ -25,7 +25,7 @@ import numpy as np
 import simpy
 
 from engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
-from engine.core.fast_forward import advance_decode, decode_horizon
+from engine.core.fast_forward import advance_decode, decode_horizon, waiting_head_blocked
 from sim.cost import CostModel, step_time
 from sim.cost.features import decode_stretch_features, first_decode_features
 from sim.metrics import ItlLog, RequestLog
@@ -202,7 +202,7 @@ class Replica:
         times (empty when none applies)."""
         sched = self.sched
         running = sched.running
-        if not running or sched.swapped or (len(sched.waiting) and not sched.waiting_head_blocked()):
+        if not running or sched.swapped or (len(sched.waiting) and not waiting_head_blocked(sched)):
             return []  # cheap exits first: an admission or swap-in is due
         last = running[-1]  # the latest admitted, the likeliest to be still in its prompt
         if last.num_computed_tokens < last.prompt_len + last.num_output_tokens - 1:

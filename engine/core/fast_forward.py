@@ -39,7 +39,7 @@ def decode_horizon(sched: Scheduler, limit: int) -> int:
     if limit <= 0 or not sched.running or sched.swapped or sched._rejected:
         return 0
     backlog = len(sched.waiting) > 0
-    if backlog and not sched.waiting_head_blocked():
+    if backlog and not waiting_head_blocked(sched):
         return 0  # an admission is due
     if sched.cache_config.windowed or len(sched.running) > sched.config.max_num_batched_tokens:
         return 0
@@ -78,6 +78,26 @@ def decode_horizon(sched: Scheduler, limit: int) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def waiting_head_blocked(sched: Scheduler) -> bool:
+    """Whether the head of the waiting queue stays waiting through every step in which each running request
+    decodes one token, until one of them finishes (or a request arrives, or anything is swapped).
+
+    What admission needs - a sequence slot, token budget, free blocks above the watermark, prefix hits - only
+    shrinks while decodes allocate and evict and nobody finishes, so the head refused now is refused then. The
+    budget it would get is what the decodes leave (`mixed`) or the whole budget (`prefill_first`: its prefill
+    step is tried first, and waiting requests are not tried again after decodes are scheduled). The check is the
+    scheduler's own (`_admission`, then the KV manager's `can_allocate`). The caller checks that something waits
+    and nothing is swapped out."""
+    request = sched.waiting.peek()
+    budget = sched.config.max_num_batched_tokens
+    if not sched._prefill_first:
+        budget -= len(sched.running)
+    if budget <= 0:
+        return True
+    plan = sched._admission(request, budget)
+    return plan is None or not sched.kv.can_allocate(request, plan[1], plan[0], sched._reserve())
 
 
 def _blocks_needed(sched: Scheduler, k: int) -> int:

@@ -35,9 +35,6 @@ class ScheduledRequest:
 @dataclass(slots=True)
 class SchedulerOutput:
     step_id: int
-    # Plain count-only decodes scheduled in bulk (one token each, ahead of `scheduled` in running order); only
-    # when the scheduler's `bulk_decodes` is on - the simulator's fast path (see `bulk_decode`).
-    decodes: list[Request] = field(default_factory=list)
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     num_batched_tokens: int = 0
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) GPU blocks, copy-on-write
@@ -45,6 +42,9 @@ class SchedulerOutput:
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, gpu)
     preempted: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (request id, reason)
+    # Plain count-only decodes scheduled in bulk (one token each, ahead of `scheduled` in running order); only
+    # when the scheduler's `bulk_decodes` is on - the simulator's fast path (see `bulk_decode`).
+    decodes: list[Request] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

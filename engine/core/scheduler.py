@@ -294,24 +294,6 @@ class Scheduler(GroupPreemption):
         n = self._chunk(request.num_tokens - len(hits) * self.block_size, budget)
         return (hits, n) if n else None
 
-    def waiting_head_blocked(self) -> bool:
-        """Whether the head of the waiting queue stays waiting through every step in which each running request
-        decodes one token, until one of them finishes (or a request arrives, or anything is swapped).
-
-        What admission needs - a sequence slot, token budget, free blocks above the watermark, prefix hits - only
-        shrinks while decodes allocate and evict and nobody finishes, so the head refused now is refused then.
-        The budget it would get is what the decodes leave (`mixed`) or the whole budget (`prefill_first`: its
-        prefill step is tried first, and waiting requests are not tried again after decodes are scheduled).
-        The caller checks that something waits and nothing is swapped out."""
-        request = self.waiting.peek()
-        budget = self.config.max_num_batched_tokens
-        if not self._prefill_first:
-            budget -= len(self.running)
-        if budget <= 0:
-            return True
-        plan = self._admission(request, budget)
-        return plan is None or not self.kv.can_allocate(request, plan[1], plan[0], self._reserve())
-
     def _emit(self, out: SchedulerOutput, request: Request, n: int, copies: tuple, cached_tokens: int) -> None:
         start = request.num_computed_tokens
         samples = start + n == request.prompt_len + request.num_output_tokens  # all of num_tokens
