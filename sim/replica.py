@@ -244,8 +244,12 @@ class Replica:
             return []
         usage: list[float] = []
         finished = advance_decode(sched, k, usage)
+        seconds, peak = self.usage_seconds, self.peak_usage  # `_account` per step, inlined (same sum order)
         for used, dt in zip(usage, times, strict=False):
-            self._account(used, dt)
+            seconds += used * dt
+            if used > peak:
+                peak = used
+        self.usage_seconds, self.peak_usage = seconds, peak
         self._stamp_stretch(running, remaining, ends, features.num_requests)
         for step, request in finished:
             self._close(request, ends[step])
@@ -261,14 +265,25 @@ class Replica:
         gaps = [b - a for a, b in pairwise(ends)]  # gaps[j - 1]: step j-1 end -> step j end
         self.itl.add_many(gaps, alive[1:k].tolist())
         widest = list(accumulate(gaps, max, initial=0.0))  # widest[j]: the widest of the first j gaps
-        tracks, first = self.tracks, ends[0]
+        tracks, first, clock = self.tracks, ends[0], self.clock
+        common_gap, common = first - clock, 0
         for request, steps in zip(running, remaining, strict=True):
             last = min(steps, k) - 1
             track = tracks[request.request_id]
-            self._gap(track, first)
+            if track.last_token_s == clock:  # `_gap`, inlined for the common case: a token in the step before
+                common += 1
+                gap = common_gap
+            else:
+                gap = first - track.last_token_s
+                self.itl.add(gap)
+            if gap > track.itl_max_s:
+                track.itl_max_s = gap
             track.last_token_s = ends[last]
             if widest[last] > track.itl_max_s:
                 track.itl_max_s = widest[last]
+        if common:
+            self._common_gaps += common
+            self._common_gap = common_gap
         self._flush_gaps()
 
     # -- time series ---------------------------------------------------------------------------------------
