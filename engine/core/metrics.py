@@ -86,12 +86,14 @@ def _paged_breakdown(kv: KVCacheManager, requests: Iterable[Request]) -> MemoryB
         base = (np.arange(len(flat), dtype=np.int64) - first) * bs  # the first position of each table entry
         held = flat != HOLE  # sink+window released blocks: holes in the table
         block_ids, base = flat[held], base[held]
-        # A block shared by several tables counts once, with the most slots any holder has written / will write.
-        most = np.zeros(kv.config.num_blocks, dtype=np.int64)
-        np.maximum.at(most, block_ids, np.clip(np.repeat(done, lengths)[held] - base, 0, bs))
+        # A block shared by several tables counts once, with the most slots any holder has written / will write;
+        # grouped over the distinct live ids (work follows the live tables, not the pool's size).
+        distinct, slot = np.unique(block_ids, return_inverse=True)
+        most = np.zeros(len(distinct), dtype=np.int64)
+        np.maximum.at(most, slot, np.clip(np.repeat(done, lengths)[held] - base, 0, bs))
         tokens = int(most.sum())
         most[:] = 0
-        np.maximum.at(most, block_ids, np.clip(np.repeat(final, lengths)[held] - base, 0, bs))
+        np.maximum.at(most, slot, np.clip(np.repeat(final, lengths)[held] - base, 0, bs))
         needed_slots = int(most.sum())
     total = kv.config.num_blocks * bs
     used_slots = kv.pool.num_used * bs

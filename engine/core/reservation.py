@@ -80,12 +80,10 @@ class ReservationAllocator:
         rid = request.request_id
         if rid in self.extents:
             return NO_COPIES
+        if not self.can_allocate(request, num_new_tokens, hits, reserve):
+            return None
         size = self.reservation(request)
-        if self.total_slots - self.reserved_slots - size < reserve * self.block_size:
-            return None
         start = self._first_fit(size)
-        if start is None:
-            return None
         self.extents[rid] = (start, size)
         self.tables[rid] = []
         self.block_ids[rid] = []
