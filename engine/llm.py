@@ -177,6 +177,15 @@ class LLM:
         self.scheduler.add_request(request)
         return rid
 
+    def output_token_ids(self, request_id: str) -> list[list[int]] | None:
+        """The tokens each sequence of an unfinished request has generated so far (index order; a sequence not
+        forked yet is absent), or None for a request that is not running here. Streaming servers read this after
+        every step: preemption by recompute keeps a sequence's tokens, so the lists only grow."""
+        group = self._groups.get(request_id)
+        if group is None:
+            return None
+        return [list(group.sequences[i].output_token_ids) for i in sorted(group.sequences)]
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 

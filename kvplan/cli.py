@@ -12,9 +12,11 @@ from kvplan import __version__
 from kvplan.arg_types import OneLineParser
 
 # Verbs in the order `kvplan --help` lists them; later features add their module here.
-COMMANDS = ("run", "trace", "simulate", "generate", "replay", "calibrate", "validate", "bench")
+COMMANDS = ("run", "trace", "simulate", "generate", "serve", "replay", "calibrate", "validate", "bench")
 # What the `engine` extra installs: a command that imports one of these needs it.
 ENGINE_PACKAGES = ("torch", "triton", "transformers", "accelerate", "gguf")
+# What the `serve` extra installs (`kvplan serve`).
+SERVE_PACKAGES = ("fastapi", "starlette", "uvicorn", "prometheus_client")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,11 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:  # bad input: a clear message, no traceback
         print(f"kvplan {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except ModuleNotFoundError as exc:  # the light install: the command needs the live engine
-        if (exc.name or "").split(".")[0] not in ENGINE_PACKAGES:
+    except ModuleNotFoundError as exc:  # the light install: the command needs the live engine (or the server)
+        package = (exc.name or "").split(".")[0]
+        if package not in ENGINE_PACKAGES + SERVE_PACKAGES:
             return _bug(args.command)
-        print(f"kvplan {args.command}: error: needs the live engine (module {exc.name!r} is not installed); "
-              "install it with: pip install 'kvplan[engine]'", file=sys.stderr)
+        extra, what = ("engine", "the live engine") if package in ENGINE_PACKAGES else ("serve", "the HTTP server")
+        print(f"kvplan {args.command}: error: needs {what} (module {exc.name!r} is not installed); "
+              f"install it with: pip install 'kvplan[{extra}]'", file=sys.stderr)
         return 2
     except OSError as exc:  # a path that cannot be read or written (permissions, a directory, a full disk)
         where = f"{exc.filename}: " if exc.filename else ""

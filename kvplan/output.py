@@ -30,6 +30,11 @@ def json_text(obj: object) -> str:
     return json.dumps(strict(obj), indent=2, allow_nan=False)
 
 
+def json_line(obj: object) -> str:
+    """One compact strict-JSON line (JSON Lines files)."""
+    return json.dumps(strict(obj), separators=(",", ":"), allow_nan=False)
+
+
 def print_json(obj: object) -> None:
     print(json_text(obj))
 

@@ -1,29 +1,39 @@
 """`kvplan replay`: the live engine serves a trace in real time (each request enters at its arrival time while
 the engine steps continuously) and writes the same per-request table, time series and summary as `kvplan
-simulate`, plus the step profile (steps.jsonl) that `kvplan validate --mode policy` and `--cost recorded` read."""
+simulate`, plus the step profile (steps.jsonl) that `kvplan validate --mode policy` and `--cost recorded` read.
+
+With --endpoint URL the trace is replayed against an OpenAI-compatible server instead (vLLM, SGLang, TGI,
+`kvplan serve`): each request is sent at its arrival time and streamed; the same tables are written from what
+the client saw, plus every token's time (tokens.jsonl), failed requests (failed.jsonl) and the server's
+vLLM counters over the run (endpoint.json). --model is then only the name sent (optional)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from kvplan.arg_types import POSITIVE, SEED, number, out_path
 from kvplan.commands.simulate import TABLE, write_tables
+from kvplan.endpoint.session import add_endpoint_arguments, endpoint_options, replay_endpoint, within_duration
 from kvplan.engine_args import add_engine_arguments, options_from_args
+from kvplan.live import EngineOptions
 from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("replay", help="serve a trace on the live engine in real time", description=__doc__)
-    add_trace_arguments(p)
+    add_trace_arguments(p, model_required=False)
     add_engine_arguments(p)
+    add_endpoint_arguments(p)
     p.add_argument("--out", type=out_path, required=True, help="result directory (replaced whole on success)")
     p.add_argument("--format", choices=["parquet", "csv"], default="parquet", help="table format")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
 
-def add_trace_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="smollm2-135m, llama-100m, tiny-llama or a local HF directory")
+def add_trace_arguments(p: argparse.ArgumentParser, model_required: bool = True) -> None:
+    p.add_argument("--model", required=model_required,
+                   help="smollm2-135m, llama-100m, tiny-llama or a local HF directory")
     p.add_argument("--trace", required=True, help="trace file (any format `kvplan trace` reads)")
     p.add_argument("--trace-format", default=None, help="trace format, when detection is not enough")
     p.add_argument("--rate-scale", type=POSITIVE, default=1.0, help="multiply the arrival rate (2: twice as fast)")
@@ -46,10 +56,23 @@ def load_trace(args: argparse.Namespace):
     return scale_rate(trace, args.rate_scale) if args.rate_scale != 1.0 else trace
 
 
+def check_no_engine_options(args: argparse.Namespace) -> None:
+    """With --endpoint the server has its own configuration: engine options here would be silently unused."""
+    given = options_from_args(args)
+    if given != EngineOptions():
+        changed = [k for k in EngineOptions.option_names() if getattr(given, k) != getattr(EngineOptions(), k)]
+        raise ValueError(f"--endpoint: engine options ({', '.join(changed)}) configure the in-process engine; "
+                         "the endpoint's server has its own; allowed: --endpoint without engine options")
+
+
 def run(args: argparse.Namespace) -> int:
     from kvplan.live import replay
 
     check_out_dir(args.out)
+    if args.endpoint is not None:
+        return run_endpoint(args)
+    if args.model is None:
+        raise ValueError("--model: required (the model the in-process engine runs), unless --endpoint is given")
     trace = load_trace(args)
     options = options_from_args(args)
     with atomic_dir(args.out, {"command": "replay", "model": args.model, "trace": str(args.trace),
@@ -68,3 +91,38 @@ def run(args: argparse.Namespace) -> int:
     print(format_table([h for h, _ in TABLE], [[row[key] for _, key in TABLE]]))
     print(f"\nwrote {args.out}/: requests.{args.format}, series.{args.format}, summary.json, steps.jsonl")
     return 0
+
+
+def run_endpoint(args: argparse.Namespace) -> int:
+    from kvplan.live import sample_interval
+
+    check_no_engine_options(args)
+    options = endpoint_options(args)
+    trace = within_duration(load_trace(args), options.duration_s)
+    print(f"{args.trace}: replaying {len(trace)} requests against {options.url}", file=sys.stderr)
+    with atomic_dir(args.out, {"command": "replay", "endpoint": options.url, "model": options.model,
+                               "trace": str(args.trace)}) as out:
+        result, load = replay_endpoint(options, trace, seed=args.seed, temperature=args.temperature, out=out,
+                                       sample_interval_s=sample_interval(trace))
+    if result.info["failed"] == len(trace):
+        raise ValueError(f"--endpoint: every request failed (first: {result.info['rejected_first'][0]}); each "
+                         f"error is in {args.out}/failed.jsonl")
+    if args.json:
+        print_json({"summary": result.summary, "info": result.info})
+        return 0
+    info = result.info
+    print(f"{args.trace}: {len(trace)} requests replayed against {options.url} in {load.wall_s:.1f} s; "
+          f"{len(trace) - info['failed']} completed, {info['failed']} failed")
+    for line in info["rejected_first"]:
+        print(f"  failed: {line}")
+    row = {**result.summary, **info}
+    print(format_table([h for h, _ in ENDPOINT_TABLE], [[row[key] for _, key in ENDPOINT_TABLE]]))
+    print(f"\nwrote {args.out}/: requests.parquet, series.parquet, summary.json, tokens.jsonl, failed.jsonl, "
+          "endpoint.json")
+    return 0
+
+
+ENDPOINT_TABLE = (("done", "completed"), ("failed", "failed"), ("req/s", "request_throughput"),
+                  ("tok/s", "output_throughput"), ("ttft_p50_ms", "median_ttft_ms"), ("ttft_p99_ms", "p99_ttft_ms"),
+                  ("tpot_p50_ms", "median_tpot_ms"), ("itl_p99_ms", "p99_itl_ms"), ("e2e_p50_ms", "median_e2el_ms"),
+                  ("kv_peak", "kv_usage_peak"), ("preempt", "num_preemptions"), ("hit_rate", "prefix_cache_hit_rate"))

@@ -1,0 +1,1 @@
+"""`kvplan serve`: the live engine behind an OpenAI-compatible HTTP API (FastAPI + uvicorn)."""

@@ -1,0 +1,191 @@
+"""The async load generator of `kvplan replay --endpoint`: each trace request is sent at its arrival time to an
+OpenAI-compatible `/v1/completions`, streamed, and every token's arrival is stamped.
+
+Clocks: everything is on the trace's clock (the first arrival = the trace's first arrival_s). TTFT and E2E count
+from the request's trace arrival, so a request held back by `--max-concurrency` includes that wait, as a user's
+request would. A token is stamped when the chunk that carries it is read; a chunk that carries k tokens (vLLM's
+`token_ids`, else one per non-empty chunk) stamps k tokens at once. A request that fails (connection error,
+HTTP error, an error event, a short answer) is kept with its error and whatever it received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from kvplan.endpoint import scrape
+from kvplan.endpoint.prompts import EndpointRequest
+
+PROGRESS_EVERY_S = 5.0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the client saw of one request."""
+
+    row: int
+    arrival_s: float
+    sent_s: float = math.nan
+    finish_s: float = math.nan
+    token_times: dict[int, list[float]] = field(default_factory=dict)  # choice index -> each token's time
+    token_ids: dict[int, list[int]] = field(default_factory=dict)  # when the server returns them
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class LoadResult:
+    outcomes: list[Outcome]  # in trace order
+    series: list[dict]  # sampled gauges: time_s, running, waiting, swapped, kv_usage
+    counters: dict[str, float]  # vLLM counters over the replay (NaN: not exposed)
+    cache_config: dict[str, str]  # vllm:cache_config_info labels, {} when not exposed
+    wall_s: float
+
+
+class LoadGenerator:
+    def __init__(self, url: str, model: str | None, *, temperature: float = 1.0, seed: int = 0,
+                 max_concurrency: int | None = None, timeout_s: float = 600.0, sample_interval_s: float = 1.0,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.base = url.rstrip("/").removesuffix("/v1")
+        self.model, self.temperature, self.seed = model, temperature, seed
+        self.max_concurrency, self.timeout_s = max_concurrency, timeout_s
+        self.sample_interval_s = sample_interval_s
+        self.progress = progress if progress is not None else (lambda line: print(line, file=sys.stderr))
+
+    def run(self, requests: list[EndpointRequest]) -> LoadResult:
+        return asyncio.run(self._run(requests))
+
+    async def _run(self, requests: list[EndpointRequest]) -> LoadResult:
+        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+        timeout = httpx.Timeout(self.timeout_s, connect=min(30.0, self.timeout_s))
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+            before = await self._scrape(client)
+            t0 = requests[0].arrival_s if requests else 0.0
+            origin = time.perf_counter() - t0
+            outcomes = [Outcome(r.row, r.arrival_s) for r in requests]
+            series: list[dict] = []
+            gate = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
+            monitor = asyncio.create_task(self._monitor(client, origin, series, outcomes))
+            tasks = []
+            for request, outcome in zip(requests, outcomes, strict=True):
+                delay = request.arrival_s - (time.perf_counter() - origin)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(self._send(client, request, outcome, origin, gate)))
+            await asyncio.gather(*tasks)
+            monitor.cancel()
+            after = await self._scrape(client)
+            wall = time.perf_counter() - origin - t0
+        counters = scrape.difference(scrape.counters(before), scrape.counters(after))
+        return LoadResult(outcomes, series, counters, scrape.cache_config(after or before), wall)
+
+    async def _scrape(self, client: httpx.AsyncClient) -> list:
+        try:
+            response = await client.get(f"{self.base}/metrics", timeout=10.0)
+        except httpx.HTTPError:
+            return []
+        return scrape.parse(response.text) if response.status_code == 200 else []
+
+    async def _monitor(self, client: httpx.AsyncClient, origin: float, series: list, outcomes: list) -> None:
+        last_progress = time.perf_counter()
+        while True:
+            now = time.perf_counter()
+            samples = await self._scrape(client)
+            if samples:
+                series.append({"time_s": now - origin, **scrape.gauges(samples)})
+            if now - last_progress >= PROGRESS_EVERY_S:
+                last_progress = now
+                sent = sum(not math.isnan(o.sent_s) for o in outcomes)
+                done = sum(not math.isnan(o.finish_s) or o.error is not None for o in outcomes)
+                failed = sum(o.error is not None for o in outcomes)
+                self.progress(f"  t={now - origin:.0f}s: sent {sent}/{len(outcomes)}, finished {done}, failed "
+                              f"{failed}, in flight {sent - done}")
+            await asyncio.sleep(self.sample_interval_s)
+
+    def body(self, request: EndpointRequest) -> dict:
+        body = {"prompt": request.prompt, "max_tokens": request.max_tokens, "n": request.n,
+                "temperature": self.temperature, "seed": self.seed * 1_000_003 + request.row, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+        return body if self.model is None else {"model": self.model, **body}
+
+    async def _send(self, client: httpx.AsyncClient, request: EndpointRequest, outcome: Outcome, origin: float,
+                    gate: asyncio.Semaphore | None) -> None:
+        if gate is not None:
+            await gate.acquire()
+        try:
+            outcome.sent_s = time.perf_counter() - origin
+            await self._stream(client, request, outcome, origin)
+        except httpx.HTTPError as exc:
+            outcome.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            outcome.error = f"malformed stream: {exc}"
+        finally:
+            if gate is not None:
+                gate.release()
+        if outcome.error is None:
+            got = sum(len(t) for t in outcome.token_times.values())
+            if got != request.max_tokens * request.n:
+                outcome.error = f"short answer: {got} of {request.max_tokens * request.n} tokens (ignore_eos honoured?)"
+
+    async def _stream(self, client: httpx.AsyncClient, request: EndpointRequest, outcome: Outcome,
+                      origin: float) -> None:
+        async with client.stream("POST", f"{self.base}/v1/completions", json=self.body(request)) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                outcome.error = f"HTTP {response.status_code}: {_message(text)}"
+                return
+            completion = 0
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter() - origin
+                event = json.loads(data)
+                if "error" in event:
+                    outcome.error = f"error event: {_message(data)}"
+                    return
+                for choice in event.get("choices") or ():
+                    self._tokens(outcome, choice, now)
+                usage = event.get("usage")
+                if usage:
+                    outcome.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    details = usage.get("prompt_tokens_details") or {}
+                    outcome.cached_tokens = int(details.get("cached_tokens") or 0)
+                    completion = int(usage.get("completion_tokens") or 0)
+        times = outcome.token_times.setdefault(0, [])
+        if request.n == 1 and times and completion > len(times):  # tokens that came without a chunk of their own
+            times.extend([times[-1]] * (completion - len(times)))
+        outcome.finish_s = max((t[-1] for t in outcome.token_times.values() if t), default=math.nan)
+        if not outcome.prompt_tokens:
+            outcome.prompt_tokens = request.prompt_tokens
+
+    @staticmethod
+    def _tokens(outcome: Outcome, choice: dict, now: float) -> None:
+        index = int(choice.get("index", 0))
+        ids = choice.get("token_ids")
+        count = len(ids) if isinstance(ids, list) else int(bool(choice.get("text")))
+        if isinstance(ids, list):
+            outcome.token_ids.setdefault(index, []).extend(int(t) for t in ids)
+        outcome.token_times.setdefault(index, []).extend([now] * count)
+
+
+def _message(text: str) -> str:
+    """The error message of an OpenAI-style error body, else the text (one line, shortened)."""
+    try:
+        doc = json.loads(text)
+        error = doc.get("error", doc) if isinstance(doc, dict) else doc
+        text = error.get("message", text) if isinstance(error, dict) else str(error)
+    except (json.JSONDecodeError, AttributeError):
+        pass
+    text = " ".join(str(text).split())
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -1,0 +1,105 @@
+"""An endpoint replay as the simulator's result tables (the same per-request table, series and summary `kvplan
+simulate` writes), plus what only a client sees: every token's time (tokens.jsonl) and failed requests
+(failed.jsonl).
+
+A black box hides some columns: `first_scheduled_s` is the time the request was sent (queueing inside the
+server is not visible), preemptions per request are unknown (0; the server-wide count is in the summary when it
+exposes vLLM's counter), and cached prompt tokens come from the usage's `prompt_tokens_details` when the server
+reports them. Summary values the server does not expose are null, never 0. Failed requests are not in the
+per-request table: they are counted in `num_rejected`, and each is in failed.jsonl with its error.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvplan.endpoint.loadgen import LoadResult
+from kvplan.output import json_line, write_atomic
+from sim.metrics import MEMORY_KEYS, SUMMARY_KEYS, ItlLog, RequestLog, latency_summary
+from sim.replica import SERIES_COLUMNS
+from sim.run import SimResult
+from traces import Trace
+
+
+def to_result(load: LoadResult, trace: Trace) -> SimResult:
+    table, itl, tokens = RequestLog(), ItlLog(), {}
+    for o in load.outcomes:
+        if o.error is not None:
+            continue
+        for sample, times in sorted(o.token_times.items()):
+            gaps = np.diff(times) if len(times) > 1 else np.empty(0)
+            itl.add_many(gaps.tolist(), [1] * len(gaps))
+            table.add(o.row, sample, 0, o.arrival_s, o.sent_s, times[0], times[-1], o.prompt_tokens, len(times),
+                      o.cached_tokens, 0, float(gaps.max()) if len(gaps) else 0.0)
+            tokens[(o.row, sample)] = times
+    frame = table.to_frame(trace.request_id)
+    series = _series(load.series)
+    summary = {**latency_summary(frame, itl), **_kv(load, series)}
+    failed = [o for o in load.outcomes if o.error is not None]
+    busy = float(frame["finish_s"].max() - frame["arrival_s"].min()) if len(frame) else 0.0
+    info = {"num_blocks": _int(load.cache_config.get("num_gpu_blocks")),
+            "block_size": _int(load.cache_config.get("block_size")), "replicas": 1, "steps": None,
+            "busy_fraction": None, "failed": len(failed), "rejected": len(failed),
+            "rejected_first": [f"row {o.row}: {o.error}" for o in failed[:3]], "wall_s": load.wall_s,
+            "duration_s": busy, "server_counters": load.counters, "cache_config": load.cache_config}
+    return SimResult({key: summary[key] for key in SUMMARY_KEYS}, frame, series, info, tokens)
+
+
+def _series(rows: list[dict]) -> pd.DataFrame:
+    frame = pd.DataFrame([{"replica": 0, **row} for row in rows], columns=list(SERIES_COLUMNS))
+    return frame.astype({c: "float64" for c in SERIES_COLUMNS if c != "replica"})
+
+
+def _kv(load: LoadResult, series: pd.DataFrame) -> dict[str, float]:
+    """KV keys from the sampled gauges and the counters' differences; NaN (null) where the server is silent."""
+    c = load.counters
+    usage = series["kv_usage"].to_numpy() if len(series) else np.empty(0)
+    usage = usage[~np.isnan(usage)]
+    queries, hits = c.get("prefix_cache_queries", math.nan), c.get("prefix_cache_hits", math.nan)
+    return {"kv_usage_mean": float(usage.mean()) if len(usage) else math.nan,
+            "kv_usage_peak": float(usage.max()) if len(usage) else math.nan, "kv_token_utilization": math.nan,
+            "prefix_cache_queries": queries, "prefix_cache_hits": hits,
+            "prefix_cache_hit_rate": hits / queries if queries and not math.isnan(queries) else math.nan,
+            "num_preemptions": c.get("num_preemptions", math.nan), "num_evicted_blocks": math.nan,
+            "num_rejected": sum(o.error is not None for o in load.outcomes), **dict.fromkeys(MEMORY_KEYS, math.nan)}
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def write_client_files(load: LoadResult, out: Path) -> None:
+    """tokens.jsonl: each sequence's token times (and ids, when returned); failed.jsonl: each failure."""
+    lines = []
+    for o in load.outcomes:
+        for sample, times in sorted(o.token_times.items()):
+            if o.error is None:
+                lines.append(json_line({"row": o.row, "sample": sample, "times_s": times,
+                                        "token_ids": o.token_ids.get(sample)}))
+    write_atomic(out / "tokens.jsonl", "".join(f"{line}\n" for line in lines).encode())
+    failed = [json_line({"row": o.row, "arrival_s": o.arrival_s, "sent_s": o.sent_s, "error": o.error,
+                         "tokens_received": sum(len(t) for t in o.token_times.values())})
+              for o in load.outcomes if o.error is not None]
+    write_atomic(out / "failed.jsonl", "".join(f"{line}\n" for line in failed).encode())
+
+
+def read_token_times(path: Path) -> dict[tuple[int, int], list[float]]:
+    import json
+
+    out = {}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            try:
+                doc = json.loads(line)
+                out[(int(doc["row"]), int(doc["sample"]))] = [float(t) for t in doc["times_s"]]
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{number}: not a token-times line ({exc}); allowed: "
+                                 '{"row": R, "sample": S, "times_s": [...]}') from None
+    return out

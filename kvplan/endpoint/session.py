@@ -1,0 +1,112 @@
+"""One endpoint replay from the command line's options: prompts for the trace, the load generator, and the result
+directory's files (the simulator's tables plus tokens.jsonl, failed.jsonl and endpoint.json)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvplan.arg_types import POSITIVE, integer, number
+from traces import Trace
+
+
+@dataclass(slots=True)
+class EndpointOptions:
+    url: str
+    model: str | None  # the `model` field sent (None: the server's only model)
+    vocab_size: int | None
+    tokenizer: str | None  # text prompts through this tokenizer
+    max_concurrency: int | None
+    duration_s: float | None
+    timeout_s: float
+
+
+def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoint", default=None, help="replay against this OpenAI-compatible server "
+                   "(e.g. http://127.0.0.1:8000) instead of the in-process engine")
+    p.add_argument("--served-model", default=None, help="--endpoint: the `model` field to send (default: --model)")
+    p.add_argument("--vocab-size", type=integer(2, 2**24), default=None,
+                   help="--endpoint: token ids are drawn below this (default: the tokenizer's or --model's vocab)")
+    p.add_argument("--tokenizer", default=None, help="--endpoint: send text prompts, written with this tokenizer "
+                   "(a local HF directory or a built-in model name), instead of token ids")
+    p.add_argument("--max-concurrency", type=integer(1, 100_000), default=None,
+                   help="--endpoint: at most this many requests in flight (later ones wait; their TTFT counts it)")
+    p.add_argument("--duration", type=POSITIVE, default=None,
+                   help="--endpoint: send only the requests arriving in the first S seconds of the trace")
+    p.add_argument("--timeout", type=number(above=0, high=86400), default=600.0,
+                   help="--endpoint: seconds a request may take before it is recorded as failed")
+
+
+def endpoint_options(args: argparse.Namespace) -> EndpointOptions:
+    url = args.endpoint
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--endpoint: {url!r}; allowed: an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+    return EndpointOptions(url, args.served_model or args.model, args.vocab_size, args.tokenizer,
+                           args.max_concurrency, args.duration, args.timeout)
+
+
+def within_duration(trace: Trace, duration_s: float | None) -> Trace:
+    if duration_s is None:
+        return trace
+    arrivals = trace.arrival_s
+    keep = arrivals - arrivals[0] <= duration_s
+    return trace.take(np.flatnonzero(keep)) if not keep.all() else trace
+
+
+def _tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    path = Path(name)
+    if not path.is_dir():
+        from engine.models import resolve_model
+
+        path = resolve_model(name)
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def _vocab_size(options: EndpointOptions, tokenizer) -> int:
+    if options.vocab_size is not None:
+        return options.vocab_size
+    if tokenizer is not None:
+        return len(tokenizer)
+    from sim.specs.models import get_model
+
+    if options.model:
+        try:
+            return get_model(options.model).vocab_size
+        except ValueError:
+            pass
+    raise ValueError("--vocab-size: needed to draw prompt token ids (--model is not a model kvplan knows); or "
+                     "--tokenizer for text prompts")
+
+
+def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temperature: float, out: Path,
+                    sample_interval_s: float):
+    """Replay `trace` against the endpoint; writes the tables and client files under `out`. Returns the
+    SimResult and the load result."""
+    from kvplan.commands.simulate import write_tables
+    from kvplan.endpoint.loadgen import LoadGenerator
+    from kvplan.endpoint.prompts import endpoint_requests
+    from kvplan.endpoint.result import to_result, write_client_files
+    from kvplan.output import json_text, write_atomic
+
+    tokenizer = _tokenizer(options.tokenizer) if options.tokenizer else None
+    requests = endpoint_requests(trace, vocab_size=_vocab_size(options, tokenizer), seed=seed, tokenizer=tokenizer)
+    generator = LoadGenerator(options.url, options.model, temperature=temperature, seed=seed,
+                              max_concurrency=options.max_concurrency, timeout_s=options.timeout_s,
+                              sample_interval_s=max(0.1, min(sample_interval_s, 5.0)))
+    load = generator.run(requests)
+    result = to_result(load, trace)
+    write_tables(result, out, "parquet")
+    write_client_files(load, out)
+    write_atomic(out / "endpoint.json", json_text({
+        "url": options.url, "model": options.model, "prompts": "text" if tokenizer is not None else "token ids",
+        "max_concurrency": options.max_concurrency, "cache_config": load.cache_config,
+        "server_counters": {k: (None if math.isnan(v) else v) for k, v in load.counters.items()},
+        "wall_s": load.wall_s}))
+    return result, load
+
