@@ -27,11 +27,17 @@ TARGETS = {"median_e2el_ms": 3.0, "p90_e2el_ms": 3.0, "median_tpot_ms": 3.0, "p9
            "p99_ttft_ms": 8.0}
 
 
-def counters(result: SimResult) -> dict[str, int]:
-    s = result.summary
-    return {"num_preemptions": int(s["num_preemptions"]), "prefix_cache_hits": int(s["prefix_cache_hits"]),
-            "num_evicted_blocks": int(s["num_evicted_blocks"]),
-            "peak_blocks": round(s["kv_usage_peak"] * result.info["num_blocks"])}
+def counters(result: SimResult) -> dict[str, int | None]:
+    """The policy counters side by side; None where a run could not see one (an endpoint that does not expose
+    it), never a made-up 0."""
+    s, blocks = result.summary, result.info["num_blocks"]
+
+    def known(value: float | None) -> int | None:
+        return None if value is None or math.isnan(value) else round(value)
+
+    return {"num_preemptions": known(s["num_preemptions"]), "prefix_cache_hits": known(s["prefix_cache_hits"]),
+            "num_evicted_blocks": known(s["num_evicted_blocks"]),
+            "peak_blocks": known(s["kv_usage_peak"] * blocks) if blocks is not None else None}
 
 
 @dataclass(slots=True)

@@ -83,6 +83,11 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
 
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict:
+        """vLLM's endpoint of the same name: replays start from a cold prefix cache, as a simulation does."""
+        return {"dropped_blocks": await engine.reset_prefix_cache()}
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,

@@ -123,6 +123,13 @@ class AsyncEngine:
     def abort(self, request_id: str, reason: str = "abort") -> None:
         self._commands.put(("abort", request_id, reason))
 
+    async def reset_prefix_cache(self) -> int:
+        """Forget every cached free block (in the engine thread, between steps); returns how many were dropped."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._commands.put(("reset", lambda n: loop.call_soon_threadsafe(done.set_result, n)))
+        return await done
+
     # -- the engine thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -149,8 +156,10 @@ class AsyncEngine:
                 return False
             if command[0] == "add":
                 self._add(*command[1:])
-            else:
+            elif command[0] == "abort":
                 self._abort(*command[1:])
+            else:
+                command[1](self.llm.scheduler.reset_prefix_cache())
 
     def _add(self, request_id: str, tokens: list[int], params: SamplingParams, stream: _Stream) -> None:
         with self._pending_lock:

@@ -4,7 +4,12 @@ side; write a markdown report, CDF overlays and every run's tables.
 
 Modes: `policy` - the simulator is priced by each live run's own step durations, so every token time must match
 exactly (the proof that the simulator's policy layer is the engine's); `timing` - the simulator uses a calibrated
-profile (the error a user gets); `both` (default)."""
+profile (the error a user gets); `both` (default).
+
+With --endpoint URL the live runs are replays against an OpenAI-compatible server (`kvplan replay --endpoint`)
+and the mode is timing: a black box shows no steps to price a policy check with. The simulator takes the
+server's KV configuration from its vllm:cache_config_info where exposed (else --block-size, --num-blocks, ...);
+--model names the model the simulator prices (and the `model` sent, unless --served-model)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import numpy as np
 from kvplan.arg_types import integer, out_path
 from kvplan.commands.replay import add_trace_arguments, load_trace
 from kvplan.commands.simulate import write_tables
+from kvplan.endpoint.session import add_endpoint_arguments
 from kvplan.engine_args import add_engine_arguments, load_configs, options_from_args
 from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json
 
@@ -45,9 +51,23 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=MODES, default="both")
     p.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
                    help="timing: skip the speed probe around each live run (and the speed-adjusted comparison)")
+    add_endpoint_arguments(p)
     p.add_argument("--out", type=out_path, required=True, help="result directory (replaced whole on success)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
+
+
+def check_endpoint_args(args: argparse.Namespace) -> None:
+    """--endpoint validates timing against one server: its configuration is the server's own."""
+    if args.mode == "policy":
+        raise ValueError("--mode policy: needs the in-process engine's step profile; allowed with --endpoint: "
+                         "--mode timing")
+    if args.configs:
+        raise ValueError("--configs: an endpoint runs one configuration (the server's); allowed with --endpoint: "
+                         "no --configs (validate each server separately)")
+    args.mode = "timing"
+    args.speed_probe = False  # the probe measures this machine, not the server's
+    args.reset_prefix_cache = True  # every live run starts from a cold cache, as each simulation does
 
 
 def resolve_profile(args: argparse.Namespace) -> str | None:
@@ -70,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
     check_out_dir(args.out)
+    if args.endpoint is not None:
+        check_endpoint_args(args)
     profile = resolve_profile(args)
     trace = load_trace(args)
     base = options_from_args(args)
@@ -108,9 +130,12 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
     for r in range(args.repeats):
         print(f"  {name}: live run {r + 1}/{args.repeats}", file=sys.stderr)
         where = out / f"live-{r + 1}"
-        live, meta = replay(args.model, trace, options, seed=args.seed, temperature=args.temperature,
-                            steps_path=where / "steps.jsonl")
-        write_tables(live, where, "parquet")
+        if args.endpoint is not None:
+            live, options, meta = endpoint_run(args, trace, options, where)
+        else:
+            live, meta = replay(args.model, trace, options, seed=args.seed, temperature=args.temperature,
+                                steps_path=where / "steps.jsonl")
+            write_tables(live, where, "parquet")
         lives.append(live)
         if cost is not None:
             probes.append(probe(args, options, cost, name))
@@ -147,6 +172,25 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
         entry["sim_counters"] = counters(sims["calibrated"])
     (out / "cdf.png").write_bytes(cdf_plot(lives, sims, f"{name}: {len(lives)} live run(s) vs simulation"))
     return entry
+
+
+def endpoint_run(args, trace, options, where: Path):
+    """One replay against the endpoint, and the simulator's configuration read from the server."""
+    from kvplan.endpoint.session import endpoint_options, replay_endpoint, simulator_config
+    from kvplan.live import sample_interval
+
+    where.mkdir(parents=True, exist_ok=True)
+    live, load = replay_endpoint(endpoint_options(args), trace, seed=args.seed, temperature=args.temperature,
+                                 out=where, sample_interval_s=sample_interval(trace))
+    if load.prefix_cache_reset != "reset":
+        print(f"  warning: prefix cache {load.prefix_cache_reset}", file=sys.stderr)
+    live.info["prefix_cache_reset"] = load.prefix_cache_reset
+    if live.info["failed"]:
+        raise ValueError(f"--endpoint: {live.info['failed']} of {len(trace)} requests failed (first: "
+                         f"{live.info['rejected_first'][0]}); a timing comparison needs every request served")
+    options, meta = simulator_config(load.cache_config, options, args.model)
+    live.info["num_blocks"] = meta["num_blocks"]
+    return live, options, meta
 
 
 def probe(args, options, cost, name: str):

@@ -48,16 +48,18 @@ class LoadResult:
     counters: dict[str, float]  # vLLM counters over the replay (NaN: not exposed)
     cache_config: dict[str, str]  # vllm:cache_config_info labels, {} when not exposed
     wall_s: float
+    prefix_cache_reset: str | None = None  # what POST /reset_prefix_cache did before the replay (None: not asked)
 
 
 class LoadGenerator:
     def __init__(self, url: str, model: str | None, *, temperature: float = 1.0, seed: int = 0,
                  max_concurrency: int | None = None, timeout_s: float = 600.0, sample_interval_s: float = 1.0,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 reset_prefix_cache: bool = False, progress: Callable[[str], None] | None = None) -> None:
         self.base = url.rstrip("/").removesuffix("/v1")
         self.model, self.temperature, self.seed = model, temperature, seed
         self.max_concurrency, self.timeout_s = max_concurrency, timeout_s
         self.sample_interval_s = sample_interval_s
+        self.reset_prefix_cache = reset_prefix_cache
         self.progress = progress if progress is not None else (lambda line: print(line, file=sys.stderr))
 
     def run(self, requests: list[EndpointRequest]) -> LoadResult:
@@ -67,6 +69,7 @@ class LoadGenerator:
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
         timeout = httpx.Timeout(self.timeout_s, connect=min(30.0, self.timeout_s))
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+            reset = await self._reset(client) if self.reset_prefix_cache else None
             before = await self._scrape(client)
             t0 = requests[0].arrival_s if requests else 0.0
             origin = time.perf_counter() - t0
@@ -85,7 +88,17 @@ class LoadGenerator:
             after = await self._scrape(client)
             wall = time.perf_counter() - origin - t0
         counters = scrape.difference(scrape.counters(before), scrape.counters(after))
-        return LoadResult(outcomes, series, counters, scrape.cache_config(after or before), wall)
+        return LoadResult(outcomes, series, counters, scrape.cache_config(after or before), wall, reset)
+
+    async def _reset(self, client: httpx.AsyncClient) -> str:
+        """POST /reset_prefix_cache (vLLM's, with VLLM_SERVER_DEV_MODE=1; `kvplan serve`'s): what happened."""
+        try:
+            response = await client.post(f"{self.base}/reset_prefix_cache", timeout=30.0)
+        except httpx.HTTPError as exc:
+            return f"failed: {type(exc).__name__}"
+        if response.status_code == 200:
+            return "reset"
+        return f"not supported (HTTP {response.status_code}): the replay starts from the server's warm cache"
 
     async def _scrape(self, client: httpx.AsyncClient) -> list:
         try:

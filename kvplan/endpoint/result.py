@@ -43,7 +43,7 @@ def to_result(load: LoadResult, trace: Trace) -> SimResult:
     busy = float(frame["finish_s"].max() - frame["arrival_s"].min()) if len(frame) else 0.0
     info = {"num_blocks": _int(load.cache_config.get("num_gpu_blocks")),
             "block_size": _int(load.cache_config.get("block_size")), "replicas": 1, "steps": None,
-            "busy_fraction": None, "failed": len(failed), "rejected": len(failed),
+            "busy_fraction": _busy(series), "failed": len(failed), "rejected": len(failed),
             "rejected_first": [f"row {o.row}: {o.error}" for o in failed[:3]], "wall_s": load.wall_s,
             "duration_s": busy, "server_counters": load.counters, "cache_config": load.cache_config}
     return SimResult({key: summary[key] for key in SUMMARY_KEYS}, frame, series, info, tokens)
@@ -66,6 +66,14 @@ def _kv(load: LoadResult, series: pd.DataFrame) -> dict[str, float]:
             "prefix_cache_hit_rate": hits / queries if queries and not math.isnan(queries) else math.nan,
             "num_preemptions": c.get("num_preemptions", math.nan), "num_evicted_blocks": math.nan,
             "num_rejected": sum(o.error is not None for o in load.outcomes), **dict.fromkeys(MEMORY_KEYS, math.nan)}
+
+
+def _busy(series: pd.DataFrame) -> float:
+    """The share of /metrics samples that found the server with requests running: its busy fraction as far as
+    a client can see (NaN without the gauge)."""
+    running = series["running"].to_numpy() if len(series) else np.empty(0)
+    running = running[~np.isnan(running)]
+    return float((running > 0).mean()) if len(running) else math.nan
 
 
 def _int(text: str | None) -> int | None:

@@ -23,6 +23,7 @@ class EndpointOptions:
     max_concurrency: int | None
     duration_s: float | None
     timeout_s: float
+    reset_prefix_cache: bool
 
 
 def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +40,9 @@ def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:
                    help="--endpoint: send only the requests arriving in the first S seconds of the trace")
     p.add_argument("--timeout", type=number(above=0, high=86400), default=600.0,
                    help="--endpoint: seconds a request may take before it is recorded as failed")
+    p.add_argument("--reset-prefix-cache", action="store_true", help="--endpoint: POST /reset_prefix_cache before "
+                   "each replay (vLLM with VLLM_SERVER_DEV_MODE=1, kvplan serve), so it starts cold like a "
+                   "simulation; validate does this by default")
 
 
 def endpoint_options(args: argparse.Namespace) -> EndpointOptions:
@@ -46,7 +50,7 @@ def endpoint_options(args: argparse.Namespace) -> EndpointOptions:
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"--endpoint: {url!r}; allowed: an http:// or https:// URL, e.g. http://127.0.0.1:8000")
     return EndpointOptions(url, args.served_model or args.model, args.vocab_size, args.tokenizer,
-                           args.max_concurrency, args.duration, args.timeout)
+                           args.max_concurrency, args.duration, args.timeout, args.reset_prefix_cache)
 
 
 def within_duration(trace: Trace, duration_s: float | None) -> Trace:
@@ -98,15 +102,48 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
     requests = endpoint_requests(trace, vocab_size=_vocab_size(options, tokenizer), seed=seed, tokenizer=tokenizer)
     generator = LoadGenerator(options.url, options.model, temperature=temperature, seed=seed,
                               max_concurrency=options.max_concurrency, timeout_s=options.timeout_s,
-                              sample_interval_s=max(0.1, min(sample_interval_s, 5.0)))
+                              sample_interval_s=max(0.1, min(sample_interval_s, 5.0)),
+                              reset_prefix_cache=options.reset_prefix_cache)
     load = generator.run(requests)
     result = to_result(load, trace)
     write_tables(result, out, "parquet")
     write_client_files(load, out)
     write_atomic(out / "endpoint.json", json_text({
         "url": options.url, "model": options.model, "prompts": "text" if tokenizer is not None else "token ids",
-        "max_concurrency": options.max_concurrency, "cache_config": load.cache_config,
+        "max_concurrency": options.max_concurrency, "prefix_cache_reset": load.prefix_cache_reset,
+        "cache_config": load.cache_config,
         "server_counters": {k: (None if math.isnan(v) else v) for k, v in load.counters.items()},
         "wall_s": load.wall_s}))
     return result, load
 
+
+
+def simulator_config(cache_config: dict[str, str], options, model: str):
+    """The simulator configured as the server runs: the KV facts the server exposes (vLLM's
+    `vllm:cache_config_info`: block size, KV blocks, prefix caching, context) override `options`; what it does
+    not expose comes from `options`, and a KV capacity known from neither is an error (a guessed one would be
+    silently wrong). Returns (options, meta) for `kvplan.live.sim_spec`."""
+    from dataclasses import replace
+
+    from sim.specs.models import get_model
+
+    def given(key: str) -> int | None:
+        text = cache_config.get(key)
+        return int(text) if text is not None and text.isdigit() else None
+
+    changes = {}
+    if given("block_size"):
+        changes["block_size"] = given("block_size")
+    if cache_config.get("enable_prefix_caching") in ("True", "False"):
+        changes["enable_prefix_caching"] = cache_config["enable_prefix_caching"] == "True"
+    options = replace(options, **changes)
+    blocks = given("num_gpu_blocks") or options.num_blocks
+    if blocks is None:
+        raise ValueError("--num-blocks: the server does not expose its KV capacity (vllm:cache_config_info); "
+                         "allowed: give the server's number of KV blocks")
+    context = given("max_model_len") or options.max_model_len or get_model(model).context_len
+    if context is None:
+        raise ValueError("--max-model-len: the server does not expose its context length and the model spec has "
+                         "none; allowed: give the server's max_model_len")
+    return options, {"model_path": model, "num_blocks": blocks, "num_cpu_blocks": given("num_cpu_blocks") or 0,
+                     "max_model_len": context}

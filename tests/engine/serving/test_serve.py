@@ -208,3 +208,32 @@ def test_engine_options_with_an_endpoint_are_refused(tmp_path, capsys):
     assert "every request failed" in err and "ConnectError" in err
     assert not (tmp_path / "o").exists() or (tmp_path / "o" / "failed.jsonl").read_text().count("\n") == 3
 
+
+
+def test_validate_against_the_endpoint(served, tmp_path, capsys):
+    from sim.cost.calibrated import CalibratedCost, save_profile
+
+    url, name, model = served
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(render(synthesize({**SPEC, "requests": 20}), "jsonl"))
+    profile = tmp_path / "profile.yaml"
+    save_profile(CalibratedCost({"step": 0.004, "prefill_tokens": 2e-5, "decode_requests": 2e-4},
+                                meta={"model": "tiny", "device": "cpu-local", "dtype": "float32", "block_size": 8}),
+                 profile)
+    common = ["--endpoint", url, "--served-model", name, "--model", model, "--vocab-size", str(VOCAB), "--trace",
+              str(path), "--profile", str(profile), "--temperature", "0"]
+    assert main(["validate", *common, "--repeats", "2", "--out", str(tmp_path / "val"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (config,) = doc["configs"]
+    assert doc["mode"] == "timing" and config["num_blocks"] == 64  # the server's KV capacity, from /metrics
+    assert config["options"]["block_size"] == 8
+    assert {m["metric"] for m in config["timing"]} >= {"median_e2el_ms", "p99_ttft_ms", "median_tpot_ms"}
+    # each live run starts from a cold prefix cache, as the simulation does
+    for run in ("live-1", "live-2"):
+        assert json.loads((tmp_path / "val" / "default" / run / "endpoint.json").read_text())[
+            "prefix_cache_reset"] == "reset"
+    assert all(c["prefix_cache_hits"] > 0 for c in config["live_counters"])
+    assert config["live_counters"][0]["num_evicted_blocks"] is None  # not exposed: unknown, not 0
+    assert (tmp_path / "val" / "report.md").is_file() and (tmp_path / "val" / "default" / "cdf.png").is_file()
+    assert main(["validate", *common, "--mode", "policy", "--out", str(tmp_path / "bad")]) == 2
+    assert "--mode policy: needs the in-process engine" in capsys.readouterr().err
