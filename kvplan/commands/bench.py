@@ -53,6 +53,20 @@ def register(verbs: argparse._SubParsersAction) -> None:
                          help="where to write the grid (default results/bench_kernels.csv)")
     kernels.add_argument("--peak-gbps", type=POSITIVE, default=None,
                          help="peak HBM bandwidth in GB/s, overriding the built-in table of devices")
+    serve = _target(
+        targets, _bench_serve, "serve", help="load test of kvplan serve: saturation point, then held there",
+        description="Start `kvplan serve` on a free loopback port, ramp a closed-loop client (1, 2, 4, ... requests "
+                    "in flight) until requests/s stops growing, then hold the saturation point for --hold seconds. "
+                    "Reports requests/s, output tokens/s and p50/p99 TTFT at each level and in the hold, and checks "
+                    "that nothing failed, the server counted every request and no KV block leaked.")
+    serve.add_argument("--model", default="smollm2-135m", help="served model (default smollm2-135m)")
+    serve.add_argument("--hold", type=POSITIVE, default=60.0, help="seconds at the saturation point (default 60)")
+    serve.add_argument("--ramp", type=POSITIVE, default=5.0, help="seconds per ramp level (default 5)")
+    serve.add_argument("--prompt-tokens", type=integer(1, 8192), default=128)
+    serve.add_argument("--output-tokens", type=integer(1, 8192), default=32)
+    serve.add_argument("--max-concurrency", type=integer(1, 4096), default=128, help="the ramp's last level")
+    serve.add_argument("--seed", type=SEED, default=0)
+    serve.add_argument("--engine-args", default="", help="extra `kvplan serve` options, e.g. '--block-size 32'")
     trace_load = _target(
         targets, _bench_traces, "traces", help="loading a 1M-request trace against the 10 s / 1 GB budgets",
         description="Generate (seeded, in a temporary directory) an Azure-2023-layout CSV and a Mooncake-like "
@@ -164,6 +178,34 @@ def _summary_table(summary: dict) -> str:
     keys = ("completed", "request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
             "p99_itl_ms", "kv_usage_mean", "kv_usage_peak", "num_preemptions")
     return format_table(list(keys), [[summary[k] for k in keys]])
+
+
+def _bench_serve(args: argparse.Namespace) -> int:
+    import shlex
+
+    from kvplan.bench import serve
+
+    levels = (*(c for c in serve.LEVELS if c < args.max_concurrency), args.max_concurrency)
+    result = serve.run(args.model, hold_s=args.hold, levels=levels, ramp_s=args.ramp,
+                       prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, seed=args.seed,
+                       engine_args=shlex.split(args.engine_args))
+    _report(args, result, _show_serve)
+    return 0 if result["ok"] else 1
+
+
+def _show_serve(result: dict) -> None:
+    keys = ("concurrency", "requests", "failed", "wall_s", "requests_per_s", "output_tokens_per_s", "p50_ttft_ms",
+            "p99_ttft_ms")
+    print(f"kvplan serve {result['model']}: prompts {result['prompt_tokens']} tokens, outputs "
+          f"{result['output_tokens']}, {result['num_kv_blocks']} KV blocks\n\nramp (closed loop):")
+    print(format_table(list(keys), [[r[k] for k in keys] for r in result["ramp"]]))
+    print(f"\nheld at the saturation point ({result['saturation_concurrency']} in flight) for "
+          f"{result['hold']['wall_s']:.1f} s (target {result['hold_target_s']:g} s):")
+    print(format_table(list(keys), [[result["hold"][k] for k in keys]]))
+    verdict = "ok" if result["ok"] else "FAILED"
+    print(f"\n{verdict}: {result['failed']} failed, {result['requests_counted_by_server']:.0f} of "
+          f"{result['requests_sent']} requests counted by the server, {result['leaked_blocks']} leaked KV blocks, "
+          f"{result['left_running']:.0f} running / {result['left_waiting']:.0f} waiting afterwards")
 
 
 def _bench_kernels(args: argparse.Namespace) -> int:

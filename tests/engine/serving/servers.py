@@ -1,37 +1,15 @@
-"""Servers for the serving tests: `kvplan serve` itself in a subprocess (the real command, the `served` fixture in
-conftest.py), and an in-process server on a thread for cases that need a special configuration. Loopback only,
-on free ports."""
+"""An in-process server on a thread, for serving tests that need a special configuration (the `served` fixture in
+conftest.py runs the real `kvplan serve` command). Loopback only, on free ports."""
 
 from __future__ import annotations
 
 import contextlib
-import socket
-import subprocess
 import threading
-import time
 
-import httpx
+from kvplan.endpoint.local_server import free_port, wait_healthy
 
 TINY = ["--dtype", "float32", "--block-size", "8", "--num-blocks", "64", "--max-num-batched-tokens", "64",
         "--max-model-len", "320"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"kvplan serve exited with {process.returncode}: {process.stdout.read()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not become healthy in {timeout_s} s")
 
 
 @contextlib.contextmanager

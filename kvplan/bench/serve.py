@@ -1,0 +1,96 @@
+"""`kvplan bench serve`: a bounded loopback load test of `kvplan serve`.
+
+The server runs in its own process (the real command); the client is `kvplan replay --endpoint`'s load
+generator in closed loop: every request is ready at t = 0 and at most C are in flight, so C is the load. A ramp
+doubles C until throughput stops growing (< 5% more requests/s than the best level so far, or the last level):
+the saturation point is the first level within 5% of the best throughput. The server is then held there for
+`hold_s` seconds (a request count sized from the ramp's throughput) and checked afterwards: no failed request,
+every request counted by the server, and no leaked block (KV usage back to 0, nothing running or waiting).
+TTFT is measured from when a request was sent, not from t = 0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import httpx
+import numpy as np
+
+from kvplan.endpoint import scrape
+from kvplan.endpoint.loadgen import LoadGenerator
+from kvplan.endpoint.local_server import server_process
+from kvplan.endpoint.prompts import EndpointRequest
+
+PLATEAU = 0.05  # a level within 5% of the best throughput is saturated
+LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def workload(count: int, prompt_tokens: int, output_tokens: int, vocab: int, rng: np.random.Generator,
+             first_row: int) -> list[EndpointRequest]:
+    return [EndpointRequest(first_row + i, 0.0, rng.integers(0, vocab, prompt_tokens).tolist(), prompt_tokens,
+                            output_tokens) for i in range(count)]
+
+
+def measure(url: str, requests: list[EndpointRequest], concurrency: int) -> dict:
+    load = LoadGenerator(url, None, temperature=0.0, max_concurrency=concurrency, timeout_s=300.0,
+                         sample_interval_s=1.0, progress=lambda _line: None).run(requests)
+    done = [o for o in load.outcomes if o.error is None]
+    ttft = np.array([o.token_times[0][0] - o.sent_s for o in done]) * 1e3
+    tokens = sum(len(t) for o in done for t in o.token_times.values())
+    return {"concurrency": concurrency, "requests": len(requests), "completed": len(done),
+            "failed": len(requests) - len(done), "first_error": next((o.error for o in load.outcomes if o.error), None),
+            "wall_s": load.wall_s, "requests_per_s": len(done) / load.wall_s,
+            "output_tokens_per_s": tokens / load.wall_s,
+            "p50_ttft_ms": float(np.median(ttft)) if len(ttft) else math.nan,
+            "p99_ttft_ms": float(np.percentile(ttft, 99)) if len(ttft) else math.nan}
+
+
+def settle(url: str, timeout_s: float = 30.0) -> list:
+    """/metrics once the server is idle (or after timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = scrape.parse(httpx.get(f"{url}/metrics", timeout=10).text)
+        g = scrape.gauges(samples)
+        if (g["running"] == 0 and g["waiting"] == 0 and g["kv_usage"] == 0) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.2)
+
+
+def run(model: str, *, hold_s: float = 60.0, levels: tuple[int, ...] = LEVELS, ramp_s: float = 5.0,
+        prompt_tokens: int = 128, output_tokens: int = 32, vocab: int = 512, seed: int = 0,
+        engine_args: list[str] | None = None) -> dict:
+    rng = np.random.default_rng(seed)
+    rows = 0
+    with server_process(model, engine_args or []) as url:
+        before = scrape.counters(scrape.parse(httpx.get(f"{url}/metrics", timeout=10).text))
+        ramp, rate = [], None
+        for level in levels:
+            # enough requests for ~ramp_s at the last level's rate (at least 4 rounds of `level`)
+            count = max(4 * level, math.ceil((rate or 0) * ramp_s))
+            result = measure(url, workload(count, prompt_tokens, output_tokens, vocab, rng, rows), level)
+            best_before = max((r["requests_per_s"] for r in ramp), default=0.0)
+            ramp.append(result)
+            rows += count
+            rate = result["requests_per_s"]
+            if len(ramp) > 1 and rate < best_before * (1 + PLATEAU):  # no longer growing: saturated
+                break
+        best = max(r["requests_per_s"] for r in ramp)
+        saturation = next(r for r in ramp if r["requests_per_s"] >= best * (1 - PLATEAU))
+        count = max(saturation["concurrency"], math.ceil(best * hold_s))
+        hold = measure(url, workload(count, prompt_tokens, output_tokens, vocab, rng, rows),
+                       saturation["concurrency"])
+        rows += count
+        after_samples = settle(url)
+    served = scrape.difference(before, scrape.counters(after_samples))
+    gauges, info = scrape.gauges(after_samples), scrape.cache_config(after_samples)
+    blocks = int(info.get("num_gpu_blocks", 0))
+    leaked = round(gauges["kv_usage"] * blocks)
+    failed = sum(r["failed"] for r in ramp) + hold["failed"]
+    return {"model": model, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "ramp": ramp,
+            "saturation_concurrency": saturation["concurrency"], "hold": hold, "hold_target_s": hold_s,
+            "requests_sent": rows, "requests_counted_by_server": served["request_success"], "failed": failed,
+            "leaked_blocks": leaked, "left_running": gauges["running"], "left_waiting": gauges["waiting"],
+            "num_kv_blocks": blocks,
+            "ok": failed == 0 and leaked == 0 and gauges["running"] == 0 and gauges["waiting"] == 0
+            and served["request_success"] == rows}
