@@ -15,7 +15,7 @@ import numpy as np
 
 from sim.cost.calibrated import COEFFICIENTS, CalibratedCost, feature_columns
 from sim.cost.features import step_features
-from sim.cost.fit import fit_with_holdout, r_squared
+from sim.cost.fit import Fit, fit_with_holdout, r_squared
 from sim.cost.recorded import ProfiledStep
 
 TRANSFER_COLUMNS = ("swap_tokens", "copy_tokens")
@@ -76,14 +76,19 @@ def calibrate_steps(steps: list[ProfiledStep], block_size: int, seed: int = 0) -
                           swap_seconds_per_block=float(c[n] * block_size),
                           copy_seconds_per_block=float(c[n + 1] * block_size))
     predicted = x @ c
-    held = np.abs(fit.relative_errors) * 100
-    cost.meta["fit"] = {
-        "steps": len(steps), "heldout_steps": int(holdout.sum()), "r2": round(fit.r2, 5),
-        "heldout_r2": round(r_squared(predicted[holdout], t[holdout]), 5),
-        "heldout_median_abs_error_pct": round(float(np.median(held)), 3),
-        "heldout_p90_abs_error_pct": round(float(np.percentile(held, 90)), 3),
-        "method": "non-negative least squares on relative error, Huber-reweighted; 20% of steps held out"}
+    cost.meta["fit"] = {**fit_quality(fit, predicted, t, holdout),
+                        "method": "non-negative least squares on relative error, Huber-reweighted; 20% of steps "
+                                  "held out"}
     return Calibration(cost, t, predicted, holdout, [step_kind(s) for s in steps])
+
+
+def fit_quality(fit: Fit, predicted: np.ndarray, measured: np.ndarray, holdout: np.ndarray) -> dict:
+    """The profile's `fit` numbers: steps, R² on the fitted and the held-out steps, held-out |error| %."""
+    held = np.abs(fit.relative_errors) * 100
+    return {"steps": len(measured), "heldout_steps": int(holdout.sum()), "r2": round(fit.r2, 5),
+            "heldout_r2": round(r_squared(predicted[holdout], measured[holdout]), 5),
+            "heldout_median_abs_error_pct": round(float(np.median(held)), 3),
+            "heldout_p90_abs_error_pct": round(float(np.percentile(held, 90)), 3)}
 
 
 def residual_plot(cal: Calibration, title: str) -> bytes:

@@ -1,6 +1,7 @@
 """`kvplan calibrate`: drive the live engine through a designed set of steps at each block size, fit the
 calibrated cost model, and write a profile (YAML) with its measured KV capacity, fit quality and provenance,
-plus a residual plot (PNG) beside it."""
+plus a residual plot (PNG) beside it. With --from-replay DIR, fit what a black-box server allows instead: the
+engine steps reconstructed from the token times of `kvplan replay --endpoint URL --out DIR` (no engine runs)."""
 
 from __future__ import annotations
 
@@ -18,20 +19,30 @@ from kvplan.engine_args import parse_bytes
 from kvplan.output import check_out_file, format_table, print_json, write_atomic
 
 PHASE_NAMES = ("prefill", "decode", "mixed", "transfers")
+# The live measurement's options (None on the command line means not given): --from-replay measures nothing.
+LIVE_DEFAULTS = {"kv_cache_memory": 64 << 20, "phases": list(PHASE_NAMES), "repeats": 1, "temperature": 1.0,
+                 "steps_out": None}
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
-    p = verbs.add_parser("calibrate", help="fit a cost profile from the live engine", description=__doc__)
-    p.add_argument("--model", required=True, help="smollm2-135m, llama-100m, tiny-llama or a local HF directory")
-    p.add_argument("--block-sizes", type=BLOCK_SIZE, nargs="+", default=[8, 16, 32])
-    p.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16, float16 or float32")
-    p.add_argument("--kv-cache-memory", type=parse_bytes, default=64 << 20,
-                   help="KV cache size whose capacity in blocks the profile records, e.g. 64MiB")
-    p.add_argument("--phases", nargs="+", default=list(PHASE_NAMES), choices=PHASE_NAMES)
-    p.add_argument("--repeats", type=integer(1, 100), default=1, help="recorded passes over each phase")
-    p.add_argument("--temperature", type=number(low=0), default=1.0,
-                   help="sampling temperature of the designed requests: as the traffic samples (0: greedy)")
-    p.add_argument("--device-name", default="cpu-local", help="the `device` the profile is for")
+    p = verbs.add_parser("calibrate", help="fit a cost profile from the live engine or an endpoint replay",
+                          description=__doc__)
+    p.add_argument("--model", required=True, help="smollm2-135m, llama-100m, tiny-llama or a local HF directory "
+                                                  "(with --from-replay the model the profile is for: a label)")
+    p.add_argument("--from-replay", type=Path, metavar="DIR", default=None,
+                   help="fit from an endpoint replay's token times (kvplan replay --endpoint ... --out DIR)")
+    p.add_argument("--block-sizes", type=BLOCK_SIZE, nargs="+", default=None,
+                   help="default 8 16 32; with --from-replay one, when the server does not state it (else 16)")
+    p.add_argument("--dtype", help="model dtype: bfloat16 (default), float16 or float32 (with --from-replay a label)")
+    p.add_argument("--kv-cache-memory", type=parse_bytes,
+                   help="KV cache size whose capacity in blocks the profile records (default 64MiB)")
+    p.add_argument("--phases", nargs="+", choices=PHASE_NAMES, help="default: all")
+    p.add_argument("--repeats", type=integer(1, 100), help="recorded passes over each phase (default 1)")
+    p.add_argument("--temperature", type=number(low=0),
+                   help="sampling temperature of the designed requests: as the traffic samples (0: greedy; "
+                        "default 1)")
+    p.add_argument("--device-name", help="the `device` the profile is for (default cpu-local; with --from-replay "
+                                         "the endpoint)")
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--out", type=out_path, required=True, help="profile YAML (the plot goes beside it as .png)")
     p.add_argument("--steps-out", type=out_path, default=None, help="also keep every recorded step (JSONL)")
@@ -41,6 +52,14 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_out_file(args.out)
+    if args.from_replay is not None:
+        return run_from_replay(args)
+    for key, default in LIVE_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    args.block_sizes = args.block_sizes or [8, 16, 32]
+    args.dtype = args.dtype or "bfloat16"
+    args.device_name = args.device_name or "cpu-local"
     if args.steps_out is not None:
         check_out_file(args.steps_out, "--steps-out")
     if args.repeats < 1:
@@ -94,6 +113,42 @@ def run(args: argparse.Namespace) -> int:
 HEADERS = ("steps", "count", "median_abs_err_%", "p90_abs_err_%", "bias_%", "mean_ms")
 
 
+def run_from_replay(args: argparse.Namespace) -> int:
+    """Fit a profile from an endpoint replay's directory: no engine, no torch."""
+    from kvplan.calibration.fitting import residual_plot
+    from kvplan.calibration.from_replay import calibrate_from_replay
+    from sim.cost.calibrated import save_profile
+
+    live = [key for key in LIVE_DEFAULTS if getattr(args, key) is not None]
+    if live:
+        raise ValueError(f"--{live[0].replace('_', '-')}: an option of the live measurement; allowed: without "
+                         "--from-replay")
+    if args.block_sizes is not None and len(args.block_sizes) > 1:
+        raise ValueError(f"--block-sizes: one with --from-replay (the server's), got {args.block_sizes}")
+    result = calibrate_from_replay(args.from_replay, (args.block_sizes or [None])[0], args.seed)
+    cal = result.calibration
+    cost = cal.cost
+    device = args.device_name or f"endpoint {result.url or args.from_replay}"
+    cost.meta.update({"model": args.model, "device": device, **({"dtype": args.dtype} if args.dtype else {}),
+                      "provenance": {**provenance(None, args),
+                                     "source": f"endpoint replay {args.from_replay} (url {result.url})"}})
+    save_profile(cost, args.out, f"kvplan calibrate profile: {args.model} on {device}, fitted from the token "
+                 f"times of a replay\nRegenerate with the command under provenance.command.")
+    write_atomic(args.out.with_suffix(".png"), residual_plot(cal, f"{args.model} via {device}"))
+    table = cal.residual_table()
+    if args.json:
+        print_json({**cost.to_dict(), "residuals": [dict(zip(HEADERS, row, strict=True)) for row in table]})
+        return 0
+    fit = cost.meta["fit"]
+    print(f"{args.out}: {fit['steps']} busy steps of {result.clusters} token clusters in {args.from_replay}; KV "
+          f"capacity {cost.kv_capacity_blocks or 'unknown'} blocks of {cost.meta['block_size']}")
+    print(json.dumps({k: v for k, v in fit.items() if k != "unidentified"}))
+    print(format_table(HEADERS, table))
+    print("coefficients (s): " + ", ".join(f"{k}={v:.3g}" for k, v in cost.coefficients.items()))
+    print("unidentified (fixed at 0):\n" + "\n".join(f"  {k}: {v}" for k, v in fit["unidentified"].items()))
+    return 0
+
+
 def measure(args: argparse.Namespace, block_size: int, phases: tuple[str, ...], path: Path, *,
             transfers: bool) -> tuple[int, dict]:
     """Run the phases on a fresh engine; returns its KV blocks and profile meta. The transfer phases run on a
@@ -117,17 +172,23 @@ def measure(args: argparse.Namespace, block_size: int, phases: tuple[str, ...], 
     return llm.num_kv_blocks, llm.profile_meta
 
 
-def provenance(meta: dict, args: argparse.Namespace) -> dict:
-    import torch
-    import transformers
+def provenance(meta: dict | None, args: argparse.Namespace) -> dict:
+    """Where and how the profile was made; `meta` is the live engine's (None: fitted from a replay, where the
+    machine measured is the server's and this one only fitted, so no versions or CPU of this machine)."""
+    doc: dict = {"machine": platform.node()}
+    if args.from_replay is not None:
+        command = f"kvplan calibrate --from-replay {args.from_replay} --model {args.model} --out {args.out}"
+    else:
+        import torch
+        import transformers
 
-    return {"machine": platform.node(), "cpu": _cpu_model(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": str(torch.__version__),
-            "transformers": str(transformers.__version__),
-            "threads": meta.get("threads"), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        doc.update({"cpu": _cpu_model(), "platform": platform.platform(), "python": platform.python_version(),
+                    "torch": str(torch.__version__), "transformers": str(transformers.__version__),
+                    "threads": meta.get("threads")})
+        command = f"kvplan calibrate --model {args.model} --block-sizes {' '.join(map(str, args.block_sizes))}"
+    return {**doc, "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "git_revision": _git_revision(),
-            "command": " ".join(["kvplan calibrate", *sys.argv[2:]]) if sys.argv[1:2] == ["calibrate"]
-            else f"kvplan calibrate --model {args.model} --block-sizes {' '.join(map(str, args.block_sizes))}"}
+            "command": " ".join(["kvplan calibrate", *sys.argv[2:]]) if sys.argv[1:2] == ["calibrate"] else command}
 
 
 def _cpu_model() -> str:
