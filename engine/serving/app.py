@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.serving.async_engine import AsyncEngine, QueueFull, RequestStream, TokenDelta
+from engine.serving.async_engine import AsyncEngine, EngineDied, QueueFull, RequestStream, TokenDelta
 from engine.serving.protocol import BadRequest, ParsedRequest, chat_prompt, completion_prompts, parse_common
 
 DISCONNECT_POLL_S = 0.25  # how often a whole-answer request checks that its client is still there
@@ -72,6 +72,10 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
     async def bad_request(_request: Request, exc: BadRequest) -> JSONResponse:
         headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.status == 503 else None
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(EngineDied)
+    async def engine_died(_request: Request, exc: EngineDied) -> JSONResponse:
+        return JSONResponse(BadRequest(str(exc), status=500).body(), status_code=500)
 
     @app.get("/health")
     async def health() -> Response:
@@ -145,6 +149,8 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
                 raise BadRequest(f"the server is at capacity ({exc}); retry later", status=503) from None
             if isinstance(exc, ValueError):
                 raise BadRequest(f"{where}{exc}", "prompt") from None
+            if isinstance(exc, RuntimeError):  # the engine thread is gone: the server can no longer serve
+                raise BadRequest(str(exc), status=503) from None
             raise
         return streams
 
@@ -160,11 +166,14 @@ class _Reply:
         self.detok = _Detokenizer(tokenizer, parsed.stop)
         self.choices, self.streams, self.events = choices, streams, events
         self.open = len(streams)
+        self.cached: dict[int, int] = {}  # prompt -> its tokens served from the prefix cache
 
     async def deltas(self):
         """(choice, new text, new token ids) per engine delta, until every engine request has ended."""
         while self.open:
             key, delta = await self.events.get()
+            if isinstance(delta, EngineDied):
+                raise delta
             if delta is None:
                 self.open -= 1
                 self.streams[key].finished = True
@@ -176,6 +185,8 @@ class _Reply:
 
     def _apply(self, key: int, choice: _Choice, delta: TokenDelta) -> str:
         choice.token_ids += delta.token_ids
+        if delta.cached_tokens is not None:
+            self.cached[key] = delta.cached_tokens
         text, stopped = self.detok.advance(choice, final=delta.finish_reason is not None)
         choice.finish_reason = "stop" if stopped else delta.finish_reason
         n = self.parsed.params.n
@@ -194,6 +205,8 @@ class _Reply:
             if self.parsed.include_usage:
                 yield _sse({**self._head(chunk=True), "choices": [], "usage": self._usage()})
             yield "data: [DONE]\n\n"
+        except EngineDied as exc:  # the headers are sent: the stream ends with an error event instead
+            yield _sse(BadRequest(str(exc), status=500).body())
         finally:
             self.close()
 
@@ -234,7 +247,8 @@ class _Reply:
     def _usage(self) -> dict:
         prompt = sum(len(p) for p in self.parsed.prompts)
         completion = sum(len(c.token_ids) for c in self.choices.values())
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": sum(self.cached.values())}}
 
 
 def _sse(obj: dict) -> str:

@@ -19,12 +19,17 @@ import contextlib
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.llm import LLM
 from engine.sampling import SamplingParams
 from engine.serving.metrics import ServingMetrics
+
+
+class EngineDied(RuntimeError):
+    """Delivered to every open stream when the engine thread has crashed (a bug): the answer is incomplete."""
 
 
 class QueueFull(Exception):
@@ -36,6 +41,7 @@ class TokenDelta:
     index: int  # the sequence (choice) within the request
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" on the last delta of a sequence
+    cached_tokens: int | None = None  # on the last delta: prompt tokens the prefix cache served at admission
 
 
 @dataclass(slots=True)
@@ -51,7 +57,7 @@ class _Stream:
     first_token_s: float | None = None
     last_token_s: dict[int, float] = field(default_factory=dict)
 
-    def deliver(self, item: TokenDelta | None) -> None:
+    def deliver(self, item: TokenDelta | EngineDied | None) -> None:
         self._call(self.events.put_nowait, (self.key, item))
 
     def answer(self, error: BaseException | None) -> None:
@@ -138,11 +144,11 @@ class AsyncEngine:
                     finished = self.llm.step()
                     self._publish(finished)
                 self._observe()
-        except BaseException as exc:  # a bug: every open stream is told, and /health reports it
+        except BaseException as exc:  # a bug: every open stream gets the error, and /health reports it
             self.error = exc
             for stream in self._streams.values():
-                stream.deliver(None)
-            raise
+                stream.deliver(EngineDied(f"the engine loop stopped: {exc!r}"))
+            traceback.print_exc()  # a bug in kvplan: its traceback goes to the server's log
 
     def _drain(self, block: bool) -> bool:
         """Apply queued commands (waiting for one when idle); False once told to stop."""
@@ -189,7 +195,8 @@ class AsyncEngine:
         for output in finished:
             stream = self._streams.pop(output.request_id)
             for completion in output.outputs:
-                self._send(stream, completion.index, completion.token_ids, now, completion.finish_reason)
+                self._send(stream, completion.index, completion.token_ids, now, completion.finish_reason,
+                           output.metrics.num_cached_tokens)
             if self.metrics is not None:
                 reasons = {c.finish_reason for c in output.outputs}
                 self.metrics.finished("length" if reasons == {"length"} else "stop", stream.arrival_s, now)
@@ -198,12 +205,13 @@ class AsyncEngine:
             for index, tokens in enumerate(self.llm.output_token_ids(request_id) or ()):
                 self._send(stream, index, tokens, now, None)
 
-    def _send(self, stream: _Stream, index: int, tokens: list[int], now: float, reason: str | None) -> None:
+    def _send(self, stream: _Stream, index: int, tokens: list[int], now: float, reason: str | None,
+              cached: int | None = None) -> None:
         sent = stream.sent.get(index, 0)
         if len(tokens) == sent and reason is None:
             return
         stream.sent[index] = len(tokens)
-        stream.deliver(TokenDelta(index, tokens[sent:], reason))
+        stream.deliver(TokenDelta(index, tokens[sent:], reason, cached))
         if self.metrics is None or len(tokens) == sent:
             return
         self.metrics.generation_tokens.inc(len(tokens) - sent)

@@ -86,6 +86,9 @@ def test_a_trace_replayed_against_kvplan_serve(served, tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())["summary"]
     assert summary["prefix_cache_hits"] == delta["vllm:prefix_cache_hits_total"]
     assert summary["completed"] == 50 and summary["num_rejected"] == 0
+    # per request, the prompt tokens the server's prefix cache served (usage.prompt_tokens_details)
+    # (hits at each request's first admission; a recompute after preemption looks the prefix up again)
+    assert 0 < table["cached_prompt_tokens"].sum() <= delta["vllm:prefix_cache_hits_total"]
     assert summary["num_evicted_blocks"] is None  # not exposed by the server: unknown, not 0
     assert value(after, "vllm:num_requests_running") == 0 and value(after, "vllm:kv_cache_usage_perc") == 0
 
@@ -193,7 +196,8 @@ def test_parallel_samples_and_batched_prompts_each_get_a_choice(served):
     expected = llm.generate([[3, 4, 5], [6, 7]], SamplingParams(n=2, temperature=0.8, seed=11, max_tokens=5,
                                                                 ignore_eos=True))
     assert [c["token_ids"] for c in response["choices"]] == [c.token_ids for o in expected for c in o.outputs]
-    assert response["usage"] == {"prompt_tokens": 5, "completion_tokens": 20, "total_tokens": 25}
+    assert response["usage"] == {"prompt_tokens": 5, "completion_tokens": 20, "total_tokens": 25,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_engine_options_with_an_endpoint_are_refused(tmp_path, capsys):
@@ -237,3 +241,23 @@ def test_validate_against_the_endpoint(served, tmp_path, capsys):
     assert (tmp_path / "val" / "report.md").is_file() and (tmp_path / "val" / "default" / "cdf.png").is_file()
     assert main(["validate", *common, "--mode", "policy", "--out", str(tmp_path / "bad")]) == 2
     assert "--mode policy: needs the in-process engine" in capsys.readouterr().err
+
+
+def test_an_engine_crash_ends_open_streams_with_an_error_and_fails_health(tiny_models):
+    llm = tiny_llm(tiny_models["tiny-llama"])
+    step = llm.step
+
+    def failing_step():
+        if llm.scheduler.stats.num_steps >= 2:
+            raise RuntimeError("injected engine bug")
+        return step()
+
+    llm.step = failing_step
+    with thread_server(llm) as (url, _engine):
+        body = {"prompt": [1, 2, 3], "max_tokens": 50, "ignore_eos": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=30) as response:
+            events = [line for line in response.iter_lines() if line.startswith("data:")]
+        assert "injected engine bug" in events[-1] and '"code":500' in events[-1]
+        assert httpx.get(f"{url}/health").status_code == 503
+        refused = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        assert refused.status_code == 503 and "engine loop has stopped" in refused.json()["error"]["message"]
