@@ -24,9 +24,9 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
     backend = context.backend
-    backend.store_kv(k, v, layer.key, layer.value, context.metadata.slot_mapping)
+    backend.store_kv(k, v, layer, context.metadata.slot_mapping)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = backend.attend(q, layer.key, layer.value, context.metadata, scale)
+    out = backend.attend(q, layer, context.metadata, scale)
     return out.unsqueeze(0), None  # [1, tokens, heads, head_dim], as HF's attention functions return
 
 

@@ -54,6 +54,15 @@ class AttentionMetadata:
 class LayerKV:
     key: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
     value: torch.Tensor
+    # quantized caches (fp8 e4m3, int8): one float32 scale per token per KV head, [num_blocks, block_size,
+    # num_kv_heads], addressed by the same slot as the row (kernels.quant); None for 16/32-bit caches
+    key_scale: torch.Tensor | None = None
+    value_scale: torch.Tensor | None = None
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor a block copy or swap must move: K, V and, when quantized, their scales."""
+        return (self.key, self.value) if self.key_scale is None else (self.key, self.value, self.key_scale,
+                                                                      self.value_scale)
 
 
 @dataclass(slots=True)

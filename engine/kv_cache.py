@@ -1,5 +1,9 @@
 """The paged KV tensors: per layer [num_blocks, block_size, num_kv_heads, head_dim] for K and for V, a CPU-side
-pool of the same layout for swapping, and the block copies the scheduler asks for."""
+pool of the same layout for swapping, and the block copies the scheduler asks for.
+
+A quantized cache (`float8_e4m3fn`, `int8`) stores 1-byte values plus one float32 scale per token per KV head
+(kernels.quant: quantized on write, dequantized on read), so a block costs 2 · layers · block_size · kv_heads ·
+(head_dim + 4) bytes: at head_dim 64, 53% of a 16-bit block, 1.88x the blocks for the same budget."""
 
 from __future__ import annotations
 
@@ -8,6 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from engine.forward_context import LayerKV
+
+SCALE_BYTES = 4  # one float32 scale per token per KV head, for K and for V
+# the quantized cache dtypes (kernels.checks.QUANT_DTYPES; named here so that the CPU engine never imports the
+# kernels package, which loads triton)
+QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.int8)
 
 
 @dataclass(slots=True)
@@ -19,10 +28,15 @@ class KVLayout:
     dtype: torch.dtype
 
     @property
+    def quantized(self) -> bool:
+        return self.dtype in QUANTIZED_DTYPES
+
+    @property
     def bytes_per_block(self) -> int:
-        """K and V of one block across all layers."""
+        """K and V of one block across all layers (with their scales when quantized)."""
         element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
+        row = self.head_dim * element + (SCALE_BYTES if self.quantized else 0)
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * row
 
     def blocks_in(self, num_bytes: int) -> int:
         return num_bytes // self.bytes_per_block
@@ -33,13 +47,21 @@ class PagedKVCache:
         self.layout = layout
         self.num_blocks = num_blocks
         shape = (num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
-        self.layers = [LayerKV(torch.zeros(shape, dtype=layout.dtype, device=device),
-                               torch.zeros(shape, dtype=layout.dtype, device=device)) for _ in range(layout.num_layers)]
+        self.layers = [self._layer(layout, shape, device=device) for _ in range(layout.num_layers)]
         cpu_shape = (num_cpu_blocks, *shape[1:])
         pin = device.type == "cuda"
-        self.cpu_layers = [LayerKV(torch.zeros(cpu_shape, dtype=layout.dtype, pin_memory=pin),
-                                   torch.zeros(cpu_shape, dtype=layout.dtype, pin_memory=pin))
+        self.cpu_layers = [self._layer(layout, cpu_shape, pin_memory=pin)
                            for _ in range(layout.num_layers if num_cpu_blocks else 0)]
+
+    @staticmethod
+    def _layer(layout: KVLayout, shape: tuple[int, ...], **where) -> LayerKV:
+        def zeros(dims: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(dims, dtype=dtype, **where)
+
+        if not layout.quantized:
+            return LayerKV(zeros(shape, layout.dtype), zeros(shape, layout.dtype))
+        return LayerKV(zeros(shape, layout.dtype), zeros(shape, layout.dtype), zeros(shape[:3], torch.float32),
+                       zeros(shape[:3], torch.float32))
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: GPU block src -> GPU block dst in every layer."""
@@ -59,5 +81,7 @@ class PagedKVCache:
         src = torch.tensor([s for s, _ in pairs], dtype=torch.long)
         dst = torch.tensor([d for _, d in pairs], dtype=torch.long)
         for a, b in zip(source, target, strict=True):
-            for from_tensor, to_tensor in ((a.key, b.key), (a.value, b.value)):
+            for from_tensor, to_tensor in zip(a.tensors(), b.tensors(), strict=True):
+                if from_tensor.dtype in QUANTIZED_DTYPES:  # CPU indexing lacks float8: move the bytes
+                    from_tensor, to_tensor = from_tensor.view(torch.uint8), to_tensor.view(torch.uint8)
                 to_tensor[dst.to(to_tensor.device)] = from_tensor[src.to(from_tensor.device)].to(to_tensor.device)

@@ -28,6 +28,9 @@ from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.profiler import StepProfiler
 from engine.sampling import SampledToken, SamplingParams, sample_row
 
+# kv_cache_dtype names (vLLM's where it has one) -> the cache's torch dtype
+KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                   "fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "int8": torch.int8}
 DEFAULT_KV_CACHE_MEMORY = 512 << 20
 DEFAULT_SWAP_SPACE = 256 << 20
 
@@ -111,12 +114,13 @@ class LLM:
 
     @staticmethod
     def _kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-        """`auto`: the model's dtype."""
+        """`auto`: the model's dtype; `fp8_e4m3` (vLLM's `fp8`) and `int8` quantize on write, with one float32
+        scale per token per KV head (kernels.quant), and dequantize on read."""
         if name == "auto":
             return model_dtype
-        if name not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"kv_cache_dtype: unknown {name!r}; allowed: auto, float32, float16, bfloat16")
-        return getattr(torch, name)
+        if name not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: unknown {name!r}; allowed: auto, {', '.join(KV_CACHE_DTYPES)}")
+        return KV_CACHE_DTYPES[name]
 
     def _num_blocks(self, layout: KVLayout, kv_cache_memory: int | None, utilization: float, backend,
                     max_batched_tokens: int) -> int:

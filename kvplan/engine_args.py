@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvplan.arg_types import BLOCK_SIZE, BLOCKS, MAX_TOKENS, POSITIVE_TOKENS, TOKENS, integer
-from kvplan.live import EngineOptions
+from kvplan.live import SIM_KV_DTYPES, EngineOptions
 from traces.specs import read_yaml
 
 _UNITS = {"": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
@@ -40,6 +40,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-blocks", type=BLOCKS, default=None, help="KV blocks (default: what --kv-cache-memory holds)")
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=d.kv_cache_memory, help="KV cache size, e.g. 64MiB")
     p.add_argument("--dtype", default=d.dtype, help="model dtype: bfloat16, float16 or float32")
+    p.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=["auto", *SIM_KV_DTYPES],
+                   help="KV cache dtype: auto (the model's), float16, bfloat16, float32, fp8_e4m3 or int8 "
+                        "(quantized: ~2x the blocks for the same --kv-cache-memory)")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--eviction", default=d.eviction_policy, help="lru, fifo, lfu or s3fifo")
     p.add_argument("--preemption", default=d.preemption_mode, help="recompute or swap")
@@ -57,7 +60,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> EngineOptions:
     return EngineOptions(
         block_size=args.block_size, num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
-        dtype=args.dtype, enable_prefix_caching=not args.no_prefix_caching, eviction_policy=args.eviction,
+        dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=not args.no_prefix_caching,
+        eviction_policy=args.eviction,
         preemption_mode=args.preemption, victim_policy=args.victim, schedule=args.schedule,
         swap_space=args.swap_space, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=not args.no_chunked_prefill,
@@ -65,8 +69,8 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
 
 
 _SIZES = ("kv_cache_memory", "swap_space")
-_TYPES = {"block_size": int, "num_blocks": int, "dtype": str, "enable_prefix_caching": bool, "eviction_policy": str,
-          "preemption_mode": str, "victim_policy": str, "schedule": str, "max_num_seqs": int,
+_TYPES = {"block_size": int, "num_blocks": int, "dtype": str, "kv_cache_dtype": str, "enable_prefix_caching": bool,
+          "eviction_policy": str, "preemption_mode": str, "victim_policy": str, "schedule": str, "max_num_seqs": int,
           "max_num_batched_tokens": int, "enable_chunked_prefill": bool, "max_model_len": int, "sink_tokens": int,
           "window_tokens": int}
 

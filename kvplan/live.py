@@ -19,6 +19,11 @@ from sim.replica import SERIES_COLUMNS
 from sim.run import SimResult, SimSpec
 from traces import Trace
 
+# the engine's kv_cache_dtype -> the simulator's KV dtype name (auto: the model's dtype, which the simulator
+# takes from the model by itself)
+SIM_KV_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "fp8_e4m3": "float8",
+                 "fp8": "float8", "int8": "int8"}
+
 
 @dataclass(slots=True)
 class EngineOptions:
@@ -28,6 +33,7 @@ class EngineOptions:
     num_blocks: int | None = None  # KV capacity; default: what kv_cache_memory holds
     kv_cache_memory: int = 64 << 20  # bytes of KV cache (CPU), used when num_blocks is not given
     dtype: str = "bfloat16"
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype), float16, bfloat16, float32, fp8_e4m3, int8
     enable_prefix_caching: bool = True
     eviction_policy: str = "lru"
     preemption_mode: str = "recompute"
@@ -122,6 +128,7 @@ def sim_spec(options: EngineOptions, meta: dict, *, cost: str, profile: str | No
         num_blocks=int(meta["num_blocks"]), num_cpu_blocks=int(meta["num_cpu_blocks"]),
         enable_prefix_caching=options.enable_prefix_caching, eviction_policy=options.eviction_policy,
         max_model_len=int(meta["max_model_len"]), sink_tokens=options.sink_tokens,
+        kv_dtype=SIM_KV_DTYPES.get(options.kv_cache_dtype),
         window_tokens=options.window_tokens, max_num_batched_tokens=options.max_num_batched_tokens,
         max_num_seqs=options.max_num_seqs, enable_chunked_prefill=options.enable_chunked_prefill,
         preemption_mode=options.preemption_mode, victim_policy=options.victim_policy, schedule=options.schedule,

@@ -20,7 +20,7 @@ from sim.metrics import kv_summary, summarize
 from sim.replica import SERIES_COLUMNS
 from sim.routers import make_router
 from sim.specs.hardware import get_hardware
-from sim.specs.models import DTYPE_BYTES, MODELS, get_model
+from sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model
 from sim.specs.profiles import PROFILED_DEVICES, shipped_profile
 from traces import Trace
 
@@ -82,6 +82,8 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
     """The cost model and the KV capacity in blocks it implies (unless `spec.num_blocks` overrides it). A profiled
     device (`cpu-local`) means the calibrated cost of its shipped profile for the model."""
     cost_name, profile = spec.cost, spec.profile
+    if spec.kv_dtype is not None and spec.kv_dtype not in DTYPE_BYTES:
+        raise ValueError(f"--kv-dtype: unknown dtype {spec.kv_dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
     if spec.hardware in PROFILED_DEVICES:
         if cost_name == "analytic":
             cost_name = "calibrated"
@@ -110,16 +112,29 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
         return cost, spec.num_blocks
     if cost.kv_capacity_blocks is None:
         return cost, analytic_cost(spec)[1]
-    return cost, cost.kv_capacity_blocks * measured_at // spec.block_size
+    tokens = cost.kv_capacity_blocks * measured_at
+    measured_dtype = cost.meta.get("dtype")
+    if spec.kv_dtype is not None and spec.kv_dtype != measured_dtype:
+        # The capacity was measured with the profile's KV dtype: the same bytes hold rows of the other width
+        # (the engine's quantized rows carry a float32 scale per token per head, kernels.quant).
+        head_dim = _head_dim(spec.model, cost.meta)
+        if measured_dtype not in DTYPE_BYTES or head_dim is None:
+            raise ValueError(f"--kv-dtype: the profile {profile} states no KV dtype or head_dim to rescale its "
+                             f"capacity from; allowed: --num-blocks, or a profile of the model")
+        tokens = tokens * engine_kv_row_bytes(measured_dtype, head_dim) // engine_kv_row_bytes(spec.kv_dtype,
+                                                                                             head_dim)
+    return cost, tokens // spec.block_size
+
+
+def _head_dim(model: str, meta: dict) -> int | None:
+    if model in MODELS or Path(model).exists():
+        return get_model(model).head_dim
+    return get_model(meta["model"]).head_dim if meta.get("model") in MODELS else None
 
 
 def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
     model, hardware = get_model(spec.model), get_hardware(spec.hardware)
-    kv_bytes = None
-    if spec.kv_dtype is not None:
-        if spec.kv_dtype not in DTYPE_BYTES:
-            raise ValueError(f"--kv-dtype: unknown dtype {spec.kv_dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
-        kv_bytes = DTYPE_BYTES[spec.kv_dtype]
+    kv_bytes = DTYPE_BYTES[spec.kv_dtype] if spec.kv_dtype is not None else None
     blocks = kv_capacity_blocks(model, hardware, spec.block_size, kv_dtype_bytes=kv_bytes,
                                 gpu_memory_utilization=spec.gpu_memory_utilization,
                                 max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from engine.backends.torch_backend import TorchAttentionBackend
-from engine.forward_context import AttentionMetadata
+from engine.forward_context import AttentionMetadata, LayerKV
 
 SOURCE = Path(__file__).with_name("cpu_decode.cpp")
 
@@ -72,7 +72,10 @@ class CpuAttentionBackend(TorchAttentionBackend):
             raise RuntimeError(f"attention_backend 'cpu': the fused decode kernel cannot be built here ({error}); "
                                "use attention_backend='torch'")
 
-    def _decode(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
-        out.copy_(paged_decode(query, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens,
+    def _decode(self, query: torch.Tensor, layer: LayerKV, meta: AttentionMetadata, scale: float,
+                out: torch.Tensor) -> None:
+        if layer.key_scale is not None:  # the fused kernel reads 16/32-bit caches: quantized ones are gathered
+            super()._decode(query, layer, meta, scale, out)  # and dequantized by the torch path
+            return
+        out.copy_(paged_decode(query, layer.key, layer.value, meta.decode_block_tables, meta.decode_context_lens,
                                scale, meta.sink_tokens, meta.window_tokens))

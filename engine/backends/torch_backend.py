@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.forward_context import AttentionMetadata
+from engine.forward_context import AttentionMetadata, LayerKV
 
 DECODE_GROUP = 16  # decodes per gathered batch
 
@@ -25,43 +25,48 @@ class TorchAttentionBackend:
         self._groups_meta: AttentionMetadata | None = None  # the step `_groups` were built for
         self._groups: list[DecodeGroup] = []
 
-    def store_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-        kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
-        key_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
-        value_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(value_cache.dtype))
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, layer: LayerKV, slot_mapping: torch.Tensor) -> None:
+        """Write the new tokens' K/V at their slots; a quantized cache gets the rows quantized per token per
+        head and their scales (kernels.quant, the scheme the Triton store kernel uses)."""
+        kv_heads, head_dim = layer.key.shape[2], layer.key.shape[3]
+        for x, cache, scales in ((key, layer.key, layer.key_scale), (value, layer.value, layer.value_scale)):
+            if scales is not None:
+                from kernels.quant import quantize_rows  # here: the kernels package loads triton
 
-    def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                x, row_scales = quantize_rows(x, cache.dtype)
+                scales.view(-1, kv_heads).index_copy_(0, slot_mapping, row_scales)
+                cache, x = cache.view(torch.uint8), x.view(torch.uint8)  # CPU index ops lack float8: move bytes
+            cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, x.to(cache.dtype))
+
+    def attend(self, query: torch.Tensor, layer: LayerKV, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         out = torch.empty_like(query)
+        key_cache = layer.key
         kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
-        # 2-D views: index_select over whole rows is several times faster than over a 3-D or 4-D tensor
-        rows_k = key_cache.view(-1, kv_heads * head_dim)
-        rows_v = value_cache.view(-1, kv_heads * head_dim)
+        gather = _RowGather(layer, query.dtype)
         for start, length, positions, slots in zip(meta.prefill_query_starts, meta.prefill_query_lens,
                                                    meta.prefill_key_positions, meta.prefill_key_slots, strict=True):
             q = query[start:start + length].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
-            k = rows_k.index_select(0, slots).view(-1, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
-            v = rows_v.index_select(0, slots).view(-1, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
+            k, v = gather.slots(slots)
+            k = k.view(-1, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
+            v = v.view(-1, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
             if len(positions) == length and not meta.window_tokens:  # no prefix, no window: plain causal
                 mask, causal = None, True
             else:
                 mask, causal = meta.visible(positions, positions[-length:]), False
             out[start:start + length] = _sdpa(q, k, v, mask, causal, scale)[0].transpose(0, 1)
         if meta.decode_block_tables is not None:
-            self._decode(query[meta.num_prefill_tokens:], key_cache, value_cache, meta, scale,
-                         out[meta.num_prefill_tokens:])
+            self._decode(query[meta.num_prefill_tokens:], layer, meta, scale, out[meta.num_prefill_tokens:])
         return out
 
-    def _decode(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    def _decode(self, query: torch.Tensor, layer: LayerKV, meta: AttentionMetadata, scale: float,
+                out: torch.Tensor) -> None:
         """Decodes in groups of similar context length, each gathered only up to its own longest context, so a
         few long requests do not make every request pay for padding."""
-        num_blocks = key_cache.shape[0]
-        rows_k, rows_v = key_cache.view(num_blocks, -1), value_cache.view(num_blocks, -1)
-        for group in self._decode_groups(meta, key_cache.shape[1]):
-            k = rows_k.index_select(0, group.blocks).view(len(group.rows), -1, *key_cache.shape[2:])
-            v = rows_v.index_select(0, group.blocks).view(len(group.rows), -1, *key_cache.shape[2:])
+        shape = layer.key.shape
+        gather = _RowGather(layer, query.dtype)
+        for group in self._decode_groups(meta, shape[1]):
+            k, v = gather.blocks(group.blocks)
+            k, v = (x.view(len(group.rows), -1, *shape[2:]) for x in (k, v))
             out[group.rows] = _decode_attention(query[group.rows], k, v, group.bias, scale)
 
     def _decode_groups(self, meta: AttentionMetadata, block_size: int) -> list[DecodeGroup]:
@@ -69,6 +74,35 @@ class TorchAttentionBackend:
         if self._groups_meta is not meta:
             self._groups_meta, self._groups = meta, decode_groups(meta, block_size)
         return self._groups
+
+
+class _RowGather:
+    """Reads K/V rows (token slots) or whole blocks out of a layer's cache. 2-D views: index_select over whole
+    rows is several times faster than over a 3-D or 4-D tensor. A quantized cache is dequantized on read, to
+    the query's dtype, with the scales of the rows read."""
+
+    def __init__(self, layer: LayerKV, dtype: torch.dtype) -> None:
+        self.layer, self.dtype = layer, dtype
+        shape = layer.key.shape
+        self.heads = shape[2]
+
+    def slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._read(slots, self.layer.key.shape[0] * self.layer.key.shape[1])
+
+    def blocks(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._read(blocks, self.layer.key.shape[0])
+
+    def _read(self, index: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        layer, out = self.layer, []
+        for cache, scales in ((layer.key, layer.key_scale), (layer.value, layer.value_scale)):
+            if scales is None:
+                values = cache.view(rows, -1).index_select(0, index)
+            else:  # [rows, (tokens x) heads x dim] * one scale per (token, head); bytes moved as uint8, as stored
+                values = cache.view(torch.uint8).view(rows, -1).index_select(0, index).view(cache.dtype)
+                s = scales.view(rows, -1).index_select(0, index)
+                values = (values.view(*s.shape, -1).float() * s.unsqueeze(-1)).to(self.dtype).view(len(index), -1)
+            out.append(values)
+        return out[0], out[1]
 
 
 @dataclass(slots=True)

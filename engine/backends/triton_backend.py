@@ -6,22 +6,26 @@ from __future__ import annotations
 import torch
 
 import kernels
-from engine.forward_context import AttentionMetadata
+from engine.forward_context import AttentionMetadata, LayerKV
 
 
 class TritonAttentionBackend:
     name = "triton"
 
-    def store_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-        kernels.store_kv(key.to(key_cache.dtype), value.to(value_cache.dtype), key_cache, value_cache, slot_mapping)
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, layer: LayerKV, slot_mapping: torch.Tensor) -> None:
+        quantized = layer.key_scale is not None  # the kernel quantizes itself, from the model's dtype
+        kernels.store_kv(key if quantized else key.to(layer.key.dtype),
+                         value if quantized else value.to(layer.value.dtype), layer.key, layer.value, slot_mapping,
+                         layer.key_scale, layer.value_scale)
 
-    def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        q = query.to(key_cache.dtype)
+    def attend(self, query: torch.Tensor, layer: LayerKV, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        key_cache, value_cache = layer.key, layer.value
+        # a quantized cache is read by the kernels with its scales; queries stay in the model's dtype
+        q = query if layer.key_scale is not None else query.to(key_cache.dtype)
         out = torch.empty_like(q)
         split = meta.num_prefill_tokens
-        window = {"sink_tokens": meta.sink_tokens, "window_tokens": meta.window_tokens}
+        window = {"sink_tokens": meta.sink_tokens, "window_tokens": meta.window_tokens,
+                  "k_scale": layer.key_scale, "v_scale": layer.value_scale}
         if meta.prefill_query_lens:
             kernels.paged_prefill_attention(
                 q[:split], key_cache, value_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens,

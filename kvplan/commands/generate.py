@@ -28,6 +28,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
                    help="KV cache size, e.g. 256MiB (CPU; default 512 MiB)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   choices=["auto", "float32", "bfloat16", "float16", "fp8_e4m3", "int8"],
+                   help="KV cache dtype (auto: the model's); fp8_e4m3 and int8 hold ~2x the blocks")
     p.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"],
                    help="default: cpu (fused C++ decode) on CPU when it builds, else torch; triton on CUDA")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -40,7 +43,7 @@ def _generate(args: argparse.Namespace) -> int:
     from kvplan.output import print_json
 
     llm = LLM(args.model, block_size=args.block_size, kv_cache_memory=args.kv_cache_memory, dtype=args.dtype,
-              attention_backend=args.attention_backend)
+              kv_cache_dtype=args.kv_cache_dtype, attention_backend=args.attention_backend)
     if args.prompt_ids:
         prompts = [_parse_ids(text) for text in args.prompt_ids]
     else:
@@ -48,7 +51,8 @@ def _generate(args: argparse.Namespace) -> int:
     params = SamplingParams(n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_tokens=args.max_tokens, seed=args.seed)
     outputs = llm.generate(prompts, params)
-    report = {"model": args.model, "kv_blocks": llm.num_kv_blocks, "block_size": args.block_size, "requests": [
+    report = {"model": args.model, "kv_blocks": llm.num_kv_blocks, "kv_dtype": llm.profile_meta["kv_dtype"],
+              "kv_bytes_per_block": llm.kv_cache.layout.bytes_per_block, "block_size": args.block_size, "requests": [
         {"request_id": o.request_id, "prompt": o.prompt if o.prompt is not None else o.prompt_token_ids,
          "outputs": [{"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
                      for c in o.outputs],
@@ -56,7 +60,8 @@ def _generate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
         return 0
-    print(f"model {args.model}: {llm.num_kv_blocks} KV blocks of {args.block_size} tokens")
+    print(f"model {args.model}: {llm.num_kv_blocks} KV blocks of {args.block_size} tokens "
+          f"({report['kv_dtype']}, {report['kv_bytes_per_block']} bytes each)")
     for request in report["requests"]:
         for completion in request["outputs"]:
             shown = completion["text"] if completion["text"] is not None else completion["token_ids"]

@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"summary": result.summary, "info": result.info})
         return 0
-    print(f"{args.trace}: {len(trace)} requests replayed live on {args.model} ({options.dtype}, block "
+    print(f"{args.trace}: {len(trace)} requests replayed live on {args.model} ({options.dtype}, KV "
+          f"{options.kv_cache_dtype}, block "
           f"{options.block_size}, {result.info['num_blocks']} KV blocks); engine busy "
           f"{result.info['busy_fraction']:.0%} of {result.summary['duration_s']:.1f} s\n")
     row = {**result.summary, **result.info}

@@ -32,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     llm = LLM(args.model, seed=args.seed, **options.llm_kwargs())
     name = args.served_model_name or args.model
-    print(f"kvplan serve: {name} ({options.dtype}, block {options.block_size}, {llm.num_kv_blocks} KV blocks, "
-          f"max_model_len {llm.max_model_len}) on http://{args.host}:{args.port}", flush=True)
+    layout = llm.kv_cache.layout
+    print(f"kvplan serve: {name} ({options.dtype}, KV {llm.profile_meta['kv_dtype']}, block {options.block_size}, "
+          f"{llm.num_kv_blocks} KV blocks of {layout.bytes_per_block} bytes, max_model_len {llm.max_model_len}) on "
+          f"http://{args.host}:{args.port}", flush=True)
     serve(llm, name, host=args.host, port=args.port, max_queue_len=args.max_queue_len, log_level=args.log_level)
     return 0

@@ -88,6 +88,15 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
 )}
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
+# kvplan's engine keeps one float32 scale per token per KV head beside a quantized row (kernels/quant.py); vLLM's
+# GPU fp8 cache uses per-tensor scales, so the analytic (GPU) model counts the 1-byte values alone
+ENGINE_SCALE_BYTES = 4
+QUANTIZED_KV = ("float8", "int8")
+
+
+def engine_kv_row_bytes(dtype: str, head_dim: int) -> int:
+    """Bytes of one token's K (or V) row of one KV head in kvplan's engine cache."""
+    return DTYPE_BYTES[dtype] * head_dim + (ENGINE_SCALE_BYTES if dtype in QUANTIZED_KV else 0)
 
 
 def get_model(name: str) -> ModelSpec:

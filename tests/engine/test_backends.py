@@ -38,6 +38,19 @@ def test_backend_matches_torch_backend(tiny_models, backend, window):
     assert results["torch"][1] == bool(window)  # the window case really released blocks mid-request
 
 
+@pytest.mark.parametrize("backend", [pytest.param("cpu", marks=needs_cpu_kernel), "triton"])
+@pytest.mark.parametrize("kv", ["int8", "fp8_e4m3"])
+def test_quantized_caches_give_the_torch_backends_tokens(tiny_models, backend, kv):
+    """The Triton kernels quantize on store and dequantize in attention with the scheme the torch backend
+    applies in Python; the CPU backend decodes a quantized cache through the torch path."""
+    results = {}
+    for name in ("torch", backend):
+        llm = LLM(tiny_models["tiny-llama"], block_size=4, kv_cache_memory=1 << 20, max_model_len=64,
+                  max_num_batched_tokens=8, attention_backend=name, kv_cache_dtype=kv)
+        results[name] = greedy(llm)
+    assert results[backend] == results["torch"]
+
+
 @needs_cpu_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block_size,kv_heads,group", [(1, 1, 4), (8, 2, 3), (16, 4, 1), (32, 2, 2)])
