@@ -57,6 +57,8 @@ class _Group:
     generators: list[torch.Generator]
     sequences: dict[int, object] = field(default_factory=dict)  # index -> core Request
     logprobs: dict[int, list[SampledToken]] = field(default_factory=dict)
+    teacher: list[int] | None = None  # forced continuation (scoring): the token each step must produce
+    teacher_logprobs: list[float] = field(default_factory=list)  # log p(teacher token) at each step
     finished: int = 0
 
 
@@ -157,8 +159,15 @@ class LLM:
             raise ValueError(f"prompt token ids must lie in [0, {vocab}); got {min(tokens)}..{max(tokens)}")
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-                    request_id: str | None = None, arrival_s: float | None = None, priority: int = 0) -> str:
+                    request_id: str | None = None, arrival_s: float | None = None, priority: int = 0,
+                    teacher_token_ids: Sequence[int] | None = None) -> str:
+        """Queue a request. `teacher_token_ids` scores a continuation instead of sampling one: each step
+        produces the next given token (max_tokens = their count, n = 1) and records its log-probability under
+        the step's logits, read back with `teacher_logprobs` when the request finishes: the decode path, cache
+        policy and KV dtype included (perplexity under a bounded cache)."""
         params = params or SamplingParams()
+        if teacher_token_ids is not None:
+            params = SamplingParams(max_tokens=len(teacher_token_ids), ignore_eos=True)
         tokens = self.encode(prompt)
         self.check_prompt(tokens, params)
         rid = request_id if request_id is not None else f"req-{self._counter}"
@@ -176,6 +185,7 @@ class LLM:
                        RequestMetrics(arrival_s if arrival_s is not None else time.perf_counter()),
                        [torch.Generator().manual_seed(seed + j) for j in range(params.n)])
         group.sequences[0] = request
+        group.teacher = [int(t) for t in teacher_token_ids] if teacher_token_ids is not None else None
         self._groups[rid] = group
         self._owner[rid] = (rid, 0)
         self.scheduler.add_request(request)
@@ -243,7 +253,11 @@ class LLM:
             group_id, index = self._owner[request.request_id]
             group = self._groups[group_id]
             params = group.params
-            if request.n > 1 and not request.forked:  # first tokens of all n sequences, from the prompt's logits
+            if group.teacher is not None:  # scoring: the given token, and its log-probability here
+                token = group.teacher[len(group.teacher_logprobs)]
+                group.teacher_logprobs.append(float(torch.log_softmax(logits[row].float(), dim=-1)[token]))
+                sampled[position[id(item)]] = token
+            elif request.n > 1 and not request.forked:  # first tokens of all n sequences, from the prompt's logits
                 draws = [sample_row(logits[row], params, g) for g in group.generators]
                 sampled[position[id(item)]] = [d.token for d in draws]
                 if params.logprobs is not None:
@@ -292,7 +306,8 @@ class LLM:
             completions.append(CompletionOutput(index, tokens, text, request.finish_reason,
                                                 group.logprobs.get(index) if group.params.logprobs is not None
                                                 else None))
-        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions, group.metrics)
+        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions, group.metrics,
+                             teacher_logprobs=group.teacher_logprobs if group.teacher is not None else None)
 
     # -- batch API -----------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str | Sequence[int]],

@@ -54,3 +54,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     metrics: RequestMetrics
     finished: bool = True
+    teacher_logprobs: list[float] | None = None  # scoring requests: log p of each given continuation token

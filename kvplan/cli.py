@@ -12,7 +12,7 @@ from kvplan import __version__
 from kvplan.arg_types import OneLineParser
 
 # Verbs in the order `kvplan --help` lists them; later features add their module here.
-COMMANDS = ("run", "trace", "simulate", "generate", "serve", "replay", "calibrate", "validate", "bench")
+COMMANDS = ("run", "trace", "simulate", "generate", "serve", "replay", "calibrate", "validate", "eval_ppl", "bench")
 # What the `engine` extra installs: a command that imports one of these needs it.
 ENGINE_PACKAGES = ("torch", "triton", "transformers", "accelerate", "gguf")
 # What the `serve` extra installs (`kvplan serve`).
