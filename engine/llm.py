@@ -191,14 +191,20 @@ class LLM:
         self.scheduler.add_request(request)
         return rid
 
-    def output_token_ids(self, request_id: str) -> list[list[int]] | None:
-        """The tokens each sequence of an unfinished request has generated so far (index order; a sequence not
-        forked yet is absent), or None for a request that is not running here. Streaming servers read this after
-        every step: preemption by recompute keeps a sequence's tokens, so the lists only grow."""
+    def new_output_tokens(self, request_id: str, sent: dict[int, int]) -> list[tuple[int, list[int]]]:
+        """(sequence index, tokens after the first `sent[index]`) for each sequence of an unfinished request that
+        has generated more than `sent` says (a sequence not forked yet is absent; none for a request not running
+        here). Streaming servers call this for every stream after every step, so only new tokens are copied;
+        preemption by recompute keeps a sequence's tokens, so they only grow."""
         group = self._groups.get(request_id)
         if group is None:
-            return None
-        return [list(group.sequences[i].output_token_ids) for i in sorted(group.sequences)]
+            return []
+        out = []
+        for index in sorted(group.sequences):
+            request, done = group.sequences[index], sent.get(index, 0)
+            if request.num_output_tokens > done:
+                out.append((index, request.token_ids[request.prompt_len + done:]))
+        return out
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -303,6 +303,12 @@ def _causal_config(path: Path) -> PretrainedConfig:
     return config
 
 
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase | None:
+    """The tokenizer of a built-in model or a local model directory (without loading its weights), or None for
+    a model that works on token ids only."""
+    return _load_tokenizer(resolve_model(name_or_path))
+
+
 def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase | None:
     if not any((path / f).is_file() for f in _TOKENIZER_FILES):
         return None  # random models work on token ids only

@@ -83,8 +83,6 @@ class _RowGather:
 
     def __init__(self, layer: LayerKV, dtype: torch.dtype) -> None:
         self.layer, self.dtype = layer, dtype
-        shape = layer.key.shape
-        self.heads = shape[2]
 
     def slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._read(slots, self.layer.key.shape[0] * self.layer.key.shape[1])

@@ -195,26 +195,26 @@ class AsyncEngine:
         for output in finished:
             stream = self._streams.pop(output.request_id)
             for completion in output.outputs:
-                self._send(stream, completion.index, completion.token_ids, now, completion.finish_reason,
-                           output.metrics.num_cached_tokens)
+                self._send(stream, completion.index, completion.token_ids[stream.sent.get(completion.index, 0):],
+                           now, completion.finish_reason, output.metrics.num_cached_tokens)
             if self.metrics is not None:
                 reasons = {c.finish_reason for c in output.outputs}
                 self.metrics.finished("length" if reasons == {"length"} else "stop", stream.arrival_s, now)
             stream.deliver(None)
         for request_id, stream in self._streams.items():
-            for index, tokens in enumerate(self.llm.output_token_ids(request_id) or ()):
-                self._send(stream, index, tokens, now, None)
+            for index, new in self.llm.new_output_tokens(request_id, stream.sent):
+                self._send(stream, index, new, now, None)
 
-    def _send(self, stream: _Stream, index: int, tokens: list[int], now: float, reason: str | None,
+    def _send(self, stream: _Stream, index: int, new: list[int], now: float, reason: str | None,
               cached: int | None = None) -> None:
-        sent = stream.sent.get(index, 0)
-        if len(tokens) == sent and reason is None:
+        """Deliver a sequence's new tokens (and, on its last delta, why it ended)."""
+        if not new and reason is None:
             return
-        stream.sent[index] = len(tokens)
-        stream.deliver(TokenDelta(index, tokens[sent:], reason, cached))
-        if self.metrics is None or len(tokens) == sent:
+        stream.sent[index] = stream.sent.get(index, 0) + len(new)
+        stream.deliver(TokenDelta(index, new, reason, cached))
+        if self.metrics is None or not new:
             return
-        self.metrics.generation_tokens.inc(len(tokens) - sent)
+        self.metrics.generation_tokens.inc(len(new))
         if stream.first_token_s is None:
             stream.first_token_s = now
             self.metrics.ttft.observe(now - stream.arrival_s)

@@ -73,14 +73,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tokenize(model: str, text: str) -> list[int]:
-    from transformers import AutoTokenizer
+    from engine.models import load_tokenizer
 
-    from engine.models import resolve_model
-
-    path = resolve_model(model)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError):
-        raise ValueError(f"--model: {model} has no tokenizer; allowed: a model with one (eval-ppl reads text)") \
-            from None
+    tokenizer = load_tokenizer(model)
+    if tokenizer is None:
+        raise ValueError(f"--model: {model} has no tokenizer; allowed: a model with one (eval-ppl reads text)")
     return list(tokenizer.encode(text, add_special_tokens=False))

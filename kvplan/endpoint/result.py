@@ -96,18 +96,3 @@ def write_client_files(load: LoadResult, out: Path) -> None:
                          "tokens_received": sum(len(t) for t in o.token_times.values())})
               for o in load.outcomes if o.error is not None]
     write_atomic(out / "failed.jsonl", "".join(f"{line}\n" for line in failed).encode())
-
-
-def read_token_times(path: Path) -> dict[tuple[int, int], list[float]]:
-    import json
-
-    out = {}
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            try:
-                doc = json.loads(line)
-                out[(int(doc["row"]), int(doc["sample"]))] = [float(t) for t in doc["times_s"]]
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}:{number}: not a token-times line ({exc}); allowed: "
-                                 '{"row": R, "sample": S, "times_s": [...]}') from None
-    return out

@@ -62,14 +62,12 @@ def within_duration(trace: Trace, duration_s: float | None) -> Trace:
 
 
 def _tokenizer(name: str):
-    from transformers import AutoTokenizer
+    from engine.models import load_tokenizer
 
-    path = Path(name)
-    if not path.is_dir():
-        from engine.models import resolve_model
-
-        path = resolve_model(name)
-    return AutoTokenizer.from_pretrained(str(path))
+    tokenizer = load_tokenizer(name)
+    if tokenizer is None:
+        raise ValueError(f"--tokenizer: {name} has no tokenizer files; allowed: a model directory with one")
+    return tokenizer
 
 
 def _vocab_size(options: EndpointOptions, tokenizer) -> int:
