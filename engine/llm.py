@@ -18,7 +18,8 @@ import torch
 
 from engine.attention import register_paged_attention
 from engine.backends import default_backend, make_backend
-from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
+from engine.beam_search import BeamSearch
+from engine.core import CacheConfig, ConfigError, RequestStatus, Scheduler, SchedulerConfig, make_request
 from engine.core.outputs import SchedulerOutput, UpdateOutput
 from engine.cpu_linear import can_pack, pack_linears
 from engine.kv_cache import KVLayout, PagedKVCache
@@ -33,6 +34,7 @@ KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16
                    "fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "int8": torch.int8}
 DEFAULT_KV_CACHE_MEMORY = 512 << 20
 DEFAULT_SWAP_SPACE = 256 << 20
+RUNNING = RequestStatus.RUNNING
 
 
 @dataclass(slots=True)
@@ -59,7 +61,12 @@ class _Group:
     logprobs: dict[int, list[SampledToken]] = field(default_factory=dict)
     teacher: list[int] | None = None  # forced continuation (scoring): the token each step must produce
     teacher_logprobs: list[float] = field(default_factory=list)  # log p(teacher token) at each step
+    beam: BeamSearch | None = None  # beam search: its decisions; the sequences are its beams
     finished: int = 0
+
+    @property
+    def num_sequences(self) -> int:
+        return self.beam.width if self.beam is not None else self.params.n
 
 
 class LLM:
@@ -175,8 +182,9 @@ class LLM:
             raise ValueError(f"request id {rid!r} is already in use")
         self._counter += 1
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.loaded.eos_token_ids))
-        request = make_request(rid, prompt_token_ids=tokens, max_tokens=params.max_tokens, n=params.n,
-                               stop_token_ids=stops, arrival_s=arrival_s or 0.0, priority=priority)
+        width = params.beam_width
+        request = make_request(rid, prompt_token_ids=tokens, max_tokens=params.max_tokens, n=width or params.n,
+                               beam=width > 0, stop_token_ids=stops, arrival_s=arrival_s or 0.0, priority=priority)
         reason = self.scheduler.rejection_reason(request)
         if reason is not None:
             raise ValueError(f"request {rid} cannot run: {reason}")
@@ -186,6 +194,9 @@ class LLM:
                        [torch.Generator().manual_seed(seed + j) for j in range(params.n)])
         group.sequences[0] = request
         group.teacher = [int(t) for t in teacher_token_ids] if teacher_token_ids is not None else None
+        if width:
+            group.beam = BeamSearch(width, params.max_tokens, sorted(stops), params.length_penalty,
+                                    params.early_stopping)
         self._groups[rid] = group
         self._owner[rid] = (rid, 0)
         self.scheduler.add_request(request)
@@ -234,6 +245,7 @@ class LLM:
             self._sample(out, prepared.sampled_items, logits, sampled)
             mark = self._lap(times, "sample", mark)
         result = self.scheduler.update(out, sampled)
+        self._advance_beams(out, result)
         now = self._lap(times, "update", mark)
         finished = self._record(out, result, scheduled_at, now)
         self.last_step = StepTrace(out, result, times, usage)
@@ -259,7 +271,9 @@ class LLM:
             group_id, index = self._owner[request.request_id]
             group = self._groups[group_id]
             params = group.params
-            if group.teacher is not None:  # scoring: the given token, and its log-probability here
+            if group.beam is not None:  # beam search: the group's step decides once every beam has its row
+                group.beam.rows[index] = torch.log_softmax(logits[row].float(), dim=-1)
+            elif group.teacher is not None:  # scoring: the given token, and its log-probability here
                 token = group.teacher[len(group.teacher_logprobs)]
                 group.teacher_logprobs.append(float(torch.log_softmax(logits[row].float(), dim=-1)[token]))
                 sampled[position[id(item)]] = token
@@ -276,6 +290,21 @@ class LLM:
                 sampled[position[id(item)]] = draw.token
                 if params.logprobs is not None:
                     group.logprobs.setdefault(index, []).append(draw)
+
+    def _advance_beams(self, out: SchedulerOutput, result: UpdateOutput) -> None:
+        """Step every beam group of this batch whose beams all have their log-probabilities (a group split across
+        model steps by the budget or a preemption waits for its last beam): append, fork and prune by the
+        decision, or end the group when its search is over."""
+        for group_id in {self._owner[item.request_id][0] for item in out.scheduled if item.request.beam}:
+            group = self._groups.get(group_id)
+            members = [group.sequences[i] for i in sorted(group.sequences)] if group is not None else []
+            if not members or any(r.status is not RUNNING or r.num_tokens_to_compute for r in members):
+                continue
+            plan = group.beam.step()
+            step = (self.scheduler.finish_beams(members, "stop") if plan is None
+                    else self.scheduler.advance_beams(members, plan))
+            result.forked.extend(step.forked)
+            result.finished.extend(step.finished)
 
     def _record(self, out: SchedulerOutput, result, scheduled_at: float, now: float) -> list[RequestOutput]:
         for child in result.forked:
@@ -298,22 +327,32 @@ class LLM:
             group = self._groups[group_id]
             group.finished += 1
             group.metrics.num_preemptions += request.num_preemptions
-            if group.finished == group.params.n:
+            if group.finished == group.num_sequences:
                 group.metrics.finished_s = now
                 done.append(self._output(self._groups.pop(group_id)))
         return done
 
     def _output(self, group: _Group) -> RequestOutput:
+        if group.beam is not None:
+            return self._beam_output(group)
         completions = []
         for index in sorted(group.sequences):
             request = group.sequences[index]
             tokens = request.output_token_ids
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer is not None else None
-            completions.append(CompletionOutput(index, tokens, text, request.finish_reason,
+            completions.append(CompletionOutput(index, tokens, self._decode(tokens), request.finish_reason,
                                                 group.logprobs.get(index) if group.params.logprobs is not None
                                                 else None))
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions, group.metrics,
                              teacher_logprobs=group.teacher_logprobs if group.teacher is not None else None)
+
+    def _beam_output(self, group: _Group) -> RequestOutput:
+        completions = [CompletionOutput(i, h.token_ids, self._decode(h.token_ids), "stop" if h.finished_on_eos
+                                        else "length", cumulative_logprob=h.cumulative_logprob, score=h.score)
+                       for i, h in enumerate(group.beam.hypotheses())]
+        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions, group.metrics)
+
+    def _decode(self, tokens: list[int]) -> str | None:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer is not None else None
 
     # -- batch API -----------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str | Sequence[int]],
@@ -333,6 +372,15 @@ class LLM:
             for output in self.step():
                 results[output.request_id] = output
         return [results[rid] for rid in ids]
+
+    def beam_search(self, prompts: Sequence[str | Sequence[int]], beam_width: int, max_tokens: int, *,
+                    length_penalty: float = 1.0, early_stopping: bool | str = False,
+                    ignore_eos: bool = False) -> list[RequestOutput]:
+        """Beam search over each prompt (vLLM's `LLM.beam_search`): each output holds its `beam_width` finished
+        sequences, best first, with their scores."""
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, beam_width=beam_width,
+                                length_penalty=length_penalty, early_stopping=early_stopping, ignore_eos=ignore_eos)
+        return self.generate(prompts, params)
 
     def close(self) -> None:
         if self.profiler is not None:

@@ -44,6 +44,8 @@ class CompletionOutput:
     text: str | None
     finish_reason: str | None
     logprobs: list[SampledToken] | None = None
+    cumulative_logprob: float | None = None  # beam search: sum of the tokens' log-probabilities
+    score: float | None = None  # beam search: cumulative_logprob / len ** length_penalty (HF's sequences_scores)
 
 
 @dataclass(slots=True)

@@ -24,12 +24,23 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # also return this many top alternatives per token
+    # beam search (HF generate(num_beams=...) semantics): 0 = off; k >= 1 keeps k beams and returns k sequences
+    beam_width: int = 0
+    length_penalty: float = 1.0  # a finished beam scores cumulative logprob / generated length ** length_penalty
+    early_stopping: bool | str = False  # True: stop once k beams finished; False: heuristic; "never": exhaustive
 
     def __post_init__(self) -> None:
+        beam = self.beam_width > 0
         checks = ((self.n >= 1, "n must be >= 1"), (self.temperature >= 0, "temperature must be >= 0"),
                   (self.top_k >= 0, "top_k must be >= 0 (0 = off)"), (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
                   (self.max_tokens >= 1, "max_tokens must be >= 1"),
-                  (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0"))
+                  (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0"),
+                  (self.beam_width >= 0, "beam_width must be >= 0 (0 = no beam search)"),
+                  (self.early_stopping in (True, False, "never"), "early_stopping must be True, False or 'never'"),
+                  (not beam or (self.temperature == 0 and self.top_k == 0 and self.top_p == 1.0),
+                   "beam search is deterministic: it needs temperature=0 and no top_k / top_p"),
+                  (not beam or self.n == 1, "beam search returns beam_width sequences: n must stay 1"),
+                  (not beam or self.logprobs is None, "logprobs are not reported for beam search"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"SamplingParams: {message}, got {self!r}")

@@ -18,13 +18,13 @@ Layout (one concept per module):
 """
 
 from engine.core.config import CacheConfig, ConfigError, SchedulerConfig
-from engine.core.metrics import MemoryBreakdown, SchedulerStats, kv_snapshot, memory_breakdown
+from engine.core.metrics import MemoryBreakdown, SchedulerStats, block_sharing, kv_snapshot, memory_breakdown
 from engine.core.outputs import ScheduledRequest, SchedulerOutput, UpdateOutput
 from engine.core.request import Request, RequestStatus, make_request
 from engine.core.scheduler import Scheduler
 
 __all__ = [
     "CacheConfig", "ConfigError", "MemoryBreakdown", "Request", "RequestStatus", "ScheduledRequest", "Scheduler",
-    "SchedulerConfig", "SchedulerOutput", "SchedulerStats", "UpdateOutput", "kv_snapshot", "make_request",
-    "memory_breakdown",
+    "SchedulerConfig", "SchedulerOutput", "SchedulerStats", "UpdateOutput", "block_sharing", "kv_snapshot",
+    "make_request", "memory_breakdown",
 ]

@@ -61,6 +61,9 @@ class KVCacheManager:
         or None. The watermark plays no part: it never holds back the only request that could run."""
         total = self.config.num_blocks
         need = self.config.peak_blocks(request.final_len - 1, chunk)  # the last sampled token is never written
+        if request.beam and need * request.n > total:  # every beam resident at once, nothing shared
+            return (f"needs {need * request.n} KV blocks for {request.n} beams of {request.final_len} tokens with "
+                    f"nothing shared (block size {self.block_size}) but the cache holds only {total}")
         if need <= total:
             return None
         if not self.config.windowed:

@@ -134,3 +134,15 @@ def kv_snapshot(kv: KVCacheManager | ReservationAllocator, stats: SchedulerStats
         "num_evicted_blocks": pool.num_evictions if pool else 0,
         "num_rejected": stats.num_rejected,
     }
+
+
+def block_sharing(kv: KVCacheManager, requests: Iterable[Request]) -> tuple[int, int]:
+    """(blocks the requests' tables hold, a shared block counted once; blocks they would hold with nothing shared,
+    i.e. every table entry): the memory saving of forking is 1 - held / independent (vLLM paper, section 6.3)."""
+    held: set[int] = set()
+    independent = 0
+    for request in requests:
+        ids = [block for block in kv.block_ids.get(request.request_id, ()) if block != HOLE]
+        held.update(ids)
+        independent += len(ids)
+    return len(held), independent

@@ -8,7 +8,8 @@ group, so a group never runs half-resident:
   `swapped`; swap-in brings them back together with their sharing intact (`KVCacheManager.swap_out/swap_in`);
 * recompute - every member's blocks are freed and the members return to the head of the waiting queue in group
   order. Their shared blocks are gone, so from then on each is a group of its own: a member that alone could run
-  to completion is then never preempted together with siblings that cannot fit beside it.
+  to completion is then never preempted together with siblings that cannot fit beside it. Beams are the
+  exception: they advance in lockstep, so they stay one group and are re-admitted together (`beam_group`).
 
 A swapped group that could not come back even into an empty cache (members' shared partial tail blocks need
 copy-on-write copies on top of what they held) drops its CPU copy and is recomputed the same way.
@@ -107,7 +108,7 @@ class GroupPreemption:
         """Recompute: the members go back to the head of the waiting queue in group order, each a group of its
         own from now on (prefix caching may still share their prompt)."""
         for request in reversed(group):
-            if len(group) > 1:
+            if len(group) > 1 and not request.beam:  # beams advance together: they stay one group
                 request.group_id = request.request_id
             self._requeue_for_recompute(request)
 

@@ -41,7 +41,8 @@ class Request:
     max_tokens: int
     arrival_s: float = 0.0
     priority: int = 0  # smaller is more important (vLLM convention)
-    n: int = 1  # parallel samples: the prompt is computed once, then forked into n sequences
+    n: int = 1  # parallel samples or beams: the prompt is computed once, then forked into n sequences
+    beam: bool = False  # a beam-search sequence: its group advances in lockstep (`Scheduler.advance_beams`)
     token_ids: list[int] | None = None
     prefix_hashes: tuple[int, ...] | None = None  # a trace's prefix hashes, one per `hash_granularity` tokens
     hash_granularity: int = 0
@@ -100,26 +101,33 @@ class Request:
 
     def spawn(self, child_id: str) -> Request:
         """A sibling sharing this request's whole history (fork for n > 1 or beam search)."""
-        tokens = None if self.token_ids is None else list(self.token_ids)
-        keys = None
-        if self.block_keys is not None:
-            keep = self.num_computed_tokens // self.block_keys.block_size
-            keys = self.block_keys.fork(tokens, child_id, keep)
-        return Request(
+        child = Request(
             request_id=child_id, prompt_len=self.prompt_len, max_tokens=self.max_tokens,
-            arrival_s=self.arrival_s, priority=self.priority, n=1, token_ids=tokens,
-            prefix_hashes=self.prefix_hashes, hash_granularity=self.hash_granularity, block_keys=keys,
-            stop_token_ids=self.stop_token_ids, status=self.status, num_output_tokens=self.num_output_tokens,
-            num_computed_tokens=self.num_computed_tokens, num_cached_tokens=self.num_cached_tokens,
-            num_hashed_blocks=self.num_hashed_blocks, seq=self.seq, parent_id=self.request_id, group_id=self.group,
-            forked=True,
+            arrival_s=self.arrival_s, priority=self.priority, n=1, beam=self.beam, prefix_hashes=self.prefix_hashes,
+            hash_granularity=self.hash_granularity, stop_token_ids=self.stop_token_ids, status=self.status,
+            num_cached_tokens=self.num_cached_tokens, seq=self.seq, parent_id=self.request_id,
+            group_id=self.group, forked=True,
         )
+        child.continue_from(self)
+        return child
+
+    def continue_from(self, other: Request) -> None:
+        """Take over `other`'s history: its tokens, computed count and block keys (a fork; or, in beam search, a
+        pruned beam's sequence continuing a surviving one). The KV blocks are the KV manager's to share."""
+        self.token_ids = None if other.token_ids is None else list(other.token_ids)
+        self.num_output_tokens = other.num_output_tokens
+        self.num_computed_tokens = other.num_computed_tokens
+        self.num_hashed_blocks = other.num_hashed_blocks
+        self.block_keys = None
+        if other.block_keys is not None:
+            keep = other.num_computed_tokens // other.block_keys.block_size
+            self.block_keys = other.block_keys.fork(self.token_ids, self.request_id, keep)
 
 
 def make_request(request_id: str, *, max_tokens: int, prompt_len: int | None = None,
                  prompt_token_ids: list[int] | None = None, prefix_hashes: list[int] | None = None,
                  hash_granularity: int = 0, arrival_s: float = 0.0, priority: int = 0, n: int = 1,
-                 stop_token_ids: frozenset[int] | set[int] = frozenset()) -> Request:
+                 beam: bool = False, stop_token_ids: frozenset[int] | set[int] = frozenset()) -> Request:
     """Build a request from token ids (engine) or from lengths plus optional trace prefix hashes (simulator)."""
     tokens = list(prompt_token_ids) if prompt_token_ids is not None else None
     if tokens is not None:
@@ -133,7 +141,7 @@ def make_request(request_id: str, *, max_tokens: int, prompt_len: int | None = N
     if prefix_hashes and hash_granularity < 1:
         raise ValueError(f"request {request_id}: prefix_hashes need a hash_granularity >= 1")
     return Request(request_id=request_id, prompt_len=prompt_len, max_tokens=max_tokens, arrival_s=arrival_s,
-                   priority=priority, n=n, token_ids=tokens,
+                   priority=priority, n=n, beam=beam, token_ids=tokens,
                    prefix_hashes=tuple(prefix_hashes) if prefix_hashes else None,
                    hash_granularity=hash_granularity, stop_token_ids=frozenset(stop_token_ids))
 

@@ -28,8 +28,8 @@ Hence every `schedule()` with unfinished requests schedules work, preempts, or r
 `update(step, sampled)` advances the computed counts, appends the sampled tokens (count-only when `sampled` is
 None, as in the simulator), forks n > 1 requests into siblings after their prompt, registers full blocks in the
 prefix cache, releases blocks that left the sink+window, and finishes requests at their output budget or a stop
-token, freeing their blocks. Requests that could never run are rejected at `add_request` and reported in the
-next step.
+token, freeing their blocks. Beam-search groups get their tokens from `advance_beams` instead (`beam_group`).
+Requests that could never run are rejected at `add_request` and reported in the next step.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import deque
 from itertools import count
 
+from engine.core.beam_group import BeamGroups
 from engine.core.bulk_decode import schedule_decode_prefix, update_decodes
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_manager import KVCacheManager
@@ -55,7 +56,7 @@ def make_kv_manager(config: CacheConfig) -> KVCacheManager | ReservationAllocato
     return KVCacheManager(config) if config.allocator == "paged" else ReservationAllocator(config)
 
 
-class Scheduler(GroupPreemption):
+class Scheduler(GroupPreemption, BeamGroups):
     def __init__(self, cache: CacheConfig | None = None, config: SchedulerConfig | None = None) -> None:
         self.cache_config = cache or CacheConfig()
         self.config = config or SchedulerConfig()
@@ -104,6 +105,9 @@ class Scheduler(GroupPreemption):
                     f"exceeds max_model_len {limit}")
         if request.n > self.config.max_num_seqs:
             return f"n = {request.n} parallel sequences exceed max_num_seqs {self.config.max_num_seqs}"
+        if request.beam and (self.cache_config.windowed or self.cache_config.allocator != "paged"):
+            return ("beam search shares blocks copy-on-write and keeps every beam's whole history: it needs the "
+                    "paged allocator without a sink+window cache")
         if not self.config.enable_chunked_prefill and request.prompt_len > budget:
             return (f"prompt of {request.prompt_len} tokens exceeds max_num_batched_tokens {budget} and chunked "
                     "prefill is off")
@@ -269,6 +273,12 @@ class Scheduler(GroupPreemption):
         kv = self.kv
         while len(self.waiting) and budget > 0:
             request = self.waiting.peek()
+            if request.beam and request.grouped:  # a beam group back from recompute: all of it or none
+                left = self._admit_beam_group(request, out, budget)
+                if left is None:
+                    break
+                budget = left
+                continue
             plan = self._admission(request, budget)
             if plan is None:
                 break
@@ -320,6 +330,9 @@ class Scheduler(GroupPreemption):
                 self._commit(request)
                 if self._windowed:
                     self._slide_window(request, result)
+                continue
+            if request.beam:  # its token waits for the whole group's step (`advance_beams`)
+                self._commit(request)
                 continue
             token = sampled[i] if sampled is not None else None
             if request.n > 1 and not request.forked:

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from kvplan.arg_types import COUNT, POSITIVE, REPLICAS, SEED, integer, out_path
+from kvplan.arg_types import BLOCK_SIZE, COUNT, POSITIVE, REPLICAS, SEED, integer, out_path
 from kvplan.output import format_table, print_json, write_atomic
 
 
@@ -76,6 +76,18 @@ def register(verbs: argparse._SubParsersAction) -> None:
     trace_load.add_argument("--rows", type=integer(1, 10_000_000), default=1_000_000,
                             help="requests per file (default 1000000)")
     trace_load.add_argument("--seed", type=SEED, default=0)
+    beam = _target(
+        targets, _bench_beam, "beam", help="memory saved by copy-on-write sharing: beam search, parallel sampling",
+        description="Beam widths 2, 4, 6 and parallel sampling n = 2, 4, 6 on the live engine, over prompts of "
+                    "~19 tokens cut from a real text with ~58-token outputs (the vLLM paper's Alpaca shape): "
+                    "blocks held with sharing against blocks the same sequences would hold unshared, after every "
+                    "step; saving = 1 - held / independent, per step and overall.")
+    beam.add_argument("--model", default="smollm2-135m", help="model (default smollm2-135m)")
+    beam.add_argument("--text", type=Path, default=None,
+                      help="UTF-8 text the prompts are cut from (default /usr/share/common-licenses/GPL-3)")
+    beam.add_argument("--requests", type=integer(1, 256), default=16, help="requests per run (default 16)")
+    beam.add_argument("--block-size", type=BLOCK_SIZE, default=16)
+    beam.add_argument("--seed", type=SEED, default=0)
 
 
 def sim_regimes() -> tuple[str, ...]:
@@ -237,6 +249,26 @@ def _show_kernels(result: dict) -> None:
               f"{t['frac_peak'] or 0:.1%} of peak (goal >= {t['min_frac_peak']:.0%}: "
               f"{'met' if t['frac_peak_ok'] else 'not met'}), {t['vs_sdpa']:.2f}x SDPA time "
               f"(goal <= {t['max_vs_sdpa']}x: {'met' if t['vs_sdpa_ok'] else 'not met'})")
+
+
+def _bench_beam(args: argparse.Namespace) -> int:
+    from kvplan.bench import beam
+    from kvplan.commands.eval_ppl import read_text
+
+    text = args.text or beam.DEFAULT_TEXT
+    if not text.is_file():
+        raise ValueError(f"--text: {text}: no such file; allowed: a UTF-8 text file")
+    read_text(text)  # not UTF-8 or empty: one clear line before any model loads
+    result = beam.run(args.model, text, args.requests, args.seed, args.block_size)
+    return _report(args, result, _show_beam)
+
+
+def _show_beam(result: dict) -> None:
+    print(f"{result['requests']} requests, prompts {result['mean_prompt_tokens']:.1f} tokens, outputs "
+          f"{result['mean_output_tokens']:.1f} tokens (mean), {result['model']}, block size {result['block_size']}\n")
+    rows = [[r["kind"], r["width"], r["memory_saving"], r["min_step_saving"], r["max_step_saving"],
+             r["copy_on_write_copies"], r["steps"]] for r in result["results"].values()]
+    print(format_table(["sharing", "width", "saving", "min_step", "max_step", "cow_copies", "steps"], rows))
 
 
 def _bench_traces(args: argparse.Namespace) -> int:

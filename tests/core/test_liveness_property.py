@@ -2,7 +2,8 @@
 
 Each example draws a configuration (1-16 blocks of 1, 4 or 16 tokens; chunking on/off; recompute/swap with or
 without CPU room; sink+window; prefix caching; paged or a reservation allocator; both schedules; a watermark)
-and a handful of requests (n > 1 included) arriving over the first steps, some aborted. The run must end with
+and a handful of requests (n > 1 and beam-search groups included) arriving over the first steps, some aborted.
+Beam groups step by a seeded plan once all their beams have computed (`advance_beams`), the run must end with
 each request finished or rejected/aborted with a reason, within a step bound derived from its work, never
 taking an empty step, with `max_num_seqs` counting sequences, and without leaking a block.
 """
@@ -64,6 +65,7 @@ def request_specs(pressure: bool = False):
         st.sampled_from([1, 1, 2]) if pressure else st.sampled_from([1, 1, 1, 2, 3]),  # n
         st.integers(0, 2),  # priority
         st.none() if pressure else st.one_of(st.none(), st.integers(1, 12)),  # abort at this step, if still live
+        st.sampled_from([False, False, True]),  # beam search (n beams)
     ), min_size=3 if pressure else 2, max_size=8)
 
 
@@ -89,18 +91,51 @@ def test_every_run_under_memory_pressure_drains(config, specs):
     drain(config, specs)
 
 
+def step_beam_groups(sched: Scheduler, step_index: int) -> list:
+    """What the engine's beam search does after `update`, with seeded decisions instead of logits: every group
+    whose beams have all computed advances (parents drawn, a parent's first child keeping its slot) or, one token
+    short of its budget, finishes. Returns the requests that finished."""
+    groups: dict[str, list] = {}
+    for request in sched.requests.values():
+        if request.beam:
+            groups.setdefault(request.group, []).append(request)
+    finished = []
+    for members in groups.values():
+        members.sort(key=lambda r: int(r.request_id.partition("#")[2] or 0))
+        if any(r.status is not RequestStatus.RUNNING or r.num_tokens_to_compute for r in members):
+            continue
+        head = members[0]
+        if head.num_output_tokens + 1 >= head.max_tokens:
+            event("beam group finished")
+            finished += sched.finish_beams(members, "length").finished
+            continue
+        width = len(members) if head.forked else head.n
+        draws = [((step_index * 7 + i * 3) % len(members), (step_index + i) % 5) for i in range(width)]
+        plan: list = [None] * width
+        extra = []
+        for parent, token in draws:  # a parent's first child keeps its slot, the others take the pruned ones'
+            if plan[parent] is None and head.forked:
+                plan[parent] = (parent, token)
+            else:
+                extra.append((parent, token))
+        plan = [entry if entry is not None else extra.pop() for entry in plan]
+        event("beam step")
+        finished += sched.advance_beams(members, plan).finished
+    return finished
+
+
 def drain(config: tuple[CacheConfig, SchedulerConfig], specs: list[tuple]) -> None:
     sched = Scheduler(*config)
     requests, aborts = [], {}
     work = 0
     limit = sched.cache_config.max_model_len
-    for i, (_, size, split, shared, n, priority, abort_at) in enumerate(specs):
+    for i, (_, size, split, shared, n, priority, abort_at, beam) in enumerate(specs):
         total = max(2, round(size * limit))
         prompt_len = max(1, round(split * (total - 1)))
         max_tokens = total - prompt_len
         tokens = SYSTEM_PROMPT[:int(shared * prompt_len)]
         tokens += [10 + i] * (prompt_len - len(tokens))
-        requests.append(make_request(f"r{i}", prompt_token_ids=tokens, max_tokens=max_tokens, n=n,
+        requests.append(make_request(f"r{i}", prompt_token_ids=tokens, max_tokens=max_tokens, n=n, beam=beam,
                                      priority=priority, arrival_s=float(i)))
         work += n * (len(tokens) + max_tokens)
         if abort_at is not None:
@@ -129,9 +164,10 @@ def drain(config: tuple[CacheConfig, SchedulerConfig], specs: list[tuple]) -> No
         if out.swap_in:
             event("swapped in")
         result = sched.update(out, sampled_tokens(out))
-        for request in result.finished:
+        finished = [*result.finished, *step_beam_groups(sched, step_index)]
+        for request in finished:
             ended[request.request_id] = request.finish_reason
-            assert request.num_output_tokens == request.max_tokens
+            assert request.num_output_tokens == request.max_tokens - request.beam  # a beam ends with its last step
         check_scheduler(sched)
     else:
         raise AssertionError(f"not drained within {bound} steps")
@@ -140,5 +176,6 @@ def drain(config: tuple[CacheConfig, SchedulerConfig], specs: list[tuple]) -> No
     for request in requests:
         if request.request_id in accepted and ended.get(request.request_id) != "abort":
             assert request.status is RequestStatus.FINISHED
-            assert all(f"{request.request_id}#{j}" in ended for j in range(1, request.n))
+            forks = request.n if not request.beam or request.max_tokens > 1 else 1  # a 1-token beam never forks
+            assert all(f"{request.request_id}#{j}" in ended for j in range(1, forks))
     check_all_free(sched)

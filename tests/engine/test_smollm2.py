@@ -44,3 +44,17 @@ def test_generate_cli_answers_the_capital_of_france(capsys):
     report = json.loads(capsys.readouterr().out)
     answer = report["requests"][0]["outputs"][0]["text"]
     assert "Paris" in answer
+
+
+def test_beam_search_equals_hf_generate_num_beams(smollm2_path):
+    from tests.engine.test_beam_search import assert_equal_to_hf
+
+    llm = LLM(smollm2_path, block_size=16, kv_cache_memory=64 << 20, max_model_len=1024)
+    prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False) for q in QUESTIONS]
+    eos = tuple(sorted(llm.loaded.eos_token_ids))
+    for width in (2, 4):
+        params = SamplingParams(temperature=0, max_tokens=16, beam_width=width, stop_token_ids=eos)
+        outputs = llm.generate(prompts, params)
+        assert_equal_to_hf(smollm2_path, outputs, params, prompts)
+    assert "Paris" in outputs[0].outputs[0].text
