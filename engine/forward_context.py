@@ -40,6 +40,9 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int32, -1 = none / released
     decode_context_lens: torch.Tensor | None  # [num_decodes] int32
     decode_key_mask: torch.Tensor | None  # [num_decodes, max_blocks * block_size] bool: key visible
+    # position_mode 'shifted' (engine.rope): every request takes the per-request (prefill) path, and its scores
+    # against the sinks use the query rotated back to the cache's own positions
+    rope: object | None = None  # engine.rope.Rope
 
     def visible(self, key_positions: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
         """[queries, keys] bool: causal, and inside the sinks or the window."""

@@ -27,6 +27,7 @@ from engine.model_runner import ModelRunner
 from engine.models import load_model
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.profiler import StepProfiler
+from engine.rope import rope_for_positions
 from engine.sampling import SampledToken, SamplingParams, sample_row
 
 # kv_cache_dtype names (vLLM's where it has one) -> the cache's torch dtype
@@ -78,7 +79,8 @@ class LLM:
                  max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  max_model_len: int | None = None, dtype: str | torch.dtype = "float32", device: str | None = None,
                  attention_backend: str | None = None, kv_cache_dtype: str = "auto", sink_tokens: int = 0,
-                 window_tokens: int = 0, seed: int = 0, profile_path: str | Path | None = None,
+                 window_tokens: int = 0, position_mode: str = "original", seed: int = 0,
+                 profile_path: str | Path | None = None,
                  num_gpu_blocks_override: int | None = None) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -90,6 +92,9 @@ class LLM:
         self.max_model_len = min(max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
         layout = KVLayout(self.loaded.num_layers, self.loaded.num_kv_heads, self.loaded.head_dim, block_size,
                           self._kv_dtype(kv_cache_dtype, dtype))
+        rope = rope_for_positions(self.loaded.model, position_mode, window_tokens, attention_backend)
+        if rope is not None and attention_backend is None and self.device.type == "cuda":
+            attention_backend = "torch"  # the Triton kernels have no per-query rotation
         backend = make_backend(attention_backend or default_backend(self.device), self.device)
         num_blocks = num_gpu_blocks_override or self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization,
                                                                  backend, max_num_batched_tokens)
@@ -108,7 +113,8 @@ class LLM:
             enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
             victim_policy=victim_policy, schedule=schedule))
         self.kv_cache = PagedKVCache(layout, num_blocks, num_cpu_blocks, self.device)
-        self.runner = ModelRunner(self.loaded.model, self.kv_cache, backend, self.device, sink_tokens, window_tokens)
+        self.runner = ModelRunner(self.loaded.model, self.kv_cache, backend, self.device, sink_tokens, window_tokens,
+                                  rope)
         self._seeds = torch.Generator().manual_seed(seed)
         self._groups: dict[str, _Group] = {}
         self._owner: dict[str, tuple[str, int]] = {}  # sequence id -> (group id, index)
@@ -118,6 +124,7 @@ class LLM:
             "model": model, "device": str(self.device), "dtype": str(dtype).removeprefix("torch."),
             "kv_dtype": str(layout.dtype).removeprefix("torch."), "block_size": block_size, "num_blocks": num_blocks,
             "num_cpu_blocks": num_cpu_blocks, "sink_tokens": sink_tokens, "window_tokens": window_tokens,
+            "position_mode": position_mode,
             "threads": torch.get_num_threads(), "torch": str(torch.__version__)}
         self.profiler = None if profile_path is None else StepProfiler(profile_path, self.profile_meta)
 

@@ -35,7 +35,7 @@ def padded_tables(items: list[ScheduledRequest]) -> torch.Tensor:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_cache: PagedKVCache, backend, device: torch.device,
-                 sink_tokens: int = 0, window_tokens: int = 0) -> None:
+                 sink_tokens: int = 0, window_tokens: int = 0, rope=None) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.backend = backend
@@ -43,6 +43,7 @@ class ModelRunner:
         self.block_size = kv_cache.layout.block_size
         self.sink_tokens = sink_tokens
         self.window_tokens = window_tokens
+        self.rope = rope  # shifted positions: an engine.rope.Rope
 
     def apply_memory_ops(self, step: SchedulerOutput) -> None:
         """In the order the core prescribes: swap-out, swap-in, copy-on-write."""
@@ -51,8 +52,9 @@ class ModelRunner:
         self.kv_cache.copy_blocks(step.copies)
 
     def prepare(self, step: SchedulerOutput) -> PreparedStep:
-        prefills = [item for item in step.scheduled if not item.is_decode]
-        decodes = [item for item in step.scheduled if item.is_decode]
+        # shifted positions: one path for all (the decode kernels know no per-query rotation)
+        prefills = [item for item in step.scheduled if not item.is_decode or self.rope is not None]
+        decodes = [item for item in step.scheduled if item.is_decode and self.rope is None]
         ids: list[int] = []
         positions: list[int] = []
         sample_rows: list[int] = []
@@ -87,7 +89,7 @@ class ModelRunner:
             offset += n
         meta = AttentionMetadata(
             torch.empty(0), offset, self.sink_tokens, self.window_tokens, starts, lens, key_positions, key_slots,
-            None, None, None, None, None, None)
+            None, None, None, None, None, None, self.rope)
         if prefills:
             meta.prefill_block_tables = padded_tables(prefills).to(device)
             meta.prefill_cu_seqlens = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,

@@ -6,7 +6,8 @@ bounded cache exactly as serving would: a sink+window cache has dropped what lef
 cache returns dequantized keys. PPL = exp(mean −log p(token_i | tokens_<i)) over the N − 1 predictions.
 
 A policy is written `dense`, `window=W`, `sinks=S,window=W`, each optionally with `,kv=DTYPE` (a
-kv_cache_dtype: fp8_e4m3, int8, ...): e.g. `sinks=4,window=252,kv=int8`.
+kv_cache_dtype: fp8_e4m3, int8, ...) and, with a window, `,positions=shifted` (StreamingLLM's positions within
+the cache; default `original`): e.g. `sinks=4,window=252,positions=shifted,kv=int8`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import math
 from dataclasses import dataclass
 
 from engine.llm import KV_CACHE_DTYPES, LLM
+from engine.rope import POSITION_MODES
 
-POLICY_KEYS = ("sinks", "window", "kv")
+POLICY_KEYS = ("sinks", "window", "kv", "positions")
+SYNTAX = "dense, window=W, sinks=S,window=W, each optionally with ,kv=DTYPE and (with a window) ,positions=MODE"
 
 
 @dataclass(slots=True)
@@ -25,6 +28,7 @@ class CachePolicy:
     sink_tokens: int = 0
     window_tokens: int = 0
     kv_cache_dtype: str = "auto"
+    position_mode: str = "original"
 
 
 @dataclass(slots=True)
@@ -38,17 +42,19 @@ class PerplexityResult:
 
 
 def parse_policy(text: str) -> CachePolicy:
-    """'dense' | 'window=W' | 'sinks=S,window=W', each with an optional ',kv=DTYPE'."""
+    """'dense' | 'window=W' | 'sinks=S,window=W', each with an optional ',kv=DTYPE' and ',positions=MODE'."""
     fields: dict[str, str] = {}
     for part in text.split(","):
         key, eq, value = part.strip().partition("=")
         if part.strip() == "dense" and not fields:
             continue
         if not eq or key not in POLICY_KEYS or key in fields or not value:
-            raise ValueError(f"--policy: {text!r}: {part.strip()!r}; allowed: dense, window=W, sinks=S,window=W, "
-                             "each optionally with ,kv=DTYPE")
+            raise ValueError(f"--policy: {text!r}: {part.strip()!r}; allowed: {SYNTAX}")
         fields[key] = value
     kv = fields.pop("kv", "auto")
+    positions = fields.pop("positions", "original")
+    if positions not in POSITION_MODES:
+        raise ValueError(f"--policy: {text!r}: positions={positions}; allowed: {', '.join(POSITION_MODES)}")
     if kv != "auto" and kv not in KV_CACHE_DTYPES:
         raise ValueError(f"--policy: {text!r}: kv={kv}; allowed: auto, {', '.join(KV_CACHE_DTYPES)}")
     sizes = {}
@@ -59,7 +65,10 @@ def parse_policy(text: str) -> CachePolicy:
         sizes[key] = int(value)
     if "sinks" in sizes and "window" not in sizes:
         raise ValueError(f"--policy: {text!r}: sinks need a window (sinks=S,window=W)")
-    return CachePolicy(text, sizes.get("sinks", 0), sizes.get("window", 0), kv)
+    if positions != "original" and "window" not in sizes:
+        raise ValueError(f"--policy: {text!r}: positions={positions} needs a window (positions are assigned "
+                         "within a sink+window cache)")
+    return CachePolicy(text, sizes.get("sinks", 0), sizes.get("window", 0), kv, positions)
 
 
 def perplexity(model: str, tokens: list[int], policy: CachePolicy, *, dtype: str = "float32", block_size: int = 16,
@@ -68,7 +77,8 @@ def perplexity(model: str, tokens: list[int], policy: CachePolicy, *, dtype: str
     if len(tokens) < 2:
         raise ValueError(f"perplexity: {len(tokens)} token(s); allowed: at least 2")
     llm = LLM(model, dtype=dtype, block_size=block_size, kv_cache_dtype=policy.kv_cache_dtype,
-              sink_tokens=policy.sink_tokens, window_tokens=policy.window_tokens, max_model_len=len(tokens) + 1,
+              sink_tokens=policy.sink_tokens, window_tokens=policy.window_tokens, position_mode=policy.position_mode,
+              max_model_len=len(tokens) + 1,
               num_gpu_blocks_override=-(-len(tokens) // block_size) + 2, max_num_batched_tokens=64,
               attention_backend=attention_backend)
     rid = llm.add_request(tokens[:1], teacher_token_ids=tokens[1:])

@@ -55,6 +55,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=integer(2, MAX_TOKENS), default=None)
     p.add_argument("--sink-tokens", type=TOKENS, default=0)
     p.add_argument("--window-tokens", type=TOKENS, default=0)
+    p.add_argument("--position-mode", default=d.position_mode, choices=["original", "shifted"],
+                   help="with a window: retained tokens keep their positions (original) or take their positions "
+                        "within the cache (shifted, StreamingLLM; RoPE models, torch/cpu attention)")
 
 
 def options_from_args(args: argparse.Namespace) -> EngineOptions:
@@ -65,14 +68,15 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         preemption_mode=args.preemption, victim_policy=args.victim, schedule=args.schedule,
         swap_space=args.swap_space, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=not args.no_chunked_prefill,
-        max_model_len=args.max_model_len, sink_tokens=args.sink_tokens, window_tokens=args.window_tokens)
+        max_model_len=args.max_model_len, sink_tokens=args.sink_tokens, window_tokens=args.window_tokens,
+        position_mode=args.position_mode)
 
 
 _SIZES = ("kv_cache_memory", "swap_space")
 _TYPES = {"block_size": int, "num_blocks": int, "dtype": str, "kv_cache_dtype": str, "enable_prefix_caching": bool,
           "eviction_policy": str, "preemption_mode": str, "victim_policy": str, "schedule": str, "max_num_seqs": int,
           "max_num_batched_tokens": int, "enable_chunked_prefill": bool, "max_model_len": int, "sink_tokens": int,
-          "window_tokens": int}
+          "window_tokens": int, "position_mode": str}
 
 
 def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, EngineOptions]]:

@@ -46,6 +46,7 @@ class EngineOptions:
     max_model_len: int | None = None
     sink_tokens: int = 0
     window_tokens: int = 0
+    position_mode: str = "original"  # with a window: original, or shifted (StreamingLLM, engine.rope)
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:

@@ -49,6 +49,9 @@ class TorchAttentionBackend:
             k, v = gather.slots(slots)
             k = k.view(-1, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
             v = v.view(-1, kv_heads, head_dim).transpose(0, 1).unsqueeze(0)
+            if meta.rope is not None:
+                out[start:start + length] = _shifted_attention(q, k, v, positions, meta, scale)[0].transpose(0, 1)
+                continue
             if len(positions) == length and not meta.window_tokens:  # no prefix, no window: plain causal
                 mask, causal = None, True
             else:
@@ -142,6 +145,24 @@ def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: t
     out = torch.bmm(probs, v.reshape(batch, keys, kv_heads * dim))  # [B, H, Hkv * D]
     out = out.view(batch, kv_heads, group, kv_heads, dim).diagonal(dim1=1, dim2=3)  # [B, G, D, Hkv]
     return out.permute(0, 3, 1, 2).reshape(batch, heads, dim).to(q.dtype)
+
+
+def _shifted_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_positions: torch.Tensor,
+                       meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Attention with StreamingLLM's shifted positions (engine.rope): as `_sdpa` with the sink+window mask, but
+    each query's scores against the sink keys use the query rotated back by its offset. q [1, H, n, D], k/v
+    [1, Hkv, T, D] -> [1, H, n, D]."""
+    n, group = q.shape[2], q.shape[1] // k.shape[1]
+    query_positions = key_positions[-n:]
+    k, v = (x.repeat_interleave(group, dim=1).to(torch.float32) for x in (k, v))  # HF's repeat_kv pairing
+    qf = q.to(torch.float32)
+    scores = qf @ k.transpose(-1, -2)  # [1, H, n, T]
+    sinks = key_positions < meta.sink_tokens
+    if bool(sinks.any()):
+        offsets = meta.rope.sink_offsets(query_positions, meta.sink_tokens, meta.window_tokens)
+        scores[..., sinks] = meta.rope.rotate(qf, -offsets) @ k[..., sinks, :].transpose(-1, -2)
+    scores = (scores * scale).masked_fill(~meta.visible(key_positions, query_positions), float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v).to(q.dtype)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,

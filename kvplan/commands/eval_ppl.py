@@ -1,10 +1,13 @@
-"""`kvplan eval-ppl`: perplexity of a text under KV-cache policies - dense, window-only, sinks + window, each KV
-dtype - measured token by token through the engine's decode path with the bounded cache, one row per policy.
+"""`kvplan eval-ppl`: perplexity of a text under KV-cache policies - dense, window-only, sinks + window in both
+position modes, each KV dtype - measured token by token through the engine's decode path with the bounded cache,
+one row per policy.
 
     kvplan eval-ppl --model smollm2-135m --text /usr/share/common-licenses/GPL-3 --tokens 3000 \\
-        --policy dense --policy window=256 --policy sinks=4,window=252 --policy dense,kv=int8
+        --policy dense --policy window=256 --policy sinks=4,window=252 \\
+        --policy sinks=4,window=252,positions=shifted --policy dense,kv=int8
 
-A policy is `dense`, `window=W` or `sinks=S,window=W`, optionally with `,kv=DTYPE` (fp8_e4m3, int8, ...)."""
+A policy is `dense`, `window=W` or `sinks=S,window=W`, optionally with `,kv=DTYPE` (fp8_e4m3, int8, ...) and,
+with a window, `,positions=shifted` (StreamingLLM: positions within the cache) or `,positions=original`."""
 
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ from pathlib import Path
 from kvplan.arg_types import BLOCK_SIZE, integer
 from kvplan.output import format_table, print_json
 
-DEFAULT_POLICIES = ("dense", "window=256", "sinks=4,window=252", "dense,kv=fp8_e4m3", "dense,kv=int8")
+DEFAULT_POLICIES = ("dense", "window=256", "sinks=4,window=252", "sinks=4,window=252,positions=shifted",
+                    "dense,kv=fp8_e4m3", "dense,kv=int8")
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -58,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     results = [perplexity(args.model, tokens, policy, dtype=args.dtype, block_size=args.block_size)
                for policy in policies]
     rows = [{"policy": r.policy.name, "sink_tokens": r.policy.sink_tokens, "window_tokens": r.policy.window_tokens,
-             "kv_cache_dtype": r.policy.kv_cache_dtype, "tokens": r.tokens, "mean_nll": r.mean_nll,
+             "kv_cache_dtype": r.policy.kv_cache_dtype, "position_mode": r.policy.position_mode, "tokens": r.tokens,
+             "mean_nll": r.mean_nll,
              "perplexity": r.perplexity, "peak_blocks": r.peak_blocks, "block_bound": r.block_bound}
             for r in results]
     if args.json:
@@ -67,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{args.text}: {len(tokens)} tokens, {args.model} ({args.dtype}), block {args.block_size}, scored token by "
           "token through the decode path\n")
-    keys = ("policy", "kv_cache_dtype", "tokens", "mean_nll", "perplexity", "peak_blocks", "block_bound")
+    keys = ("policy", "kv_cache_dtype", "position_mode", "tokens", "mean_nll", "perplexity", "peak_blocks",
+            "block_bound")
     print(format_table(list(keys), [[row[k] for k in keys] for row in rows]))
     return 0
 

@@ -1,7 +1,9 @@
 """Perplexity through the engine's decode path (`engine.perplexity`, `kvplan eval-ppl`) against a pure-torch
 reference: one HF forward over the whole text whose attention sees exactly the tokens a cache policy keeps
-(all of them; the sinks and the recent window, at their original positions), with K/V quantized as the cache
-stores them. The block count of a sink+window request never exceeds its bound."""
+(all of them; the sinks and the recent window), with K/V quantized as the cache stores them, and the retained
+tokens at their original positions - or, in `shifted` mode, at their positions within the cache: the reference
+takes every key back to before RoPE and rotates it, and the query, to its index among the retained tokens. The
+block count of a sink+window request never exceeds its bound."""
 
 from __future__ import annotations
 
@@ -35,15 +37,45 @@ def _policy_attention(module, query, key, value, attention_mask, scaling=None, d
     visible = k <= q
     if policy.window_tokens:
         visible &= (k < policy.sink_tokens) | (k > q - policy.window_tokens)
+    if policy.position_mode == "shifted":
+        return _cache_position_attention(query, key, value, visible, scaling), None
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=visible, scale=scaling,
                                          enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2), None
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """RoPE (rotate-half layout) of x [..., n, d] at `positions` [n], from the model's inverse frequencies."""
+    angles = positions.float()[:, None] * _policy_attention.inv_freq[None, :]
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+def _cache_position_attention(query, key, value, visible, scaling):
+    """Query by query: its retained keys, taken back to before RoPE (they arrive rotated at original positions)
+    and rotated to their index among the retained tokens; the query to the last index."""
+    n, group = query.shape[2], query.shape[1] // key.shape[1]
+    positions = torch.arange(n)
+    key = _rotate(key, -positions).repeat_interleave(group, dim=1)
+    value = value.repeat_interleave(group, dim=1)
+    query = _rotate(query, -positions)
+    out = torch.empty_like(query)
+    for t in range(n):
+        kept = visible[t].nonzero().squeeze(1)
+        index = torch.arange(len(kept))
+        k_cache = _rotate(key[:, :, kept], index)
+        q_cache = _rotate(query[:, :, t:t + 1], index[-1:])
+        scores = (q_cache @ k_cache.transpose(-1, -2)) * scaling
+        out[:, :, t] = (torch.softmax(scores, dim=-1) @ value[:, :, kept])[:, :, 0]
+    return out.transpose(1, 2)
 
 
 def reference_nll(model: str, tokens: list[int], policy: CachePolicy) -> float:
     AttentionInterface.register(REFERENCE, _policy_attention)
     _policy_attention.policy = policy
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation=REFERENCE).eval()
+    _policy_attention.inv_freq = hf.model.rotary_emb.inv_freq.float()
     with torch.inference_mode():
         logits = hf(torch.tensor([tokens])).logits[0, :-1].float()
     logprobs = torch.log_softmax(logits, dim=-1)[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:])]
@@ -53,10 +85,14 @@ def reference_nll(model: str, tokens: list[int], policy: CachePolicy) -> float:
 TOKENS = np.random.default_rng(7).integers(1, 500, 90).tolist()
 
 
-@pytest.mark.parametrize("spec", ["dense", "window=24", "sinks=4,window=20", "sinks=3,window=17", "dense,kv=int8",
-                                  "sinks=4,window=20,kv=fp8_e4m3"])
-def test_decode_path_perplexity_equals_the_dense_reference(tiny_models, spec):
-    model = tiny_models["tiny-llama"]
+@pytest.mark.parametrize("arch,spec", [
+    *(("tiny-llama", spec) for spec in ("dense", "window=24", "sinks=4,window=20", "sinks=3,window=17",
+                                        "dense,kv=int8", "sinks=4,window=20,kv=fp8_e4m3")),
+    *((arch, "sinks=4,window=20,positions=shifted") for arch in ("tiny-llama", "tiny-qwen2")),
+    ("tiny-llama", "sinks=3,window=17,positions=shifted"), ("tiny-llama", "window=24,positions=shifted"),
+    ("tiny-llama", "sinks=4,window=20,positions=shifted,kv=int8")])
+def test_decode_path_perplexity_equals_the_dense_reference(tiny_models, arch, spec):
+    model = tiny_models[arch]
     policy = parse_policy(spec)
     result = perplexity(model, TOKENS, policy, block_size=8, attention_backend="torch")
     assert result.tokens == len(TOKENS) - 1
@@ -67,15 +103,43 @@ def test_decode_path_perplexity_equals_the_dense_reference(tiny_models, spec):
         assert result.block_bound < -(-len(TOKENS) // 8)  # and that is less than the whole text
 
 
-def test_the_cpu_backend_scores_as_the_torch_backend(tiny_models):
-    model, policy = tiny_models["tiny-llama"], parse_policy("sinks=4,window=20")
+@pytest.mark.parametrize("spec", ["sinks=4,window=20", "sinks=4,window=20,positions=shifted"])
+def test_the_cpu_backend_scores_as_the_torch_backend(tiny_models, spec):
+    model, policy = tiny_models["tiny-llama"], parse_policy(spec)
     torch_nll = perplexity(model, TOKENS, policy, block_size=8, attention_backend="torch").mean_nll
     assert perplexity(model, TOKENS, policy, block_size=8).mean_nll == pytest.approx(torch_nll, rel=1e-5)
+
+
+def test_shifted_positions_change_what_the_sinks_contribute(tiny_models):
+    """Not a no-op: with sinks, the two position modes score differently (both matching their references, above);
+    without sinks the cache-position differences are the original ones, so window-only scores the same."""
+    model = tiny_models["tiny-llama"]
+
+    def nll(spec: str) -> float:
+        return perplexity(model, TOKENS, parse_policy(spec), block_size=8, attention_backend="torch").mean_nll
+
+    assert abs(nll("sinks=4,window=20") - nll("sinks=4,window=20,positions=shifted")) > 1e-3
+    assert nll("window=24") == pytest.approx(nll("window=24,positions=shifted"), rel=1e-5)
+
+
+def test_shifted_positions_need_rope_a_window_and_a_backend_that_rotates(tiny_models):
+    from engine.llm import LLM
+
+    with pytest.raises(ValueError, match="no rotary embedding"):
+        LLM(tiny_models["tiny-gpt2"], sink_tokens=4, window_tokens=20, position_mode="shifted")
+    with pytest.raises(ValueError, match="window_tokens > 0"):
+        LLM(tiny_models["tiny-llama"], position_mode="shifted")
+    with pytest.raises(ValueError, match="torch and cpu attention backends"):
+        LLM(tiny_models["tiny-llama"], sink_tokens=4, window_tokens=20, position_mode="shifted",
+            attention_backend="triton")
+    with pytest.raises(ValueError, match="allowed: original, shifted"):
+        LLM(tiny_models["tiny-llama"], sink_tokens=4, window_tokens=20, position_mode="absolute")
 
 
 @pytest.mark.parametrize("bad,message", [
     ("window", "allowed: dense, window=W"), ("sinks=4", "sinks need a window"), ("window=0", "window=0"),
     ("dense,kv=fp4", "kv=fp4"), ("window=8,window=9", "'window=9'"), ("heads=2", "'heads=2'"),
+    ("dense,positions=shifted", "needs a window"), ("window=8,positions=rotated", "positions=rotated"),
 ])
 def test_bad_policies_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
