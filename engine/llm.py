@@ -67,7 +67,8 @@ class _Group:
 
     @property
     def num_sequences(self) -> int:
-        return self.beam.width if self.beam is not None else self.params.n
+        """Sequences that must finish: n; for beams, those that exist (a search may end before it forks)."""
+        return len(self.sequences) if self.beam is not None else self.params.n
 
 
 class LLM:

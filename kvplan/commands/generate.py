@@ -24,6 +24,11 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=NON_NEGATIVE, default=0)
     p.add_argument("--top-p", type=FRACTION, default=1.0)
     p.add_argument("--seed", type=SEED, default=None)
+    p.add_argument("--beam-width", type=integer(0, 64), default=0,
+                   help="beam search with this many beams (HF num_beams semantics; needs --temperature 0); prints "
+                        "every beam's hypothesis, best first")
+    p.add_argument("--length-penalty", type=number(), default=1.0,
+                   help="beam search: a hypothesis scores logprob sum / length ** this (default 1.0)")
     p.add_argument("--block-size", type=BLOCK_SIZE, default=16)
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
                    help="KV cache size, e.g. 256MiB (CPU; default 512 MiB)")
@@ -49,13 +54,14 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         prompts = [_templated(llm, text, args.raw) for text in args.prompt]
     params = SamplingParams(n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            max_tokens=args.max_tokens, seed=args.seed)
+                            max_tokens=args.max_tokens, seed=args.seed, beam_width=args.beam_width,
+                            length_penalty=args.length_penalty)
     outputs = llm.generate(prompts, params)
     report = {"model": args.model, "kv_blocks": llm.num_kv_blocks, "kv_dtype": llm.profile_meta["kv_dtype"],
               "kv_bytes_per_block": llm.kv_cache.layout.bytes_per_block, "block_size": args.block_size, "requests": [
         {"request_id": o.request_id, "prompt": o.prompt if o.prompt is not None else o.prompt_token_ids,
-         "outputs": [{"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
-                     for c in o.outputs],
+         "outputs": [{"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
+                      **({"score": c.score} if c.score is not None else {})} for c in o.outputs],
          "metrics": o.metrics.as_dict()} for o in outputs]}
     if args.json:
         print_json(report)
@@ -65,7 +71,8 @@ def _generate(args: argparse.Namespace) -> int:
     for request in report["requests"]:
         for completion in request["outputs"]:
             shown = completion["text"] if completion["text"] is not None else completion["token_ids"]
-            print(f"\n[{request['request_id']}.{completion['index']}] ({completion['finish_reason']}) {shown}")
+            score = f" score={completion['score']:.4f}" if "score" in completion else ""
+            print(f"\n[{request['request_id']}.{completion['index']}] ({completion['finish_reason']}{score}) {shown}")
         m = request["metrics"]
         print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()))
     return 0

@@ -54,9 +54,10 @@ def test_sequences_and_scores_equal_hf_generate(tiny_models, arch):
     llm = LLM(path, block_size=4, kv_cache_memory=8 << 20, attention_backend="torch")
     eos = frequent_tokens(llm, 2)
     finished_early = 0
-    for k, length_penalty, early_stopping, stops in ((2, 1.0, False, ()), (4, 1.0, False, eos[:1]),
-                                                     (3, 0.5, True, eos), (4, 2.0, "never", eos)):
-        params = SamplingParams(temperature=0, max_tokens=10, beam_width=k, length_penalty=length_penalty,
+    for k, length_penalty, early_stopping, stops, max_tokens in (
+            (2, 1.0, False, (), 10), (4, 1.0, False, eos[:1], 10), (3, 0.5, True, eos, 10),
+            (4, 2.0, "never", eos, 10), (3, 1.0, False, eos, 1)):  # one token: the search ends before it forks
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, beam_width=k, length_penalty=length_penalty,
                                 early_stopping=early_stopping, stop_token_ids=stops)
         outputs = llm.generate(PROMPTS, params)
         assert_equal_to_hf(path, outputs, params)
@@ -117,3 +118,21 @@ def test_beam_search_refuses_what_it_cannot_run(tiny_models):
     small = LLM(path, block_size=4, num_gpu_blocks_override=8, max_model_len=32)
     with pytest.raises(ValueError, match="4 beams"):
         small.beam_search([PROMPTS[0]], 4, 8)  # 4 beams of 13 tokens need 16 blocks with nothing shared
+
+
+def test_generate_cli_prints_every_beam_with_its_score(tiny_models, capsys):
+    import json
+
+    from kvplan.cli import main
+
+    ids = " ".join(map(str, PROMPTS[1]))
+    assert main(["generate", "--model", tiny_models["tiny-llama"], "--prompt-ids", ids, "--beam-width", "3",
+                 "--max-tokens", "6", "--json"]) == 0
+    outputs = json.loads(capsys.readouterr().out)["requests"][0]["outputs"]
+    scores = [o["score"] for o in outputs]
+    assert len(outputs) == 3 and scores == sorted(scores, reverse=True)
+    params = SamplingParams(temperature=0, max_tokens=6, beam_width=3)
+    assert [o["token_ids"] for o in outputs] == [t for t, _ in hf_beams(tiny_models["tiny-llama"], PROMPTS[1], params)]
+    assert main(["generate", "--model", tiny_models["tiny-llama"], "--prompt-ids", ids, "--beam-width", "3",
+                 "--temperature", "0.7"]) == 2
+    assert "temperature=0" in capsys.readouterr().err

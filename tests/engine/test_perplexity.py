@@ -159,3 +159,22 @@ def test_eval_ppl_cli_on_the_real_small_model(tmp_path, capsys):
     text.write_bytes(b"\xff\xfe bad")
     assert main(["eval-ppl", "--model", "smollm2-135m", "--text", str(text)]) == 2
     assert "not UTF-8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["original", "shifted"])
+def test_a_long_sink_window_generation_never_holds_more_than_its_bound(tiny_models, mode):
+    """400 generated tokens (sampled, not teacher-forced) over a 4 + 20 token cache of 8-token blocks: after every
+    step the request holds at most the sink blocks, the window's blocks and the one being filled."""
+    from engine.llm import LLM
+    from engine.sampling import SamplingParams
+
+    llm = LLM(tiny_models["tiny-llama"], block_size=8, kv_cache_memory=4 << 20, sink_tokens=4, window_tokens=20,
+              position_mode=mode, attention_backend="torch")
+    rid = llm.add_request(TOKENS[:30], SamplingParams(temperature=1.0, seed=1, max_tokens=400, ignore_eos=True))
+    bound, peak, done = llm.scheduler.cache_config.blocks_per_request(10**9), 0, []
+    while not done:
+        done = llm.step()
+        table = llm.scheduler.kv.block_ids.get(rid, ())
+        peak = max(peak, sum(1 for block in table if block >= 0))
+        assert peak <= bound
+    assert len(done[0].outputs[0].token_ids) == 400 and bound < (30 + 400) // 8
