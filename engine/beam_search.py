@@ -123,15 +123,13 @@ class BeamSearch:
         the slots of beams nobody continues. Updates `slot_of` and the running tokens."""
         k = self.width
         parent_slots = [self.slot_of[p] for p in parents]
-        taken: set[int] = set()
-        seat = [-1] * k
-        for i, slot in enumerate(parent_slots):
-            if slot not in taken:
-                seat[i] = slot
-                taken.add(slot)
         if self.generated == 1:  # first step: one sequence, forked k ways; member j is fork j
             seat = list(range(k))
         else:
+            seat, taken = [], set()
+            for slot in parent_slots:
+                seat.append(-1 if slot in taken else slot)
+                taken.add(slot)
             free = iter(sorted(set(range(k)) - taken))
             seat = [s if s >= 0 else next(free) for s in seat]
         plan: list[tuple[int, int]] = [(0, 0)] * k

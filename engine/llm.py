@@ -19,7 +19,7 @@ import torch
 from engine.attention import register_paged_attention
 from engine.backends import default_backend, make_backend
 from engine.beam_search import BeamSearch
-from engine.core import CacheConfig, ConfigError, RequestStatus, Scheduler, SchedulerConfig, make_request
+from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
 from engine.core.outputs import SchedulerOutput, UpdateOutput
 from engine.cpu_linear import can_pack, pack_linears
 from engine.kv_cache import KVLayout, PagedKVCache
@@ -35,7 +35,6 @@ KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16
                    "fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "int8": torch.int8}
 DEFAULT_KV_CACHE_MEMORY = 512 << 20
 DEFAULT_SWAP_SPACE = 256 << 20
-RUNNING = RequestStatus.RUNNING
 
 
 @dataclass(slots=True)
@@ -306,7 +305,7 @@ class LLM:
         for group_id in {self._owner[item.request_id][0] for item in out.scheduled if item.request.beam}:
             group = self._groups.get(group_id)
             members = [group.sequences[i] for i in sorted(group.sequences)] if group is not None else []
-            if not members or any(r.status is not RUNNING or r.num_tokens_to_compute for r in members):
+            if not members or not self.scheduler.beams_ready(members):
                 continue
             plan = group.beam.step()
             step = (self.scheduler.finish_beams(members, "stop") if plan is None

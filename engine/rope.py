@@ -35,7 +35,8 @@ class Rope:
         """x [..., n, head_dim] rotated by offsets [n] positions (HF's rotate-half layout; a partial rotary
         embedding turns only the first rotary_dim dimensions)."""
         angles = offsets.to(torch.float32)[:, None] * self.inv_freq.to(x.device)[None, :]
-        cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+        angles = torch.cat((angles, angles), -1)
+        cos, sin = angles.cos(), angles.sin()
         dim = cos.shape[-1]
         turned, rest = x[..., :dim].float(), x[..., dim:]
         half = dim // 2

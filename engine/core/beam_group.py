@@ -75,9 +75,14 @@ class BeamGroups:
             self._finish(member, reason, result)
         return self._drop_finished(result)
 
+    @staticmethod
+    def beams_ready(members: list[Request]) -> bool:
+        """Whether every member of a beam group has computed all its tokens: the group's step can be decided."""
+        return all(_waiting_for_step(member) for member in members)
+
     def _check_waiting_group(self, members: list[Request]) -> None:
         for member in members:
-            if not member.beam or member.status is not RequestStatus.RUNNING or member.num_tokens_to_compute:
+            if not _waiting_for_step(member):
                 raise ValueError(f"beam member {member.request_id} is not waiting for its group's step "
                                  f"(status {member.status.name}, {member.num_tokens_to_compute} tokens to compute)")
 
@@ -105,3 +110,7 @@ class BeamGroups:
                 budget -= n
                 self._emit(out, request, n, copies, len(hits) * bs)
         return budget
+
+
+def _waiting_for_step(member: Request) -> bool:
+    return member.beam and member.status is RequestStatus.RUNNING and not member.num_tokens_to_compute

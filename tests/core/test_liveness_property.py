@@ -102,7 +102,7 @@ def step_beam_groups(sched: Scheduler, step_index: int) -> list:
     finished = []
     for members in groups.values():
         members.sort(key=lambda r: int(r.request_id.partition("#")[2] or 0))
-        if any(r.status is not RequestStatus.RUNNING or r.num_tokens_to_compute for r in members):
+        if not sched.beams_ready(members):
             continue
         head = members[0]
         if head.num_output_tokens + 1 >= head.max_tokens:
