@@ -1,4 +1,9 @@
-"""A cluster: N replicas behind a router, fed by an arrival process that replays a trace."""
+"""A cluster: N replicas behind a router, fed by an arrival process that replays a trace - or, with a
+`ClosedLoop`, by users each sending their next request once the previous one has finished.
+
+A run ends when every request has finished, or at `stop()` (a probe's horizon, or its overload check): what is
+still running then stays unfinished, and `run` says why it stopped.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import math
 import simpy
 
 from engine.core import CacheConfig, Request, SchedulerConfig, make_request
+from sim.closed_loop import ClosedLoop
 from sim.cost import CostModel
 from sim.metrics import ItlLog, RequestLog
 from sim.replica import Replica
@@ -20,20 +26,29 @@ UNSERVABLE = "a failed request in the trace (0 prompt or 0 output tokens): nothi
 class Cluster:
     def __init__(self, trace: Trace, num_replicas: int, router: Router, cache: CacheConfig, config: SchedulerConfig,
                  cost: CostModel, *, sample_interval_s: float = 1.0, fast_path: bool = True,
-                 record_tokens: bool = False) -> None:
+                 record_tokens: bool = False, closed_loop: ClosedLoop | None = None) -> None:
         self.env = simpy.Environment()
-        self.trace = trace
+        self.trace = trace  # a closed loop: the requests its users have sent so far (set when the run ends)
+        self.closed_loop = closed_loop
+        self.stopped = self.env.event()
+        self.stop_reason = ""
         self.router = router
         self.log = RequestLog()
         self.unservable: list[tuple[int, str]] = []  # failed requests of the trace: nothing to serve
-        self.arrivals = trace.arrival_s.tolist()
+        self.arrivals = trace.arrival_s.tolist() if closed_loop is None else []
         self.next_row = 0  # the next trace row to arrive
         reads_cache = getattr(router, "reads_prefix_cache", False) and cache.enable_prefix_caching
-        self.replicas = [Replica(self.env, i, cache, config, cost, self.log, self._next_arrival,
+        # A closed loop's arrivals come from completions: no stretch may run past one (see ClosedLoop).
+        next_arrival = self._next_arrival if closed_loop is None else closed_loop.next_arrival
+        self.replicas = [Replica(self.env, i, cache, config, cost, self.log, next_arrival,
                                  sample_interval_s=sample_interval_s, fast_path=fast_path,
-                                 cross_arrivals=not reads_cache, record_tokens=record_tokens)
+                                 cross_arrivals=not reads_cache and closed_loop is None,
+                                 record_tokens=record_tokens)
                          for i in range(num_replicas)]
-        self.env.process(self._arrivals())
+        if closed_loop is None:
+            self.env.process(self._arrivals())
+        else:
+            closed_loop.start(self)
 
     def _next_arrival(self, index: int) -> float:
         """When replica `index` may next see a request: the next arrival, or, under a router that decides
@@ -42,8 +57,26 @@ class Cluster:
         row = self.next_row + (ahead(index, len(self.replicas)) if ahead is not None else 0)
         return self.arrivals[row] if row < len(self.arrivals) else math.inf
 
-    def run(self) -> None:
-        self.env.run()
+    def run(self, until_s: float | None = None) -> str:
+        """Run to the end (every request finished), to `until_s`, or to a `stop()`; returns why it stopped
+        ("" when everything finished)."""
+        if until_s is None:
+            self.env.run()
+        else:
+            self.env.process(self._horizon(until_s))
+            self.env.run(until=self.stopped)
+        if self.closed_loop is not None:
+            self.trace = self.closed_loop.sent_trace()
+        return self.stop_reason
+
+    def _horizon(self, until_s: float):
+        yield self.env.timeout(until_s)
+        self.stop(f"horizon {until_s:g} s")
+
+    def stop(self, reason: str) -> None:
+        if not self.stopped.triggered:
+            self.stop_reason = reason
+            self.stopped.succeed()
 
     def _arrivals(self):
         for row, arrival in enumerate(self.arrivals):

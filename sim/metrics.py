@@ -18,9 +18,12 @@ RAW_COLUMNS = ("request", "sample", "replica", "arrival_s", "first_scheduled_s",
 _INT_COLUMNS = {"request", "sample", "replica", "prompt_tokens", "output_tokens", "cached_prompt_tokens",
                 "preemptions"}
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
+# Per-request latency bounds (goodput, SLO attainment) -> the per-request table's column.
+REQUEST_BOUNDS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "itl_ms": "max_itl_ms", "e2el_ms": "e2el_ms"}
 MEMORY_KEYS = ("token_states", "internal_fragmentation", "reserved_unused", "external_fragmentation", "free")
 SUMMARY_KEYS = (
     "completed", "duration_s", "request_throughput", "output_throughput", "total_token_throughput",
+    "request_goodput",
     *(f"{stat}_{lat}_ms" for lat in LATENCIES for stat in ("mean", "median", "p90", "p99")),
     "kv_usage_mean", "kv_usage_peak", "kv_token_utilization", "prefix_cache_queries", "prefix_cache_hits",
     "prefix_cache_hit_rate", "num_preemptions", "num_evicted_blocks", "num_rejected", *MEMORY_KEYS,
@@ -121,16 +124,37 @@ def _stats(name: str, values: np.ndarray, weights: np.ndarray | None = None) -> 
             f"p99_{name}_ms": weighted_percentile(values, weights, 99)}
 
 
-def latency_summary(table: pd.DataFrame, itl: ItlLog) -> dict[str, float]:
-    """vLLM serving-benchmark keys from the per-request table and the inter-token gaps."""
+def within_bounds(table: pd.DataFrame, bounds: dict[str, float | None]) -> np.ndarray:
+    """Per sequence: every per-request bound (`REQUEST_BOUNDS` keys, None: unbounded) holds; NaN fails."""
+    ok = np.ones(len(table), dtype=bool)
+    for key, column in REQUEST_BOUNDS.items():
+        if bounds.get(key) is not None:
+            ok &= np.nan_to_num(table[column].to_numpy(dtype=float), nan=np.inf) <= bounds[key]
+    return ok
+
+
+def goodput_count(table: pd.DataFrame, bounds: dict[str, float | None]) -> int:
+    """Requests whose every sequence meets every bound (DistServe's goodput counts these)."""
+    if not len(table):
+        return 0
+    return int(pd.Series(within_bounds(table, bounds)).groupby(table["request"].to_numpy()).all().sum())
+
+
+def latency_summary(table: pd.DataFrame, itl: ItlLog, goodput: dict[str, float | None] | None = None,
+                    duration_s: float | None = None) -> dict[str, float]:
+    """vLLM serving-benchmark keys from the per-request table and the inter-token gaps. `request_goodput` (vLLM's
+    name; DistServe's sense) is the rate of requests meeting every bound in `goodput`, None without bounds.
+    `duration_s` overrides the span from the first arrival to the last finish (a measurement window)."""
     completed = int(table.loc[table["sample"] == 0, "request"].nunique()) if len(table) else 0
     duration = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
+    duration = duration if duration_s is None else duration_s
     output = int(table["output_tokens"].sum())
     prompt = int(table.loc[table["sample"] == 0, "prompt_tokens"].sum())
     rate = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
     values, counts = itl.arrays()
     return {"completed": completed, "duration_s": duration, "request_throughput": rate(completed),
             "output_throughput": rate(output), "total_token_throughput": rate(output + prompt),
+            "request_goodput": None if goodput is None else rate(goodput_count(table, goodput)),
             **_stats("ttft", table["ttft_ms"].to_numpy()), **_stats("tpot", table["tpot_ms"].to_numpy()),
             **_stats("itl", values * 1e3, counts), **_stats("e2el", table["e2el_ms"].to_numpy())}
 
@@ -151,6 +175,7 @@ def kv_summary(usage_integral_blocks_s: float, total_blocks_s: float, peak: floa
             "num_rejected": counters.get("num_rejected", 0), **memory}
 
 
-def summarize(table: pd.DataFrame, itl: ItlLog, kv: dict[str, float]) -> dict[str, float]:
-    summary = {**latency_summary(table, itl), **kv}
+def summarize(table: pd.DataFrame, itl: ItlLog, kv: dict[str, float],
+              goodput: dict[str, float | None] | None = None) -> dict[str, float]:
+    summary = {**latency_summary(table, itl, goodput), **kv}
     return {key: summary[key] for key in SUMMARY_KEYS}

@@ -80,6 +80,18 @@ class Replica:
         self.num_fast_steps = 0
         self._common_gaps, self._common_gap = 0, 0.0  # see `_gap`
         self._wake: simpy.Event | None = None
+        # Steady-state probes (sim.probe): inter-token gaps count only for tokens sampled inside the measurement
+        # window; counters are marked at the first sample at or after each window edge; `on_sample` sees every
+        # sample (the overload check); `on_close` every finished sequence (the closed loop's users); and
+        # `stop_at_finish` ends a fast-path stretch at its first completion, where a closed-loop user sends
+        # its next request.
+        self.itl_from, self.itl_until = -math.inf, math.inf
+        self._itl_on = True
+        self.mark_times: list[float] = []
+        self.marks: list[dict[str, int]] = []
+        self.on_sample: Callable[[Replica], None] | None = None
+        self.on_close: Callable[[int, int, float], None] | None = None
+        self.stop_at_finish = False
         self.process = env.process(self._run())
 
     # -- arrivals ------------------------------------------------------------------------------------------
@@ -87,15 +99,17 @@ class Replica:
     def outstanding(self) -> int:
         return self.sched.num_unfinished
 
-    def submit(self, request: Request, row: int) -> None:
+    def submit(self, request: Request, row: int) -> bool:
+        """Hand a request to the scheduler; False when it rejects it (recorded in `rejected`)."""
         self.tracks[request.request_id] = Track(row, 0, request.arrival_s,
                                                 times=None if self.token_times is None else [])
         if not self.sched.add_request(request):
             del self.tracks[request.request_id]
             self.rejected.append((row, request.finish_reason or "rejected"))
-            return
+            return False
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed(request.arrival_s)
+        return True
 
     # -- the step loop -------------------------------------------------------------------------------------
     def _run(self):
@@ -135,6 +149,7 @@ class Replica:
     def _finish_step(self, step, update, end: float) -> None:
         tracks, clock = self.tracks, self.clock
         gap, common = end - clock, 0
+        self._itl_on = self.itl_from <= end <= self.itl_until
         sampled = [item.request for item in step.scheduled if item.samples]  # bulk decodes all sample
         for request in step.decodes + sampled if step.decodes else sampled:
             track = tracks[request.request_id]
@@ -179,13 +194,15 @@ class Replica:
             self._common_gap = gap
         else:
             gap = now - last
-            self.itl.add(gap)
+            if self._itl_on:
+                self.itl.add(gap)
         if gap > track.itl_max_s:
             track.itl_max_s = gap
 
     def _flush_gaps(self) -> None:
         if self._common_gaps:
-            self.itl.add(self._common_gap, self._common_gaps)
+            if self._itl_on:
+                self.itl.add(self._common_gap, self._common_gaps)
             self._common_gaps = 0
 
     def _close(self, request: Request, end: float) -> None:
@@ -195,6 +212,8 @@ class Replica:
         self.log.add(t.request, t.sample, self.index, t.arrival_s, t.first_scheduled_s, t.first_token_s, end,
                      request.prompt_len, request.num_output_tokens, request.num_cached_tokens,
                      request.num_preemptions, t.itl_max_s)
+        if self.on_close is not None:
+            self.on_close(t.request, t.sample, end)
 
     # -- fast path -----------------------------------------------------------------------------------------
     def _fast_forward(self) -> list[float]:
@@ -239,6 +258,8 @@ class Replica:
                 if clock >= arrival and (not self.cross_arrivals or len(ends) in remaining):
                     ends.pop()
                 break
+        if self.stop_at_finish:
+            del ends[min(remaining):]  # the first completion's step ends the stretch
         k = len(ends)
         if k == 0:
             return []
@@ -263,7 +284,13 @@ class Replica:
         alive[j] requests sample in step j."""
         k = len(ends)
         gaps = [b - a for a, b in pairwise(ends)]  # gaps[j - 1]: step j-1 end -> step j end
-        self.itl.add_many(gaps, alive[1:k].tolist())
+        lo, hi = self.itl_from, self.itl_until
+        if lo <= ends[0] and ends[-1] <= hi:
+            self.itl.add_many(gaps, alive[1:k].tolist())
+        else:  # a stretch across a measurement-window edge: only the gaps of steps ending inside it
+            inside = [j for j in range(1, k) if lo <= ends[j] <= hi]
+            self.itl.add_many([gaps[j - 1] for j in inside], alive[inside].tolist())
+        self._itl_on = lo <= ends[0] <= hi  # the first step's gaps
         widest = list(accumulate(gaps, max, initial=0.0))  # widest[j]: the widest of the first j gaps
         tracks, first, clock = self.tracks, ends[0], self.clock
         common_gap, common = first - clock, 0
@@ -275,7 +302,8 @@ class Replica:
                 gap = common_gap
             else:
                 gap = first - track.last_token_s
-                self.itl.add(gap)
+                if self._itl_on:
+                    self.itl.add(gap)
             if gap > track.itl_max_s:
                 track.itl_max_s = gap
             track.last_token_s = ends[last]
@@ -297,6 +325,10 @@ class Replica:
             self.next_sample_s = (math.floor(self.clock / self.sample_interval_s) + 1) * self.sample_interval_s
         else:
             self.next_sample_s = math.inf
+        while len(self.marks) < len(self.mark_times) and self.clock >= self.mark_times[len(self.marks)]:
+            self.marks.append(self.counters())
+        if self.on_sample is not None:
+            self.on_sample(self)
 
     def counters(self) -> dict[str, int]:
         m = self.sched.kv_metrics()

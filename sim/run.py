@@ -246,7 +246,8 @@ def prefill_bound_s(trace: Trace, spec: SimSpec, cost: CostModel) -> float:
     return steps * float(cost.step_times(chunk))
 
 
-def simulate(trace: Trace, spec: SimSpec) -> SimResult:
+def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | None = None) -> SimResult:
+    """Replay `trace` as recorded, every request to its end; `goodput`: per-request bounds for request_goodput."""
     check_trace(trace)
     router = make_router(spec.router)
     cost, num_blocks = build_cost(spec)
@@ -257,14 +258,14 @@ def simulate(trace: Trace, spec: SimSpec) -> SimResult:
     cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,
                       fast_path=fast_path, record_tokens=spec.record_tokens)
     cluster.run()
-    result = collect(cluster, num_blocks)
+    result = collect(cluster, num_blocks, goodput)
     failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))
     result.info.update(max_model_len=cache.max_model_len, rejected_failed=failed,
                        rejected_over_length=over_length(trace, cache.max_model_len))
     return result
 
 
-def collect(cluster: Cluster, num_blocks: int) -> SimResult:
+def collect(cluster: Cluster, num_blocks: int, goodput: dict[str, float | None] | None = None) -> SimResult:
     table = cluster.log.to_frame(cluster.trace.request_id)
     series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
     duration = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
@@ -279,4 +280,4 @@ def collect(cluster: Cluster, num_blocks: int) -> SimResult:
     tokens = None
     if replicas[0].token_times is not None:
         tokens = {key: times for r in replicas for key, times in r.token_times.items()}
-    return SimResult(summarize(table, cluster.itl(), kv), table, series, info, tokens)
+    return SimResult(summarize(table, cluster.itl(), kv, goodput), table, series, info, tokens)

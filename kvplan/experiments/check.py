@@ -115,15 +115,21 @@ def key_path(message: str) -> str:
 
 def check_point(exp: Experiment, point: Point) -> None:
     """Build the point's workload and simulator exactly as its first run will (nothing is simulated)."""
-    from kvplan.experiments.execute import build_spec, build_trace
+    from kvplan.experiments.execute import build_probe, build_spec, build_trace
+    from kvplan.experiments.schema import SEARCH_TARGETS
     from sim.run import build_configs, build_cost, check_trace
+    from traces.steady import population
 
-    config = run_config(point.config, exp.seeds[0])
+    probe = {SEARCH_TARGETS[exp.search["target"]]: exp.search["low"]} if exp.search else None
+    config = run_config(point.config, exp.seeds[0], probe)
     try:
         trace = build_trace(config)
         check_trace(trace, "the workload")
         spec = build_spec(config)
         _, num_blocks = build_cost(spec)
         build_configs(spec, trace, num_blocks)
+        if config["workload"]["mode"] != "burst":  # a rate to offer and a window to measure
+            steady = build_probe(config)
+            steady.edges(steady.first_duration(population(trace)))
     except (ValueError, FileNotFoundError) as exc:
         raise SchemaError(f"point {point.index} ({point.label}): {key_path(str(exc))}") from None

@@ -1,8 +1,13 @@
 """One run: build its workload and simulator from the resolved configuration, simulate, and store the result in
 its own directory, written whole (temporary sibling, then rename) so that a finished run is never half there.
 
+A sustained or concurrency run is a steady-state probe (`sim.probe`: the trace's population at the run's load
+for the probe's duration, measured over its window, with a stability verdict); a burst run replays the trace
+as recorded, time-scaled by `rate_scale` (`sim.run.simulate`).
+
     runs/<key>/config.json      the resolved configuration (with the seed)
-    runs/<key>/summary.json     {"summary": vLLM-style metrics, "info": ..., "attainment": share, "wall_s": ...}
+    runs/<key>/summary.json     {"summary": vLLM-style metrics, "info": ..., "attainment": share, "wall_s": ...,
+                                 "probe": the window's counts, signals and verdict (null for a burst run)}
     runs/<key>/series.parquet   KV usage, queue lengths and the memory breakdown over time (per replica)
     runs/<key>/requests.parquet the per-request table (outputs.tables)
 
@@ -15,8 +20,6 @@ import json
 import time
 from functools import lru_cache
 from pathlib import Path
-
-import numpy as np
 
 from kvplan.output import atomic_dir, json_text
 
@@ -39,18 +42,46 @@ def _base_trace(trace: str | None, load: str, synthetic: str | None, seed: int):
         raise ValueError(f"workload.synthetic: {exc}") from None
 
 
-def build_trace(config: dict):  # -> Trace
-    """The run's workload: the trace file or synthetic spec, its transforms, then the rate scale."""
+def _workload_keys(config: dict) -> tuple[str | None, str, str | None, str, int]:
+    """The arguments that determine a run's base workload, as plain strings (cache keys)."""
     from kvplan.experiments.schema import TRACE_LOAD
-    from traces.transforms import apply_transforms, scale_rate
 
     w = config["workload"]
     synthetic = json.dumps(w["synthetic"], sort_keys=True) if "synthetic" in w else None
-    # As JSON text, so that the cached base trace is keyed by plain strings.
     load = json.dumps({key: w.get(key) for key in ("format", *TRACE_LOAD)}, sort_keys=True)
-    trace = _base_trace(w.get("trace"), load, synthetic, int(config["seed"]))
-    trace = apply_transforms(trace, w["transforms"], int(config["seed"]), path="workload.transforms")
-    return scale_rate(trace, w["rate_scale"]) if w["rate_scale"] != 1.0 else trace
+    return w.get("trace"), load, synthetic, json.dumps(w["transforms"], sort_keys=True), int(config["seed"])
+
+
+def _transformed(trace: str | None, load: str, synthetic: str | None, transforms: str, seed: int):  # -> Trace
+    from traces.transforms import apply_transforms
+
+    base = _base_trace(trace, load, synthetic, seed)
+    return apply_transforms(base, json.loads(transforms), seed, path="workload.transforms")
+
+
+@lru_cache(maxsize=4)
+def _population(*keys):  # -> Population
+    from traces.steady import population
+
+    return population(_transformed(*keys))
+
+
+def build_trace(config: dict):  # -> Trace
+    """A burst run's workload: the trace file or synthetic spec, its transforms, then the rate scale."""
+    from traces.transforms import scale_rate
+
+    trace = _transformed(*_workload_keys(config))
+    scale = config["workload"]["rate_scale"]
+    return scale_rate(trace, scale) if scale != 1.0 else trace
+
+
+def build_probe(config: dict):  # -> Probe
+    """A steady-state run's load and measurement."""
+    from sim.probe import Probe
+
+    w = config["workload"]
+    return Probe(mode=w["mode"], rate=w["rate"], arrivals=w["arrivals"], concurrency=w["concurrency"] or 1,
+                 think_s=w["think_s"], goodput=config.get("goodput"), **config["probe"])
 
 
 def build_spec(config: dict):  # -> SimSpec
@@ -65,31 +96,37 @@ def build_spec(config: dict):  # -> SimSpec
 
 
 def attainment_share(requests, bounds: dict | None) -> float | None:
-    """The share of requests (samples included) within every per-request bound; None without bounds."""
-    from kvplan.experiments.schema import ATTAINMENT_COLUMNS
+    """The share of requests (samples included) within every per-request bound; None without bounds. A probe's
+    table counts only its measured requests (arriving inside the window)."""
+    from sim.metrics import within_bounds
 
     if not bounds:
         return None
-    ok = np.ones(len(requests), dtype=bool)
-    for key, column in ATTAINMENT_COLUMNS.items():
-        if bounds.get(key) is not None:
-            values = requests[column].to_numpy(dtype=float)
-            ok &= np.nan_to_num(values, nan=np.inf) <= bounds[key]
+    if "phase" in requests:
+        requests = requests[requests["phase"] == "measured"]
+    ok = within_bounds(requests, bounds)
     return float(ok.mean()) if len(ok) else 0.0
 
 
 def execute_run(config: dict, run_dir: str, tables: bool) -> dict:
     """Simulate one run and store it under `run_dir`; returns what summary.json holds."""
     from kvplan.commands.simulate import write_tables
+    from sim.probe import run_probe
     from sim.run import simulate
 
     start = time.perf_counter()
-    trace = build_trace(config)
-    result = simulate(trace, build_spec(config))
-    span = float(trace.arrival_s[-1] - trace.arrival_s[0]) if len(trace) > 1 else 0.0
+    spec = build_spec(config)
+    if config["workload"]["mode"] == "burst":
+        trace = build_trace(config)
+        result = simulate(trace, spec, config.get("goodput"))
+        span = float(trace.arrival_s[-1] - trace.arrival_s[0]) if len(trace) > 1 else 0.0
+        offered = len(trace) / span if span > 0 else None
+    else:
+        result = run_probe(_population(*_workload_keys(config)), spec, build_probe(config), int(config["seed"]))
+        offered = result.info["probe"]["offered_rps"]
     doc = {"summary": result.summary, "info": result.info, "wall_s": time.perf_counter() - start,
-           "offered_rate_rps": len(trace) / span if span > 0 else None,
-           "attainment": attainment_share(result.requests, config.get("attainment"))}
+           "offered_rate_rps": offered, "attainment": attainment_share(result.requests, config.get("attainment")),
+           "probe": result.info.pop("probe", None)}
     with atomic_dir(run_dir) as tmp:
         (tmp / "config.json").write_text(json_text(config))
         write_tables(result, tmp, "parquet")

@@ -1,10 +1,12 @@
 """An experiment's answer: the run table, the point table, the recommendation and `summary.md`.
 
 runs.parquet has one row per run: point, label, seed, the search's probed value, every configuration knob
-(dotted names), every summary metric, the attainment share and the SLO verdict. Wall-clock time stays in each
-run's summary.json, so that the table depends only on the configurations (a resumed sweep ends with exactly the
+(dotted names), every summary metric, the attainment share, the probe's counts (warm-up, measured, cool-down,
+unfinished requests) and stability verdict, and the SLO verdict. Wall-clock time stays in each run's
+summary.json, so that the table depends only on the configurations (a resumed sweep ends with exactly the
 table an uninterrupted one writes). points.parquet has one row per point: its metrics at the answer (averaged
-over seeds), the SLO verdict, and for a search the capacity found.
+over seeds), the SLO verdict, and for a search the capacity: the median of the seeds' answers with their range,
+in the search's unit and in requests and tokens per second.
 """
 
 from __future__ import annotations
@@ -20,57 +22,100 @@ from kvplan.experiments.schema import SEARCH_TARGETS, Experiment
 from kvplan.experiments.search import PointTask
 from sim.metrics import SUMMARY_KEYS
 
-HEADLINE = ("request_throughput", "p99_ttft_ms", "p90_tpot_ms", "p90_e2el_ms", "kv_usage_mean",
+HEADLINE = ("request_throughput", "request_goodput", "p99_ttft_ms", "p90_tpot_ms", "p90_e2el_ms", "kv_usage_mean",
             "kv_token_utilization", "prefix_cache_hit_rate", "num_preemptions")
+# A probe's counts and signals in runs.parquet (summary.json's "probe"; missing for a burst run).
+PROBE_COLUMNS = ("verdict", "warmup_requests", "measured_requests", "cooldown_requests", "unfinished_requests",
+                 "completed_measured", "queue_first", "queue_second", "ttft_first_ms", "ttft_second_ms",
+                 "stopped_early", "duration_s")
+COUNTS = ("warmup_requests", "measured_requests", "cooldown_requests", "unfinished_requests")
 
 
 def flatten(config: dict) -> dict[str, object]:
     out = {"model": config["model"], "hardware": config["hardware"]}
     for section in ("engine", "cluster"):
         out.update({f"{section}.{k}": v for k, v in config[section].items()})
-    out["workload.rate_scale"] = config["workload"]["rate_scale"]
+    for key in ("mode", "rate", "concurrency", "rate_scale"):
+        out[f"workload.{key}"] = config["workload"][key]
     return out
+
+
+def probe_row(doc: dict) -> dict[str, object]:
+    probe = doc.get("probe") or {}
+    row = {key: probe.get(key) for key in PROBE_COLUMNS}
+    row["verdict"] = row["verdict"] or "burst"  # a burst replay has no steady state to judge
+    row["stopped_early"] = row["stopped_early"] or ""
+    return row
 
 
 def runs_frame(exp: Experiment, outcome: Outcome) -> pd.DataFrame:
     probe_key = SEARCH_TARGETS[exp.search["target"]] if exp.search else None
-    rows = []
+    rows, seen = [], set()
     for key, run in outcome.runs.items():
         doc, config = run["doc"], run["config"]
-        for point in run["points"]:
-            task = outcome.tasks[point]
+        for index in run["points"]:
+            point = outcome.tasks[index].point
+            if (point.index, key) in seen:  # two searches of one point asked for the same run
+                continue
+            seen.add((point.index, key))
             flat = flatten(config)
-            rows.append({"point": point, "label": task.point.label, "seed": config["seed"],
+            rows.append({"point": point.index, "label": point.label, "seed": config["seed"],
                          "probe": float(flat[probe_key]) if probe_key else math.nan, "run": key, **flat,
                          **{k: doc["summary"][k] for k in SUMMARY_KEYS},
                          "offered_rate_rps": doc["offered_rate_rps"], "num_blocks": doc["info"]["num_blocks"],
-                         "rejected": doc["info"]["rejected"], "attainment": doc["attainment"],
+                         "rejected": doc["info"]["rejected"], "attainment": doc["attainment"], **probe_row(doc),
                          "slo_met": run["met"], "slo_broken": "; ".join(run["broken"])})
     frame = pd.DataFrame(rows)
+    numeric = [c for c in PROBE_COLUMNS if c not in ("verdict", "stopped_early")]
+    for column in ("request_goodput", "workload.rate", "workload.concurrency", *numeric):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)  # None -> NaN
     return frame.sort_values(["point", "probe", "seed"], kind="stable").reset_index(drop=True)
 
 
 def answer_runs(task: PointTask, runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs that describe a point: all its runs, or for a search those at its answer (else its last probe)."""
-    mine = runs[runs["point"] == task.point.index]
+    """The runs that describe a task: all its runs, or for a search those at its answer (else its last probe)."""
+    mine = runs[(runs["point"] == task.point.index) & runs["seed"].isin(task.seeds)]
     if not task.exp.search:
         return mine
     value = task.answer if task.answer is not None else task.probes[-1][0]
     return mine[np.isclose(mine["probe"], float(value))]
 
 
+def median_answer(answers: list[float | None], missing_low: bool) -> float | None:
+    """The median of the seeds' answers, where a missing answer (outside the searched range) sorts below every
+    found one (`missing_low`: a rate that fails at `low`) or above (replicas that fail at `high`); None when the
+    median itself is missing."""
+    edge = -math.inf if missing_low else math.inf
+    values = sorted(edge if a is None else a for a in answers)
+    n = len(values)
+    middle = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+    return None if math.isinf(middle) else middle
+
+
 def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
-    for task in outcome.tasks:
-        at = answer_runs(task, runs)
-        row = {"point": task.point.index, "label": task.point.label, **task.point.values,
-               "seeds": len(at), "slo_met": bool(at["slo_met"].all()),
-               **{k: float(at[k].mean()) for k in (*SUMMARY_KEYS, "offered_rate_rps")},
-               "attainment": float(at["attainment"].mean()) if at["attainment"].notna().any() else math.nan}
+    for point in dict.fromkeys(task.point.index for task in outcome.tasks):
+        tasks = [t for t in outcome.tasks if t.point.index == point]
+        at = pd.concat([answer_runs(t, runs) for t in tasks])
+        first = tasks[0].point
+        row = {"point": point, "label": first.label, **first.values,
+               "seeds": int(at["seed"].nunique()), "slo_met": bool(at["slo_met"].all()),
+               **{k: float(pd.to_numeric(at[k], errors="coerce").mean()) for k in (*SUMMARY_KEYS, "offered_rate_rps")},
+               "attainment": float(at["attainment"].mean()) if at["attainment"].notna().any() else math.nan,
+               **{k: float(at[k].mean()) for k in COUNTS}, "verdict": "/".join(sorted(set(at["verdict"])))}
         if exp.search:
-            row["answer"] = math.nan if task.answer is None else float(task.answer)
-            row["search_outcome"] = task.outcome or "found"
-            row["probes"] = len(task.probes)
+            answers = [t.answer for t in tasks]
+            median = median_answer(answers, exp.search["target"] != "min_replicas")
+            found = [a for a in answers if a is not None]
+            row["answer"] = math.nan if median is None else float(median)
+            row["answer_low"] = float(min(found)) if len(found) == len(answers) else math.nan
+            row["answer_high"] = float(max(found)) if found else math.nan
+            row["answers"] = ", ".join("n/a" if a is None else f"{a:.4g}" for a in answers)
+            outcomes = sorted({t.outcome for t in tasks if t.outcome})
+            row["search_outcome"] = "; ".join(outcomes) if outcomes else "found"
+            row["probes"] = sum(len(t.probes) for t in tasks)
+            row["capacity_rps"] = row["request_throughput"]  # sustained: completions per second of window
+            row["capacity_tok_s"] = row["total_token_throughput"]
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -95,10 +140,8 @@ def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
         best_first = target == "min_replicas"
         ranked = found.sort_values(["answer", metric], ascending=[best_first, ascending], kind="stable")
         best = ranked.iloc[0]
-        what = (f"the highest capacity under the SLOs: rate scale x{best['answer']:.3g} "
-                f"({best['offered_rate_rps']:.3g} req/s offered)" if target == "max_rate"
-                else f"the fewest replicas meeting the SLOs: {int(best['answer'])}")
-        return Recommendation(int(best["point"]), best["label"], f"{what}; ties broken by {by}")
+        return Recommendation(int(best["point"]), best["label"], f"{capacity_sentence(exp, best)}; ties broken by "
+                                                                 f"{by}")
     eligible = points[points["slo_met"]] if (exp.slo or exp.attainment) else points
     if eligible.empty:
         closest = points.sort_values("attainment" if exp.attainment else metric,
@@ -112,6 +155,34 @@ def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
                           f"({best[metric]:.4g})")
 
 
+def interval_text(exp: Experiment, row: pd.Series) -> str:
+    """The seeds' range of a point's answer, e.g. "range 20.1-22.4 over 3 seeds"."""
+    seeds = len(row["answers"].split(", ")) if isinstance(row.get("answers"), str) else 1
+    if seeds < 2:
+        return "1 seed"
+    low = "below the range" if not math.isfinite(row["answer_low"]) else f"{row['answer_low']:.4g}"
+    return f"range {low}-{row['answer_high']:.4g} over {seeds} seeds"
+
+
+def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
+    """A point's search answer in the user's units: the median over seeds, its range, req/s and tok/s."""
+    target, value = exp.search["target"], row["answer"]
+    served = f"{row['capacity_rps']:.4g} req/s, {row['capacity_tok_s']:.4g} tok/s"
+    spread = interval_text(exp, row)
+    if target == "max_rate":
+        return f"the highest sustained rate that is stable and meets the SLOs: {value:.4g} req/s ({spread}; " \
+               f"served {served})"
+    if target == "max_goodput":
+        return f"the highest sustained rate meeting the attainment SLO: {value:.4g} req/s ({spread}), goodput " \
+               f"{row['request_goodput']:.4g} req/s ({served})"
+    if target == "max_concurrency":
+        return f"the most concurrent users that meet the SLOs: {value:.4g} ({spread}; served {served})"
+    if target == "max_burst_scale":
+        return f"the highest burst rate scale absorbed within the SLOs: x{value:.4g} ({spread}; " \
+               f"{row['offered_rate_rps']:.4g} req/s offered)"
+    return f"the fewest replicas meeting the SLOs: {value:g} ({spread})"
+
+
 def slo_lines(exp: Experiment) -> list[str]:
     lines = [f"{k} <= {v:g}" for k, v in exp.slo.items()]
     if exp.attainment:
@@ -121,8 +192,9 @@ def slo_lines(exp: Experiment) -> list[str]:
 
 
 def point_table(exp: Experiment, points: pd.DataFrame) -> tuple[list[str], list[list[object]]]:
-    headers = ["point", "label", *(["answer", "search_outcome"] if exp.search else []), "slo_met",
-               *(["attainment"] if exp.attainment else []), *HEADLINE]
+    search = ["answer", "answer_low", "answer_high", "capacity_rps", "capacity_tok_s", "search_outcome"]
+    headers = ["point", "label", *(search if exp.search else []), "slo_met", "verdict",
+               *(["attainment"] if exp.attainment else []), *HEADLINE, *COUNTS]
     rows = [[_cell(row[h]) for h in headers] for _, row in points.iterrows()]
     return headers, rows
 
@@ -144,11 +216,32 @@ def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation,
     if exp.slo or exp.attainment:
         lines += ["SLOs: " + "; ".join(slo_lines(exp)) + ".", ""]
     if exp.search:
+        integer = exp.search["target"] in ("max_concurrency", "min_replicas")
         lines += [f"Search: {exp.search['target']} over [{exp.search['low']:g}, {exp.search['high']:g}]"
-                  + (f", tolerance {exp.search['tolerance']:g}" if exp.search["target"] == "max_rate" else "")
-                  + ".", ""]
+                  + ("" if integer else f", tolerance {exp.search['tolerance']:g}")
+                  + (", each seed on its own, the median reported" if exp.search["combine"] == "median" else
+                     ", every seed must meet") + ".", ""]
+    lines += [load_line(exp), ""]
     verdict = f"**{rec.label}** — {rec.why}." if rec.point is not None else f"**none** — {rec.why}."
     lines += ["## Recommendation", "", verdict, "", "## Points", ""]
     lines += ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    if exp.search:
+        lines += ["", "## Capacity", ""]
+        lines += [f"- **{row['label']}**: " + (capacity_sentence(exp, row) if math.isfinite(row["answer"])
+                                                else row["search_outcome"]) for _, row in points.iterrows()]
     return "\n".join(lines) + "\n"
+
+
+def load_line(exp: Experiment) -> str:
+    """How the load was offered and measured, in one sentence."""
+    w, p = exp.base["workload"], exp.base["probe"]
+    if w["mode"] == "burst":
+        return "Load: burst absorption - the trace as recorded, time-scaled by rate_scale, served to its end."
+    what = (f"open-loop arrivals ({w['arrivals']}) drawn from the trace's sessions" if w["mode"] == "sustained"
+            else f"closed loop, think time {w['think_s']:g} s")
+    warm = "10%" if p["warmup_s"] is None else f"{p['warmup_s']:g} s"
+    cool = "10%" if p["cooldown_s"] is None else f"{p['cooldown_s']:g} s"
+    return (f"Load: {w['mode']} - {what}; each probe at least {p['duration_s']:g} s and {p['min_requests']} "
+            f"measured requests, warm-up {warm} and cool-down {cool} trimmed; a probe must be stable "
+            f"(not backlogged or overloaded) before its SLOs count.")

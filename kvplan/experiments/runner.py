@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvplan.experiments.execute import execute_run, read_run
-from kvplan.experiments.points import expand, run_key
+from kvplan.experiments.points import run_key
 from kvplan.experiments.schema import Experiment
-from kvplan.experiments.search import PointTask, slo_verdict
+from kvplan.experiments.search import PointTask, make_tasks, slo_verdict
 from kvplan.output import publish, write_manifest
 
 
@@ -98,9 +98,11 @@ class RayBackend:
 
 @dataclass(slots=True)
 class Progress:
-    """Points done and an ETA on stderr: one rewritten line on a terminal, a line per finished point otherwise."""
+    """Points (or searches: one per point and seed) done and an ETA on stderr: one rewritten line on a terminal,
+    a line per finished one otherwise."""
 
     points: int
+    noun: str = "points"
     started: float = field(default_factory=time.perf_counter)
     runs: int = 0
     cached: int = 0
@@ -116,7 +118,7 @@ class Progress:
         elapsed = time.perf_counter() - self.started
         fresh = self.points_done and self.runs
         eta = elapsed / self.points_done * (self.points - self.points_done) if fresh else None
-        line = (f"points {self.points_done}/{self.points}, runs {self.runs} + {self.cached} reused, "
+        line = (f"{self.noun} {self.points_done}/{self.points}, runs {self.runs} + {self.cached} reused, "
                 f"{elapsed:.0f} s" + (f", ETA {eta:.0f} s" if eta is not None else ""))
         print(("\r" + line) if sys.stderr.isatty() else line, end="" if sys.stderr.isatty() else "\n",
               file=sys.stderr, flush=True)
@@ -125,7 +127,7 @@ class Progress:
 @dataclass(slots=True)
 class Outcome:
     tasks: list[PointTask]
-    runs: dict[str, dict]  # run key -> {config, doc (summary.json), met, broken (SLO lines), points (indices)}
+    runs: dict[str, dict]  # run key -> {config, doc (summary.json), met, broken (SLO lines), points (task indices)}
     made: int = 0  # runs simulated now
     reused: int = 0  # finished runs found in the staging directory (--resume)
 
@@ -142,8 +144,8 @@ def prepare_staging(out: Path, resume: bool) -> Path:
 
 
 def run_points(exp: Experiment, staging: Path, backend, progress: Progress) -> Outcome:
-    """Drive every point's task to its end: submit a round, feed back verdicts, reuse finished runs."""
-    tasks = [PointTask(exp, p) for p in expand(exp)]
+    """Drive every task to its end: submit a round, feed back verdicts, reuse finished runs."""
+    tasks = make_tasks(exp)
     runs: dict[str, dict] = {}
     waiting: dict[int, dict[str, dict | None]] = {}  # task index -> its round's run keys -> doc (None: pending)
     inflight: dict[object, str] = {}  # backend handle -> run key
@@ -187,11 +189,15 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress) -> O
         following = tasks[index].next(met)
         if following:
             issue(index, following)
-        else:
-            progress.update(point=True)
+            return
+        progress.update(point=True)
+        for j, task in enumerate(tasks):  # guided searches waiting for this one
+            if task.leader is tasks[index]:
+                issue(j, task.first())
 
     for i, task in enumerate(tasks):
-        issue(i, task.first())
+        if task.ready:
+            issue(i, task.first())
     while inflight:
         for handle in backend.wait(list(inflight)):
             key = inflight.pop(handle)
@@ -209,7 +215,9 @@ def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str
     staging = prepare_staging(out, resume)
     pool = LocalBackend(workers) if backend == "local" else RayBackend(ray_address, workers)
     try:
-        outcome = run_points(exp, staging, pool, Progress(len(expand(exp)), enabled=progress))
+        tasks = len(make_tasks(exp))
+        noun = "searches" if exp.search and exp.search["combine"] == "median" else "points"
+        outcome = run_points(exp, staging, pool, Progress(tasks, noun, enabled=progress))
     finally:
         pool.close()
     if progress and sys.stderr.isatty():

@@ -9,6 +9,14 @@
     cluster: {replicas: 1, router: round_robin}
     workload:                               # exactly one of trace / synthetic
       trace: sample:mooncake_style          # a file (relative to this one) or sample:NAME (`kvplan trace samples`)
+      mode: sustained                       # how load is offered (the question asked; LOAD below):
+                                            #   sustained: open-loop arrivals at `rate` drawn from the trace's
+                                            #     population for a fixed duration (sim.probe)
+                                            #   concurrency: `concurrency` users in a closed loop
+                                            #   burst: the trace as recorded, time-scaled by `rate_scale`
+      rate: 12.5                            # sustained: requests per second (null: the trace's own mean rate)
+      arrivals: measured                    # sustained: measured (gamma, the trace's CV), poisson, tiled
+      concurrency: 32                       # concurrency: users;  think_s: 0  their pause between requests
       format: null                          # detected from the content unless named
       skip_bad: false                       # drop malformed rows (counted) instead of stopping
       keep_failed: false                    # BurstGPT: keep failed requests (rejected, counted)
@@ -16,20 +24,24 @@
       transforms: {window: [0, 600], sample: 0.5, retime: {process: poisson, rate: 4}, jitter: 3,
                    clip_context: 8192, expand_block: 16}   # applied in this order
       synthetic: {requests: 500, arrivals: ..., lengths: ...}   # a `kvplan trace synth` spec, inline
-      rate_scale: 1.0                       # multiply the request rate (what a rate search varies)
+      rate_scale: 1.0                       # burst: multiply the recorded trace's request rate
+    probe: {duration_s: 600, min_requests: 1000}   # sustained/concurrency: how long, what is trimmed (PROBE)
     sweep:                                  # points = the grid's cross product x the zipped rows
       grid: {engine.block_size: [16, 32], engine.eviction_policy: [lru, s3fifo]}
       zip: {engine.num_blocks: [2000, 4000], cluster.replicas: [2, 1]}
-    search:                                 # per point, by bisection on the SLOs below
-      target: max_rate                      # max_rate: the highest workload.rate_scale meeting the SLOs;
-      low: 0.25                             # min_replicas: the fewest cluster.replicas meeting them
-      high: 16
-      tolerance: 0.05                       # max_rate: relative width of the final bracket
+    search:                                 # per point and seed, by bisection on the SLOs and stability
+      target: max_rate                      # max_rate: the highest sustained workload.rate (req/s) that is
+      low: 0.25                             #   stable and meets the SLOs; max_goodput: the same with the
+      high: 256                             #   attainment SLO (DistServe's goodput); max_concurrency: the most
+      tolerance: 0.05                       #   users; max_burst_scale: the highest burst rate_scale;
+      combine: median                       #   min_replicas: the fewest cluster.replicas. combine: median of
+                                            #   the seeds' answers with their range, or all (every seed must pass)
     slo:                                    # a run meets its SLO when every line holds
       p99_ttft_ms: 2000                     # {p50,p90,p99}_{ttft,tpot,itl,e2el}_ms: upper bounds
       attainment: {ttft_ms: 1000, tpot_ms: 80, fraction: 0.95}  # share of requests within all the bounds
     objective: {metric: p90_e2el_ms, goal: min}   # ranks the points that meet the SLOs (the recommendation)
-    seeds: [0, 1]                           # or repeats: N (seeds 0..N-1): every random draw of the workload
+    seeds: [0, 1]                           # or repeats: N (seeds 0..N-1): every random draw of the workload;
+                                            #   default [0] ([0, 1, 2] with a search)
     outputs: {tables: true, plots: true, report: true}
 
 Validation happens on load, before any run: every error names the key path, the bad value and what is allowed.
@@ -45,13 +57,16 @@ from engine.core.eviction import EVICTION_POLICIES
 from engine.core.victims import VICTIM_POLICIES
 from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
 from sim.limits import MAX_BLOCKS
-from sim.metrics import SUMMARY_KEYS
+from sim.metrics import REQUEST_BOUNDS, SUMMARY_KEYS
+from sim.probe import Probe
 from sim.routers import ROUTERS
 from sim.specs.models import DTYPE_BYTES
+from traces.arrivals import MAX_RATE
 from traces.schema import short_repr
+from traces.steady import ARRIVALS, MAX_PROBE_REQUESTS
 
-TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "workload", "sweep", "search", "slo",
-            "objective", "seeds", "repeats", "outputs")
+TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "workload", "probe", "sweep", "search",
+            "slo", "objective", "seeds", "repeats", "outputs")
 
 ENGINE: dict[str, Field] = {
     "block_size": Field("int", 16, minimum=1, maximum=256),
@@ -84,24 +99,56 @@ TRACE_LOAD: dict[str, Field] = {
     "skip_bad": Field("bool", False), "keep_failed": Field("bool", False),
     "hash_granularity": Field("int", None, minimum=1, nullable=True),
 }
-WORKLOAD_KEYS = ("trace", "format", *TRACE_LOAD, "transforms", "synthetic", "rate_scale")
+# How load is offered: the three questions a capacity can answer (see the module docstring and sim.probe).
+MODES = ("sustained", "concurrency", "burst")
 RATE_SCALE = Field("float", 1.0, above=0)
-# What a sweep may vary: every engine and cluster knob, the model, the hardware and the request rate.
+LOAD: dict[str, Field] = {
+    "mode": Field("choice", "sustained", MODES),
+    "rate": Field("float", None, above=0, maximum=MAX_RATE, nullable=True,
+                  help="sustained: requests per second; default: the trace's own mean rate"),
+    "arrivals": Field("choice", "measured", ARRIVALS),
+    "concurrency": Field("int", None, minimum=1, maximum=100_000, nullable=True, help="concurrency: users"),
+    "think_s": Field("float", 0.0, minimum=0, maximum=86_400.0),
+    "rate_scale": RATE_SCALE,
+}
+LOAD_MODES = {"rate": "sustained", "arrivals": "sustained", "concurrency": "concurrency",
+              "think_s": "concurrency", "rate_scale": "burst"}  # a load key -> the only mode it applies to
+WORKLOAD_KEYS = ("trace", "format", *TRACE_LOAD, "transforms", "synthetic", *LOAD)
+# A steady-state probe's length and trimming (sim.probe.Probe has the same fields and defaults).
+PROBE: dict[str, Field] = {
+    "duration_s": Field("float", 600.0, above=0, maximum=1e7),
+    "min_requests": Field("int", 1000, minimum=1, maximum=MAX_PROBE_REQUESTS),
+    "warmup_s": Field("float", None, minimum=0, maximum=1e7, nullable=True, help="default: 10% of duration_s"),
+    "cooldown_s": Field("float", None, minimum=0, maximum=1e7, nullable=True, help="default: 10%"),
+    "grace_s": Field("float", None, minimum=0, maximum=1e7, nullable=True, help="default: 20%"),
+    "overload_wait_s": Field("float", 30.0, above=0, maximum=1e6),
+}
+assert all(getattr(Probe(), k) == f.default for k, f in PROBE.items()), "PROBE and sim.probe.Probe disagree"
+# What a sweep may vary: every engine and cluster knob, the model, the hardware and the offered load.
 SWEEPABLE: dict[str, Field] = {**TOP, **{f"engine.{k}": f for k, f in ENGINE.items()},
-                               **{f"cluster.{k}": f for k, f in CLUSTER.items()}, "workload.rate_scale": RATE_SCALE}
+                               **{f"cluster.{k}": f for k, f in CLUSTER.items()},
+                               **{f"workload.{k}": LOAD[k] for k in ("rate", "concurrency", "rate_scale")}}
 
-SEARCH_TARGETS = {"max_rate": "workload.rate_scale", "min_replicas": "cluster.replicas"}
+# A search target -> (the key it varies, the load mode it implies or None for any, integer steps?).
+SEARCH_TARGETS = {"max_rate": "workload.rate", "max_goodput": "workload.rate",
+                  "max_concurrency": "workload.concurrency", "max_burst_scale": "workload.rate_scale",
+                  "min_replicas": "cluster.replicas"}
+TARGET_MODES = {"max_rate": "sustained", "max_goodput": "sustained", "max_concurrency": "concurrency",
+                "max_burst_scale": "burst"}
+INTEGER_TARGETS = ("max_concurrency", "min_replicas")
 SEARCH: dict[str, Field] = {"target": Field("choice", None, tuple(SEARCH_TARGETS)),
                             "low": Field("float", None, above=0, nullable=True),
                             "high": Field("float", None, above=0, nullable=True),
-                            "tolerance": Field("float", 0.05, above=0, maximum=0.5)}
-SEARCH_DEFAULTS = {"max_rate": (0.25, 16.0), "min_replicas": (1, 64)}
+                            "tolerance": Field("float", 0.05, above=0, maximum=0.5),
+                            "combine": Field("choice", "median", ("median", "all"))}
+SEARCH_DEFAULTS = {"max_rate": (0.25, 256.0), "max_goodput": (0.25, 256.0), "max_concurrency": (1, 1024),
+                   "max_burst_scale": (0.25, 16.0), "min_replicas": (1, 64)}
+SEARCH_SEEDS = [0, 1, 2]  # a search's default seeds: capacity is reported as a median with its range
 
 SLO_LATENCIES = ("ttft", "tpot", "itl", "e2el")
 SLO_KEYS = {f"{p}_{lat}_ms": f"{'median' if p == 'p50' else p}_{lat}_ms" for lat in SLO_LATENCIES
             for p in ("p50", "p90", "p99")}  # SLO key -> summary key
-# Per-request bounds of an attainment SLO -> the per-request table's column.
-ATTAINMENT_COLUMNS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "itl_ms": "max_itl_ms", "e2el_ms": "e2el_ms"}
+ATTAINMENT_COLUMNS = REQUEST_BOUNDS  # per-request bounds of an attainment SLO -> the per-request table's column
 ATTAINMENT: dict[str, Field] = {**{k: Field("float", None, above=0, nullable=True) for k in ATTAINMENT_COLUMNS},
                                 "fraction": Field("float", 0.9, above=0, maximum=1)}
 OBJECTIVE: dict[str, Field] = {"metric": Field("choice", "p90_e2el_ms", SUMMARY_KEYS),
@@ -128,6 +175,21 @@ class Experiment:
     outputs: dict = field(default_factory=lambda: {k: f.default for k, f in OUTPUTS.items()})
     description: str = ""
 
+    @property
+    def goodput_bounds(self) -> dict[str, float] | None:
+        """The per-request bounds goodput counts against: the attainment SLO's, else one per latency from the
+        percentile SLOs (the highest percentile's bound: p99 TTFT <= 1 s means each request's TTFT <= 1 s);
+        None without SLOs."""
+        if self.attainment is not None:
+            return {k: v for k, v in self.attainment.items() if k in ATTAINMENT_COLUMNS and v is not None}
+        bounds: dict[str, float] = {}
+        for stat in ("median", "p90", "p99"):  # later (higher) percentiles override
+            for latency in SLO_LATENCIES:
+                value = self.slo.get(f"{stat}_{latency}_ms")
+                if value is not None:
+                    bounds[f"{latency}_ms"] = value
+        return bounds or None
+
 
 def load_experiment(path: str | Path) -> Experiment:
     """Read and validate an experiment file; a problem is a `SchemaError` starting with `FILE: key.path:`."""
@@ -148,13 +210,15 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     base["engine"] = check_fields(doc.get("engine"), "engine", ENGINE)
     base["cluster"] = check_fields(doc.get("cluster"), "cluster", CLUSTER)
     base["workload"] = parse_workload(doc.get("workload"))
+    base["probe"] = check_fields(doc.get("probe"), "probe", PROBE)
     description = Field("str", nullable=True).check(doc.get("description") or None, "description") or ""
     exp = Experiment(name, source, text, base, description=description)
     exp.sweep_grid, exp.sweep_zip = parse_sweep(doc.get("sweep"))
     exp.slo, exp.attainment = parse_slo(doc.get("slo"))
     exp.search = parse_search(doc.get("search"), exp)
+    check_load(exp, doc.get("workload") or {})
     exp.objective = check_fields(doc.get("objective"), "objective", OBJECTIVE)
-    exp.seeds = parse_seeds(doc)
+    exp.seeds = parse_seeds(doc, SEARCH_SEEDS if exp.search else [0])
     exp.outputs = check_fields(doc.get("outputs"), "outputs", OUTPUTS)
     return exp
 
@@ -165,7 +229,7 @@ def parse_workload(doc: object) -> dict:
     check_mapping(doc, "workload", WORKLOAD_KEYS)
     if ("trace" in doc) == ("synthetic" in doc):
         raise SchemaError("workload: needs exactly one of trace (a file or sample:NAME) and synthetic (a spec)")
-    out = {"rate_scale": RATE_SCALE.check(doc.get("rate_scale", 1.0), "workload.rate_scale"),
+    out = {**{key: f.check(doc.get(key, f.default), f"workload.{key}") for key, f in LOAD.items()},
            "transforms": parse_transforms(doc.get("transforms"))}
     if "trace" in doc:
         out["trace"] = Field("str").check(doc["trace"], "workload.trace")
@@ -234,6 +298,27 @@ def parse_slo(doc: object) -> tuple[dict[str, float], dict | None]:
     return bounds, attainment
 
 
+def check_load(exp: Experiment, written: dict) -> None:
+    """The load mode: as written, else the one a search target implies; every load key set must apply to it,
+    and a concurrency run needs its users (unless a search varies them)."""
+    workload = exp.base["workload"]
+    implied = TARGET_MODES.get(exp.search["target"]) if exp.search else None
+    if implied is not None and "mode" in written and written["mode"] != implied:
+        raise SchemaError(f"workload.mode: {written['mode']} contradicts search.target {exp.search['target']}, "
+                          f"which asks a {implied} question; allowed: {implied} (or leave mode out)")
+    mode = workload["mode"] = implied or workload["mode"]
+    for key, applies in LOAD_MODES.items():
+        swept = f"workload.{key}" in exp.sweep_grid or f"workload.{key}" in exp.sweep_zip
+        if (key in written or swept) and applies != mode:
+            raise SchemaError(f"workload.{key}: applies to mode {applies} only, and this experiment's mode is "
+                              f"{mode}; allowed: mode: {applies}, or remove {key}")
+    varied = set(exp.sweep_grid) | set(exp.sweep_zip) | ({SEARCH_TARGETS[exp.search["target"]]} if exp.search
+                                                         else set())
+    if mode == "concurrency" and workload["concurrency"] is None and "workload.concurrency" not in varied:
+        raise SchemaError("workload.concurrency: must be set in mode concurrency; allowed: an integer >= 1 "
+                          "(the number of users)")
+
+
 def parse_search(doc: object, exp: Experiment) -> dict | None:
     if doc is None:
         return None
@@ -244,14 +329,17 @@ def parse_search(doc: object, exp: Experiment) -> dict | None:
         raise SchemaError(f"search.target: {target} varies {varied}, which the sweep also sets; allowed: one of them")
     if not exp.slo and exp.attainment is None:
         raise SchemaError("search: needs an slo section (the search finds where the SLOs stop being met)")
+    if target == "max_goodput" and exp.attainment is None:
+        raise SchemaError("search.target: max_goodput needs slo.attainment (the per-request bounds and the share of "
+                          "requests that must meet them); allowed: add slo.attainment, or target max_rate")
     low, high = SEARCH_DEFAULTS[target]
     search["low"] = low if search["low"] is None else search["low"]
     search["high"] = high if search["high"] is None else search["high"]
-    if target == "min_replicas":
+    if target in INTEGER_TARGETS:
         for key in ("low", "high"):
             if not float(search[key]).is_integer():
-                raise SchemaError(f"search.{key}: min_replicas counts replicas: must be an integer, got "
-                                  f"{short_repr(search[key])}")
+                raise SchemaError(f"search.{key}: {target} counts {SEARCH_TARGETS[target].split('.')[1]}: must be "
+                                  f"an integer, got {short_repr(search[key])}")
             search[key] = int(search[key])
     if search["low"] >= search["high"]:
         raise SchemaError(f"search.low: must be below search.high ({short_repr(search['high'])}), got "
@@ -259,12 +347,12 @@ def parse_search(doc: object, exp: Experiment) -> dict | None:
     return search
 
 
-def parse_seeds(doc: dict) -> list[int]:
+def parse_seeds(doc: dict, default: list[int]) -> list[int]:
     if "seeds" in doc and "repeats" in doc:
         raise SchemaError("seeds: set seeds or repeats, not both")
     if "repeats" in doc:
         return list(range(Field("int", minimum=1, maximum=1000).check(doc["repeats"], "repeats")))
-    seeds = doc.get("seeds", [0])
+    seeds = doc.get("seeds", default)
     if not isinstance(seeds, list) or not seeds:
         raise SchemaError(f"seeds: must be a non-empty list of integers >= 0, got {short_repr(seeds)}")
     out = [Field("int", minimum=0).check(s, f"seeds[{i}]") for i, s in enumerate(seeds)]

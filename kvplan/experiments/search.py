@@ -1,12 +1,24 @@
-"""Per point: which runs to make, and what they say. A plain point runs once per seed; a search probes by
-bisection and runs every seed at each probe. A probe meets the SLOs only if every seed's run does.
+"""Per point: which runs to make, and what they say. A plain point runs once per seed; a search bisects.
 
-    max_rate:      low ... [meets] lo ----- mid ----- hi [fails] ... high     (geometric midpoints)
-                   ends when hi / lo <= 1 + tolerance; capacity = lo (the highest rate scale seen to meet)
+    max_rate, max_goodput, max_burst_scale, max_concurrency:
+                   low ... [meets] lo ----- mid ----- hi [fails] ... high
+                   rates and scales: geometric midpoints, ends when hi / lo <= 1 + tolerance; users: integer
+                   midpoints, ends when hi = lo + 1; the answer is lo (the highest value seen to meet)
     min_replicas:  lo [fails] ----- mid ----- hi [meets]; ends when hi = lo + 1; answer = hi
 
-Both assume the SLOs hold below some rate (above some replica count) and fail beyond it - true of a queueing
-system whose latency grows with load; a point where `low` already fails (or `high` still meets) is reported as
+A run *meets* when its steady-state probe is stable (`sim.stability`; a burst run has no verdict) and every SLO
+holds. With `search.combine: median` (the default) every seed is searched on its own - each seed redraws the
+arrivals and the sample of sessions - and the point's capacity is the median of the seeds' answers, reported
+with their range; with `combine: all` one search probes every seed at each value and a value meets only if
+every seed's run does (the conservative answer).
+
+The first seed of a point searches [low, high] as above; the point's other seeds start from its answer instead
+(a guided search): they probe the first seed's bracket, step outwards - by that bracket's ratio (or width),
+doubling each time, clamped to [low, high] - until their own answer is bracketed, then bisect to the same
+tolerance. Each seed still finds its own answer; it only needs fewer probes to do so.
+
+Both assume the SLOs hold below some load (above some replica count) and fail beyond it - true of a queueing
+system whose latency grows with load; a search whose `low` already fails (or `high` still meets) is reported as
 such instead of a number.
 """
 
@@ -15,43 +27,75 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kvplan.experiments.points import Point, run_config
-from kvplan.experiments.schema import SEARCH_TARGETS, Experiment
+from kvplan.experiments.points import Point, expand, run_config
+from kvplan.experiments.schema import INTEGER_TARGETS, SEARCH_TARGETS, Experiment
 
 
 def slo_verdict(exp: Experiment, doc: dict) -> tuple[bool, list[str]]:
-    """(meets every SLO, the violated ones described) for one run's summary.json."""
+    """(meets every SLO and is stable, the reasons it does not) for one run's summary.json."""
     summary, broken = doc["summary"], []
+    probe = doc.get("probe")
+    if probe is not None and probe["verdict"] != "stable":
+        broken.append(f"{probe['verdict']}: " + "; ".join(probe["reasons"]))
     for key, bound in exp.slo.items():
         value = summary.get(key)
         if value is None or not math.isfinite(value) or value > bound:
             broken.append(f"{key} {value if value is None else round(value, 3)} > {bound:g}")
     if exp.attainment is not None and (doc["attainment"] or 0.0) < exp.attainment["fraction"]:
-        broken.append(f"attainment {doc['attainment']:.3f} < {exp.attainment['fraction']:g}")
+        broken.append(f"attainment {doc['attainment'] or 0.0:.3f} < {exp.attainment['fraction']:g}")
     if summary.get("completed", 0) == 0:
         broken.append("no request completed")
     return not broken, broken
 
 
+def describe(target: str, value: object) -> str:
+    """A probed value in the user's units."""
+    if target in ("max_rate", "max_goodput"):
+        return f"{value:.4g} req/s"
+    if target == "max_burst_scale":
+        return f"rate scale x{value:g}"
+    return f"{value} {'users' if target == 'max_concurrency' else 'replicas'}"
+
+
 @dataclass(slots=True)
 class PointTask:
-    """The runs of one point, issued in rounds: every seed at one probe value per round."""
+    """The runs of one search (or plain point) over `seeds`, issued in rounds: every seed at one probed value."""
 
     exp: Experiment
     point: Point
+    seeds: list[int]
     probes: list[tuple[object, bool]] = field(default_factory=list)  # (probed value, met), in probing order
     current: object = None  # the value the pending round probes
-    lo: float | None = None  # max_rate: highest value seen to meet; min_replicas: highest seen to fail
-    hi: float | None = None  # max_rate: lowest value seen to fail; min_replicas: lowest seen to meet
+    lo: float | None = None  # upward targets: highest value seen to meet; min_replicas: highest seen to fail
+    hi: float | None = None  # upward targets: lowest value seen to fail; min_replicas: lowest seen to meet
     outcome: str = ""  # a sentence when the search ends at one of its bounds
     done: bool = False
+    leader: PointTask | None = None  # a guided search starts from this (finished) search's bracket
+    step: float = 0.0  # a guided search's current outward step (a ratio, or a width for integer targets)
+
+    @property
+    def target(self) -> str | None:
+        return self.exp.search["target"] if self.exp.search else None
 
     @property
     def key(self) -> str | None:
-        return SEARCH_TARGETS[self.exp.search["target"]] if self.exp.search else None
+        return SEARCH_TARGETS[self.target] if self.exp.search else None
+
+    @property
+    def ready(self) -> bool:
+        """May the search start (a guided one waits for its leader)?"""
+        return self.leader is None or self.leader.done
 
     def first(self) -> list[dict]:
-        return self._round(self.exp.search["low"] if self.exp.search else None)
+        if not self.exp.search:
+            return self._round(None)
+        lead = self.leader
+        if lead is None or lead.lo is None or lead.hi is None:  # no bracket to start from: the full search
+            self.leader = None
+            return self._round(self.exp.search["low"])
+        integer = self.target in INTEGER_TARGETS
+        self.step = max(lead.hi - lead.lo, 1) if integer else lead.hi / lead.lo
+        return self._round(lead.lo if self.target != "min_replicas" else lead.hi)
 
     def next(self, met: bool) -> list[dict]:
         """Record the pending round's verdict; returns the next round's runs, or [] when the point is done."""
@@ -59,40 +103,76 @@ class PointTask:
             self.done = True
             return []
         self.probes.append((self.current, met))
-        search = self.exp.search
-        rate = search["target"] == "max_rate"
+        if self.leader is not None:
+            return self._guided(met)
+        search, target = self.exp.search, self.target
+        upward = target != "min_replicas"  # meets below the answer, fails above it
         value = self.current
         if len(self.probes) == 1:  # the low end
-            if rate and not met:
-                return self._finish(f"fails the SLOs already at the lowest rate scale x{value:g}")
-            if not rate and met:
+            if upward and not met:
+                return self._finish(f"fails already at the lowest value searched, {describe(target, value)}")
+            if not upward and met:
                 self.hi = value
                 return self._finish("")
             self.lo = value
             return self._round(search["high"])
-        if len(self.probes) == 2 and met == rate:  # the high end: still meets / still fails
-            if rate:
+        if len(self.probes) == 2 and met == upward:  # the high end: still meets / still fails
+            if upward:
                 self.lo = value
-                return self._finish(f"meets the SLOs up to the highest rate scale searched, x{value:g}")
-            return self._finish(f"fails the SLOs even with {value} replicas")
-        if met == rate:
+                return self._finish(f"meets the SLOs up to the highest value searched, {describe(target, value)}")
+            return self._finish(f"fails even with {describe(target, value)}")
+        if met == upward:
             self.lo = value
         else:
             self.hi = value
-        if rate:
-            if self.hi / self.lo <= 1 + search["tolerance"]:
+        return self._bisect()
+
+    def _bisect(self) -> list[dict]:
+        if self.target in INTEGER_TARGETS:
+            if self.hi - self.lo <= 1:
                 return self._finish("")
-            return self._round(math.sqrt(self.lo * self.hi))
-        if self.hi - self.lo <= 1:
+            return self._round((self.lo + self.hi) // 2)
+        if self.hi / self.lo <= 1 + self.exp.search["tolerance"]:
             return self._finish("")
-        return self._round((self.lo + self.hi) // 2)
+        return self._round(math.sqrt(self.lo * self.hi))
+
+    def _guided(self, met: bool) -> list[dict]:
+        """Step outwards from the leader's bracket until this seed's answer is bracketed, then bisect."""
+        search, target, value = self.exp.search, self.target, self.current
+        upward = target != "min_replicas"
+        if met == upward:
+            self.lo = value
+        else:
+            self.hi = value
+        if self.lo is not None and self.hi is not None:
+            return self._bisect()
+        integer = target in INTEGER_TARGETS
+        outward = self.lo is not None  # the answer lies above what was probed
+        if outward:
+            bound = search["high"]
+            following = min(value + self.step if integer else value * self.step, bound)
+        else:
+            bound = search["low"]
+            following = max(value - self.step if integer else value / self.step, bound)
+        if value == bound:  # a bound was probed and did not bracket: the answer is outside [low, high]
+            if upward and outward:
+                return self._finish(f"meets the SLOs up to the highest value searched, {describe(target, value)}")
+            if upward:
+                return self._finish(f"fails already at the lowest value searched, {describe(target, value)}")
+            if not outward:
+                return self._finish("")  # min_replicas meets at the lowest count searched: hi = low
+            return self._finish(f"fails even with {describe(target, value)}")
+        self.step = self.step * 2 if integer else self.step * self.step
+        return self._round(following)
 
     def _round(self, value: object) -> list[dict]:
         self.current = value
         probe = {self.key: value} if self.key else None
-        # An attainment SLO is evaluated inside the run (it needs every request): part of the run's identity.
+        # Per-request SLO bounds are evaluated inside the run (they need every request): part of its identity.
         extra = {"attainment": self.exp.attainment} if self.exp.attainment else {}
-        return [run_config(self.point.config, seed, probe) | extra for seed in self.exp.seeds]
+        if self.exp.goodput_bounds:
+            extra["goodput"] = self.exp.goodput_bounds
+        return [run_config(self.point.config, seed, probe) | extra for seed in self.seeds]
 
     def _finish(self, outcome: str) -> list[dict]:
         self.outcome, self.done = outcome, True
@@ -100,7 +180,19 @@ class PointTask:
 
     @property
     def answer(self) -> float | None:
-        """max_rate: the capacity (a rate scale); min_replicas: the replicas needed; None when out of range."""
+        """The capacity (a rate, a scale, users) or the replicas needed; None when below the searched range."""
         if not self.exp.search or self.outcome.startswith("fails"):
             return None
-        return self.lo if self.exp.search["target"] == "max_rate" else self.hi
+        return self.hi if self.target == "min_replicas" else self.lo
+
+
+def make_tasks(exp: Experiment) -> list[PointTask]:
+    """One task per point and seed for a median-combined search (the first seed's leads the others), else one
+    per point over every seed."""
+    if exp.search is None or exp.search["combine"] == "all":
+        return [PointTask(exp, point, list(exp.seeds)) for point in expand(exp)]
+    tasks = []
+    for point in expand(exp):
+        leader = PointTask(exp, point, [exp.seeds[0]])
+        tasks += [leader, *(PointTask(exp, point, [seed], leader=leader) for seed in exp.seeds[1:])]
+    return tasks

@@ -1,5 +1,6 @@
-"""Running experiments: the bisection against a known threshold, a replica search against hand arithmetic, a
-sweep killed midway and resumed, and the quickstart (reduced) end to end with its outputs agreeing."""
+"""Running experiments: the bisection against a known threshold (plain and guided by another seed's bracket), a
+replica search against hand arithmetic, a sweep killed midway and resumed, and the quickstart (reduced) end to
+end with its outputs agreeing."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import yaml
 from kvplan.cli import main
 from kvplan.experiments.points import expand
 from kvplan.experiments.schema import parse_experiment
-from kvplan.experiments.search import PointTask
+from kvplan.experiments.search import PointTask, make_tasks
 from traces import Trace
 from traces.io import render
 
@@ -52,27 +53,67 @@ def drive(task: PointTask, meets) -> list:
 def test_rate_bisection_brackets_the_threshold_within_the_tolerance(threshold):
     exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "max_rate", "low": 0.25, "high": 16,
                                                      "tolerance": 0.05}, seeds=[0, 1])
-    task = PointTask(exp, expand(exp)[0])
+    task = PointTask(exp, expand(exp)[0], [0, 1])
     probed = drive(task, lambda rate: rate <= threshold)
     assert task.answer <= threshold < task.answer * 1.05
     assert len(probed) <= 2 + int(np.ceil(np.log2(np.log(64) / np.log(1.05))))  # geometric bisection
 
 
+@pytest.mark.parametrize(("first", "second"), [(3.7, 3.7), (3.7, 4.4), (3.7, 2.1), (3.7, 15.99), (3.7, 0.26),
+                                               (3.7, 0.1), (3.7, 30.0)])
+def test_a_guided_search_finds_its_own_answer_from_the_leaders_bracket(first, second):
+    """The second seed starts from the first seed's bracket and still brackets its own threshold within the
+    tolerance - or says it lies outside [low, high] - in fewer probes when the thresholds are close."""
+    exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "max_rate", "low": 0.25, "high": 16,
+                                                     "tolerance": 0.05}, seeds=[0, 1])
+    leader, guided = make_tasks(exp)
+    assert guided.leader is leader and not guided.ready
+    full = len(drive_one(leader, lambda rate: rate <= first))
+    assert guided.ready
+    probed = drive_one(guided, lambda rate: rate <= second)
+    if second < 0.25:
+        assert guided.answer is None and "lowest value searched" in guided.outcome
+    elif second > 16:
+        assert guided.answer == 16 and "highest value searched" in guided.outcome
+    else:
+        assert guided.answer <= second < guided.answer * 1.05
+    if abs(np.log(second / first)) < 0.2:
+        assert len(probed) < full
+
+
+@pytest.mark.parametrize("needed", [1, 3, 9, 17])
+def test_a_guided_replica_search_finds_the_fewest_replicas(needed):
+    exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "min_replicas", "low": 1, "high": 16},
+                     seeds=[0, 1])
+    leader, guided = make_tasks(exp)
+    drive_one(leader, lambda replicas: replicas >= 6)
+    drive_one(guided, lambda replicas: replicas >= needed)
+    assert guided.answer == (needed if needed <= 16 else None)
+
+
+def drive_one(task: PointTask, meets) -> list:
+    rounds, probed = task.first(), []
+    while rounds:
+        probed.append(task.current)
+        rounds = task.next(meets(task.current))
+    return probed
+
+
 def test_rate_bisection_says_when_the_answer_is_outside_the_range():
     exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "max_rate", "low": 1, "high": 4}, seeds=[0, 1])
-    low = PointTask(exp, expand(exp)[0])
+    low = PointTask(exp, expand(exp)[0], [0, 1])
     drive(low, lambda rate: False)
-    assert low.answer is None and "lowest rate scale x1" in low.outcome
-    high = PointTask(exp, expand(exp)[0])
+    assert low.answer is None and "lowest value searched, 1 req/s" in low.outcome
+    high = PointTask(exp, expand(exp)[0], [0, 1])
     drive(high, lambda rate: True)
-    assert high.answer == 4 and "highest rate scale" in high.outcome
+    assert high.answer == 4 and "highest value searched" in high.outcome
 
 
 @pytest.mark.parametrize("needed", [1, 2, 7, 32, 33])
 def test_replica_bisection_finds_the_fewest_replicas(needed):
     exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "min_replicas", "low": 1, "high": 32},
                      seeds=[0, 1])
-    task = PointTask(exp, expand(exp)[0])
+    task = PointTask(exp, expand(exp)[0], [0, 1])
     probed = drive(task, lambda replicas: replicas >= needed)
     assert task.answer == (needed if needed <= 32 else None)
     assert len(probed) <= 2 + 5 and all(isinstance(v, int) for v in probed)
@@ -107,7 +148,7 @@ def test_min_replicas_matches_hand_arithmetic(tmp_path, capsys):
     bound = 3.5 * s_ms
     assert by_hand[3] == pytest.approx(4 * s_ms) and by_hand[4] == pytest.approx(3 * s_ms)
     doc = {"name": "replicas", "model": "llama-3-8b", "hardware": "a100-40gb", "engine": engine,
-           "cluster": {"router": "round_robin"}, "workload": {"trace": "burst.jsonl"},
+           "cluster": {"router": "round_robin"}, "workload": {"trace": "burst.jsonl", "mode": "burst"},
            "search": {"target": "min_replicas", "low": 1, "high": n}, "slo": {"p90_ttft_ms": bound}}
     path = write_yaml(tmp_path / "replicas.yaml", doc)
     assert main(["run", str(path), "--out", str(tmp_path / "out"), "--json"]) == 0
@@ -120,6 +161,7 @@ def test_min_replicas_matches_hand_arithmetic(tmp_path, capsys):
 
 def sweep_doc(name: str) -> dict:
     return {"name": name, "model": "llama-3-8b", "hardware": "a100-40gb", "workload": TINY_WORKLOAD,
+            "probe": {"duration_s": 120, "min_requests": 100},
             "sweep": {"grid": {"engine.block_size": [8, 16, 32, 64], "engine.eviction_policy": ["lru", "fifo"]}},
             "slo": {"p99_ttft_ms": 2000}, "seeds": [0, 1], "outputs": {"plots": False, "report": False}}
 
@@ -162,6 +204,8 @@ def reduced_quickstart(tmp_path: Path) -> Path:
     doc["workload"]["transforms"] = {"window": [0, 100]}
     doc["sweep"]["grid"]["engine.enable_prefix_caching"] = [True]
     doc["search"].update({"high": 16, "tolerance": 0.3})
+    doc["probe"] = {"duration_s": 120, "min_requests": 200}
+    doc["seeds"] = [0, 1]
     return write_yaml(tmp_path / "quickstart.yaml", doc)
 
 
@@ -174,10 +218,18 @@ def test_quickstart_end_to_end_outputs_agree(tmp_path, capsys):
     points = pd.read_parquet(out / "points.parquet")
     assert len(runs) == result["runs"] == result["runs_made"] and len(points) == 2
     for _, point in points.iterrows():
-        mine = runs[runs["point"] == point["point"]]
-        assert mine.loc[np.isclose(mine["probe"], point["answer"]), "slo_met"].all()
-        above = mine[mine["probe"] > point["answer"]]
-        assert point["search_outcome"] != "found" or (len(above) and not above["slo_met"].any())
+        answers = []
+        for seed in (0, 1):  # each seed's own answer: its highest stable, SLO-meeting probe, every probe above fails
+            mine = runs[(runs["point"] == point["point"]) & (runs["seed"] == seed)]
+            met = mine[mine["slo_met"]]
+            assert (met["verdict"] == "stable").all() and len(met)
+            answers.append(met["probe"].max())
+            above = mine[mine["probe"] > answers[-1]]
+            assert point["search_outcome"] != "found" or (len(above) and not above["slo_met"].any())
+        assert point["answer"] == pytest.approx(np.median(answers))
+        assert (point["answer_low"], point["answer_high"]) == pytest.approx((min(answers), max(answers)))
+    assert runs[["warmup_requests", "measured_requests", "cooldown_requests", "unfinished_requests"]].notna().all(
+        axis=None)
     best = points.sort_values("answer", ascending=False).iloc[0]
     rec = result["recommendation"]
     assert rec["label"] == best["label"] and rec["label"] in printed

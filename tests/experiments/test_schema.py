@@ -174,5 +174,5 @@ def test_explain_prints_the_resolved_points(tmp_path, capsys):
                                   search={"target": "max_rate"}))
     assert main(["run", str(path), "--explain"]) == 0
     out = capsys.readouterr().out
-    assert "2 point(s)" in out and "search max_rate over [0.25, 16]" in out and "block_size=32" in out
+    assert "2 point(s)" in out and "search max_rate over [0.25, 256]" in out and "block_size=32" in out
     assert "p99_ttft_ms <= 500" in out

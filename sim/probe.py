@@ -1,0 +1,218 @@
+"""Steady-state probes: one load level held for a fixed simulated duration, measured over a trimmed window.
+
+    0 ---- warm-up ---- w0 ============ measurement window ============ w1 -- cool-down -- D ---- grace ---- stop
+         arrivals at the probed load for the whole [0, D); the run goes on after D until every request has
+         finished or D + grace, whichever is first
+
+* **Load** (`Probe.mode`): `sustained` - an open-loop arrival process at `rate` requests per second drawn from the
+  trace's population (`traces.steady.open_loop`); `concurrency` - `concurrency` users in a closed loop
+  (`sim.closed_loop`). (The third question, burst absorption - the recorded trace time-scaled - is a plain
+  `sim.run.simulate` of the scaled trace: it has no steady state to measure.)
+* **Duration.** D is the larger of `duration_s` (600 s) and enough for `min_requests` (1,000) to arrive inside
+  the window at the probed rate; a probe whose window then holds fewer than `min_requests` measured requests, or
+  is shorter than 10x their p99 E2E latency, is run again at twice the duration (at most twice).
+* **Window.** Warm-up and cool-down default to 10% of D each, grace to 20%. Latencies and goodput are over the
+  requests arriving inside the window; throughput counts the completions inside it; inter-token gaps count
+  tokens produced inside it; KV usage and the memory breakdown average the series samples inside it; the
+  counters (prefix hits, preemptions, evictions) are the change across it. Requests arriving in the warm-up
+  or cool-down, and those unfinished when the run stops, are counted (`info["probe"]`), never averaged in.
+* **Overload check** (sustained): at every series sample, a replica whose waiting queue holds more than
+  `overload_wait_s` (30 s) of its share of arrivals (and at least 32 requests) stops the run; the probe is then
+  overloaded (`sim.stability`), and the slowest kind of run ends early.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sim.closed_loop import ClosedLoop
+from sim.cluster import Cluster
+from sim.metrics import kv_summary, latency_summary
+from sim.replica import SERIES_COLUMNS
+from sim.routers import make_router
+from sim.run import SimResult, SimSpec, build_configs, build_cost, check_trace
+from sim.stability import ProbeSignals, judge
+from traces.steady import Population, open_loop
+
+MODES = ("sustained", "concurrency")
+OVERLOAD_MIN_WAITING = 32
+MAX_EXTENSIONS = 2
+SAMPLES_PER_PROBE = 200
+E2E_MULTIPLE = 10  # the window must last this many p99 E2E latencies
+
+
+@dataclass(slots=True)
+class Probe:
+    """One load level and how it is measured."""
+
+    mode: str = "sustained"
+    rate: float | None = None  # sustained: requests per second; None: the trace's own mean rate
+    arrivals: str = "measured"  # traces.steady.ARRIVALS
+    concurrency: int = 1  # concurrency: users
+    think_s: float = 0.0  # concurrency: pause between a user's answer and its next request
+    duration_s: float = 600.0
+    min_requests: int = 1000
+    warmup_s: float | None = None  # default: 10% of the duration
+    cooldown_s: float | None = None  # default: 10%
+    grace_s: float | None = None  # default: 20%
+    overload_wait_s: float = 30.0
+    goodput: dict[str, float | None] | None = None  # per-request bounds (sim.metrics.REQUEST_BOUNDS keys)
+
+    def offered_rate(self, pop: Population) -> float:
+        rate = self.rate if self.rate is not None else pop.mean_rate
+        if rate is None:
+            raise ValueError("workload.rate: the trace has no timestamps to take a rate from; allowed: a rate "
+                             "in requests per second")
+        return rate
+
+    def edges(self, duration: float) -> tuple[float, float, float]:
+        """(window start, window end, grace) for a probe of `duration` seconds."""
+        warmup = 0.1 * duration if self.warmup_s is None else self.warmup_s
+        cooldown = 0.1 * duration if self.cooldown_s is None else self.cooldown_s
+        grace = 0.2 * duration if self.grace_s is None else self.grace_s
+        if warmup + cooldown >= duration:
+            raise ValueError(f"probe: warm-up {warmup:g} s + cool-down {cooldown:g} s leave no measurement window "
+                             f"in {duration:g} s; allowed: a sum below duration_s")
+        return warmup, duration - cooldown, grace
+
+    def first_duration(self, pop: Population) -> float:
+        if self.mode != "sustained":
+            return self.duration_s
+        w0, w1, _ = self.edges(self.duration_s)
+        share = (w1 - w0) / self.duration_s
+        return max(self.duration_s, self.min_requests / (self.offered_rate(pop) * share))
+
+
+def run_probe(pop: Population, spec: SimSpec, probe: Probe, seed: int) -> SimResult:
+    """Simulate one probe, lengthening it while its window is too short (see the module docstring)."""
+    if probe.mode not in MODES:
+        raise ValueError(f"unknown probe mode {probe.mode!r}; allowed: {', '.join(MODES)}")
+    duration = probe.first_duration(pop)
+    for extension in range(MAX_EXTENSIONS + 1):
+        result = _run(pop, spec, probe, seed, duration)
+        info = result.info["probe"]
+        info["extensions"] = extension
+        measured, p99 = info["measured_requests"], result.summary["p99_e2el_ms"]
+        w0, w1 = info["window_s"]
+        short = measured < probe.min_requests or (p99 is not None and math.isfinite(p99)
+                                                  and (w1 - w0) < E2E_MULTIPLE * p99 / 1e3)
+        if info["verdict"] == "overloaded" or not short:
+            break
+        duration *= 2
+    return result
+
+
+def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: float) -> SimResult:
+    w0, w1, grace = probe.edges(duration)
+    loop = None
+    if probe.mode == "sustained":
+        rate = probe.offered_rate(pop)
+        trace = open_loop(pop, rate, duration, seed, probe.arrivals)
+        check_trace(trace, f"a {rate:g} req/s, {duration:g} s probe")
+    else:
+        rate = math.nan
+        loop = ClosedLoop(pop, probe.concurrency, probe.think_s, duration, seed)
+        trace = pop.trace
+    cost, num_blocks = build_cost(spec)
+    cache, config = build_configs(spec, pop.trace, num_blocks)  # the population's lengths: the same per probe
+    interval = spec.sample_interval_s or duration / SAMPLES_PER_PROBE
+    cluster = Cluster(trace, spec.replicas, make_router(spec.router), cache, config, cost,
+                      sample_interval_s=interval, fast_path=spec.fast_path, closed_loop=loop)
+    limit = max(OVERLOAD_MIN_WAITING, rate / spec.replicas * probe.overload_wait_s) if loop is None else math.inf
+
+    def check(replica) -> None:
+        waiting = len(replica.sched.waiting)
+        if waiting >= limit:
+            cluster.stop(f"{waiting} requests waiting on replica {replica.index} at {replica.clock:.0f} s, more "
+                         f"than {probe.overload_wait_s:g} s of its arrivals")
+
+    for replica in cluster.replicas:
+        replica.itl_from, replica.itl_until, replica.mark_times = w0, w1, [w0, w1]
+        replica.on_sample = check
+    reason = cluster.run(until_s=duration + grace)
+    stopped = cluster.env.now
+    early = "" if reason.startswith("horizon") else reason
+    return _collect(cluster, num_blocks, probe, (w0, w1), stopped, early, duration, rate)
+
+
+def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[float, float], stopped: float,
+             early: str, duration: float, rate: float) -> SimResult:
+    trace = cluster.trace
+    w0, w1 = window
+    length = w1 - w0
+    sent = len(trace) if cluster.closed_loop is not None else cluster.next_row
+    arrival = trace.arrival_s[:sent]
+    table = cluster.log.to_frame(trace.request_id)
+    table.insert(table.columns.get_loc("arrival_s"), "phase", np.where(
+        table["arrival_s"] < w0, "warmup", np.where(table["arrival_s"] < w1, "measured", "cooldown")))
+    finished = np.zeros(sent, dtype=bool)
+    if len(table):
+        samples = table.groupby("request").size()
+        rows = samples.index.to_numpy()
+        finished[rows] = samples.to_numpy() >= trace.n[rows]
+    rejected = np.zeros(sent, dtype=bool)
+    rejected_rows = [row for row, _ in cluster.rejected()]
+    rejected[[r for r in rejected_rows if r < sent]] = True
+    measured = (arrival >= w0) & (arrival < w1)
+    mid = (w0 + w1) / 2
+
+    frame = table[table["phase"] == "measured"]
+    first = frame[(frame["sample"] == 0) & (frame["arrival_s"] < mid)]["ttft_ms"]
+    second = frame[(frame["sample"] == 0) & (frame["arrival_s"] >= mid)]["ttft_ms"]
+    series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
+    inside = series[(series["time_s"] >= w0) & (series["time_s"] < w1)]
+
+    def queue(lo: float, hi: float) -> float:
+        part = inside[(inside["time_s"] >= lo) & (inside["time_s"] < hi)]
+        return float(part.groupby("replica")["waiting"].mean().sum()) if len(part) else 0.0
+
+    signals = ProbeSignals(
+        window_s=(w0, w1), stopped_s=stopped, sent=sent, warmup_requests=int(np.count_nonzero(arrival < w0)),
+        measured_requests=int(np.count_nonzero(measured)), cooldown_requests=int(np.count_nonzero(arrival >= w1)),
+        completed_measured=int(np.count_nonzero(finished & measured)),
+        rejected_measured=int(np.count_nonzero(rejected & measured)),
+        unfinished_requests=int(np.count_nonzero(~finished & ~rejected)),
+        queue_first=queue(w0, mid), queue_second=queue(mid, w1),
+        ttft_first_ms=float(first.median()) if len(first) else math.nan,
+        ttft_second_ms=float(second.median()) if len(second) else math.nan,
+        offered_rps=float(np.count_nonzero(measured)) / length, stopped_early=early)
+    verdict, reasons = judge(signals)
+
+    summary = latency_summary(frame, cluster.itl(), probe.goodput, duration_s=length)
+    done = table[(table["finish_s"] >= w0) & (table["finish_s"] < w1)]
+    output = int(done["output_tokens"].sum())
+    prompt = int(done.loc[done["sample"] == 0, "prompt_tokens"].sum())
+    summary.update(request_throughput=int((done["sample"] == 0).sum()) / length,
+                   output_throughput=output / length, total_token_throughput=(output + prompt) / length)
+    replicas = cluster.replicas
+    counters = _window_counters(cluster)
+    usage = float(inside["kv_usage"].mean()) if len(inside) else 0.0
+    peak = float(inside["kv_usage"].max()) if len(inside) else 0.0
+    summary.update(kv_summary(usage, 1.0, peak, inside, counters))
+    summary["num_rejected"] = signals.rejected_measured
+    probe_info = {"mode": probe.mode, "rate_rps": None if math.isnan(rate) else rate,
+                  "concurrency": probe.concurrency if probe.mode == "concurrency" else None,
+                  "duration_s": duration, **signals.as_dict(), "verdict": verdict, "reasons": reasons}
+    rejected_list = cluster.rejected()
+    info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
+            "steps": sum(r.sched.stats.num_steps for r in replicas),
+            "fast_steps": sum(r.num_fast_steps for r in replicas), "rejected": len(rejected_list),
+            "rejected_first": [f"row {row}: {why}" for row, why in rejected_list[:3]], "probe": probe_info}
+    return SimResult(summary, table, series, info)
+
+
+def _window_counters(cluster: Cluster) -> dict[str, int]:
+    """The counters' change across the window, summed over replicas (a replica with no sample past an edge -
+    idle since before it - changed nothing after it)."""
+    totals: dict[str, int] = {}
+    for replica in cluster.replicas:
+        now = replica.counters()
+        start = replica.marks[0] if replica.marks else now
+        end = replica.marks[1] if len(replica.marks) > 1 else now
+        for key in now:
+            totals[key] = totals.get(key, 0) + end[key] - start[key]
+    return totals
