@@ -7,10 +7,14 @@ stop sending at `send_until_s`. This is the concurrency mode of GuideLLM and AIC
 the server, so the question it answers is "how many concurrent users", not "how many requests per second".
 
 Exactness with the fast path: a send is scheduled when a completion is known, which in a fast-path stretch is
-at the stretch's start, before the step that finishes it has run in simulated time. Two rules make the two
-paths agree: a stretch ends at its first completion (`Replica.stop_at_finish`), and a send fires after every
+at the stretch's start, before the step that finishes it has run in simulated time. Three rules make the two
+paths agree: a stretch ends at its first completion (`Replica.stop_at_finish`); a send fires after every
 ordinary event of its instant (priority below SimPy's NORMAL), so a replica finishing a step at that instant
-schedules its next step before the new request arrives, on either path.
+schedules its next step before the new request arrives, on either path; and a replica's stretch ends before
+the earliest moment another replica could send (`next_arrival`: the earliest scheduled send, or another busy
+replica's current step end plus the think time) - a send routed to it, or a router reading its state, must
+find it where stepping one step at a time would have it. With several busy replicas and no think time that
+keeps stretches short; the results are exact either way.
 """
 
 from __future__ import annotations
@@ -72,8 +76,13 @@ class ClosedLoop:
             self._schedule(user, 0.0)
 
     def next_arrival(self, index: int) -> float:
-        """The earliest scheduled send (any replica may receive it)."""
-        return self.pending[0] if self.pending else math.inf
+        """The earliest moment a request may reach replica `index` or a router may look at it: the earliest
+        scheduled send, or the earliest another replica may finish a request and its user send the next."""
+        soonest = self.pending[0] if self.pending else math.inf
+        for replica in self.cluster.replicas:
+            if replica.index != index and replica.busy_until + self.think_s < soonest:
+                soonest = replica.busy_until + self.think_s
+        return soonest
 
     def _schedule(self, user: int, at: float) -> None:
         if at >= self.send_until_s:

@@ -92,6 +92,7 @@ class Replica:
         self.on_sample: Callable[[Replica], None] | None = None
         self.on_close: Callable[[int, int, float], None] | None = None
         self.stop_at_finish = False
+        self.busy_until = math.inf  # the end of the step or stretch under way: its completions come no earlier
         self.process = env.process(self._run())
 
     # -- arrivals ------------------------------------------------------------------------------------------
@@ -117,6 +118,7 @@ class Replica:
         while True:
             if not sched.has_unfinished():
                 self._wake = self.env.event()
+                self.busy_until = math.inf  # idle: nothing can finish here before a new request arrives
                 arrival = yield self._wake
                 self._wake = None
                 self.clock = max(self.clock, arrival)
@@ -126,6 +128,7 @@ class Replica:
             if self.fast_path:
                 ends = self._fast_forward()
                 if ends:
+                    self.busy_until = ends[-1]
                     yield self.env.timeout(max(ends[-1] - self.env.now, 0.0))
                     continue
             step = sched.schedule()  # never empty while requests are unfinished: at least a preemption
@@ -137,6 +140,7 @@ class Replica:
             dt = step_time(self.cost, step, self.block_size, self.attended_limit)
             self._account(sched.kv.usage(), dt)
             end = start + dt
+            self.busy_until = end
             yield self.env.timeout(max(end - self.env.now, 0.0))
             self._finish_step(step, sched.update(step, None), end)
             self.clock = end

@@ -1,0 +1,138 @@
+"""Steady-state workloads and probes: a sustained workload is stationary at its rate, copies sessions with their
+shared prefixes shared and their private ones fresh, and scales with the rate (common random numbers); a
+probe's window, closed loop and overload stop give exactly the results of stepping one step at a time; goodput
+counts the requests meeting every bound."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.metrics import goodput_count
+from sim.probe import Probe, run_probe
+from sim.run import SimSpec
+from tests.sim.helpers import random_trace
+from traces import Trace
+from traces.schema import NO_VALUE
+from traces.steady import open_loop, population
+
+
+def sessions_trace() -> Trace:
+    """Three sessions of 3, 2 and 1 turns (turns re-send the earlier turns' blocks) sharing a system prompt
+    (ids 0-1), plus two requests without a session; hash granularity 16."""
+    system = [0, 1]
+    rows = [  # (arrival, session, turn, private ids)
+        (0.0, 7, 1, [10]), (5.0, 7, 2, [10, 11]), (9.0, 7, 3, [10, 11, 12]),
+        (1.0, 8, 1, [20]), (4.0, 8, 2, [20, 21]),
+        (2.0, 9, 1, [30]),
+        (3.0, NO_VALUE, NO_VALUE, [40]), (6.0, NO_VALUE, NO_VALUE, [41]),
+    ]
+    rows.sort()
+    hashes = [system + own for _, _, _, own in rows]
+    offsets = np.cumsum([0] + [len(h) for h in hashes])
+    return Trace.build([r[0] for r in rows], [16 * len(h) + 3 for h in hashes], [5] * len(rows),
+                       session_id=[r[1] for r in rows], turn=[r[2] for r in rows],
+                       hash_ids=np.concatenate(hashes), hash_offsets=offsets, hash_granularity=16)
+
+
+def test_population_groups_sessions_and_marks_private_ids():
+    pop = population(sessions_trace())
+    assert pop.sessions == 5 and pop.requests_per_session == pytest.approx(8 / 5)
+    trace = pop.trace
+    for s in range(pop.sessions):  # turns in order, delays after the session's first request
+        rows = pop.order[pop.offsets[s]:pop.offsets[s + 1]]
+        assert np.all(np.diff(trace.arrival_s[rows]) >= 0)
+        assert pop.delays[pop.offsets[s]] == 0
+    shared = trace.hash_ids[~pop.private]
+    assert set(shared.tolist()) == {0, 1}  # the system prompt; a session's own turns share only within it
+    assert set(trace.hash_ids[pop.private].tolist()) == {10, 11, 12, 20, 21, 30, 40, 41}
+
+
+def test_open_loop_copies_sessions_with_fresh_private_ids():
+    pop = population(sessions_trace())
+    out = open_loop(pop, 4.0, 200.0, seed=3)
+    assert np.all(np.diff(out.arrival_s) >= 0) and out.arrival_s[0] >= 0 and out.arrival_s[-1] < 200
+    for copy in np.unique(out.session_id)[:50]:
+        rows = np.flatnonzero(out.session_id == copy)
+        ids = [set(out.hashes_of(r).tolist()) for r in rows]
+        assert all({0, 1} <= i for i in ids)  # the shared system prompt stays shared
+        own = set().union(*ids) - {0, 1}
+        copy_of_hash = np.repeat(out.session_id, out.hash_counts())
+        others = set(out.hash_ids[copy_of_hash != copy].tolist())
+        assert not own & others  # a copy's conversation is its own
+        for earlier, later in zip(ids, ids[1:], strict=False):  # ... and its turns still share their history
+            assert earlier <= later or len(rows) == 1
+
+
+def test_open_loop_is_stationary_at_its_rate_and_scales_with_it():
+    pop = population(random_trace(5, 300, rate=3.0))
+    for rate in (2.0, 20.0):
+        out = open_loop(pop, rate, 600.0, seed=1)
+        counts = np.histogram(out.arrival_s, bins=6, range=(0, 600))[0] / 100.0
+        assert len(out) / 600 == pytest.approx(rate, rel=0.15)
+        assert counts.min() > 0.6 * rate and counts.max() < 1.5 * rate
+    slow, fast = open_loop(pop, 2.0, 600.0, seed=1), open_loop(pop, 4.0, 300.0, seed=1)
+    n = min(len(slow), len(fast))
+    np.testing.assert_allclose(fast.arrival_s[:n] * 2, slow.arrival_s[:n], rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(fast.prompt_tokens[:n], slow.prompt_tokens[:n])  # the same sessions, in order
+    again = open_loop(pop, 2.0, 600.0, seed=1)
+    np.testing.assert_array_equal(again.arrival_s, slow.arrival_s)
+    assert not np.array_equal(open_loop(pop, 2.0, 600.0, seed=2).arrival_s, slow.arrival_s)
+
+
+@pytest.mark.parametrize("arrivals", ["measured", "poisson", "tiled"])
+def test_every_arrival_process_keeps_the_rate(arrivals):
+    pop = population(random_trace(6, 200, rate=5.0))
+    out = open_loop(pop, 8.0, 400.0, seed=0, arrivals=arrivals)
+    assert len(out) / 400 == pytest.approx(8.0, rel=0.2)
+
+
+PROBES = [
+    (Probe(rate=12.0, duration_s=60, min_requests=10), SimSpec(num_blocks=400, block_size=16)),
+    (Probe(rate=40.0, duration_s=60, min_requests=10), SimSpec(num_blocks=150, block_size=8, replicas=2,
+                                                             router="least_outstanding")),
+    (Probe(mode="concurrency", concurrency=6, duration_s=60, min_requests=10),
+     SimSpec(num_blocks=300, block_size=16)),
+    (Probe(mode="concurrency", concurrency=9, think_s=0.5, duration_s=60, min_requests=10),
+     SimSpec(num_blocks=200, block_size=8, replicas=3, router="round_robin")),
+    (Probe(mode="concurrency", concurrency=5, duration_s=60, min_requests=10),
+     SimSpec(num_blocks=200, block_size=16, replicas=2, router="prefix_aware")),
+]
+
+
+@pytest.mark.parametrize(("probe", "spec"), PROBES, ids=["open", "open-2", "closed", "closed-think-3", "closed-pa"])
+def test_probes_equal_stepping_one_step_at_a_time(probe, spec):
+    """The window's gaps, the counter marks, the closed loop's sends and the overload check see the same state
+    on the fast path as step by step."""
+    pop = population(random_trace(8, 80, rate=10.0, output=(1, 120)))
+    fast = run_probe(pop, spec, probe, seed=4)
+    slow = run_probe(pop, dataclasses.replace(spec, fast_path=False), probe, seed=4)
+    assert fast.info["fast_steps"] > 0 and slow.info["fast_steps"] == 0
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.series, slow.series, check_exact=True)
+    assert fast.summary == slow.summary
+    assert fast.info["probe"] == slow.info["probe"]
+
+
+def test_a_closed_loop_user_waits_for_each_answer():
+    pop = population(random_trace(9, 60, rate=10.0))
+    result = run_probe(pop, SimSpec(num_blocks=400), Probe(mode="concurrency", concurrency=4, think_s=0.25,
+                                                           duration_s=60, min_requests=10), seed=0)
+    table = result.requests.sort_values("arrival_s")
+    in_flight = [((table["arrival_s"] <= t) & (table["finish_s"] > t)).sum() for t in table["arrival_s"]]
+    assert max(in_flight) <= 4  # never more requests in the system than users
+    finishes = np.sort(table["finish_s"].to_numpy())
+    for arrival in table["arrival_s"].to_numpy()[4:]:  # after the first round, each send follows a finish
+        assert np.any(np.isclose(finishes + 0.25, arrival))
+
+
+def test_goodput_counts_requests_meeting_every_bound():
+    table = pd.DataFrame({"request": [0, 1, 1, 2, 3], "sample": [0, 0, 1, 0, 0],
+                          "ttft_ms": [100, 100, 100, 900, np.nan], "tpot_ms": [10, 10, 60, 10, 10],
+                          "max_itl_ms": [20] * 5, "e2el_ms": [500] * 5})
+    assert goodput_count(table, {"ttft_ms": 500, "tpot_ms": 50}) == 1  # request 1's second sample is too slow
+    assert goodput_count(table, {"ttft_ms": 1000}) == 3  # NaN (no first token) never meets
+    assert goodput_count(table, {"e2el_ms": 100}) == 0
