@@ -36,7 +36,7 @@ from sim.replica import SERIES_COLUMNS
 from sim.routers import make_router
 from sim.run import SimResult, SimSpec, build_configs, build_cost, check_trace
 from sim.stability import ProbeSignals, judge
-from traces.steady import Population, open_loop
+from traces.steady import MAX_PROBE_REQUESTS, Population, open_loop
 
 MODES = ("sustained", "concurrency")
 OVERLOAD_MIN_WAITING = 32
@@ -78,6 +78,18 @@ class Probe:
             raise ValueError(f"probe: warm-up {warmup:g} s + cool-down {cooldown:g} s leave no measurement window "
                              f"in {duration:g} s; allowed: a sum below duration_s")
         return warmup, duration - cooldown, grace
+
+    def check(self, pop: Population) -> None:
+        """Refuse, before anything runs, a probe that cannot be measured or would not fit in memory."""
+        duration = self.first_duration(pop)
+        self.edges(duration)
+        if self.mode == "sustained":
+            expected = self.offered_rate(pop) * duration * (2 ** MAX_EXTENSIONS)
+            if expected > MAX_PROBE_REQUESTS:
+                raise ValueError(f"workload.rate: {self.offered_rate(pop):g} req/s for up to {duration:g} s (x"
+                                 f"{2 ** MAX_EXTENSIONS} if lengthened) is {expected:.3g} requests; allowed: at most "
+                                 f"{MAX_PROBE_REQUESTS} in one probe (a lower rate, probe.duration_s or "
+                                 "probe.min_requests)")
 
     def first_duration(self, pop: Population) -> float:
         if self.mode != "sustained":

@@ -120,16 +120,17 @@ def check_point(exp: Experiment, point: Point) -> None:
     from sim.run import build_configs, build_cost, check_trace
     from traces.steady import population
 
-    probe = {SEARCH_TARGETS[exp.search["target"]]: exp.search["low"]} if exp.search else None
-    config = run_config(point.config, exp.seeds[0], probe)
+    varied = SEARCH_TARGETS[exp.search["target"]] if exp.search else None
+    ends = [{varied: exp.search[end]} for end in ("low", "high")] if exp.search else [None]
     try:
-        trace = build_trace(config)
-        check_trace(trace, "the workload")
-        spec = build_spec(config)
-        _, num_blocks = build_cost(spec)
-        build_configs(spec, trace, num_blocks)
-        if config["workload"]["mode"] != "burst":  # a rate to offer and a window to measure
-            steady = build_probe(config)
-            steady.edges(steady.first_duration(population(trace)))
+        for probe in ends:  # a search's two ends bound every value it will probe
+            config = run_config(point.config, exp.seeds[0], probe)
+            trace = build_trace(config)
+            check_trace(trace, "the workload")
+            spec = build_spec(config)
+            _, num_blocks = build_cost(spec)
+            build_configs(spec, trace, num_blocks)
+            if config["workload"]["mode"] != "burst":  # a rate to offer, a window to measure, room for both
+                build_probe(config).check(population(trace))
     except (ValueError, FileNotFoundError) as exc:
         raise SchemaError(f"point {point.index} ({point.label}): {key_path(str(exc))}") from None

@@ -32,7 +32,8 @@ def test_itl_log_counts_merge():
 def test_summary_has_exactly_the_design_keys():
     result = simulate(random_trace(3, 20), SimSpec(num_blocks=200))
     assert tuple(result.summary) == SUMMARY_KEYS
-    assert len(SUMMARY_KEYS) == 5 + 16 + 9 + 5
+    assert len(SUMMARY_KEYS) == 6 + 16 + 9 + 5  # request_goodput beside the throughputs
+    assert result.summary["request_goodput"] is None  # no per-request bounds given
     memory = sum(result.summary[k] for k in ("token_states", "internal_fragmentation", "reserved_unused",
                                              "external_fragmentation", "free"))
     assert memory == pytest.approx(1.0)
