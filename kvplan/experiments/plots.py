@@ -74,23 +74,33 @@ def per_point(points: pd.DataFrame, swept: list[str], metric: str, title: str, y
     return _png(fig)
 
 
-def latency_vs_rate(runs: pd.DataFrame, swept: list[str], slo: dict[str, float]) -> bytes | None:
+def latency_vs_rate(runs: pd.DataFrame, swept: list[str], slo: dict[str, float],
+                    knees: dict[str, float] | None = None) -> bytes | None:
     """p99 TTFT, p90 TPOT and p90 E2E vs the offered request rate, one line per configuration (the swept keys
-    other than the rate): where each configuration's latency turns up, from search probes or a swept rate."""
-    keys = [k for k in swept if k != "workload.rate_scale"]
+    other than the load), from the probes judged stable (or burst replays: they have no verdict) - an unstable
+    probe's percentiles describe a backlog still growing, not a load the server holds. `knees` maps a line's
+    label to the offered rate at its capacity, marked on each panel."""
+    keys = [k for k in swept if k not in ("workload.rate_scale", "workload.rate", "workload.concurrency")]
+    runs = runs[runs["verdict"].isin(("stable", "burst"))]
     groups = list(runs.groupby(keys, sort=False)) if keys else [((), runs)]
-    if max(g["offered_rate_rps"].nunique() for _, g in groups) < 2:
+    if not groups or max(g["offered_rate_rps"].nunique() for _, g in groups) < 2:
         return None
     fig, axes = _figure(1, 3, size=(14, 4))
     for ax, metric in zip(axes[0], ("p99_ttft_ms", "p90_tpot_ms", "p90_e2el_ms"), strict=True):
-        for name, group in groups:
+        for i, (name, group) in enumerate(groups):
             name = name if isinstance(name, tuple) else (name,)
             label = " ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, name, strict=True)) or "base"
-            mean = group.groupby("offered_rate_rps")[metric].mean().sort_index()
-            ax.plot(mean.index, mean.values, marker="o", ms=3, label=label)
+            for j, (_, seed) in enumerate(group.groupby("seed", sort=True)):  # one curve per seed: its own draws
+                mean = seed.groupby("offered_rate_rps")[metric].mean().sort_index()
+                ax.plot(mean.index, mean.values, marker="o", ms=3, lw=0.8, alpha=0.8, color=f"C{i}",
+                        label=label if j == 0 else None)
+            knee = (knees or {}).get(label)
+            if knee is not None and np.isfinite(knee):
+                ax.axvline(knee, color=f"C{i}", ls=":", lw=1)
         if metric in slo:
             ax.axhline(slo[metric], color="k", ls="--", lw=1)
-        ax.set(xlabel="offered request rate (req/s)", ylabel=metric.replace("_ms", " (ms)"), yscale="log")
+        ax.set(xlabel="offered request rate (req/s), stable probes; dotted: capacity",
+               ylabel=metric.replace("_ms", " (ms)"), yscale="log")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     return _png(fig)

@@ -14,8 +14,12 @@ import pandas as pd
 
 from kvplan.experiments import plots
 from kvplan.experiments.results import (
+    COUNTS,
     Recommendation,
     answer_runs,
+    capacity_sentence,
+    cell,
+    load_line,
     point_table,
     points_frame,
     recommend,
@@ -27,8 +31,10 @@ from kvplan.experiments.runner import Outcome
 from kvplan.experiments.schema import Experiment
 from kvplan.output import json_text, write_atomic
 
+UNITS = {"max_rate": "req/s (sustained)", "max_goodput": "req/s (sustained)", "max_concurrency": "users",
+         "max_burst_scale": "rate scale (x the recorded trace)", "min_replicas": "replicas"}
 FIGURES = (
-    ("latency_vs_rate", "Latency vs offered request rate"),
+    ("latency_vs_rate", "Latency vs offered request rate (stable probes; dotted: each configuration's capacity)"),
     ("slo_headroom", "SLO headroom"),
     ("capacity", "Capacity under the SLOs"),
     ("throughput", "Request throughput"),
@@ -48,14 +54,17 @@ def _parquet(frame: pd.DataFrame) -> bytes:
 def figures(exp: Experiment, outcome: Outcome, runs: pd.DataFrame, points: pd.DataFrame, rec: Recommendation,
             staging: Path) -> dict[str, bytes]:
     swept = list(exp.sweep_grid) + list(exp.sweep_zip)
-    out = {"latency_vs_rate": plots.latency_vs_rate(runs, swept, exp.slo),
+    keys = [k for k in swept if k not in ("workload.rate_scale", "workload.rate", "workload.concurrency")]
+    knees = {" ".join(f"{k.split('.')[-1]}={row[k]}" for k in keys) or "base": row["offered_rate_rps"]
+             for _, row in points.iterrows()} if exp.search else None
+    out = {"latency_vs_rate": plots.latency_vs_rate(runs, swept, exp.slo, knees),
            "slo_headroom": plots.slo_headroom(points, exp.slo, exp.attainment),
            "throughput": plots.per_point(points, swept, "request_throughput", "Request throughput", "req/s"),
            "memory_breakdown": plots.memory_breakdown(points),
            "preemptions": plots.per_point(points, swept, "num_preemptions", "Preemptions", "count")}
     if exp.search:
-        unit = "rate scale (x workload)" if exp.search["target"] == "max_rate" else "replicas"
-        out["capacity"] = plots.per_point(points, swept, "answer", f"Capacity: {exp.search['target']}", unit)
+        out["capacity"] = plots.per_point(points, swept, "answer", f"Capacity: {exp.search['target']} (median of "
+                                          "seeds)", UNITS[exp.search["target"]])
     if (runs["prefix_cache_queries"] > 0).any():
         out["prefix_hit_rate"] = plots.per_point(points, swept, "prefix_cache_hit_rate", "Prefix-cache hit rate",
                                                  "hit rate")
@@ -84,16 +93,31 @@ def write_results(exp: Experiment, outcome: Outcome, staging: Path) -> None:
     for name, png in images.items():
         write_atomic(staging / "plots" / f"{name}.png", png)
     if exp.outputs["report"]:
-        write_atomic(staging / "report.html", report_html(exp, points, rec, images, len(outcome.runs)))
+        write_atomic(staging / "report.html", report_html(exp, points, rec, images, len(outcome.runs), runs))
+
+
+PROBE_TABLE = ("point", "label", "seed", "probe", "offered_rate_rps", "verdict", *COUNTS, "p99_ttft_ms", "p90_tpot_ms",
+               "slo_met", "slo_broken")
+
+
+def _table(headers, rows, best: int | None = None) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(str(h))}</th>" for h in headers)
+    body = "".join("<tr" + (' class="best"' if best is not None and row[0] == best else "") + ">"
+                   + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
 
 
 def report_html(exp: Experiment, points: pd.DataFrame, rec: Recommendation, images: dict[str, bytes],
-                runs: int) -> str:
+                runs: int, run_table: pd.DataFrame) -> str:
+    """The report page. Every probe is listed with its stability verdict and its request counts (warm-up,
+    measured, cool-down, unfinished), so that an answer can be traced to the runs behind it."""
     e = html.escape
     headers, rows = point_table(exp, points)
-    table = "".join(f"<th>{e(str(h))}</th>" for h in headers)
-    body = "".join("<tr" + (' class="best"' if row[0] == rec.point else "") + ">"
-                   + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    probes = [[cell(row[h]) for h in PROBE_TABLE] for _, row in run_table.iterrows()]
+    capacity = "".join(f"<li><b>{e(row['label'])}</b>: "
+                       + e(capacity_sentence(exp, row) if pd.notna(row["answer"]) else row["search_outcome"])
+                       + "</li>" for _, row in points.iterrows()) if exp.search else ""
     verdict = (f"<p class='rec'>Recommended: <b>{e(rec.label)}</b> — {e(rec.why)}.</p>" if rec.point is not None
                else f"<p class='rec none'>No recommendation: {e(rec.why)}.</p>")
     slo = "".join(f"<li>{e(line)}</li>" for line in slo_lines(exp)) or "<li>none given</li>"
@@ -114,9 +138,13 @@ pre {{ background: #f6f6f6; padding: 1em; }}
 <p>{len(points)} point(s), {runs} run(s), seeds {e(str(exp.seeds))}; model {e(exp.base['model'])} on
 {e(exp.base['hardware'])}.</p>
 {verdict}
+<p>{e(load_line(exp))}</p>
+{f"<h2>Capacity</h2><ul>{capacity}</ul>" if capacity else ""}
 <h2>SLOs</h2><ul>{slo}</ul>
-<h2>Points</h2><div class="scroll"><table><tr>{table}</tr>{body}</table></div>
+<h2>Points</h2>{_table(headers, rows, rec.point)}
 <h2>Figures</h2>{figs}
+<h2>Runs</h2><p>Every run (search probe) with its stability verdict and request counts; a probe must be stable
+before its SLOs count.</p>{_table(PROBE_TABLE, probes)}
 <h2>Experiment file</h2><pre>{e(exp.text)}</pre>
 </body></html>
 """

@@ -167,7 +167,7 @@ def interval_text(exp: Experiment, row: pd.Series) -> str:
 def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
     """A point's search answer in the user's units: the median over seeds, its range, req/s and tok/s."""
     target, value = exp.search["target"], row["answer"]
-    served = f"{row['capacity_rps']:.4g} req/s, {row['capacity_tok_s']:.4g} tok/s"
+    served = f"{row['capacity_rps']:.4g} req/s, {row['capacity_tok_s']:,.0f} tok/s"
     spread = interval_text(exp, row)
     if target == "max_rate":
         return f"the highest sustained rate that is stable and meets the SLOs: {value:.4g} req/s ({spread}; " \
@@ -195,11 +195,11 @@ def point_table(exp: Experiment, points: pd.DataFrame) -> tuple[list[str], list[
     search = ["answer", "answer_low", "answer_high", "capacity_rps", "capacity_tok_s", "search_outcome"]
     headers = ["point", "label", *(search if exp.search else []), "slo_met", "verdict",
                *(["attainment"] if exp.attainment else []), *HEADLINE, *COUNTS]
-    rows = [[_cell(row[h]) for h in headers] for _, row in points.iterrows()]
+    rows = [[cell(row[h]) for h in headers] for _, row in points.iterrows()]
     return headers, rows
 
 
-def _cell(value: object) -> object:
+def cell(value: object) -> object:
     if isinstance(value, float | np.floating):
         return "n/a" if not math.isfinite(value) else float(f"{value:.4g}")
     if isinstance(value, np.bool_ | bool):
