@@ -19,7 +19,7 @@ _INT_COLUMNS = {"request", "sample", "replica", "prompt_tokens", "output_tokens"
                 "preemptions"}
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 # Per-request latency bounds (goodput, SLO attainment) -> the per-request table's column.
-REQUEST_BOUNDS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "itl_ms": "max_itl_ms", "e2el_ms": "e2el_ms"}
+REQUEST_BOUNDS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "itl_ms": "itl_max_ms", "e2el_ms": "e2el_ms"}
 MEMORY_KEYS = ("token_states", "internal_fragmentation", "reserved_unused", "external_fragmentation", "free")
 SUMMARY_KEYS = (
     "completed", "duration_s", "request_throughput", "output_throughput", "total_token_throughput",

@@ -133,7 +133,16 @@ def test_a_closed_loop_user_waits_for_each_answer():
 def test_goodput_counts_requests_meeting_every_bound():
     table = pd.DataFrame({"request": [0, 1, 1, 2, 3], "sample": [0, 0, 1, 0, 0],
                           "ttft_ms": [100, 100, 100, 900, np.nan], "tpot_ms": [10, 10, 60, 10, 10],
-                          "max_itl_ms": [20] * 5, "e2el_ms": [500] * 5})
+                          "itl_max_ms": [20] * 5, "e2el_ms": [500] * 5})
     assert goodput_count(table, {"ttft_ms": 500, "tpot_ms": 50}) == 1  # request 1's second sample is too slow
     assert goodput_count(table, {"ttft_ms": 1000}) == 3  # NaN (no first token) never meets
     assert goodput_count(table, {"e2el_ms": 100}) == 0
+    assert goodput_count(table, {"itl_ms": 10}) == 0 and goodput_count(table, {"itl_ms": 20}) == 4
+
+
+def test_every_per_request_bound_reads_a_column_of_the_per_request_table():
+    result = run_probe(population(random_trace(2, 40)), SimSpec(num_blocks=300),
+                       Probe(rate=5.0, duration_s=30, min_requests=10,
+                             goodput={"ttft_ms": 1e6, "tpot_ms": 1e6, "itl_ms": 1e6, "e2el_ms": 1e6}), seed=0)
+    measured = result.requests[result.requests["phase"] == "measured"]
+    assert result.summary["request_goodput"] == pytest.approx(measured["request"].nunique() / 24.0)
