@@ -28,10 +28,9 @@ class Cluster:
         self.unservable: list[tuple[int, str]] = []  # failed requests of the trace: nothing to serve
         self.arrivals = trace.arrival_s.tolist()
         self.next_row = 0  # the next trace row to arrive
-        reads_cache = getattr(router, "reads_prefix_cache", False) and cache.enable_prefix_caching
         self.replicas = [Replica(self.env, i, cache, config, cost, self.log, self._next_arrival,
                                  sample_interval_s=sample_interval_s, fast_path=fast_path,
-                                 cross_arrivals=not reads_cache, record_tokens=record_tokens)
+                                 record_tokens=record_tokens)
                          for i in range(num_replicas)]
         self.env.process(self._arrivals())
 
