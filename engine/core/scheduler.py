@@ -51,8 +51,8 @@ from engine.core.outputs import ScheduledRequest, SchedulerOutput
 from engine.core.preemption import GroupPreemption
 from engine.core.request import Request, RequestStatus, attach_block_keys
 from engine.core.request_queue import make_queue
-from engine.core.step_update import StepUpdate
 from engine.core.reservation import ReservationAllocator
+from engine.core.step_update import StepUpdate
 from engine.core.victims import pick_victim
 
 RUNNING = RequestStatus.RUNNING
