@@ -74,6 +74,7 @@ ENGINE: dict[str, Field] = {
     "preemption_mode": Field("choice", "recompute", PREEMPTION_MODES),
     "victim_policy": Field("choice", "newest", tuple(sorted(VICTIM_POLICIES))),
     "schedule": Field("choice", "mixed", SCHEDULES),
+    "scheduler_reserve_full_isl": Field("bool", True),
 }
 CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=4096),
                              "router": Field("choice", "round_robin", tuple(ROUTERS))}
