@@ -46,7 +46,7 @@ class SimSpec:
     max_model_len: int | None = None  # default: the longest request of the trace
     sink_tokens: int = 0
     window_tokens: int = 0
-    watermark: float = 0.01
+    watermark: float = 0.0
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     enable_chunked_prefill: bool = True

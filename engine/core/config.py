@@ -49,7 +49,7 @@ class CacheConfig:
     max_model_len: int = 4096
     sink_tokens: int = 0
     window_tokens: int = 0
-    watermark: float = 0.01
+    watermark: float = 0.0  # vLLM V1: none (SchedulerConfig.watermark, 0.0 in 0.33); V0 kept 0.01
 
     def __post_init__(self) -> None:
         from engine.core.eviction import EVICTION_POLICIES

@@ -7,8 +7,10 @@ reference count: a prefix-cache hit or a fork puts the same physical block into 
   (its logits are needed), so at most (num_tokens - 1) // b blocks hit. In sink+window mode at most the sink
   blocks plus one window's blocks hit: more would be held at once past the request's admitted peak.
 * Copy-on-write: a request about to write into a partial block that another table also holds gets a private
-  copy first; the (src, dst) pair is returned for the model runner. Nothing is ever written into a block whose
-  ref count is above one.
+  copy first; the (src, dst) pair is returned for the model runner. Nothing is ever written into a partial block
+  whose ref count is above one. A full block is keyed when the step that computes it is scheduled, so a request
+  admitted later in that step may already hold it as a prefix hit while it is written: its key fixes its contents,
+  and the engine writes a step's KV before any attention of the step reads it.
 * Freeing is tail-first, so the eviction policy sees a chain's deepest block first.
 * Sink+window mode keeps the blocks of the first S tokens and of the last W tokens and releases whole blocks in
   between (holes are `None` in the table), so a request holds at most ceil(S/b) + ceil(W/b) + 1 blocks::
