@@ -28,8 +28,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     @initialize(block_size=st.sampled_from([1, 16, 64]), policy=st.sampled_from(sorted(EVICTION_POLICIES)),
                 mode=st.sampled_from(["recompute", "swap"]), victim=st.sampled_from(sorted(VICTIM_POLICIES)),
                 queue=st.sampled_from(["fcfs", "priority"]), window=st.booleans(), chunk=st.booleans(),
-                blocks_per_request=st.integers(2, 5))
-    def setup(self, block_size, policy, mode, victim, queue, window, chunk, blocks_per_request):
+                blocks_per_request=st.integers(2, 5), full_isl=st.booleans())
+    def setup(self, block_size, policy, mode, victim, queue, window, chunk, blocks_per_request, full_isl):
         self.bs = block_size
         scale = max(1, 16 // block_size)  # keep token counts comparable across block sizes
         self.max_prompt = 3 * block_size * scale if block_size < 64 else 150
@@ -44,7 +44,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                         watermark=0.0),
             SchedulerConfig(max_num_batched_tokens=max(self.max_prompt + 8, 24) if not chunk else 2 * block_size + 3,
                             max_num_seqs=6, enable_chunked_prefill=chunk, policy=queue, preemption_mode=mode,
-                            victim_policy=victim))
+                            victim_policy=victim, scheduler_reserve_full_isl=full_isl))
         self.gpu: dict[int, tuple[int, int]] = {}
         self.cpu: dict[int, tuple[int, int]] = {}
         self.counter = 0
