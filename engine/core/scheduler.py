@@ -25,7 +25,7 @@ over any step of at most the token budget, see `CacheConfig.peak_blocks`), so:
 
 Hence every `schedule()` with unfinished requests schedules work, preempts, or reports rejections.
 
-Prefix-cache registration happens here, when a request is scheduled, as in vLLM V1: the full blocks its step
+Prefix-cache registration happens when a request is scheduled (`_emit`), as in vLLM V1: the full blocks its step
 computes are keyed at once, so a request admitted later in the same step hits them (the engine writes a step's KV
 before attending). A victim preempted after it was scheduled in the step loses those keys again.
 
