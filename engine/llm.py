@@ -75,7 +75,7 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, swap_space: int = DEFAULT_SWAP_SPACE,
                  enable_prefix_caching: bool = True, eviction_policy: str = "lru",
                  preemption_mode: str = "recompute", victim_policy: str = "newest", schedule: str = "mixed",
-                 max_num_seqs: int = 256,
+                 scheduler_reserve_full_isl: bool = True, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  max_model_len: int | None = None, dtype: str | torch.dtype = "float32", device: str | None = None,
                  attention_backend: str | None = None, kv_cache_dtype: str = "auto", sink_tokens: int = 0,
@@ -111,7 +111,7 @@ class LLM:
         self.scheduler = Scheduler(cache, SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
-            victim_policy=victim_policy, schedule=schedule))
+            victim_policy=victim_policy, schedule=schedule, scheduler_reserve_full_isl=scheduler_reserve_full_isl))
         self.kv_cache = PagedKVCache(layout, num_blocks, num_cpu_blocks, self.device)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, backend, self.device, sink_tokens, window_tokens,
                                   rope)

@@ -48,6 +48,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preemption", default=d.preemption_mode, help="recompute or swap")
     p.add_argument("--victim", default=d.victim_policy, help="newest, lowest_priority or longest_remaining")
     p.add_argument("--schedule", default=d.schedule, help="mixed or prefill_first")
+    p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction,
+                   default=d.scheduler_reserve_full_isl,
+                   help="admit a waiting request only when its whole prompt fits in the free KV blocks (vLLM's "
+                        "default); --no-scheduler-reserve-full-isl: a first chunk that fits is enough (vLLM <= 0.10)")
     p.add_argument("--swap-space", type=parse_bytes, default=d.swap_space, help="CPU swap space, e.g. 64MiB")
     p.add_argument("--max-num-seqs", type=integer(1, 1_000_000), default=d.max_num_seqs)
     p.add_argument("--max-num-batched-tokens", type=POSITIVE_TOKENS, default=d.max_num_batched_tokens)
@@ -66,7 +70,8 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
         dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=not args.no_prefix_caching,
         eviction_policy=args.eviction,
         preemption_mode=args.preemption, victim_policy=args.victim, schedule=args.schedule,
-        swap_space=args.swap_space, max_num_seqs=args.max_num_seqs,
+        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl, swap_space=args.swap_space,
+        max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=not args.no_chunked_prefill,
         max_model_len=args.max_model_len, sink_tokens=args.sink_tokens, window_tokens=args.window_tokens,
         position_mode=args.position_mode)
@@ -74,7 +79,8 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
 
 _SIZES = ("kv_cache_memory", "swap_space")
 _TYPES = {"block_size": int, "num_blocks": int, "dtype": str, "kv_cache_dtype": str, "enable_prefix_caching": bool,
-          "eviction_policy": str, "preemption_mode": str, "victim_policy": str, "schedule": str, "max_num_seqs": int,
+          "eviction_policy": str, "preemption_mode": str, "victim_policy": str, "schedule": str,
+          "scheduler_reserve_full_isl": bool, "max_num_seqs": int,
           "max_num_batched_tokens": int, "enable_chunked_prefill": bool, "max_model_len": int, "sink_tokens": int,
           "window_tokens": int, "position_mode": str}
 

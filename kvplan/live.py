@@ -39,6 +39,7 @@ class EngineOptions:
     preemption_mode: str = "recompute"
     victim_policy: str = "newest"
     schedule: str = "mixed"
+    scheduler_reserve_full_isl: bool = True  # admit only when the whole prompt fits (vLLM's default)
     swap_space: int = 64 << 20  # bytes of CPU swap space (preemption_mode: swap)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 512
@@ -133,4 +134,5 @@ def sim_spec(options: EngineOptions, meta: dict, *, cost: str, profile: str | No
         window_tokens=options.window_tokens, max_num_batched_tokens=options.max_num_batched_tokens,
         max_num_seqs=options.max_num_seqs, enable_chunked_prefill=options.enable_chunked_prefill,
         preemption_mode=options.preemption_mode, victim_policy=options.victim_policy, schedule=options.schedule,
-        sample_interval_s=interval, record_tokens=record_tokens)
+        scheduler_reserve_full_isl=options.scheduler_reserve_full_isl, sample_interval_s=interval,
+        record_tokens=record_tokens)

@@ -10,10 +10,11 @@ Exactness with the fast path: a send is scheduled when a completion is known, wh
 at the stretch's start, before the step that finishes it has run in simulated time. Three rules make the two
 paths agree: a stretch ends at its first completion (`Replica.stop_at_finish`); a send fires after every
 ordinary event of its instant (priority below SimPy's NORMAL), so a replica finishing a step at that instant
-schedules its next step before the new request arrives, on either path; and a replica's stretch ends before
-the earliest moment another replica could send (`next_arrival`: the earliest scheduled send, or another busy
-replica's current step end plus the think time) - a send routed to it, or a router reading its state, must
-find it where stepping one step at a time would have it. With several busy replicas and no think time that
+schedules its next step before the new request arrives, on either path; and a replica's stretch ends with the
+step running across the earliest moment another replica could send (`next_arrival`: the earliest scheduled
+send, or another busy replica's current step end plus the think time) - a send routed to it, or a router
+reading its state, must find it where stepping one step at a time would have it (a step under way shows its
+allocations and prefix registrations either way; one in which a request finishes does not join). With several busy replicas and no think time that
 keeps stretches short; the results are exact either way.
 """
 

@@ -37,12 +37,10 @@ class Cluster:
         self.unservable: list[tuple[int, str]] = []  # failed requests of the trace: nothing to serve
         self.arrivals = trace.arrival_s.tolist() if closed_loop is None else []
         self.next_row = 0  # the next trace row to arrive
-        reads_cache = getattr(router, "reads_prefix_cache", False) and cache.enable_prefix_caching
         # A closed loop's arrivals come from completions: no stretch may run past one (see ClosedLoop).
         next_arrival = self._next_arrival if closed_loop is None else closed_loop.next_arrival
         self.replicas = [Replica(self.env, i, cache, config, cost, self.log, next_arrival,
                                  sample_interval_s=sample_interval_s, fast_path=fast_path,
-                                 cross_arrivals=not reads_cache and closed_loop is None,
                                  record_tokens=record_tokens)
                          for i in range(num_replicas)]
         if closed_loop is None:

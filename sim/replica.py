@@ -10,8 +10,9 @@ completion - a backlog), the replica prices all k steps in one vectorised call, 
 next arrival this replica may receive (any arrival, as a router may send it here; under round robin, its own next
 one) and before the next time-series sample, applies them with `advance_decode`, and stamps tokens and completions
 with the same step-end times that k single steps produce. Requests that reach their output budget finish inside the
-stretch. The step running across an arrival may join the stretch unless a request finishes in it or the router
-reads the prefix cache (either would show before the arrival).
+stretch. The step running across an arrival may join the stretch unless a request finishes in it (the completion
+would show before the arrival); its prefix-cache registrations and evictions happen when it is scheduled, before
+the arrival either way, so a cache-aware router sees the same cache.
 """
 
 from __future__ import annotations
@@ -53,8 +54,7 @@ class Track:
 class Replica:
     def __init__(self, env: simpy.Environment, index: int, cache: CacheConfig, config: SchedulerConfig,
                  cost: CostModel, log: RequestLog, next_arrival: Callable[[int], float], *,
-                 sample_interval_s: float = 1.0, fast_path: bool = True, cross_arrivals: bool = True,
-                 record_tokens: bool = False) -> None:
+                 sample_interval_s: float = 1.0, fast_path: bool = True, record_tokens: bool = False) -> None:
         self.env, self.index, self.cost, self.log = env, index, cost, log
         self.sched = Scheduler(cache, config)
         self.sched.bulk_decodes = fast_path  # off when stepping one step at a time: the reference path
@@ -63,7 +63,6 @@ class Replica:
         self.next_arrival = next_arrival
         self.sample_interval_s, self.next_sample_s = sample_interval_s, 0.0
         self.fast_path = fast_path
-        self.cross_arrivals = cross_arrivals  # may a stretch run across an arrival (see `_fast_forward`)
         # Every token time per (row, sample), for comparing with a live run; stretches stamp only their ends.
         self.token_times: dict[tuple[int, int], list[float]] | None = None
         if record_tokens:
@@ -256,10 +255,10 @@ class Replica:
             ends.append(clock)
             if clock >= bound:
                 # The step that runs across the bound may join the stretch: a sample is taken after it anyway,
-                # and an arrival during it sees the same counts and block usage - unless a request finishes in
-                # it (step by step, its completion would show only after the arrival), or the router reads the
-                # prefix cache (the step's cache registrations would show early).
-                if clock >= arrival and (not self.cross_arrivals or len(ends) in remaining):
+                # and an arrival during it sees the same counts, block usage and prefix cache (registered when
+                # the step was scheduled) - unless a request finishes in it (step by step, its completion would
+                # show only after the arrival).
+                if clock >= arrival and len(ends) in remaining:
                     ends.pop()
                 break
         if self.stop_at_finish:

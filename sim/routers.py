@@ -56,7 +56,6 @@ class LeastKvUsage:
 
 @dataclass(slots=True)
 class PrefixAware:
-    reads_prefix_cache = True  # ClassVar: replicas must not run ahead of an arrival this router inspects
     cache_threshold: float = 0.5
     balance_abs: int = 32
     balance_rel: float = 1.5

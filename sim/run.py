@@ -46,7 +46,7 @@ class SimSpec:
     max_model_len: int | None = None  # default: the longest request of the trace
     sink_tokens: int = 0
     window_tokens: int = 0
-    watermark: float = 0.01
+    watermark: float = 0.0
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     enable_chunked_prefill: bool = True
@@ -54,6 +54,7 @@ class SimSpec:
     preemption_mode: str = "recompute"
     victim_policy: str = "newest"
     schedule: str = "mixed"
+    scheduler_reserve_full_isl: bool = True  # admit only when the whole prompt fits (vLLM's default)
     sample_interval_s: float | None = None  # default: see `sample_interval`
     fast_path: bool = True
     record_tokens: bool = False  # keep every token time (SimResult.token_times); step by step
@@ -185,7 +186,8 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
                          "activations; allowed: a larger --hardware, a higher --gpu-memory-utilization, or "
                          "--num-blocks")
     sched = SchedulerConfig(spec.max_num_batched_tokens, spec.max_num_seqs, spec.enable_chunked_prefill,
-                            spec.policy, spec.preemption_mode, spec.victim_policy, spec.schedule)
+                            spec.policy, spec.preemption_mode, spec.victim_policy, spec.schedule,
+                            spec.scheduler_reserve_full_isl)
     try:
         cache = CacheConfig(spec.block_size, num_blocks, spec.num_cpu_blocks, spec.enable_prefix_caching,
                             spec.eviction_policy, spec.allocator, max_len, spec.sink_tokens, spec.window_tokens,

@@ -4,7 +4,11 @@ Invariants (checked by the property tests):
 
 * every block is exactly one of: in use (ref_cnt > 0), empty free (ref_cnt 0, no key), cached free
   (ref_cnt 0, keyed, an eviction candidate);
-* `cached[key] is block` iff `block.key == key`; a key maps to at most one block;
+* every keyed block is findable under its key: `cached[key]` is the earliest registered block still holding
+  `key`, and any later copies of the same contents are in `duplicates[key]`, in registration order. As in vLLM
+  (`BlockHashToBlockMap`), every copy is keyed - two requests that computed the same block each register theirs,
+  so the contents stay hit-able while any copy survives, and each copy is a cached (not empty) block once free;
+* a lookup returns `cached[key]`; when it is evicted the earliest duplicate takes its place;
 * a freed full block keeps its key and can be hit until an allocation evicts it.
 
 Allocation takes empty blocks first and evicts a cached one (chosen by the eviction policy) only when none is
@@ -40,6 +44,7 @@ class BlockPool:
         self._empty: list[KVBlock] = self.blocks[::-1]  # a stack: block 0 is handed out first
         self.policy: EvictionPolicy = make_eviction_policy(eviction_policy, num_blocks)
         self.cached: dict[int, KVBlock] = {}
+        self.duplicates: dict[int, list[KVBlock]] = {}  # key -> later copies, oldest first (rare)
 
     # -- queries -------------------------------------------------------------------------------------------
     @property
@@ -77,8 +82,7 @@ class BlockPool:
             block = self._empty.pop()
         else:
             block = self.policy.evict()
-            del self.cached[block.key]
-            block.key = None
+            self._drop_key(block)
         block.ref_cnt = 1
         return block
 
@@ -91,13 +95,30 @@ class BlockPool:
         for block in blocks:
             block.ref_cnt = 1
         if n > take:  # the rest evicts, as `allocate` does once the empty stack is gone
-            cached = self.cached
             for block in self.policy.evict_many(n - take):
-                del cached[block.key]
-                block.key = None
+                self._drop_key(block)
                 block.ref_cnt = 1
                 blocks.append(block)
         return blocks
+
+    def _drop_key(self, block: KVBlock) -> None:
+        """Forget `block`'s key (it is being evicted or unregistered); its earliest duplicate, if any, becomes
+        the copy a lookup finds."""
+        key = block.key
+        block.key = None
+        if self.cached.get(key) is block:
+            copies = self.duplicates.get(key)
+            if copies:
+                self.cached[key] = copies.pop(0)
+                if not copies:
+                    del self.duplicates[key]
+            else:
+                del self.cached[key]
+        else:
+            copies = self.duplicates[key]
+            copies.remove(block)
+            if not copies:
+                del self.duplicates[key]
 
     def release_all(self, blocks: list[KVBlock | None] | tuple[KVBlock, ...]) -> None:
         """Drop one reference to each of `blocks`, last to first (a request's table: tail first), skipping
@@ -127,12 +148,15 @@ class BlockPool:
         self.release_all((block,))
 
     def register(self, block: KVBlock, key: int) -> bool:
-        """Enter a full, in-use block under `key`. False when caching is off or another block holds the key
-        (two requests computed the same contents concurrently; the first one stays the cached copy)."""
-        if not self.enable_caching or key in self.cached:
+        """Enter a full, in-use, unkeyed block under `key`. False when caching is off. A key another block
+        already holds (two requests computed the same contents) keeps that block as the one a lookup finds and
+        enters this one as its duplicate, as vLLM keys every copy."""
+        if not self.enable_caching:
             return False
         block.key = key
-        self.cached[key] = block
+        held = self.cached.setdefault(key, block)
+        if held is not block:
+            self.duplicates.setdefault(key, []).append(block)
         self.policy.on_cached(block)
         return True
 
@@ -145,18 +169,24 @@ class BlockPool:
             block = table[i]
             if block is not None and block.key is None:
                 key = keys[i]
-                if key not in cached:
-                    block.key = key
-                    cached[key] = block
-                    on_cached(block)
+                block.key = key
+                if cached.setdefault(key, block) is not block:
+                    self.duplicates.setdefault(key, []).append(block)
+                on_cached(block)
+
+    def unregister(self, block: KVBlock) -> None:
+        """Take an in-use block out of the prefix cache: its contents were never computed (its request was
+        preempted in the step that registered it)."""
+        if block.key is not None:
+            self._drop_key(block)
+            self.policy.forget(block)
 
     def drop_cache(self) -> int:
         """Forget every cached free block (they become empty). Returns how many were dropped."""
         dropped = 0
         while len(self.policy):
             block = self.policy.pop_victim()
-            del self.cached[block.key]
-            block.key = None
+            self._drop_key(block)
             self._empty.append(block)
             dropped += 1
         return dropped

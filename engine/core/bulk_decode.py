@@ -4,8 +4,8 @@ In a step that also prefills or admits - the step after every arrival under load
 decodes: requests generating their next token with room, or one new block, for it. The scheduler's general loop
 spends an object and several calls on each; here they are handled as one list, `SchedulerOutput.decodes`, with
 exactly the effects the general loop has on them. Only a *leading* run of `running` qualifies, so that their
-allocations (in `schedule`) and their registrations and completions (in `update`) keep their places in running
-order before everything else in the step::
+allocations and prefix-cache registrations (in `schedule`, each request's allocation before its registration) and
+their completions (in `update`) keep their places in running order before everything else in the step::
 
     running:  [d d d d d d d | p d d]       d: plain decode, p: anything else (a prefill chunk, a recompute, a
                └── bulk ───┘  └ general loop ┘      copy-on-write, an n > 1 prompt about to fork)
@@ -60,14 +60,19 @@ def schedule_decode_prefix(sched: Scheduler, out: SchedulerOutput, budget: int) 
         count += 1
     if count == 0 or (pool is not None and pool.num_free - new < _rest_need(sched, count)):
         return 0
-    if new:
-        ids = kv.block_ids
-        for request in running[:count]:
-            table = tables[request.request_id]
-            if request.num_computed_tokens == len(table) * bs:
-                block = pool.allocate()  # an empty block, or the policy's victim, as `kv.allocate` takes it
-                table.append(block)
-                ids[request.request_id].append(block.block_id)
+    registering = sched._keys_wanted
+    if new or registering:
+        ids, commit = kv.block_ids, kv.commit
+        for request in running[:count]:  # per request: its allocation, then its registration (`_emit`)
+            pos = request.num_computed_tokens
+            if new:
+                table = tables[request.request_id]
+                if pos == len(table) * bs:
+                    block = pool.allocate()  # an empty block, or the policy's victim, as `kv.allocate` takes it
+                    table.append(block)
+                    ids[request.request_id].append(block.block_id)
+            if registering and pos + 1 >= (request.num_hashed_blocks + 1) * bs:
+                commit(request, pos + 1)  # the step fills a block: keyed when scheduled, as vLLM
     out.decodes = running[:count]
     out.num_batched_tokens += count
     return count
@@ -85,15 +90,13 @@ def _rest_need(sched: Scheduler, first: int) -> int:
 
 
 def update_decodes(sched: Scheduler, out: SchedulerOutput, result: UpdateOutput) -> None:
-    """`update()` for `out.decodes`: one token each, full blocks registered, output budgets finished."""
-    commit, finish, bs = sched.kv.commit, sched._finish, sched.block_size
-    registering = sched._keys_wanted
+    """`update()` for `out.decodes`: one token each, output budgets finished (their full blocks were registered
+    when they were scheduled)."""
+    finish = sched._finish
     for request in out.decodes:
         if request.status is not RUNNING:
             continue  # aborted after schedule()
         request.num_computed_tokens += 1
         request.num_output_tokens += 1
-        if registering and request.num_computed_tokens >= (request.num_hashed_blocks + 1) * bs:
-            commit(request)  # a block filled since the last registration (`Scheduler._commit`, inlined)
         if request.num_output_tokens >= request.max_tokens:
             finish(request, "length", result)

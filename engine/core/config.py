@@ -49,7 +49,7 @@ class CacheConfig:
     max_model_len: int = 4096
     sink_tokens: int = 0
     window_tokens: int = 0
-    watermark: float = 0.01
+    watermark: float = 0.0  # vLLM V1: none (SchedulerConfig.watermark, 0.0 in 0.33); V0 kept 0.01
 
     def __post_init__(self) -> None:
         from engine.core.eviction import EVICTION_POLICIES
@@ -143,7 +143,9 @@ class SchedulerConfig:
 
     `schedule="mixed"` puts running requests first and fills the rest of the token budget with prefill chunks
     (vLLM V1, Sarathi); `"prefill_first"` runs a step of prefills alone whenever any can be scheduled and decodes
-    only in steps without one (vLLM V0 and the vLLM paper).
+    only in steps without one (vLLM V0 and the vLLM paper). `scheduler_reserve_full_isl` admits a waiting request
+    only when its whole prompt fits in the free blocks (vLLM's default since its PR #37307); off, a first chunk
+    that fits is enough (vLLM <= 0.10).
     """
 
     max_num_batched_tokens: int = 2048
@@ -153,6 +155,7 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"
     victim_policy: str = "newest"
     schedule: str = "mixed"
+    scheduler_reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
         from engine.core.victims import VICTIM_POLICIES
@@ -163,3 +166,6 @@ class SchedulerConfig:
         check_choice("scheduler.preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         check_choice("scheduler.victim_policy", self.victim_policy, sorted(VICTIM_POLICIES))
         check_choice("scheduler.schedule", self.schedule, SCHEDULES)
+        if not isinstance(self.scheduler_reserve_full_isl, bool):
+            raise ConfigError("scheduler.scheduler_reserve_full_isl: must be true or false, got "
+                              f"{self.scheduler_reserve_full_isl!r}")

@@ -13,11 +13,14 @@ of the stretch, so none can fail; blocks a completion frees only add to them::
 
     step        0    1    2    3    4
     request a   ▪    ▪    ▪    ▪    ▪      allocate (maybe evict) / register / finish events, replayed sorted by
-    request b   ▪    ▪    ✓               (step, schedule-before-update, running order, register-before-finish)
+    request b   ▪    ▪    ✓               (step, schedule-before-update, running order, allocate-before-register)
 
-Nothing in a stretch reads the prefix cache (admissions are excluded, and the caller stops at any arrival a
-cache-aware router would route), so evicting inside it changes nothing but the blocks' fate, which the replay
-reproduces.
+A step registers its full blocks when it is scheduled (vLLM's timing, `Scheduler._emit`), so allocations and
+registrations are both schedule-time events, each request's allocation before its registration; completions
+happen in the update. Nothing in a stretch reads the prefix cache (admissions are excluded), so evicting inside it
+changes nothing but the blocks' fate, which the replay reproduces. A step's registrations and evictions all
+precede its end, so a cache-aware router reading the cache at an arrival during the stretch's last step sees what
+it would see step by step.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from engine.core.request import Request, RequestStatus
 if TYPE_CHECKING:
     from engine.core.scheduler import Scheduler
 
-ALLOCATE, UPDATE = 0, 1  # within a step, schedule() allocates before update() registers and finishes
-REGISTER, FINISH = 0, 1  # update() handles one request at a time: its registrations, then its completion
+SCHEDULE, UPDATE = 0, 1  # within a step, schedule() allocates and registers before update() finishes
+ALLOCATE, REGISTER, FINISH = 0, 1, 2  # schedule() handles one request at a time: its allocation, then its keys
 
 
 def decode_horizon(sched: Scheduler, limit: int) -> int:
@@ -84,12 +87,14 @@ def waiting_head_blocked(sched: Scheduler) -> bool:
     """Whether the head of the waiting queue stays waiting through every step in which each running request
     decodes one token, until one of them finishes (or a request arrives, or anything is swapped).
 
-    What admission needs - a sequence slot, token budget, free blocks above the watermark, prefix hits - only
-    shrinks while decodes allocate and evict and nobody finishes, so the head refused now is refused then. The
-    budget it would get is what the decodes leave (`mixed`) or the whole budget (`prefill_first`: its prefill
-    step is tried first, and waiting requests are not tried again after decodes are scheduled). The check is the
-    scheduler's own (`_admission`, then the KV manager's `can_allocate`). The caller checks that something waits
-    and nothing is swapped out."""
+    What admission needs - a sequence slot, token budget, free blocks above the watermark (for the whole prompt
+    under `scheduler_reserve_full_isl`), prefix hits - only shrinks while decodes allocate and evict and nobody
+    finishes, so the head refused now is refused then. (The blocks decodes register hold generated tokens, keyed
+    per request in count-only runs, so they never become the head's hits.) The budget it would get is what the
+    decodes leave (`mixed`) or the whole budget (`prefill_first`: its prefill step is tried first, and waiting
+    requests are not tried again after decodes are scheduled). The check is the scheduler's own (`_admission`,
+    the gate's `fits_whole`, then the KV manager's `can_allocate`). The caller checks that something waits and
+    nothing is swapped out."""
     request = sched.waiting.peek()
     budget = sched.config.max_num_batched_tokens
     if not sched._prefill_first:
@@ -97,7 +102,12 @@ def waiting_head_blocked(sched: Scheduler) -> bool:
     if budget <= 0:
         return True
     plan = sched._admission(request, budget)
-    return plan is None or not sched.kv.can_allocate(request, plan[1], plan[0], sched._reserve())
+    if plan is None:
+        return True
+    reserve = sched._reserve()
+    if sched._full_isl and not sched.kv.fits_whole(request, plan[0], reserve):
+        return True
+    return not sched.kv.can_allocate(request, plan[1], plan[0], reserve)
 
 
 def _blocks_needed(sched: Scheduler, k: int) -> int:
@@ -140,12 +150,12 @@ def advance_decode(sched: Scheduler, k: int, usage: list[float] | None = None) -
     now, recorded = kv.usage(), 0  # `recorded`: steps whose usage is in `usage`
     used, total = (pool.num_used, pool.num_blocks) if pool is not None else (0, 1)
     for t, phase, idx, kind, j in events:
-        # An allocation in step t closes steps < t; an update closes step t (ALLOCATE = 0, UPDATE = 1).
+        # A schedule-time event in step t closes steps < t; an update closes step t (SCHEDULE = 0, UPDATE = 1).
         if usage is not None and recorded < t + phase:
             usage.extend([now] * (t + phase - recorded))
             recorded = t + phase
         request = running[idx]
-        if phase == ALLOCATE:
+        if kind == ALLOCATE:
             block = pool.allocate()
             tables[request.request_id].append(block)
             ids[request.request_id].append(block.block_id)
@@ -175,8 +185,9 @@ def _block_events(events: list, idx: int, pos: int, n: int, bs: int, registering
     request `idx`, which had `pos` tokens computed and runs n steps."""
     # Step t writes position pos + t; a new block is allocated whenever that position starts one.
     for start in range(-(-pos // bs) * bs, pos + n, bs):
-        events.append((start - pos, ALLOCATE, idx, 0, start // bs))
+        events.append((start - pos, SCHEDULE, idx, ALLOCATE, start // bs))
     if registering:
-        # After step t, pos + t + 1 tokens are computed; block e // bs - 1 is full when e = pos + t + 1.
+        # Step t computes up to pos + t + 1 tokens; block e // bs - 1 fills (and is keyed when the step is
+        # scheduled) when e = pos + t + 1.
         for end in range((pos // bs + 1) * bs, pos + n + 1, bs):
-            events.append((end - pos - 1, UPDATE, idx, REGISTER, end // bs - 1))
+            events.append((end - pos - 1, SCHEDULE, idx, REGISTER, end // bs - 1))

@@ -7,8 +7,10 @@ reference count: a prefix-cache hit or a fork puts the same physical block into 
   (its logits are needed), so at most (num_tokens - 1) // b blocks hit. In sink+window mode at most the sink
   blocks plus one window's blocks hit: more would be held at once past the request's admitted peak.
 * Copy-on-write: a request about to write into a partial block that another table also holds gets a private
-  copy first; the (src, dst) pair is returned for the model runner. Nothing is ever written into a block whose
-  ref count is above one.
+  copy first; the (src, dst) pair is returned for the model runner. Nothing is ever written into a partial block
+  whose ref count is above one. A full block is keyed when the step that computes it is scheduled, so a request
+  admitted later in that step may already hold it as a prefix hit while it is written: its key fixes its contents,
+  and the engine writes a step's KV before any attention of the step reads it.
 * Freeing is tail-first, so the eviction policy sees a chain's deepest block first.
 * Sink+window mode keeps the blocks of the first S tokens and of the last W tokens and releases whole blocks in
   between (holes are `None` in the table), so a request holds at most ceil(S/b) + ceil(W/b) + 1 blocks::
@@ -92,9 +94,13 @@ class KVCacheManager:
             hits.append(block)
         return hits
 
-    def commit(self, request: Request) -> None:
-        """Register the request's newly completed full blocks in the prefix cache."""
-        full = request.num_computed_tokens // self.block_size
+    def commit(self, request: Request, num_tokens: int) -> None:
+        """Register the request's full blocks within its first `num_tokens` tokens in the prefix cache.
+
+        The scheduler calls it when it schedules a step, with the tokens computed once the step has run (as
+        vLLM's `allocate_slots` caches blocks): a request admitted later in the same step may then hit blocks
+        this step computes - the engine writes a step's KV before any attention of the step reads it."""
+        full = num_tokens // self.block_size
         first = request.num_hashed_blocks
         if full <= first or request.block_keys is None or not self.pool.enable_caching:
             return
@@ -103,7 +109,26 @@ class KVCacheManager:
         self.pool.register_blocks(self.tables[request.request_id], keys, first, min(full, len(keys)))
         request.num_hashed_blocks = full
 
+    def unregister_since(self, request: Request, first_block: int) -> None:
+        """Undo the registrations of the request's blocks from `first_block` on: the step that registered them
+        will not run for it (it was preempted after being scheduled), so their contents are never computed."""
+        table = self.tables[request.request_id]
+        for i in range(first_block, min(request.num_hashed_blocks, len(table))):
+            block = table[i]
+            if block is not None:
+                self.pool.unregister(block)
+        request.num_hashed_blocks = min(request.num_hashed_blocks, first_block)
+
     # -- allocation ----------------------------------------------------------------------------------------
+    def fits_whole(self, request: Request, hits: list[KVBlock], reserve: int) -> bool:
+        """The full-prompt admission gate (vLLM's `scheduler_reserve_full_isl`): whether the blocks for all of
+        the waiting request's tokens (prompt, plus output to recompute) beyond its prefix `hits`, and the hits
+        that are free cached blocks, fit in the free blocks with `reserve` to spare. With a sink+window the need
+        is capped at the blocks one request holds once its window has slid."""
+        need = max(self.config.blocks_per_request(request.num_tokens) - len(hits), 0)
+        need += sum(1 for b in hits if b.ref_cnt == 0)
+        return need + reserve <= self.pool.num_free
+
     def allocate(self, request: Request, num_new_tokens: int, hits: list[KVBlock] | None = None,
                  reserve: int = 0) -> tuple[tuple[int, int], ...] | None:
         """Make room for `num_new_tokens` more tokens of `request` (after taking the prefix `hits`, at

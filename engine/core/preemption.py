@@ -85,11 +85,14 @@ class GroupPreemption:
         self._requeue_group(group)
         return refund
 
-    @staticmethod
-    def _unschedule(request: Request, out: SchedulerOutput, undone: set) -> int:
-        """Take `request` out of this step's batch, if it is in it; returns its tokens."""
+    def _unschedule(self, request: Request, out: SchedulerOutput, undone: set) -> int:
+        """Take `request` out of this step's batch, if it is in it; returns its tokens. The blocks its scheduling
+        registered in the prefix cache lose their keys again: this step will not compute them. (vLLM's FCFS
+        victim is the last running request, never one already scheduled in the step; other victim policies can
+        pick one.)"""
         for i, item in enumerate(out.scheduled):
             if item.request is request:
+                self.kv.unregister_since(request, item.start_pos // self.kv.block_size)
                 out.num_batched_tokens -= item.num_new_tokens
                 if item.copies:
                     undone.update(item.copies)

@@ -69,8 +69,14 @@ class ReservationAllocator:
     def find_cached_prefix(self, request: Request) -> list:
         return []
 
-    def commit(self, request: Request) -> None:
+    def commit(self, request: Request, num_tokens: int) -> None:
         return None
+
+    def unregister_since(self, request: Request, first_block: int) -> None:
+        return None
+
+    def fits_whole(self, request: Request, hits: list, reserve: int) -> bool:
+        return True  # an admission reserves the whole request anyway (`allocate`)
 
     def record_admission(self, request: Request, num_hit_blocks: int) -> None:
         self.prefix_queries += request.num_tokens

@@ -25,11 +25,16 @@ over any step of at most the token budget, see `CacheConfig.peak_blocks`), so:
 
 Hence every `schedule()` with unfinished requests schedules work, preempts, or reports rejections.
 
-`update(step, sampled)` advances the computed counts, appends the sampled tokens (count-only when `sampled` is
-None, as in the simulator), forks n > 1 requests into siblings after their prompt, registers full blocks in the
-prefix cache, releases blocks that left the sink+window, and finishes requests at their output budget or a stop
-token, freeing their blocks. Beam-search groups get their tokens from `advance_beams` instead (`beam_group`).
-Requests that could never run are rejected at `add_request` and reported in the next step.
+Prefix-cache registration happens when a request is scheduled (`_emit`), as in vLLM V1: the full blocks its step
+computes are keyed at once, so a request admitted later in the same step hits them (the engine writes a step's KV
+before attending). A victim preempted after it was scheduled in the step loses those keys again.
+
+Admission gate (`scheduler_reserve_full_isl`, vLLM's name and default): a waiting request is admitted only when
+the blocks for its whole prompt (and output to recompute) beyond its prefix hits fit in the free blocks with the
+watermark to spare, not just its first chunk; off, the first chunk decides (vLLM <= 0.10).
+
+`update(step, sampled)` (`step_update`) applies the step's results. Requests that could never run are rejected at
+`add_request` and reported in the next step.
 """
 
 from __future__ import annotations
@@ -38,15 +43,16 @@ from collections import deque
 from itertools import count
 
 from engine.core.beam_group import BeamGroups
-from engine.core.bulk_decode import schedule_decode_prefix, update_decodes
+from engine.core.bulk_decode import schedule_decode_prefix
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.kv_manager import KVCacheManager
 from engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
-from engine.core.outputs import ScheduledRequest, SchedulerOutput, UpdateOutput
+from engine.core.outputs import ScheduledRequest, SchedulerOutput
 from engine.core.preemption import GroupPreemption
 from engine.core.request import Request, RequestStatus, attach_block_keys
 from engine.core.request_queue import make_queue
 from engine.core.reservation import ReservationAllocator
+from engine.core.step_update import StepUpdate
 from engine.core.victims import pick_victim
 
 RUNNING = RequestStatus.RUNNING
@@ -56,7 +62,7 @@ def make_kv_manager(config: CacheConfig) -> KVCacheManager | ReservationAllocato
     return KVCacheManager(config) if config.allocator == "paged" else ReservationAllocator(config)
 
 
-class Scheduler(GroupPreemption, BeamGroups):
+class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
     def __init__(self, cache: CacheConfig | None = None, config: SchedulerConfig | None = None) -> None:
         self.cache_config = cache or CacheConfig()
         self.config = config or SchedulerConfig()
@@ -74,6 +80,7 @@ class Scheduler(GroupPreemption, BeamGroups):
         self._keys_wanted = self.cache_config.enable_prefix_caching and self.cache_config.allocator == "paged"
         self._windowed = self.cache_config.windowed  # only then can update() release blocks mid-request
         self._prefill_first = self.config.schedule == "prefill_first"
+        self._full_isl = self.config.scheduler_reserve_full_isl
         # Count-only runs (the simulator) may schedule the leading plain decodes in bulk (`bulk_decode`).
         self.bulk_decodes = False
 
@@ -284,7 +291,10 @@ class Scheduler(GroupPreemption, BeamGroups):
                 break
             hits, n = plan
             cached_tokens = len(hits) * self.block_size
-            copies = kv.allocate(request, n, hits, self._reserve())
+            reserve = self._reserve()
+            if self._full_isl and not kv.fits_whole(request, hits, reserve):
+                break
+            copies = kv.allocate(request, n, hits, reserve)
             if copies is None:
                 break
             self.waiting.pop()
@@ -306,87 +316,16 @@ class Scheduler(GroupPreemption, BeamGroups):
 
     def _emit(self, out: SchedulerOutput, request: Request, n: int, copies: tuple, cached_tokens: int) -> None:
         start = request.num_computed_tokens
-        samples = start + n == request.prompt_len + request.num_output_tokens  # all of num_tokens
+        end = start + n
+        if self._keys_wanted and end >= (request.num_hashed_blocks + 1) * self.block_size:
+            self.kv.commit(request, end)  # a block fills in this step: key it now (vLLM's timing)
+        samples = end == request.prompt_len + request.num_output_tokens  # all of num_tokens
         out.scheduled.append(ScheduledRequest(
             request, n, start, cached_tokens, self.kv.block_ids[request.request_id], samples,
             samples and n == 1 and start >= request.prompt_len, copies))
         out.num_batched_tokens += n
         if copies:
             out.copies.extend(copies)
-
-    # -- update --------------------------------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: list | None = None) -> UpdateOutput:
-        """Apply a step's results. `sampled[i]` is the token for `out.scheduled[i]` (ignored where it samples
-        nothing; a list of n tokens for an n > 1 request finishing its prompt); None runs count-only."""
-        result = UpdateOutput()
-        if out.decodes:
-            update_decodes(self, out, result)
-        for i, item in enumerate(out.scheduled):
-            request = item.request
-            if request.status is not RUNNING:
-                continue  # aborted after schedule()
-            request.num_computed_tokens += item.num_new_tokens
-            if not item.samples:
-                self._commit(request)
-                if self._windowed:
-                    self._slide_window(request, result)
-                continue
-            if request.beam:  # its token waits for the whole group's step (`advance_beams`)
-                self._commit(request)
-                continue
-            token = sampled[i] if sampled is not None else None
-            if request.n > 1 and not request.forked:
-                self._fork_after_prompt(request, token, result)
-            else:
-                self._append(request, token, result)
-        if result.finished:
-            self.running = [r for r in self.running if r.status is RUNNING]
-        return result
-
-    def _commit(self, request: Request) -> None:
-        """`kv.commit`, called only when a block has filled since the last one (most decode steps fill none)."""
-        if self._keys_wanted and request.num_computed_tokens >= (request.num_hashed_blocks + 1) * self.block_size:
-            self.kv.commit(request)
-
-    def _append(self, request: Request, token: int | None, result: UpdateOutput) -> None:
-        if request.token_ids is None:
-            request.num_output_tokens += 1  # append_token, inlined for count-only runs (the simulator)
-        else:
-            request.append_token(token)
-        self._commit(request)
-        if request.num_output_tokens >= request.max_tokens:
-            self._finish(request, "length", result)
-        elif token is not None and token in request.stop_token_ids:
-            self._finish(request, "stop", result)
-        elif self._windowed:
-            self._slide_window(request, result)
-
-    def _fork_after_prompt(self, request: Request, tokens: list | None, result: UpdateOutput) -> None:
-        tokens = tokens if tokens is not None else [None] * request.n
-        if len(tokens) != request.n:
-            raise ValueError(f"request {request.request_id}: expected {request.n} sampled tokens, got {len(tokens)}")
-        self.num_running_seqs -= request.n - 1  # its samples' slots pass to the children
-        request.forked = True
-        children = [self.fork(request, f"{request.request_id}#{j}") for j in range(1, request.n)]
-        result.forked.extend(children)
-        for member, token in zip([request, *children], tokens, strict=True):
-            if member.status is RUNNING:
-                self._append(member, token, result)
-
-    def _slide_window(self, request: Request, result: UpdateOutput) -> None:
-        released = self.kv.release_outside_window(request)
-        if released:
-            result.released[request.request_id] = released
-
-    def _finish(self, request: Request, reason: str, result: UpdateOutput) -> None:
-        """End a running request; the caller drops finished requests from `running`."""
-        self.kv.free(request)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        del self.requests[request.request_id]
-        self.num_running_seqs -= request.seq_slots
-        self.stats.num_finished += 1
-        result.finished.append(request)
 
     def kv_metrics(self) -> dict[str, float | int]:
         """vLLM-named gauges and counters plus the memory breakdown at this instant."""

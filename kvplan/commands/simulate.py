@@ -73,6 +73,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule", default="mixed",
                    help="mixed (decodes first, prefill chunks fill the budget: vLLM V1) or prefill_first (a step "
                         "of prefills runs alone: vLLM V0)")
+    p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
+                   help="admit a waiting request only when its whole prompt fits in the free KV blocks (vLLM's "
+                        "default); --no-scheduler-reserve-full-isl: a first chunk that fits is enough (vLLM <= 0.10)")
     p.add_argument("--sample-interval", type=POSITIVE, default=None, help="seconds between time-series samples")
     p.add_argument("--no-fast-path", action="store_true", help="step by step (identical results, slower)")
     p.add_argument("--out", type=out_path, default=None, help="write the per-request table and time series here")
@@ -93,7 +96,8 @@ def spec_from_args(args: argparse.Namespace, block_size: int):
         sink_tokens=args.sink_tokens, window_tokens=args.window_tokens,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy, preemption_mode=args.preemption,
-        victim_policy=args.victim, schedule=args.schedule, sample_interval_s=args.sample_interval,
+        victim_policy=args.victim, schedule=args.schedule,
+        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl, sample_interval_s=args.sample_interval,
         fast_path=not args.no_fast_path)
 
 

@@ -81,7 +81,7 @@ ENGINE: dict[str, Field] = {
     "max_model_len": Field("int", None, minimum=1, nullable=True),
     "sink_tokens": Field("int", 0, minimum=0),
     "window_tokens": Field("int", 0, minimum=0),
-    "watermark": Field("float", 0.01, minimum=0, maximum=0.5),
+    "watermark": Field("float", 0.0, minimum=0, maximum=0.5),
     "max_num_batched_tokens": Field("int", 2048, minimum=1),
     "max_num_seqs": Field("int", 256, minimum=1),
     "enable_chunked_prefill": Field("bool", True),
@@ -89,6 +89,7 @@ ENGINE: dict[str, Field] = {
     "preemption_mode": Field("choice", "recompute", PREEMPTION_MODES),
     "victim_policy": Field("choice", "newest", tuple(sorted(VICTIM_POLICIES))),
     "schedule": Field("choice", "mixed", SCHEDULES),
+    "scheduler_reserve_full_isl": Field("bool", True),
 }
 CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=4096),
                              "router": Field("choice", "round_robin", tuple(ROUTERS))}

@@ -23,9 +23,12 @@ def check_pool(pool: BlockPool, tables: dict) -> None:
             assert block.block_id in empty, f"free unkeyed block {block.block_id} not in the empty list"
         else:
             assert block.block_id not in empty, f"block {block.block_id} is in the empty list but used or keyed"
-        if block.key is not None:
-            assert pool.cached[block.key] is block
+        if block.key is not None:  # every keyed block is findable: the one a lookup returns or a later copy
+            assert pool.cached[block.key] is block or block in pool.duplicates[block.key]
     assert all(b.key == k for k, b in pool.cached.items())
+    for key, copies in pool.duplicates.items():
+        assert copies and key in pool.cached and all(b.key == key for b in copies)
+        assert pool.cached[key] not in copies and len({b.block_id for b in copies}) == len(copies)
     cached_free = sum(1 for b in pool.blocks if b.ref_cnt == 0 and b.key is not None)
     assert cached_free == len(pool.policy), "eviction candidates != cached free blocks"
 
@@ -81,6 +84,6 @@ def check_all_free(sched: Scheduler) -> None:
     assert all(b.ref_cnt == 0 for b in pool.blocks), "leaked block references"
     assert pool.num_free == pool.num_blocks
     sched.reset_prefix_cache()
-    assert pool.num_empty == pool.num_blocks and not pool.cached
+    assert pool.num_empty == pool.num_blocks and not pool.cached and not pool.duplicates
     if sched.kv.cpu_pool is not None:
         assert sched.kv.cpu_pool.num_free == sched.kv.cpu_pool.num_blocks

@@ -126,10 +126,39 @@ def test_unknown_policy_lists_the_allowed_ones():
         BlockPool(4, 4, eviction_policy="mru")
 
 
-def test_duplicate_contents_are_not_cached_twice():
+def test_every_copy_of_duplicate_contents_is_keyed_as_vllm():
     pool = BlockPool(4, 4)
     first, second = pool.allocate(), pool.allocate()
     assert pool.register(first, 5)
-    assert not pool.register(second, 5)
+    assert pool.register(second, 5)  # vLLM keys every copy (BlockHashToBlockMap), the first one is found
+    assert pool.lookup(5) is first and pool.duplicates[5] == [second]
     pool.release(second)
-    assert pool.num_empty == 3  # the duplicate became an empty block, not a cached one
+    assert pool.num_empty == 2 and pool.num_cached_free == 1  # the copy is a cached free block, not an empty one
+    pool.release(first)
+    # Evicting the copy a lookup finds hands the key to the other copy: the contents stay hit-able.
+    pool.allocate(), pool.allocate()
+    evicted = pool.allocate()
+    assert evicted is second and pool.lookup(5) is first and not pool.duplicates
+    pool.allocate()
+    assert pool.lookup(5) is None and not pool.cached
+
+
+def test_evicting_the_first_copy_promotes_the_next():
+    pool = BlockPool(3, 4)
+    first, second = pool.allocate(), pool.allocate()
+    pool.register(first, 5), pool.register(second, 5)
+    pool.release(first)
+    pool.allocate()  # the empty block
+    assert pool.allocate() is first  # evicts the only free copy
+    assert pool.lookup(5) is second and not pool.duplicates
+
+
+def test_unregister_takes_a_block_out_of_the_cache():
+    for policy in ("lru", "fifo", "lfu", "s3fifo"):
+        pool = BlockPool(3, 4, eviction_policy=policy)
+        first, second = pool.allocate(), pool.allocate()
+        pool.register(first, 5), pool.register(second, 5)
+        pool.unregister(first)
+        assert first.key is None and pool.lookup(5) is second and not pool.duplicates
+        pool.release(first)
+        assert pool.num_empty == 2, policy  # an unkeyed block frees as empty

@@ -14,7 +14,7 @@ def computed_request(kv: KVCacheManager, rid: str, tokens: list[int]):
     attach_block_keys(request, kv.block_size)
     assert kv.allocate(request, len(tokens)) == ()
     request.num_computed_tokens = len(tokens)
-    kv.commit(request)
+    kv.commit(request, len(tokens))
     return request
 
 

@@ -40,7 +40,7 @@ def test_chunking_off_a_recompute_longer_than_the_budget_is_chunked():
 def big_and_small(mode: str, prefix_caching: bool) -> Scheduler:
     """Case 2 and 3: a request that needs ~all 1000 blocks, preempted while a small one holds a few."""
     sched = Scheduler(CacheConfig(block_size=16, num_blocks=1000, num_cpu_blocks=2000 if mode == "swap" else 0,
-                                  max_model_len=16000, enable_prefix_caching=prefix_caching),
+                                  max_model_len=16000, enable_prefix_caching=prefix_caching, watermark=0.01),
                       SchedulerConfig(max_num_batched_tokens=16384, preemption_mode=mode))
     assert sched.cache_config.watermark_blocks == 10
     sched.add_request(make_request("small", prompt_len=8, max_tokens=400, arrival_s=0.0))

@@ -51,7 +51,8 @@ def configs(draw, pressure: bool = False) -> tuple[CacheConfig, SchedulerConfig]
         max_num_seqs=6 if pressure else draw(st.integers(1, 6)),
         enable_chunked_prefill=draw(st.booleans()), policy=draw(st.sampled_from(["fcfs", "priority"])),
         preemption_mode=mode, victim_policy=draw(st.sampled_from(sorted(VICTIM_POLICIES))),
-        schedule=draw(st.sampled_from(["mixed", "prefill_first"])))
+        schedule=draw(st.sampled_from(["mixed", "prefill_first"])),
+        scheduler_reserve_full_isl=draw(st.booleans()))
     return cache, sched
 
 

@@ -28,6 +28,8 @@ CASES = [
     (9, SimSpec(num_blocks=90, block_size=4, max_num_seqs=3, eviction_policy="lfu")),
     (10, SimSpec(num_blocks=80, block_size=8, max_num_seqs=4, eviction_policy="s3fifo", schedule="prefill_first")),
     (11, SimSpec(num_blocks=100, block_size=4, max_num_seqs=6, eviction_policy="fifo", watermark=0.1)),
+    # first chunks admitted without the full-prompt gate (vLLM 0.10): more preemption; a cache-reading router
+    (12, SimSpec(num_blocks=70, block_size=8, scheduler_reserve_full_isl=False, replicas=2, router="prefix_aware")),
 ]
 
 

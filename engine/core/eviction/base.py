@@ -8,7 +8,8 @@ blocks and picks which one loses its contents when an empty block is needed and 
           ▲                                                   │
           └────────────── prefix hit: policy.remove ◄─────────┘
 
-Hooks: `on_cached` when a block first gets its key, `touch` on every prefix hit (block in use or free),
+Hooks: `on_cached` when a block gets its key, `forget` when an in-use block loses it unevicted (registered in a
+step that never ran: its request was preempted in that step), `touch` on every prefix hit (block in use or free),
 `insert` when a keyed block's ref count drops to 0, `remove` when a hit takes a free cached block back,
 `evict` to choose a victim. All O(1) or O(log n) amortized.
 """
@@ -31,6 +32,9 @@ class EvictionPolicy(ABC):
 
     def on_cached(self, block: KVBlock) -> None:  # noqa: B027 - optional hook, most policies ignore it
         """`block` (in use) just received its key."""
+
+    def forget(self, block: KVBlock) -> None:  # noqa: B027 - optional hook
+        """`block` (in use, never a candidate since `on_cached`) lost its key: drop what `on_cached` noted."""
 
     def touch(self, block: KVBlock) -> None:  # noqa: B027 - optional hook
         """A prefix-cache hit on `block`."""

@@ -29,6 +29,9 @@ class FIFOPolicy(EvictionPolicy):
     def on_cached(self, block: KVBlock) -> None:
         self._cached_at[block.block_id] = next(self._clock)
 
+    def forget(self, block: KVBlock) -> None:
+        del self._cached_at[block.block_id]
+
     def insert(self, block: KVBlock) -> None:
         self._heap.push(block, (self._cached_at[block.block_id],))
 

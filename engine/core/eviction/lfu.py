@@ -28,6 +28,9 @@ class LFUPolicy(EvictionPolicy):
     def on_cached(self, block: KVBlock) -> None:
         self._uses[block.block_id] = 1
 
+    def forget(self, block: KVBlock) -> None:
+        del self._uses[block.block_id]
+
     def touch(self, block: KVBlock) -> None:
         self._uses[block.block_id] += 1
 

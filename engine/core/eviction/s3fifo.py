@@ -44,6 +44,9 @@ class S3FIFOPolicy(EvictionPolicy):
             del self._ghost[block.key]
             self._in_main.add(block.block_id)
 
+    def forget(self, block: KVBlock) -> None:
+        self._forget(block)
+
     def touch(self, block: KVBlock) -> None:
         freq = self._freq
         freq[block.block_id] = min(freq[block.block_id] + 1, MAX_FREQ)
