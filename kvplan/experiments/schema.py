@@ -41,7 +41,7 @@
       attainment: {ttft_ms: 1000, tpot_ms: 80, fraction: 0.95}  # share of requests within all the bounds
     objective: {metric: p90_e2el_ms, goal: min}   # ranks the points that meet the SLOs (the recommendation)
     seeds: [0, 1]                           # or repeats: N (seeds 0..N-1): every random draw of the workload;
-                                            #   default [0] ([0, 1, 2] with a search)
+                                            #   default [0] ([0, 1, 2] with a search that draws)
     outputs: {tables: true, plots: true, report: true}
 
 Validation happens on load, before any run: every error names the key path, the bad value and what is allowed.
@@ -219,7 +219,10 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     exp.search = parse_search(doc.get("search"), exp)
     check_load(exp, doc.get("workload") or {})
     exp.objective = check_fields(doc.get("objective"), "objective", OBJECTIVE)
-    exp.seeds = parse_seeds(doc, SEARCH_SEEDS if exp.search else [0])
+    # A search reports a median over seeds - unless it replays a recorded trace as is (burst), where no seed
+    # draws anything.
+    draws = exp.base["workload"]["mode"] != "burst" or "synthetic" in exp.base["workload"]
+    exp.seeds = parse_seeds(doc, SEARCH_SEEDS if exp.search and draws else [0])
     exp.outputs = check_fields(doc.get("outputs"), "outputs", OUTPUTS)
     return exp
 
