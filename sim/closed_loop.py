@@ -14,8 +14,8 @@ schedules its next step before the new request arrives, on either path; and a re
 step running across the earliest moment another replica could send (`next_arrival`: the earliest scheduled
 send, or another busy replica's current step end plus the think time) - a send routed to it, or a router
 reading its state, must find it where stepping one step at a time would have it (a step under way shows its
-allocations and prefix registrations either way; one in which a request finishes does not join). With several busy replicas and no think time that
-keeps stretches short; the results are exact either way.
+allocations and prefix registrations either way; one in which a request finishes does not join). With several
+busy replicas and no think time that keeps stretches short; the results are exact either way.
 """
 
 from __future__ import annotations
