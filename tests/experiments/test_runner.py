@@ -239,6 +239,7 @@ def test_quickstart_end_to_end_outputs_agree(tmp_path, capsys):
     plots = sorted((out / "plots").glob("*.png"))
     assert {p.stem for p in plots} >= {"latency_vs_rate", "capacity", "memory_breakdown", "kv_over_time"}
     assert report.count("data:image/png;base64,") == len(plots) and rec["label"] in report
+    assert "unfinished_requests" in report and "Capacity" in report
     assert (out / "experiment.yaml").read_text() == (tmp_path / "quickstart.yaml").read_text()
     for key in runs["run"]:
         assert (out / "runs" / key / "summary.json").is_file() and (out / "runs" / key / "requests.parquet").is_file()

@@ -129,3 +129,20 @@ def test_concurrency_and_burst_searches_answer_their_own_questions(tmp_path, cap
     assert burst["search_outcome"] == "found"
     assert burst["offered_rate_rps"] == pytest.approx(burst["answer"] * own_rate)  # the recording, time-scaled
     assert (runs["completed"] == len(trace)).all()  # every request served to its end: nothing trimmed
+
+
+def test_goodput_is_in_every_summary_and_can_be_searched(tmp_path, capsys):
+    """max_goodput: the highest sustained rate at which the attainment SLO holds; request_goodput counts the
+    measured requests within every per-request bound, per second of window."""
+    bounds = {"ttft_ms": 1000, "tpot_ms": 50, "fraction": 0.9}
+    point = run(tmp_path, "goodput", capsys, workload={"synthetic": chat(120)}, seeds=[0],
+                probe={"duration_s": 200, "min_requests": 100},
+                search={"target": "max_goodput", "low": 0.5, "high": 16, "tolerance": 0.1},
+                slo={"attainment": bounds})
+    runs = pd.read_parquet(tmp_path / "goodput" / "runs.parquet")
+    assert point["search_outcome"] == "found" and runs["request_goodput"].notna().all()
+    at = runs[runs["probe"] == point["answer"]].iloc[0]
+    assert at["attainment"] >= 0.9 and at["slo_met"]
+    assert at["request_goodput"] == pytest.approx(at["attainment"] * at["offered_rate_rps"], rel=0.02)
+    assert not runs.loc[runs["probe"] > point["answer"], "slo_met"].any()
+    assert "goodput" in (tmp_path / "goodput" / "summary.md").read_text()
