@@ -9,6 +9,7 @@ One `step()` = `scheduler.schedule()` -> block copies / swaps -> prepare packed 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,18 @@ KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16
                    "fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "int8": torch.int8}
 DEFAULT_KV_CACHE_MEMORY = 512 << 20
 DEFAULT_SWAP_SPACE = 256 << 20
+MODEL_DTYPES = ("bfloat16", "float16", "float32")  # the dtypes a model's weights and activations may run in
+
+
+def _check_fits_in_memory(layout: KVLayout, num_blocks: int, num_cpu_blocks: int, device: torch.device) -> None:
+    """Host-memory KV (the CPU engine's cache, and swap space on any device) is refused when it exceeds this
+    machine's memory: allocating it would swap the machine to a standstill instead of failing."""
+    host_blocks = num_cpu_blocks + (num_blocks if device.type == "cpu" else 0)
+    need = layout.bytes_per_block * host_blocks
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > physical:
+        raise ValueError(f"KV cache of {host_blocks} blocks x {layout.bytes_per_block} bytes = {need} bytes; "
+                         f"allowed: at most this machine's memory, {physical} bytes (fewer num_blocks)")
 
 
 @dataclass(slots=True)
@@ -83,7 +96,10 @@ class LLM:
                  profile_path: str | Path | None = None,
                  num_gpu_blocks_override: int | None = None) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        if isinstance(dtype, str):
+            if dtype not in MODEL_DTYPES:  # getattr(torch, "float7") would be an AttributeError deep in loading
+                raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(MODEL_DTYPES)}")
+            dtype = getattr(torch, dtype)
         self.loaded = load_model(model, dtype=dtype, device=str(self.device),
                                  attn_implementation=register_paged_attention())
         if can_pack(self.loaded.model):  # bf16/fp16 on CPU: oneDNN weights packed once, not on every call
@@ -99,6 +115,7 @@ class LLM:
         num_blocks = num_gpu_blocks_override or self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization,
                                                                  backend, max_num_batched_tokens)
         num_cpu_blocks = layout.blocks_in(swap_space) if preemption_mode == "swap" else 0
+        _check_fits_in_memory(layout, num_blocks, num_cpu_blocks, self.device)
         try:
             cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
                                 enable_prefix_caching=enable_prefix_caching, eviction_policy=eviction_policy,

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvplan.arg_types import BLOCK_SIZE, COUNT, POSITIVE, REPLICAS, SEED, integer, out_path
+from kvplan.engine_args import MODEL_DTYPES
 from kvplan.output import format_table, print_json, write_atomic
 
 
@@ -25,7 +26,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
                                  "~100M-parameter Llama: useful output tokens/s of the engine, HF generate with "
                                  "static batches of 8 and 16, and HF continuous batching, plus the engine's KV "
                                  "token utilization. Takes minutes on CPU.")
-    engine.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    engine.add_argument("--dtype", default="bfloat16", choices=MODEL_DTYPES)
     engine.add_argument("--requests", type=COUNT, default=64)
     sim = _target(
         targets, _bench_sim, "sim",

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kvplan.arg_types import integer, out_path
-from kvplan.output import check_out_dir, format_table, print_json
+from kvplan.output import check_out_dir, format_table, print_json, safe_name
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.experiments.report import write_results
     from kvplan.experiments.runner import run_experiment
 
-    out = args.out or Path("results") / exp.name
+    out = args.out or Path("results") / safe_name(exp.name, f"{exp.source}: name")
     check_out_dir(out)
     outcome = run_experiment(exp, out, workers=args.workers, backend=args.backend, ray_address=args.ray_address,
                              resume=args.resume, progress=not args.quiet and not args.json, write=write_results)

@@ -63,7 +63,20 @@ def cache_config(samples: list) -> dict[str, str]:
     return next((labels for name, labels, _ in samples if name == "vllm:cache_config_info"), {})
 
 
-def difference(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """after − before; a counter absent before but present after started during the run (a labelled series
-    appears at its first increment), so it counts from 0."""
-    return {key: after[key] - (0.0 if math.isnan(before[key]) else before[key]) for key in after}
+def difference(before: dict[str, float], after: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+    """(after − before, the counters that cannot be differenced). A counter absent before but present after
+    started during the run (a labelled series appears at its first increment), so it counts from 0. A counter
+    only grows: one that went down (the server restarted mid-replay) or is negative or infinite (a broken
+    exporter) is unknown (NaN), never a negative or infinite count in the summary."""
+    out, broken = {}, []
+    for key in after:
+        start = 0.0 if math.isnan(before[key]) else before[key]
+        value = after[key] - start
+        if math.isnan(after[key]):
+            out[key] = math.nan
+        elif start < 0 or not math.isfinite(start) or not math.isfinite(value) or value < 0:
+            out[key] = math.nan
+            broken.append(f"{key} ({start:g} -> {after[key]:g})")
+        else:
+            out[key] = value
+    return out, broken

@@ -37,6 +37,7 @@ Validation happens on load, before any run: every error names the key path, the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +86,7 @@ TRACE_LOAD: dict[str, Field] = {
     "hash_granularity": Field("int", None, minimum=1, nullable=True),
 }
 WORKLOAD_KEYS = ("trace", "format", *TRACE_LOAD, "transforms", "synthetic", "rate_scale")
-RATE_SCALE = Field("float", 1.0, above=0)
+RATE_SCALE = Field("float", 1.0, minimum=1e-6, maximum=1e6)  # beyond: arrivals past float64 resolution, or at 0
 # What a sweep may vary: every engine and cluster knob, the model, the hardware and the request rate.
 SWEEPABLE: dict[str, Field] = {**TOP, **{f"engine.{k}": f for k, f in ENGINE.items()},
                                **{f"cluster.{k}": f for k, f in CLUSTER.items()}, "workload.rate_scale": RATE_SCALE}
@@ -95,6 +96,8 @@ SEARCH: dict[str, Field] = {"target": Field("choice", None, tuple(SEARCH_TARGETS
                             "low": Field("float", None, above=0, nullable=True),
                             "high": Field("float", None, above=0, nullable=True),
                             "tolerance": Field("float", 0.05, above=0, maximum=0.5)}
+MAX_POINTS = 10_000  # points of one sweep
+MAX_SEED = 2**63 - 1  # a 64-bit seed, as the CLI and synthetic specs take
 SEARCH_DEFAULTS = {"max_rate": (0.25, 16.0), "min_replicas": (1, 64)}
 
 SLO_LATENCIES = ("ttft", "tpot", "itl", "e2el")
@@ -214,6 +217,10 @@ def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list]]:
     if len(lengths) > 1:
         raise SchemaError(f"sweep.zip: every list must have the same length, got "
                           f"{', '.join(f'{k}: {len(v)}' for k, v in axes['zip'].items())}")
+    points = math.prod(len(v) for v in axes["grid"].values()) * (next(iter(lengths)) if lengths else 1)
+    if points > MAX_POINTS:  # each point is built and checked before any run: 10^6 would never get started
+        sizes = " x ".join(str(len(v)) for v in (*axes["grid"].values(), *list(axes["zip"].values())[:1]))
+        raise SchemaError(f"sweep: {sizes} = {points} points; allowed: at most {MAX_POINTS} (split the experiment)")
     both = sorted(set(axes["grid"]) & set(axes["zip"]))
     if both:
         raise SchemaError(f"sweep.zip.{both[0]}: also in sweep.grid; allowed: each key in one of them")
@@ -267,7 +274,8 @@ def parse_seeds(doc: dict) -> list[int]:
     seeds = doc.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds:
         raise SchemaError(f"seeds: must be a non-empty list of integers >= 0, got {short_repr(seeds)}")
-    out = [Field("int", minimum=0).check(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
+    # bounded: a seed is stored in runs.parquet's int64 column and added to the workload's own seed
+    out = [Field("int", minimum=0, maximum=MAX_SEED).check(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
     if len(set(out)) != len(out):
         raise SchemaError(f"seeds: lists a seed twice: {short_repr(seeds)}")
     return out
