@@ -97,7 +97,8 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "kvplan", "max_model_len": llm.max_model_len}]}
+                                            "owned_by": "kvplan", "max_model_len": llm.max_model_len,
+                                            "vocab_size": llm.loaded.vocab_size}]}  # replay draws ids below it
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

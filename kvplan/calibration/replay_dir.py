@@ -15,6 +15,7 @@ import pandas as pd
 
 from engine.core.strict_json import loads, whole
 from sim.cost.calibrated import MAX_BLOCK_SIZE, MAX_BLOCKS
+from sim.rejections import REASON
 
 COLUMNS = ("request", "sample", "first_scheduled_s", "prompt_tokens", "output_tokens", "cached_prompt_tokens")
 ALLOWED = "the --out DIR of `kvplan replay --endpoint URL` (requests.parquet, tokens.jsonl, endpoint.json)"
@@ -65,7 +66,10 @@ def _cache_int(path: Path, cache: dict, key: str, maximum: int) -> int | None:
 
 def _requests(path: Path) -> pd.DataFrame:
     try:
-        table = pd.read_parquet(path, columns=list(COLUMNS))
+        table = pd.read_parquet(path)
+        if REASON in table.columns:  # never-served requests are rows too, with their reason: nothing to fit
+            table = table[table[REASON].fillna("") == ""]
+        table = table[list(COLUMNS)]
     except (OSError, ValueError, KeyError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise ValueError(f"{path}: not a replay's per-request table ({reason}); allowed: a table with columns "

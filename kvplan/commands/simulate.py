@@ -191,7 +191,11 @@ def rejection_notes(info: dict, total: int) -> list[str]:
 def write_tables(result, out: Path, fmt: str) -> None:
     import io
 
-    for name, frame in (("requests", result.requests), ("series", result.series)):
+    from sim.rejections import with_rejected
+
+    # the written table holds the never-served requests too (reason, no latencies): a report's request_id is in it
+    requests = with_rejected(result.requests, getattr(result, "rejected", None))
+    for name, frame in (("requests", requests), ("series", result.series)):
         buffer = io.BytesIO()
         if fmt == "parquet":
             frame.to_parquet(buffer, index=False)
