@@ -208,7 +208,8 @@ def _remove_stale_siblings(out: Path) -> None:
     """Staging and old directories that a killed process left beside `out` (their pid no longer runs)."""
     for sibling in out.parent.glob(f".{out.name}.*"):
         parts = sibling.name[len(out.name) + 2:].split(".")
-        if sibling.is_dir() and parts[0].isdigit() and not _alive(int(parts[0])):
+        ours = len(parts) >= 2 and parts[0].isdigit() and parts[-1] in ("tmp", "old")  # the names made here
+        if sibling.is_dir() and ours and not _alive(int(parts[0])):
             shutil.rmtree(sibling, ignore_errors=True)
 
 

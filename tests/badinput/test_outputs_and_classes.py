@@ -360,3 +360,17 @@ def test_a_profile_with_only_a_step_coefficient_runs_the_fast_path(tmp_path, cap
     # every step costs 30 ms whatever it holds: a decode gap is 30 ms, or a multiple where a prefill chunk of
     # another request took a step of its own in between (recompute preemption aside)
     assert summary["completed"] > 0 and summary["median_tpot_ms"] == pytest.approx(30.0, rel=1e-6)
+
+
+def test_only_kvplans_own_leftovers_beside_out_are_cleaned(tmp_path, capsys):
+    """A killed run's staging folder beside OUT is removed on the next run; a user's folder with a similar name
+    (dot, OUT's name, a number) is not."""
+    out = tmp_path / "r"
+    dead = 2**22 + 12345  # above the default pid_max: no process has it
+    leftover, mine = tmp_path / f".r.{dead}.abc123.tmp", tmp_path / f".r.{dead}.backup"
+    leftover.mkdir()
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    assert main(["simulate", "--trace", SAMPLE, "--out", str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert not leftover.exists() and (mine / "keep.txt").read_text() == "mine"
