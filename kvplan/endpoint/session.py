@@ -92,6 +92,20 @@ def _vocab_size(options: EndpointOptions, tokenizer) -> int:
                      "--tokenizer for text prompts")
 
 
+def check_reachable(url: str, timeout_s: float = 10.0) -> None:
+    """Before the replay: a server that is not there (refused, unresolvable, silent) is one line now, not a trace's
+    worth of real time spent failing every request. Any HTTP answer counts as there (not every server has
+    /v1/models)."""
+    import httpx
+
+    try:
+        httpx.get(f"{url.rstrip('/').removesuffix('/v1')}/v1/models", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"--endpoint: {url}: no server answers ({type(exc).__name__}: {reason[:120]}); allowed: "
+                         "the URL of a running OpenAI-compatible server") from None
+
+
 def served_vocab_size(url: str, model: str | None) -> int | None:
     """The `vocab_size` the server's /v1/models states for `model` (or its only model), if it states one."""
     import httpx
@@ -124,6 +138,7 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
     from kvplan.endpoint.result import to_result, write_client_files
     from kvplan.output import json_text, write_atomic
 
+    check_reachable(options.url)
     tokenizer = _tokenizer(options.tokenizer) if options.tokenizer else None
     requests = endpoint_requests(trace, vocab_size=_vocab_size(options, tokenizer), seed=seed, tokenizer=tokenizer)
     generator = LoadGenerator(options.url, options.model, temperature=temperature, seed=seed,

@@ -213,6 +213,9 @@ def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list]]:
             axes[kind][key] = [SWEEPABLE[key].check(v, f"{where}[{i}]") for i, v in enumerate(values)]
             if kind == "grid" and len(set(map(repr, axes[kind][key]))) != len(values):
                 raise SchemaError(f"{where}: lists a value twice: {short_repr(values)}")
+    if not axes["grid"] and not axes["zip"]:  # `sweep: {grid: {}}` ran one point where a sweep was meant
+        raise SchemaError("sweep: varies no key; allowed: sweep.grid or sweep.zip with at least one key, or no "
+                          "sweep section")
     lengths = {len(v) for v in axes["zip"].values()}
     if len(lengths) > 1:
         raise SchemaError(f"sweep.zip: every list must have the same length, got "

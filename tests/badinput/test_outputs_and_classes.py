@@ -190,6 +190,7 @@ EXPERIMENT_CASES = [
      "workload.transforms.jitter: jitter quantum 1e+300 s puts arrivals at "),
     ("duplicate-key", "model: llama-2-7b", "e.yaml:5: not valid YAML: key model repeats the key of line 2"),
     ("duplicate-nested-key", "engine: {block_size: 16, block_size: 32}", "key block_size repeats the key of line 5"),
+    ("sweep-empty", "sweep: {grid: {}}", "sweep: varies no key; allowed: sweep.grid or sweep.zip"),
     ("sweep-10^6-points", "sweep:\n  grid:\n    engine.num_blocks: [" + ", ".join(str(1000 + i) for i in range(1000))
      + "]\n    cluster.replicas: [" + ", ".join(str(1 + i) for i in range(1000)) + "]",
      "sweep: 1000 x 1000 = 1000000 points; allowed: at most 10000"),

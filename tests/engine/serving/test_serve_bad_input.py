@@ -173,3 +173,21 @@ def test_a_garbage_server_fails_requests_one_by_one(tmp_path, capsys):
     table = pd.read_parquet(out / "requests.parquet")
     assert sorted(table.loc[table["rejected"] == "", "request_id"]) == [0, 8]
     assert sorted(table.loc[table["rejected"] != "", "request_id"]) == sorted(failed)
+
+
+class _Failing(_Garbage):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._send(500, b'{"error": {"message": "boom"}}', "application/json")
+
+
+def test_a_server_failing_every_request_is_one_line(tmp_path, capsys):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        code = main(["replay", "--endpoint", f"http://127.0.0.1:{server.server_port}", "--trace", _trace(tmp_path, 3),
+                     "--vocab-size", "100", "--out", str(tmp_path / "o")])
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert code == 2 and "every request failed (first: request_id 0 (t.jsonl:1): HTTP 500: boom)" in err, err
