@@ -375,3 +375,17 @@ def test_only_kvplans_own_leftovers_beside_out_are_cleaned(tmp_path, capsys):
     assert main(["simulate", "--trace", SAMPLE, "--out", str(out), "--json"]) == 0
     capsys.readouterr()
     assert not leftover.exists() and (mine / "keep.txt").read_text() == "mine"
+
+
+def test_resume_into_another_experiments_set_is_refused(tmp_path, capsys):
+    from kvplan.output import write_atomic, write_manifest
+
+    out = tmp_path / "res"
+    write_atomic(out / "result.json", json.dumps({"name": "other"}))
+    write_manifest(out)  # a finished set of experiment "other"
+    exp = tmp_path / "e.yaml"
+    exp.write_text(EXPERIMENT)
+    one_line(capsys, ["run", str(exp), "--out", str(out), "--resume"],
+             f"--resume: {out} holds the result set of experiment 'other', not 't'; allowed: the --out of experiment "
+             "'t', or no --resume to replace it")
+    assert verify_result_set(out)
