@@ -260,6 +260,17 @@ def test_a_gzip_corrupt_inside_is_one_line(tmp_path, capsys, verb):
     one_line(capsys, argv, "bad.jsonl.gz: corrupt or truncated gzip data")
 
 
+@pytest.mark.parametrize("damage", ["magic-only", "truncated"])
+def test_an_unreadable_parquet_names_the_file(tmp_path, capsys, damage):
+    whole = tmp_path / "ok.parquet"
+    pd.DataFrame({"request_id": [0, 1], "arrival_s": [0.0, 1.0], "prompt_tokens": [10, 20],
+                  "output_tokens": [2, 3]}).to_parquet(whole)
+    data = whole.read_bytes()
+    bad = tmp_path / "t.parquet"
+    bad.write_bytes(b"PAR1" + b"x" * 100 if damage == "magic-only" else data[:len(data) // 2] + data[-8:])
+    one_line(capsys, ["simulate", "--trace", str(bad)], f"{bad}: not a readable Parquet file (")
+
+
 @pytest.mark.parametrize(("content", "fragment"), [
     ("5,ChatGPT,472,18,490,Conversation log\n6,GPT-4,10,5,15,Conversation log\n",
      "c.csv:1: the first line '5,ChatGPT,472,18,490,Conversation log' is data, not a header"),
@@ -344,6 +355,16 @@ def test_a_profile_of_another_model_is_noted(capsys):
     assert main(["simulate", "--trace", SAMPLE, "--cost", "calibrated", "--profile", profile, "--model",
                  "smollm2-135m", "--num-blocks", "2000"]) == 0
     assert "calibrated on" not in capsys.readouterr().err
+
+
+def test_an_experiment_priced_by_another_models_profile_says_so(tmp_path, capsys):
+    profile = ROOT / "sim" / "profiles" / "cpu-local" / "smollm2-135m.yaml"
+    exp = tmp_path / "e.yaml"
+    exp.write_text(EXPERIMENT.replace("hardware: a100-40gb", f"hardware: {profile}") + "engine: {num_blocks: 3000}\n")
+    assert main(["run", str(exp), "--explain", "--json"]) == 0, capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "note: hardware: the profile was calibrated on smollm2-135m" in captured.err
+    json.loads(captured.out)  # stdout stays one strict JSON object
 
 
 def test_a_profile_with_only_a_step_coefficient_runs_the_fast_path(tmp_path, capsys):
