@@ -9,7 +9,6 @@ One `step()` = `scheduler.schedule()` -> block copies / swaps -> prepare packed 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from engine.beam_search import BeamSearch
 from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
 from engine.core.outputs import SchedulerOutput, UpdateOutput
 from engine.cpu_linear import can_pack, pack_linears
-from engine.kv_cache import KVLayout, PagedKVCache
+from engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
 from engine.model_runner import ModelRunner
 from engine.models import load_model
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -37,17 +36,6 @@ KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16
 DEFAULT_KV_CACHE_MEMORY = 512 << 20
 DEFAULT_SWAP_SPACE = 256 << 20
 MODEL_DTYPES = ("bfloat16", "float16", "float32")  # the dtypes a model's weights and activations may run in
-
-
-def _check_fits_in_memory(layout: KVLayout, num_blocks: int, num_cpu_blocks: int, device: torch.device) -> None:
-    """Host-memory KV (the CPU engine's cache, and swap space on any device) is refused when it exceeds this
-    machine's memory: allocating it would swap the machine to a standstill instead of failing."""
-    host_blocks = num_cpu_blocks + (num_blocks if device.type == "cpu" else 0)
-    need = layout.bytes_per_block * host_blocks
-    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > physical:
-        raise ValueError(f"KV cache of {host_blocks} blocks x {layout.bytes_per_block} bytes = {need} bytes; "
-                         f"allowed: at most this machine's memory, {physical} bytes (fewer num_blocks)")
 
 
 @dataclass(slots=True)
@@ -115,7 +103,7 @@ class LLM:
         num_blocks = num_gpu_blocks_override or self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization,
                                                                  backend, max_num_batched_tokens)
         num_cpu_blocks = layout.blocks_in(swap_space) if preemption_mode == "swap" else 0
-        _check_fits_in_memory(layout, num_blocks, num_cpu_blocks, self.device)
+        check_host_memory(layout, num_blocks, num_cpu_blocks, self.device)
         try:
             cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
                                 enable_prefix_caching=enable_prefix_caching, eviction_policy=eviction_policy,

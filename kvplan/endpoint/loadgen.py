@@ -88,7 +88,8 @@ class LoadGenerator:
             monitor.cancel()
             after = await self._scrape(client)
             wall = time.perf_counter() - origin - t0
-        counters, broken = scrape.difference(scrape.counters(before), scrape.counters(after))
+        start, end = scrape.counters(before), scrape.counters(after)
+        counters, broken = scrape.difference(start, end), scrape.broken(start, end)
         if broken:
             self.progress(f"  warning: server counters went backwards or are not counts (a restart mid-replay?), "
                           f"reported as unknown: {', '.join(broken)}")
