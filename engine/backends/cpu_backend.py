@@ -53,7 +53,7 @@ def cpu_kernel():
     name = f"kvplan_cpu_decode_{_build_tag()}"
     folder, timeout = build_directory(name), build_timeout_s()
     with build_lock(folder, timeout) as fd:
-        if not is_built(name):
+        if not is_built(name, (SOURCE,)):
             build_in_child(name, __name__, folder, fd, timeout, "the CPU decode kernel")
         return _load(name)
 

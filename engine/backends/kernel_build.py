@@ -54,8 +54,15 @@ def build_directory(name: str) -> Path:
     return Path(_get_build_directory(name, False))
 
 
-def is_built(name: str) -> bool:
-    return (build_directory(name) / f"{name}.so").is_file()
+def is_built(name: str, sources: tuple[Path, ...] = ()) -> bool:
+    """The library is there and newer than its sources (else ninja would rebuild it, silently, in this
+    process: a newer kvplan's kernel source is a first build too)."""
+    library = build_directory(name) / f"{name}.so"
+    try:
+        built = library.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    return all(source.stat().st_mtime <= built for source in sources)
 
 
 def say(line: str) -> None:

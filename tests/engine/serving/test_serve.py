@@ -60,7 +60,9 @@ def test_a_trace_replayed_against_kvplan_serve(served, tmp_path, capsys):
     assert "50 completed, 0 failed" in capsys.readouterr().out
     verify_result_set(out)
     table = pd.read_parquet(out / "requests.parquet")
-    assert list(table.columns) == list(RequestLog().to_frame(np.array([], dtype=object)).columns)
+    # the simulator's columns, and `rejected` (the reason a request was never served; "" for every one here)
+    assert list(table.columns) == [*RequestLog().to_frame(np.array([], dtype=object)).columns, "rejected"]
+    assert (table["rejected"] == "").all()
     assert len(table) == 50 and (table["output_tokens"].to_numpy() == trace.output_tokens).all()
     assert (table["ttft_ms"] > 0).all() and (table["e2el_ms"] >= table["ttft_ms"]).all()
     assert (out / "failed.jsonl").read_text() == ""
