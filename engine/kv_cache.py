@@ -7,6 +7,7 @@ A quantized cache (`float8_e4m3fn`, `int8`) stores 1-byte values plus one float3
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -85,3 +86,14 @@ class PagedKVCache:
                 if from_tensor.dtype in QUANTIZED_DTYPES:  # CPU indexing lacks float8: move the bytes
                     from_tensor, to_tensor = from_tensor.view(torch.uint8), to_tensor.view(torch.uint8)
                 to_tensor[dst.to(to_tensor.device)] = from_tensor[src.to(from_tensor.device)].to(to_tensor.device)
+
+
+def check_host_memory(layout: KVLayout, num_blocks: int, num_cpu_blocks: int, device: torch.device) -> None:
+    """Host-memory KV (the CPU engine's cache, and swap space on any device) is refused when it exceeds this
+    machine's memory: allocating it would swap the machine to a standstill instead of failing."""
+    host_blocks = num_cpu_blocks + (num_blocks if device.type == "cpu" else 0)
+    need = layout.bytes_per_block * host_blocks
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > physical:
+        raise ValueError(f"KV cache of {host_blocks} blocks x {layout.bytes_per_block} bytes = {need} bytes; "
+                         f"allowed: at most this machine's memory, {physical} bytes (fewer num_blocks)")

@@ -22,7 +22,7 @@ from engine.beam_search import BeamSearch
 from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
 from engine.core.outputs import SchedulerOutput, UpdateOutput
 from engine.cpu_linear import can_pack, pack_linears
-from engine.kv_cache import KVLayout, PagedKVCache
+from engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
 from engine.model_runner import ModelRunner
 from engine.models import load_model
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -35,6 +35,7 @@ KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16
                    "fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "int8": torch.int8}
 DEFAULT_KV_CACHE_MEMORY = 512 << 20
 DEFAULT_SWAP_SPACE = 256 << 20
+MODEL_DTYPES = ("bfloat16", "float16", "float32")  # the dtypes a model's weights and activations may run in
 
 
 @dataclass(slots=True)
@@ -83,7 +84,10 @@ class LLM:
                  profile_path: str | Path | None = None,
                  num_gpu_blocks_override: int | None = None) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        if isinstance(dtype, str):
+            if dtype not in MODEL_DTYPES:  # getattr(torch, "float7") would be an AttributeError deep in loading
+                raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(MODEL_DTYPES)}")
+            dtype = getattr(torch, dtype)
         self.loaded = load_model(model, dtype=dtype, device=str(self.device),
                                  attn_implementation=register_paged_attention())
         if can_pack(self.loaded.model):  # bf16/fp16 on CPU: oneDNN weights packed once, not on every call
@@ -99,6 +103,7 @@ class LLM:
         num_blocks = num_gpu_blocks_override or self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization,
                                                                  backend, max_num_batched_tokens)
         num_cpu_blocks = layout.blocks_in(swap_space) if preemption_mode == "swap" else 0
+        check_host_memory(layout, num_blocks, num_cpu_blocks, self.device)
         try:
             cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
                                 enable_prefix_caching=enable_prefix_caching, eviction_policy=eviction_policy,

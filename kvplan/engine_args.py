@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kvplan.arg_types import BLOCK_SIZE, BLOCKS, MAX_TOKENS, POSITIVE_TOKENS, TOKENS, integer
 from kvplan.live import SIM_KV_DTYPES, EngineOptions
+from kvplan.output import safe_name, short
 from traces.specs import read_yaml
 
 _UNITS = {"": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
@@ -34,13 +35,25 @@ def parse_bytes(text: str) -> int:
     return value
 
 
+# The model dtypes the engine runs (engine.llm.MODEL_DTYPES, repeated: kvplan loads without torch); every --dtype
+# flag and `dtype` key takes exactly these.
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
+# The integer options' allowed ranges, one checker each for the flag and for a --configs entry's key.
+_INTEGERS = {"block_size": BLOCK_SIZE, "num_blocks": BLOCKS, "max_num_seqs": integer(1, 1_000_000),
+             "max_num_batched_tokens": POSITIVE_TOKENS, "max_model_len": integer(2, MAX_TOKENS),
+             "sink_tokens": TOKENS, "window_tokens": TOKENS}
+# The string options whose values are a fixed list (the policy names are checked by the core's config).
+_CHOICES = {"dtype": MODEL_DTYPES, "kv_cache_dtype": ("auto", *SIM_KV_DTYPES), "position_mode": ("original", "shifted")}
+
+
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     d = EngineOptions()
-    p.add_argument("--block-size", type=BLOCK_SIZE, default=d.block_size)
-    p.add_argument("--num-blocks", type=BLOCKS, default=None, help="KV blocks (default: what --kv-cache-memory holds)")
+    p.add_argument("--block-size", type=_INTEGERS["block_size"], default=d.block_size)
+    p.add_argument("--num-blocks", type=_INTEGERS["num_blocks"], default=None,
+                   help="KV blocks (default: what --kv-cache-memory holds)")
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=d.kv_cache_memory, help="KV cache size, e.g. 64MiB")
-    p.add_argument("--dtype", default=d.dtype, help="model dtype: bfloat16, float16 or float32")
-    p.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=["auto", *SIM_KV_DTYPES],
+    p.add_argument("--dtype", default=d.dtype, choices=MODEL_DTYPES, help="model dtype")
+    p.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=_CHOICES["kv_cache_dtype"],
                    help="KV cache dtype: auto (the model's), float16, bfloat16, float32, fp8_e4m3 or int8 "
                         "(quantized: ~2x the blocks for the same --kv-cache-memory)")
     p.add_argument("--no-prefix-caching", action="store_true")
@@ -53,13 +66,14 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="admit a waiting request only when its whole prompt fits in the free KV blocks (vLLM's "
                         "default); --no-scheduler-reserve-full-isl: a first chunk that fits is enough (vLLM <= 0.10)")
     p.add_argument("--swap-space", type=parse_bytes, default=d.swap_space, help="CPU swap space, e.g. 64MiB")
-    p.add_argument("--max-num-seqs", type=integer(1, 1_000_000), default=d.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=POSITIVE_TOKENS, default=d.max_num_batched_tokens)
+    p.add_argument("--max-num-seqs", type=_INTEGERS["max_num_seqs"], default=d.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=_INTEGERS["max_num_batched_tokens"],
+                   default=d.max_num_batched_tokens)
     p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument("--max-model-len", type=integer(2, MAX_TOKENS), default=None)
-    p.add_argument("--sink-tokens", type=TOKENS, default=0)
-    p.add_argument("--window-tokens", type=TOKENS, default=0)
-    p.add_argument("--position-mode", default=d.position_mode, choices=["original", "shifted"],
+    p.add_argument("--max-model-len", type=_INTEGERS["max_model_len"], default=None)
+    p.add_argument("--sink-tokens", type=_INTEGERS["sink_tokens"], default=0)
+    p.add_argument("--window-tokens", type=_INTEGERS["window_tokens"], default=0)
+    p.add_argument("--position-mode", default=d.position_mode, choices=_CHOICES["position_mode"],
                    help="with a window: retained tokens keep their positions (original) or take their positions "
                         "within the cache (shifted, StreamingLLM; RoPE models, torch/cpu attention)")
 
@@ -78,6 +92,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
 
 
 _SIZES = ("kv_cache_memory", "swap_space")
+_RESERVED = ("validation.json", "report.md", "manifest.json")  # what `validate` writes beside the config folders
 _TYPES = {"block_size": int, "num_blocks": int, "dtype": str, "kv_cache_dtype": str, "enable_prefix_caching": bool,
           "eviction_policy": str, "preemption_mode": str, "victim_policy": str, "schedule": str,
           "scheduler_reserve_full_isl": bool, "max_num_seqs": int,
@@ -102,6 +117,9 @@ def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, Engin
         where = f"{path}: [{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
             raise ValueError(f"{where}: a mapping with a string `name` and engine options")
+        safe_name(entry["name"], f"{where}.name")  # each configuration's runs go to OUT/<name>/
+        if entry["name"] in _RESERVED:
+            raise ValueError(f"{where}.name: {entry['name']!r} is a file of the result set; allowed: another name")
         if entry["name"] in names:
             raise ValueError(f"{where}.name: {entry['name']!r} is used twice; allowed: unique names")
         names.add(entry["name"])
@@ -117,6 +135,7 @@ def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, Engin
 
 
 def _value(where: str, key: str, value: object) -> object:
+    """One --configs value, checked as strictly as its command-line flag (type, range, choices)."""
     if key in _SIZES:
         try:
             return parse_bytes(str(value))
@@ -125,8 +144,15 @@ def _value(where: str, key: str, value: object) -> object:
     want = _TYPES[key]
     if value is None and key in ("num_blocks", "max_model_len"):
         return None
-    if want is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"{where}: must be a non-negative integer, got {value!r}")
-    if want is not int and not isinstance(value, want):
-        raise ValueError(f"{where}: must be a {want.__name__}, got {value!r}")
+    if want is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}: must be an integer, got {short(value)}")
+        try:
+            return _INTEGERS[key](str(value))
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    if not isinstance(value, want):
+        raise ValueError(f"{where}: must be a {want.__name__}, got {short(value)}")
+    if key in _CHOICES and value not in _CHOICES[key]:
+        raise ValueError(f"{where}: {short(value)}; allowed: {', '.join(_CHOICES[key])}")
     return value

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from sim.metrics import ItlLog, RequestLog, kv_summary, summarize
+from sim.rejections import references, rejected_rows
 from sim.replica import SERIES_COLUMNS
 from sim.run import SimResult, SimSpec
 from traces import Trace
@@ -68,10 +69,11 @@ def replay_requests(trace: Trace, vocab_size: int, max_model_len: int, seed: int
     out = []
     for row, record in enumerate(trace.records()):
         if record.output_tokens < 1:
-            raise ValueError(f"--trace: row {row}: output_tokens {record.output_tokens}; a live replay needs "
-                             ">= 1 (the engine always samples one token)")
+            raise ValueError(f"--trace: {trace.reference(row)}: output_tokens {record.output_tokens}; a live replay "
+                             "needs >= 1 (the engine always samples one token)")
         if record.prompt_tokens + record.output_tokens > max_model_len:
-            raise ValueError(f"--trace: row {row}: prompt ({record.prompt_tokens}) + output ({record.output_tokens}) "
+            raise ValueError(f"--trace: {trace.reference(row)}: prompt ({record.prompt_tokens}) + output "
+                             f"({record.output_tokens}) "
                              f"exceeds the model's context {max_model_len}; allowed: a trace clipped to it "
                              "(`kvplan trace convert --clip-to-context`)")
         tokens = prompt_token_ids(record, vocab_size, seed)
@@ -118,8 +120,8 @@ def to_result(log, trace: Trace) -> SimResult:
     kv = kv_summary(log.usage_seconds, duration, log.peak_usage, series, log.counters)
     info = {"num_blocks": log.num_blocks, "block_size": log.block_size, "replicas": 1, "steps": log.num_steps,
             "busy_fraction": log.busy_s / duration if duration else 0.0, "rejected": len(log.rejected),
-            "rejected_first": [f"row {row}: {why}" for row, why in log.rejected[:3]]}
-    return SimResult(summarize(frame, itl, kv), frame, series, info, tokens)
+            "rejected_first": references(trace, log.rejected)}
+    return SimResult(summarize(frame, itl, kv), frame, series, info, tokens, rejected_rows(trace, log.rejected))
 
 
 def sim_spec(options: EngineOptions, meta: dict, *, cost: str, profile: str | None, interval: float,

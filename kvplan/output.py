@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+
+from traces.schema import short_repr as short
 
 
 def strict(obj: object) -> object:
@@ -98,15 +102,71 @@ def atomic_dir(out: str | Path, config: object = None) -> Iterator[Path]:
     publish(tmp, out)
 
 
-def publish(staging: Path, out: Path) -> None:
-    """Swap a finished staging directory in as `out`, replacing whatever was there."""
-    old = None
-    if out.exists():
+def publish(staging: Path, out: Path, flag: str = "--out") -> None:
+    """Swap a finished staging directory in as `out`, replacing an earlier result set (never anything else).
+
+    Another process may publish into `out` at the same moment (two runs into one --out): the swap is retried
+    while `out` comes and goes under it, so one of them ends up there whole; the loser says what happened."""
+    for _ in range(_PUBLISH_TRIES):
+        check_replaceable(out, flag)  # again now: files may have appeared since the check before the work
         old = out.with_name(f".{out.name}.{os.getpid()}.old")
-        os.replace(out, old)
-    os.replace(staging, out)
-    if old is not None:
+        try:
+            if out.exists():
+                os.replace(out, old)
+            os.replace(staging, out)
+        except FileNotFoundError:  # the other process moved `out` away between our look and our rename
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            if old.exists():  # the earlier set we moved aside: superseded by the other's, or given its place back
+                shutil.rmtree(old) if out.exists() else os.replace(old, out)
+            continue
         shutil.rmtree(old, ignore_errors=True)
+        return
+    raise ValueError(f"{flag}: {out}: another kvplan process kept replacing this result set while this one "
+                     f"published; this run's complete set is left at {staging} (until the next run into it); "
+                     "allowed: one run at a time per output directory")
+
+
+_PUBLISH_TRIES = 20
+
+
+def is_result_set(path: Path) -> bool:
+    """`path` holds a result set kvplan wrote: its manifest.json is there and is kvplan's."""
+    try:
+        doc = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "kvplan_version" in doc and "files" in doc
+
+
+def _is_run_staging(path: Path) -> bool:
+    """An experiment's `OUT.partial` from an interrupted `kvplan run`: a `runs/` folder holding only run result
+    sets and their dotted temporary directories."""
+    runs = path / "runs"
+    try:
+        return runs.is_dir() and all(p.is_dir() and (p.name.startswith(".") or is_result_set(p))
+                                     for p in runs.iterdir())
+    except OSError:
+        return False
+
+
+def check_replaceable(path: Path, flag: str = "--out") -> None:
+    """A result set replaces `path` whole, so `path` must not hold anything kvplan did not write: it is absent,
+    empty, or an earlier result set (its manifest.json says so), or an interrupted experiment's staging folder.
+    A user's directory is refused, never emptied."""
+    if not path.is_dir() or is_result_set(path) or _is_run_staging(path):
+        return
+    try:
+        first = next(path.iterdir(), None)
+    except OSError as exc:
+        raise ValueError(f"{flag}: {path}: cannot be listed ({exc.strerror}); allowed: a new or empty directory, "
+                         "or an earlier kvplan result set") from None
+    if first is not None:
+        raise ValueError(f"{flag}: {path} is a directory kvplan did not write (it holds {first.name!r} and no "
+                         f"kvplan {MANIFEST}); allowed: a new or empty directory, or an earlier kvplan result set "
+                         "(which is replaced whole)")
 
 
 def write_manifest(folder: Path, config: object = None) -> dict:
@@ -148,7 +208,8 @@ def _remove_stale_siblings(out: Path) -> None:
     """Staging and old directories that a killed process left beside `out` (their pid no longer runs)."""
     for sibling in out.parent.glob(f".{out.name}.*"):
         parts = sibling.name[len(out.name) + 2:].split(".")
-        if sibling.is_dir() and parts[0].isdigit() and not _alive(int(parts[0])):
+        ours = len(parts) >= 2 and parts[0].isdigit() and parts[-1] in ("tmp", "old")  # the names made here
+        if sibling.is_dir() and ours and not _alive(int(parts[0])):
             shutil.rmtree(sibling, ignore_errors=True)
 
 
@@ -162,11 +223,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def safe_name(value: str, where: str) -> str:
+    """A name from a user's file that becomes a file or directory under --out: one plain path component, so it
+    can never leave --out (no `/`, no `..`, no leading dot or dash)."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise ValueError(f"{where}: {short(value)} cannot name a folder under --out; allowed: 1-100 letters, digits, "
+                         "'.', '_' or '-', starting with a letter or digit (no '/' or '..')")
+    return value
+
+
 def check_out_dir(path: Path, flag: str = "--out") -> None:
     """Before any work: `path` can become a result directory (it is not a file, and its parent can be made)."""
     if path.exists() and not path.is_dir():
         raise ValueError(f"{flag}: {path} exists and is not a directory; allowed: a directory path (a result set "
                          "is replaced whole)")
+    check_replaceable(path, flag)
     _check_parent(path, flag)
 
 

@@ -9,6 +9,7 @@ import argparse
 import yaml
 
 from kvplan.arg_types import POSITIVE, SECONDS, integer
+from traces.specs import safe_load
 
 
 def add_load_options(parser: argparse.ArgumentParser, format_flag: str = "--format") -> None:
@@ -50,7 +51,7 @@ def retime_spec(args: argparse.Namespace) -> dict | None:
     if args.retime is None:
         return None
     try:
-        spec = yaml.safe_load(args.retime)
+        spec = safe_load(args.retime)
     except yaml.YAMLError as exc:
         raise ValueError(f"--retime: not YAML ({str(exc).splitlines()[0]}); allowed: a mapping such as "
                          "'{process: poisson, rate: 4}'") from None

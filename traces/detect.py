@@ -14,8 +14,8 @@ from pathlib import Path
 
 from traces.compression import compression_of, open_binary, read_bytes
 from traces.loaders import FORMATS, Format
-from traces.loaders.rows import MissingHeader, check_header
-from traces.schema import TraceFormatError
+from traces.loaders.rows import MissingHeader, check_header, is_value
+from traces.schema import TraceFormatError, short_repr
 
 PARQUET_MAGIC = b"PAR1"
 
@@ -23,7 +23,7 @@ PARQUET_MAGIC = b"PAR1"
 def choose_format(path: str | Path, name: str | None = None) -> Format:
     if name is not None:
         if name not in FORMATS:
-            raise TraceFormatError(f"unknown trace format {name!r}; allowed: {', '.join(FORMATS)}")
+            raise TraceFormatError(f"unknown trace format {short_repr(name)}; allowed: {', '.join(FORMATS)}")
         fmt = FORMATS[name]
         kind = _kind(Path(path))
         if kind != fmt.kind:
@@ -47,14 +47,14 @@ def detect(path: str | Path) -> Format:
     same_kind = [f for f in FORMATS.values() if f.kind == kind]
     candidates = [f for f in same_kind if set(f.required) <= keys]
     if not candidates:
-        raise TraceFormatError(f"{path}:1: cannot tell the trace format from fields {sorted(keys)}; "
+        raise TraceFormatError(f"{path}:1: cannot tell the trace format from fields {short_repr(sorted(keys))}; "
                                f"pass --format. Allowed: {_layouts(same_kind)}")
     best = max(candidates, key=lambda f: len(f.required))
     explained = len(keys & best.known)
     for other in same_kind:
         if other not in candidates and len(keys & other.known) > explained:
-            missing = ", ".join(repr(n) for n in other.required if n not in keys)
-            ignored = ", ".join(repr(n) for n in sorted(keys - best.known))
+            missing = ", ".join(short_repr(n) for n in other.required if n not in keys)
+            ignored = ", ".join(short_repr(n) for n in sorted(keys - best.known)[:8])
             raise TraceFormatError(f"{path}:1: ambiguous trace format: its fields look like {other.name} but lack "
                                    f"{missing}; as {best.name} its {ignored} would be ignored; allowed: --format "
                                    f"{other.name} (after adding {missing}) or --format {best.name}")
@@ -83,10 +83,14 @@ def _sniff(path: Path) -> tuple[str, set[str]]:
         except json.JSONDecodeError as exc:
             raise TraceFormatError(f"{path}:1: first line is not a JSON object ({exc.msg})") from exc
     header = [h.strip() for h in first.rstrip("\r\n").split(",")]
+    csv_formats = [f for f in FORMATS.values() if f.kind == "csv"]
     try:
         check_header(str(path), header)
+        # A line with numbers or dates among its fields (`5,ChatGPT,472,18`) that names no layout's columns is a
+        # data row too: saying "cannot tell the format from fields ['5', ...]" would call values fields.
+        if any(is_value(h) for h in header) and not any(set(f.required) <= set(header) for f in csv_formats):
+            raise MissingHeader(str(path), ",".join(header)[:80])
     except MissingHeader as exc:
-        csv_formats = [f for f in FORMATS.values() if f.kind == "csv"]
         raise TraceFormatError(exc.message(f"a header line naming the columns, one of: {_layouts(csv_formats)}")) \
             from None
     return "csv", set(header)

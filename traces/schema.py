@@ -8,6 +8,7 @@ the engine and the simulator build core requests from; `Trace.records()` yields 
 
 from __future__ import annotations
 
+import os
 import reprlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -100,13 +101,15 @@ class Trace:
     hash_granularity: int = 0
     timed: bool = True  # False for length-only sources (arrivals are all zero until re-timed)
     report: LoadReport = field(default_factory=LoadReport)
+    # int64: the file line each request starts on (the line its errors name); None when not read from a file
+    source_line: np.ndarray | None = None
 
     @classmethod
     def build(cls, arrival_s: object, prompt_tokens: object, output_tokens: object, *,
               request_id: object = None, session_id: object = None, turn: object = None,
               priority: object = None, n: object = None, hash_ids: object = None,
               hash_offsets: object = None, hash_granularity: int = 0, timed: bool = True,
-              report: LoadReport | None = None) -> Trace:
+              report: LoadReport | None = None, source_line: object = None) -> Trace:
         """Arrays from any sequences, with defaults for the optional columns."""
         size = len(prompt_tokens)  # type: ignore[arg-type]
 
@@ -123,7 +126,7 @@ class Trace:
             hash_ids=_i64(hash_ids) if has_prefix else None,
             hash_offsets=_i64(hash_offsets) if has_prefix else None,
             hash_granularity=hash_granularity if has_prefix else 0, timed=timed,
-            report=report or LoadReport(),
+            report=report or LoadReport(), source_line=None if source_line is None else _i64(source_line),
         )
 
     def __len__(self) -> int:
@@ -159,7 +162,16 @@ class Trace:
             output_tokens=self.output_tokens[idx], request_id=self.request_id[idx],
             session_id=self.session_id[idx], turn=self.turn[idx], priority=self.priority[idx], n=self.n[idx],
             hash_ids=hash_ids, hash_offsets=hash_offsets,
+            source_line=None if self.source_line is None else self.source_line[idx],
         )
+
+    def reference(self, i: int) -> str:
+        """How every report names request `i`: its request_id (the per-request table's key; the source row for
+        files without ids) and the line of the file it came from, if any."""
+        if self.source_line is None:
+            return f"request_id {int(self.request_id[i])}"
+        where = os.path.basename(self.report.source) or "line"
+        return f"request_id {int(self.request_id[i])} ({where}:{int(self.source_line[i])})"
 
     def with_columns(self, **changes: object) -> Trace:
         return replace(self, **changes)

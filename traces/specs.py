@@ -47,12 +47,39 @@ def read_text(path: str | Path, flag: str) -> str:
         raise ValueError(f"{path}:{line}: {problem}; allowed: a UTF-8 file") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, but a mapping that repeats a key is an error at the repeat's line: YAML says keys are unique,
+    and PyYAML silently keeps the last value (a sweep's second `grid:` would replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` merges; its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+            except TypeError:  # an unhashable key: construct_mapping below reports it
+                continue
+            if repeated:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {shown_key(key)} repeats the key of line {seen[key]}; allowed: each key once",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def safe_load(text: str) -> object:
+    """`yaml.safe_load` with unique mapping keys (see _UniqueKeyLoader)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
 def read_yaml(path: str | Path, flag: str) -> object:
     """The YAML document at `path` (safe_load); a missing file or a syntax error is one line naming it."""
     path = Path(path)
     text = read_text(path, flag)
     try:
-        return yaml.safe_load(text)
+        return safe_load(text)
     except yaml.MarkedYAMLError as exc:  # syntax errors and unsafe tags (`!!python/object`) carry a position
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

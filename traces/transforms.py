@@ -9,7 +9,7 @@ from hashlib import blake2b
 import numpy as np
 
 from traces.arrivals import arrival_times
-from traces.schema import Trace, gather_segments
+from traces.schema import MAX_ARRIVAL_S, Trace, gather_segments
 
 DIGEST_IDS = 8  # one 64-byte blake2b digest yields eight 64-bit ids
 
@@ -17,6 +17,16 @@ DIGEST_IDS = 8  # one 64-byte blake2b digest yields eight 64-bit ids
 def _noted(trace: Trace, note: str) -> Trace:
     report = replace(trace.report, bad_lines=list(trace.report.bad_lines), notes=[*trace.report.notes, note])
     return replace(trace, report=report)
+
+
+def _on_clock(trace: Trace, what: str) -> Trace:
+    """A transform's result, if every arrival is still a time float64 resolves: a rate scale of 1e-300 or a
+    jitter of 1e300 puts arrivals where TTFT and E2E round to 0 (silently wrong), so it is refused."""
+    latest = float(trace.arrival_s.max()) if len(trace) else 0.0
+    if not latest <= MAX_ARRIVAL_S:
+        raise ValueError(f"{what} puts arrivals at {latest:.3g} s; allowed: arrivals within {MAX_ARRIVAL_S:g} s "
+                         "(float64 seconds resolve microseconds only up to there)")
+    return trace
 
 
 def _positive(name: str, value: float) -> None:
@@ -38,7 +48,8 @@ def window(trace: Trace, start_s: float, end_s: float | None = None) -> Trace:
 def scale_rate(trace: Trace, factor: float) -> Trace:
     """Multiply the request rate by `factor` (> 1 compresses time, < 1 stretches it)."""
     _positive("rate factor", factor)
-    return _noted(replace(trace, arrival_s=trace.arrival_s / factor), f"rate scaled x{factor:g}")
+    out = _on_clock(replace(trace, arrival_s=trace.arrival_s / factor), f"rate factor {factor:g}")
+    return _noted(out, f"rate scaled x{factor:g}")
 
 
 def retime(trace: Trace, arrivals: dict, seed: int, path: str = "arrivals") -> Trace:
@@ -90,6 +101,7 @@ def jitter(trace: Trace, quantum_s: float, seed: int) -> Trace:
     order = np.argsort(shifted, kind="stable")
     out = trace.take(order)
     out.arrival_s = shifted[order]
+    _on_clock(out, f"jitter quantum {quantum_s:g} s")
     return _noted(out, f"jittered arrivals within {quantum_s:g} s (seed {seed})")
 
 

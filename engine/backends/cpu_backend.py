@@ -3,8 +3,10 @@
 
 On CPU the torch backend's decode is bound by copying every sequence's K/V through its block table (and by
 matmuls that score each query head against every KV head); the fused kernel reads the cache once per step.
-The extension is compiled on first use with torch's C++ extension loader (g++ and ninja) into the torch
-extensions cache, for this machine's CPU; `cpu_kernel_error()` says why it cannot be built, if it cannot.
+The extension is compiled by the install step (`python -m engine.backends.kernel_build`), or on first use, with
+torch's C++ extension loader (g++ and ninja) into the torch extensions cache, for this machine's CPU (see
+`engine.backends.kernel_build`: visible, bounded, never stuck on a stale lock); `cpu_kernel_error()` says why it
+cannot be built, if it cannot.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -34,13 +37,25 @@ def _build_tag() -> str:
     return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
 
 
-@functools.cache
-def cpu_kernel():
-    """The compiled extension module (built once per machine and source version)."""
+def _load(name: str):
     from torch.utils.cpp_extension import load
 
-    return load(name=f"kvplan_cpu_decode_{_build_tag()}", sources=[str(SOURCE)],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    return load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"], verbose=False)
+
+
+@functools.cache
+def cpu_kernel():
+    """The compiled extension module (built once per machine and source version). A first build runs in a
+    child with a message and a time bound, and a lock left by a killed build is cleared (kernel_build)."""
+    from engine.backends.kernel_build import build_directory, build_in_child, build_lock, build_timeout_s, is_built
+
+    name = f"kvplan_cpu_decode_{_build_tag()}"
+    folder, timeout = build_directory(name), build_timeout_s()
+    with build_lock(folder, timeout) as fd:
+        if not is_built(name, (SOURCE,)):
+            build_in_child(name, __name__, folder, fd, timeout, "the CPU decode kernel")
+        return _load(name)
 
 
 @functools.cache
@@ -79,3 +94,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return
         out.copy_(paged_decode(query, layer.key, layer.value, meta.decode_block_tables, meta.decode_context_lens,
                                scale, meta.sink_tokens, meta.window_tokens))
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--build-only"]:  # the child kernel_build.build_in_child starts
+    _load(f"kvplan_cpu_decode_{_build_tag()}")

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
+from engine.core.strict_json import loads
 from engine.serving.async_engine import AsyncEngine, EngineDied, QueueFull, RequestStream, TokenDelta
 from engine.serving.protocol import BadRequest, ParsedRequest, chat_prompt, completion_prompts, parse_common
 
@@ -95,7 +97,8 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "kvplan", "max_model_len": llm.max_model_len}]}
+                                            "owned_by": "kvplan", "max_model_len": llm.max_model_len,
+                                            "vocab_size": llm.loaded.vocab_size}]}  # replay draws ids below it
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -114,8 +117,14 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
 
     async def _body(request: Request) -> dict:
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raw = await request.body()
+        except ClientDisconnect:  # the client left mid-body: nobody to answer, and nothing worth a traceback
+            raise BadRequest("the client disconnected before sending the whole body", status=400) from None
+        try:
+            # strict: NaN/Infinity refused, nesting bounded (a body nested 100,000 deep is a 400, not a
+            # RecursionError and a 500)
+            body = loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
             raise BadRequest(f"the request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")

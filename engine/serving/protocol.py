@@ -5,7 +5,8 @@ Accepted as OpenAI and vLLM accept them: a completion prompt is a string, a list
 either (a batch: choice i·n + j is prompt i's j-th sample); chat messages go through the tokenizer's chat
 template. vLLM's extensions are honoured: `top_k`, `ignore_eos`, `stop_token_ids`, `min_tokens` = 0 only, and
 `return_token_ids` (each choice also carries its token ids). What the engine cannot do is refused with a 400
-naming the field (`logprobs`, `echo`, penalties, `best_of` ≠ n, `suffix`), never silently ignored.
+naming the field (`logprobs`, `echo`, penalties, `best_of` ≠ n, `suffix`, vLLM's `min_p`, beam search, guided
+decoding), and so is a field it does not know: never silently ignored.
 """
 
 from __future__ import annotations
@@ -65,17 +66,43 @@ def _flag(body: dict, key: str) -> bool:
     return value
 
 
-# fields the engine cannot honour -> the values that ask for nothing (anything else gets a 400)
+# fields the engine cannot honour -> the values that ask for nothing (anything else gets a 400): OpenAI's, then
+# vLLM's sampling extensions (a client that sends min_p 0.1 must not get an answer sampled without it)
 _NEUTRAL = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "suffix": (None, ""),
             "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
-            "min_tokens": (None, 0), "logit_bias": (None, {}), "tools": (None, []),
-            "response_format": (None, {"type": "text"})}
+            "min_tokens": (None, 0), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
+            "response_format": (None, {"type": "text"}), "min_p": (None, 0), "use_beam_search": (None, False),
+            "length_penalty": (None, 1), "early_stopping": (None, False), "include_stop_str_in_output": (None, False),
+            "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+            "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,), "structured_outputs": (None,),
+            "guided_decoding": (None,), "prompt_logprobs": (None,), "allowed_token_ids": (None,),
+            "bad_words": (None, []), "truncate_prompt_tokens": (None,), "skip_special_tokens": (None, True),
+            "spaces_between_special_tokens": (None, True), "add_generation_prompt": (None, True),
+            "continue_final_message": (None, False), "chat_template": (None,), "chat_template_kwargs": (None, {}),
+            "documents": (None,), "priority": (None, 0), "parallel_tool_calls": (None, True, False),
+            "lora_request": (None,)}
+# fields read by parse_common, completion_prompts or chat_prompt, and those that never change an answer
+_HONOURED = ("model", "prompt", "messages", "n", "best_of", "max_tokens", "max_completion_tokens", "temperature",
+             "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options",
+             "return_token_ids", "user", "metadata", "store", "request_id", "service_tier")
+
+
+def _same(value: object, neutral: object) -> bool:
+    """`value` asks for what `neutral` asks for: 0.0 is 0, but True is not 1 (== alone would say it is)."""
+    if isinstance(value, bool) or isinstance(neutral, bool) or value is None or neutral is None:
+        return value is neutral
+    return value == neutral
 
 
 def _unsupported(body: dict) -> None:
-    for key, neutral in _NEUTRAL.items():
-        if key in body and body[key] not in neutral:
-            raise BadRequest(f"{key}: not supported by kvplan serve (got {_short(body[key])})", key)
+    for key, value in body.items():
+        if key in _NEUTRAL:
+            if not any(_same(value, v) for v in _NEUTRAL[key]):
+                raise BadRequest(f"{key}: not supported by kvplan serve (got {_short(value)})", key)
+        elif key not in _HONOURED:
+            raise BadRequest(f"{_short(key)}: not a field kvplan serve knows, so it cannot be honoured; allowed: "
+                             f"{', '.join(_HONOURED)} (and {', '.join(sorted(_NEUTRAL))} at their neutral values)",
+                             str(key)[:60])
 
 
 def _stop(body: dict) -> tuple[str, ...]:

@@ -7,14 +7,15 @@ client nor the engine: the light install calibrates from a replay another machin
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from engine.core.strict_json import loads, whole
 from sim.cost.calibrated import MAX_BLOCK_SIZE, MAX_BLOCKS
+from sim.rejections import REASON
 
 COLUMNS = ("request", "sample", "first_scheduled_s", "prompt_tokens", "output_tokens", "cached_prompt_tokens")
 ALLOWED = "the --out DIR of `kvplan replay --endpoint URL` (requests.parquet, tokens.jsonl, endpoint.json)"
@@ -45,9 +46,9 @@ def read_replay(directory: Path) -> Replay:
 
 def _endpoint(path: Path) -> dict:
     try:
-        doc = json.loads(path.read_text(errors="replace"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON ({exc.msg}, line {exc.lineno}); allowed: {ALLOWED}") from None
+        doc = loads(path.read_text(errors="replace"))
+    except ValueError as exc:  # also NaN / Infinity, which Python's json would take
+        raise ValueError(f"{path}: {exc}; allowed: {ALLOWED}") from None
     if not isinstance(doc, dict) or not all(isinstance(doc.get(key) or {}, dict)
                                             for key in ("cache_config", "server_counters")):
         raise ValueError(f"{path}: not an endpoint description; allowed: an object with url, model, cache_config "
@@ -59,18 +60,16 @@ def _cache_int(path: Path, cache: dict, key: str, maximum: int) -> int | None:
     text = cache.get(key)
     if text is None:
         return None
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        value = 0
-    if not 1 <= value <= maximum:
-        raise ValueError(f"{path}: cache_config.{key}: {text!r} is not a count; allowed: an integer 1 to {maximum}")
-    return value
+    # vLLM writes the labels as strings ("16"); 16.7 or true is not a block size, never rounded to one
+    return whole(text, f"{path}: cache_config.{key}", 1, maximum)
 
 
 def _requests(path: Path) -> pd.DataFrame:
     try:
-        table = pd.read_parquet(path, columns=list(COLUMNS))
+        table = pd.read_parquet(path)
+        if REASON in table.columns:  # never-served requests are rows too, with their reason: nothing to fit
+            table = table[table[REASON].fillna("") == ""]
+        table = table[list(COLUMNS)]
     except (OSError, ValueError, KeyError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise ValueError(f"{path}: not a replay's per-request table ({reason}); allowed: a table with columns "
@@ -94,10 +93,10 @@ def _token_times(path: Path, table: pd.DataFrame) -> list[np.ndarray]:
         for number, line in enumerate(f, 1):
             where = f"{path}:{number}"
             try:
-                doc = json.loads(line)
-                key = (int(doc["row"]), int(doc["sample"]))
+                doc = loads(line)
+                key = (whole(doc["row"], "row", 0), whole(doc["sample"], "sample", 0))
                 times = np.array(doc["times_s"], dtype=np.float64)
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f'{where}: not a token-times line ({exc}); allowed: {{"row": R, "sample": S, '
                                  '"times_s": [t, ...]}') from None
             if times.ndim != 1 or not np.isfinite(times).all() or (np.diff(times) < 0).any():

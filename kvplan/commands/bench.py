@@ -6,7 +6,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from kvplan.arg_types import BLOCK_SIZE, COUNT, POSITIVE, REPLICAS, SEED, integer, out_path
+from kvplan.arg_types import BLOCK_SIZE, POSITIVE, REPLICAS, SEED, integer, out_path
+from kvplan.engine_args import MODEL_DTYPES
 from kvplan.output import format_table, print_json, write_atomic
 
 
@@ -17,7 +18,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
                    description="Paged allocation vs contiguous reservation (Max, Pow2, Oracle) on a ShareGPT-like "
                                "workload, and the wall time of one schedule+update cycle with 256 and 1024 running "
                                "decode requests.")
-    core.add_argument("--requests", type=COUNT, default=600, help="requests in the memory workload (default 600)")
+    core.add_argument("--requests", type=integer(1, 1_000_000, "each is held in memory"), default=600,
+                      help="requests in the memory workload (default 600)")
     core.add_argument("--seed", type=SEED, default=0)
     engine = _target(targets, _bench_engine, "engine",
                      help="live engine vs HF generate (static batches) and generate_batch",
@@ -25,8 +27,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
                                  "~100M-parameter Llama: useful output tokens/s of the engine, HF generate with "
                                  "static batches of 8 and 16, and HF continuous batching, plus the engine's KV "
                                  "token utilization. Takes minutes on CPU.")
-    engine.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    engine.add_argument("--requests", type=COUNT, default=64)
+    engine.add_argument("--dtype", default="bfloat16", choices=MODEL_DTYPES)
+    engine.add_argument("--requests", type=integer(1, 100_000, "each runs on the live engine"), default=64)
     sim = _target(
         targets, _bench_sim, "sim",
         help="simulator speed in each regime: prefix caching off/on, 4x load, Mooncake, a burst, a million requests",

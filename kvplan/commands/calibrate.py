@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 from kvplan.arg_types import BLOCK_SIZE, SEED, integer, number, out_path
-from kvplan.engine_args import parse_bytes
-from kvplan.output import check_out_file, format_table, print_json, write_atomic
+from kvplan.engine_args import MODEL_DTYPES, parse_bytes
+from kvplan.output import check_out_file, format_table, print_json, short, write_atomic
 
 PHASE_NAMES = ("prefill", "decode", "mixed", "transfers")
 # The live measurement's options (None on the command line means not given): --from-replay measures nothing.
@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
             setattr(args, key, default)
     args.block_sizes = args.block_sizes or [8, 16, 32]
     args.dtype = args.dtype or "bfloat16"
+    if args.dtype not in MODEL_DTYPES:  # a label only with --from-replay; here the engine runs it
+        raise ValueError(f"argument --dtype: {short(args.dtype)}; allowed: {', '.join(MODEL_DTYPES)}")
     args.device_name = args.device_name or "cpu-local"
     if args.steps_out is not None:
         check_out_file(args.steps_out, "--steps-out")

@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from kvplan.arg_types import BLOCK_SIZE, integer
+from kvplan.engine_args import MODEL_DTYPES
 from kvplan.output import format_table, print_json
 
 DEFAULT_POLICIES = ("dense", "window=256", "sinks=4,window=252", "sinks=4,window=252,positions=shifted",
@@ -30,7 +31,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
                    help="score the text's first N tokens (default: all of it)")
     p.add_argument("--policy", action="append", default=None,
                    help=f"a cache policy (repeatable; default: {' '.join(DEFAULT_POLICIES)})")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=MODEL_DTYPES)
     p.add_argument("--block-size", type=BLOCK_SIZE, default=16)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from kvplan.arg_types import BLOCK_SIZE, FRACTION, NON_NEGATIVE, POSITIVE_TOKENS, SEED, integer, number
-from kvplan.engine_args import parse_bytes
+from kvplan.engine_args import MODEL_DTYPES, parse_bytes
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -32,7 +32,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=BLOCK_SIZE, default=16)
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
                    help="KV cache size, e.g. 256MiB (CPU; default 512 MiB)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=MODEL_DTYPES)
     p.add_argument("--kv-cache-dtype", default="auto",
                    choices=["auto", "float32", "bfloat16", "float16", "fp8_e4m3", "int8"],
                    help="KV cache dtype (auto: the model's); fp8_e4m3 and int8 hold ~2x the blocks")

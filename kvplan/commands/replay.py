@@ -53,7 +53,10 @@ def load_trace(args: argparse.Namespace):
         raise ValueError(f"--rate-scale: must be a finite number > 0, got {args.rate_scale}")
     trace = traces.load(args.trace, args.trace_format)
     check_trace(trace, str(args.trace))
-    return scale_rate(trace, args.rate_scale) if args.rate_scale != 1.0 else trace
+    try:
+        return scale_rate(trace, args.rate_scale) if args.rate_scale != 1.0 else trace
+    except ValueError as exc:
+        raise ValueError(f"--rate-scale: {exc}") from None
 
 
 def check_no_engine_options(args: argparse.Namespace) -> None:

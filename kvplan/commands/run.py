@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kvplan.arg_types import integer, out_path
-from kvplan.output import check_out_dir, format_table, print_json
+from kvplan.output import check_out_dir, format_table, print_json, safe_name
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -68,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.experiments.report import write_results
     from kvplan.experiments.runner import run_experiment
 
-    out = args.out or Path("results") / exp.name
+    out = args.out or Path("results") / safe_name(exp.name, f"{exp.source}: name")
     check_out_dir(out)
+    if args.resume:
+        check_resumes_its_own(out, exp.name)
     outcome = run_experiment(exp, out, workers=args.workers, backend=args.backend, ray_address=args.ray_address,
                              resume=args.resume, progress=not args.quiet and not args.json, write=write_results)
     doc = (out / "result.json").read_text()
@@ -80,6 +82,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out}/: report.html, summary.md, runs.parquet ({len(outcome.runs)} runs), points.parquet, plots/",
           file=sys.stderr)
     return 0
+
+
+def check_resumes_its_own(out: Path, name: str) -> None:
+    """--resume continues an experiment: a DIR holding another experiment's set is refused (none of its runs
+    apply, and resuming would replace it, which a mistyped --out should not do quietly)."""
+    import json
+
+    try:
+        held = json.loads((out / "result.json").read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return  # no finished set there (or not one of ours: check_out_dir has refused that)
+    if isinstance(held, str) and held != name:
+        raise ValueError(f"--resume: {out} holds the result set of experiment {held!r}, not {name!r}; allowed: the "
+                         f"--out of experiment {name!r}, or no --resume to replace it")
 
 
 def print_explain(doc: dict) -> None:

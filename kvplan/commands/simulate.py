@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         check_out_dir(args.out)
     trace, notes = prepare_trace(args)
     check_trace(trace, str(args.trace))
+    notes += profile_notes(args)
     runs, results = [], []
     for block_size in args.block_size:
         start = time.perf_counter()
@@ -135,6 +136,17 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     print_notes(notes)
     return 0
+
+
+def profile_notes(args: argparse.Namespace) -> list[str]:
+    """A calibrated profile of another model prices this one with that model's step times: said, not silent."""
+    if args.cost != "calibrated" or args.profile is None:
+        return []
+    from sim.cost.calibrated import load_profile
+    from sim.specs.profiles import profile_mismatch
+
+    why = profile_mismatch(load_profile(args.profile).meta.get("model"), args.model)
+    return [f"--profile {args.profile}: {why}"] if why else []
 
 
 def print_notes(notes: list[str]) -> None:
@@ -183,7 +195,11 @@ def rejection_notes(info: dict, total: int) -> list[str]:
 def write_tables(result, out: Path, fmt: str) -> None:
     import io
 
-    for name, frame in (("requests", result.requests), ("series", result.series)):
+    from sim.rejections import with_rejected
+
+    # the written table holds the never-served requests too (reason, no latencies): a report's request_id is in it
+    requests = with_rejected(result.requests, getattr(result, "rejected", None))
+    for name, frame in (("requests", requests), ("series", result.series)):
         buffer = io.BytesIO()
         if fmt == "parquet":
             frame.to_parquet(buffer, index=False)

@@ -75,8 +75,11 @@ def resolve_profile(args: argparse.Namespace) -> str | None:
         return None
     if args.profile is not None:
         from sim.cost.calibrated import load_profile
+        from sim.specs.profiles import profile_mismatch
 
-        load_profile(args.profile)  # bad profiles fail before any live run
+        why = profile_mismatch(load_profile(args.profile).meta.get("model"), args.model)  # bad ones fail now
+        if why:
+            print(f"note: --profile {args.profile}: {why}", file=sys.stderr)
         return args.profile
     from sim.specs.profiles import shipped_profile
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from engine.core.strict_json import loads, short, whole
 from kvplan.endpoint import scrape
 from kvplan.endpoint.prompts import EndpointRequest
 
@@ -87,7 +88,11 @@ class LoadGenerator:
             monitor.cancel()
             after = await self._scrape(client)
             wall = time.perf_counter() - origin - t0
-        counters = scrape.difference(scrape.counters(before), scrape.counters(after))
+        start, end = scrape.counters(before), scrape.counters(after)
+        counters, broken = scrape.difference(start, end), scrape.broken(start, end)
+        if broken:
+            self.progress(f"  warning: server counters went backwards or are not counts (a restart mid-replay?), "
+                          f"reported as unknown: {', '.join(broken)}")
         return LoadResult(outcomes, series, counters, scrape.cache_config(after or before), wall, reset)
 
     async def _reset(self, client: httpx.AsyncClient) -> str:
@@ -138,7 +143,7 @@ class LoadGenerator:
             await self._stream(client, request, outcome, origin)
         except httpx.HTTPError as exc:
             outcome.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:  # MalformedEvent, strict JSON, counts
             outcome.error = f"malformed stream: {exc}"
         finally:
             if gate is not None:
@@ -163,18 +168,21 @@ class LoadGenerator:
                 if data == "[DONE]":
                     break
                 now = time.perf_counter() - origin
-                event = json.loads(data)
+                event = _mapping(loads(data), "event")
                 if "error" in event:
                     outcome.error = f"error event: {_message(data)}"
                     return
-                for choice in event.get("choices") or ():
-                    self._tokens(outcome, choice, now)
-                usage = event.get("usage")
+                choices = event.get("choices") or []
+                if not isinstance(choices, list):
+                    raise MalformedEvent(f"choices is {short(choices)}; allowed: a list of objects")
+                for choice in choices:
+                    self._tokens(outcome, _mapping(choice, "choices[]"), now)
+                usage = _mapping(event.get("usage") or {}, "usage")
                 if usage:
-                    outcome.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                    details = usage.get("prompt_tokens_details") or {}
-                    outcome.cached_tokens = int(details.get("cached_tokens") or 0)
-                    completion = int(usage.get("completion_tokens") or 0)
+                    outcome.prompt_tokens = _count(usage.get("prompt_tokens"), "usage.prompt_tokens")
+                    details = _mapping(usage.get("prompt_tokens_details") or {}, "usage.prompt_tokens_details")
+                    outcome.cached_tokens = _count(details.get("cached_tokens"), "usage.cached_tokens")
+                    completion = _count(usage.get("completion_tokens"), "usage.completion_tokens")
         times = outcome.token_times.setdefault(0, [])
         if request.n == 1 and times and completion > len(times):  # tokens that came without a chunk of their own
             times.extend([times[-1]] * (completion - len(times)))
@@ -184,12 +192,31 @@ class LoadGenerator:
 
     @staticmethod
     def _tokens(outcome: Outcome, choice: dict, now: float) -> None:
-        index = int(choice.get("index", 0))
+        index = _count(choice.get("index", 0), "choices[].index", MAX_CHOICES)
         ids = choice.get("token_ids")
         count = len(ids) if isinstance(ids, list) else int(bool(choice.get("text")))
         if isinstance(ids, list):
-            outcome.token_ids.setdefault(index, []).extend(int(t) for t in ids)
+            outcome.token_ids.setdefault(index, []).extend(_count(t, "choices[].token_ids[]") for t in ids)
         outcome.token_times.setdefault(index, []).extend([now] * count)
+
+
+MAX_CHOICES = 1 << 16  # a choice index beyond any n a request may ask for
+
+
+class MalformedEvent(ValueError):
+    """A server event that is not what the OpenAI streaming protocol sends: the request fails with this reason
+    (the replay goes on with the other requests)."""
+
+
+def _mapping(value: object, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise MalformedEvent(f"{what} is {short(value)}; allowed: a JSON object")
+    return value
+
+
+def _count(value: object, what: str, high: int | None = None) -> int:
+    """A count from the server (usage, indices, token ids): an integer >= 0, absent = 0."""
+    return 0 if value is None else whole(value, what, 0, high)
 
 
 def _message(text: str) -> str:

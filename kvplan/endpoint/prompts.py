@@ -48,7 +48,8 @@ def endpoint_requests(trace: Trace, *, vocab_size: int, seed: int, tokenizer=Non
     out = []
     for row, record in enumerate(trace.records()):
         if record.output_tokens < 1:
-            raise ValueError(f"--trace: row {row}: output_tokens {record.output_tokens}; a replay needs >= 1")
+            raise ValueError(f"--trace: {trace.reference(row)}: output_tokens {record.output_tokens}; a replay "
+                             "needs >= 1")
         ids = prompt_token_ids(record, len(words) if words else vocab_size, seed)
         prompt: list[int] | str = ids if words is None else tokenizer.decode([words[i] for i in ids])
         out.append(EndpointRequest(row, float(record.arrival_s), prompt, int(record.prompt_tokens),

@@ -20,6 +20,7 @@ import pandas as pd
 from kvplan.endpoint.loadgen import LoadResult
 from kvplan.output import json_line, write_atomic
 from sim.metrics import MEMORY_KEYS, SUMMARY_KEYS, ItlLog, RequestLog, latency_summary
+from sim.rejections import references, rejected_rows
 from sim.replica import SERIES_COLUMNS
 from sim.run import SimResult
 from traces import Trace
@@ -44,9 +45,10 @@ def to_result(load: LoadResult, trace: Trace) -> SimResult:
     info = {"num_blocks": _int(load.cache_config.get("num_gpu_blocks")),
             "block_size": _int(load.cache_config.get("block_size")), "replicas": 1, "steps": None,
             "busy_fraction": _busy(series), "failed": len(failed), "rejected": len(failed),
-            "rejected_first": [f"row {o.row}: {o.error}" for o in failed[:3]], "wall_s": load.wall_s,
+            "rejected_first": references(trace, [(o.row, o.error) for o in failed]), "wall_s": load.wall_s,
             "duration_s": busy, "server_counters": load.counters, "cache_config": load.cache_config}
-    return SimResult({key: summary[key] for key in SUMMARY_KEYS}, frame, series, info, tokens)
+    return SimResult({key: summary[key] for key in SUMMARY_KEYS}, frame, series, info, tokens,
+                     rejected_rows(trace, [(o.row, o.error) for o in failed]))
 
 
 def _series(rows: list[dict]) -> pd.DataFrame:

@@ -65,5 +65,21 @@ def cache_config(samples: list) -> dict[str, str]:
 
 def difference(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """after − before; a counter absent before but present after started during the run (a labelled series
-    appears at its first increment), so it counts from 0."""
-    return {key: after[key] - (0.0 if math.isnan(before[key]) else before[key]) for key in after}
+    appears at its first increment), so it counts from 0. A counter only grows: one that went down (the server
+    restarted mid-replay) or is negative or infinite (a broken exporter) is unknown (NaN), never a negative or
+    infinite count in the summary; `broken` names them."""
+    return {key: _delta(before[key], after[key]) for key in after}
+
+
+def broken(before: dict[str, float], after: dict[str, float]) -> list[str]:
+    """The counters `difference` reports as unknown although the server exposed them, with their two values."""
+    return [f"{key} ({before[key]:g} -> {after[key]:g})" for key in after
+            if not math.isnan(after[key]) and math.isnan(_delta(before[key], after[key]))]
+
+
+def _delta(start: float, end: float) -> float:
+    start = 0.0 if math.isnan(start) else start
+    value = end - start
+    if math.isnan(end) or start < 0 or not math.isfinite(start) or not math.isfinite(value) or value < 0:
+        return math.nan
+    return value

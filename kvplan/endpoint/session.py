@@ -71,6 +71,8 @@ def _tokenizer(name: str):
 
 
 def _vocab_size(options: EndpointOptions, tokenizer) -> int:
+    """Where the prompt token ids are drawn below: --vocab-size, the tokenizer's, the model registry `serve`
+    and `simulate` share, or what the server itself says of the model (kvplan serve's /v1/models)."""
     if options.vocab_size is not None:
         return options.vocab_size
     if tokenizer is not None:
@@ -82,8 +84,48 @@ def _vocab_size(options: EndpointOptions, tokenizer) -> int:
             return get_model(options.model).vocab_size
         except ValueError:
             pass
-    raise ValueError("--vocab-size: needed to draw prompt token ids (--model is not a model kvplan knows); or "
+    served = served_vocab_size(options.url, options.model)
+    if served is not None:
+        return served
+    raise ValueError(f"--vocab-size: needed to draw prompt token ids ({options.model or 'the served model'} is not "
+                     "a model kvplan knows, and the server's /v1/models does not state its vocab_size); or "
                      "--tokenizer for text prompts")
+
+
+def check_reachable(url: str, timeout_s: float = 10.0) -> None:
+    """Before the replay: a server that is not there (refused, unresolvable, silent) is one line now, not a trace's
+    worth of real time spent failing every request. Any HTTP answer counts as there (not every server has
+    /v1/models)."""
+    import httpx
+
+    try:
+        httpx.get(f"{url.rstrip('/').removesuffix('/v1')}/v1/models", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"--endpoint: {url}: no server answers ({type(exc).__name__}: {reason[:120]}); allowed: "
+                         "the URL of a running OpenAI-compatible server") from None
+
+
+def served_vocab_size(url: str, model: str | None) -> int | None:
+    """The `vocab_size` the server's /v1/models states for `model` (or its only model), if it states one."""
+    import httpx
+
+    from engine.core.strict_json import loads, whole
+
+    try:
+        response = httpx.get(f"{url.rstrip('/').removesuffix('/v1')}/v1/models", timeout=10.0)
+        entries = loads(response.text).get("data") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if not isinstance(entries, list):
+        return None
+    chosen = [e for e in entries if isinstance(e, dict) and (model is None or e.get("id") == model)]
+    if len(chosen) != 1 or chosen[0].get("vocab_size") is None:
+        return None
+    try:
+        return whole(chosen[0]["vocab_size"], "vocab_size", 2, 2**24)
+    except ValueError:
+        return None
 
 
 def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temperature: float, out: Path,
@@ -96,6 +138,7 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
     from kvplan.endpoint.result import to_result, write_client_files
     from kvplan.output import json_text, write_atomic
 
+    check_reachable(options.url)
     tokenizer = _tokenizer(options.tokenizer) if options.tokenizer else None
     requests = endpoint_requests(trace, vocab_size=_vocab_size(options, tokenizer), seed=seed, tokenizer=tokenizer)
     generator = LoadGenerator(options.url, options.model, temperature=temperature, seed=seed,

@@ -4,6 +4,7 @@ the simulator would reject fails now, naming its key path and point, instead of 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from kvplan.experiments.fields import SchemaError
@@ -64,9 +65,14 @@ def resolve_hardware(value: str, where: str, model: str, base_dir: Path) -> str:
     if value.endswith((".yaml", ".yml")):
         path = (base_dir / value).resolve()
         try:
-            load_profile(path)
+            cost = load_profile(path)
         except (ValueError, FileNotFoundError) as exc:
             raise SchemaError(f"{where}: {exc}") from None
+        from sim.specs.profiles import profile_mismatch
+
+        why = profile_mismatch(cost.meta.get("model"), model)
+        if why:  # said before any run (the progress line comes later), as `simulate` says it
+            print(f"note: {where}: {why}", file=sys.stderr)
         return str(path)
     from kvplan.experiments.fields import did_you_mean
 

@@ -24,7 +24,7 @@ from kvplan.experiments.execute import execute_run, read_run
 from kvplan.experiments.points import run_key
 from kvplan.experiments.schema import Experiment
 from kvplan.experiments.search import PointTask, make_tasks, slo_verdict
-from kvplan.output import publish, write_manifest
+from kvplan.output import check_replaceable, publish, write_manifest
 
 
 class Finished:
@@ -134,6 +134,7 @@ class Outcome:
 
 def prepare_staging(out: Path, resume: bool) -> Path:
     staging = out.with_name(out.name + ".partial")
+    check_replaceable(staging)  # OUT.partial is kvplan's own name, but a user may have a folder called that
     if not resume:
         shutil.rmtree(staging, ignore_errors=True)
     elif not staging.exists() and (out / "runs").is_dir():

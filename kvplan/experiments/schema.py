@@ -49,6 +49,7 @@ Validation happens on load, before any run: every error names the key path, the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,7 +103,7 @@ TRACE_LOAD: dict[str, Field] = {
 }
 # How load is offered: the three questions a capacity can answer (see the module docstring and sim.probe).
 MODES = ("sustained", "concurrency", "burst")
-RATE_SCALE = Field("float", 1.0, above=0)
+RATE_SCALE = Field("float", 1.0, minimum=1e-6, maximum=1e6)  # beyond: arrivals past float64 resolution, or at 0
 LOAD: dict[str, Field] = {
     "mode": Field("choice", "sustained", MODES),
     "rate": Field("float", None, above=0, maximum=MAX_RATE, nullable=True,
@@ -145,6 +146,8 @@ SEARCH: dict[str, Field] = {"target": Field("choice", None, tuple(SEARCH_TARGETS
 SEARCH_DEFAULTS = {"max_rate": (0.25, 256.0), "max_goodput": (0.25, 256.0), "max_concurrency": (1, 1024),
                    "max_burst_scale": (0.25, 16.0), "min_replicas": (1, 64)}
 SEARCH_SEEDS = [0, 1, 2]  # a search's default seeds: capacity is reported as a median with its range
+MAX_POINTS = 10_000  # points of one sweep
+MAX_SEED = 2**63 - 1  # a 64-bit seed, as the CLI and synthetic specs take
 
 SLO_LATENCIES = ("ttft", "tpot", "itl", "e2el")
 SLO_KEYS = {f"{p}_{lat}_ms": f"{'median' if p == 'p50' else p}_{lat}_ms" for lat in SLO_LATENCIES
@@ -278,10 +281,17 @@ def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list]]:
             axes[kind][key] = [SWEEPABLE[key].check(v, f"{where}[{i}]") for i, v in enumerate(values)]
             if kind == "grid" and len(set(map(repr, axes[kind][key]))) != len(values):
                 raise SchemaError(f"{where}: lists a value twice: {short_repr(values)}")
+    if not axes["grid"] and not axes["zip"]:  # `sweep: {grid: {}}` ran one point where a sweep was meant
+        raise SchemaError("sweep: varies no key; allowed: sweep.grid or sweep.zip with at least one key, or no "
+                          "sweep section")
     lengths = {len(v) for v in axes["zip"].values()}
     if len(lengths) > 1:
         raise SchemaError(f"sweep.zip: every list must have the same length, got "
                           f"{', '.join(f'{k}: {len(v)}' for k, v in axes['zip'].items())}")
+    points = math.prod(len(v) for v in axes["grid"].values()) * (next(iter(lengths)) if lengths else 1)
+    if points > MAX_POINTS:  # each point is built and checked before any run: 10^6 would never get started
+        sizes = " x ".join(str(len(v)) for v in (*axes["grid"].values(), *list(axes["zip"].values())[:1]))
+        raise SchemaError(f"sweep: {sizes} = {points} points; allowed: at most {MAX_POINTS} (split the experiment)")
     both = sorted(set(axes["grid"]) & set(axes["zip"]))
     if both:
         raise SchemaError(f"sweep.zip.{both[0]}: also in sweep.grid; allowed: each key in one of them")
@@ -359,7 +369,8 @@ def parse_seeds(doc: dict, default: list[int]) -> list[int]:
     seeds = doc.get("seeds", default)
     if not isinstance(seeds, list) or not seeds:
         raise SchemaError(f"seeds: must be a non-empty list of integers >= 0, got {short_repr(seeds)}")
-    out = [Field("int", minimum=0).check(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
+    # bounded: a seed is stored in runs.parquet's int64 column and added to the workload's own seed
+    out = [Field("int", minimum=0, maximum=MAX_SEED).check(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
     if len(set(out)) != len(out):
         raise SchemaError(f"seeds: lists a seed twice: {short_repr(seeds)}")
     return out

@@ -74,7 +74,9 @@ class CalibratedCost:
 
     def step_times(self, f: StepFeatures) -> np.ndarray | float:
         columns = feature_columns(f)
-        total = 0.0
+        # Start from the batch's shape (a stretch of steps is an array): a profile with only the constant `step`
+        # term must still give one time per step, not a single float.
+        total = 0.0 * np.asarray(columns[1], dtype=np.float64)
         for i, coefficient in self._terms:
             total = total + coefficient * columns[i]
         return total

@@ -8,12 +8,12 @@ tokens, same start positions) and stops at the first step that differs, naming i
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from engine.core.strict_json import loads, short, whole
 from sim.cost.features import StepFeatures
 
 
@@ -51,6 +51,21 @@ class ProfiledStep:
         return self.end_s - self.start_s if self.end_s is not None else self.wall_s
 
 
+def _flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):  # bool("no") is True: a flag is written as true or false
+        raise ValueError(f"{what}: {short(value)}; allowed: true or false")
+    return value
+
+
+def _seconds(value: object, what: str) -> float | None:
+    """A time of the step profile: a finite number >= 0 (None where the field is optional and absent)."""
+    if value is None and what != "wall_s":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"{what}: {short(value)}; allowed: a finite number of seconds >= 0")
+    return float(value)
+
+
 def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
     """(meta, steps) of a step profile; a malformed line is an error naming the file and line."""
     path = Path(path)
@@ -61,20 +76,23 @@ def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
     with path.open() as f:
         for number, line in enumerate(f, 1):
             try:
-                record = json.loads(line)
+                record = loads(line)  # strict: NaN, Infinity and 1e400 are refused, not read as a step time
                 if number == 1:
                     meta = record["meta"]
                     continue
-                items = [ProfiledItem(str(i[0]), int(i[1]), int(i[2]), bool(i[3]), bool(i[4]))
-                         for i in record["items"]]
-                steps.append(ProfiledStep(int(record["step"]), int(record["block_size"]), items,
-                                          int(record["num_swap_out"]) + int(record["num_swap_in"]),
-                                          int(record["num_copies"]), float(record["wall_s"]),
-                                          record.get("start_s"), record.get("end_s")))
+                items = [ProfiledItem(str(i[0]), whole(i[1], "num_new_tokens", 0), whole(i[2], "start_pos", 0),
+                                      _flag(i[3], "is_decode"), _flag(i[4], "samples")) for i in record["items"]]
+                count = {key: whole(record[key], key, 1 if key == "block_size" else 0)
+                         for key in ("step", "block_size", "num_swap_out", "num_swap_in", "num_copies")}
+                steps.append(ProfiledStep(count["step"], count["block_size"], items,
+                                          count["num_swap_out"] + count["num_swap_in"], count["num_copies"],
+                                          _seconds(record["wall_s"], "wall_s"),
+                                          _seconds(record.get("start_s"), "start_s"),
+                                          _seconds(record.get("end_s"), "end_s")))
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 what = "a {'meta': {...}} header" if number == 1 else "a step record"
                 raise ValueError(f"{path}:{number}: not {what} of an engine step profile ({exc!r})") from None
-    if meta is None:
+    if meta is None or not isinstance(meta, dict):
         raise ValueError(f"{path}:1: empty step profile; allowed: a file written by the engine's step profiler")
     return meta, steps
 

@@ -85,6 +85,11 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     _spec("smollm2-135m", 30, 576, 9, 3, 1536, 49152, tied_embeddings=True, context_len=8192),
     # the engine's random benchmark model (engine/models.py)
     _spec("llama-100m", 12, 768, 12, 4, 2048, 32000, tied_embeddings=True, context_len=2048),
+    # the engine's tiny random models (engine/models.py), so that `serve tiny-llama` + `replay --endpoint
+    # --model tiny-llama` and `simulate --model tiny-llama` find the model where `serve` does
+    _spec("tiny-llama", 2, 64, 4, 2, 128, 512, context_len=512),
+    _spec("tiny-qwen2", 2, 64, 4, 2, 128, 512, context_len=512),
+    _spec("tiny-gpt2", 2, 64, 4, 4, 256, 512, gated_mlp=False, tied_embeddings=True, context_len=512),
 )}
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}

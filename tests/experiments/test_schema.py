@@ -72,7 +72,7 @@ BROKEN = [
     (merged(workload__transforms={"rate_scale": 2}), "workload.transforms.rate_scale: set workload.rate_scale"),
     (merged(workload__transforms={"windw": [0, 1]}), "workload.transforms.windw: unknown key; did you mean"
                                                      " 'window'?"),
-    (merged(workload__rate_scale=-1), "workload.rate_scale: must be a finite number > 0, got -1"),
+    (merged(workload__rate_scale=-1), "workload.rate_scale: must be a finite number >= 1e-06 and <= 1000000, got -1"),
     (merged(workload__format="mooncak"), "workload.format: unknown value 'mooncak'; did you mean 'mooncake'?"),
     (merged(workload__hash_granularity=0), "workload.hash_granularity: must be an integer >= 1 or null, got 0"),
     (merged(workload__keep_failed="yes"), "workload.keep_failed: must be true or false, got 'yes'"),

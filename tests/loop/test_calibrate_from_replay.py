@@ -169,6 +169,23 @@ def _bad_inputs(tmp_path, served) -> list[tuple[str, object, str]]:
     unordered = write_replay(tmp_path / "unordered", *served)
     (unordered / "tokens.jsonl").write_text('{"row": 0, "sample": 0, "times_s": [2.0, 1.0]}\n')
     cases.append(("times out of order", unordered, r"tokens\.jsonl:1: times_s"))
+    # Python's json reads Infinity, NaN and 1e400 (as inf); int() makes 16.7 into 16 and true into 1: each of
+    # these is a strict-JSON or exact-integer error naming the file, in every file of the replay
+    for name, text, pattern in (
+            ("row Infinity", '{"row": Infinity, "sample": 0, "times_s": [0.1]}', r"tokens\.jsonl:1: .*Infinity"),
+            ("times NaN", '{"row": 0, "sample": 0, "times_s": [NaN]}', r"tokens\.jsonl:1: .*NaN"),
+            ("row 1e400", '{"row": 1e400, "sample": 0, "times_s": [0.1]}', r"tokens\.jsonl:1: .*beyond float64"),
+            ("row 0.5", '{"row": 0.5, "sample": 0, "times_s": [0.1]}', r"tokens\.jsonl:1: .*0\.5 is not an integer"),
+            ("sample true", '{"row": 0, "sample": true, "times_s": [0.1]}', r"tokens\.jsonl:1: .*is a boolean")):
+        bad = write_replay(tmp_path / name.replace(" ", "-"), *served)
+        (bad / "tokens.jsonl").write_text(text + "\n")
+        cases.append((name, bad, pattern))
+    for name, cache, pattern in (("block 16.7", '{"block_size": 16.7}', r"block_size: 16\.7 is not an integer"),
+                                 ("block true", '{"block_size": true}', r"block_size: True is a boolean"),
+                                 ("blocks Infinity", '{"num_gpu_blocks": Infinity}', r"endpoint\.json: .*Infinity")):
+        bad = write_replay(tmp_path / name.replace(" ", "-"), *served)
+        (bad / "endpoint.json").write_text('{"cache_config": ' + cache + ', "server_counters": {}}')
+        cases.append((name, bad, pattern))
     (good / "endpoint.json").write_text('{"cache_config": {"block_size": "sixteen"}}')
     cases.append(("bad cache_config", good, r"endpoint\.json: cache_config\.block_size"))
     return cases

@@ -33,6 +33,13 @@ def test_step_profile_errors_name_the_file_and_line(tmp_path):
         read_step_profile(path)
     with pytest.raises(ValueError, match=r"s\.jsonl:1: not a \{'meta'"):
         read_step_profile(write_lines(tmp_path / "s.jsonl", STEP))
+    # strict JSON and exact numbers: Infinity, a fractional count or a string flag is the line's error
+    for bad in ('{"wall_s": Infinity}', '{"num_copies": 1.5}', '{"items": [["0", 5, 0, "no", true]]}',
+                '{"step": true}', '{"wall_s": -1}'):
+        (tmp_path / "s.jsonl").write_text(json.dumps(META) + "\n" + json.dumps(STEP)[:-1] + ", "
+                                          + bad[1:] + "\n")
+        with pytest.raises(ValueError, match=r"s\.jsonl:2: not a step record"):
+            read_step_profile(tmp_path / "s.jsonl")
     meta, steps = read_step_profile(write_lines(tmp_path / "s.jsonl", META, STEP))
     assert meta["num_blocks"] == 40 and steps[0].items[0].num_new_tokens == 5
     with pytest.raises(ValueError, match="not the step profile of a live replay"):

@@ -50,7 +50,10 @@ def test_parquet_tables_per_block_size(tmp_path, capsys):
         assert run["info"]["max_model_len"] == 8192
     for block in (128, 256):
         table = pd.read_parquet(out / f"block{block}" / "requests.parquet")
-        assert len(table) == 400 - over and (table["ttft_ms"] > 0).all()
+        # every request has its row; the rejected ones with their reason and no latencies
+        served = table[table["rejected"] == ""]
+        assert len(table) == 400 and len(served) == 400 - over and (served["ttft_ms"] > 0).all()
+        assert table.loc[table["rejected"] != "", "ttft_ms"].isna().all()
         assert len(pd.read_parquet(out / f"block{block}" / "series.parquet")) > 0
 
 

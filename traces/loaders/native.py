@@ -12,7 +12,7 @@ import pandas as pd
 from traces.compression import compression_of, read_bytes
 from traces.loaders.rows import Rows, object_column, read_csv
 from traces.loaders.spec import Field, Format, jsonl_format
-from traces.schema import NO_VALUE, TraceFormatError
+from traces.schema import NO_VALUE, TraceFormatError, short_repr
 
 FIELDS = (
     Field("request_id", "request_id"),
@@ -51,7 +51,7 @@ def read_parquet(path: str | Path, errors: str = "strict") -> Rows:
     frame = pd.read_parquet(path if compression_of(path) is None else io.BytesIO(read_bytes(path)))
     for name in frame.columns:
         if frame[name].dtype == bool:
-            raise TraceFormatError(f"{path}: column {name!r} holds booleans; allowed: numbers")
+            raise TraceFormatError(f"{path}: column {short_repr(name)} holds booleans; allowed: numbers")
     fields = {name: frame[name].to_numpy(dtype=object) for name in frame.columns}
     for name, values in fields.items():  # pandas reads integer columns with nulls as floats with NaN
         fields[name] = np.where(pd.isna(values), None, values) if name != HASHES else values

@@ -76,16 +76,16 @@ class Rows:
             raw = np.full(len(self), None, dtype=object)
         missing = pd.isna(raw) | (raw == "")
         if default is None:
-            self.flag(missing, f"missing value for column {name!r}")
+            self.flag(missing, f"missing value for column {short_repr(name)}")
         values = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(np.float64, copy=True)
         present = ~missing
         self.flag(present & ~np.isfinite(values),
-                  lambda r: f"non-numeric {name} {raw[r]!r}; allowed: a number")
+                  lambda r: f"non-numeric {name} {short_repr(raw[r])}; allowed: a number")
         kind = "an integer" if integer else "a number"
         with np.errstate(invalid="ignore"):
             if integer:
                 self.flag(present & np.isfinite(values) & (values != np.round(values)),
-                          lambda r: f"{name} {raw[r]!r} is not an integer")
+                          lambda r: f"{name} {short_repr(raw[r])} is not an integer")
             if minimum is not None:
                 self.flag(present & (values < minimum),
                           lambda r: f"{name} {values[r]:g} is out of range; allowed: {kind} >= {minimum:g}")
@@ -112,7 +112,7 @@ class Rows:
         raw = self.fields[name]
         times = pd.to_datetime(pd.Series(raw, dtype=object), format="ISO8601", utc=True, errors="coerce")
         self.flag(times.isna().to_numpy(),
-                  lambda r: f"bad {name} {raw[r]!r}; allowed: 'YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM]'")
+                  lambda r: f"bad {name} {short_repr(raw[r])}; allowed: 'YYYY-MM-DD HH:MM:SS[.fffffff][+HH:MM]'")
         valid = times.notna().to_numpy()
         nanos = times.to_numpy(dtype="datetime64[ns]", na_value=np.datetime64("NaT")).astype(np.int64)
         # Subtract in integers first: epoch seconds as float64 would lose the 7th fractional digit.
@@ -236,7 +236,7 @@ class MissingHeader(TraceFormatError):
         super().__init__(self.message("a header line naming the columns"))
 
     def message(self, allowed: str) -> str:
-        return f"{self.path}:1: the first line {self.first_line!r} is data, not a header; allowed: {allowed}"
+        return f"{self.path}:1: the first line {short_repr(self.first_line)} is data, not a header; allowed: {allowed}"
 
 
 def check_header(path: str, header: list[str]) -> None:
@@ -247,21 +247,25 @@ def check_header(path: str, header: list[str]) -> None:
     seen: set[str] = set()
     for name in header:
         if name in seen:
-            raise TraceFormatError(f"{path}:1: the header names column {name!r} twice; allowed: distinct names")
+            raise TraceFormatError(f"{path}:1: the header names column {short_repr(name)} twice; allowed: distinct "
+                                   "names")
         seen.add(name)
+
+
+def is_value(text: str) -> bool:
+    """A number or a date: what a data row holds and a column name never is."""
+    if not text:
+        return False
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return text[:4].isdigit() and text[4:5] == "-"  # 2023-11-16 18:15:46.68, 2024-10-15T12:00:00Z
 
 
 def header_is_data(header: list[str]) -> bool:
     """Every field of the line a number or a date: values, where a header would have names."""
-    def value(text: str) -> bool:
-        if not text:
-            return False
-        try:
-            float(text)
-            return True
-        except ValueError:
-            return text[:4].isdigit() and text[4:5] == "-"  # 2023-11-16 18:15:46.68, 2024-10-15T12:00:00Z
-    return bool(header) and all(value(h) for h in header)
+    return bool(header) and all(is_value(h) for h in header)
 
 
 def read_jsonl(path: str | Path, errors: str = "strict") -> Rows:
@@ -400,6 +404,7 @@ def finish(rows: Rows, columns: dict[str, np.ndarray], opts: LoadOptions, report
         kept["arrival_s"] = kept["arrival_s"] - kept["arrival_s"][0]
     source_index = np.flatnonzero(ok)[order]
     kept.setdefault("request_id", source_index)  # the source row: a stable id under any transform
+    kept["source_line"] = rows.line[source_index]
     if hashes is not None:
         flat, counts = hashes
         offsets = offsets_from_counts(counts)

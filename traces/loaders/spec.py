@@ -77,7 +77,7 @@ class Format:
             check_failed_prompts(rows, columns, self.field("prompt_tokens"))
         report = LoadReport(source=str(path), format=self.name)
         exclude = self.adjust(rows, columns, opts, report) if self.adjust else None
-        hashes, granularity = self._hashes(rows, columns, opts.hash_granularity)
+        hashes, granularity = self._hashes(rows, columns, opts.hash_granularity, report, str(path))
         columns = {k: v for k, v in columns.items() if not k.startswith("_")}
         if not self.timed:
             columns["arrival_s"] = np.zeros(len(rows))
@@ -87,17 +87,31 @@ class Format:
     def field(self, column: str) -> Field:
         return next(f for f in self.fields if f.column == column)
 
-    def _hashes(self, rows: Rows, columns: dict[str, np.ndarray], override: int | None) -> tuple[tuple | None, int]:
+    def _hashes(self, rows: Rows, columns: dict[str, np.ndarray], override: int | None, report: LoadReport,
+                path: str) -> tuple[tuple | None, int]:
+        """The hash lists and their granularity. An override must agree with the file: a file that states its
+        granularity (our own format) takes only that; a layout whose rows carry exactly ceil(prompt / G) hashes
+        (Mooncake) keeps that exact check at the override, so a G that makes the counts wrong is refused with
+        the G the data implies (16 on a 512-token trace understated reuse 30x, silently); an override the
+        counts allow but that differs from the layout's G changes what a hash covers, and the load report says
+        so."""
         if self.hashes is None or self.hashes not in rows.fields:
             return None, 0
         flat, counts = rows.hash_lists(self.hashes)
-        granularity = override or self.granularity or uniform_granularity(rows, columns.get("_granularity"))
+        stated = self.granularity or uniform_granularity(rows, columns.get("_granularity"))
+        if override and stated and override != stated and not self.granularity and (counts > 0).any():
+            raise TraceFormatError(f"--hash-granularity {override}: {path} states hash_granularity {stated} in its "
+                                   f"rows; allowed: {stated}, or no --hash-granularity")
+        granularity = override or stated
         if not granularity:  # our own format writes null hashes and granularity 0 for hash-free traces
             rows.flag(counts > 0, f"{self.hashes} given but hash_granularity is missing or 0; allowed: the "
                                   "tokens each hash covers (an integer >= 1), or no hashes")
             return None, 0
         check_hash_counts(rows, counts, columns["prompt_tokens"], granularity, self.hashes,
-                          exact=self.hash_count == "exact" and not override)
+                          exact=self.hash_count == "exact")
+        if override and stated and override != stated:
+            report.notes.append(f"--hash-granularity {override}: each of {self.hashes} covers {override} tokens, "
+                                f"not the {self.name} layout's {stated}")
         return (flat, counts), granularity
 
 

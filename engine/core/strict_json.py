@@ -1,0 +1,69 @@
+"""Strict reading of values kvplan did not write itself: JSON from a server, a replay directory, a step profile or
+a config.json, and the numbers in it.
+
+Python's `json` accepts `NaN`, `Infinity` and `1e400` (which it reads as inf) although RFC 8259 has none of them,
+and nests until the interpreter's recursion limit; `int()` turns 16.7 into 16 and `true` into 1. Each of those
+reached kvplan as a traceback or as a silently wrong number; every reader of foreign JSON goes through here.
+(Trace rows have their own, faster checks in `traces.loaders.rows`.) Pure Python in engine.core, so that the
+simulator, the server and the CLI share it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import reprlib
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 60, 60
+
+
+def short(value: object, limit: int = 60) -> str:
+    """A value as a message quotes it: about `limit` characters however large it is (traces.schema.short_repr
+    for the layers above; the core cannot import traces)."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number (RFC 8259 has no NaN or infinity)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: a literal beyond float64, read as inf
+        raise ValueError(f"{short(text)} is beyond float64's range")
+    return value
+
+
+def loads(text: str | bytes) -> object:
+    """`json.loads` as RFC 8259 has it: NaN, ±Infinity and overflowing numbers raise a ValueError, and so does
+    nesting past the interpreter's recursion limit (a body nested 100,000 deep: a RecursionError otherwise)."""
+    if isinstance(text, bytes | bytearray):
+        text = text.decode("utf-8")
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError("nested too deeply; allowed: JSON nested at most a few hundred levels") from None
+
+
+def whole(value: object, what: str, low: int | None = None, high: int | None = None) -> int:
+    """`value` as an integer if it is one exactly (an int, an integral float, or a string of digits), within
+    [low, high]; a boolean, 16.7, NaN or a number out of range is a ValueError naming `what`."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif ((isinstance(value, float) and math.isfinite(value) and value.is_integer())
+          or (isinstance(value, str) and value.strip().lstrip("+-").isdigit())):
+        number = int(value)
+    bounds = " and ".join(b for b in (f">= {low}" if low is not None else "",
+                                      f"<= {high}" if high is not None else "") if b)
+    allowed = f"allowed: an integer{' ' + bounds if bounds else ''}"
+    if number is None:
+        kind = "a boolean" if isinstance(value, bool) else "not an integer"
+        raise ValueError(f"{what}: {short(value)} is {kind}; {allowed}")
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise ValueError(f"{what}: {number} is out of range; {allowed}")
+    return number
