@@ -61,6 +61,7 @@ class Probe:
     cooldown_s: float | None = None  # default: 10%
     grace_s: float | None = None  # default: 20%
     overload_wait_s: float = 30.0
+    max_queue_delay_s: float = 5.0  # a stable probe's p99 scheduling delay (sim.stability)
     goodput: dict[str, float | None] | None = None  # per-request bounds (sim.metrics.REQUEST_BOUNDS keys)
 
     def offered_rate(self, pop: Population) -> float:
@@ -167,8 +168,8 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
         rows = samples.index.to_numpy()
         finished[rows] = samples.to_numpy() >= trace.n[rows]
     rejected = np.zeros(sent, dtype=bool)
-    rejected_rows = [row for row, _ in cluster.rejected()]
-    rejected[[r for r in rejected_rows if r < sent]] = True
+    refused = [row for row, _ in cluster.rejected()]
+    rejected[[r for r in refused if r < sent]] = True
     measured = (arrival >= w0) & (arrival < w1)
     mid = (w0 + w1) / 2
 
@@ -191,8 +192,9 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
         queue_first=queue(w0, mid), queue_second=queue(mid, w1),
         ttft_first_ms=float(first.median()) if len(first) else math.nan,
         ttft_second_ms=float(second.median()) if len(second) else math.nan,
+        p99_queue_delay_ms=float(frame["queueing_ms"].quantile(0.99)) if len(frame) else math.nan,
         offered_rps=float(np.count_nonzero(measured)) / length, stopped_early=early)
-    verdict, reasons = judge(signals)
+    verdict, reasons = judge(signals, probe.max_queue_delay_s)
 
     summary = latency_summary(frame, cluster.itl(), probe.goodput, duration_s=length)
     done = table[(table["finish_s"] >= w0) & (table["finish_s"] < w1)]

@@ -6,14 +6,18 @@ every steady-state probe is judged first from signals measured over its measurem
     overloaded   the run was stopped early by the overload check (the waiting queue held more than
                  `overload_wait_s` of arrivals), or more than 5% of the requests that arrived in the window had
                  not finished by the end of the grace period
-    backlogged   more than 1% of the window's requests unfinished, or the waiting queue grew - its mean over the
-                 window's second half above 1.5x the first half's plus 2 s of arrivals - or TTFT grew - the
-                 median TTFT of requests arriving in the second half above 2x the first half's plus 250 ms
+    backlogged   more than 1% of the window's requests unfinished, or the p99 scheduling delay (arrival to
+                 first scheduled) of the window's requests above `max_queue_delay_s` (5 s: Vidur-Search's
+                 stability bound), or the waiting queue grew - its mean over the window's second half above
+                 1.5x the first half's plus 2 s of arrivals - or TTFT grew - the median TTFT of requests
+                 arriving in the second half above 2x the first half's plus 250 ms
     stable       none of these
 
 A probe that is not stable fails whatever its percentiles say. The margins (2 s of arrivals, 250 ms) keep the
 bursts of a stable server (gamma arrivals with the trace's CV) from reading as growth; a server beyond
 capacity grows its queue by (rate - capacity) x t, so over a 600 s probe even 1% too much load exceeds them.
+Near saturation a queue can also wander without a clear trend; the scheduling-delay bound catches that, and it
+rises monotonically with load where the trend signals are noisy.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class ProbeSignals:
     queue_second: float  # ... and its second half
     ttft_first_ms: float  # median TTFT of measured requests arriving in the first half (NaN: none)
     ttft_second_ms: float
+    p99_queue_delay_ms: float  # p99 of arrival -> first scheduled over the measured requests (NaN: none)
     offered_rps: float  # measured requests per second of window
     stopped_early: str = ""  # why the overload check stopped the run ("" when it did not)
 
@@ -60,7 +65,7 @@ class ProbeSignals:
         return out
 
 
-def judge(s: ProbeSignals) -> tuple[str, list[str]]:
+def judge(s: ProbeSignals, max_queue_delay_s: float = 5.0) -> tuple[str, list[str]]:
     """(verdict, the reasons it is not stable)."""
     unfinished = s.unfinished_measured_fraction
     overloaded = []
@@ -73,6 +78,8 @@ def judge(s: ProbeSignals) -> tuple[str, list[str]]:
     backlogged = []
     if unfinished > BACKLOGGED_UNFINISHED:
         backlogged.append(f"{unfinished:.1%} of the window's requests unfinished > {BACKLOGGED_UNFINISHED:.0%}")
+    if math.isfinite(s.p99_queue_delay_ms) and s.p99_queue_delay_ms > max_queue_delay_s * 1e3:
+        backlogged.append(f"p99 scheduling delay {s.p99_queue_delay_ms / 1e3:.3g} s > {max_queue_delay_s:g} s")
     queue_bound = QUEUE_GROWTH * s.queue_first + QUEUE_MARGIN_S * s.offered_rps
     if s.queue_second > queue_bound:
         backlogged.append(f"waiting queue grew: {s.queue_first:.3g} -> {s.queue_second:.3g} requests "

@@ -27,6 +27,7 @@ HEADLINE = ("request_throughput", "request_goodput", "p99_ttft_ms", "p90_tpot_ms
 # A probe's counts and signals in runs.parquet (summary.json's "probe"; missing for a burst run).
 PROBE_COLUMNS = ("verdict", "warmup_requests", "measured_requests", "cooldown_requests", "unfinished_requests",
                  "completed_measured", "queue_first", "queue_second", "ttft_first_ms", "ttft_second_ms",
+                 "p99_queue_delay_ms",
                  "stopped_early", "duration_s")
 COUNTS = ("warmup_requests", "measured_requests", "cooldown_requests", "unfinished_requests")
 

@@ -124,6 +124,7 @@ PROBE: dict[str, Field] = {
     "cooldown_s": Field("float", None, minimum=0, maximum=1e7, nullable=True, help="default: 10%"),
     "grace_s": Field("float", None, minimum=0, maximum=1e7, nullable=True, help="default: 20%"),
     "overload_wait_s": Field("float", 30.0, above=0, maximum=1e6),
+    "max_queue_delay_s": Field("float", 5.0, above=0, maximum=1e6, help="a stable probe's p99 scheduling delay"),
 }
 assert all(getattr(Probe(), k) == f.default for k, f in PROBE.items()), "PROBE and sim.probe.Probe disagree"
 # What a sweep may vary: every engine and cluster knob, the model, the hardware and the offered load.

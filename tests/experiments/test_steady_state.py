@@ -58,12 +58,13 @@ def test_capacity_does_not_depend_on_the_traces_length_or_the_probes(tmp_path, c
 
 
 def test_the_gate_fails_a_probe_past_capacity_that_its_percentiles_would_pass(tmp_path, capsys):
-    """With an SLO too loose to bind (p99 TTFT <= 60 s), capacity is where the server stops being stable: a probe
-    at 1.05x is backlogged or overloaded although its p99 TTFT is under the SLO, and one at 0.9x is stable."""
+    """With an SLO too loose to bind (p99 TTFT <= 60 s), capacity is where the server stops being stable (found to
+    2%): a probe at 1.05x is backlogged or overloaded although its p99 TTFT is under the SLO, and one at 0.9x is
+    stable."""
     loose = 60_000.0
     point = run(tmp_path, "gate", capsys, workload={"synthetic": chat(120)}, seeds=[0],
                 probe={"duration_s": 300, "min_requests": 300},
-                search={"target": "max_rate", "low": 1, "high": 16, "tolerance": 0.05},
+                search={"target": "max_rate", "low": 1, "high": 16, "tolerance": 0.02},
                 slo={"p99_ttft_ms": loose})
     found = point["answer"]
     pop = population(synthesize({**chat(120), "seed": CHAT["seed"]}))  # the experiment's seed 0 workload
