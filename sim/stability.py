@@ -8,9 +8,10 @@ every steady-state probe is judged first from signals measured over its measurem
                  not finished by the end of the grace period
     backlogged   more than 1% of the window's requests unfinished, or the p99 scheduling delay (arrival to
                  first scheduled) of the window's requests above `max_queue_delay_s` (5 s: Vidur-Search's
-                 stability bound), or the waiting queue grew - its mean over the window's second half above
-                 1.5x the first half's plus 2 s of arrivals - or TTFT grew - the median TTFT of requests
-                 arriving in the second half above 2x the first half's plus 250 ms
+                 stability bound; open loops only - a closed loop's queue is bounded by its users), or the
+                 waiting queue grew - its mean over the window's second half above 1.5x the first half's plus
+                 2 s of arrivals - or TTFT grew - the median TTFT of requests arriving in the second half
+                 above 2x the first half's plus 250 ms
     stable       none of these
 
 A probe that is not stable fails whatever its percentiles say. The margins (2 s of arrivals, 250 ms) keep the
