@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.forward_context import LayerKV
+from kvplan.errors import UserError
 
 SCALE_BYTES = 4  # one float32 scale per token per KV head, for K and for V
 # the quantized cache dtypes (kernels.checks.QUANT_DTYPES; named here so that the CPU engine never imports the
@@ -95,5 +96,5 @@ def check_host_memory(layout: KVLayout, num_blocks: int, num_cpu_blocks: int, de
     need = layout.bytes_per_block * host_blocks
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > physical:
-        raise ValueError(f"KV cache of {host_blocks} blocks x {layout.bytes_per_block} bytes = {need} bytes; "
+        raise UserError(f"KV cache of {host_blocks} blocks x {layout.bytes_per_block} bytes = {need} bytes; "
                          f"allowed: at most this machine's memory, {physical} bytes (fewer num_blocks)")

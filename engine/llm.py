@@ -29,6 +29,7 @@ from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.profiler import StepProfiler
 from engine.rope import rope_for_positions
 from engine.sampling import SampledToken, SamplingParams, sample_row
+from kvplan.errors import UserError
 
 # kv_cache_dtype names (vLLM's where it has one) -> the cache's torch dtype
 KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -86,7 +87,7 @@ class LLM:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if isinstance(dtype, str):
             if dtype not in MODEL_DTYPES:  # getattr(torch, "float7") would be an AttributeError deep in loading
-                raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(MODEL_DTYPES)}")
+                raise UserError(f"dtype: unknown {dtype!r}; allowed: {', '.join(MODEL_DTYPES)}")
             dtype = getattr(torch, dtype)
         self.loaded = load_model(model, dtype=dtype, device=str(self.device),
                                  attn_implementation=register_paged_attention())
@@ -111,7 +112,7 @@ class LLM:
                                 window_tokens=window_tokens)
         except ConfigError as exc:
             budget = layout.bytes_per_block * num_blocks
-            raise ValueError(f"KV budget too small: {budget} bytes hold {num_blocks} blocks of {block_size} tokens "
+            raise UserError(f"KV budget too small: {budget} bytes hold {num_blocks} blocks of {block_size} tokens "
                              f"({layout.bytes_per_block} bytes each): {exc}") from exc
         self.scheduler = Scheduler(cache, SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
@@ -140,7 +141,7 @@ class LLM:
         if name == "auto":
             return model_dtype
         if name not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype: unknown {name!r}; allowed: auto, {', '.join(KV_CACHE_DTYPES)}")
+            raise UserError(f"kv_cache_dtype: unknown {name!r}; allowed: auto, {', '.join(KV_CACHE_DTYPES)}")
         return KV_CACHE_DTYPES[name]
 
     def _num_blocks(self, layout: KVLayout, kv_cache_memory: int | None, utilization: float, backend,
@@ -159,23 +160,23 @@ class LLM:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
+                raise UserError("this model has no tokenizer: pass prompts as lists of token ids")
             return self.tokenizer.encode(prompt)
         return [int(t) for t in prompt]
 
     def check_prompt(self, tokens: list[int], params: SamplingParams) -> None:
         """Raise ValueError for a request that cannot run; nothing is changed."""
         if not tokens:
-            raise ValueError("empty prompt: a request needs at least one token")
+            raise UserError("empty prompt: a request needs at least one token")
         if len(tokens) >= self.max_model_len:
-            raise ValueError(f"prompt of {len(tokens)} tokens is longer than the model's context "
+            raise UserError(f"prompt of {len(tokens)} tokens is longer than the model's context "
                              f"(max_model_len {self.max_model_len})")
         if len(tokens) + params.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt ({len(tokens)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
+            raise UserError(f"prompt ({len(tokens)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
                              f"context (max_model_len {self.max_model_len})")
         vocab = self.loaded.vocab_size
         if min(tokens) < 0 or max(tokens) >= vocab:
-            raise ValueError(f"prompt token ids must lie in [0, {vocab}); got {min(tokens)}..{max(tokens)}")
+            raise UserError(f"prompt token ids must lie in [0, {vocab}); got {min(tokens)}..{max(tokens)}")
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, arrival_s: float | None = None, priority: int = 0,
@@ -191,7 +192,7 @@ class LLM:
         self.check_prompt(tokens, params)
         rid = request_id if request_id is not None else f"req-{self._counter}"
         if rid in self._groups:
-            raise ValueError(f"request id {rid!r} is already in use")
+            raise UserError(f"request id {rid!r} is already in use")
         self._counter += 1
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.loaded.eos_token_ids))
         width = params.beam_width
@@ -199,7 +200,7 @@ class LLM:
                                beam=width > 0, stop_token_ids=stops, arrival_s=arrival_s or 0.0, priority=priority)
         reason = self.scheduler.rejection_reason(request)
         if reason is not None:
-            raise ValueError(f"request {rid} cannot run: {reason}")
+            raise UserError(f"request {rid} cannot run: {reason}")
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seeds))
         group = _Group(rid, prompt if isinstance(prompt, str) else None, tokens, params,
                        RequestMetrics(arrival_s if arrival_s is not None else time.perf_counter()),
@@ -372,12 +373,12 @@ class LLM:
         """Run every prompt to completion; outputs in input order. All prompts are checked before any work."""
         params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
         if len(params_list) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+            raise UserError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
         for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
             try:
                 self.check_prompt(self.encode(prompt), p)
             except ValueError as exc:
-                raise ValueError(f"prompt {i}: {exc}") from None
+                raise UserError(f"prompt {i}: {exc}") from None
         ids = [self.add_request(prompt, p) for prompt, p in zip(prompts, params_list, strict=True)]
         results: dict[str, RequestOutput] = {}
         while len(results) < len(ids):

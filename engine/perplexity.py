@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from engine.llm import KV_CACHE_DTYPES, LLM
 from engine.rope import POSITION_MODES
+from kvplan.errors import UserError
 
 POLICY_KEYS = ("sinks", "window", "kv", "positions")
 SYNTAX = "dense, window=W, sinks=S,window=W, each optionally with ,kv=DTYPE and (with a window) ,positions=MODE"
@@ -49,24 +50,24 @@ def parse_policy(text: str) -> CachePolicy:
         if part.strip() == "dense" and not fields:
             continue
         if not eq or key not in POLICY_KEYS or key in fields or not value:
-            raise ValueError(f"--policy: {text!r}: {part.strip()!r}; allowed: {SYNTAX}")
+            raise UserError(f"--policy: {text!r}: {part.strip()!r}; allowed: {SYNTAX}")
         fields[key] = value
     kv = fields.pop("kv", "auto")
     positions = fields.pop("positions", "original")
     if positions not in POSITION_MODES:
-        raise ValueError(f"--policy: {text!r}: positions={positions}; allowed: {', '.join(POSITION_MODES)}")
+        raise UserError(f"--policy: {text!r}: positions={positions}; allowed: {', '.join(POSITION_MODES)}")
     if kv != "auto" and kv not in KV_CACHE_DTYPES:
-        raise ValueError(f"--policy: {text!r}: kv={kv}; allowed: auto, {', '.join(KV_CACHE_DTYPES)}")
+        raise UserError(f"--policy: {text!r}: kv={kv}; allowed: auto, {', '.join(KV_CACHE_DTYPES)}")
     sizes = {}
     for key, value in fields.items():
         if not value.isdigit() or int(value) < (0 if key == "sinks" else 1):
-            raise ValueError(f"--policy: {text!r}: {key}={value}; allowed: a whole number of tokens "
+            raise UserError(f"--policy: {text!r}: {key}={value}; allowed: a whole number of tokens "
                              f"({'>= 0' if key == 'sinks' else '>= 1'})")
         sizes[key] = int(value)
     if "sinks" in sizes and "window" not in sizes:
-        raise ValueError(f"--policy: {text!r}: sinks need a window (sinks=S,window=W)")
+        raise UserError(f"--policy: {text!r}: sinks need a window (sinks=S,window=W)")
     if positions != "original" and "window" not in sizes:
-        raise ValueError(f"--policy: {text!r}: positions={positions} needs a window (positions are assigned "
+        raise UserError(f"--policy: {text!r}: positions={positions} needs a window (positions are assigned "
                          "within a sink+window cache)")
     return CachePolicy(text, sizes.get("sinks", 0), sizes.get("window", 0), kv, positions)
 
@@ -75,7 +76,7 @@ def perplexity(model: str, tokens: list[int], policy: CachePolicy, *, dtype: str
                attention_backend: str | None = None) -> PerplexityResult:
     """Score `tokens` (at least 2) on a fresh engine configured with `policy`."""
     if len(tokens) < 2:
-        raise ValueError(f"perplexity: {len(tokens)} token(s); allowed: at least 2")
+        raise UserError(f"perplexity: {len(tokens)} token(s); allowed: at least 2")
     llm = LLM(model, dtype=dtype, block_size=block_size, kv_cache_dtype=policy.kv_cache_dtype,
               sink_tokens=policy.sink_tokens, window_tokens=policy.window_tokens, position_mode=policy.position_mode,
               max_model_len=len(tokens) + 1,

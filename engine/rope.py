@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvplan.errors import UserError
+
 POSITION_MODES = ("original", "shifted")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -54,14 +56,14 @@ def rope_for_positions(model: torch.nn.Module, mode: str, window_tokens: int,
     """None for `original` positions (retained tokens keep theirs); for `shifted`, the model's rotation - on a
     sink+window cache, with the torch or cpu attention backend (the Triton kernels know no per-query rotation)."""
     if mode not in POSITION_MODES:
-        raise ValueError(f"position_mode: unknown {mode!r}; allowed: {', '.join(POSITION_MODES)}")
+        raise UserError(f"position_mode: unknown {mode!r}; allowed: {', '.join(POSITION_MODES)}")
     if mode == "original":
         return None
     if not window_tokens:
-        raise ValueError("position_mode 'shifted' assigns positions within a sink+window cache: it needs "
+        raise UserError("position_mode 'shifted' assigns positions within a sink+window cache: it needs "
                          "window_tokens > 0")
     if attention_backend not in (None, "torch", "cpu"):
-        raise ValueError(f"position_mode 'shifted' runs on the torch and cpu attention backends, not "
+        raise UserError(f"position_mode 'shifted' runs on the torch and cpu attention backends, not "
                          f"{attention_backend!r}")
     return find_rope(model, type(model).__name__)
 
@@ -73,8 +75,8 @@ def find_rope(model: torch.nn.Module, architecture: str) -> Rope:
         if isinstance(inv_freq, torch.Tensor):
             rope_type = getattr(module, "rope_type", "default")
             if rope_type not in STATIC_ROPE_TYPES:
-                raise ValueError(f"position_mode 'shifted': {architecture} uses {rope_type!r} RoPE, which rescales "
+                raise UserError(f"position_mode 'shifted': {architecture} uses {rope_type!r} RoPE, which rescales "
                                  f"with the sequence length; allowed: {', '.join(STATIC_ROPE_TYPES)} RoPE")
             return Rope(inv_freq.detach().float().cpu())
-    raise ValueError(f"position_mode 'shifted' re-positions RoPE keys, and {architecture} has no rotary embedding "
+    raise UserError(f"position_mode 'shifted' re-positions RoPE keys, and {architecture} has no rotary embedding "
                      "(absolute positions are baked into its cached keys); allowed: a RoPE model, or 'original'")

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvplan.errors import UserError
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -43,7 +45,7 @@ class SamplingParams:
                   (not beam or self.logprobs is None, "logprobs are not reported for beam search"))
         for ok, message in checks:
             if not ok:
-                raise ValueError(f"SamplingParams: {message}, got {self!r}")
+                raise UserError(f"SamplingParams: {message}, got {self!r}")
 
     @property
     def greedy(self) -> bool:

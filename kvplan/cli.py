@@ -10,6 +10,7 @@ import traceback
 
 from kvplan import __version__
 from kvplan.arg_types import OneLineParser
+from kvplan.errors import UserError
 
 # Verbs in the order `kvplan --help` lists them; later features add their module here.
 COMMANDS = ("run", "trace", "simulate", "generate", "serve", "replay", "calibrate", "validate", "eval_ppl", "bench")
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `kvplan ... | head`: the reader left; say nothing more, as other tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (ValueError, FileNotFoundError) as exc:  # bad input: a clear message, no traceback
+    except UserError as exc:  # bad input, raised where it was checked: a clear message, no traceback
         print(f"kvplan {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:  # the light install: the command needs the live engine (or the server)

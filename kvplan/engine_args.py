@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvplan.arg_types import BLOCK_SIZE, BLOCKS, MAX_TOKENS, POSITIVE_TOKENS, TOKENS, integer
+from kvplan.errors import UserError
 from kvplan.live import SIM_KV_DTYPES, EngineOptions
 from kvplan.output import safe_name, short
 from traces.specs import read_yaml
@@ -110,25 +111,25 @@ def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, Engin
     path = Path(path)
     doc = read_yaml(path, "--configs")
     if not isinstance(doc, list) or not doc:
-        raise ValueError(f"{path}: a non-empty YAML list of configurations, each a mapping with a name")
+        raise UserError(f"{path}: a non-empty YAML list of configurations, each a mapping with a name")
     allowed = ("name", *EngineOptions.option_names())
     out, names = [], set()
     for i, entry in enumerate(doc):
         where = f"{path}: [{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
-            raise ValueError(f"{where}: a mapping with a string `name` and engine options")
+            raise UserError(f"{where}: a mapping with a string `name` and engine options")
         safe_name(entry["name"], f"{where}.name")  # each configuration's runs go to OUT/<name>/
         if entry["name"] in _RESERVED:
-            raise ValueError(f"{where}.name: {entry['name']!r} is a file of the result set; allowed: another name")
+            raise UserError(f"{where}.name: {entry['name']!r} is a file of the result set; allowed: another name")
         if entry["name"] in names:
-            raise ValueError(f"{where}.name: {entry['name']!r} is used twice; allowed: unique names")
+            raise UserError(f"{where}.name: {entry['name']!r} is used twice; allowed: unique names")
         names.add(entry["name"])
         changes = {}
         for key, value in entry.items():
             if key == "name":
                 continue
             if key not in allowed:
-                raise ValueError(f"{where}.{key}: unknown option; allowed: {', '.join(allowed)}")
+                raise UserError(f"{where}.{key}: unknown option; allowed: {', '.join(allowed)}")
             changes[key] = _value(f"{where}.{key}", key, value)
         out.append((entry["name"], replace(base, **changes)))
     return out
@@ -140,19 +141,19 @@ def _value(where: str, key: str, value: object) -> object:
         try:
             return parse_bytes(str(value))
         except argparse.ArgumentTypeError as exc:
-            raise ValueError(f"{where}: {exc}") from None
+            raise UserError(f"{where}: {exc}") from None
     want = _TYPES[key]
     if value is None and key in ("num_blocks", "max_model_len"):
         return None
     if want is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where}: must be an integer, got {short(value)}")
+            raise UserError(f"{where}: must be an integer, got {short(value)}")
         try:
             return _INTEGERS[key](str(value))
         except argparse.ArgumentTypeError as exc:
-            raise ValueError(f"{where}: {exc}") from None
+            raise UserError(f"{where}: {exc}") from None
     if not isinstance(value, want):
-        raise ValueError(f"{where}: must be a {want.__name__}, got {short(value)}")
+        raise UserError(f"{where}: must be a {want.__name__}, got {short(value)}")
     if key in _CHOICES and value not in _CHOICES[key]:
-        raise ValueError(f"{where}: {short(value)}; allowed: {', '.join(_CHOICES[key])}")
+        raise UserError(f"{where}: {short(value)}; allowed: {', '.join(_CHOICES[key])}")
     return value

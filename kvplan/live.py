@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvplan.errors import UserError
 from sim.metrics import ItlLog, RequestLog, kv_summary, summarize
 from sim.rejections import references, rejected_rows
 from sim.replica import SERIES_COLUMNS
@@ -69,10 +70,10 @@ def replay_requests(trace: Trace, vocab_size: int, max_model_len: int, seed: int
     out = []
     for row, record in enumerate(trace.records()):
         if record.output_tokens < 1:
-            raise ValueError(f"--trace: {trace.reference(row)}: output_tokens {record.output_tokens}; a live replay "
+            raise UserError(f"--trace: {trace.reference(row)}: output_tokens {record.output_tokens}; a live replay "
                              "needs >= 1 (the engine always samples one token)")
         if record.prompt_tokens + record.output_tokens > max_model_len:
-            raise ValueError(f"--trace: {trace.reference(row)}: prompt ({record.prompt_tokens}) + output "
+            raise UserError(f"--trace: {trace.reference(row)}: prompt ({record.prompt_tokens}) + output "
                              f"({record.output_tokens}) "
                              f"exceeds the model's context {max_model_len}; allowed: a trace clipped to it "
                              "(`kvplan trace convert --clip-to-context`)")

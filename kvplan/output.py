@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from kvplan.errors import UserError
 from traces.schema import short_repr as short
 
 
@@ -124,7 +125,7 @@ def publish(staging: Path, out: Path, flag: str = "--out") -> None:
             continue
         shutil.rmtree(old, ignore_errors=True)
         return
-    raise ValueError(f"{flag}: {out}: another kvplan process kept replacing this result set while this one "
+    raise UserError(f"{flag}: {out}: another kvplan process kept replacing this result set while this one "
                      f"published; this run's complete set is left at {staging} (until the next run into it); "
                      "allowed: one run at a time per output directory")
 
@@ -161,10 +162,10 @@ def check_replaceable(path: Path, flag: str = "--out") -> None:
     try:
         first = next(path.iterdir(), None)
     except OSError as exc:
-        raise ValueError(f"{flag}: {path}: cannot be listed ({exc.strerror}); allowed: a new or empty directory, "
+        raise UserError(f"{flag}: {path}: cannot be listed ({exc.strerror}); allowed: a new or empty directory, "
                          "or an earlier kvplan result set") from None
     if first is not None:
-        raise ValueError(f"{flag}: {path} is a directory kvplan did not write (it holds {first.name!r} and no "
+        raise UserError(f"{flag}: {path} is a directory kvplan did not write (it holds {first.name!r} and no "
                          f"kvplan {MANIFEST}); allowed: a new or empty directory, or an earlier kvplan result set "
                          "(which is replaced whole)")
 
@@ -192,15 +193,15 @@ def verify_result_set(folder: str | Path) -> dict:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
     except FileNotFoundError:
-        raise ValueError(f"{folder}: no {MANIFEST}: not a complete result set") from None
+        raise UserError(f"{folder}: no {MANIFEST}: not a complete result set") from None
     listed = {f["path"]: f for f in manifest["files"]}
     present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST}
     if present != set(listed):
-        raise ValueError(f"{folder}: files differ from {MANIFEST}: {sorted(present ^ set(listed))[:5]}")
+        raise UserError(f"{folder}: files differ from {MANIFEST}: {sorted(present ^ set(listed))[:5]}")
     for name, entry in listed.items():
         data = (folder / name).read_bytes()
         if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise ValueError(f"{folder}: {name} does not match {MANIFEST}")
+            raise UserError(f"{folder}: {name} does not match {MANIFEST}")
     return manifest
 
 
@@ -230,7 +231,7 @@ def safe_name(value: str, where: str) -> str:
     """A name from a user's file that becomes a file or directory under --out: one plain path component, so it
     can never leave --out (no `/`, no `..`, no leading dot or dash)."""
     if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise ValueError(f"{where}: {short(value)} cannot name a folder under --out; allowed: 1-100 letters, digits, "
+        raise UserError(f"{where}: {short(value)} cannot name a folder under --out; allowed: 1-100 letters, digits, "
                          "'.', '_' or '-', starting with a letter or digit (no '/' or '..')")
     return value
 
@@ -238,7 +239,7 @@ def safe_name(value: str, where: str) -> str:
 def check_out_dir(path: Path, flag: str = "--out") -> None:
     """Before any work: `path` can become a result directory (it is not a file, and its parent can be made)."""
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{flag}: {path} exists and is not a directory; allowed: a directory path (a result set "
+        raise UserError(f"{flag}: {path} exists and is not a directory; allowed: a directory path (a result set "
                          "is replaced whole)")
     check_replaceable(path, flag)
     _check_parent(path, flag)
@@ -249,7 +250,7 @@ def check_out_file(path: str | Path, flag: str = "--out") -> None:
     path = Path(path)
     if path.exists() and not path.is_file():
         kind = "a directory" if path.is_dir() else "not a regular file"
-        raise ValueError(f"{flag}: {path} is {kind}; allowed: a regular file path")
+        raise UserError(f"{flag}: {path} is {kind}; allowed: a regular file path")
     _check_parent(path, flag)
 
 
@@ -258,6 +259,6 @@ def _check_parent(path: Path, flag: str) -> None:
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise ValueError(f"{flag}: {path}: {parent} is not a directory; allowed: a path under a directory")
+        raise UserError(f"{flag}: {path}: {parent} is not a directory; allowed: a path under a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag}: {path}: {parent} is not writable; allowed: a path you may write")
+        raise UserError(f"{flag}: {path}: {parent} is not writable; allowed: a path you may write")

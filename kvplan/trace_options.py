@@ -9,6 +9,7 @@ import argparse
 import yaml
 
 from kvplan.arg_types import POSITIVE, SECONDS, integer
+from kvplan.errors import UserError
 from traces.specs import safe_load
 
 
@@ -45,7 +46,7 @@ def retime_spec(args: argparse.Namespace) -> dict | None:
     """The arrival process that --rate or --retime asks for (at most one of them), or None."""
     rate = getattr(args, "rate", None)  # `trace convert` has --retime only
     if rate is not None and args.retime is not None:
-        raise ValueError("--rate and --retime both give arrival times; allowed: one of them")
+        raise UserError("--rate and --retime both give arrival times; allowed: one of them")
     if rate is not None:
         return {"process": "poisson", "rate": rate}
     if args.retime is None:
@@ -53,10 +54,10 @@ def retime_spec(args: argparse.Namespace) -> dict | None:
     try:
         spec = safe_load(args.retime)
     except yaml.YAMLError as exc:
-        raise ValueError(f"--retime: not YAML ({str(exc).splitlines()[0]}); allowed: a mapping such as "
+        raise UserError(f"--retime: not YAML ({str(exc).splitlines()[0]}); allowed: a mapping such as "
                          "'{process: poisson, rate: 4}'") from None
     if not isinstance(spec, dict):
-        raise ValueError(f"--retime: {args.retime!r} is not a mapping; allowed: e.g. '{{process: poisson, rate: 4}}'")
+        raise UserError(f"--retime: {args.retime!r} is not a mapping; allowed: e.g. '{{process: poisson, rate: 4}}'")
     return spec
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import simpy
 
 from engine.core import make_request
+from kvplan.errors import UserError
 from traces.schema import Trace
 from traces.steady import Population, SessionDraws
 
@@ -50,12 +51,12 @@ class _Late(simpy.events.Event):
 class ClosedLoop:
     def __init__(self, pop: Population, users: int, think_s: float, send_until_s: float, seed: int) -> None:
         if users < 1:
-            raise ValueError(f"concurrency {users}; allowed: an integer >= 1")
+            raise UserError(f"concurrency {users}; allowed: an integer >= 1")
         if not (math.isfinite(think_s) and think_s >= 0):
-            raise ValueError(f"think_s {think_s!r}; allowed: a finite number of seconds >= 0")
+            raise UserError(f"think_s {think_s!r}; allowed: a finite number of seconds >= 0")
         servable = (pop.trace.prompt_tokens >= 1) & (pop.trace.output_tokens >= 1)
         if not servable.any():
-            raise ValueError("the trace has no servable request (every one has 0 prompt or output tokens)")
+            raise UserError("the trace has no servable request (every one has 0 prompt or output tokens)")
         self.pop, self.users, self.think_s, self.send_until_s = pop, users, think_s, send_until_s
         self.draws = SessionDraws(pop, seed)
         self.turns: list[list[int]] = [[] for _ in range(users)]  # each user's remaining turns (entries)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvplan.errors import UserError
 from sim.closed_loop import ClosedLoop
 from sim.cluster import Cluster
 from sim.metrics import kv_summary, latency_summary
@@ -67,7 +68,7 @@ class Probe:
     def offered_rate(self, pop: Population) -> float:
         rate = self.rate if self.rate is not None else pop.mean_rate
         if rate is None:
-            raise ValueError("workload.rate: the trace has no timestamps to take a rate from; allowed: a rate "
+            raise UserError("workload.rate: the trace has no timestamps to take a rate from; allowed: a rate "
                              "in requests per second")
         return rate
 
@@ -77,7 +78,7 @@ class Probe:
         cooldown = 0.1 * duration if self.cooldown_s is None else self.cooldown_s
         grace = 0.2 * duration if self.grace_s is None else self.grace_s
         if warmup + cooldown >= duration:
-            raise ValueError(f"probe: warm-up {warmup:g} s + cool-down {cooldown:g} s leave no measurement window "
+            raise UserError(f"probe: warm-up {warmup:g} s + cool-down {cooldown:g} s leave no measurement window "
                              f"in {duration:g} s; allowed: a sum below duration_s")
         return warmup, duration - cooldown, grace
 
@@ -88,7 +89,7 @@ class Probe:
         if self.mode == "sustained":
             expected = self.offered_rate(pop) * duration * (2 ** MAX_EXTENSIONS)
             if expected > MAX_PROBE_REQUESTS:
-                raise ValueError(f"workload.rate: {self.offered_rate(pop):g} req/s for up to {duration:g} s (x"
+                raise UserError(f"workload.rate: {self.offered_rate(pop):g} req/s for up to {duration:g} s (x"
                                  f"{2 ** MAX_EXTENSIONS} if lengthened) is {expected:.3g} requests; allowed: at most "
                                  f"{MAX_PROBE_REQUESTS} in one probe (a lower rate, probe.duration_s or "
                                  "probe.min_requests)")
@@ -104,7 +105,7 @@ class Probe:
 def run_probe(pop: Population, spec: SimSpec, probe: Probe, seed: int) -> SimResult:
     """Simulate one probe, lengthening it while its window is too short (see the module docstring)."""
     if probe.mode not in MODES:
-        raise ValueError(f"unknown probe mode {probe.mode!r}; allowed: {', '.join(MODES)}")
+        raise UserError(f"unknown probe mode {probe.mode!r}; allowed: {', '.join(MODES)}")
     duration = probe.first_duration(pop)
     for extension in range(MAX_EXTENSIONS + 1):
         result = _run(pop, spec, probe, seed, duration)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from engine.core.request import Request, attach_block_keys
+from kvplan.errors import UserError
 
 if TYPE_CHECKING:
     from sim.replica import Replica
@@ -88,5 +89,5 @@ ROUTERS = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding, "le
 
 def make_router(name: str) -> Router:
     if name not in ROUTERS:
-        raise ValueError(f"--router: unknown router {name!r}; allowed: {', '.join(ROUTERS)}")
+        raise UserError(f"--router: unknown router {name!r}; allowed: {', '.join(ROUTERS)}")
     return ROUTERS[name]()

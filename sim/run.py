@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
+from kvplan.errors import UserError
 from sim.cluster import Cluster
 from sim.cost import CostModel, StepFeatures
 from sim.cost.analytic import AnalyticCost, kv_capacity_blocks
@@ -74,11 +75,11 @@ class SimResult:
 
 def check_trace(trace: Trace, name: str = "trace") -> None:
     if len(trace) == 0:
-        raise ValueError(f"--trace: {name} has no requests")
+        raise UserError(f"--trace: {name} has no requests")
     arrivals = trace.arrival_s
     if len(arrivals) > 1 and np.any(np.diff(arrivals) < 0):
         row = int(np.argmax(np.diff(arrivals) < 0)) + 1
-        raise ValueError(f"--trace: {name} is not sorted by arrival_s (row {row} arrives before row {row - 1})")
+        raise UserError(f"--trace: {name} is not sorted by arrival_s (row {row} arrives before row {row - 1})")
 
 
 def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
@@ -86,7 +87,7 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
     device (`cpu-local`) means the calibrated cost of its shipped profile for the model."""
     cost_name, profile = spec.cost, spec.profile
     if spec.kv_dtype is not None and spec.kv_dtype not in DTYPE_BYTES:
-        raise ValueError(f"--kv-dtype: unknown dtype {spec.kv_dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
+        raise UserError(f"--kv-dtype: unknown dtype {spec.kv_dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
     if spec.hardware in PROFILED_DEVICES:
         if cost_name == "analytic":
             cost_name = "calibrated"
@@ -96,16 +97,16 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
         return analytic_cost(spec)
     if cost_name == "recorded":
         if profile is None:
-            raise ValueError("--profile: the recorded cost model needs a live replay's steps.jsonl")
+            raise UserError("--profile: the recorded cost model needs a live replay's steps.jsonl")
         meta, steps = read_step_profile(profile)
         if meta.get("block_size") != spec.block_size:
-            raise ValueError(f"--block-size: {spec.block_size} differs from the recorded run's "
+            raise UserError(f"--block-size: {spec.block_size} differs from the recorded run's "
                              f"{meta.get('block_size')}; allowed: {meta.get('block_size')}")
         return RecordedCost(steps, str(profile)), spec.num_blocks or int(meta["num_blocks"])
     if cost_name != "calibrated":
-        raise ValueError(f"--cost: unknown cost model {spec.cost!r}; allowed: {', '.join(COST_MODELS)}")
+        raise UserError(f"--cost: unknown cost model {spec.cost!r}; allowed: {', '.join(COST_MODELS)}")
     if profile is None:
-        raise ValueError("--profile: the calibrated cost model needs a profile YAML")
+        raise UserError("--profile: the calibrated cost model needs a profile YAML")
     cost = load_profile(profile)
     measured_at = int(cost.meta.get("block_size", spec.block_size))
     # Transfers and capacity were measured at the profile's block size: the same bytes re-cut into this size.
@@ -122,7 +123,7 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
         # (the engine's quantized rows carry a float32 scale per token per head, kernels.quant).
         head_dim = _head_dim(spec.model, cost.meta)
         if measured_dtype not in DTYPE_BYTES or head_dim is None:
-            raise ValueError(f"--kv-dtype: the profile {profile} states no KV dtype or head_dim to rescale its "
+            raise UserError(f"--kv-dtype: the profile {profile} states no KV dtype or head_dim to rescale its "
                              f"capacity from; allowed: --num-blocks, or a profile of the model")
         tokens = tokens * engine_kv_row_bytes(measured_dtype, head_dim) // engine_kv_row_bytes(spec.kv_dtype,
                                                                                              head_dim)
@@ -160,9 +161,9 @@ def resolve_max_model_len(spec: SimSpec, trace: Trace) -> int:
     context = model_context(spec.model)
     if spec.max_model_len is not None:
         if spec.max_model_len < 2:
-            raise ValueError(f"--max-model-len: {spec.max_model_len}; allowed: an integer >= 2")
+            raise UserError(f"--max-model-len: {spec.max_model_len}; allowed: an integer >= 2")
         if context is not None and spec.max_model_len > context:
-            raise ValueError(f"--max-model-len: {spec.max_model_len} exceeds {spec.model}'s context length "
+            raise UserError(f"--max-model-len: {spec.max_model_len} exceeds {spec.model}'s context length "
                              f"{context}; allowed: at most {context}")
         return spec.max_model_len
     longest = int((trace.prompt_tokens + trace.output_tokens).max())
@@ -181,10 +182,10 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
     granularity = trace.hash_granularity if trace.has_prefix else 0
     if spec.enable_prefix_caching and granularity and granularity % spec.block_size:
         divisors = [b for b in range(1, min(granularity, 256) + 1) if granularity % b == 0]
-        raise ValueError(f"--block-size: {spec.block_size} does not divide the trace's prefix-hash granularity "
+        raise UserError(f"--block-size: {spec.block_size} does not divide the trace's prefix-hash granularity "
                          f"{granularity}; allowed: {', '.join(map(str, divisors))} (or --no-prefix-caching)")
     if num_blocks < 1:
-        raise ValueError(f"{spec.model} on {spec.hardware}: no memory left for the KV cache after the weights and "
+        raise UserError(f"{spec.model} on {spec.hardware}: no memory left for the KV cache after the weights and "
                          "activations; allowed: a larger --hardware, a higher --gpu-memory-utilization, or "
                          "--num-blocks")
     sched = SchedulerConfig(spec.max_num_batched_tokens, spec.max_num_seqs, spec.enable_chunked_prefill,
@@ -208,22 +209,22 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
     probe = make_request("longest-prompt", prompt_len=longest_prompt, max_tokens=1)
     reason = Scheduler(cache, sched).rejection_reason(probe)
     if reason is not None:
-        raise ValueError(f"the trace's longest prompt can never be scheduled with this configuration: {reason}")
+        raise UserError(f"the trace's longest prompt can never be scheduled with this configuration: {reason}")
     return cache, sched
 
 
 def check_sizes(spec: SimSpec, num_blocks: int, span_s: float) -> None:
     """Refuse, before anything is built, a run that would exhaust memory or sample every step."""
     if not 1 <= spec.replicas <= MAX_REPLICAS:
-        raise ValueError(f"--replicas: {spec.replicas}; allowed: an integer in 1..{MAX_REPLICAS}")
+        raise UserError(f"--replicas: {spec.replicas}; allowed: an integer in 1..{MAX_REPLICAS}")
     total = spec.replicas * (num_blocks + spec.num_cpu_blocks)
     if total > MAX_BLOCKS:
-        raise ValueError(f"--num-blocks: {spec.replicas} replicas x ({num_blocks} + {spec.num_cpu_blocks} CPU) = "
+        raise UserError(f"--num-blocks: {spec.replicas} replicas x ({num_blocks} + {spec.num_cpu_blocks} CPU) = "
                          f"{total} KV blocks; allowed: at most {MAX_BLOCKS} in one simulation (one object per block "
                          "in memory)")
     interval, shortest = spec.sample_interval_s, span_s / MAX_SAMPLES
     if interval is not None and not (math.isfinite(interval) and interval > 0 and interval >= shortest):
-        raise ValueError(f"--sample-interval: {interval!r} s over a {span_s:g} s trace; allowed: a number >= "
+        raise UserError(f"--sample-interval: {interval!r} s over a {span_s:g} s trace; allowed: a number >= "
                          f"{shortest:.3g} (at most {MAX_SAMPLES} samples; each one is a step off the fast path)")
 
 

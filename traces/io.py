@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvplan.errors import UserError
 from traces.schema import NO_VALUE, Trace
 
 KINDS = ("jsonl", "csv", "parquet")
@@ -26,7 +27,7 @@ def kind_of(path: str | Path, kind: str | None = None) -> str:
     """The output kind: named, or from the file extension."""
     kind = kind or Path(path).suffix.lstrip(".").lower()
     if kind not in KINDS:
-        raise ValueError(f"{path}: cannot tell the output format from the extension; allowed: "
+        raise UserError(f"{path}: cannot tell the output format from the extension; allowed: "
                          f"{', '.join('.' + k for k in KINDS)} (or --to)")
     return kind
 
@@ -62,7 +63,7 @@ def render_layout(trace: Trace, layout: str) -> bytes:
     "azure" (2023 wall-clock strings from AZURE_START). Lossy: other columns are dropped."""
     if layout == "mooncake":
         if trace.hash_granularity != MOONCAKE_GRANULARITY:
-            raise ValueError(f"the Mooncake layout holds {MOONCAKE_GRANULARITY}-token hash_ids; this trace "
+            raise UserError(f"the Mooncake layout holds {MOONCAKE_GRANULARITY}-token hash_ids; this trace "
                              f"has granularity {trace.hash_granularity or 'none'}")
         millis = np.rint(trace.arrival_s * 1000).astype(np.int64).tolist()
         lines = [json.dumps({"timestamp": millis[i], "input_length": int(trace.prompt_tokens[i]),
@@ -76,7 +77,7 @@ def render_layout(trace: Trace, layout: str) -> bytes:
         frame = pd.DataFrame({"TIMESTAMP": stamps, "ContextTokens": trace.prompt_tokens,
                               "GeneratedTokens": trace.output_tokens})
         return frame.to_csv(index=False).encode()
-    raise ValueError(f"unknown layout {layout!r}; allowed: mooncake, azure")
+    raise UserError(f"unknown layout {layout!r}; allowed: mooncake, azure")
 
 
 def _wall_clock(epoch_s: int) -> str:

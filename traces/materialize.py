@@ -13,6 +13,7 @@ from hashlib import blake2b
 
 import numpy as np
 
+from kvplan.errors import UserError
 from traces.schema import RequestRecord, Trace
 
 TAIL_STREAM = 1  # extra seed word separating per-request tail streams from per-hash chunk streams
@@ -21,7 +22,7 @@ TAIL_STREAM = 1  # extra seed word separating per-request tail streams from per-
 def prompt_token_ids(record: RequestRecord, vocab_size: int, seed: int, *, low: int = 0) -> list[int]:
     """Token ids in [low, vocab_size) for the record's prompt (ids below `low`: special tokens)."""
     if not 0 <= low < vocab_size:
-        raise ValueError(f"token range [{low}, {vocab_size}) is empty")
+        raise UserError(f"token range [{low}, {vocab_size}) is empty")
     g = record.hash_granularity
     hashes = record.prefix_hashes or ()
     length = record.prompt_tokens

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from kvplan.errors import UserError
+
 NO_VALUE = -1  # session_id / turn when the source has none
 MAX_TOKENS = 10_000_000  # a prompt or an output: longer than any model's context
 MAX_ARRIVAL_S = 1e10  # ~300 years of trace: float64 seconds still resolve microseconds
@@ -22,7 +24,7 @@ ARRAY_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "request_id", "se
                 "n", "hash_ids", "hash_offsets")
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(UserError):
     """Bad input: the message names the file and line (or the YAML key) and what is allowed."""
 
 

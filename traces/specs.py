@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from kvplan.errors import UserError
 from traces.schema import SHOWN_CHARS, TraceFormatError, short_repr
 
 # Specs, profiles and configs are a few KB; a file this large is not one, and reading it would only cost memory.
@@ -27,24 +28,24 @@ def read_text(path: str | Path, flag: str) -> str:
     """The UTF-8 text of a small input file; every way it cannot be read is one line naming it."""
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{path}: is a directory; allowed: a file")
+        raise UserError(f"{path}: is a directory; allowed: a file")
     if not path.exists():
         raise FileNotFoundError(f"{flag}: {path}: no such file")
     if not path.is_file():
-        raise ValueError(f"{path}: not a regular file; allowed: a file")
+        raise UserError(f"{path}: not a regular file; allowed: a file")
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise ValueError(f"{path}: {size} bytes; allowed: at most {MAX_FILE_BYTES} (a spec is a few KB)")
+            raise UserError(f"{path}: {size} bytes; allowed: at most {MAX_FILE_BYTES} (a spec is a few KB)")
         data = path.read_bytes()
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         return data.decode("utf-8-sig")  # a BOM some editors write is not content
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         problem = f"not UTF-8 text (byte 0x{data[exc.start]:02x})"
-        raise ValueError(f"{path}:{line}: {problem}; allowed: a UTF-8 file") from None
+        raise UserError(f"{path}:{line}: {problem}; allowed: a UTF-8 file") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -84,14 +85,14 @@ def read_yaml(path: str | Path, flag: str) -> object:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         problem = exc.problem or exc.context or "syntax error"
-        raise ValueError(f"{where}: not valid YAML: {_cut(problem)}") from None
+        raise UserError(f"{where}: not valid YAML: {_cut(problem)}") from None
     except yaml.reader.ReaderError as exc:  # a control character such as NUL
         line = text.count("\n", 0, exc.position) + 1
-        raise ValueError(f"{path}:{line}: not valid YAML: {_cut(str(exc).splitlines()[0])}") from None
+        raise UserError(f"{path}:{line}: not valid YAML: {_cut(str(exc).splitlines()[0])}") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {_cut(str(exc).splitlines()[0])}") from None
+        raise UserError(f"{path}: not valid YAML: {_cut(str(exc).splitlines()[0])}") from None
     except RecursionError:
-        raise ValueError(f"{path}: not valid YAML: nested too deeply; allowed: a plain mapping") from None
+        raise UserError(f"{path}: not valid YAML: nested too deeply; allowed: a plain mapping") from None
 
 
 def _cut(text: str, limit: int = 2 * SHOWN_CHARS) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from kvplan.errors import UserError
 from traces.arrivals import MAX_CV, MIN_CV
 from traces.schema import NO_VALUE, LoadReport, Trace, gather_segments, offsets_from_counts
 
@@ -91,7 +92,7 @@ class Population:
 def population(trace: Trace) -> Population:
     """Group a trace into sessions and classify its hash ids as shared or private."""
     if len(trace) == 0:
-        raise ValueError("the trace has no requests to draw a workload from")
+        raise UserError("the trace has no requests to draw a workload from")
     size = len(trace)
     # A request without a session is its own session: give it a key no real session id has.
     keys = np.where(trace.session_id == NO_VALUE, -(np.arange(size, dtype=np.int64) + 2), trace.session_id)
@@ -135,11 +136,11 @@ def session_starts(pop: Population, session_rate: float, duration_s: float, arri
                    rng: np.random.Generator) -> np.ndarray:
     """Start times in [0, duration_s) of a session arrival process at `session_rate` per second."""
     if arrivals not in ARRIVALS:
-        raise ValueError(f"unknown arrivals {arrivals!r}; allowed: {', '.join(ARRIVALS)}")
+        raise UserError(f"unknown arrivals {arrivals!r}; allowed: {', '.join(ARRIVALS)}")
     expected = session_rate * duration_s
     count = int(expected + 6 * np.sqrt(expected) * MAX_CV + 16)
     if count > MAX_PROBE_REQUESTS:
-        raise ValueError(f"{expected:.3g} sessions in {duration_s:g} s at {session_rate:.3g} sessions/s; allowed: "
+        raise UserError(f"{expected:.3g} sessions in {duration_s:g} s at {session_rate:.3g} sessions/s; allowed: "
                          f"at most {MAX_PROBE_REQUESTS} in one probe (lower the rate or the duration)")
     cv = pop.measured_cv if arrivals == "measured" else 1.0
     gaps_ok = arrivals == "tiled" and len(pop.start_gaps) >= 1 and pop.start_gaps.mean() > 0
@@ -162,7 +163,7 @@ def open_loop(pop: Population, rate_rps: float, duration_s: float, seed: int, ar
     """A sustained workload: sessions of the population arriving at `rate_rps` requests per second for
     `duration_s` seconds (requests that would arrive before 0 or after the end are not sent)."""
     if not (np.isfinite(rate_rps) and rate_rps > 0):
-        raise ValueError(f"rate {rate_rps!r}; allowed: a finite number of requests per second > 0")
+        raise UserError(f"rate {rate_rps!r}; allowed: a finite number of requests per second > 0")
     gap_rng, pick_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     # Stationary from t = 0: sessions also start up to the longest session's span before 0, and only their
     # requests arriving in [0, duration_s) are sent - so the request rate is the asked rate from the start,
@@ -178,7 +179,7 @@ def open_loop(pop: Population, rate_rps: float, duration_s: float, seed: int, ar
     keep = (arrival >= 0) & (arrival < duration_s)
     entries, copies, arrival = entries[keep], copies[keep], arrival[keep]
     if len(entries) > MAX_PROBE_REQUESTS:
-        raise ValueError(f"{len(entries)} requests in one probe; allowed: at most {MAX_PROBE_REQUESTS}")
+        raise UserError(f"{len(entries)} requests in one probe; allowed: at most {MAX_PROBE_REQUESTS}")
     by_time = np.argsort(arrival, kind="stable")
     note = (f"sustained: {len(by_time)} requests of {len(starts)} sessions drawn from {pop.sessions}, "
             f"{rate_rps:.4g} req/s for {duration_s:g} s, {arrivals} arrivals (seed {seed})")

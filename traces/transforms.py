@@ -8,6 +8,7 @@ from hashlib import blake2b
 
 import numpy as np
 
+from kvplan.errors import UserError
 from traces.arrivals import arrival_times
 from traces.schema import MAX_ARRIVAL_S, Trace, gather_segments
 
@@ -24,21 +25,21 @@ def _on_clock(trace: Trace, what: str) -> Trace:
     jitter of 1e300 puts arrivals where TTFT and E2E round to 0 (silently wrong), so it is refused."""
     latest = float(trace.arrival_s.max()) if len(trace) else 0.0
     if not latest <= MAX_ARRIVAL_S:
-        raise ValueError(f"{what} puts arrivals at {latest:.3g} s; allowed: arrivals within {MAX_ARRIVAL_S:g} s "
+        raise UserError(f"{what} puts arrivals at {latest:.3g} s; allowed: arrivals within {MAX_ARRIVAL_S:g} s "
                          "(float64 seconds resolve microseconds only up to there)")
     return trace
 
 
 def _positive(name: str, value: float) -> None:
     if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
+        raise UserError(f"{name} must be > 0, got {value!r}")
 
 
 def window(trace: Trace, start_s: float, end_s: float | None = None) -> Trace:
     """Requests arriving in [start_s, end_s), re-based so that the window starts at 0."""
     end = np.inf if end_s is None else end_s
     if end <= start_s:
-        raise ValueError(f"window end {end_s} must be after its start {start_s}")
+        raise UserError(f"window end {end_s} must be after its start {start_s}")
     mask = (trace.arrival_s >= start_s) & (trace.arrival_s < end)
     out = trace.take(mask)
     out.arrival_s = out.arrival_s - start_s
@@ -65,7 +66,7 @@ def retime(trace: Trace, arrivals: dict, seed: int, path: str = "arrivals") -> T
 def sample(trace: Trace, fraction: float, seed: int) -> Trace:
     """A uniform random subset of round(fraction * n) requests, in arrival order."""
     if not 0 < fraction <= 1:
-        raise ValueError(f"sample fraction must be in (0, 1], got {fraction!r}")
+        raise UserError(f"sample fraction must be in (0, 1], got {fraction!r}")
     rng = np.random.default_rng(seed)
     keep = np.sort(rng.choice(len(trace), size=round(fraction * len(trace)), replace=False))
     return _noted(trace.take(keep), f"sampled {len(keep)} of {len(trace)} requests (seed {seed})")
@@ -77,7 +78,7 @@ def clip_to_context(trace: Trace, context: int) -> Trace:
     Prefix hashes past the clipped prompt are dropped with it.
     """
     if context < 2:
-        raise ValueError(f"context must be >= 2 tokens, got {context}")
+        raise UserError(f"context must be >= 2 tokens, got {context}")
     prompt = np.minimum(trace.prompt_tokens, context - 1)
     output = np.minimum(trace.output_tokens, context - prompt)
     changed = int(np.count_nonzero((prompt != trace.prompt_tokens) | (output != trace.output_tokens)))
@@ -112,10 +113,10 @@ def expand_granularity(trace: Trace, block_size: int) -> Trace:
     they shared their first k old ones. Sub-blocks wholly past the prompt are dropped.
     """
     if not trace.has_prefix:
-        raise ValueError("the trace has no prefix hashes to expand")
+        raise UserError("the trace has no prefix hashes to expand")
     g = trace.hash_granularity
     if block_size < 1 or g % block_size:
-        raise ValueError(f"hash granularity {g} is not a multiple of block size {block_size}; "
+        raise UserError(f"hash granularity {g} is not a multiple of block size {block_size}; "
                          "allowed: a block size that divides it")
     per_hash = g // block_size
     unique, inverse = np.unique(trace.hash_ids, return_inverse=True)
@@ -162,7 +163,7 @@ TRANSFORM_ORDER = ("window", "sample", "rate_scale", "retime", "jitter", "clip_c
 def _number(value: object, where: str, *, integer: bool = False) -> float:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
     if not ok or (integer and not float(value).is_integer()):
-        raise ValueError(f"{where}: must be {'an integer' if integer else 'a finite number'}, got {value!r}")
+        raise UserError(f"{where}: must be {'an integer' if integer else 'a finite number'}, got {value!r}")
     return int(value) if integer else float(value)
 
 
@@ -175,13 +176,13 @@ def apply_transforms(trace: Trace, steps: dict, seed: int, path: str | None = No
 
     for name in steps:
         if name not in TRANSFORM_ORDER:
-            raise ValueError(f"{label(name)}: unknown transform; allowed: {', '.join(TRANSFORM_ORDER)}")
+            raise UserError(f"{label(name)}: unknown transform; allowed: {', '.join(TRANSFORM_ORDER)}")
     for name in (n for n in TRANSFORM_ORDER if steps.get(n) is not None):
         value, where = steps[name], label(name)
         try:
             if name == "window":
                 if not isinstance(value, list | tuple) or len(value) != 2:
-                    raise ValueError(f"must be [START_S, END_S], got {value!r}")
+                    raise UserError(f"must be [START_S, END_S], got {value!r}")
                 trace = window(trace, _number(value[0], f"{where}[0]"), _number(value[1], f"{where}[1]"))
             elif name == "sample":
                 trace = sample(trace, _number(value, where), seed)
@@ -189,7 +190,7 @@ def apply_transforms(trace: Trace, steps: dict, seed: int, path: str | None = No
                 trace = scale_rate(trace, _number(value, where))
             elif name == "retime":
                 if not isinstance(value, dict):
-                    raise ValueError(f"must be an arrival-process mapping, e.g. {{process: poisson, rate: 4}}, "
+                    raise UserError(f"must be an arrival-process mapping, e.g. {{process: poisson, rate: 4}}, "
                                      f"got {value!r}")
                 trace = retime(trace, value, seed, path=where)
             elif name == "jitter":
@@ -200,5 +201,5 @@ def apply_transforms(trace: Trace, steps: dict, seed: int, path: str | None = No
                 trace = expand_granularity(trace, _number(value, where, integer=True))
         except ValueError as exc:
             message = str(exc)
-            raise ValueError(message if message.startswith(where) else f"{where}: {message}") from None
+            raise UserError(message if message.startswith(where) else f"{where}: {message}") from None
     return trace

@@ -15,6 +15,7 @@ import os
 import torch
 
 from engine.backends.torch_backend import TorchAttentionBackend
+from kvplan.errors import UserError
 
 BACKENDS = ("torch", "cpu", "triton")
 log = logging.getLogger(__name__)
@@ -37,15 +38,15 @@ def make_backend(name: str, device: torch.device):
         return TorchAttentionBackend()
     if name == "cpu":
         if device.type != "cpu":
-            raise ValueError(f"attention_backend 'cpu' runs on the CPU only, not on {device}")
+            raise UserError(f"attention_backend 'cpu' runs on the CPU only, not on {device}")
         from engine.backends.cpu_backend import CpuAttentionBackend
 
         return CpuAttentionBackend()
     if name == "triton":
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("attention_backend 'triton' needs a CUDA device; on CPU it runs only under "
+            raise UserError("attention_backend 'triton' needs a CUDA device; on CPU it runs only under "
                              "TRITON_INTERPRET=1 (set before start-up), as the tests do")
         from engine.backends.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
-    raise ValueError(f"attention_backend: unknown backend {name!r}; allowed: {', '.join(BACKENDS)}")
+    raise UserError(f"attention_backend: unknown backend {name!r}; allowed: {', '.join(BACKENDS)}")

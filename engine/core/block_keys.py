@@ -23,6 +23,8 @@ from __future__ import annotations
 from array import array
 from hashlib import blake2b
 
+from kvplan.errors import UserError
+
 ROOT_KEY = 0x6B76706C616E  # "kvplan": the parent of block 0
 
 
@@ -78,7 +80,7 @@ class HashBlockKeys:
     def __init__(self, hash_ids: list[int] | tuple[int, ...], granularity: int, block_size: int,
                  prompt_len: int, salt: str) -> None:
         if granularity % block_size:
-            raise ValueError(f"hash granularity {granularity} is not a multiple of block size {block_size}; "
+            raise UserError(f"hash granularity {granularity} is not a multiple of block size {block_size}; "
                              "prefix hashes can only be expanded to a block size that divides them")
         self.hash_ids = hash_ids
         self.granularity = granularity

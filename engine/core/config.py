@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvplan.errors import UserError
+
 ALLOCATORS = ("paged", "max", "pow2", "oracle")
 PREEMPTION_MODES = ("recompute", "swap")
 QUEUE_POLICIES = ("fcfs", "priority")
 SCHEDULES = ("mixed", "prefill_first")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration value is out of its allowed range or names something unknown."""
 
 

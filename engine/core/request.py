@@ -19,6 +19,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.core.block_keys import BlockKeys, HashBlockKeys, TokenBlockKeys
+from kvplan.errors import UserError
 
 
 class RequestStatus(enum.IntEnum):
@@ -133,13 +134,13 @@ def make_request(request_id: str, *, max_tokens: int, prompt_len: int | None = N
     if tokens is not None:
         prompt_len = len(tokens)
     if prompt_len is None or prompt_len < 1:
-        raise ValueError(f"request {request_id}: prompt must have at least one token, got {prompt_len}")
+        raise UserError(f"request {request_id}: prompt must have at least one token, got {prompt_len}")
     if max_tokens < 1:
-        raise ValueError(f"request {request_id}: max_tokens must be >= 1, got {max_tokens}")
+        raise UserError(f"request {request_id}: max_tokens must be >= 1, got {max_tokens}")
     if n < 1:
-        raise ValueError(f"request {request_id}: n must be >= 1, got {n}")
+        raise UserError(f"request {request_id}: n must be >= 1, got {n}")
     if prefix_hashes and hash_granularity < 1:
-        raise ValueError(f"request {request_id}: prefix_hashes need a hash_granularity >= 1")
+        raise UserError(f"request {request_id}: prefix_hashes need a hash_granularity >= 1")
     return Request(request_id=request_id, prompt_len=prompt_len, max_tokens=max_tokens, arrival_s=arrival_s,
                    priority=priority, n=n, beam=beam, token_ids=tokens,
                    prefix_hashes=tuple(prefix_hashes) if prefix_hashes else None,

@@ -14,6 +14,8 @@ import json
 import math
 import reprlib
 
+from kvplan.errors import UserError
+
 _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 60, 60
 
@@ -26,13 +28,13 @@ def short(value: object, limit: int = 60) -> str:
 
 
 def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number (RFC 8259 has no NaN or infinity)")
+    raise UserError(f"{name} is not a JSON number (RFC 8259 has no NaN or infinity)")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):  # 1e400: a literal beyond float64, read as inf
-        raise ValueError(f"{short(text)} is beyond float64's range")
+        raise UserError(f"{short(text)} is beyond float64's range")
     return value
 
 
@@ -44,9 +46,9 @@ def loads(text: str | bytes) -> object:
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        raise UserError(f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except RecursionError:
-        raise ValueError("nested too deeply; allowed: JSON nested at most a few hundred levels") from None
+        raise UserError("nested too deeply; allowed: JSON nested at most a few hundred levels") from None
 
 
 def whole(value: object, what: str, low: int | None = None, high: int | None = None) -> int:
@@ -63,7 +65,7 @@ def whole(value: object, what: str, low: int | None = None, high: int | None = N
     allowed = f"allowed: an integer{' ' + bounds if bounds else ''}"
     if number is None:
         kind = "a boolean" if isinstance(value, bool) else "not an integer"
-        raise ValueError(f"{what}: {short(value)} is {kind}; {allowed}")
+        raise UserError(f"{what}: {short(value)} is {kind}; {allowed}")
     if (low is not None and number < low) or (high is not None and number > high):
-        raise ValueError(f"{what}: {number} is out of range; {allowed}")
+        raise UserError(f"{what}: {number} is out of range; {allowed}")
     return number

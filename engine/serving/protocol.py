@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.sampling import SamplingParams
+from kvplan.errors import UserError
 
 
-class BadRequest(ValueError):
+class BadRequest(UserError):
     """A request the server answers with 400 (or `status`) and an OpenAI-style error body."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvplan.errors import UserError
+
 WIDTHS = (2, 4, 6)
 DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")
 
@@ -62,7 +64,7 @@ def run(model: str, text: Path, requests: int, seed: int, block_size: int = 16) 
     # a model without a tokenizer (the tiny random ones) reads the text's UTF-8 bytes as token ids
     tokens = tokenizer.encode(content) if tokenizer is not None else list(content.encode())
     if len(tokens) < 64:
-        raise ValueError(f"--text: {text}: {len(tokens)} tokens; allowed: a text of at least 64 tokens")
+        raise UserError(f"--text: {text}: {len(tokens)} tokens; allowed: a text of at least 64 tokens")
     prompts, outputs = workload(tokens, requests, seed)
     results: dict[str, dict] = {}
     for width in WIDTHS:

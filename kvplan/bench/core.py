@@ -8,6 +8,7 @@ import time
 
 from engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request, memory_breakdown
 from kvplan.bench.workloads import sharegpt_like
+from kvplan.errors import UserError
 
 SATURATED_USAGE = 0.9  # a step counts as memory-bound when requests wait and this much KV memory is taken
 CYCLE_BUDGET_S = 1e-3  # DESIGN.md: one schedule+update cycle with 256 running decodes <= 1 ms
@@ -36,7 +37,7 @@ def memory_efficiency(allocator: str, block_size: int, lengths: list[tuple[int, 
             batch += len(sched.running)
         sched.update(step)
     if not samples:
-        raise ValueError(f"--requests: {len(lengths)} requests never filled the {num_slots} KV slots of the "
+        raise UserError(f"--requests: {len(lengths)} requests never filled the {num_slots} KV slots of the "
                          f"{allocator} allocator, so there is no saturated step to measure; use more requests")
     means = {k: v / samples for k, v in sums.items()}
     allocated = means["token_states"] + means["reserved_unused"] + means["internal_fragmentation"]

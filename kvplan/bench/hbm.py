@@ -6,6 +6,8 @@ wins, so the more specific names come first ("GH200" before "H200", "L40S" befor
 
 from __future__ import annotations
 
+from kvplan.errors import UserError
+
 PEAK_HBM_GBPS: tuple[tuple[str, float], ...] = (
     ("GH200", 4000.0),
     ("H200", 4800.0),
@@ -31,6 +33,6 @@ def peak_gbps(device_name: str, override: float | None = None) -> float | None:
     """Peak bandwidth for `device_name`, or `override` when given; None for a device not in the table."""
     if override is not None:
         if override <= 0:
-            raise ValueError(f"--peak-gbps: {override} must be positive")
+            raise UserError(f"--peak-gbps: {override} must be positive")
         return override
     return next((gbps for key, gbps in PEAK_HBM_GBPS if key in device_name), None)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvplan.errors import UserError
 from traces.arrivals import arrival_times
 from traces.distributions import length_sampler
 from traces.io import MOONCAKE_GRANULARITY, render_layout
@@ -103,7 +104,7 @@ def _with_ratios(result: dict, file_bytes: int) -> dict:
 
 def run(rows: int = 1_000_000, seed: int = 0) -> dict:
     if rows < 1:
-        raise ValueError(f"--rows must be >= 1, got {rows}")
+        raise UserError(f"--rows must be >= 1, got {rows}")
     files = {"azure_csv": ("azure.csv", azure_like, "azure"),
              "mooncake_jsonl": ("mooncake.jsonl", mooncake_like, "mooncake")}
     loads = {}

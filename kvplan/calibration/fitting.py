@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvplan.errors import UserError
 from sim.cost.calibrated import COEFFICIENTS, CalibratedCost, feature_columns
 from sim.cost.features import step_features
 from sim.cost.fit import Fit, fit_with_holdout, r_squared
@@ -64,7 +65,7 @@ class Calibration:
 def calibrate_steps(steps: list[ProfiledStep], block_size: int, seed: int = 0) -> Calibration:
     """Fit the profile's coefficients on the steps; `block_size` is the one the profile states transfers at."""
     if len(steps) < 4 * (len(COEFFICIENTS) + len(TRANSFER_COLUMNS)):
-        raise ValueError(f"calibration: only {len(steps)} steps recorded; allowed: at least "
+        raise UserError(f"calibration: only {len(steps)} steps recorded; allowed: at least "
                          f"{4 * (len(COEFFICIENTS) + len(TRANSFER_COLUMNS))} (more phases or --repeats)")
     x = design_matrix(steps)
     t = np.array([s.duration_s for s in steps])

@@ -38,6 +38,7 @@ import pandas as pd
 
 from kvplan.calibration.fitting import HOLDOUT_FRACTION, Calibration, fit_quality
 from kvplan.calibration.replay_dir import read_replay
+from kvplan.errors import UserError
 from sim.cost.calibrated import COEFFICIENTS, CalibratedCost, feature_columns
 from sim.cost.features import step_features
 from sim.cost.fit import fit_with_holdout
@@ -83,7 +84,7 @@ def calibrate_from_replay(directory: str | Path, block_size: int | None = None, 
     endpoint, table, times = replay.endpoint, replay.table, replay.times
     served, capacity = replay.block_size, replay.num_gpu_blocks
     if served is not None and block_size is not None and served != block_size:
-        raise ValueError(f"--block-sizes: {block_size} differs from the server's block_size {served} "
+        raise UserError(f"--block-sizes: {block_size} differs from the server's block_size {served} "
                          f"({directory / 'endpoint.json'}); allowed: {served}")
     block_size = served or block_size or 16
     stamps = _Stamps(np.repeat(np.arange(len(times)), [len(t) for t in times]),
@@ -123,7 +124,7 @@ def _reconstruct(stamps: _Stamps, sent: np.ndarray, path: Path) -> tuple[np.ndar
     pair = np.flatnonzero(stamps.seq[1:] == stamps.seq[:-1])  # stamp j and j + 1: consecutive tokens
     gaps = gaps[pair]
     if not (gaps > 0).any():
-        raise ValueError(f"{path}: no two tokens of a sequence at different times; allowed: a replay with "
+        raise UserError(f"{path}: no two tokens of a sequence at different times; allowed: a replay with "
                          "multi-token outputs")
     typical = float(np.median(gaps[gaps > 0]))
     threshold = GAP_FRACTION * typical
@@ -152,7 +153,7 @@ def _reconstruct(stamps: _Stamps, sent: np.ndarray, path: Path) -> tuple[np.ndar
     usable = np.flatnonzero(measured)
     usable = usable[end[usable] > end[usable - 1]]
     if len(usable) < MIN_STEPS:
-        raise ValueError(f"{path}: only {len(usable)} busy engine steps reconstructed (of {count} token clusters); "
+        raise UserError(f"{path}: only {len(usable)} busy engine steps reconstructed (of {count} token clusters); "
                          f"allowed: at least {MIN_STEPS} (a longer or busier replay)")
     return cluster, end, usable, threshold
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from engine.core.strict_json import loads, whole
+from kvplan.errors import UserError
 from sim.cost.calibrated import MAX_BLOCK_SIZE, MAX_BLOCKS
 from sim.rejections import REASON
 
@@ -32,10 +33,10 @@ class Replay:
 
 def read_replay(directory: Path) -> Replay:
     if not directory.is_dir():
-        raise ValueError(f"{directory}: not a directory; allowed: {ALLOWED}")
+        raise UserError(f"{directory}: not a directory; allowed: {ALLOWED}")
     for name in ("endpoint.json", "requests.parquet", "tokens.jsonl"):
         if not (directory / name).is_file():
-            raise ValueError(f"{directory / name}: missing, so this is not an endpoint replay; allowed: {ALLOWED}")
+            raise UserError(f"{directory / name}: missing, so this is not an endpoint replay; allowed: {ALLOWED}")
     endpoint = _endpoint(directory / "endpoint.json")
     cache = endpoint.get("cache_config") or {}
     table = _requests(directory / "requests.parquet")
@@ -48,10 +49,10 @@ def _endpoint(path: Path) -> dict:
     try:
         doc = loads(path.read_text(errors="replace"))
     except ValueError as exc:  # also NaN / Infinity, which Python's json would take
-        raise ValueError(f"{path}: {exc}; allowed: {ALLOWED}") from None
+        raise UserError(f"{path}: {exc}; allowed: {ALLOWED}") from None
     if not isinstance(doc, dict) or not all(isinstance(doc.get(key) or {}, dict)
                                             for key in ("cache_config", "server_counters")):
-        raise ValueError(f"{path}: not an endpoint description; allowed: an object with url, model, cache_config "
+        raise UserError(f"{path}: not an endpoint description; allowed: an object with url, model, cache_config "
                          "and server_counters (mappings)")
     return doc
 
@@ -72,15 +73,15 @@ def _requests(path: Path) -> pd.DataFrame:
         table = table[list(COLUMNS)]
     except (OSError, ValueError, KeyError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise ValueError(f"{path}: not a replay's per-request table ({reason}); allowed: a table with columns "
+        raise UserError(f"{path}: not a replay's per-request table ({reason}); allowed: a table with columns "
                          f"{', '.join(COLUMNS)}") from None
     if not len(table):
-        raise ValueError(f"{path}: no completed request; allowed: a replay in which requests completed")
+        raise UserError(f"{path}: no completed request; allowed: a replay in which requests completed")
     counts = [c for c in COLUMNS if not c.endswith("_s")]
     if not all(pd.api.types.is_integer_dtype(table[c]) for c in counts) or table["first_scheduled_s"].isna().any():
-        raise ValueError(f"{path}: {', '.join(counts)} must be integers and first_scheduled_s set; allowed: {ALLOWED}")
+        raise UserError(f"{path}: {', '.join(counts)} must be integers and first_scheduled_s set; allowed: {ALLOWED}")
     if (table["prompt_tokens"] < 1).any() or (table["output_tokens"] < 1).any() or (table[counts] < 0).any(axis=None):
-        raise ValueError(f"{path}: a sequence with an empty prompt or output; allowed: {ALLOWED}")
+        raise UserError(f"{path}: a sequence with an empty prompt or output; allowed: {ALLOWED}")
     return table.reset_index(drop=True)
 
 
@@ -97,20 +98,20 @@ def _token_times(path: Path, table: pd.DataFrame) -> list[np.ndarray]:
                 key = (whole(doc["row"], "row", 0), whole(doc["sample"], "sample", 0))
                 times = np.array(doc["times_s"], dtype=np.float64)
             except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f'{where}: not a token-times line ({exc}); allowed: {{"row": R, "sample": S, '
+                raise UserError(f'{where}: not a token-times line ({exc}); allowed: {{"row": R, "sample": S, '
                                  '"times_s": [t, ...]}') from None
             if times.ndim != 1 or not np.isfinite(times).all() or (np.diff(times) < 0).any():
-                raise ValueError(f"{where}: times_s: allowed: finite seconds in non-decreasing order")
+                raise UserError(f"{where}: times_s: allowed: finite seconds in non-decreasing order")
             i = index.get(key)
             if i is None or out[i] is not None:
-                raise ValueError(f"{where}: row {key[0]} sample {key[1]} is {'repeated' if i is not None else 'not'} "
+                raise UserError(f"{where}: row {key[0]} sample {key[1]} is {'repeated' if i is not None else 'not'} "
                                  "in requests.parquet; allowed: one line per row of requests.parquet")
             if len(times) != lengths[i]:
-                raise ValueError(f"{where}: {len(times)} times for {lengths[i]} output tokens (requests.parquet); "
+                raise UserError(f"{where}: {len(times)} times for {lengths[i]} output tokens (requests.parquet); "
                                  "allowed: one time per output token")
             out[i] = times
     missing = [key for key, i in index.items() if out[i] is None]
     if missing:
-        raise ValueError(f"{path}: no line for row {missing[0][0]} sample {missing[0][1]} of requests.parquet; "
+        raise UserError(f"{path}: no line for row {missing[0][0]} sample {missing[0][1]} of requests.parquet; "
                          "allowed: one line per row")
     return out

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kvplan.arg_types import BLOCK_SIZE, POSITIVE, REPLICAS, SEED, integer, out_path
 from kvplan.engine_args import MODEL_DTYPES
+from kvplan.errors import UserError
 from kvplan.output import format_table, print_json, write_atomic
 
 
@@ -259,7 +260,7 @@ def _bench_beam(args: argparse.Namespace) -> int:
 
     text = args.text or beam.DEFAULT_TEXT
     if not text.is_file():
-        raise ValueError(f"--text: {text}: no such file; allowed: a UTF-8 text file")
+        raise UserError(f"--text: {text}: no such file; allowed: a UTF-8 text file")
     read_text(text)  # not UTF-8 or empty: one clear line before any model loads
     result = beam.run(args.model, text, args.requests, args.seed, args.block_size)
     return _report(args, result, _show_beam)

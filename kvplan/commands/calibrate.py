@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvplan.arg_types import BLOCK_SIZE, SEED, integer, number, out_path
 from kvplan.engine_args import MODEL_DTYPES, parse_bytes
+from kvplan.errors import UserError
 from kvplan.output import check_out_file, format_table, print_json, short, write_atomic
 
 PHASE_NAMES = ("prefill", "decode", "mixed", "transfers")
@@ -60,16 +61,16 @@ def run(args: argparse.Namespace) -> int:
     args.block_sizes = args.block_sizes or [8, 16, 32]
     args.dtype = args.dtype or "bfloat16"
     if args.dtype not in MODEL_DTYPES:  # a label only with --from-replay; here the engine runs it
-        raise ValueError(f"argument --dtype: {short(args.dtype)}; allowed: {', '.join(MODEL_DTYPES)}")
+        raise UserError(f"argument --dtype: {short(args.dtype)}; allowed: {', '.join(MODEL_DTYPES)}")
     args.device_name = args.device_name or "cpu-local"
     if args.steps_out is not None:
         check_out_file(args.steps_out, "--steps-out")
     if args.repeats < 1:
-        raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
+        raise UserError(f"--repeats: must be >= 1, got {args.repeats}")
     if not 0.0 <= args.temperature < float("inf"):
-        raise ValueError(f"--temperature: must be a finite number >= 0, got {args.temperature}")
+        raise UserError(f"--temperature: must be a finite number >= 0, got {args.temperature}")
     if any(b < 1 for b in args.block_sizes):
-        raise ValueError(f"--block-sizes: each must be >= 1, got {args.block_sizes}")
+        raise UserError(f"--block-sizes: each must be >= 1, got {args.block_sizes}")
     from kvplan.calibration.fitting import calibrate_steps, residual_plot
     from sim.cost.calibrated import save_profile
     from sim.cost.recorded import read_step_profile
@@ -123,10 +124,10 @@ def run_from_replay(args: argparse.Namespace) -> int:
 
     live = [key for key in LIVE_DEFAULTS if getattr(args, key) is not None]
     if live:
-        raise ValueError(f"--{live[0].replace('_', '-')}: an option of the live measurement; allowed: without "
+        raise UserError(f"--{live[0].replace('_', '-')}: an option of the live measurement; allowed: without "
                          "--from-replay")
     if args.block_sizes is not None and len(args.block_sizes) > 1:
-        raise ValueError(f"--block-sizes: one with --from-replay (the server's), got {args.block_sizes}")
+        raise UserError(f"--block-sizes: one with --from-replay (the server's), got {args.block_sizes}")
     result = calibrate_from_replay(args.from_replay, (args.block_sizes or [None])[0], args.seed)
     cal = result.calibration
     cost = cal.cost

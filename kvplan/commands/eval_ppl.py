@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvplan.arg_types import BLOCK_SIZE, integer
 from kvplan.engine_args import MODEL_DTYPES
+from kvplan.errors import UserError
 from kvplan.output import format_table, print_json
 
 DEFAULT_POLICIES = ("dense", "window=256", "sinks=4,window=252", "sinks=4,window=252,positions=shifted",
@@ -41,10 +42,10 @@ def read_text(path: Path) -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"--text: {path}: not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset "
+        raise UserError(f"--text: {path}: not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset "
                          f"{exc.start}); allowed: a UTF-8 text file") from None
     if not text.strip():
-        raise ValueError(f"--text: {path}: empty; allowed: a text with at least 2 tokens")
+        raise UserError(f"--text: {path}: empty; allowed: a text with at least 2 tokens")
     return text
 
 
@@ -56,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
     tokens = _tokenize(args.model, text)
     if args.tokens is not None:
         if len(tokens) < args.tokens:
-            raise ValueError(f"--tokens: {args.text} has {len(tokens)} tokens; allowed: at most that")
+            raise UserError(f"--tokens: {args.text} has {len(tokens)} tokens; allowed: at most that")
         tokens = tokens[:args.tokens]
     if len(tokens) < 2:
-        raise ValueError(f"--text: {args.text}: {len(tokens)} token(s); allowed: at least 2")
+        raise UserError(f"--text: {args.text}: {len(tokens)} token(s); allowed: at least 2")
     results = [perplexity(args.model, tokens, policy, dtype=args.dtype, block_size=args.block_size)
                for policy in policies]
     rows = [{"policy": r.policy.name, "sink_tokens": r.policy.sink_tokens, "window_tokens": r.policy.window_tokens,
@@ -84,5 +85,5 @@ def _tokenize(model: str, text: str) -> list[int]:
 
     tokenizer = load_tokenizer(model)
     if tokenizer is None:
-        raise ValueError(f"--model: {model} has no tokenizer; allowed: a model with one (eval-ppl reads text)")
+        raise UserError(f"--model: {model} has no tokenizer; allowed: a model with one (eval-ppl reads text)")
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -6,6 +6,7 @@ import argparse
 
 from kvplan.arg_types import BLOCK_SIZE, FRACTION, NON_NEGATIVE, POSITIVE_TOKENS, SEED, integer, number
 from kvplan.engine_args import MODEL_DTYPES, parse_bytes
+from kvplan.errors import UserError
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -82,7 +83,7 @@ def _parse_ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.split()]
     except ValueError:
-        raise ValueError(f"--prompt-ids: expected space-separated integers, got {text!r}") from None
+        raise UserError(f"--prompt-ids: expected space-separated integers, got {text!r}") from None
 
 
 def _templated(llm, text: str, raw: bool) -> str | list[int]:

@@ -16,6 +16,7 @@ from kvplan.arg_types import POSITIVE, SEED, number, out_path
 from kvplan.commands.simulate import TABLE, write_tables
 from kvplan.endpoint.session import add_endpoint_arguments, endpoint_options, replay_endpoint, within_duration
 from kvplan.engine_args import add_engine_arguments, options_from_args
+from kvplan.errors import UserError
 from kvplan.live import EngineOptions
 from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json
 
@@ -50,13 +51,13 @@ def load_trace(args: argparse.Namespace):
     from traces.transforms import scale_rate
 
     if not (math.isfinite(args.rate_scale) and args.rate_scale > 0):
-        raise ValueError(f"--rate-scale: must be a finite number > 0, got {args.rate_scale}")
+        raise UserError(f"--rate-scale: must be a finite number > 0, got {args.rate_scale}")
     trace = traces.load(args.trace, args.trace_format)
     check_trace(trace, str(args.trace))
     try:
         return scale_rate(trace, args.rate_scale) if args.rate_scale != 1.0 else trace
     except ValueError as exc:
-        raise ValueError(f"--rate-scale: {exc}") from None
+        raise UserError(f"--rate-scale: {exc}") from None
 
 
 def check_no_engine_options(args: argparse.Namespace) -> None:
@@ -64,7 +65,7 @@ def check_no_engine_options(args: argparse.Namespace) -> None:
     given = options_from_args(args)
     if given != EngineOptions():
         changed = [k for k in EngineOptions.option_names() if getattr(given, k) != getattr(EngineOptions(), k)]
-        raise ValueError(f"--endpoint: engine options ({', '.join(changed)}) configure the in-process engine; "
+        raise UserError(f"--endpoint: engine options ({', '.join(changed)}) configure the in-process engine; "
                          "the endpoint's server has its own; allowed: --endpoint without engine options")
 
 
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.endpoint is not None:
         return run_endpoint(args)
     if args.model is None:
-        raise ValueError("--model: required (the model the in-process engine runs), unless --endpoint is given")
+        raise UserError("--model: required (the model the in-process engine runs), unless --endpoint is given")
     trace = load_trace(args)
     options = options_from_args(args)
     with atomic_dir(args.out, {"command": "replay", "model": args.model, "trace": str(args.trace),
@@ -109,7 +110,7 @@ def run_endpoint(args: argparse.Namespace) -> int:
         result, load = replay_endpoint(options, trace, seed=args.seed, temperature=args.temperature, out=out,
                                        sample_interval_s=sample_interval(trace))
     if result.info["failed"] == len(trace):
-        raise ValueError(f"--endpoint: every request failed (first: {result.info['rejected_first'][0]}); each "
+        raise UserError(f"--endpoint: every request failed (first: {result.info['rejected_first'][0]}); each "
                          f"error is in {args.out}/failed.jsonl")
     if args.json:
         print_json({"summary": result.summary, "info": result.info})

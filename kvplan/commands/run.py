@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from kvplan.arg_types import integer, out_path
+from kvplan.errors import UserError
 from kvplan.output import check_out_dir, format_table, print_json, safe_name
 
 
@@ -54,7 +55,7 @@ def explain(exp, points) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
-        raise ValueError(f"--workers: must be >= 1, got {args.workers}")
+        raise UserError(f"--workers: must be >= 1, got {args.workers}")
     from kvplan.experiments.examples import experiment_path
 
     exp, points = load(experiment_path(args.experiment))
@@ -94,7 +95,7 @@ def check_resumes_its_own(out: Path, name: str) -> None:
     except (OSError, ValueError, AttributeError):
         return  # no finished set there (or not one of ours: check_out_dir has refused that)
     if isinstance(held, str) and held != name:
-        raise ValueError(f"--resume: {out} holds the result set of experiment {held!r}, not {name!r}; allowed: the "
+        raise UserError(f"--resume: {out} holds the result set of experiment {held!r}, not {name!r}; allowed: the "
                          f"--out of experiment {name!r}, or no --resume to replace it")
 
 

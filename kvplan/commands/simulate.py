@@ -21,6 +21,7 @@ from kvplan.arg_types import (
     integer,
     out_path,
 )
+from kvplan.errors import UserError
 from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json, write_atomic
 from kvplan.trace_options import UNTIMED_NOTE, add_arrival_options, add_load_options, load_trace, retime_spec
 
@@ -167,7 +168,7 @@ def prepare_trace(args: argparse.Namespace):  # -> (traces.Trace, notes)
     if args.clip_context is not None:
         context = args.clip_context or args.max_model_len or model_context(args.model)
         if context is None:
-            raise ValueError(f"--clip-context: {args.model} states no context length; allowed: --clip-context TOKENS")
+            raise UserError(f"--clip-context: {args.model} states no context length; allowed: --clip-context TOKENS")
         trace = clip_to_context(trace, context)
     notes = list(trace.report.lines())
     if not trace.timed:

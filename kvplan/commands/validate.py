@@ -26,6 +26,7 @@ from kvplan.commands.replay import add_trace_arguments, load_trace
 from kvplan.commands.simulate import write_tables
 from kvplan.endpoint.session import add_endpoint_arguments
 from kvplan.engine_args import add_engine_arguments, load_configs, options_from_args
+from kvplan.errors import UserError
 from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json
 
 MODES = ("policy", "timing", "both")
@@ -60,10 +61,10 @@ def register(verbs: argparse._SubParsersAction) -> None:
 def check_endpoint_args(args: argparse.Namespace) -> None:
     """--endpoint validates timing against one server: its configuration is the server's own."""
     if args.mode == "policy":
-        raise ValueError("--mode policy: needs the in-process engine's step profile; allowed with --endpoint: "
+        raise UserError("--mode policy: needs the in-process engine's step profile; allowed with --endpoint: "
                          "--mode timing")
     if args.configs:
-        raise ValueError("--configs: an endpoint runs one configuration (the server's); allowed with --endpoint: "
+        raise UserError("--configs: an endpoint runs one configuration (the server's); allowed with --endpoint: "
                          "no --configs (validate each server separately)")
     args.mode = "timing"
     args.speed_probe = False  # the probe measures this machine, not the server's
@@ -86,12 +87,12 @@ def resolve_profile(args: argparse.Namespace) -> str | None:
     try:
         return str(shipped_profile(args.model))
     except ValueError as exc:
-        raise ValueError(f"--profile: needed for --mode {args.mode}: {exc}; or --mode policy") from None
+        raise UserError(f"--profile: needed for --mode {args.mode}: {exc}; or --mode policy") from None
 
 
 def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
-        raise ValueError(f"--repeats: must be >= 1, got {args.repeats}")
+        raise UserError(f"--repeats: must be >= 1, got {args.repeats}")
     check_out_dir(args.out)
     if args.endpoint is not None:
         check_endpoint_args(args)
@@ -189,7 +190,7 @@ def endpoint_run(args, trace, options, where: Path):
         print(f"  warning: prefix cache {load.prefix_cache_reset}", file=sys.stderr)
     live.info["prefix_cache_reset"] = load.prefix_cache_reset
     if live.info["failed"]:
-        raise ValueError(f"--endpoint: {live.info['failed']} of {len(trace)} requests failed (first: "
+        raise UserError(f"--endpoint: {live.info['failed']} of {len(trace)} requests failed (first: "
                          f"{live.info['rejected_first'][0]}); a timing comparison needs every request served")
     options, meta = simulator_config(load.cache_config, options, args.model)
     live.info["num_blocks"] = meta["num_blocks"]

@@ -23,6 +23,7 @@ import httpx
 from engine.core.strict_json import loads, short, whole
 from kvplan.endpoint import scrape
 from kvplan.endpoint.prompts import EndpointRequest
+from kvplan.errors import UserError
 
 PROGRESS_EVERY_S = 5.0
 
@@ -203,7 +204,7 @@ class LoadGenerator:
 MAX_CHOICES = 1 << 16  # a choice index beyond any n a request may ask for
 
 
-class MalformedEvent(ValueError):
+class MalformedEvent(UserError):
     """A server event that is not what the OpenAI streaming protocol sends: the request fails with this reason
     (the replay goes on with the other requests)."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvplan.errors import UserError
 from traces import Trace
 from traces.materialize import prompt_token_ids
 
@@ -37,7 +38,7 @@ def word_tokens(tokenizer) -> list[int]:
         if word and tokenizer.encode(text, add_special_tokens=False) == [token]:
             out.append(token)
     if len(out) < MIN_WORD_TOKENS:
-        raise ValueError(f"--tokenizer: only {len(out)} word tokens (a space and letters, re-encoding to "
+        raise UserError(f"--tokenizer: only {len(out)} word tokens (a space and letters, re-encoding to "
                          f"themselves); text prompts need at least {MIN_WORD_TOKENS}")
     return out
 
@@ -48,7 +49,7 @@ def endpoint_requests(trace: Trace, *, vocab_size: int, seed: int, tokenizer=Non
     out = []
     for row, record in enumerate(trace.records()):
         if record.output_tokens < 1:
-            raise ValueError(f"--trace: {trace.reference(row)}: output_tokens {record.output_tokens}; a replay "
+            raise UserError(f"--trace: {trace.reference(row)}: output_tokens {record.output_tokens}; a replay "
                              "needs >= 1")
         ids = prompt_token_ids(record, len(words) if words else vocab_size, seed)
         prompt: list[int] | str = ids if words is None else tokenizer.decode([words[i] for i in ids])

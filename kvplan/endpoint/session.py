@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from kvplan.arg_types import POSITIVE, integer, number
+from kvplan.errors import UserError
 from traces import Trace
 
 
@@ -48,7 +49,7 @@ def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:
 def endpoint_options(args: argparse.Namespace) -> EndpointOptions:
     url = args.endpoint
     if not url.startswith(("http://", "https://")):
-        raise ValueError(f"--endpoint: {url!r}; allowed: an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+        raise UserError(f"--endpoint: {url!r}; allowed: an http:// or https:// URL, e.g. http://127.0.0.1:8000")
     return EndpointOptions(url, args.served_model or args.model, args.vocab_size, args.tokenizer,
                            args.max_concurrency, args.duration, args.timeout, args.reset_prefix_cache)
 
@@ -66,7 +67,7 @@ def _tokenizer(name: str):
 
     tokenizer = load_tokenizer(name)
     if tokenizer is None:
-        raise ValueError(f"--tokenizer: {name} has no tokenizer files; allowed: a model directory with one")
+        raise UserError(f"--tokenizer: {name} has no tokenizer files; allowed: a model directory with one")
     return tokenizer
 
 
@@ -87,7 +88,7 @@ def _vocab_size(options: EndpointOptions, tokenizer) -> int:
     served = served_vocab_size(options.url, options.model)
     if served is not None:
         return served
-    raise ValueError(f"--vocab-size: needed to draw prompt token ids ({options.model or 'the served model'} is not "
+    raise UserError(f"--vocab-size: needed to draw prompt token ids ({options.model or 'the served model'} is not "
                      "a model kvplan knows, and the server's /v1/models does not state its vocab_size); or "
                      "--tokenizer for text prompts")
 
@@ -102,7 +103,7 @@ def check_reachable(url: str, timeout_s: float = 10.0) -> None:
         httpx.get(f"{url.rstrip('/').removesuffix('/v1')}/v1/models", timeout=timeout_s)
     except httpx.HTTPError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"--endpoint: {url}: no server answers ({type(exc).__name__}: {reason[:120]}); allowed: "
+        raise UserError(f"--endpoint: {url}: no server answers ({type(exc).__name__}: {reason[:120]}); allowed: "
                          "the URL of a running OpenAI-compatible server") from None
 
 
@@ -180,11 +181,11 @@ def simulator_config(cache_config: dict[str, str], options, model: str):
     options = replace(options, **changes)
     blocks = given("num_gpu_blocks") or options.num_blocks
     if blocks is None:
-        raise ValueError("--num-blocks: the server does not expose its KV capacity (vllm:cache_config_info); "
+        raise UserError("--num-blocks: the server does not expose its KV capacity (vllm:cache_config_info); "
                          "allowed: give the server's number of KV blocks")
     context = given("max_model_len") or options.max_model_len or get_model(model).context_len
     if context is None:
-        raise ValueError("--max-model-len: the server does not expose its context length and the model spec has "
+        raise UserError("--max-model-len: the server does not expose its context length and the model spec has "
                          "none; allowed: give the server's max_model_len")
     return options, {"model_path": model, "num_blocks": blocks, "num_cpu_blocks": given("num_cpu_blocks") or 0,
                      "max_model_len": context}

@@ -7,6 +7,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from kvplan.errors import UserError
+
 EXAMPLE_PREFIX = "example:"
 
 
@@ -30,6 +32,6 @@ def experiment_path(value: str) -> Path:
         return Path(value)
     name, examples = value[len(EXAMPLE_PREFIX):], bundled_experiments()
     if name not in examples:
-        raise ValueError(f"EXPERIMENT: no example {name!r}; allowed: "
+        raise UserError(f"EXPERIMENT: no example {name!r}; allowed: "
                          f"{', '.join(EXAMPLE_PREFIX + n for n in examples) or 'none installed'}")
     return examples[name]

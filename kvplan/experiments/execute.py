@@ -21,6 +21,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from kvplan.errors import UserError
 from kvplan.output import atomic_dir, json_text
 
 SUMMARY_FILE = "summary.json"
@@ -39,7 +40,7 @@ def _base_trace(trace: str | None, load: str, synthetic: str | None, seed: int):
     try:
         return synthesize(spec)
     except ValueError as exc:
-        raise ValueError(f"workload.synthetic: {exc}") from None
+        raise UserError(f"workload.synthetic: {exc}") from None
 
 
 def _workload_keys(config: dict) -> tuple[str | None, str, str | None, str, int]:

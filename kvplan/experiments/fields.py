@@ -11,10 +11,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kvplan.errors import UserError
 from traces.schema import short_repr
 
 
-class SchemaError(ValueError):
+class SchemaError(UserError):
     """A value in an experiment file is not allowed; the message starts with the key path."""
 
 

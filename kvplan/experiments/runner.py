@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvplan.errors import UserError
 from kvplan.experiments.execute import execute_run, read_run
 from kvplan.experiments.points import run_key
 from kvplan.experiments.schema import Experiment
@@ -75,7 +76,7 @@ class RayBackend:
         try:
             import ray
         except ModuleNotFoundError:
-            raise ValueError("--backend ray: Ray is not installed; install it with: "
+            raise UserError("--backend ray: Ray is not installed; install it with: "
                              "pip install 'kvplan[ray]'") from None
         self.ray = ray
         if not ray.is_initialized():

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvplan.errors import UserError
 from sim.cost.features import StepFeatures
 from sim.specs.hardware import HardwareSpec
 from sim.specs.models import ModelSpec
@@ -93,12 +94,12 @@ class AnalyticCost:
         for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency"):
             value = getattr(self, key)
             if not 0.0 < value <= 1.0:
-                raise ValueError(f"cost.{key}: must be a fraction in (0, 1], got {value!r}")
+                raise UserError(f"cost.{key}: must be a fraction in (0, 1], got {value!r}")
         for key in ("step_overhead_s", "request_overhead_s"):
             if getattr(self, key) < 0:
-                raise ValueError(f"cost.{key}: must be >= 0, got {getattr(self, key)!r}")
+                raise UserError(f"cost.{key}: must be >= 0, got {getattr(self, key)!r}")
         if not (isinstance(self.gemm_tile_rows, int) and self.gemm_tile_rows >= 1):
-            raise ValueError(f"cost.gemm_tile_rows: must be an integer >= 1, got {self.gemm_tile_rows!r}")
+            raise UserError(f"cost.gemm_tile_rows: must be an integer >= 1, got {self.gemm_tile_rows!r}")
         m = self.model
         self._flop_rate = self.hardware.peak_flops * self.compute_efficiency
         self._attn_rate = self.hardware.peak_flops * self.attention_efficiency

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from kvplan.errors import UserError
 from sim.cost.features import StepFeatures
 from traces.specs import is_number, numeric_hint, read_yaml, shown, shown_key
 
@@ -113,17 +114,17 @@ def save_profile(cost: CalibratedCost, path: str | Path, header: str = "") -> No
 def _seconds(path: Path, key: str, value: object) -> float:
     allowed = f"allowed: 0 to {MAX_SECONDS:g} (a measured step takes milliseconds)"
     if not is_number(value) or value < 0:
-        raise ValueError(f"{path}: {key}: must be a finite number of seconds >= 0, got {shown(value)}"
+        raise UserError(f"{path}: {key}: must be a finite number of seconds >= 0, got {shown(value)}"
                          f"{numeric_hint(value)}; {allowed}")
     if value > MAX_SECONDS:
-        raise ValueError(f"{path}: {key}: {shown(value)} seconds is not a measurement; {allowed}")
+        raise UserError(f"{path}: {key}: {shown(value)} seconds is not a measurement; {allowed}")
     return float(value)
 
 
 def _integer(path: Path, doc: dict, key: str, maximum: int, why: str) -> int | None:
     value = doc.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum):
-        raise ValueError(f"{path}: {key}: must be an integer >= 1, got {shown(value)}; allowed: 1 to {maximum} "
+        raise UserError(f"{path}: {key}: must be an integer >= 1, got {shown(value)}; allowed: 1 to {maximum} "
                          f"({why})")
     return value
 
@@ -132,27 +133,27 @@ def _check_meta(path: Path, doc: dict) -> None:
     """The descriptive keys: strings and mappings as `kvplan calibrate` writes them (later code relies on it)."""
     for key in ("model", "device", "dtype"):
         if key in doc and not isinstance(doc[key], str):
-            raise ValueError(f"{path}: {key}: must be a string, got {shown(doc[key])}; allowed: a name")
+            raise UserError(f"{path}: {key}: must be a string, got {shown(doc[key])}; allowed: a name")
     for key in ("fit", "provenance"):
         if key in doc and not isinstance(doc[key], dict):
-            raise ValueError(f"{path}: {key}: must be a mapping, got {shown(doc[key])}; allowed: key: value pairs")
+            raise UserError(f"{path}: {key}: must be a mapping, got {shown(doc[key])}; allowed: key: value pairs")
     sizes = doc.get("block_sizes")
     if sizes is not None and (not isinstance(sizes, list) or not sizes or not all(
             isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_BLOCK_SIZE for b in sizes)):
-        raise ValueError(f"{path}: block_sizes: got {shown(sizes)}; allowed: a non-empty list of integers "
+        raise UserError(f"{path}: block_sizes: got {shown(sizes)}; allowed: a non-empty list of integers "
                          f"1 to {MAX_BLOCK_SIZE}")
 
 
 def _coefficients(path: Path, coeffs: object) -> dict[str, float]:
     if not isinstance(coeffs, dict) or not coeffs:
-        raise ValueError(f"{path}: coefficients: a mapping of feature -> seconds; allowed: {', '.join(COEFFICIENTS)}")
+        raise UserError(f"{path}: coefficients: a mapping of feature -> seconds; allowed: {', '.join(COEFFICIENTS)}")
     for key in coeffs:
         if key not in COEFFICIENTS:
-            raise ValueError(f"{path}: coefficients.{shown_key(key)}: unknown feature; "
+            raise UserError(f"{path}: coefficients.{shown_key(key)}: unknown feature; "
                              f"allowed: {', '.join(COEFFICIENTS)}")
     coefficients = {k: _seconds(path, f"coefficients.{k}", v) for k, v in coeffs.items()}
     if not any(coefficients.values()):
-        raise ValueError(f"{path}: coefficients: all zero would price every step at 0 s; allowed: at least one > 0")
+        raise UserError(f"{path}: coefficients: all zero would price every step at 0 s; allowed: at least one > 0")
     return coefficients
 
 
@@ -160,10 +161,10 @@ def load_profile(path: str | Path) -> CalibratedCost:
     path = Path(path)
     doc = read_yaml(path, "--profile")
     if not isinstance(doc, dict):
-        raise ValueError(f"{path}: a profile is a YAML mapping with keys {', '.join(PROFILE_KEYS)}")
+        raise UserError(f"{path}: a profile is a YAML mapping with keys {', '.join(PROFILE_KEYS)}")
     unknown = sorted(set(doc) - set(PROFILE_KEYS), key=str)
     if unknown:
-        raise ValueError(f"{path}: unknown key {shown(unknown[0])}; allowed: {', '.join(PROFILE_KEYS)}")
+        raise UserError(f"{path}: unknown key {shown(unknown[0])}; allowed: {', '.join(PROFILE_KEYS)}")
     coefficients = _coefficients(path, doc.get("coefficients"))
     capacity = _integer(path, doc, "kv_capacity_blocks", MAX_BLOCKS,
                         "the simulator keeps over 100 bytes per block: 2^24 blocks are ~2 GB per replica")

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvplan.errors import UserError
+
 HUBER_K = 1.345  # the classic 95%-efficiency tuning constant, in units of the residuals' robust scale
 
 
@@ -82,10 +84,10 @@ def fit_with_holdout(x: np.ndarray, t: np.ndarray, holdout: np.ndarray) -> Fit:
     """Fit on the rows not in `holdout` (a boolean mask), report R² there and relative errors on `holdout`."""
     train = ~holdout
     if train.sum() < x.shape[1]:
-        raise ValueError(f"calibration: {int(train.sum())} steps to fit {x.shape[1]} coefficients; "
+        raise UserError(f"calibration: {int(train.sum())} steps to fit {x.shape[1]} coefficients; "
                          "allowed: more steps (a larger --repeats)")
     if np.any(t <= 0) or not np.all(np.isfinite(t)):
-        raise ValueError("calibration: every measured step time must be a finite number > 0")
+        raise UserError("calibration: every measured step time must be a finite number > 0")
     c = robust_nnls(x[train], t[train])
     errors = (x[holdout] @ c - t[holdout]) / t[holdout]
     return Fit(c, r_squared(x[train] @ c, t[train]), errors)

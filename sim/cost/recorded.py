@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from engine.core.strict_json import loads, short, whole
+from kvplan.errors import UserError
 from sim.cost.features import StepFeatures
 
 
-class PolicyDivergence(ValueError):
+class PolicyDivergence(UserError):
     """The simulated scheduler did not schedule what the live engine scheduled: a configuration that differs from
     the replay's (a user error for `simulate --cost recorded`), or - with the replay's own configuration, as
     `kvplan validate` runs it - a policy difference between the simulator and the engine, which it reports."""
@@ -53,7 +54,7 @@ class ProfiledStep:
 
 def _flag(value: object, what: str) -> bool:
     if not isinstance(value, bool):  # bool("no") is True: a flag is written as true or false
-        raise ValueError(f"{what}: {short(value)}; allowed: true or false")
+        raise UserError(f"{what}: {short(value)}; allowed: true or false")
     return value
 
 
@@ -62,7 +63,7 @@ def _seconds(value: object, what: str) -> float | None:
     if value is None and what != "wall_s":
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"{what}: {short(value)}; allowed: a finite number of seconds >= 0")
+        raise UserError(f"{what}: {short(value)}; allowed: a finite number of seconds >= 0")
     return float(value)
 
 
@@ -91,9 +92,9 @@ def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
                                           _seconds(record.get("end_s"), "end_s")))
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 what = "a {'meta': {...}} header" if number == 1 else "a step record"
-                raise ValueError(f"{path}:{number}: not {what} of an engine step profile ({exc!r})") from None
+                raise UserError(f"{path}:{number}: not {what} of an engine step profile ({exc!r})") from None
     if meta is None or not isinstance(meta, dict):
-        raise ValueError(f"{path}:1: empty step profile; allowed: a file written by the engine's step profiler")
+        raise UserError(f"{path}:1: empty step profile; allowed: a file written by the engine's step profiler")
     return meta, steps
 
 
@@ -102,7 +103,7 @@ class RecordedCost:
 
     def __init__(self, steps: list[ProfiledStep], source: str = "profile") -> None:
         if any(s.start_s is None for s in steps):
-            raise ValueError(f"{source}: not the step profile of a live replay (steps lack start_s/end_s); "
+            raise UserError(f"{source}: not the step profile of a live replay (steps lack start_s/end_s); "
                              "allowed: the steps.jsonl that `kvplan replay` writes")
         self.steps = {s.step: s for s in steps}
         self.source = source

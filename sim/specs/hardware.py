@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvplan.errors import UserError
+
 GIB = 1024**3
 
 
@@ -35,6 +37,6 @@ HARDWARE: dict[str, HardwareSpec] = {spec.name: spec for spec in (
 def get_hardware(name: str) -> HardwareSpec:
     spec = HARDWARE.get(name)
     if spec is None:
-        raise ValueError(f"--hardware: unknown hardware {name!r}; allowed: {', '.join(sorted(HARDWARE))}, or "
+        raise UserError(f"--hardware: unknown hardware {name!r}; allowed: {', '.join(sorted(HARDWARE))}, or "
                          "cpu-local (this machine, through a shipped calibrated profile)")
     return spec

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvplan.errors import UserError
 from traces.specs import read_text, shown
 
 
@@ -111,15 +112,15 @@ def get_model(name: str) -> ModelSpec:
     path = Path(name)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ValueError(f"--model: {path}: a directory without config.json; allowed: a model directory "
+            raise UserError(f"--model: {path}: a directory without config.json; allowed: a model directory "
                              "or a path to an HF config.json")
         path = path / "config.json"
     if path.suffix == ".json":
         if not path.exists():  # a ValueError like an unknown name: a calibrated run may name the model as a label
-            raise ValueError(f"--model: {path}: no such file; allowed: {', '.join(sorted(MODELS))}, "
+            raise UserError(f"--model: {path}: no such file; allowed: {', '.join(sorted(MODELS))}, "
                              "or a path to an HF config.json")
         return from_hf_config(path)
-    raise ValueError(f"--model: unknown model {name!r}; allowed: {', '.join(sorted(MODELS))}, "
+    raise UserError(f"--model: unknown model {name!r}; allowed: {', '.join(sorted(MODELS))}, "
                      "or a path to an HF config.json")
 
 
@@ -137,11 +138,11 @@ def read_config(path: Path) -> dict:
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+        raise UserError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     except RecursionError:
-        raise ValueError(f"{path}: not valid JSON: nested too deeply; allowed: an HF config.json object") from None
+        raise UserError(f"{path}: not valid JSON: nested too deeply; allowed: an HF config.json object") from None
     if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: a config.json is a JSON object with {REQUIRED}; got a {type(cfg).__name__}")
+        raise UserError(f"{path}: a config.json is a JSON object with {REQUIRED}; got a {type(cfg).__name__}")
     return cfg
 
 
@@ -150,7 +151,7 @@ def _size(path: Path, cfg: dict, key: str) -> int:
     value, limit = cfg[key], CONFIG_LIMITS[key]
     integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
     if isinstance(value, bool) or not integral or not 1 <= value <= limit:
-        raise ValueError(f"{path}: {key}: must be an integer >= 1, got {shown(value)}; allowed: 1 to {limit}")
+        raise UserError(f"{path}: {key}: must be an integer >= 1, got {shown(value)}; allowed: 1 to {limit}")
     return int(value)
 
 
@@ -164,7 +165,7 @@ def from_hf_config(path: Path) -> ModelSpec:
     missing = next((k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", inter_key, "vocab_size")
                     if not _given(cfg, k)), None)
     if missing is not None:
-        raise ValueError(f"{path}: config.json lacks {missing!r}; needs {REQUIRED}")
+        raise UserError(f"{path}: config.json lacks {missing!r}; needs {REQUIRED}")
     hidden, heads = _size(path, cfg, "hidden_size"), _size(path, cfg, "num_attention_heads")
     opt = _model_type(path, cfg) == "opt"
     return ModelSpec(
@@ -179,7 +180,7 @@ def _head_dim(path: Path, cfg: dict, hidden: int, heads: int) -> int:
     if _given(cfg, "head_dim"):
         return _size(path, cfg, "head_dim")
     if hidden % heads:
-        raise ValueError(f"{path}: hidden_size: {hidden} is not divisible by num_attention_heads {heads}; allowed: "
+        raise UserError(f"{path}: hidden_size: {hidden} is not divisible by num_attention_heads {heads}; allowed: "
                          "a multiple of num_attention_heads, or an explicit head_dim")
     return hidden // heads
 
@@ -191,7 +192,7 @@ def _kv_heads(path: Path, cfg: dict, heads: int) -> int:
     if heads % kv_heads:
         divisors = [d for d in range(1, heads + 1) if heads % d == 0]
         shown_divisors = ", ".join(map(str, divisors[:16])) + (", ..." if len(divisors) > 16 else "")
-        raise ValueError(f"{path}: num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}; "
+        raise UserError(f"{path}: num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}; "
                          f"allowed: {shown_divisors}")
     return kv_heads
 
@@ -202,14 +203,14 @@ def _dtype_bytes(path: Path, cfg: dict) -> int:
     if key is None:
         return 2
     if not isinstance(cfg[key], str) or cfg[key] not in DTYPE_BYTES:
-        raise ValueError(f"{path}: {key}: unknown dtype {shown(cfg[key])}; allowed: {', '.join(DTYPE_BYTES)}")
+        raise UserError(f"{path}: {key}: unknown dtype {shown(cfg[key])}; allowed: {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[cfg[key]]
 
 
 def _model_type(path: Path, cfg: dict) -> str | None:
     value = cfg.get("model_type")
     if value is not None and not isinstance(value, str):
-        raise ValueError(f"{path}: model_type: must be a string, got {shown(value)}; allowed: e.g. llama, opt")
+        raise UserError(f"{path}: model_type: must be a string, got {shown(value)}; allowed: e.g. llama, opt")
     return value
 
 
@@ -218,7 +219,7 @@ def _flag(path: Path, cfg: dict, key: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):  # "false" would be truthy
-        raise ValueError(f"{path}: {key}: must be true or false, got {shown(value)}; allowed: true, false")
+        raise UserError(f"{path}: {key}: must be true or false, got {shown(value)}; allowed: true, false")
     return value
 
 
@@ -228,5 +229,5 @@ def _context_len(path: Path, cfg: dict) -> int | None:
         return None
     value = cfg[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-        raise ValueError(f"{path}: {key}: {shown(value)}; allowed: an integer >= 2 (the model's context length)")
+        raise UserError(f"{path}: {key}: {shown(value)}; allowed: an integer >= 2 (the model's context length)")
     return value

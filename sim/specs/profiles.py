@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvplan.errors import UserError
+
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 PROFILED_DEVICES = ("cpu-local",)
 
@@ -17,7 +19,7 @@ def shipped_profiles(device: str) -> dict[str, Path]:
 def shipped_profile(model: str, device: str = "cpu-local") -> Path:
     profiles = shipped_profiles(device)
     if model not in profiles:
-        raise ValueError(f"--hardware {device}: no shipped profile for model {model!r}; allowed: "
+        raise UserError(f"--hardware {device}: no shipped profile for model {model!r}; allowed: "
                          f"{', '.join(profiles) or 'none shipped'} (or --cost calibrated --profile P from "
                          "`kvplan calibrate`)")
     return profiles[model]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvplan.errors import UserError
 from traces.compression import open_text, read_bytes
 from traces.schema import LoadReport, Trace, TraceFormatError, gather_segments, offsets_from_counts, short_repr
 
@@ -342,7 +343,7 @@ def _parse_line(text: str) -> dict | str:
     try:
         obj, end = _DECODER.raw_decode(text)
         if end != len(text) and text[end:] not in ("\n", "\r\n"):
-            raise ValueError("not the whole line")
+            raise UserError("not the whole line")
     except ValueError:
         try:
             obj = json.loads(text)
