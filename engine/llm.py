@@ -16,27 +16,27 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import register_paged_attention
-from engine.backends import default_backend, make_backend
-from engine.beam_search import BeamSearch
-from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
-from engine.core.outputs import SchedulerOutput, UpdateOutput
-from engine.cpu_linear import can_pack, pack_linears
-from engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
-from engine.model_runner import ModelRunner
-from engine.models import load_model
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from engine.profiler import StepProfiler
-from engine.rope import rope_for_positions
-from engine.sampling import SampledToken, SamplingParams, sample_row
+from kvplan.engine.attention import register_paged_attention
+from kvplan.engine.backends import default_backend, make_backend
+from kvplan.engine.beam_search import BeamSearch
+from kvplan.engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
+from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
+from kvplan.engine.core.request import sample_index
+from kvplan.engine.core.settings import SETTINGS, core_config
+from kvplan.engine.cpu_linear import can_pack, pack_linears
+from kvplan.engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
+from kvplan.engine.model_runner import ModelRunner
+from kvplan.engine.models import load_model
+from kvplan.engine.options import engine_options
+from kvplan.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvplan.engine.profiler import StepProfiler
+from kvplan.engine.rope import rope_for_positions
+from kvplan.engine.sampling import SampledToken, SamplingParams, sample_row
 from kvplan.errors import UserError
 
 # kv_cache_dtype names (vLLM's where it has one) -> the cache's torch dtype
-KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+KV_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                    "fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "int8": torch.int8}
-DEFAULT_KV_CACHE_MEMORY = 512 << 20
-DEFAULT_SWAP_SPACE = 256 << 20
-MODEL_DTYPES = ("bfloat16", "float16", "float32")  # the dtypes a model's weights and activations may run in
 
 
 @dataclass(slots=True)
@@ -73,54 +73,41 @@ class _Group:
 
 
 class LLM:
-    def __init__(self, model: str, *, block_size: int = 16, kv_cache_memory: int | None = None,
-                 gpu_memory_utilization: float = 0.9, swap_space: int = DEFAULT_SWAP_SPACE,
-                 enable_prefix_caching: bool = True, eviction_policy: str = "lru",
-                 preemption_mode: str = "recompute", victim_policy: str = "newest", schedule: str = "mixed",
-                 scheduler_reserve_full_isl: bool = True, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
-                 max_model_len: int | None = None, dtype: str | torch.dtype = "float32", device: str | None = None,
-                 attention_backend: str | None = None, kv_cache_dtype: str = "auto", sink_tokens: int = 0,
-                 window_tokens: int = 0, position_mode: str = "original", seed: int = 0,
-                 profile_path: str | Path | None = None,
-                 num_gpu_blocks_override: int | None = None) -> None:
+    def __init__(self, model: str, *, seed: int = 0, device: str | None = None, attention_backend: str | None = None,
+                 profile_path: str | Path | None = None, **settings: object) -> None:
+        """`settings`: any of `EngineOptions` (engine.core.settings declares them: names, defaults, ranges)."""
+        if isinstance(settings.get("dtype"), torch.dtype):
+            settings["dtype"] = str(settings["dtype"]).removeprefix("torch.")
+        o = self.options = engine_options(settings)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if isinstance(dtype, str):
-            if dtype not in MODEL_DTYPES:  # getattr(torch, "float7") would be an AttributeError deep in loading
-                raise UserError(f"dtype: unknown {dtype!r}; allowed: {', '.join(MODEL_DTYPES)}")
-            dtype = getattr(torch, dtype)
+        dtype = getattr(torch, o.dtype)  # checked: one of MODEL_DTYPES
         self.loaded = load_model(model, dtype=dtype, device=str(self.device),
                                  attn_implementation=register_paged_attention())
         if can_pack(self.loaded.model):  # bf16/fp16 on CPU: oneDNN weights packed once, not on every call
-            pack_linears(self.loaded.model, batch_hint=min(max_num_seqs, 64))
+            pack_linears(self.loaded.model, batch_hint=min(o.max_num_seqs, 64))
         self.tokenizer = self.loaded.tokenizer
-        self.max_model_len = min(max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
-        layout = KVLayout(self.loaded.num_layers, self.loaded.num_kv_heads, self.loaded.head_dim, block_size,
-                          self._kv_dtype(kv_cache_dtype, dtype))
-        rope = rope_for_positions(self.loaded.model, position_mode, window_tokens, attention_backend)
+        self.max_model_len = min(o.max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
+        layout = KVLayout(self.loaded.num_layers, self.loaded.num_kv_heads, self.loaded.head_dim,
+                          o.block_size, self._kv_dtype(o.kv_cache_dtype, dtype))
+        rope = rope_for_positions(self.loaded.model, o.position_mode, o.window_tokens, attention_backend)
         if rope is not None and attention_backend is None and self.device.type == "cuda":
             attention_backend = "torch"  # the Triton kernels have no per-query rotation
         backend = make_backend(attention_backend or default_backend(self.device), self.device)
-        num_blocks = num_gpu_blocks_override or self._num_blocks(layout, kv_cache_memory, gpu_memory_utilization,
-                                                                 backend, max_num_batched_tokens)
-        num_cpu_blocks = layout.blocks_in(swap_space) if preemption_mode == "swap" else 0
+        num_blocks = o.num_blocks or self._num_blocks(layout, o.kv_cache_memory, o.gpu_memory_utilization, backend,
+                                                      o.max_num_batched_tokens)
+        num_cpu_blocks = layout.blocks_in(o.swap_space) if o.preemption_mode == "swap" else 0
         check_host_memory(layout, num_blocks, num_cpu_blocks, self.device)
         try:
-            cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
-                                enable_prefix_caching=enable_prefix_caching, eviction_policy=eviction_policy,
-                                max_model_len=self.max_model_len, sink_tokens=sink_tokens,
-                                window_tokens=window_tokens)
+            cache = core_config(CacheConfig, o, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
+                                max_model_len=self.max_model_len)
         except ConfigError as exc:
             budget = layout.bytes_per_block * num_blocks
-            raise UserError(f"KV budget too small: {budget} bytes hold {num_blocks} blocks of {block_size} tokens "
+            raise UserError(f"KV budget too small: {budget} bytes hold {num_blocks} blocks of {o.block_size} tokens "
                              f"({layout.bytes_per_block} bytes each): {exc}") from exc
-        self.scheduler = Scheduler(cache, SchedulerConfig(
-            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-            enable_chunked_prefill=enable_chunked_prefill, preemption_mode=preemption_mode,
-            victim_policy=victim_policy, schedule=schedule, scheduler_reserve_full_isl=scheduler_reserve_full_isl))
+        self.scheduler = Scheduler(cache, core_config(SchedulerConfig, o))
         self.kv_cache = PagedKVCache(layout, num_blocks, num_cpu_blocks, self.device)
-        self.runner = ModelRunner(self.loaded.model, self.kv_cache, backend, self.device, sink_tokens, window_tokens,
-                                  rope)
+        self.runner = ModelRunner(self.loaded.model, self.kv_cache, backend, self.device, o.sink_tokens,
+                                  o.window_tokens, rope)
         self._seeds = torch.Generator().manual_seed(seed)
         self._groups: dict[str, _Group] = {}
         self._owner: dict[str, tuple[str, int]] = {}  # sequence id -> (group id, index)
@@ -128,9 +115,9 @@ class LLM:
         self.last_step: StepTrace | None = None
         self.profile_meta = {
             "model": model, "device": str(self.device), "dtype": str(dtype).removeprefix("torch."),
-            "kv_dtype": str(layout.dtype).removeprefix("torch."), "block_size": block_size, "num_blocks": num_blocks,
-            "num_cpu_blocks": num_cpu_blocks, "sink_tokens": sink_tokens, "window_tokens": window_tokens,
-            "position_mode": position_mode,
+            "kv_dtype": str(layout.dtype).removeprefix("torch."), "block_size": o.block_size,
+            "num_blocks": num_blocks, "num_cpu_blocks": num_cpu_blocks, "sink_tokens": o.sink_tokens,
+            "window_tokens": o.window_tokens, "position_mode": o.position_mode,
             "threads": torch.get_num_threads(), "torch": str(torch.__version__)}
         self.profiler = None if profile_path is None else StepProfiler(profile_path, self.profile_meta)
 
@@ -138,19 +125,16 @@ class LLM:
     def _kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
         """`auto`: the model's dtype; `fp8_e4m3` (vLLM's `fp8`) and `int8` quantize on write, with one float32
         scale per token per KV head (kernels.quant), and dequantize on read."""
-        if name == "auto":
-            return model_dtype
-        if name not in KV_CACHE_DTYPES:
-            raise UserError(f"kv_cache_dtype: unknown {name!r}; allowed: auto, {', '.join(KV_CACHE_DTYPES)}")
-        return KV_CACHE_DTYPES[name]
+        return model_dtype if name == "auto" else KV_TORCH_DTYPES[name]  # checked: one of settings.KV_CACHE_DTYPES
 
     def _num_blocks(self, layout: KVLayout, kv_cache_memory: int | None, utilization: float, backend,
                     max_batched_tokens: int) -> int:
         if self.device.type == "cuda" and kv_cache_memory is None:
-            from engine.memory_profile import gpu_kv_blocks
+            from kvplan.engine.memory_profile import gpu_kv_blocks
 
             return gpu_kv_blocks(self.loaded.model, layout, backend, self.device, utilization, max_batched_tokens)
-        return layout.blocks_in(kv_cache_memory if kv_cache_memory is not None else DEFAULT_KV_CACHE_MEMORY)
+        return layout.blocks_in(kv_cache_memory if kv_cache_memory is not None
+                                else SETTINGS["kv_cache_memory"].default)
 
     @property
     def num_kv_blocks(self) -> int:
@@ -322,7 +306,7 @@ class LLM:
     def _record(self, out: SchedulerOutput, result, scheduled_at: float, now: float) -> list[RequestOutput]:
         for child in result.forked:
             group_id, _ = self._owner[child.parent_id]
-            index = int(child.request_id.rsplit("#", 1)[1])
+            index = sample_index(child.request_id)
             self._groups[group_id].sequences[index] = child
             self._owner[child.request_id] = (group_id, index)
         for item in out.scheduled:

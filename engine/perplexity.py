@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from engine.llm import KV_CACHE_DTYPES, LLM
-from engine.rope import POSITION_MODES
+from kvplan.engine.llm import KV_TORCH_DTYPES, LLM
+from kvplan.engine.rope import POSITION_MODES
 from kvplan.errors import UserError
 
 POLICY_KEYS = ("sinks", "window", "kv", "positions")
@@ -56,8 +56,8 @@ def parse_policy(text: str) -> CachePolicy:
     positions = fields.pop("positions", "original")
     if positions not in POSITION_MODES:
         raise UserError(f"--policy: {text!r}: positions={positions}; allowed: {', '.join(POSITION_MODES)}")
-    if kv != "auto" and kv not in KV_CACHE_DTYPES:
-        raise UserError(f"--policy: {text!r}: kv={kv}; allowed: auto, {', '.join(KV_CACHE_DTYPES)}")
+    if kv != "auto" and kv not in KV_TORCH_DTYPES:
+        raise UserError(f"--policy: {text!r}: kv={kv}; allowed: auto, {', '.join(KV_TORCH_DTYPES)}")
     sizes = {}
     for key, value in fields.items():
         if not value.isdigit() or int(value) < (0 if key == "sinks" else 1):
@@ -80,7 +80,7 @@ def perplexity(model: str, tokens: list[int], policy: CachePolicy, *, dtype: str
     llm = LLM(model, dtype=dtype, block_size=block_size, kv_cache_dtype=policy.kv_cache_dtype,
               sink_tokens=policy.sink_tokens, window_tokens=policy.window_tokens, position_mode=policy.position_mode,
               max_model_len=len(tokens) + 1,
-              num_gpu_blocks_override=-(-len(tokens) // block_size) + 2, max_num_batched_tokens=64,
+              num_blocks=-(-len(tokens) // block_size) + 2, max_num_batched_tokens=64,
               attention_backend=attention_backend)
     rid = llm.add_request(tokens[:1], teacher_token_ids=tokens[1:])
     kv, peak, result = llm.scheduler.kv, 0, None

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
-from engine.core import RequestStatus
-from engine.llm import LLM
-from engine.profiler import StepProfiler
-from engine.sampling import SamplingParams
+from kvplan.engine.core import RequestStatus
+from kvplan.engine.core.request import sample_index
+from kvplan.engine.llm import LLM
+from kvplan.engine.profiler import StepProfiler
+from kvplan.engine.sampling import SamplingParams
 
 SERIES_KEYS = ("kv_usage", "num_cached_free_blocks", "token_states", "reserved_unused", "internal_fragmentation",
                "external_fragmentation", "free")
@@ -171,7 +172,7 @@ class LiveReplay:
                 seq.token_times_s.append(end)
         for child in trace.update.forked:
             parent = live[child.parent_id]
-            sample = int(child.request_id.rsplit("#", 1)[1])
+            sample = sample_index(child.request_id)
             # A sibling that found no room (reservation allocators) samples its first token after a recompute.
             first = [end] if child.status in (RequestStatus.RUNNING, RequestStatus.FINISHED) else []
             live[child.request_id] = SequenceTimes(parent.row, sample, parent.arrival_s, parent.first_scheduled_s,

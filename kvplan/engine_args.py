@@ -1,104 +1,39 @@
-"""Engine options on the command line (`kvplan replay`, `validate`, `calibrate`) and in YAML config lists."""
+"""Engine options on the command line (`kvplan serve`, `replay`, `validate`) and in YAML config lists, both from
+the settings declaration (`engine.core.settings`)."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import re
 from dataclasses import replace
 from pathlib import Path
 
-from kvplan.arg_types import BLOCK_SIZE, BLOCKS, MAX_TOKENS, POSITIVE_TOKENS, TOKENS, integer
+from kvplan.engine.core.settings import MODEL_DTYPES, SETTINGS, canonical  # noqa: F401 (MODEL_DTYPES: commands')
+from kvplan.engine.options import EngineOptions
 from kvplan.errors import UserError
-from kvplan.live import SIM_KV_DTYPES, EngineOptions
-from kvplan.output import safe_name, short
-from traces.specs import read_yaml
-
-_UNITS = {"": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30}
+from kvplan.output import safe_name
+from kvplan.settings_cli import add_setting_flags, settings_from_args
+from kvplan.traces.specs import read_yaml
 
 
 def parse_bytes(text: str) -> int:
-    """'64MiB', '512m', '1e8', '1GB' -> bytes."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match and match.group(2).lower()
-    if not match or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; allowed: a number of bytes with an optional "
-                                         "unit (KiB, MiB, GiB, KB, MB, GB), e.g. 64MiB")
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size must be at least 1 byte")
-    # The KV cache and swap space live in this machine's memory (CPU engine): more than it has cannot be made.
-    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if value > physical:
-        raise argparse.ArgumentTypeError(f"{text!r} is {value} bytes; allowed: at most this machine's memory, "
-                                         f"{physical} bytes")
+    """'64MiB', '512m', '1e8', '1GB' -> bytes (a size setting's parse: at least 1 byte, at most this machine's
+    memory)."""
+    value, problem = SETTINGS["kv_cache_memory"].parse(str(text))
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 
-# The model dtypes the engine runs (engine.llm.MODEL_DTYPES, repeated: kvplan loads without torch); every --dtype
-# flag and `dtype` key takes exactly these.
-MODEL_DTYPES = ("bfloat16", "float16", "float32")
-# The integer options' allowed ranges, one checker each for the flag and for a --configs entry's key.
-_INTEGERS = {"block_size": BLOCK_SIZE, "num_blocks": BLOCKS, "max_num_seqs": integer(1, 1_000_000),
-             "max_num_batched_tokens": POSITIVE_TOKENS, "max_model_len": integer(2, MAX_TOKENS),
-             "sink_tokens": TOKENS, "window_tokens": TOKENS}
-# The string options whose values are a fixed list (the policy names are checked by the core's config).
-_CHOICES = {"dtype": MODEL_DTYPES, "kv_cache_dtype": ("auto", *SIM_KV_DTYPES), "position_mode": ("original", "shifted")}
-
-
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    d = EngineOptions()
-    p.add_argument("--block-size", type=_INTEGERS["block_size"], default=d.block_size)
-    p.add_argument("--num-blocks", type=_INTEGERS["num_blocks"], default=None,
-                   help="KV blocks (default: what --kv-cache-memory holds)")
-    p.add_argument("--kv-cache-memory", type=parse_bytes, default=d.kv_cache_memory, help="KV cache size, e.g. 64MiB")
-    p.add_argument("--dtype", default=d.dtype, choices=MODEL_DTYPES, help="model dtype")
-    p.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=_CHOICES["kv_cache_dtype"],
-                   help="KV cache dtype: auto (the model's), float16, bfloat16, float32, fp8_e4m3 or int8 "
-                        "(quantized: ~2x the blocks for the same --kv-cache-memory)")
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--eviction", default=d.eviction_policy, help="lru, fifo, lfu or s3fifo")
-    p.add_argument("--preemption", default=d.preemption_mode, help="recompute or swap")
-    p.add_argument("--victim", default=d.victim_policy, help="newest, lowest_priority or longest_remaining")
-    p.add_argument("--schedule", default=d.schedule, help="mixed or prefill_first")
-    p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction,
-                   default=d.scheduler_reserve_full_isl,
-                   help="admit a waiting request only when its whole prompt fits in the free KV blocks (vLLM's "
-                        "default); --no-scheduler-reserve-full-isl: a first chunk that fits is enough (vLLM <= 0.10)")
-    p.add_argument("--swap-space", type=parse_bytes, default=d.swap_space, help="CPU swap space, e.g. 64MiB")
-    p.add_argument("--max-num-seqs", type=_INTEGERS["max_num_seqs"], default=d.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=_INTEGERS["max_num_batched_tokens"],
-                   default=d.max_num_batched_tokens)
-    p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument("--max-model-len", type=_INTEGERS["max_model_len"], default=None)
-    p.add_argument("--sink-tokens", type=_INTEGERS["sink_tokens"], default=0)
-    p.add_argument("--window-tokens", type=_INTEGERS["window_tokens"], default=0)
-    p.add_argument("--position-mode", default=d.position_mode, choices=_CHOICES["position_mode"],
-                   help="with a window: retained tokens keep their positions (original) or take their positions "
-                        "within the cache (shifted, StreamingLLM; RoPE models, torch/cpu attention)")
+    """Every setting the live engine reads, as a flag (kvplan.settings_cli)."""
+    add_setting_flags(p, "engine")
 
 
 def options_from_args(args: argparse.Namespace) -> EngineOptions:
-    return EngineOptions(
-        block_size=args.block_size, num_blocks=args.num_blocks, kv_cache_memory=args.kv_cache_memory,
-        dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=not args.no_prefix_caching,
-        eviction_policy=args.eviction,
-        preemption_mode=args.preemption, victim_policy=args.victim, schedule=args.schedule,
-        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl, swap_space=args.swap_space,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=not args.no_chunked_prefill,
-        max_model_len=args.max_model_len, sink_tokens=args.sink_tokens, window_tokens=args.window_tokens,
-        position_mode=args.position_mode)
+    return EngineOptions(**settings_from_args(args, "engine"))
 
 
-_SIZES = ("kv_cache_memory", "swap_space")
 _RESERVED = ("validation.json", "report.md", "manifest.json")  # what `validate` writes beside the config folders
-_TYPES = {"block_size": int, "num_blocks": int, "dtype": str, "kv_cache_dtype": str, "enable_prefix_caching": bool,
-          "eviction_policy": str, "preemption_mode": str, "victim_policy": str, "schedule": str,
-          "scheduler_reserve_full_isl": bool, "max_num_seqs": int,
-          "max_num_batched_tokens": int, "enable_chunked_prefill": bool, "max_model_len": int, "sink_tokens": int,
-          "window_tokens": int, "position_mode": str}
 
 
 def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, EngineOptions]]:
@@ -128,32 +63,14 @@ def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, Engin
         for key, value in entry.items():
             if key == "name":
                 continue
-            if key not in allowed:
+            name = canonical(key)
+            if name not in allowed:
                 raise UserError(f"{where}.{key}: unknown option; allowed: {', '.join(allowed)}")
-            changes[key] = _value(f"{where}.{key}", key, value)
+            changes[name] = _value(f"{where}.{key}", name, value)
         out.append((entry["name"], replace(base, **changes)))
     return out
 
 
 def _value(where: str, key: str, value: object) -> object:
-    """One --configs value, checked as strictly as its command-line flag (type, range, choices)."""
-    if key in _SIZES:
-        try:
-            return parse_bytes(str(value))
-        except argparse.ArgumentTypeError as exc:
-            raise UserError(f"{where}: {exc}") from None
-    want = _TYPES[key]
-    if value is None and key in ("num_blocks", "max_model_len"):
-        return None
-    if want is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise UserError(f"{where}: must be an integer, got {short(value)}")
-        try:
-            return _INTEGERS[key](str(value))
-        except argparse.ArgumentTypeError as exc:
-            raise UserError(f"{where}: {exc}") from None
-    if not isinstance(value, want):
-        raise UserError(f"{where}: must be a {want.__name__}, got {short(value)}")
-    if key in _CHOICES and value not in _CHOICES[key]:
-        raise UserError(f"{where}: {short(value)}; allowed: {', '.join(_CHOICES[key])}")
-    return value
+    """One --configs value, checked by its setting (the message its flag and the core give)."""
+    return SETTINGS[key].side_field().check(value, where)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.run import SimResult
+from kvplan.serving_result import ServingResult
 
 TOKEN_TIME_TOLERANCE_S = 1e-9
 LATENCY_KEYS = tuple(f"{stat}_{lat}_ms" for lat in ("ttft", "tpot", "itl", "e2el") for stat in ("median", "p90",
@@ -27,7 +27,7 @@ TARGETS = {"median_e2el_ms": 3.0, "p90_e2el_ms": 3.0, "median_tpot_ms": 3.0, "p9
            "p99_ttft_ms": 8.0}
 
 
-def counters(result: SimResult) -> dict[str, int | None]:
+def counters(result: ServingResult) -> dict[str, int | None]:
     """The policy counters side by side; None where a run could not see one (an endpoint that does not expose
     it), never a made-up 0."""
     s, blocks = result.summary, result.info["num_blocks"]
@@ -48,7 +48,7 @@ class PolicyCheck:
     differences: list[str] = field(default_factory=list)  # the first few, described
 
 
-def policy_check(live: SimResult, sim: SimResult) -> PolicyCheck:
+def policy_check(live: ServingResult, sim: ServingResult) -> PolicyCheck:
     """Every sequence's token times and every counter, live vs simulated."""
     diffs: list[str] = []
     worst = 0.0
@@ -87,7 +87,7 @@ class MetricRow:
         return target is None or abs(self.error_pct) <= max(target, self.band_pct)
 
 
-def timing_rows(lives: list[SimResult], sim: SimResult) -> list[MetricRow]:
+def timing_rows(lives: list[ServingResult], sim: ServingResult) -> list[MetricRow]:
     rows = []
     for key in (*LATENCY_KEYS, *RATE_KEYS):
         values = np.array([r.summary[key] for r in lives], dtype=float)
@@ -110,7 +110,7 @@ def target_summary(per_config: dict[str, list[MetricRow]]) -> list[dict]:
     return out
 
 
-def cdf_plot(lives: list[SimResult], sims: dict[str, SimResult], title: str) -> bytes:
+def cdf_plot(lives: list[ServingResult], sims: dict[str, ServingResult], title: str) -> bytes:
     """PNG: CDFs of TTFT, TPOT and E2E latency per request, every live run against the simulation(s)."""
     import matplotlib
 

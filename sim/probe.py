@@ -30,15 +30,16 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import UserError
-from sim.closed_loop import ClosedLoop
-from sim.cluster import Cluster
-from sim.metrics import kv_summary, latency_summary
-from sim.rejections import references, rejected_rows
-from sim.replica import SERIES_COLUMNS
-from sim.routers import make_router
-from sim.run import SimResult, SimSpec, build_configs, build_cost, check_trace
-from sim.stability import ProbeSignals, judge
-from traces.steady import MAX_PROBE_REQUESTS, Population, open_loop
+from kvplan.serving_result import ServingResult
+from kvplan.sim.closed_loop import ClosedLoop
+from kvplan.sim.cluster import Cluster
+from kvplan.sim.metrics import kv_summary, latency_summary
+from kvplan.sim.rejections import references, rejected_rows
+from kvplan.sim.replica import SERIES_COLUMNS
+from kvplan.sim.routers import make_router
+from kvplan.sim.run import SimSpec, build_configs, build_cost, check_trace
+from kvplan.sim.stability import ProbeSignals, judge
+from kvplan.traces.steady import MAX_PROBE_REQUESTS, Population, open_loop
 
 MODES = ("sustained", "concurrency")
 OVERLOAD_MIN_WAITING = 32
@@ -102,7 +103,7 @@ class Probe:
         return max(self.duration_s, self.min_requests / (self.offered_rate(pop) * share))
 
 
-def run_probe(pop: Population, spec: SimSpec, probe: Probe, seed: int) -> SimResult:
+def run_probe(pop: Population, spec: SimSpec, probe: Probe, seed: int) -> ServingResult:
     """Simulate one probe, lengthening it while its window is too short (see the module docstring)."""
     if probe.mode not in MODES:
         raise UserError(f"unknown probe mode {probe.mode!r}; allowed: {', '.join(MODES)}")
@@ -121,7 +122,7 @@ def run_probe(pop: Population, spec: SimSpec, probe: Probe, seed: int) -> SimRes
     return result
 
 
-def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: float) -> SimResult:
+def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: float) -> ServingResult:
     w0, w1, grace = probe.edges(duration)
     loop = None
     if probe.mode == "sustained":
@@ -155,7 +156,7 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
 
 
 def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[float, float], stopped: float,
-             early: str, duration: float, rate: float) -> SimResult:
+             early: str, duration: float, rate: float) -> ServingResult:
     trace = cluster.trace
     w0, w1 = window
     length = w1 - w0
@@ -222,7 +223,7 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
             "steps": sum(r.sched.stats.num_steps for r in replicas),
             "fast_steps": sum(r.num_fast_steps for r in replicas), "rejected": len(rejected_list),
             "rejected_first": references(trace, rejected_list), "probe": probe_info}
-    return SimResult(summary, table, series, info, rejected=never_served)
+    return ServingResult(summary, table, series, info, rejected=never_served)
 
 
 def _phase(arrival_s: np.ndarray, w0: float, w1: float) -> np.ndarray:

@@ -25,11 +25,12 @@ from itertools import accumulate, pairwise
 import numpy as np
 import simpy
 
-from engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
-from engine.core.fast_forward import advance_decode, decode_horizon, waiting_head_blocked
-from sim.cost import CostModel, step_time
-from sim.cost.features import decode_stretch_features, first_decode_features
-from sim.metrics import ItlLog, RequestLog
+from kvplan.engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
+from kvplan.engine.core.fast_forward import advance_decode, decode_horizon, waiting_head_blocked
+from kvplan.engine.core.request import sample_index
+from kvplan.sim.cost import CostModel, step_time
+from kvplan.sim.cost.features import decode_stretch_features, first_decode_features
+from kvplan.sim.metrics import ItlLog, RequestLog
 
 NAN = math.nan
 FAST_PATH_CELLS = 1 << 20  # most (request, step) pairs priced in one stretch
@@ -169,7 +170,7 @@ class Replica:
         self._flush_gaps()
         for child in update.forked:
             parent = self.tracks[child.parent_id]
-            sample = int(child.request_id.rsplit("#", 1)[1])
+            sample = sample_index(child.request_id)
             # A sibling that found no room (reservation allocators) samples its first token after a recompute.
             first = end if child.status is RequestStatus.RUNNING or child.status is RequestStatus.FINISHED else NAN
             self.tracks[child.request_id] = Track(parent.request, sample, parent.arrival_s, parent.first_scheduled_s,

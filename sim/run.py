@@ -3,74 +3,49 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
+from kvplan.engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
+from kvplan.engine.core.settings import core_config, options_class
 from kvplan.errors import UserError
-from sim.cluster import Cluster
-from sim.cost import CostModel, StepFeatures
-from sim.cost.analytic import AnalyticCost, kv_capacity_blocks
-from sim.cost.calibrated import load_profile
-from sim.cost.recorded import RecordedCost, read_step_profile
-from sim.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
-from sim.metrics import kv_summary, summarize
-from sim.rejections import references, rejected_rows
-from sim.replica import SERIES_COLUMNS
-from sim.routers import make_router
-from sim.specs.hardware import get_hardware
-from sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model
-from sim.specs.profiles import PROFILED_DEVICES, shipped_profile
-from traces import Trace
+from kvplan.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
+from kvplan.serving_result import ServingResult
+from kvplan.sim.cluster import Cluster
+from kvplan.sim.cost import CostModel, StepFeatures
+from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks
+from kvplan.sim.cost.calibrated import load_profile
+from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
+from kvplan.sim.metrics import kv_summary, summarize
+from kvplan.sim.rejections import references, rejected_rows
+from kvplan.sim.replica import SERIES_COLUMNS
+from kvplan.sim.routers import make_router
+from kvplan.sim.specs.hardware import get_hardware
+from kvplan.sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model, sim_kv_dtype
+from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
+from kvplan.traces import Trace
 
 COST_MODELS = ("analytic", "calibrated", "recorded")
 
 
-@dataclass(slots=True)
-class SimSpec:
-    model: str = "llama-3-8b"
-    hardware: str = "h100-sxm"
-    cost: str = "analytic"
-    profile: str | None = None  # calibrated cost: the profile YAML; recorded cost: a live replay's steps.jsonl
-    replicas: int = 1
-    router: str = "round_robin"
-    block_size: int = 16
-    num_blocks: int | None = None  # measured KV capacity; default: the profile's, else the analytic estimate
-    gpu_memory_utilization: float = 0.9
-    kv_dtype: str | None = None  # default: the model's dtype
-    allocator: str = "paged"
-    enable_prefix_caching: bool = True
-    eviction_policy: str = "lru"
-    num_cpu_blocks: int = 0
-    max_model_len: int | None = None  # default: the longest request of the trace
-    sink_tokens: int = 0
-    window_tokens: int = 0
-    watermark: float = 0.0
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
-    policy: str = "fcfs"
-    preemption_mode: str = "recompute"
-    victim_policy: str = "newest"
-    schedule: str = "mixed"
-    scheduler_reserve_full_isl: bool = True  # admit only when the whole prompt fits (vLLM's default)
-    sample_interval_s: float | None = None  # default: see `sample_interval`
-    fast_path: bool = True
-    record_tokens: bool = False  # keep every token time (SimResult.token_times); step by step
-    cost_options: dict = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
-
-
-@dataclass(slots=True)
-class SimResult:
-    summary: dict
-    requests: pd.DataFrame
-    series: pd.DataFrame
-    info: dict
-    token_times: dict[tuple[int, int], list[float]] | None = None  # (row, sample) -> every token's time
-    rejected: pd.DataFrame | None = None  # never-served requests as table rows (sim.rejections), not in `requests`
+# What a simulation is besides the serving settings: the model, the device, the cost model, the deployment and
+# the output; the settings themselves are every `sim` setting of engine.core.settings, with their side defaults.
+SimSpec = options_class("SimSpec", "sim", extra=(
+    ("model", "str", field(default="llama-3-8b")),
+    ("hardware", "str", field(default="h100-sxm")),
+    ("cost", "str", field(default="analytic")),
+    ("profile", "str | None", field(default=None)),  # calibrated: the profile YAML; recorded: a replay's steps.jsonl
+    ("replicas", "int", field(default=1)),
+    ("router", "str", field(default="round_robin")),
+    ("sample_interval_s", "float | None", field(default=None)),  # default: see `sample_interval`
+    ("fast_path", "bool", field(default=True)),
+    ("record_tokens", "bool", field(default=False)),  # keep every token time (ServingResult.token_times); step by step
+    ("cost_options", "dict", field(default_factory=dict)),  # AnalyticCost efficiency / overhead overrides
+), doc="One simulation: the model, device, cost model and deployment, and every serving setting the simulator "
+       "reads (engine.core.settings).")
 
 
 def check_trace(trace: Trace, name: str = "trace") -> None:
@@ -86,8 +61,6 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
     """The cost model and the KV capacity in blocks it implies (unless `spec.num_blocks` overrides it). A profiled
     device (`cpu-local`) means the calibrated cost of its shipped profile for the model."""
     cost_name, profile = spec.cost, spec.profile
-    if spec.kv_dtype is not None and spec.kv_dtype not in DTYPE_BYTES:
-        raise UserError(f"--kv-dtype: unknown dtype {spec.kv_dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
     if spec.hardware in PROFILED_DEVICES:
         if cost_name == "analytic":
             cost_name = "calibrated"
@@ -117,16 +90,15 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
     if cost.kv_capacity_blocks is None:
         return cost, analytic_cost(spec)[1]
     tokens = cost.kv_capacity_blocks * measured_at
-    measured_dtype = cost.meta.get("dtype")
-    if spec.kv_dtype is not None and spec.kv_dtype != measured_dtype:
+    measured_dtype, kv_dtype = cost.meta.get("dtype"), sim_kv_dtype(spec.kv_cache_dtype)
+    if kv_dtype is not None and kv_dtype != measured_dtype:
         # The capacity was measured with the profile's KV dtype: the same bytes hold rows of the other width
         # (the engine's quantized rows carry a float32 scale per token per head, kernels.quant).
         head_dim = _head_dim(spec.model, cost.meta)
         if measured_dtype not in DTYPE_BYTES or head_dim is None:
-            raise UserError(f"--kv-dtype: the profile {profile} states no KV dtype or head_dim to rescale its "
+            raise UserError(f"--kv-cache-dtype: the profile {profile} states no KV dtype or head_dim to rescale its "
                              f"capacity from; allowed: --num-blocks, or a profile of the model")
-        tokens = tokens * engine_kv_row_bytes(measured_dtype, head_dim) // engine_kv_row_bytes(spec.kv_dtype,
-                                                                                             head_dim)
+        tokens = tokens * engine_kv_row_bytes(measured_dtype, head_dim) // engine_kv_row_bytes(kv_dtype, head_dim)
     return cost, tokens // spec.block_size
 
 
@@ -138,7 +110,8 @@ def _head_dim(model: str, meta: dict) -> int | None:
 
 def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
     model, hardware = get_model(spec.model), get_hardware(spec.hardware)
-    kv_bytes = DTYPE_BYTES[spec.kv_dtype] if spec.kv_dtype is not None else None
+    kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)
+    kv_bytes = DTYPE_BYTES[kv_dtype] if kv_dtype is not None else None
     blocks = kv_capacity_blocks(model, hardware, spec.block_size, kv_dtype_bytes=kv_bytes,
                                 gpu_memory_utilization=spec.gpu_memory_utilization,
                                 max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs)
@@ -159,9 +132,7 @@ def resolve_max_model_len(spec: SimSpec, trace: Trace) -> int:
     never served). The default here is the shorter of the context and the trace's longest request, so that
     a reservation allocator reserving max_model_len per request reserves no more than the workload needs."""
     context = model_context(spec.model)
-    if spec.max_model_len is not None:
-        if spec.max_model_len < 2:
-            raise UserError(f"--max-model-len: {spec.max_model_len}; allowed: an integer >= 2")
+    if spec.max_model_len is not None:  # >= 2: checked as the setting
         if context is not None and spec.max_model_len > context:
             raise UserError(f"--max-model-len: {spec.max_model_len} exceeds {spec.model}'s context length "
                              f"{context}; allowed: at most {context}")
@@ -183,18 +154,14 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
     if spec.enable_prefix_caching and granularity and granularity % spec.block_size:
         divisors = [b for b in range(1, min(granularity, 256) + 1) if granularity % b == 0]
         raise UserError(f"--block-size: {spec.block_size} does not divide the trace's prefix-hash granularity "
-                         f"{granularity}; allowed: {', '.join(map(str, divisors))} (or --no-prefix-caching)")
+                         f"{granularity}; allowed: {', '.join(map(str, divisors))} (or --no-enable-prefix-caching)")
     if num_blocks < 1:
         raise UserError(f"{spec.model} on {spec.hardware}: no memory left for the KV cache after the weights and "
                          "activations; allowed: a larger --hardware, a higher --gpu-memory-utilization, or "
                          "--num-blocks")
-    sched = SchedulerConfig(spec.max_num_batched_tokens, spec.max_num_seqs, spec.enable_chunked_prefill,
-                            spec.policy, spec.preemption_mode, spec.victim_policy, spec.schedule,
-                            spec.scheduler_reserve_full_isl)
+    sched = core_config(SchedulerConfig, spec)
     try:
-        cache = CacheConfig(spec.block_size, num_blocks, spec.num_cpu_blocks, spec.enable_prefix_caching,
-                            spec.eviction_policy, spec.allocator, max_len, spec.sink_tokens, spec.window_tokens,
-                            spec.watermark)
+        cache = core_config(CacheConfig, spec, num_blocks=num_blocks, max_model_len=max_len)
     except ConfigError as exc:
         if str(exc).startswith("cache.num_blocks"):
             raise ConfigError(f"KV capacity of {num_blocks} blocks ({spec.model} on {spec.hardware}, block size "
@@ -251,7 +218,7 @@ def prefill_bound_s(trace: Trace, spec: SimSpec, cost: CostModel) -> float:
     return steps * float(cost.step_times(chunk))
 
 
-def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | None = None) -> SimResult:
+def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | None = None) -> ServingResult:
     """Replay `trace` as recorded, every request to its end; `goodput`: per-request bounds for request_goodput."""
     check_trace(trace)
     router = make_router(spec.router)
@@ -270,7 +237,7 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     return result
 
 
-def collect(cluster: Cluster, num_blocks: int, goodput: dict[str, float | None] | None = None) -> SimResult:
+def collect(cluster: Cluster, num_blocks: int, goodput: dict[str, float | None] | None = None) -> ServingResult:
     table = cluster.log.to_frame(cluster.trace.request_id)
     series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
     duration = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
@@ -285,5 +252,5 @@ def collect(cluster: Cluster, num_blocks: int, goodput: dict[str, float | None] 
     tokens = None
     if replicas[0].token_times is not None:
         tokens = {key: times for r in replicas for key, times in r.token_times.items()}
-    return SimResult(summarize(table, cluster.itl(), kv, goodput), table, series, info, tokens,
+    return ServingResult(summarize(table, cluster.itl(), kv, goodput), table, series, info, tokens,
                      rejected_rows(cluster.trace, rejected))

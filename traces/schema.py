@@ -9,16 +9,16 @@ the engine and the simulator build core requests from; `Trace.records()` yields 
 from __future__ import annotations
 
 import os
-import reprlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvplan.errors import UserError
+from kvplan.errors import SHOWN_CHARS, UserError, short_repr  # noqa: F401 (re-exported)
 
 NO_VALUE = -1  # session_id / turn when the source has none
-MAX_TOKENS = 10_000_000  # a prompt or an output: longer than any model's context
+from kvplan.limits import MAX_TOKENS  # noqa: E402,F401 (re-exported)
+
 MAX_ARRIVAL_S = 1e10  # ~300 years of trace: float64 seconds still resolve microseconds
 ARRAY_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "request_id", "session_id", "turn", "priority",
                 "n", "hash_ids", "hash_offsets")
@@ -28,17 +28,7 @@ class TraceFormatError(UserError):
     """Bad input: the message names the file and line (or the YAML key) and what is allowed."""
 
 
-SHOWN_CHARS = 60
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict = 2, 4, 4, 4
-_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = SHOWN_CHARS, SHOWN_CHARS, SHOWN_CHARS
 
-
-def short_repr(value: object, limit: int = SHOWN_CHARS) -> str:
-    """A value as an error message quotes it: about `limit` characters however large the value, and bounded in
-    time too (a YAML alias bomb expands to billions of items; reprlib never walks them all)."""
-    text = _SHORT.repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclass(slots=True)

@@ -1,38 +1,35 @@
 """Validated configuration of the KV cache and the scheduler.
 
-Every check raises `ConfigError` whose message starts with the key path (`cache.block_size`, ...) so that the
-YAML layer can point at the offending key, and says what is allowed.
+The fields are the core's settings, declared once in `engine.core.settings` (name, default, range, help); each is
+checked there, and the checks across fields are here. Every check raises `ConfigError` whose message starts with
+the key path (`cache.block_size`, ...), so that the YAML layer can point at the offending key, and says what is
+allowed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvplan.errors import UserError
-
-ALLOCATORS = ("paged", "max", "pow2", "oracle")
-PREEMPTION_MODES = ("recompute", "swap")
-QUEUE_POLICIES = ("fcfs", "priority")
-SCHEDULES = ("mixed", "prefill_first")
-
-
-class ConfigError(UserError):
-    """A configuration value is out of its allowed range or names something unknown."""
+from kvplan.engine.core.settings import (  # noqa: F401 (the names the core's users import from here)
+    ALLOCATORS,
+    PREEMPTION_MODES,
+    QUEUE_POLICIES,
+    SCHEDULES,
+    check_settings,
+    config_fields,
+)
+from kvplan.errors import ConfigError
 
 
 def check_int(path: str, value: object, lo: int, hi: int | None = None) -> None:
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
     if not ok:
-        allowed = f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
+        allowed = f"an integer >= {lo} and <= {hi}" if hi is not None else f"an integer >= {lo}"
         raise ConfigError(f"{path}: must be {allowed}, got {value!r}")
 
 
-def check_choice(path: str, value: object, allowed: tuple[str, ...] | list[str]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{path}: unknown value {value!r}; allowed: {', '.join(allowed)}")
-
-
 @dataclass(slots=True)
+@config_fields("cache")
 class CacheConfig:
     """How KV memory is carved up.
 
@@ -42,30 +39,8 @@ class CacheConfig:
     recent window of each request (StreamingLLM); `window_tokens=0` means full attention.
     """
 
-    block_size: int = 16
-    num_blocks: int = 1024
-    num_cpu_blocks: int = 0
-    enable_prefix_caching: bool = True
-    eviction_policy: str = "lru"
-    allocator: str = "paged"
-    max_model_len: int = 4096
-    sink_tokens: int = 0
-    window_tokens: int = 0
-    watermark: float = 0.0  # vLLM V1: none (SchedulerConfig.watermark, 0.0 in 0.33); V0 kept 0.01
-
     def __post_init__(self) -> None:
-        from engine.core.eviction import EVICTION_POLICIES
-
-        check_int("cache.block_size", self.block_size, 1, 256)
-        check_int("cache.num_blocks", self.num_blocks, 1)
-        check_int("cache.num_cpu_blocks", self.num_cpu_blocks, 0)
-        check_int("cache.max_model_len", self.max_model_len, 1)
-        check_int("cache.sink_tokens", self.sink_tokens, 0)
-        check_int("cache.window_tokens", self.window_tokens, 0)
-        check_choice("cache.eviction_policy", self.eviction_policy, sorted(EVICTION_POLICIES))
-        check_choice("cache.allocator", self.allocator, ALLOCATORS)
-        if not isinstance(self.watermark, int | float) or not 0.0 <= self.watermark < 1.0:
-            raise ConfigError(f"cache.watermark: must be a fraction in [0, 1), got {self.watermark!r}")
+        check_settings(self, "cache", "cache")
         if self.sink_tokens and not self.window_tokens:
             raise ConfigError("cache.sink_tokens: needs cache.window_tokens > 0 (sinks only make sense with a window)")
         if self.sink_tokens > self.window_tokens:
@@ -140,6 +115,7 @@ class CacheConfig:
 
 
 @dataclass(slots=True)
+@config_fields("scheduler")
 class SchedulerConfig:
     """Continuous batching limits and policies (names follow vLLM).
 
@@ -150,24 +126,5 @@ class SchedulerConfig:
     that fits is enough (vLLM <= 0.10).
     """
 
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
-    policy: str = "fcfs"
-    preemption_mode: str = "recompute"
-    victim_policy: str = "newest"
-    schedule: str = "mixed"
-    scheduler_reserve_full_isl: bool = True
-
     def __post_init__(self) -> None:
-        from engine.core.victims import VICTIM_POLICIES
-
-        check_int("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        check_int("scheduler.max_num_seqs", self.max_num_seqs, 1)
-        check_choice("scheduler.policy", self.policy, QUEUE_POLICIES)
-        check_choice("scheduler.preemption_mode", self.preemption_mode, PREEMPTION_MODES)
-        check_choice("scheduler.victim_policy", self.victim_policy, sorted(VICTIM_POLICIES))
-        check_choice("scheduler.schedule", self.schedule, SCHEDULES)
-        if not isinstance(self.scheduler_reserve_full_isl, bool):
-            raise ConfigError("scheduler.scheduler_reserve_full_isl: must be true or false, got "
-                              f"{self.scheduler_reserve_full_isl!r}")
+        check_settings(self, "scheduler", "scheduler")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.core.block_keys import BlockKeys, HashBlockKeys, TokenBlockKeys
+from kvplan.engine.core.block_keys import BlockKeys, HashBlockKeys, TokenBlockKeys
 from kvplan.errors import UserError
 
 
@@ -123,6 +123,21 @@ class Request:
         if other.block_keys is not None:
             keep = other.num_computed_tokens // other.block_keys.block_size
             self.block_keys = other.block_keys.fork(self.token_ids, self.request_id, keep)
+
+
+# A parallel-sampling child is its parent's id, "#" and its sample index (vLLM names them the same way): the one
+# format, made and read here.
+CHILD_SEPARATOR = "#"
+
+
+def child_id(parent_id: str, sample: int) -> str:
+    return f"{parent_id}{CHILD_SEPARATOR}{sample}"
+
+
+def sample_index(request_id: str) -> int:
+    """The sample index of a child's id (`child_id`); 0 for a request that is no child."""
+    _, sep, tail = request_id.rpartition(CHILD_SEPARATOR)
+    return int(tail) if sep and tail.isdigit() else 0
 
 
 def make_request(request_id: str, *, max_tokens: int, prompt_len: int | None = None,

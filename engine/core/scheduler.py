@@ -42,20 +42,21 @@ from __future__ import annotations
 from collections import deque
 from itertools import count
 
-from engine.core.beam_group import BeamGroups
-from engine.core.bulk_decode import schedule_decode_prefix
-from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.kv_manager import KVCacheManager
-from engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
-from engine.core.outputs import ScheduledRequest, SchedulerOutput
-from engine.core.preemption import GroupPreemption
-from engine.core.request import Request, RequestStatus, attach_block_keys
-from engine.core.request_queue import make_queue
-from engine.core.reservation import ReservationAllocator
-from engine.core.step_update import StepUpdate
-from engine.core.victims import pick_victim
+from kvplan.engine.core.beam_group import BeamGroups
+from kvplan.engine.core.bulk_decode import schedule_decode_prefix
+from kvplan.engine.core.config import CacheConfig, ConfigError, SchedulerConfig
+from kvplan.engine.core.kv_manager import KVCacheManager
+from kvplan.engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
+from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput
+from kvplan.engine.core.preemption import GroupPreemption
+from kvplan.engine.core.request import Request, RequestStatus, attach_block_keys
+from kvplan.engine.core.request_queue import make_queue
+from kvplan.engine.core.reservation import ReservationAllocator
+from kvplan.engine.core.step_update import StepUpdate
+from kvplan.engine.core.victims import pick_victim
 
 RUNNING = RequestStatus.RUNNING
+INF = float("inf")  # no cap
 
 
 def make_kv_manager(config: CacheConfig) -> KVCacheManager | ReservationAllocator:
@@ -78,6 +79,14 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         self._seq = count()
         self._rejected: list[tuple[str, str]] = []
         self._keys_wanted = self.cache_config.enable_prefix_caching and self.cache_config.allocator == "paged"
+        if self.config.long_prefill_token_threshold > self.cache_config.max_model_len:  # vLLM refuses it too
+            raise ConfigError(f"scheduler.long_prefill_token_threshold: {self.config.long_prefill_token_threshold} "
+                              f"exceeds cache.max_model_len {self.cache_config.max_model_len}; allowed: at most "
+                              "max_model_len (0: no cap)")
+        # vLLM's long_prefill_token_threshold: a prefill's tokens per step, capped before the budget is applied -
+        # in steps that start with more than one request (alone, a prefill starves nobody)
+        self._long_prefill = self.config.long_prefill_token_threshold or INF
+        self._cap = INF
         self._windowed = self.cache_config.windowed  # only then can update() release blocks mid-request
         self._prefill_first = self.config.schedule == "prefill_first"
         self._full_isl = self.config.scheduler_reserve_full_isl
@@ -180,6 +189,7 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
 
     def _chunk(self, pending: int, budget: int) -> int:
         """Tokens to compute now out of `pending` within `budget`; 0: wait for a step with room."""
+        pending = min(pending, self._cap)
         if pending <= budget or self.config.enable_chunked_prefill:
             return min(pending, budget)
         # Chunked prefill off: a prefill runs whole - except a recompute of prompt + generated tokens longer than
@@ -194,6 +204,7 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         if self._rejected:
             out.rejected, self._rejected = self._rejected, []
         budget = self.config.max_num_batched_tokens
+        self._cap = self._long_prefill if len(self.running) + len(self.waiting) + len(self.swapped) > 1 else INF
         if self._prefill_first and not self.swapped and self._schedule_prefills(out, budget):
             return out
         budget = self._schedule_running(out, budget)
@@ -235,7 +246,7 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
                 continue  # preempted as a victim earlier in this loop
             # num_tokens_to_compute, inlined (this loop runs once per running request per step)
             pending = request.prompt_len + request.num_output_tokens - request.num_computed_tokens
-            n = pending if pending <= budget else self._chunk(pending, budget)  # decodes skip the call
+            n = pending if pending <= budget and pending <= self._cap else self._chunk(pending, budget)
             if n == 0:
                 continue
             copies = kv.allocate(request, n)

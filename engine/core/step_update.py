@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.core.bulk_decode import update_decodes
-from engine.core.outputs import SchedulerOutput, UpdateOutput
-from engine.core.request import Request, RequestStatus
+from kvplan.engine.core.bulk_decode import update_decodes
+from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
+from kvplan.engine.core.request import Request, RequestStatus, child_id
 
 if TYPE_CHECKING:
-    from engine.core.kv_manager import KVCacheManager
-    from engine.core.metrics import SchedulerStats
-    from engine.core.reservation import ReservationAllocator
+    from kvplan.engine.core.kv_manager import KVCacheManager
+    from kvplan.engine.core.metrics import SchedulerStats
+    from kvplan.engine.core.reservation import ReservationAllocator
 
 RUNNING = RequestStatus.RUNNING
 
@@ -79,7 +79,7 @@ class StepUpdate:
             raise ValueError(f"request {request.request_id}: expected {request.n} sampled tokens, got {len(tokens)}")
         self.num_running_seqs -= request.n - 1  # its samples' slots pass to the children
         request.forked = True
-        children = [self.fork(request, f"{request.request_id}#{j}") for j in range(1, request.n)]
+        children = [self.fork(request, child_id(request.request_id, j)) for j in range(1, request.n)]
         result.forked.extend(children)
         for member, token in zip([request, *children], tokens, strict=True):
             if member.status is RUNNING:

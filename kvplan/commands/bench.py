@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvplan.arg_types import BLOCK_SIZE, POSITIVE, REPLICAS, SEED, integer, out_path
-from kvplan.engine_args import MODEL_DTYPES
 from kvplan.errors import UserError
 from kvplan.output import format_table, print_json, write_atomic
+from kvplan.settings_cli import add_setting_flags
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
                                  "~100M-parameter Llama: useful output tokens/s of the engine, HF generate with "
                                  "static batches of 8 and 16, and HF continuous batching, plus the engine's KV "
                                  "token utilization. Takes minutes on CPU.")
-    engine.add_argument("--dtype", default="bfloat16", choices=MODEL_DTYPES)
+    add_setting_flags(engine, "engine", names=("dtype",))
     engine.add_argument("--requests", type=integer(1, 100_000, "each runs on the live engine"), default=64)
     sim = _target(
         targets, _bench_sim, "sim",

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvplan.arg_types import BLOCK_SIZE, integer
-from kvplan.engine_args import MODEL_DTYPES
+from kvplan.arg_types import integer
 from kvplan.errors import UserError
 from kvplan.output import format_table, print_json
+from kvplan.settings_cli import add_setting_flags
 
 DEFAULT_POLICIES = ("dense", "window=256", "sinks=4,window=252", "sinks=4,window=252,positions=shifted",
                     "dense,kv=fp8_e4m3", "dense,kv=int8")
@@ -32,8 +32,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
                    help="score the text's first N tokens (default: all of it)")
     p.add_argument("--policy", action="append", default=None,
                    help=f"a cache policy (repeatable; default: {' '.join(DEFAULT_POLICIES)})")
-    p.add_argument("--dtype", default="float32", choices=MODEL_DTYPES)
-    p.add_argument("--block-size", type=BLOCK_SIZE, default=16)
+    # float32 by default: the perplexity should show the cache policy, not bfloat16's rounding.
+    add_setting_flags(p, "engine", names=("dtype", "block_size"), defaults={"dtype": "float32"})
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -50,7 +50,7 @@ def read_text(path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.perplexity import parse_policy, perplexity
+    from kvplan.engine.perplexity import parse_policy, perplexity
 
     policies = [parse_policy(p) for p in (args.policy or DEFAULT_POLICIES)]  # bad policies fail before any work
     text = read_text(args.text)
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tokenize(model: str, text: str) -> list[int]:
-    from engine.models import load_tokenizer
+    from kvplan.engine.models import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     if tokenizer is None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from kvplan.arg_types import BLOCK_SIZE, FRACTION, NON_NEGATIVE, POSITIVE_TOKENS, SEED, integer, number
-from kvplan.engine_args import MODEL_DTYPES, parse_bytes
+from kvplan.arg_types import FRACTION, NON_NEGATIVE, POSITIVE_TOKENS, SEED, integer, number
 from kvplan.errors import UserError
+from kvplan.settings_cli import add_setting_flags, settings_from_args
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -30,13 +30,10 @@ def register(verbs: argparse._SubParsersAction) -> None:
                         "every beam's hypothesis, best first")
     p.add_argument("--length-penalty", type=number(), default=1.0,
                    help="beam search: a hypothesis scores logprob sum / length ** this (default 1.0)")
-    p.add_argument("--block-size", type=BLOCK_SIZE, default=16)
-    p.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
-                   help="KV cache size, e.g. 256MiB (CPU; default 512 MiB)")
-    p.add_argument("--dtype", default="float32", choices=MODEL_DTYPES)
-    p.add_argument("--kv-cache-dtype", default="auto",
-                   choices=["auto", "float32", "bfloat16", "float16", "fp8_e4m3", "int8"],
-                   help="KV cache dtype (auto: the model's); fp8_e4m3 and int8 hold ~2x the blocks")
+    # float32 by default: `generate` answers as HF `generate` does on the same checkpoint (the bundled models are
+    # float32), where the serving commands run bfloat16.
+    add_setting_flags(p, "engine", names=("block_size", "kv_cache_memory", "dtype", "kv_cache_dtype"),
+                      defaults={"dtype": "float32"})
     p.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"],
                    help="default: cpu (fused C++ decode) on CPU when it builds, else torch; triton on CUDA")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -44,12 +41,11 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine.llm import LLM
-    from engine.sampling import SamplingParams
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.sampling import SamplingParams
     from kvplan.output import print_json
 
-    llm = LLM(args.model, block_size=args.block_size, kv_cache_memory=args.kv_cache_memory, dtype=args.dtype,
-              kv_cache_dtype=args.kv_cache_dtype, attention_backend=args.attention_backend)
+    llm = LLM(args.model, attention_backend=args.attention_backend, **settings_from_args(args, "engine"))
     if args.prompt_ids:
         prompts = [_parse_ids(text) for text in args.prompt_ids]
     else:

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 
 from kvplan.arg_types import POSITIVE, SEED, number, out_path
-from kvplan.commands.simulate import TABLE, write_tables
+from kvplan.commands.simulate import TABLE
 from kvplan.endpoint.session import add_endpoint_arguments, endpoint_options, replay_endpoint, within_duration
 from kvplan.engine_args import add_engine_arguments, options_from_args
 from kvplan.errors import UserError
 from kvplan.live import EngineOptions
 from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json
+from kvplan.serving_result import write_tables
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -46,9 +48,9 @@ def add_trace_arguments(p: argparse.ArgumentParser, model_required: bool = True)
 def load_trace(args: argparse.Namespace):
     import math
 
-    import traces
-    from sim.run import check_trace
-    from traces.transforms import scale_rate
+    from kvplan import traces
+    from kvplan.sim.run import check_trace
+    from kvplan.traces.transforms import scale_rate
 
     if not (math.isfinite(args.rate_scale) and args.rate_scale > 0):
         raise UserError(f"--rate-scale: must be a finite number > 0, got {args.rate_scale}")
@@ -80,11 +82,11 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args)
     options = options_from_args(args)
     with atomic_dir(args.out, {"command": "replay", "model": args.model, "trace": str(args.trace),
-                               "options": options.llm_kwargs()}) as out:
+                               "options": asdict(options)}) as out:
         result, meta = replay(args.model, trace, options, seed=args.seed, temperature=args.temperature,
                               steps_path=out / "steps.jsonl")
         write_tables(result, out, args.format)
-        (out / "engine.json").write_text(json_text({"engine": meta, "options": options.llm_kwargs()}))
+        (out / "engine.json").write_text(json_text({"engine": meta, "options": asdict(options)}))
     if args.json:
         print_json({"summary": result.summary, "info": result.info})
         return 0

@@ -28,6 +28,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def load(path: Path):  # -> (Experiment, list[Point])
+    from kvplan.errors import ConfigError
     from kvplan.experiments.check import check_point, resolve
     from kvplan.experiments.fields import SchemaError
     from kvplan.experiments.points import expand
@@ -39,7 +40,7 @@ def load(path: Path):  # -> (Experiment, list[Point])
         points = expand(exp)
         for point in points:
             check_point(exp, point)
-    except SchemaError as exc:
+    except ConfigError as exc:  # a field's or the schema's: the key path, now after the file
         raise SchemaError(f"{path}: {exc}") from None
     return exp, points
 

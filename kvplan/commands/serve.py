@@ -6,6 +6,7 @@ queue answers 503 with Retry-After."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 
 from kvplan.arg_types import integer
 from kvplan.engine_args import add_engine_arguments, options_from_args
@@ -26,11 +27,11 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.llm import LLM
-    from engine.serving.server import serve
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.serving.server import serve
 
     options = options_from_args(args)
-    llm = LLM(args.model, seed=args.seed, **options.llm_kwargs())
+    llm = LLM(args.model, seed=args.seed, **asdict(options))
     name = args.served_model_name or args.model
     layout = llm.kv_cache.layout
     print(f"kvplan serve: {name} ({options.dtype}, KV {llm.profile_meta['kv_dtype']}, block {options.block_size}, "

@@ -8,21 +8,17 @@ import time
 from pathlib import Path
 
 from kvplan.arg_types import (
-    BLOCK_SIZE,
-    BLOCKS,
-    CPU_BLOCKS,
-    FRACTION,
     MAX_TOKENS,
     POSITIVE,
-    POSITIVE_TOKENS,
     REPLICAS,
     SEED,
-    TOKENS,
     integer,
     out_path,
 )
 from kvplan.errors import UserError
-from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json, write_atomic
+from kvplan.output import atomic_dir, check_out_dir, format_table, print_json
+from kvplan.serving_result import write_tables
+from kvplan.settings_cli import add_setting_flags, settings_from_args
 from kvplan.trace_options import UNTIMED_NOTE, add_arrival_options, add_load_options, load_trace, retime_spec
 
 TABLE = (("block", "block_size"), ("kv_blocks", "num_blocks"), ("done", "completed"),
@@ -48,35 +44,13 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--cost", default="analytic", help="cost model: analytic, calibrated (--profile P.yaml) or recorded "
                    "(--profile steps.jsonl of a live replay of this trace)")
     p.add_argument("--profile", default=None, help="calibrated profile YAML, or a replay's steps.jsonl")
-    p.add_argument("--block-size", type=BLOCK_SIZE, nargs="+", default=[16],
-                   help="KV block size; several values run one simulation each and compare them")
     p.add_argument("--replicas", type=REPLICAS, default=1)
     p.add_argument("--router", default="round_robin",
                    help="round_robin, least_outstanding, least_kv_usage or prefix_aware")
-    p.add_argument("--num-blocks", type=BLOCKS, default=None, help="KV capacity in blocks (default: analytic estimate)")
-    p.add_argument("--gpu-memory-utilization", type=FRACTION, default=0.9)
-    p.add_argument("--kv-dtype", default=None, help="KV cache dtype (float16, bfloat16, float8, int8, float32)")
-    p.add_argument("--allocator", default="paged", help="paged, or a reservation baseline: max, pow2, oracle")
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--eviction", default="lru", help="lru, fifo, lfu or s3fifo")
-    p.add_argument("--cpu-blocks", type=CPU_BLOCKS, default=0, help="CPU swap space in blocks")
-    p.add_argument("--max-model-len", type=integer(2, MAX_TOKENS), default=None,
-                   help="longest request served, at most the model's context (default: the shorter of the two "
-                        "and the trace's longest request); longer requests are rejected and counted")
-    p.add_argument("--sink-tokens", type=TOKENS, default=0)
-    p.add_argument("--window-tokens", type=TOKENS, default=0)
-    p.add_argument("--max-num-batched-tokens", type=POSITIVE_TOKENS, default=2048)
-    p.add_argument("--max-num-seqs", type=integer(1, 1_000_000), default=256)
-    p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument("--policy", default="fcfs", help="fcfs or priority")
-    p.add_argument("--preemption", default="recompute", help="recompute or swap")
-    p.add_argument("--victim", default="newest", help="newest, lowest_priority or longest_remaining")
-    p.add_argument("--schedule", default="mixed",
-                   help="mixed (decodes first, prefill chunks fill the budget: vLLM V1) or prefill_first (a step "
-                        "of prefills runs alone: vLLM V0)")
-    p.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
-                   help="admit a waiting request only when its whole prompt fits in the free KV blocks (vLLM's "
-                        "default); --no-scheduler-reserve-full-isl: a first chunk that fits is enough (vLLM <= 0.10)")
+    # Every serving setting the simulator reads (engine.core.settings); several --block-size values run one
+    # simulation each and compare them.
+    # Prefix caching defaults to on for the paged allocator and off for a reservation baseline, which has none.
+    add_setting_flags(p, "sim", multiple=["block_size"], defaults={"enable_prefix_caching": None})
     p.add_argument("--sample-interval", type=POSITIVE, default=None, help="seconds between time-series samples")
     p.add_argument("--no-fast-path", action="store_true", help="step by step (identical results, slower)")
     p.add_argument("--out", type=out_path, default=None, help="write the per-request table and time series here")
@@ -86,24 +60,18 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def spec_from_args(args: argparse.Namespace, block_size: int):
-    from sim.run import SimSpec
+    from kvplan.sim.run import SimSpec
 
-    return SimSpec(
-        model=args.model, hardware=args.hardware, cost=args.cost, profile=args.profile, replicas=args.replicas,
-        router=args.router, block_size=block_size, num_blocks=args.num_blocks,
-        gpu_memory_utilization=args.gpu_memory_utilization, kv_dtype=args.kv_dtype, allocator=args.allocator,
-        enable_prefix_caching=not args.no_prefix_caching and args.allocator == "paged",
-        eviction_policy=args.eviction, num_cpu_blocks=args.cpu_blocks, max_model_len=args.max_model_len,
-        sink_tokens=args.sink_tokens, window_tokens=args.window_tokens,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        enable_chunked_prefill=not args.no_chunked_prefill, policy=args.policy, preemption_mode=args.preemption,
-        victim_policy=args.victim, schedule=args.schedule,
-        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl, sample_interval_s=args.sample_interval,
-        fast_path=not args.no_fast_path)
+    settings = settings_from_args(args, "sim")
+    if settings["enable_prefix_caching"] is None:  # not given: on, except for a reservation allocator (none to use)
+        settings["enable_prefix_caching"] = settings["allocator"] == "paged"
+    return SimSpec(model=args.model, hardware=args.hardware, cost=args.cost, profile=args.profile,
+                   replicas=args.replicas, router=args.router, **{**settings, "block_size": block_size},
+                   sample_interval_s=args.sample_interval, fast_path=not args.no_fast_path)
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.run import check_trace, simulate
+    from kvplan.sim.run import check_trace, simulate
 
     if args.out is not None:
         check_out_dir(args.out)
@@ -129,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         print_json({**runs[0], "notes": notes} if len(runs) == 1 else {"runs": runs, "notes": notes})
         return 0
     print(f"{args.trace}: {len(trace)} requests on {args.replicas} x {args.model} / {args.hardware} "
-          f"({args.cost} cost, router {args.router}, eviction {args.eviction}, preemption {args.preemption})\n")
+          f"({args.cost} cost, router {args.router}, eviction {args.eviction_policy}, "
+          f"preemption {args.preemption_mode})\n")
     rows = [[{**r["summary"], **r["info"]}[key] for _, key in TABLE] for r in runs]
     print(format_table([h for h, _ in TABLE], rows))
     print(f"\nsimulated {runs[0]['summary']['duration_s']:.1f} s per run; wall "
@@ -143,8 +112,8 @@ def profile_notes(args: argparse.Namespace) -> list[str]:
     """A calibrated profile of another model prices this one with that model's step times: said, not silent."""
     if args.cost != "calibrated" or args.profile is None:
         return []
-    from sim.cost.calibrated import load_profile
-    from sim.specs.profiles import profile_mismatch
+    from kvplan.sim.cost.calibrated import load_profile
+    from kvplan.sim.specs.profiles import profile_mismatch
 
     why = profile_mismatch(load_profile(args.profile).meta.get("model"), args.model)
     return [f"--profile {args.profile}: {why}"] if why else []
@@ -158,8 +127,8 @@ def print_notes(notes: list[str]) -> None:
 def prepare_trace(args: argparse.Namespace):  # -> (traces.Trace, notes)
     """The trace as loaded, re-timed (--rate / --retime) and clipped (--clip-context) when asked, with a note
     for everything the user should know about it: what the load changed, and a length-only trace's burst."""
-    from sim.run import model_context
-    from traces.transforms import clip_to_context, retime
+    from kvplan.sim.run import model_context
+    from kvplan.traces.transforms import clip_to_context, retime
 
     trace = load_trace(str(args.trace), args)
     arrivals = retime_spec(args)
@@ -193,18 +162,3 @@ def rejection_notes(info: dict, total: int) -> list[str]:
     return [f"{rejected} of {total} requests rejected, never served (not in the latencies): " + "; ".join(causes)]
 
 
-def write_tables(result, out: Path, fmt: str) -> None:
-    import io
-
-    from sim.rejections import with_rejected
-
-    # the written table holds the never-served requests too (reason, no latencies): a report's request_id is in it
-    requests = with_rejected(result.requests, getattr(result, "rejected", None))
-    for name, frame in (("requests", requests), ("series", result.series)):
-        buffer = io.BytesIO()
-        if fmt == "parquet":
-            frame.to_parquet(buffer, index=False)
-        else:
-            frame.to_csv(buffer, index=False)
-        write_atomic(out / f"{name}.{fmt}", buffer.getvalue())
-    write_atomic(out / "summary.json", json_text({"summary": result.summary, "info": result.info}))

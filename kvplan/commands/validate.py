@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from itertools import pairwise
 from pathlib import Path
 
@@ -23,11 +24,11 @@ import numpy as np
 
 from kvplan.arg_types import integer, out_path
 from kvplan.commands.replay import add_trace_arguments, load_trace
-from kvplan.commands.simulate import write_tables
 from kvplan.endpoint.session import add_endpoint_arguments
 from kvplan.engine_args import add_engine_arguments, load_configs, options_from_args
 from kvplan.errors import UserError
 from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json
+from kvplan.serving_result import write_tables
 
 MODES = ("policy", "timing", "both")
 # The simulations a timing validation compares, beside the profile as calibrated: the profile scaled by a machine
@@ -75,14 +76,14 @@ def resolve_profile(args: argparse.Namespace) -> str | None:
     if args.mode == "policy":
         return None
     if args.profile is not None:
-        from sim.cost.calibrated import load_profile
-        from sim.specs.profiles import profile_mismatch
+        from kvplan.sim.cost.calibrated import load_profile
+        from kvplan.sim.specs.profiles import profile_mismatch
 
         why = profile_mismatch(load_profile(args.profile).meta.get("model"), args.model)  # bad ones fail now
         if why:
             print(f"note: --profile {args.profile}: {why}", file=sys.stderr)
         return args.profile
-    from sim.specs.profiles import shipped_profile
+    from kvplan.sim.specs.profiles import shipped_profile
 
     try:
         return str(shipped_profile(args.model))
@@ -124,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
 
 def validate_config(args, trace, name: str, options, profile: str | None, out: Path) -> dict:
     from kvplan.live import replay, sample_interval, sim_spec
+    from kvplan.sim.cost.calibrated import load_profile, save_profile
+    from kvplan.sim.run import simulate
     from kvplan.validation import cdf_plot, counters
-    from sim.cost.calibrated import load_profile, save_profile
-    from sim.run import simulate
 
     cost = load_profile(profile) if profile is not None and args.speed_probe else None
     probes = [probe(args, options, cost, name)] if cost is not None else []
@@ -145,7 +146,7 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
             probes.append(probe(args, options, cost, name))
         if args.mode != "timing":
             checks.append(check_policy(trace, live, options, meta, where / "steps.jsonl"))
-    entry = {"name": name, "options": options.llm_kwargs(), "num_blocks": int(meta["num_blocks"]),
+    entry = {"name": name, "options": asdict(options), "num_blocks": int(meta["num_blocks"]),
              "busy_fraction": [round(r.info["busy_fraction"], 3) for r in lives],
              "live_counters": [counters(r) for r in lives]}
     sims = {}
@@ -210,7 +211,7 @@ def probe(args, options, cost, name: str):
 def in_run_factor(cost, steps_path: Path) -> float:
     """How fast a live run's own steps went against the profile: Σ measured / Σ profile-predicted."""
     from kvplan.calibration.probe import predicted_seconds
-    from sim.cost.recorded import read_step_profile
+    from kvplan.sim.cost.recorded import read_step_profile
 
     steps = read_step_profile(steps_path)[1]
     return float(sum(s.duration_s for s in steps) / predicted_seconds(cost, steps).sum())
@@ -226,9 +227,9 @@ def timing_entry(lives, sim) -> list[dict]:
 def check_policy(trace, live, options, meta: dict, steps: Path) -> tuple:
     """(PolicyCheck, live counters, simulated counters) for the simulator priced by this run's own steps."""
     from kvplan.live import sample_interval, sim_spec
+    from kvplan.sim.cost.recorded import PolicyDivergence
+    from kvplan.sim.run import simulate
     from kvplan.validation import PolicyCheck, counters, policy_check
-    from sim.cost.recorded import PolicyDivergence
-    from sim.run import simulate
 
     try:
         recorded = simulate(trace, sim_spec(options, meta, cost="recorded", profile=str(steps),

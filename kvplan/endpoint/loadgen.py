@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from engine.core.strict_json import loads, short, whole
 from kvplan.endpoint import scrape
 from kvplan.endpoint.prompts import EndpointRequest
+from kvplan.engine.core.strict_json import loads, short, whole
 from kvplan.errors import UserError
 
 PROGRESS_EVERY_S = 5.0

@@ -19,14 +19,14 @@ import pandas as pd
 
 from kvplan.endpoint.loadgen import LoadResult
 from kvplan.output import json_line, write_atomic
-from sim.metrics import MEMORY_KEYS, SUMMARY_KEYS, ItlLog, RequestLog, latency_summary
-from sim.rejections import references, rejected_rows
-from sim.replica import SERIES_COLUMNS
-from sim.run import SimResult
-from traces import Trace
+from kvplan.serving_result import ServingResult
+from kvplan.sim.metrics import MEMORY_KEYS, SUMMARY_KEYS, ItlLog, RequestLog, latency_summary
+from kvplan.sim.rejections import references, rejected_rows
+from kvplan.sim.replica import SERIES_COLUMNS
+from kvplan.traces import Trace
 
 
-def to_result(load: LoadResult, trace: Trace) -> SimResult:
+def to_result(load: LoadResult, trace: Trace) -> ServingResult:
     table, itl, tokens = RequestLog(), ItlLog(), {}
     for o in load.outcomes:
         if o.error is not None:
@@ -47,7 +47,7 @@ def to_result(load: LoadResult, trace: Trace) -> SimResult:
             "busy_fraction": _busy(series), "failed": len(failed), "rejected": len(failed),
             "rejected_first": references(trace, [(o.row, o.error) for o in failed]), "wall_s": load.wall_s,
             "duration_s": busy, "server_counters": load.counters, "cache_config": load.cache_config}
-    return SimResult({key: summary[key] for key in SUMMARY_KEYS}, frame, series, info, tokens,
+    return ServingResult({key: summary[key] for key in SUMMARY_KEYS}, frame, series, info, tokens,
                      rejected_rows(trace, [(o.row, o.error) for o in failed]))
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from kvplan.arg_types import POSITIVE, integer, number
 from kvplan.errors import UserError
-from traces import Trace
+from kvplan.traces import Trace
 
 
 @dataclass(slots=True)
@@ -63,7 +63,7 @@ def within_duration(trace: Trace, duration_s: float | None) -> Trace:
 
 
 def _tokenizer(name: str):
-    from engine.models import load_tokenizer
+    from kvplan.engine.models import load_tokenizer
 
     tokenizer = load_tokenizer(name)
     if tokenizer is None:
@@ -78,7 +78,7 @@ def _vocab_size(options: EndpointOptions, tokenizer) -> int:
         return options.vocab_size
     if tokenizer is not None:
         return len(tokenizer)
-    from sim.specs.models import get_model
+    from kvplan.sim.specs.models import get_model
 
     if options.model:
         try:
@@ -111,7 +111,7 @@ def served_vocab_size(url: str, model: str | None) -> int | None:
     """The `vocab_size` the server's /v1/models states for `model` (or its only model), if it states one."""
     import httpx
 
-    from engine.core.strict_json import loads, whole
+    from kvplan.engine.core.strict_json import loads, whole
 
     try:
         response = httpx.get(f"{url.rstrip('/').removesuffix('/v1')}/v1/models", timeout=10.0)
@@ -132,12 +132,12 @@ def served_vocab_size(url: str, model: str | None) -> int | None:
 def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temperature: float, out: Path,
                     sample_interval_s: float):
     """Replay `trace` against the endpoint; writes the tables and client files under `out`. Returns the
-    SimResult and the load result."""
-    from kvplan.commands.simulate import write_tables
+    ServingResult and the load result."""
     from kvplan.endpoint.loadgen import LoadGenerator
     from kvplan.endpoint.prompts import endpoint_requests
     from kvplan.endpoint.result import to_result, write_client_files
     from kvplan.output import json_text, write_atomic
+    from kvplan.serving_result import write_tables
 
     check_reachable(options.url)
     tokenizer = _tokenizer(options.tokenizer) if options.tokenizer else None
@@ -167,7 +167,7 @@ def simulator_config(cache_config: dict[str, str], options, model: str):
     silently wrong). Returns (options, meta) for `kvplan.live.sim_spec`."""
     from dataclasses import replace
 
-    from sim.specs.models import get_model
+    from kvplan.sim.specs.models import get_model
 
     def given(key: str) -> int | None:
         text = cache_config.get(key)

@@ -1,5 +1,5 @@
-"""Typed YAML fields: each checks one value and, when it is wrong, says where (the key path), what it got and
-what is allowed, with a did-you-mean for names.
+"""Typed YAML sections. A field (`engine.core.settings.Field`, the kind every setting is) checks one value and,
+when it is wrong, says where (the key path), what it got and what is allowed, with a did-you-mean for names.
 
     engine.eviction_policy: unknown value 'lur'; did you mean 'lru'? allowed: fifo, lfu, lru, s3fifo
 """
@@ -7,16 +7,16 @@ what is allowed, with a did-you-mean for names.
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from kvplan.errors import UserError
-from traces.schema import short_repr
+from kvplan.engine.core.settings import Field
+from kvplan.errors import ConfigError
+from kvplan.traces.schema import short_repr
 
 
-class SchemaError(UserError):
-    """A value in an experiment file is not allowed; the message starts with the key path."""
+class SchemaError(ConfigError):
+    """A value in an experiment file is not allowed; the message starts with the key path. (A `Field` raises its
+    parent, `ConfigError`, with the same shape: both are caught as `ConfigError`.)"""
 
 
 def did_you_mean(value: object, allowed: Iterable[str]) -> str:
@@ -35,69 +35,6 @@ def check_mapping(value: object, path: str, allowed: Iterable[str]) -> dict:
             where = f"{path}.{key}" if path else str(key)
             raise SchemaError(f"{where}: unknown key; {did_you_mean(key, allowed)}allowed: {', '.join(allowed)}")
     return value
-
-
-@dataclass(frozen=True, slots=True)
-class Field:
-    """One scalar setting: its kind ('int', 'float', 'bool', 'str', 'choice'), default and bounds."""
-
-    kind: str
-    default: object = None
-    choices: tuple[str, ...] = ()
-    minimum: float | None = None  # inclusive
-    maximum: float | None = None  # inclusive
-    above: float | None = None  # exclusive lower bound
-    nullable: bool = False
-    help: str = ""
-
-    def allowed(self) -> str:
-        if self.kind == "choice":
-            text = ", ".join(self.choices)
-        elif self.kind == "bool":
-            text = "true or false"
-        elif self.kind == "str":
-            text = "a string"
-        else:
-            noun = "an integer" if self.kind == "int" else "a finite number"
-            def show(x: float) -> str:
-                return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-            bounds = [f">= {show(self.minimum)}" if self.minimum is not None else "",
-                      f"> {show(self.above)}" if self.above is not None else "",
-                      f"<= {show(self.maximum)}" if self.maximum is not None else ""]
-            text = " ".join([noun, " and ".join(b for b in bounds if b)]).strip()
-        return f"{text} or null" if self.nullable else text
-
-    def check(self, value: object, path: str) -> object:
-        if value is None:
-            if self.nullable:
-                return None
-            raise SchemaError(f"{path}: must be set; allowed: {self.allowed()}")
-        if self.kind == "choice":
-            if value not in self.choices:
-                raise SchemaError(f"{path}: unknown value {short_repr(value)}; {did_you_mean(value, self.choices)}"
-                                  f"allowed: {self.allowed()}")
-            return value
-        if self.kind == "bool":
-            if not isinstance(value, bool):
-                raise SchemaError(f"{path}: must be true or false, got {short_repr(value)}")
-            return value
-        if self.kind == "str":
-            if not isinstance(value, str) or not value:
-                raise SchemaError(f"{path}: must be a non-empty string, got {short_repr(value)}")
-            return value
-        return self._number(value, path)
-
-    def _number(self, value: object, path: str) -> int | float:
-        # bool is an int in Python; `block_size: true` is a mistake, not 1.
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        if ok and self.kind == "int":
-            ok = float(value).is_integer()
-        ok = ok and (self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
-        ok = ok and (self.maximum is None or value <= self.maximum)
-        if not ok:
-            raise SchemaError(f"{path}: must be {self.allowed()}, got {short_repr(value)}")
-        return int(value) if self.kind == "int" else float(value)
 
 
 def check_fields(doc: object, path: str, fields: dict[str, Field]) -> dict:

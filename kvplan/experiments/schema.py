@@ -53,45 +53,21 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.core.config import ALLOCATORS, PREEMPTION_MODES, QUEUE_POLICIES, SCHEDULES
-from engine.core.eviction import EVICTION_POLICIES
-from engine.core.victims import VICTIM_POLICIES
+from kvplan.engine.core.settings import canonical, for_side
+from kvplan.errors import ConfigError
 from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
-from sim.limits import MAX_BLOCKS
-from sim.metrics import REQUEST_BOUNDS, SUMMARY_KEYS
-from sim.probe import Probe
-from sim.routers import ROUTERS
-from sim.specs.models import DTYPE_BYTES
-from traces.arrivals import MAX_RATE
-from traces.schema import short_repr
-from traces.steady import ARRIVALS, MAX_PROBE_REQUESTS
+from kvplan.sim.metrics import REQUEST_BOUNDS, SUMMARY_KEYS
+from kvplan.sim.probe import Probe
+from kvplan.sim.routers import ROUTERS
+from kvplan.traces.arrivals import MAX_RATE
+from kvplan.traces.schema import short_repr
+from kvplan.traces.steady import ARRIVALS, MAX_PROBE_REQUESTS
 
 TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "workload", "probe", "sweep", "search",
             "slo", "objective", "seeds", "repeats", "outputs")
 
-ENGINE: dict[str, Field] = {
-    "block_size": Field("int", 16, minimum=1, maximum=256),
-    "num_blocks": Field("int", None, minimum=1, maximum=MAX_BLOCKS, nullable=True,
-                        help="KV capacity; default: the hardware's"),
-    "gpu_memory_utilization": Field("float", 0.9, above=0, maximum=1),
-    "kv_dtype": Field("choice", None, tuple(DTYPE_BYTES), nullable=True),
-    "allocator": Field("choice", "paged", ALLOCATORS),
-    "enable_prefix_caching": Field("bool", True),
-    "eviction_policy": Field("choice", "lru", tuple(sorted(EVICTION_POLICIES))),
-    "num_cpu_blocks": Field("int", 0, minimum=0, maximum=MAX_BLOCKS),
-    "max_model_len": Field("int", None, minimum=1, nullable=True),
-    "sink_tokens": Field("int", 0, minimum=0),
-    "window_tokens": Field("int", 0, minimum=0),
-    "watermark": Field("float", 0.0, minimum=0, maximum=0.5),
-    "max_num_batched_tokens": Field("int", 2048, minimum=1),
-    "max_num_seqs": Field("int", 256, minimum=1),
-    "enable_chunked_prefill": Field("bool", True),
-    "policy": Field("choice", "fcfs", QUEUE_POLICIES),
-    "preemption_mode": Field("choice", "recompute", PREEMPTION_MODES),
-    "victim_policy": Field("choice", "newest", tuple(sorted(VICTIM_POLICIES))),
-    "schedule": Field("choice", "mixed", SCHEDULES),
-    "scheduler_reserve_full_isl": Field("bool", True),
-}
+# Every setting the simulator reads, as its declaration says (engine.core.settings): names, defaults, ranges.
+ENGINE: dict[str, Field] = {s.name: s.side_field() for s in for_side("sim")}
 CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=4096),
                              "router": Field("choice", "round_robin", tuple(ROUTERS))}
 TOP: dict[str, Field] = {"model": Field("str", "llama-3-8b"), "hardware": Field("str", "h100-sxm")}
@@ -198,13 +174,13 @@ class Experiment:
 
 def load_experiment(path: str | Path) -> Experiment:
     """Read and validate an experiment file; a problem is a `SchemaError` starting with `FILE: key.path:`."""
-    from traces.specs import read_yaml
+    from kvplan.traces.specs import read_yaml
 
     path = Path(path)
     doc = read_yaml(path, "EXPERIMENT")
     try:
         return parse_experiment(doc, path, path.read_text())
-    except SchemaError as exc:
+    except ConfigError as exc:  # a field's or the schema's: the key path, now after the file
         raise SchemaError(f"{path}: {exc}") from None
 
 
@@ -212,7 +188,7 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     check_mapping(doc, "", TOP_KEYS)
     name = Field("str").check(doc.get("name"), "name")
     base = {key: f.check(doc.get(key, f.default), key) for key, f in TOP.items()}
-    base["engine"] = check_fields(doc.get("engine"), "engine", ENGINE)
+    base["engine"] = check_fields(settings_section(doc.get("engine")), "engine", ENGINE)
     base["cluster"] = check_fields(doc.get("cluster"), "cluster", CLUSTER)
     base["workload"] = parse_workload(doc.get("workload"))
     base["probe"] = check_fields(doc.get("probe"), "probe", PROBE)
@@ -231,6 +207,27 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     return exp
 
 
+def settings_section(doc: object) -> object:
+    """The `engine:` mapping with earlier setting names under their current ones (`kv_dtype: int8` is
+    `kv_cache_dtype: int8`); both spellings of one setting is an error."""
+    if not isinstance(doc, dict):
+        return doc
+    out: dict = {}
+    for key, value in doc.items():
+        name = canonical(key) if isinstance(key, str) else key
+        if name in out:
+            raise SchemaError(f"engine.{key}: sets {name} a second time; allowed: one of the two spellings")
+        out[name] = value
+    return out
+
+
+def sweep_key(key: object) -> object:
+    """A sweep key with an earlier setting name under its current one (`engine.kv_dtype` -> `engine.kv_cache_dtype`)."""
+    if isinstance(key, str) and key.startswith("engine."):
+        return "engine." + canonical(key.removeprefix("engine."))
+    return key
+
+
 def parse_workload(doc: object) -> dict:
     if doc is None:
         raise SchemaError("workload: required; allowed: a mapping with trace (a file or sample:NAME) or synthetic")
@@ -241,7 +238,7 @@ def parse_workload(doc: object) -> dict:
            "transforms": parse_transforms(doc.get("transforms"))}
     if "trace" in doc:
         out["trace"] = Field("str").check(doc["trace"], "workload.trace")
-        from traces import FORMATS
+        from kvplan.traces import FORMATS
 
         out["format"] = Field("choice", choices=tuple(FORMATS), nullable=True).check(doc.get("format"),
                                                                                       "workload.format")
@@ -257,7 +254,7 @@ def parse_workload(doc: object) -> dict:
 
 
 def parse_transforms(doc: object) -> dict:
-    from traces.transforms import TRANSFORM_ORDER
+    from kvplan.traces.transforms import TRANSFORM_ORDER
 
     if doc is None:
         return {}
@@ -273,7 +270,8 @@ def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list]]:
     check_mapping(doc, "sweep", ("grid", "zip"))
     axes: dict[str, dict[str, list]] = {}
     for kind in ("grid", "zip"):
-        section = check_mapping(doc.get(kind) or {}, f"sweep.{kind}", SWEEPABLE)
+        section = check_mapping({sweep_key(k): v for k, v in (doc.get(kind) or {}).items()}
+                                if isinstance(doc.get(kind), dict) else doc.get(kind) or {}, f"sweep.{kind}", SWEEPABLE)
         axes[kind] = {}
         for key, values in section.items():
             where = f"sweep.{kind}.{key}"

@@ -40,8 +40,9 @@ import numpy as np
 import yaml
 
 from kvplan.errors import UserError
-from sim.cost.features import StepFeatures
-from traces.specs import is_number, numeric_hint, read_yaml, shown, shown_key
+from kvplan.output import write_atomic
+from kvplan.sim.cost.features import StepFeatures
+from kvplan.traces.specs import is_number, numeric_hint, read_yaml, shown, shown_key
 
 COEFFICIENTS = ("step", "request", "prefill_tokens", "prefill_attention", "decode_requests", "decode_context",
                 "decode_context_max", "blocks_touched", "sampled", "batched")
@@ -105,7 +106,6 @@ class CalibratedCost:
 
 
 def save_profile(cost: CalibratedCost, path: str | Path, header: str = "") -> None:
-    from kvplan.output import write_atomic  # the one atomic writer; imported late (kvplan imports sim)
 
     text = yaml.safe_dump(cost.to_dict(), sort_keys=False, width=120)
     write_atomic(path, "".join(f"# {line}\n" for line in header.splitlines()) + text)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvplan.errors import UserError
-from traces.specs import read_text, shown
+from kvplan.traces.specs import read_text, shown
 
 
 @dataclass(slots=True, frozen=True)
@@ -94,6 +94,12 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
 )}
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
+# the kv_cache_dtype setting (vLLM's names) -> the simulator's KV dtype (None: the model's own)
+_KV_CACHE_DTYPES = {"auto": None, "fp8": "float8", "fp8_e4m3": "float8"}
+
+
+def sim_kv_dtype(kv_cache_dtype: str) -> str | None:
+    return _KV_CACHE_DTYPES.get(kv_cache_dtype, kv_cache_dtype)
 # kvplan's engine keeps one float32 scale per token per KV head beside a quantized row (kernels/quant.py); vLLM's
 # GPU fp8 cache uses per-tensor scales, so the analytic (GPU) model counts the 1-byte values alone
 ENGINE_SCALE_BYTES = 4

@@ -37,7 +37,8 @@ CASES = [
     ("alias-bomb-value", BASE + "description: " + _nested_bomb() + "\n",
      "e.yaml: description: must be a non-empty string, got [["),
     ("huge-num-blocks", BASE + "engine: {num_blocks: 100000000000}\n",
-     "engine.num_blocks: must be an integer >= 1 and <= 50000000 or null, got 100000000000"),
+     "engine.num_blocks: must be an integer >= 1 and <= 50000000 (one object per KV block: more would "
+     "exhaust memory), got 100000000000"),
     ("huge-cpu-blocks", BASE + "engine: {num_cpu_blocks: 100000000000, preemption_mode: swap}\n",
      "engine.num_cpu_blocks: must be an integer >= 0 and <= 50000000"),
     ("replicas-times-blocks", BASE + "cluster: {replicas: 4000}\nengine: {num_blocks: 40000}\n",

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import traces
+from kvplan import traces
 from kvplan.cli import main
 
 SAMPLE = str(Path(__file__).resolve().parents[2] / "traces" / "samples" / "chat.jsonl")
@@ -194,16 +194,18 @@ def test_a_jsonl_file_with_a_byte_order_mark_loads_like_a_csv_one(tmp_path):
 
 # -- command-line options ------------------------------------------------------------------------------------------
 SIMULATE_OPTIONS = [
-    (["--gpu-memory-utilization", "1.5"], "argument --gpu-memory-utilization: 1.5; allowed: a finite number > 0 and"
+    (["--gpu-memory-utilization", "1.5"], "argument --gpu-memory-utilization: must be a finite number > 0 and"
                                           " <= 1"),
-    (["--gpu-memory-utilization", "nan"], "argument --gpu-memory-utilization: nan"),
-    (["--block-size", "0"], "argument --block-size: 0; allowed: an integer >= 1 and <= 256"),
-    (["--block-size", "-16"], "argument --block-size: -16; allowed: an integer >= 1"),
-    (["--num-blocks", "0"], "argument --num-blocks: 0; allowed: an integer >= 1"),
-    (["--num-blocks", "1e12"], "argument --num-blocks: '1e12'; allowed: an integer"),
-    (["--num-blocks", "100000000000"], "allowed: an integer >= 1 and <= 50000000 (one object per KV block"),
+    (["--gpu-memory-utilization", "nan"], "argument --gpu-memory-utilization: must be a finite number > 0 and"
+                                          " <= 1, got nan"),
+    (["--block-size", "0"], "argument --block-size: must be an integer >= 1 and <= 256, got 0"),
+    (["--block-size", "-16"], "argument --block-size: must be an integer >= 1 and <= 256, got -16"),
+    (["--num-blocks", "0"], "argument --num-blocks: must be an integer >= 1 and <= 50000000"),
+    (["--num-blocks", "1e12"], "argument --num-blocks: must be an integer >= 1"),
+    (["--num-blocks", "100000000000"], "must be an integer >= 1 and <= 50000000 (one object per KV block"),
     (["--trace-format", "kvplan-parquet"], "format kvplan-parquet reads PARQUET, but this file is JSONL"),
-    (["--cpu-blocks", "100000000000"], "argument --cpu-blocks: 100000000000; allowed: an integer >= 0 and <="),
+    (["--cpu-blocks", "100000000000"], "argument --cpu-blocks: must be an integer >= 0 and <= 50000000 (one"
+                                                " object per KV block: more would exhaust memory), got 100000000000"),
     (["--replicas", "1000000"], "argument --replicas: 1000000; allowed: an integer >= 1 and <= 10000"),
     (["--replicas", "2000", "--num-blocks", "40000"], "--num-blocks: 2000 replicas x (40000 + 0 CPU) = 80000000 KV"
                                                       " blocks; allowed: at most 50000000"),
@@ -271,8 +273,7 @@ def test_json_is_strict_when_a_metric_is_undefined(tmp_path, capsys):
 
 
 def test_ctrl_c_and_a_bug_each_say_what_they_are(capsys, monkeypatch):
-    import sim.run
-
+    from kvplan import sim
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core import CacheConfig, ConfigError, RequestStatus, SchedulerConfig, make_request
-from engine.core.victims import pick_victim
+from kvplan.engine.core import CacheConfig, ConfigError, RequestStatus, SchedulerConfig, make_request
+from kvplan.engine.core.victims import pick_victim
 from tests.core.helpers import make_scheduler, run_to_completion, step
 
 
@@ -164,14 +164,14 @@ def test_stop_token_finishes_early_and_abort_frees():
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"block_size": 0}, r"cache.block_size: must be an integer in 1..256, got 0"),
-    ({"block_size": 512}, r"cache.block_size: must be an integer in 1..256"),
+    ({"block_size": 0}, r"cache.block_size: must be an integer >= 1 and <= 256, got 0"),
+    ({"block_size": 512}, r"cache.block_size: must be an integer >= 1 and <= 256"),
     ({"eviction_policy": "random"}, r"cache.eviction_policy: unknown value 'random'; allowed: fifo, lfu, lru, s3fifo"),
     ({"num_blocks": 3, "block_size": 16, "max_model_len": 100}, r"cache.num_blocks: 3 blocks of 16 tokens cannot "
                                                                  r"hold one request of max_model_len 100 \(7 blocks"),
     ({"allocator": "buddy"}, r"cache.allocator: unknown value 'buddy'; allowed: paged, max, pow2, oracle"),
     ({"allocator": "max", "enable_prefix_caching": True}, r"cache.enable_prefix_caching: not supported"),
-    ({"watermark": 1.5}, r"cache.watermark: must be a fraction in \[0, 1\)"),
+    ({"watermark": 1.5}, r"cache.watermark: must be a finite number >= 0 and <= 0.5, got 1.5"),
 ])
 def test_bad_cache_configuration_says_what_is_allowed(kwargs, message):
     with pytest.raises(ConfigError, match=message):
@@ -182,7 +182,7 @@ def test_bad_cache_configuration_says_what_is_allowed(kwargs, message):
     ({"victim_policy": "oldest"}, r"scheduler.victim_policy: unknown value 'oldest'; allowed: longest_remaining, "
                                   r"lowest_priority, newest"),
     ({"preemption_mode": "kill"}, r"scheduler.preemption_mode: unknown value 'kill'; allowed: recompute, swap"),
-    ({"max_num_seqs": 0}, r"scheduler.max_num_seqs: must be an integer >= 1, got 0"),
+    ({"max_num_seqs": 0}, r"scheduler.max_num_seqs: must be an integer >= 1 and <= 1000000, got 0"),
 ])
 def test_bad_scheduler_configuration_says_what_is_allowed(kwargs, message):
     with pytest.raises(ConfigError, match=message):

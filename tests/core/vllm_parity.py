@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
+from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
 
 VOCAB = 1000
 
@@ -55,6 +55,7 @@ class Scenario:
     watermark_blocks: int
     reserve_full_isl: bool
     max_model_len: int
+    long_prefill_token_threshold: int = 0
     arrivals: list[Arrival] = field(default_factory=list)
 
 
@@ -101,6 +102,9 @@ def make_scenario(seed: int) -> Scenario:
     scenario = Scenario(seed, bs, num_blocks, budget, seqs, chunked,
                         rng.random() < 0.85, int(rng.choice((0.0, 0.0, 0.01, 0.05, 0.1)) * num_blocks),
                         rng.random() < 0.75, max_len)
+    # drawn apart, so that the other draws (and every earlier scenario's requests) stay as they were
+    scenario.long_prefill_token_threshold = random.Random(seed * 7919 + 1).choice(
+        [t for t in (0, 0, 8, 24, 64) if t <= max_len])  # vLLM: at most max_model_len
     templates = [[rng.randrange(VOCAB) for _ in range(rng.randint(0, max_len // 2))] for _ in range(3)]
     repeated: list[list[int]] = []
     step = 0
@@ -122,7 +126,8 @@ def describe(s: Scenario) -> str:
     return (f"seed {s.seed}: block {s.block_size}, {s.num_blocks} blocks, budget {s.max_num_batched_tokens}, "
             f"max_num_seqs {s.max_num_seqs}, chunked {s.enable_chunked_prefill}, prefix caching "
             f"{s.enable_prefix_caching}, watermark {s.watermark_blocks} blocks, reserve_full_isl {s.reserve_full_isl}, "
-            f"max_model_len {s.max_model_len}, {len(s.arrivals)} requests")
+            f"max_model_len {s.max_model_len}, long_prefill_token_threshold {s.long_prefill_token_threshold}, "
+            f"{len(s.arrivals)} requests")
 
 
 # -- the kvplan side -----------------------------------------------------------------------------------------
@@ -133,7 +138,8 @@ class KvplanSide:
                             watermark=watermark_fraction(s.watermark_blocks, s.num_blocks))
         config = SchedulerConfig(max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
                                  enable_chunked_prefill=s.enable_chunked_prefill,
-                                 scheduler_reserve_full_isl=s.reserve_full_isl)
+                                 scheduler_reserve_full_isl=s.reserve_full_isl,
+                                 long_prefill_token_threshold=s.long_prefill_token_threshold)
         self.sched = Scheduler(cache, config)
 
     def add(self, a: Arrival) -> None:
@@ -205,7 +211,7 @@ class VllmSide:
             max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
             max_model_len=s.max_model_len, is_encoder_decoder=False, enable_chunked_prefill=s.enable_chunked_prefill,
             scheduler_reserve_full_isl=s.reserve_full_isl, watermark=watermark, async_scheduling=False,
-            long_prefill_token_threshold=0)
+            long_prefill_token_threshold=s.long_prefill_token_threshold)
         cache_config = VCacheConfig(block_size=s.block_size, enable_prefix_caching=s.enable_prefix_caching)
         config = VllmConfig(scheduler_config=sched_config, model_config=model, cache_config=cache_config,
                             device_config=DeviceConfig(device="cpu"))

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.llm import LLM
-from engine.sampling import SamplingParams
+from kvplan.engine.llm import LLM
+from kvplan.engine.sampling import SamplingParams
 
 PROMPTS = [np.random.default_rng(3).integers(1, 400, int(n)).tolist() for n in (5, 11, 17)]
 _hf_models: dict[str, torch.nn.Module] = {}
@@ -51,7 +51,7 @@ def frequent_tokens(llm: LLM, count: int) -> tuple[int, ...]:
 @pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen2"])
 def test_sequences_and_scores_equal_hf_generate(tiny_models, arch):
     path = tiny_models[arch]
-    llm = LLM(path, block_size=4, kv_cache_memory=8 << 20, attention_backend="torch")
+    llm = LLM(path, dtype="float32", block_size=4, kv_cache_memory=8 << 20, attention_backend="torch")
     eos = frequent_tokens(llm, 2)
     finished_early = 0
     for k, length_penalty, early_stopping, stops, max_tokens in (
@@ -68,8 +68,8 @@ def test_sequences_and_scores_equal_hf_generate(tiny_models, arch):
 
 
 def test_beams_share_blocks_and_copy_a_shared_partial_block_before_writing(tiny_models):
-    llm = LLM(tiny_models["tiny-llama"], block_size=4, kv_cache_memory=8 << 20, attention_backend="torch",
-              enable_prefix_caching=False)
+    llm = LLM(tiny_models["tiny-llama"], dtype="float32", block_size=4, kv_cache_memory=8 << 20,
+              attention_backend="torch", enable_prefix_caching=False)
     llm.add_request(PROMPTS[2], SamplingParams(temperature=0, max_tokens=12, beam_width=4))
     kv, copies, shared_steps = llm.scheduler.kv, 0, 0
     while llm.has_unfinished_requests():
@@ -94,7 +94,7 @@ def test_groups_split_across_steps_and_preempted_still_decide_as_hf(tiny_models,
     path = tiny_models["tiny-llama"]
     params = SamplingParams(temperature=0, max_tokens=14, beam_width=3)
     prompts = [*PROMPTS, *(np.random.default_rng(5).integers(1, 400, 9).reshape(3, 3).tolist())]
-    llm = LLM(path, block_size=4, num_gpu_blocks_override=24, max_model_len=40, preemption_mode=mode,
+    llm = LLM(path, dtype="float32", block_size=4, num_gpu_blocks_override=24, max_model_len=40, preemption_mode=mode,
               max_num_batched_tokens=9,
               attention_backend="torch", enable_prefix_caching=mode == "recompute")
     outputs = llm.generate(prompts, params)
@@ -112,10 +112,10 @@ def test_beam_search_refuses_what_it_cannot_run(tiny_models):
         SamplingParams(temperature=0, beam_width=2, n=2)
     with pytest.raises(ValueError, match="early_stopping"):
         SamplingParams(temperature=0, beam_width=2, early_stopping="sometimes")
-    windowed = LLM(path, block_size=4, kv_cache_memory=4 << 20, sink_tokens=4, window_tokens=16)
+    windowed = LLM(path, dtype="float32", block_size=4, kv_cache_memory=4 << 20, sink_tokens=4, window_tokens=16)
     with pytest.raises(ValueError, match="sink\\+window"):
         windowed.beam_search([PROMPTS[0]], 2, 8)
-    small = LLM(path, block_size=4, num_gpu_blocks_override=8, max_model_len=32)
+    small = LLM(path, dtype="float32", block_size=4, num_gpu_blocks_override=8, max_model_len=32)
     with pytest.raises(ValueError, match="4 beams"):
         small.beam_search([PROMPTS[0]], 4, 8)  # 4 beams of 13 tokens need 16 blocks with nothing shared
 

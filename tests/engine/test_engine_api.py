@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-from engine.llm import LLM
-from engine.sampling import SamplingParams
 from kvplan.cli import main
+from kvplan.engine.llm import LLM
+from kvplan.engine.sampling import SamplingParams
 
 PROMPT = list(range(40, 60))  # 20 tokens: at block 8, two full blocks and a partial one
 
 
 def test_n4_shares_the_prompt_blocks_and_each_child_equals_an_independent_run(tiny_models):
     path = tiny_models["tiny-llama"]
-    llm = LLM(path, block_size=8, kv_cache_memory=4 << 20, max_model_len=96)
+    llm = LLM(path, dtype="float32", block_size=8, kv_cache_memory=4 << 20, max_model_len=96)
     params = SamplingParams(n=4, temperature=1.0, seed=100, max_tokens=8, ignore_eos=True)
     rid = llm.add_request(PROMPT, params)
     llm.step()  # the prompt is computed once, then forked into 4 sequences
@@ -29,14 +29,14 @@ def test_n4_shares_the_prompt_blocks_and_each_child_equals_an_independent_run(ti
     (output,) = outputs
     assert [c.index for c in output.outputs] == [0, 1, 2, 3]
     for completion in output.outputs:
-        alone = LLM(path, block_size=8, kv_cache_memory=4 << 20, max_model_len=96).generate(
+        alone = LLM(path, dtype="float32", block_size=8, kv_cache_memory=4 << 20, max_model_len=96).generate(
             [PROMPT], SamplingParams(temperature=1.0, seed=100 + completion.index, max_tokens=8, ignore_eos=True))
         assert completion.token_ids == alone[0].outputs[0].token_ids
     assert len({tuple(c.token_ids) for c in output.outputs}) > 1
 
 
 def test_top_k_1_is_greedy_and_logprobs_are_returned(tiny_models):
-    llm = LLM(tiny_models["tiny-qwen2"], block_size=4, kv_cache_memory=4 << 20, max_model_len=96)
+    llm = LLM(tiny_models["tiny-qwen2"], dtype="float32", block_size=4, kv_cache_memory=4 << 20, max_model_len=96)
     greedy = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
     top1 = llm.generate([PROMPT], SamplingParams(temperature=0.8, top_k=1, seed=3, max_tokens=6, ignore_eos=True,
                                                  logprobs=2))[0]
@@ -47,7 +47,7 @@ def test_top_k_1_is_greedy_and_logprobs_are_returned(tiny_models):
 
 
 def test_stop_token_ends_a_sequence(tiny_models):
-    llm = LLM(tiny_models["tiny-gpt2"], block_size=4, kv_cache_memory=4 << 20, max_model_len=96)
+    llm = LLM(tiny_models["tiny-gpt2"], dtype="float32", block_size=4, kv_cache_memory=4 << 20, max_model_len=96)
     free = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0].outputs[0]
     stop = free.token_ids[2]
     stopped = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
@@ -63,7 +63,7 @@ def test_stop_token_ends_a_sequence(tiny_models):
     ([1, 2, 100000], {}, "token ids must lie in"),
 ])
 def test_bad_requests_fail_before_any_work_and_leave_others_running(tiny_models, prompt, params, message):
-    llm = LLM(tiny_models["tiny-llama"], block_size=4, kv_cache_memory=4 << 20, max_model_len=96)
+    llm = LLM(tiny_models["tiny-llama"], dtype="float32", block_size=4, kv_cache_memory=4 << 20, max_model_len=96)
     good = llm.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=3))
     with pytest.raises(ValueError, match=message):
         llm.add_request(prompt, SamplingParams(temperature=0, **params))
@@ -82,14 +82,14 @@ def test_max_tokens_must_be_positive():
 
 def test_unknown_model_path_and_too_small_kv_budget(tiny_models, tmp_path):
     with pytest.raises(ValueError, match="does-not-exist"):
-        LLM(str(tmp_path / "does-not-exist"))
+        LLM(str(tmp_path / "does-not-exist"), dtype="float32")
     with pytest.raises(ValueError, match=r"KV budget too small: .*cannot hold one request of max_model_len 96"):
-        LLM(tiny_models["tiny-llama"], block_size=4, kv_cache_memory=4096, max_model_len=96)
+        LLM(tiny_models["tiny-llama"], dtype="float32", block_size=4, kv_cache_memory=4096, max_model_len=96)
 
 
 def test_step_profiler_writes_one_record_per_step(tiny_models, tmp_path):
     path = tmp_path / "profile.jsonl"
-    with LLM(tiny_models["tiny-llama"], block_size=4, kv_cache_memory=4 << 20, max_model_len=96,
+    with LLM(tiny_models["tiny-llama"], dtype="float32", block_size=4, kv_cache_memory=4 << 20, max_model_len=96,
              max_num_batched_tokens=16, profile_path=path) as llm:
         llm.generate([PROMPT, PROMPT[:7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
         steps = llm.scheduler.stats.num_steps
@@ -116,12 +116,12 @@ def test_generate_cli_prints_tokens_and_metrics(tiny_models, capsys):
 def test_memory_profile_step_runs_the_largest_batch_through_the_model(tiny_models):
     import torch
 
-    from engine.attention import register_paged_attention
-    from engine.backends import make_backend
-    from engine.kv_cache import KVLayout, PagedKVCache
-    from engine.memory_profile import dummy_prefill_step
-    from engine.model_runner import ModelRunner
-    from engine.models import load_model
+    from kvplan.engine.attention import register_paged_attention
+    from kvplan.engine.backends import make_backend
+    from kvplan.engine.kv_cache import KVLayout, PagedKVCache
+    from kvplan.engine.memory_profile import dummy_prefill_step
+    from kvplan.engine.model_runner import ModelRunner
+    from kvplan.engine.models import load_model
 
     loaded = load_model(tiny_models["tiny-llama"], attn_implementation=register_paged_attention())
     layout = KVLayout(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, 16, torch.float32)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.llm import LLM
-from engine.sampling import SamplingParams
+from kvplan.engine.llm import LLM
+from kvplan.engine.sampling import SamplingParams
 from tests.engine.conftest import ARCHS
 
 MAX_NEW = 12
@@ -37,7 +37,7 @@ def test_greedy_tokens_equal_hf_generate(arch, case, tiny_models, hf_greedy):
     block_size, budget, max_seqs, caching, blocks, mode = CASES[case]
     path = tiny_models[arch]
     kv_memory = 4 << 20 if blocks is None else blocks * _bytes_per_block(path, block_size)
-    llm = LLM(path, block_size=block_size, kv_cache_memory=kv_memory, max_num_batched_tokens=budget,
+    llm = LLM(path, dtype="float32", block_size=block_size, kv_cache_memory=kv_memory, max_num_batched_tokens=budget,
               max_num_seqs=max_seqs, enable_prefix_caching=caching, preemption_mode=mode, max_model_len=96)
     prompts = mixed_prompts()
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True))
@@ -68,8 +68,9 @@ def test_chunking_off_with_a_pool_a_few_requests_wide_finishes(schedule, tiny_mo
     it used to block the waiting queue forever. Now its recompute is chunked and every request finishes with
     HF's greedy tokens."""
     path = tiny_models["tiny-llama"]
-    llm = LLM(path, block_size=16, kv_cache_memory=8 * _bytes_per_block(path, 16), max_num_batched_tokens=64,
-              enable_chunked_prefill=False, enable_prefix_caching=False, max_model_len=128, schedule=schedule)
+    llm = LLM(path, dtype="float32", block_size=16, kv_cache_memory=8 * _bytes_per_block(path, 16),
+              max_num_batched_tokens=64, enable_chunked_prefill=False, enable_prefix_caching=False, max_model_len=128,
+              schedule=schedule)
     g = torch.Generator().manual_seed(3)
     shapes = [(48, 60), (60, 40), (8, 4)]
     prompts = [torch.randint(0, 256, (length,), generator=g).tolist() for length, _ in shapes]

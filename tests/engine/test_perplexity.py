@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, AutoModelForCausalLM
 
-from engine.perplexity import CachePolicy, parse_policy, perplexity
-from kernels.quant import dequantize, quantize_rows
 from kvplan.cli import main
+from kvplan.engine.perplexity import CachePolicy, parse_policy, perplexity
+from kvplan.kernels.quant import dequantize, quantize_rows
 
 REFERENCE = "kvplan_test_policy_reference"
 QUANTIZED = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
@@ -123,17 +123,17 @@ def test_shifted_positions_change_what_the_sinks_contribute(tiny_models):
 
 
 def test_shifted_positions_need_rope_a_window_and_a_backend_that_rotates(tiny_models):
-    from engine.llm import LLM
+    from kvplan.engine.llm import LLM
 
     with pytest.raises(ValueError, match="no rotary embedding"):
-        LLM(tiny_models["tiny-gpt2"], sink_tokens=4, window_tokens=20, position_mode="shifted")
+        LLM(tiny_models["tiny-gpt2"], dtype="float32", sink_tokens=4, window_tokens=20, position_mode="shifted")
     with pytest.raises(ValueError, match="window_tokens > 0"):
-        LLM(tiny_models["tiny-llama"], position_mode="shifted")
+        LLM(tiny_models["tiny-llama"], dtype="float32", position_mode="shifted")
     with pytest.raises(ValueError, match="torch and cpu attention backends"):
-        LLM(tiny_models["tiny-llama"], sink_tokens=4, window_tokens=20, position_mode="shifted",
+        LLM(tiny_models["tiny-llama"], dtype="float32", sink_tokens=4, window_tokens=20, position_mode="shifted",
             attention_backend="triton")
     with pytest.raises(ValueError, match="allowed: original, shifted"):
-        LLM(tiny_models["tiny-llama"], sink_tokens=4, window_tokens=20, position_mode="absolute")
+        LLM(tiny_models["tiny-llama"], dtype="float32", sink_tokens=4, window_tokens=20, position_mode="absolute")
 
 
 @pytest.mark.parametrize("bad,message", [
@@ -165,11 +165,11 @@ def test_eval_ppl_cli_on_the_real_small_model(tmp_path, capsys):
 def test_a_long_sink_window_generation_never_holds_more_than_its_bound(tiny_models, mode):
     """400 generated tokens (sampled, not teacher-forced) over a 4 + 20 token cache of 8-token blocks: after every
     step the request holds at most the sink blocks, the window's blocks and the one being filled."""
-    from engine.llm import LLM
-    from engine.sampling import SamplingParams
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.sampling import SamplingParams
 
-    llm = LLM(tiny_models["tiny-llama"], block_size=8, kv_cache_memory=4 << 20, sink_tokens=4, window_tokens=20,
-              position_mode=mode, attention_backend="torch")
+    llm = LLM(tiny_models["tiny-llama"], dtype="float32", block_size=8, kv_cache_memory=4 << 20, sink_tokens=4,
+              window_tokens=20, position_mode=mode, attention_backend="torch")
     rid = llm.add_request(TOKENS[:30], SamplingParams(temperature=1.0, seed=1, max_tokens=400, ignore_eos=True))
     bound, peak, done = llm.scheduler.cache_config.blocks_per_request(10**9), 0, []
     while not done:

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from engine.llm import LLM
-from engine.models import SMOLLM2, resolve_model
-from engine.sampling import SamplingParams
 from kvplan.cli import main
+from kvplan.engine.llm import LLM
+from kvplan.engine.models import SMOLLM2, resolve_model
+from kvplan.engine.sampling import SamplingParams
 
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Write a haiku about the sea."]
 
@@ -24,7 +24,7 @@ def smollm2_path() -> str:
 def test_greedy_tokens_equal_hf_generate_on_real_prompts(smollm2_path):
     from transformers import AutoModelForCausalLM
 
-    llm = LLM(smollm2_path, block_size=16, kv_cache_memory=64 << 20, max_model_len=1024,
+    llm = LLM(smollm2_path, dtype="float32", block_size=16, kv_cache_memory=64 << 20, max_model_len=1024,
               max_num_batched_tokens=48)  # chunks split the ~40-token chat prompts
     tokenizer = llm.tokenizer
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
@@ -49,7 +49,7 @@ def test_generate_cli_answers_the_capital_of_france(capsys):
 def test_beam_search_equals_hf_generate_num_beams(smollm2_path):
     from tests.engine.test_beam_search import assert_equal_to_hf
 
-    llm = LLM(smollm2_path, block_size=16, kv_cache_memory=64 << 20, max_model_len=1024)
+    llm = LLM(smollm2_path, dtype="float32", block_size=16, kv_cache_memory=64 << 20, max_model_len=1024)
     prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                  tokenize=True, return_dict=False) for q in QUESTIONS]
     eos = tuple(sorted(llm.loaded.eos_token_ids))

@@ -9,13 +9,13 @@ import json
 import pytest
 
 from kvplan.cli import main
+from kvplan.engine.options import EngineOptions
 from kvplan.engine_args import load_configs, parse_bytes
-from kvplan.live import EngineOptions
 from kvplan.output import atomic_dir
-from sim.cost.recorded import RecordedCost, read_step_profile
-from sim.run import SimSpec, build_cost, simulate
+from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
+from kvplan.sim.run import SimSpec, build_cost, simulate
+from kvplan.traces.io import render
 from tests.sim.helpers import random_trace
-from traces.io import render
 
 META = {"meta": {"model": "m", "block_size": 16, "num_blocks": 40}}
 STEP = {"step": 0, "block_size": 16, "items": [["0", 5, 0, False, True]], "num_batched_tokens": 5, "num_copies": 0,
@@ -82,8 +82,9 @@ def test_sizes_and_config_lists(tmp_path):
     for text, match in (("{}", "a non-empty YAML list"), ("- {block_size: 8}", r"\[0\]: a mapping with a string"),
                         ("- {name: a}\n- {name: a}", r"\[1\]\.name: 'a' is used twice"),
                         ("- {name: a, blocksize: 8}", r"\[0\]\.blocksize: unknown option; allowed: name, block_size"),
-                        ("- {name: a, enable_prefix_caching: 1}", r"\[0\]\.enable_prefix_caching: must be a bool"),
-                        ("- {name: a, kv_cache_memory: lots}", r"\[0\]\.kv_cache_memory: 'lots' is not a size"),
+                        ("- {name: a, enable_prefix_caching: 1}",
+                         r"\[0\]\.enable_prefix_caching: must be true or false, got 1"),
+                        ("- {name: a, kv_cache_memory: lots}", r"\[0\]\.kv_cache_memory: must be a size in bytes"),
                         ("- [unclosed", "not valid YAML")):
         path.write_text(text)
         with pytest.raises(ValueError, match=match):

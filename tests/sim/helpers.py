@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.cluster import Cluster
-from sim.routers import Router, make_router
-from sim.run import SimResult, SimSpec, build_configs, build_cost, check_trace, collect
-from traces import Trace
+from kvplan.serving_result import ServingResult
+from kvplan.sim.cluster import Cluster
+from kvplan.sim.routers import Router, make_router
+from kvplan.sim.run import SimSpec, build_configs, build_cost, check_trace, collect
+from kvplan.traces import Trace
 
 
 def random_trace(seed: int, count: int = 40, *, rate: float = 20.0, prompt: tuple[int, int] = (8, 200),
@@ -41,7 +42,7 @@ def build(trace: Trace, spec: SimSpec, router: Router | None = None) -> Cluster:
                    sample_interval_s=spec.sample_interval_s or 0.5, fast_path=spec.fast_path)
 
 
-def run(trace: Trace, spec: SimSpec, router: Router | None = None) -> tuple[SimResult, Cluster]:
+def run(trace: Trace, spec: SimSpec, router: Router | None = None) -> tuple[ServingResult, Cluster]:
     cluster = build(trace, spec, router)
     cluster.run()
     return collect(cluster, cluster.replicas[0].sched.cache_config.num_blocks), cluster

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import traces
+from kvplan import traces
 from kvplan.cli import main
-from sim.run import SimSpec, simulate
-from traces import Trace
+from kvplan.sim.run import SimSpec, simulate
+from kvplan.traces import Trace
 
 SAMPLE = "traces/samples/mooncake_style.jsonl"
 
@@ -65,8 +65,8 @@ def test_block_size_comparison_table(capsys):
 
 @pytest.mark.parametrize("flags,message", [
     (["--router", "nearest"], "--router: unknown router 'nearest'; allowed: round_robin, least_outstanding"),
-    (["--eviction", "random"], "cache.eviction_policy: unknown value 'random'; allowed: fifo, lfu, lru, s3fifo"),
-    (["--preemption", "kill"], "scheduler.preemption_mode: unknown value 'kill'; allowed: recompute, swap"),
+    (["--eviction", "random"], "argument --eviction: unknown value 'random'; allowed: fifo, lfu, lru, s3fifo"),
+    (["--preemption-mode", "kill"], "argument --preemption-mode: unknown value 'kill'; allowed: recompute, swap"),
     (["--hardware", "tpu-v5"], "--hardware: unknown hardware 'tpu-v5'; allowed: a100-40gb"),
     (["--model", "gpt-9"], "--model: unknown model 'gpt-9'; allowed: llama-100m, llama-2-13b"),
     (["--num-blocks", "100"], "cannot hold one request of the trace"),

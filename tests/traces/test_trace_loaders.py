@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import traces
+from kvplan import traces
+from kvplan.traces import TraceFormatError
 from tests.traces.trace_fixtures import (
     AZURE_2023,
     AZURE_2024,
@@ -19,7 +20,6 @@ from tests.traces.trace_fixtures import (
     write_jsonl,
     write_text,
 )
-from traces import TraceFormatError
 
 
 def test_azure_2023_seven_fractional_digits(tmp_path):

@@ -1,0 +1,329 @@
+"""Every serving setting, declared once.
+
+A `Setting` is a name (vLLM's spelling where vLLM has the knob), a kind, a default, what is allowed, a help line
+and the sides that use it: `core` (the scheduler and the KV manager: a field of `CacheConfig` or
+`SchedulerConfig`), `engine` (the live engine: `EngineOptions`, `LLM(**settings)`, the engine commands' flags)
+and `sim` (the simulator: `SimSpec`, `kvplan simulate`'s flags, an experiment's `engine:` section). Everything
+else is derived from `SETTINGS`: the config dataclasses' fields, `EngineOptions`, `SimSpec`, the YAML schema and
+every command's flags. A bad value gets the same message on every side, after a prefix naming where it was
+written (`cache.block_size:`, `engine.block_size:`, `argument --block-size:`).
+
+Adding a knob is one `Setting` here plus its use in the core; `tests/core/test_settings.py` fails when a side
+that claims a setting never reads it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import re
+from dataclasses import dataclass, field, fields, make_dataclass
+
+from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.victims import VICTIM_POLICIES
+from kvplan.errors import ConfigError, short_repr
+from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
+
+SIDES = ("core", "engine", "sim")
+ALL = frozenset(SIDES)
+ALLOCATORS = ("paged", "max", "pow2", "oracle")
+PREEMPTION_MODES = ("recompute", "swap")
+QUEUE_POLICIES = ("fcfs", "priority")
+SCHEDULES = ("mixed", "prefill_first")
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
+# vLLM's cache dtype names (`auto`: the model's dtype); the engine stores fp8 as float8_e4m3fn, int8 with scales.
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "int8")
+POSITION_MODES = ("original", "shifted")
+_UNITS = {"": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30}
+
+
+def _show(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One checked scalar: its kind ('int', 'float', 'bool', 'str', 'choice', 'bytes'), default and bounds.
+
+    `problem(value)` says what is wrong with a value (None: nothing); `check(value, path)` raises it as a
+    `ConfigError` after the path and returns the value in its canonical form (16.0 -> 16, '64MiB' -> 67108864,
+    a value alias -> its name)."""
+
+    kind: str
+    default: object = None
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None  # inclusive
+    maximum: float | None = None  # inclusive
+    above: float | None = None  # exclusive lower bound
+    nullable: bool = False
+    help: str = ""
+    values: tuple[tuple[str, str], ...] = ()  # accepted aliases of choices: (alias, choice)
+    why: str = ""  # why the bounds are where they are, when it is not obvious
+    derived: bool = False  # None means "derived" (left out, not written): not listed among the allowed values
+
+    def allowed(self) -> str:
+        if self.kind == "choice":
+            text = ", ".join(self.choices)
+        elif self.kind == "bool":
+            text = "true or false"
+        elif self.kind == "str":
+            text = "a string"
+        elif self.kind == "bytes":
+            text = (f"a size in bytes >= 1 and <= this machine's memory ({physical_memory()}), with an optional unit "
+                    "(KiB, MiB, GiB, KB, MB, GB), e.g. 64MiB")
+        else:
+            noun = "an integer" if self.kind == "int" else "a finite number"
+            bounds = [f">= {_show(self.minimum)}" if self.minimum is not None else "",
+                      f"> {_show(self.above)}" if self.above is not None else "",
+                      f"<= {_show(self.maximum)}" if self.maximum is not None else ""]
+            text = " ".join([noun, " and ".join(b for b in bounds if b)]).strip()
+        text = f"{text} ({self.why})" if self.why else text
+        return f"{text} or null" if self.nullable and not self.derived else text
+
+    def check(self, value: object, path: str) -> object:
+        value, problem = self.parse(value)
+        if problem is not None:
+            raise ConfigError(f"{path}: {problem}")
+        return value
+
+    def parse(self, value: object) -> tuple[object, str | None]:
+        """(the canonical value, None) or (value, what is wrong with it)."""
+        if value is None:
+            return (None, None) if self.nullable else (None, f"must be set; allowed: {self.allowed()}")
+        if self.kind == "choice":
+            value = dict(self.values).get(value, value) if isinstance(value, str) else value
+            if value not in self.choices:
+                from difflib import get_close_matches
+
+                close = get_close_matches(str(value), self.choices, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                return value, f"unknown value {short_repr(value)}; {hint}allowed: {self.allowed()}"
+            return value, None
+        if self.kind == "bool":
+            return value, None if isinstance(value, bool) else f"must be true or false, got {short_repr(value)}"
+        if self.kind == "str":
+            ok = isinstance(value, str) and value
+            return value, None if ok else f"must be a non-empty string, got {short_repr(value)}"
+        if self.kind == "bytes":
+            return self._bytes(value)
+        return self._number(value)
+
+    def _number(self, value: object) -> tuple[object, str | None]:
+        # bool is an int in Python; `block_size: true` is a mistake, not 1.
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if ok and self.kind == "int":
+            ok = float(value).is_integer()
+        ok = ok and (self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
+        ok = ok and (self.maximum is None or value <= self.maximum)
+        if not ok:
+            return value, f"must be {self.allowed()}, got {short_repr(value)}"
+        return (int(value) if self.kind == "int" else float(value)), None
+
+    def _bytes(self, value: object) -> tuple[object, str | None]:
+        size = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            size = value
+        elif isinstance(value, str):
+            match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
+            if match and match.group(2).lower() in _UNITS:
+                size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        # The KV cache and swap space live in this machine's memory (CPU engine): more than it has cannot be made.
+        if size is None or not 1 <= size <= physical_memory():
+            return value, f"must be {self.allowed()}, got {short_repr(value)}"
+        return size, None
+
+    def parse_text(self, text: str) -> tuple[object, str | None]:
+        """A command-line word as this field's value (numbers from their spelling; 'null' for a nullable field)."""
+        if self.nullable and text == "null":
+            return None, None
+        if self.kind in ("int", "float"):
+            number: int | float | None
+            try:
+                number = int(text)
+            except ValueError:
+                try:
+                    number = float(text)
+                except ValueError:
+                    number = None
+            # '2.5' for an integer is the value 2.5, quoted as the core and YAML quote it; '1e3' and 'nan' are no
+            # integer's spelling: say what you mean
+            spelled = self.kind == "int" and isinstance(number, float) and (not math.isfinite(number)
+                                                                            or number.is_integer())
+            if number is None or spelled:
+                return text, f"must be {self.allowed()}, got {short_repr(text)}"
+            return self.parse(number)
+        if self.kind == "bool":
+            if text.lower() not in ("true", "false"):
+                return text, f"must be true or false, got {short_repr(text)}"
+            return text.lower() == "true", None
+        return self.parse(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting(Field):
+    """A serving setting: a checked field with a name, where it applies and how it is spelled.
+
+    `config` names the core dataclass that holds it (`cache`, `scheduler`) or None for a setting only the engine
+    or the simulator reads. `unset`, when given, says what None means on the engine and simulator sides (derived
+    from memory or the model); the core, which has no memory or model, then uses `default`. `flag` is vLLM's
+    spelling; `aliases` are earlier kvplan flags and `keys` earlier names of the keyword or YAML key, kept so that
+    users' scripts and experiment files keep working."""
+
+    name: str = ""
+    config: str | None = None
+    sides: frozenset[str] = ALL
+    flag: str = ""
+    aliases: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+    unset: str = ""
+
+    @property
+    def side_default(self) -> object:
+        """The default on the engine and simulator sides."""
+        return None if self.unset else self.default
+
+    @property
+    def annotation(self) -> str:
+        kind = {"int": "int", "float": "float", "bool": "bool", "bytes": "int"}.get(self.kind, "str")
+        return f"{kind} | None" if self.unset or self.nullable else kind
+
+    def side_field(self) -> Field:
+        """The field as the engine and the simulator take it (None allowed where `unset` gives it a meaning)."""
+        return Field(self.kind, self.side_default, self.choices, self.minimum, self.maximum, self.above,
+                     self.nullable or bool(self.unset), self.help, self.values, self.why, derived=bool(self.unset))
+
+
+def _s(name: str, kind: str, default: object, help: str, **kw: object) -> Setting:
+    return Setting(kind, default, name=name, help=help, flag=kw.pop("flag", "--" + name.replace("_", "-")), **kw)
+
+
+CORE_ENGINE_SIM, CORE_SIM, ENGINE, ENGINE_SIM = ALL, frozenset({"core", "sim"}), frozenset({"engine"}), \
+    frozenset({"engine", "sim"})
+
+PER_BLOCK = "one object per KV block: more would exhaust memory"
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    # --- the KV cache (CacheConfig) ---
+    _s("block_size", "int", 16, "tokens per KV block", config="cache", minimum=1, maximum=256),
+    _s("num_blocks", "int", 1024, "KV blocks on the device", config="cache", minimum=1, maximum=MAX_BLOCKS,
+       why=PER_BLOCK,
+       aliases=("--num-gpu-blocks-override",), keys=("num_gpu_blocks_override",),
+       unset="what the KV memory holds (engine: --kv-cache-memory; simulator: the profile's, else the analytic "
+             "estimate for the hardware)"),
+    _s("num_cpu_blocks", "int", 0, "CPU blocks that hold swapped-out KV (the engine sizes them from swap_space)",
+       config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK, aliases=("--cpu-blocks",)),
+    _s("enable_prefix_caching", "bool", True, "reuse cached KV blocks of shared prompt prefixes", config="cache",
+       aliases=("--no-prefix-caching",)),
+    _s("eviction_policy", "choice", "lru", "which cached free block is reused first", config="cache",
+       choices=tuple(sorted(EVICTION_POLICIES)), aliases=("--eviction",)),
+    _s("allocator", "choice", "paged", "paged blocks, or a contiguous reservation baseline of the vLLM paper "
+       "(reserve the model's max length, the next power of two of the need, or exactly the need)", config="cache",
+       sides=CORE_SIM, choices=ALLOCATORS),
+    _s("max_model_len", "int", 4096, "the longest context (prompt + output) a request may have; longer requests "
+       "are rejected and counted", config="cache", minimum=1, maximum=MAX_TOKENS,
+       unset="engine: the model's context; simulator: the longest request of the trace"),
+    _s("sink_tokens", "int", 0, "attention-sink tokens kept beside the window (StreamingLLM)", config="cache",
+       minimum=0, maximum=MAX_TOKENS),
+    _s("window_tokens", "int", 0, "sliding window of recent tokens each request keeps (0: full attention)",
+       config="cache", minimum=0, maximum=MAX_TOKENS),
+    _s("watermark", "float", 0.0, "fraction of blocks admission keeps free (vLLM V0's 0.01; V1 has none)",
+       config="cache", minimum=0, maximum=0.5),
+    # --- continuous batching (SchedulerConfig) ---
+    _s("max_num_batched_tokens", "int", 2048, "tokens one step may compute", config="scheduler", minimum=1,
+       maximum=MAX_TOKENS),
+    _s("max_num_seqs", "int", 256, "sequences one step may run", config="scheduler", minimum=1,
+       maximum=1_000_000),
+    _s("long_prefill_token_threshold", "int", 0, "a prompt computes at most this many tokens per step, so long "
+       "prefills share steps with short ones (0: no cap; vLLM's knob of the same name)", config="scheduler",
+       minimum=0, maximum=MAX_TOKENS),
+    _s("enable_chunked_prefill", "bool", True, "split long prompts across steps", config="scheduler",
+       aliases=("--no-chunked-prefill",)),
+    _s("policy", "choice", "fcfs", "waiting-queue order: first come first served, or by request priority",
+       config="scheduler", choices=QUEUE_POLICIES, flag="--scheduling-policy", aliases=("--policy",)),
+    _s("preemption_mode", "choice", "recompute", "what preemption does with a victim's KV", config="scheduler",
+       choices=PREEMPTION_MODES, aliases=("--preemption",)),
+    _s("victim_policy", "choice", "newest", "which running request is preempted", config="scheduler",
+       choices=tuple(sorted(VICTIM_POLICIES)), aliases=("--victim",)),
+    _s("schedule", "choice", "mixed", "mixed: decodes first, prefill chunks fill the budget (vLLM V1); "
+       "prefill_first: prefill-only steps whenever one fits (vLLM V0)", config="scheduler", choices=SCHEDULES),
+    _s("scheduler_reserve_full_isl", "bool", True, "admit a waiting request only when its whole prompt fits in "
+       "the free KV blocks (vLLM's default); off: a first chunk that fits is enough (vLLM <= 0.10)",
+       config="scheduler"),
+    # --- the device and the model (the engine and the simulator) ---
+    _s("kv_cache_dtype", "choice", "auto", "KV cache dtype (auto: the model's; fp8 and int8 hold ~2x the blocks "
+       "in the same memory)", sides=ENGINE_SIM, choices=KV_CACHE_DTYPES, values=(("float8", "fp8"),),
+       aliases=("--kv-dtype",), keys=("kv_dtype",)),
+    _s("gpu_memory_utilization", "float", 0.9, "fraction of device memory the engine may use (weights + KV)",
+       sides=ENGINE_SIM, above=0, maximum=1),
+    _s("kv_cache_memory", "bytes", 64 << 20, "bytes of KV cache, used when num_blocks is not given",
+       sides=ENGINE, aliases=("--kv-cache-memory-bytes",),
+       unset="on CUDA what gpu_memory_utilization leaves after the weights and a profiled step (vLLM's rule); "
+             "on CPU 64 MiB"),
+    _s("swap_space", "bytes", 64 << 20, "bytes of CPU swap space (preemption_mode: swap)", sides=ENGINE),
+    _s("dtype", "choice", "bfloat16", "model weights and activations", sides=ENGINE, choices=MODEL_DTYPES),
+    _s("position_mode", "choice", "original", "with a window: retained tokens keep their positions (original), or "
+       "take their positions within the cache (shifted, StreamingLLM; RoPE models, torch/cpu attention)",
+       sides=ENGINE, choices=POSITION_MODES),
+)}
+KEY_ALIASES = {key: s.name for s in SETTINGS.values() for key in s.keys}
+
+
+def for_side(side: str) -> tuple[Setting, ...]:
+    return tuple(s for s in SETTINGS.values() if side in s.sides)
+
+
+def canonical(name: str) -> str:
+    """A setting's name from its current or an earlier spelling (`kv_dtype` -> `kv_cache_dtype`)."""
+    return KEY_ALIASES.get(name, name)
+
+
+def config_fields(config: str):
+    """Give a core config class one field per `config` setting of the core, in declaration order (apply before
+    @dataclass)."""
+
+    def add(cls: type) -> type:
+        annotations = dict(inspect.get_annotations(cls))
+        for s in SETTINGS.values():
+            if s.config == config and "core" in s.sides:
+                annotations[s.name] = s.annotation.replace(" | None", "")
+                setattr(cls, s.name, s.default)
+        cls.__annotations__ = annotations
+        return cls
+
+    return add
+
+
+def check_settings(obj: object, config: str, prefix: str) -> None:
+    """Check (and canonicalise) every setting field of `obj` in place; a problem raises after `prefix.name`."""
+    for s in SETTINGS.values():
+        if s.config == config and "core" in s.sides:
+            object.__setattr__(obj, s.name, s.check(getattr(obj, s.name), f"{prefix}.{s.name}"))
+
+
+def options_class(name: str, side: str, extra: tuple = (), doc: str = "", namespace: dict | None = None) -> type:
+    """A dataclass of every setting `side` uses (with its side default), after `extra` (name, type, field)
+    fields of its own; the values are checked on construction."""
+    own = [(n, t, f) for n, t, f in extra]
+    knobs = [(s.name, s.annotation, field(default=s.side_default)) for s in for_side(side)]
+
+    def __post_init__(self: object) -> None:
+        for s in for_side(side):
+            object.__setattr__(self, s.name, s.side_field().check(getattr(self, s.name), s.name))
+
+    cls = make_dataclass(name, own + knobs, slots=True, namespace={"__post_init__": __post_init__,
+                                                                   **(namespace or {})})
+    cls.__doc__ = doc
+    return cls
+
+
+def core_config(cls: type, source: object, **derived: object) -> object:
+    """A core config (`CacheConfig`, `SchedulerConfig`) from any object holding its settings (`EngineOptions`,
+    `SimSpec`), by name - never by position; `derived` are the values the side worked out itself (num_blocks from
+    memory, max_model_len from the model). A setting the side does not hold keeps the core's default."""
+    names = [f.name for f in fields(cls)]
+    return cls(**{n: getattr(source, n) for n in names if n not in derived and hasattr(source, n)}, **derived)

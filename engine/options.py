@@ -1,0 +1,32 @@
+"""`EngineOptions`: every setting the live engine takes, derived from the one declaration (`engine.core.settings`).
+
+`LLM(model, **settings)` and the engine commands' flags (`kvplan.settings_cli`) take exactly these names; a value is
+checked on construction with the message every side gives. None for `num_blocks`, `max_model_len` and
+`kv_cache_memory` means what the engine derives (from memory or the model), as each setting's `unset` says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from kvplan.engine.core.settings import canonical, options_class
+
+
+def _option_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+EngineOptions = options_class(
+    "EngineOptions", "engine", doc="Serving settings of the live engine (names follow vLLM's engine arguments).",
+    namespace={"option_names": classmethod(_option_names)})
+
+
+def engine_options(settings: dict) -> EngineOptions:
+    """`EngineOptions` from keyword settings, earlier names accepted (`num_gpu_blocks_override` -> `num_blocks`)."""
+    out: dict = {}
+    for key, value in settings.items():
+        name = canonical(key)
+        if name in out:
+            raise TypeError(f"{key}: given twice (also as {name})")
+        out[name] = value
+    return EngineOptions(**out)

@@ -1,0 +1,198 @@
+"""One declaration per setting (engine.core.settings): every side that claims a setting reads it, and the core,
+an experiment file, a --configs list and the command line refuse a bad value with the same message."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+import pytest
+
+from kvplan.engine.core import CacheConfig, SchedulerConfig
+from kvplan.engine.core.settings import SETTINGS, Setting, for_side
+from kvplan.errors import ConfigError
+
+CONFIGS = {"cache": CacheConfig, "scheduler": SchedulerConfig}
+# A non-default value per setting, all consistent with each other (sinks need a window; swap needs CPU blocks).
+CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "enable_prefix_caching": False,
+           "eviction_policy": "s3fifo", "allocator": "paged", "max_model_len": 200, "sink_tokens": 4,
+           "window_tokens": 96, "watermark": 0.05, "max_num_batched_tokens": 96, "max_num_seqs": 7,
+           "long_prefill_token_threshold": 32, "enable_chunked_prefill": False, "policy": "priority",
+           "preemption_mode": "swap", "victim_policy": "longest_remaining", "schedule": "prefill_first",
+           "scheduler_reserve_full_isl": False, "kv_cache_dtype": "int8", "gpu_memory_utilization": 0.5,
+           "kv_cache_memory": 3 << 20, "swap_space": 2 << 20, "dtype": "float32", "position_mode": "shifted"}
+# `allocator` keeps its default above (a reservation allocator has no prefix cache, window or swap); its other
+# values are covered by the simulator's reservation tests.
+UNCHANGED = {"allocator"}
+
+
+def test_every_setting_has_a_changed_value_here_and_a_side():
+    assert set(CHANGED) == set(SETTINGS), "a new setting needs a non-default value in CHANGED"
+    for s in SETTINGS.values():
+        assert s.sides and s.help and s.flag.startswith("--"), s.name
+        assert s.name in UNCHANGED or CHANGED[s.name] != s.default, s.name
+        assert ("core" in s.sides) == (s.config is not None), f"{s.name}: a core setting names its config"
+
+
+def test_the_core_configs_are_exactly_the_core_settings():
+    for config, cls in CONFIGS.items():
+        declared = [s.name for s in SETTINGS.values() if s.config == config]
+        assert [f.name for f in fields(cls)] == declared
+        made = cls(**{n: CHANGED[n] for n in declared})
+        assert all(getattr(made, n) == CHANGED[n] for n in declared)
+
+
+class Reads:
+    """An options object that records which settings were read."""
+
+    def __init__(self, options: object) -> None:
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "read", set())
+
+    def __getattr__(self, name: str) -> object:
+        self.read.add(name)
+        return getattr(self._options, name)
+
+
+def test_the_live_engine_reads_every_engine_setting(monkeypatch):
+    from kvplan.engine import llm as llm_module
+    from kvplan.engine.options import engine_options
+
+    seen: list[Reads] = []
+
+    def recording(settings: dict) -> Reads:
+        seen.append(Reads(engine_options(settings)))
+        return seen[-1]
+
+    monkeypatch.setattr(llm_module, "engine_options", recording)
+    engine_side = {s.name: CHANGED[s.name] for s in for_side("engine")}
+    # num_blocks is derived from kv_cache_memory when not given: read both ways
+    llm = llm_module.LLM("tiny-llama", **{**engine_side, "num_blocks": None})
+    first = seen[-1].read
+    llm_module.LLM("tiny-llama", **engine_side)
+    assert {s.name for s in for_side("engine")} <= first | seen[-1].read
+    for config, made in (("cache", llm.scheduler.cache_config), ("scheduler", llm.scheduler.config)):
+        for s in for_side("engine"):
+            if s.config == config and s.name not in ("num_blocks", "max_model_len"):  # derived by the engine
+                assert getattr(made, s.name) == CHANGED[s.name], s.name
+
+
+def test_the_simulator_reads_every_sim_setting():
+    from kvplan.sim.run import SimSpec, build_configs, build_cost
+    from kvplan.traces import Trace
+
+    trace = Trace.build([0.0, 0.5], [40, 60], [5, 6])
+    spec = SimSpec(model="llama-3-8b", hardware="a100-40gb", **{s.name: CHANGED[s.name] for s in for_side("sim")})
+    cache, sched = build_configs(spec, trace, spec.num_blocks)
+    for s in for_side("sim"):
+        if s.config is not None:
+            assert getattr({"cache": cache, "scheduler": sched}[s.config], s.name) == CHANGED[s.name], s.name
+    default = SimSpec(model="llama-3-8b", hardware="a100-40gb")
+    for name in [s.name for s in for_side("sim") if s.config is None]:  # the device's: they change the capacity
+        assert build_cost(SimSpec(model="llama-3-8b", hardware="a100-40gb", **{name: CHANGED[name]}))[1] != \
+            build_cost(default)[1], name
+
+
+def _flag_word(value: object) -> list[str]:
+    return [str(value).lower() if isinstance(value, bool) else str(value)]
+
+
+def _argv(side: str) -> list[str]:
+    argv = []
+    for s in for_side(side):
+        value = CHANGED[s.name]
+        if s.kind == "bool":
+            argv.append(s.flag if value else "--no-" + s.flag[2:])
+        else:
+            argv += [s.flag, *_flag_word(value)]
+    return argv
+
+
+def test_every_command_line_reaches_its_side():
+    from kvplan.commands.simulate import spec_from_args
+    from kvplan.engine_args import add_engine_arguments, options_from_args
+    from kvplan.settings_cli import add_setting_flags
+
+    parser = argparse.ArgumentParser()
+    add_setting_flags(parser, "sim", multiple=["block_size"])
+    for extra in ("--trace", "--model", "--hardware", "--cost", "--profile", "--replicas", "--router",
+                  "--sample-interval"):
+        parser.add_argument(extra)
+    parser.add_argument("--no-fast-path", action="store_true")
+    args = parser.parse_args(_argv("sim"))
+    args.replicas = 1
+    spec = spec_from_args(args, args.block_size[0])
+    assert all(getattr(spec, s.name) == CHANGED[s.name] for s in for_side("sim"))
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    options = options_from_args(parser.parse_args(_argv("engine")))
+    assert all(getattr(options, s.name) == CHANGED[s.name] for s in for_side("engine"))
+
+
+def test_an_experiment_and_a_configs_list_reach_their_side(tmp_path):
+    import yaml
+
+    from kvplan.engine.options import EngineOptions
+    from kvplan.engine_args import load_configs
+    from kvplan.experiments.execute import build_spec
+    from kvplan.experiments.schema import parse_experiment
+
+    sim = {s.name: CHANGED[s.name] for s in for_side("sim")}
+    exp = parse_experiment({"name": "t", "engine": sim, "workload": {"trace": "sample:mooncake_style",
+                                                                     "mode": "burst"}}, tmp_path / "e.yaml")
+    spec = build_spec(exp.base)
+    assert all(getattr(spec, name) == value for name, value in sim.items())
+    engine = {s.name: CHANGED[s.name] for s in for_side("engine")}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump([{"name": "a", **engine}]))
+    [(_, options)] = load_configs(path, EngineOptions())
+    assert all(getattr(options, name) == value for name, value in engine.items())
+
+
+def _bad_values(s: Setting) -> list[object]:
+    if s.kind == "int":
+        return [v for v in (s.minimum - 1 if s.minimum is not None else None, (s.maximum or 0) + 1 if s.maximum
+                            else None, 2.5, True) if v is not None]
+    if s.kind == "float":
+        return [float("nan"), (s.maximum or 0) + 1, -1.0 if s.minimum is not None or s.above is not None else None]
+    if s.kind == "bool":
+        return [2, "yes"]
+    if s.kind == "choice":
+        return ["nope", 3]
+    return [0, "lots"]  # bytes
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_every_side_refuses_a_bad_value_with_the_same_message(name, tmp_path):
+    import yaml
+
+    from kvplan.engine.options import EngineOptions
+    from kvplan.engine_args import load_configs
+    from kvplan.experiments.schema import ENGINE
+    from kvplan.settings_cli import flag_type
+
+    s = SETTINGS[name]
+    for value in [v for v in _bad_values(s) if v is not None]:
+        tails = {}
+        if s.config is not None:
+            with pytest.raises(ConfigError) as core:
+                CONFIGS[s.config](**{name: value})
+            tails["core"] = str(core.value).split(": ", 1)[1]
+        if "sim" in s.sides:
+            with pytest.raises(ConfigError) as schema:
+                ENGINE[name].check(value, f"engine.{name}")
+            tails["yaml"] = str(schema.value).split(": ", 1)[1]
+        if "engine" in s.sides:
+            with pytest.raises(ConfigError) as options:
+                EngineOptions(**{name: value})
+            tails["options"] = str(options.value).split(": ", 1)[1]
+            path = tmp_path / "c.yaml"
+            path.write_text(yaml.safe_dump([{"name": "a", name: value}]))
+            with pytest.raises(ConfigError) as configs:
+                load_configs(path, EngineOptions())
+            tails["configs"] = str(configs.value).split(f".{name}: ", 1)[1]
+        if isinstance(value, int | float) and not isinstance(value, bool) and s.kind in ("int", "float"):
+            with pytest.raises(argparse.ArgumentTypeError) as flag:
+                flag_type(s)(str(value))
+            tails["flag"] = str(flag.value)
+        assert len(set(tails.values())) == 1, (value, tails)
