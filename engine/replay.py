@@ -20,12 +20,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
 from kvplan.engine.core import RequestStatus
 from kvplan.engine.core.request import sample_index
+from kvplan.engine.core.timing import SequenceTiming
 from kvplan.engine.llm import LLM
 from kvplan.engine.profiler import StepProfiler
 from kvplan.engine.sampling import SamplingParams
@@ -45,24 +46,8 @@ class ReplayRequest:
 
 
 @dataclass(slots=True)
-class SequenceTimes:
-    """Timestamps of one generated sequence (sample j of a request)."""
-
-    row: int
-    sample: int
-    arrival_s: float
-    first_scheduled_s: float
-    token_times_s: list[float] = field(default_factory=list)
-    finish_s: float = math.nan
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    preemptions: int = 0
-
-
-@dataclass(slots=True)
 class ReplayLog:
-    sequences: list[SequenceTimes]  # finished sequences, in completion order
+    sequences: list[SequenceTiming]  # finished sequences, in completion order
     series: list[tuple]  # (time_s, running, waiting, swapped, *SERIES_KEYS)
     rejected: list[tuple[int, str]]  # (row, reason)
     counters: dict[str, int]
@@ -104,8 +89,8 @@ class LiveReplay:
             raise ValueError("replay: requests must be sorted by arrival_s")
         t0 = requests[0].arrival_s if requests else 0.0
         origin = self.clock() - t0
-        live: dict[str, SequenceTimes] = {}
-        done: list[SequenceTimes] = []
+        live: dict[str, SequenceTiming] = {}
+        done: list[SequenceTiming] = []
         rejected: list[tuple[int, str]] = []
         series: list[tuple] = []
         next_sample = 0.0
@@ -149,7 +134,7 @@ class LiveReplay:
         return ReplayLog(done, series, rejected, counters, usage_seconds, peak, steps, busy, llm.num_kv_blocks,
                          llm.kv_cache.layout.block_size)
 
-    def _admit(self, request: ReplayRequest, live: dict[str, SequenceTimes], rejected: list) -> None:
+    def _admit(self, request: ReplayRequest, live: dict[str, SequenceTiming], rejected: list) -> None:
         rid = str(request.row)
         params = SamplingParams(temperature=self.temperature, max_tokens=request.max_tokens, n=request.n,
                                 ignore_eos=True, seed=self.seed * 1_000_003 + request.row)
@@ -159,10 +144,10 @@ class LiveReplay:
         except ValueError as exc:
             rejected.append((request.row, str(exc)))
             return
-        live[rid] = SequenceTimes(request.row, 0, request.arrival_s, math.nan,
-                                  prompt_tokens=len(request.prompt_token_ids))
+        live[rid] = SequenceTiming(request.row, 0, request.arrival_s, token_times_s=[],
+                                   prompt_tokens=len(request.prompt_token_ids))
 
-    def _stamp(self, trace, live: dict[str, SequenceTimes], done: list[SequenceTimes], start: float,
+    def _stamp(self, trace, live: dict[str, SequenceTiming], done: list[SequenceTiming], start: float,
                end: float) -> None:
         for item in trace.output.scheduled:
             seq = live[item.request_id]
@@ -170,16 +155,17 @@ class LiveReplay:
                 seq.first_scheduled_s = start
             if item.samples:
                 seq.token_times_s.append(end)
+                seq.last_token_s = end
         for child in trace.update.forked:
             parent = live[child.parent_id]
             sample = sample_index(child.request_id)
             # A sibling that found no room (reservation allocators) samples its first token after a recompute.
             first = [end] if child.status in (RequestStatus.RUNNING, RequestStatus.FINISHED) else []
-            live[child.request_id] = SequenceTimes(parent.row, sample, parent.arrival_s, parent.first_scheduled_s,
-                                                   first, prompt_tokens=parent.prompt_tokens)
+            live[child.request_id] = SequenceTiming(parent.row, sample, parent.arrival_s, parent.first_scheduled_s,
+                                                    token_times_s=first, prompt_tokens=parent.prompt_tokens)
         for request in trace.update.finished:
             seq = live.pop(request.request_id)
-            seq.finish_s = end
+            seq.last_token_s = end  # the finish
             seq.output_tokens = request.num_output_tokens
             seq.cached_prompt_tokens = request.num_cached_tokens
             seq.preemptions = request.num_preemptions

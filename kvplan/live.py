@@ -76,7 +76,7 @@ def to_result(log, trace: Trace) -> ServingResult:
         gaps = np.diff(times) if len(times) > 1 else np.empty(0)
         itl.add_many(gaps.tolist(), [1] * len(gaps))
         table.add(seq.row, seq.sample, 0, seq.arrival_s, seq.first_scheduled_s, times[0] if times else math.nan,
-                  seq.finish_s, seq.prompt_tokens, seq.output_tokens, seq.cached_prompt_tokens, seq.preemptions,
+                  seq.last_token_s, seq.prompt_tokens, seq.output_tokens, seq.cached_prompt_tokens, seq.preemptions,
                   float(gaps.max()) if len(gaps) else 0.0)
         tokens[(seq.row, seq.sample)] = times
     frame = table.to_frame(trace.request_id)

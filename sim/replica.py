@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import accumulate, pairwise
 
 import numpy as np
@@ -28,6 +27,7 @@ import simpy
 from kvplan.engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
 from kvplan.engine.core.fast_forward import advance_decode, decode_horizon, waiting_head_blocked
 from kvplan.engine.core.request import sample_index
+from kvplan.engine.core.timing import SequenceTiming
 from kvplan.sim.cost import CostModel, step_time
 from kvplan.sim.cost.features import decode_stretch_features, first_decode_features
 from kvplan.sim.metrics import ItlLog, RequestLog
@@ -36,20 +36,6 @@ NAN = math.nan
 FAST_PATH_CELLS = 1 << 20  # most (request, step) pairs priced in one stretch
 SERIES_COLUMNS = ("replica", "time_s", "running", "waiting", "swapped", "kv_usage", "num_cached_free_blocks",
                   "token_states", "reserved_unused", "internal_fragmentation", "external_fragmentation", "free")
-
-
-@dataclass(slots=True)
-class Track:
-    """Timestamps of one live sequence (kept beside the core's Request, which has no room for them)."""
-
-    request: int  # trace row
-    sample: int
-    arrival_s: float
-    first_scheduled_s: float = NAN
-    first_token_s: float = NAN
-    last_token_s: float = NAN
-    itl_max_s: float = 0.0
-    times: list[float] | None = None  # every token time, when the replica records them (policy validation)
 
 
 class Replica:
@@ -71,7 +57,7 @@ class Replica:
                 raise ValueError("recording every token time needs the step-by-step path (fast_path=False)")
             self.token_times = {}
         self.itl = ItlLog()
-        self.tracks: dict[str, Track] = {}
+        self.tracks: dict[str, SequenceTiming] = {}
         self.rejected: list[tuple[int, str]] = []
         self.series: list[tuple] = []
         self.clock = 0.0  # exact step-end times, accumulated step by step (env.now may differ in the last ulp)
@@ -102,8 +88,8 @@ class Replica:
 
     def submit(self, request: Request, row: int) -> bool:
         """Hand a request to the scheduler; False when it rejects it (recorded in `rejected`)."""
-        self.tracks[request.request_id] = Track(row, 0, request.arrival_s,
-                                                times=None if self.token_times is None else [])
+        self.tracks[request.request_id] = SequenceTiming(row, 0, request.arrival_s,
+                                                         token_times_s=None if self.token_times is None else [])
         if not self.sched.add_request(request):
             del self.tracks[request.request_id]
             self.rejected.append((row, request.finish_reason or "rejected"))
@@ -157,7 +143,7 @@ class Replica:
         sampled = [item.request for item in step.scheduled if item.samples]  # bulk decodes all sample
         for request in step.decodes + sampled if step.decodes else sampled:
             track = tracks[request.request_id]
-            if track.last_token_s == clock and track.times is None:
+            if track.last_token_s == clock and track.token_times_s is None:
                 common += 1  # `_token` and `_gap`, inlined for the common case: a token in every step
                 if gap > track.itl_max_s:
                     track.itl_max_s = gap
@@ -173,22 +159,22 @@ class Replica:
             sample = sample_index(child.request_id)
             # A sibling that found no room (reservation allocators) samples its first token after a recompute.
             first = end if child.status is RequestStatus.RUNNING or child.status is RequestStatus.FINISHED else NAN
-            self.tracks[child.request_id] = Track(parent.request, sample, parent.arrival_s, parent.first_scheduled_s,
-                                                  first, first, times=None if parent.times is None
-                                                  else [first] if first == first else [])
+            self.tracks[child.request_id] = SequenceTiming(
+                parent.row, sample, parent.arrival_s, parent.first_scheduled_s, first, first,
+                token_times_s=None if parent.token_times_s is None else [first] if first == first else [])
         for request in update.finished:
             self._close(request, end)
 
-    def _token(self, track: Track, now: float) -> None:
-        if track.times is not None:
-            track.times.append(now)
+    def _token(self, track: SequenceTiming, now: float) -> None:
+        if track.token_times_s is not None:
+            track.token_times_s.append(now)
         if track.last_token_s != track.last_token_s:  # NaN: the first token
             track.first_token_s = now
         else:
             self._gap(track, now)
         track.last_token_s = now
 
-    def _gap(self, track: Track, now: float) -> None:
+    def _gap(self, track: SequenceTiming, now: float) -> None:
         """Record the gap since the sequence's last token; gaps from the step that just ended before this one
         (the common case) are counted and added to the ITL log once by `_flush_gaps`."""
         last = track.last_token_s
@@ -211,13 +197,13 @@ class Replica:
 
     def _close(self, request: Request, end: float) -> None:
         t = self.tracks.pop(request.request_id)
-        if t.times is not None:
-            self.token_times[(t.request, t.sample)] = t.times
-        self.log.add(t.request, t.sample, self.index, t.arrival_s, t.first_scheduled_s, t.first_token_s, end,
+        if t.token_times_s is not None:
+            self.token_times[(t.row, t.sample)] = t.token_times_s
+        self.log.add(t.row, t.sample, self.index, t.arrival_s, t.first_scheduled_s, t.first_token_s, end,
                      request.prompt_len, request.num_output_tokens, request.num_cached_tokens,
                      request.num_preemptions, t.itl_max_s)
         if self.on_close is not None:
-            self.on_close(t.request, t.sample, end)
+            self.on_close(t.row, t.sample, end)
 
     # -- fast path -----------------------------------------------------------------------------------------
     def _fast_forward(self) -> list[float]:

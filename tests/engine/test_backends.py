@@ -45,8 +45,8 @@ def test_quantized_caches_give_the_torch_backends_tokens(tiny_models, backend, k
     applies in Python; the CPU backend decodes a quantized cache through the torch path."""
     results = {}
     for name in ("torch", backend):
-        llm = LLM(tiny_models["tiny-llama"], block_size=4, kv_cache_memory=1 << 20, max_model_len=64,
-                  max_num_batched_tokens=8, attention_backend=name, kv_cache_dtype=kv)
+        llm = LLM(tiny_models["tiny-llama"], dtype="float32", block_size=4, kv_cache_memory=1 << 20,
+                  max_model_len=64, max_num_batched_tokens=8, attention_backend=name, kv_cache_dtype=kv)
         results[name] = greedy(llm)
     assert results[backend] == results["torch"]
 

@@ -99,7 +99,7 @@ def test_replay_and_validate_cli(tiny_models, tmp_path, capsys):
     configs.write_text("- {name: a, block_size: 0.5}\n")
     assert main(["validate", *common, "--mode", "policy", "--configs", str(configs), "--out",
                  str(tmp_path / "bad")]) == 2
-    assert "[0].block_size: must be an integer, got 0.5" in capsys.readouterr().err
+    assert "[0].block_size: must be an integer >= 1 and <= 256, got 0.5" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
 
 

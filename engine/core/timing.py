@@ -1,0 +1,30 @@
+"""`SequenceTiming`: the clock of one sequence, kept beside the core's `Request` (which has no clock) by whoever
+serves it - the simulator's replicas on the simulated clock, the live replay on the wall clock - so that both
+build the same per-request table from the same record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NAN = float("nan")
+
+
+@dataclass(slots=True)
+class SequenceTiming:
+    """Sample `sample` of trace row `row`: when it arrived, was first scheduled, produced its first and last
+    token, and its widest gap between tokens. `token_times_s` holds every token's time when the run keeps them
+    (the live replay always; the simulator for policy validation), else None. The counts are filled where the
+    side records them at the finish (the live replay; the simulator reads them off the finished `Request`)."""
+
+    row: int
+    sample: int
+    arrival_s: float
+    first_scheduled_s: float = NAN
+    first_token_s: float = NAN
+    last_token_s: float = NAN
+    itl_max_s: float = 0.0
+    token_times_s: list[float] | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    preemptions: int = 0
