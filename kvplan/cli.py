@@ -7,10 +7,13 @@ import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
+from pathlib import Path
 
 from kvplan import __version__
 from kvplan.arg_types import OneLineParser
 from kvplan.errors import UserError
+from traces.schema import short_repr
 
 # Verbs in the order `kvplan --help` lists them; later features add their module here.
 COMMANDS = ("run", "trace", "simulate", "generate", "serve", "replay", "calibrate", "validate", "eval_ppl", "bench")
@@ -26,14 +29,42 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"kvplan.commands.{name}").register(verbs)
+    _refuse_empty_values(parser)
     return parser
+
+
+def _refuse_empty_values(parser: argparse.ArgumentParser) -> None:
+    """No option takes an empty value: `--profile ""` would be Path("") (the current directory), `--configs ""`
+    no configs at all, `--model ""` a model directory '.'. Every string and path option of every command, new
+    ones included, is wrapped here instead of at each."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _refuse_empty_values(sub)
+        elif (action.nargs != 0 and not action.choices and action.type in (None, str, Path)
+              and action.default != ""):  # argparse parses a string default too: `--engine-args ''` is "none"
+            action.type = non_empty(action.type or str)
+
+
+def non_empty(kind: Callable[[str], object]) -> Callable[[str], object]:
+    def parse(text: str) -> object:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{text!r} is empty; allowed: a non-empty value")
+        return kind(text)
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args, unknown = build_parser().parse_known_args(argv)
     except SystemExit as exc:  # --help, --version (0) or a usage error (2, one line already printed)
         return exc.code if isinstance(exc.code, int) else 2
+    if unknown:  # argparse would name the top-level parser ("kvplan: error:"), not the command
+        shown = " ".join(short_repr(arg, 40) for arg in unknown[:3]) + (" ..." if len(unknown) > 3 else "")
+        print(f"kvplan {args.command}: error: unrecognized arguments: {shown}; allowed: the options "
+              f"`kvplan {args.command} --help` lists", file=sys.stderr)
+        return 2
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:

@@ -12,6 +12,7 @@ from kvplan.arg_types import BLOCK_SIZE, BLOCKS, MAX_TOKENS, POSITIVE_TOKENS, TO
 from kvplan.errors import UserError
 from kvplan.live import SIM_KV_DTYPES, EngineOptions
 from kvplan.output import safe_name, short
+from traces.schema import listed
 from traces.specs import read_yaml
 
 _UNITS = {"": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
@@ -23,15 +24,17 @@ def parse_bytes(text: str) -> int:
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     unit = match and match.group(2).lower()
     if not match or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; allowed: a number of bytes with an optional "
+        raise argparse.ArgumentTypeError(f"{short(text)} is not a size; allowed: a number of bytes with an optional "
                                          "unit (KiB, MiB, GiB, KB, MB, GB), e.g. 64MiB")
-    value = int(float(match.group(1)) * _UNITS[unit])
+    # '1e400' reads as inf, and int(inf) would raise OverflowError (a traceback): capped, then refused below
+    value = int(min(float(match.group(1)) * _UNITS[unit], 2.0**63))
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size must be at least 1 byte")
+        raise argparse.ArgumentTypeError(f"{short(text)}: a size must be at least 1 byte")
     # The KV cache and swap space live in this machine's memory (CPU engine): more than it has cannot be made.
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if value > physical:
-        raise argparse.ArgumentTypeError(f"{text!r} is {value} bytes; allowed: at most this machine's memory, "
+        shown = f"{value} bytes" if value < 2**63 else "more than 2^63 bytes"
+        raise argparse.ArgumentTypeError(f"{short(text)} is {shown}; allowed: at most this machine's memory, "
                                          f"{physical} bytes")
     return value
 
@@ -111,13 +114,15 @@ def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, Engin
     path = Path(path)
     doc = read_yaml(path, "--configs")
     if not isinstance(doc, list) or not doc:
-        raise UserError(f"{path}: a non-empty YAML list of configurations, each a mapping with a name")
+        raise UserError(f"{path}: not a list of configurations; allowed: a non-empty YAML list of mappings, each "
+                        "with a name")
     allowed = ("name", *EngineOptions.option_names())
     out, names = [], set()
     for i, entry in enumerate(doc):
         where = f"{path}: [{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
-            raise UserError(f"{where}: a mapping with a string `name` and engine options")
+            raise UserError(f"{where}: not a configuration; allowed: a mapping with a non-empty string `name` and "
+                            "engine options")
         safe_name(entry["name"], f"{where}.name")  # each configuration's runs go to OUT/<name>/
         if entry["name"] in _RESERVED:
             raise UserError(f"{where}.name: {entry['name']!r} is a file of the result set; allowed: another name")
@@ -129,7 +134,7 @@ def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, Engin
             if key == "name":
                 continue
             if key not in allowed:
-                raise UserError(f"{where}.{key}: unknown option; allowed: {', '.join(allowed)}")
+                raise UserError(f"{where}.{key}: unknown option; allowed: {listed(allowed)}")
             changes[key] = _value(f"{where}.{key}", key, value)
         out.append((entry["name"], replace(base, **changes)))
     return out

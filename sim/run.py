@@ -25,6 +25,7 @@ from sim.specs.hardware import get_hardware
 from sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model
 from sim.specs.profiles import PROFILED_DEVICES, shipped_profile
 from traces import Trace
+from traces.schema import short_repr
 
 COST_MODELS = ("analytic", "calibrated", "recorded")
 
@@ -94,6 +95,10 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
         if cost_name == "calibrated" and profile is None:
             profile = str(shipped_profile(spec.model, spec.hardware))
     if cost_name == "analytic":
+        if profile is not None:  # it would be ignored: the numbers would not be the profile's
+            raise UserError(f"--profile {short_repr(str(profile))}: the analytic cost model reads no profile; "
+                            "allowed: --cost calibrated (a profile YAML) or --cost recorded (a replay's "
+                            "steps.jsonl), or no --profile")
         return analytic_cost(spec)
     if cost_name == "recorded":
         if profile is None:

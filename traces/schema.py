@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import reprlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -39,6 +39,23 @@ def short_repr(value: object, limit: int = SHOWN_CHARS) -> str:
     time too (a YAML alias bomb expands to billions of items; reprlib never walks them all)."""
     text = _SHORT.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+LISTED_CHARS = 150
+
+
+def listed(names: Iterable[object], limit: int = LISTED_CHARS) -> str:
+    """Allowed names joined for a message: all when they fit in about `limit` characters, else the first that fit
+    and how many more (forty summary metrics or sixty sweepable keys made 650-character lines)."""
+    names = [str(n) for n in names]
+    if len(", ".join(names)) <= limit:
+        return ", ".join(names)
+    shown: list[str] = []
+    for name in names:
+        if len(", ".join([*shown, name])) > limit - 20:
+            break
+        shown.append(name)
+    return f"{', '.join(shown)}, ... ({len(names) - len(shown)} more)"
 
 
 @dataclass(slots=True)

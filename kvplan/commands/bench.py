@@ -162,6 +162,9 @@ def _show_engine(result: dict) -> None:
 def _bench_sim(args: argparse.Namespace) -> int:
     from kvplan.bench import sim
 
+    if args.data is not None and not args.data.is_dir():  # the default may be absent (regimes skipped), a given one
+        raise UserError(f"--data: {args.data}: not a directory; allowed: the shared data directory (holding "
+                        "azure-llm-2023/ and the other public traces), or no --data")
     result = sim.run(args.data or sim.DATA_DIR, args.requests, args.replicas, seed=args.seed,
                      regimes=tuple(args.regimes or sim.REGIMES))
     return _report(args, result, _show_sim)
@@ -259,8 +262,6 @@ def _bench_beam(args: argparse.Namespace) -> int:
     from kvplan.commands.eval_ppl import read_text
 
     text = args.text or beam.DEFAULT_TEXT
-    if not text.is_file():
-        raise UserError(f"--text: {text}: no such file; allowed: a UTF-8 text file")
     read_text(text)  # not UTF-8 or empty: one clear line before any model loads
     result = beam.run(args.model, text, args.requests, args.seed, args.block_size)
     return _report(args, result, _show_beam)

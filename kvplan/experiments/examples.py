@@ -28,6 +28,8 @@ def bundled_experiments() -> dict[str, Path]:
 
 def experiment_path(value: str) -> Path:
     """The experiment file `value` names: a path, or example:NAME."""
+    if not value.strip():  # Path("") would be the current directory
+        raise UserError("EXPERIMENT: empty path; allowed: an experiment YAML file or example:NAME")
     if not value.startswith(EXAMPLE_PREFIX):
         return Path(value)
     name, examples = value[len(EXAMPLE_PREFIX):], bundled_experiments()
