@@ -8,6 +8,7 @@ import sysconfig
 from pathlib import Path
 
 from kvplan.errors import UserError
+from traces.schema import listed, short_repr
 
 EXAMPLE_PREFIX = "example:"
 
@@ -34,6 +35,6 @@ def experiment_path(value: str) -> Path:
         return Path(value)
     name, examples = value[len(EXAMPLE_PREFIX):], bundled_experiments()
     if name not in examples:
-        raise UserError(f"EXPERIMENT: no example {name!r}; allowed: "
-                         f"{', '.join(EXAMPLE_PREFIX + n for n in examples) or 'none installed'}")
+        raise UserError(f"EXPERIMENT: no example {short_repr(name)}; allowed: "
+                         f"{listed(EXAMPLE_PREFIX + n for n in examples) or 'none installed'}")
     return examples[name]
