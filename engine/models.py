@@ -38,7 +38,7 @@ from transformers import (
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from engine import model_files
+from kvplan.engine import model_files
 from kvplan import caches
 from kvplan.errors import UserError
 

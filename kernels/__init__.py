@@ -12,11 +12,11 @@ from kvplan.caches import prepare_triton
 if torch.cuda.is_available():  # Triton compiles into its cache on first launch: make sure it can (kvplan.caches)
     prepare_triton()
 
-from kernels.copy_blocks import copy_blocks
-from kernels.decode_attention import choose_num_splits, paged_decode_attention
-from kernels.prefill_attention import paged_prefill_attention
-from kernels.quant import QMAX, make_scales
-from kernels.store_kv import store_kv
+from kvplan.kernels.copy_blocks import copy_blocks
+from kvplan.kernels.decode_attention import choose_num_splits, paged_decode_attention
+from kvplan.kernels.prefill_attention import paged_prefill_attention
+from kvplan.kernels.quant import QMAX, make_scales
+from kvplan.kernels.store_kv import store_kv
 
 __all__ = [
     "QMAX",

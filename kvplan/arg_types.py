@@ -13,8 +13,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from sim.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_TOKENS
-from traces.schema import short_repr
+from kvplan.sim.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_TOKENS
+from kvplan.traces.schema import short_repr
 
 
 def _describe(kind: str, low: float | None, high: float | None, above: float | None) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from kvplan import __version__
 from kvplan.arg_types import OneLineParser
 from kvplan.errors import UserError
-from traces.schema import short_repr
+from kvplan.traces.schema import short_repr
 
 # Verbs in the order `kvplan --help` lists them; later features add their module here.
 COMMANDS = ("run", "trace", "simulate", "generate", "serve", "replay", "calibrate", "validate", "eval_ppl", "bench")

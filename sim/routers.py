@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from engine.core.request import Request, attach_block_keys
+from kvplan.engine.core.request import Request, attach_block_keys
 from kvplan.errors import UserError
 
 if TYPE_CHECKING:
-    from sim.replica import Replica
+    from kvplan.sim.replica import Replica
 
 
 class Router(Protocol):

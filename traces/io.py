@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import UserError
-from traces.schema import NO_VALUE, Trace
+from kvplan.traces.schema import NO_VALUE, Trace
 
 KINDS = ("jsonl", "csv", "parquet")
 MOONCAKE_GRANULARITY = 512

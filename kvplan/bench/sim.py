@@ -56,9 +56,9 @@ def regime(name: str, data_dir: str, synthetic_requests: int = 1_000_000, replic
            per_replica_rate: float = 6.0, seed: int = 0) -> dict:
     if name == "synthetic":
         return synthetic(synthetic_requests, replicas, per_replica_rate, seed)
-    import traces
-    from sim.run import SimSpec
-    from traces.transforms import clip_to_context, scale_rate
+    from kvplan import traces
+    from kvplan.sim.run import SimSpec
+    from kvplan.traces.transforms import clip_to_context, scale_rate
 
     file, options = {"azure_conv_off": (AZURE_CONV, {"enable_prefix_caching": False}),
                      "azure_conv_on": (AZURE_CONV, {}), "azure_conv_x4": (AZURE_CONV, {}),
@@ -84,7 +84,7 @@ def regime(name: str, data_dir: str, synthetic_requests: int = 1_000_000, replic
 
 
 def timed(trace, spec) -> dict:
-    from sim.run import simulate
+    from kvplan.sim.run import simulate
 
     start = time.perf_counter()
     out = simulate(trace, spec)
@@ -99,7 +99,7 @@ def timed(trace, spec) -> dict:
 
 def synthetic_trace(count: int, rate: float, seed: int):
     """ShareGPT-like lengths (mean prompt ~161, output ~338, at most 2048 together), Poisson arrivals."""
-    from traces import Trace
+    from kvplan.traces import Trace
 
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, count))
@@ -109,7 +109,7 @@ def synthetic_trace(count: int, rate: float, seed: int):
 
 
 def synthetic(count: int, replicas: int, per_replica_rate: float, seed: int) -> dict:
-    from sim.run import SimSpec
+    from kvplan.sim.run import SimSpec
 
     trace = synthetic_trace(count, per_replica_rate * replicas, seed)
     spec = SimSpec(model="llama-3-8b", hardware="h100-sxm", replicas=replicas, router="round_robin",

@@ -39,7 +39,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def read_text(path: Path) -> str:
-    from traces.specs import check_file
+    from kvplan.traces.specs import check_file
 
     check_file(path, "--text", "a UTF-8 text file")
     try:
@@ -54,7 +54,7 @@ def read_text(path: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     text = read_text(args.text)  # before torch is imported: a bad path is refused at once
-    from engine.perplexity import parse_policy, perplexity
+    from kvplan.engine.perplexity import parse_policy, perplexity
 
     policies = [parse_policy(p) for p in (args.policy or DEFAULT_POLICIES)]  # bad policies fail before any work
     tokens = _tokenize(args.model, text)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tokenize(model: str, text: str) -> list[int]:
-    from engine.models import load_tokenizer
+    from kvplan.engine.models import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     if tokenizer is None:

@@ -28,8 +28,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.llm import LLM
-    from engine.serving.server import serve
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.serving.server import serve
 
     options = options_from_args(args)
     check_listen(args.host, args.port)  # before the model loads; uvicorn would exit with its own log lines

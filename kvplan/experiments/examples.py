@@ -8,7 +8,7 @@ import sysconfig
 from pathlib import Path
 
 from kvplan.errors import UserError
-from traces.schema import listed, short_repr
+from kvplan.traces.schema import listed, short_repr
 
 EXAMPLE_PREFIX = "example:"
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvplan.errors import UserError
-from traces.schema import listed, short_repr
+from kvplan.traces.schema import listed, short_repr
 
 
 class SchemaError(UserError):

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvplan.errors import UserError
-from sim.cost.features import StepFeatures
-from sim.specs.hardware import HardwareSpec
-from sim.specs.models import ModelSpec
+from kvplan.sim.cost.features import StepFeatures
+from kvplan.sim.specs.hardware import HardwareSpec
+from kvplan.sim.specs.models import ModelSpec
 
 
 def elementwise_bytes_per_token(model: ModelSpec, kv_dtype_bytes: float | None = None) -> float:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.core.strict_json import loads, short, whole, why
+from kvplan.engine.core.strict_json import loads, short, whole, why
 from kvplan.errors import UserError
-from sim.cost.features import StepFeatures
+from kvplan.sim.cost.features import StepFeatures
 
 
 class PolicyDivergence(UserError):

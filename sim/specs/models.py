@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvplan.errors import UserError
-from traces.schema import short_repr
-from traces.specs import read_text, shown
+from kvplan.traces.schema import short_repr
+from kvplan.traces.specs import read_text, shown
 
 
 @dataclass(slots=True, frozen=True)

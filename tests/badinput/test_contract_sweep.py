@@ -245,7 +245,7 @@ def test_serve_refuses_a_port_in_use_before_loading_the_model(capsys):
 
 def test_the_last_guard_keeps_any_message_one_bounded_line():
     from kvplan.cli import one_line
-    from traces.schema import listed
+    from kvplan.traces.schema import listed
 
     text = one_line(f"--router: unknown router '{'r' * 5000}'\nsecond line; allowed: a, b")
     assert "\n" not in text and len(text) < 200 and text.endswith("second line; allowed: a, b")
@@ -253,7 +253,7 @@ def test_the_last_guard_keeps_any_message_one_bounded_line():
     assert one_line(f"model directory '{path}' has no config.json") == f"model directory '{path}' has no config.json"
     assert len(one_line("x" * 5000)) == 60
     assert listed(["a", "b"]) == "a, b"
-    from engine.core.strict_json import why
+    from kvplan.engine.core.strict_json import why
 
     assert why(KeyError("meta")) == "no key 'meta'"  # not KeyError('meta')
     assert why(ValueError("x; allowed: y")) == "x" and len(why(ValueError("v" * 5000))) == 100

@@ -81,7 +81,7 @@ def test_remove_stale_takes_old_leftovers_only(tmp_path, capsys):
 
 # -- built-in models -----------------------------------------------------------------------------------------------
 def _built(cache: Path, name: str = "tiny-llama") -> Path:
-    from engine.models import resolve_model
+    from kvplan.engine.models import resolve_model
 
     return resolve_model(name, cache)
 
@@ -112,7 +112,7 @@ def test_every_kind_of_damaged_entry_is_rebuilt(tmp_path, capsys, damage):
         (entry / "model.safetensors").write_bytes(b"\xff" * 4096)
     _built(cache)
     assert "removed a damaged cached model" in capsys.readouterr().err
-    from engine import model_files
+    from kvplan.engine import model_files
 
     assert model_files.problem(entry) is None
 
@@ -140,7 +140,7 @@ def test_an_old_unfinished_build_is_removed_and_a_fresh_one_kept(tmp_path, capsy
 
 def test_two_concurrent_first_uses_both_succeed_with_one_entry(tmp_path):
     cache = tmp_path / "models"
-    code = ("import sys; from pathlib import Path; from engine.models import resolve_model; "
+    code = ("import sys; from pathlib import Path; from kvplan.engine.models import resolve_model; "
             "print(resolve_model('tiny-qwen2', Path(sys.argv[1])))")
     runs = [subprocess.Popen([sys.executable, "-c", code, str(cache)], env=_env(), cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
@@ -174,7 +174,7 @@ def test_an_unwritable_extensions_dir_falls_back(tmp_path, private_tmp, monkeypa
 
 
 def test_a_built_library_that_does_not_load_is_rebuilt_once(tmp_path, capsys):
-    from engine.backends.kernel_build import load_built
+    from kvplan.engine.backends.kernel_build import load_built
 
     library = tmp_path / "ext.so"
     library.write_bytes(b"\x7fELF truncated")
@@ -193,7 +193,7 @@ def test_a_built_library_that_does_not_load_is_rebuilt_once(tmp_path, capsys):
 
 
 def test_a_load_failure_without_a_library_is_not_hidden(tmp_path):
-    from engine.backends.kernel_build import load_built
+    from kvplan.engine.backends.kernel_build import load_built
 
     def load() -> str:
         raise ImportError("no compiler")

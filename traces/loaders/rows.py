@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import UserError
-from traces.compression import open_text, read_bytes
-from traces.schema import LoadReport, Trace, TraceFormatError, gather_segments, offsets_from_counts, short_repr
+from kvplan.traces.compression import open_text, read_bytes
+from kvplan.traces.schema import LoadReport, Trace, TraceFormatError, gather_segments, offsets_from_counts, short_repr
 
 EXTRA_FIELDS = 8  # a CSV row may carry this many fields beyond its header before pandas itself gives up
 SHOWN_BAD_LINES = 5
