@@ -8,7 +8,9 @@ Built-in names:
 - `llama-100m`: a random Llama-shaped ~100M-parameter model, the engine benchmark model.
 
 A cache entry appears in one `os.replace` of a fully written temporary directory, so an interrupted or
-concurrent build never leaves a half-written model where a later run would load it.
+concurrent build never leaves a half-written model where a later run would load it; an entry damaged otherwise
+(a truncated file) is found before loading (`engine.model_files`), removed with a line and built again, and an
+unwritable cache falls back to a private one with a line (`kvplan.caches`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import importlib.util
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ from transformers import (
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from kvplan import caches
+from kvplan.engine import model_files
 from kvplan.errors import UserError
 
 SMOLLM2 = "smollm2-135m"
@@ -141,22 +144,49 @@ def resolve_model(name: str, cache_dir: Path | None = None) -> Path:
 def _checked_model_dir(path: Path) -> Path:
     if not (path / "config.json").is_file():
         raise UserError(f"model directory {str(path)!r} has no config.json; expected a Hugging Face model directory")
+    why = model_files.problem(path)
+    if why is not None:
+        raise UserError(f"model directory {str(path)!r}: {why}; expected a complete Hugging Face model directory")
     return path.resolve()
 
 
 def _cached_builtin(name: str, cache_dir: Path) -> Path:
-    target = (cache_dir / name).resolve()
-    if (target / "config.json").is_file():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_builds(cache_dir, name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=cache_dir))
+    found = _whole_entry(cache_dir / name)
+    if found is not None:
+        return found
+    writable = caches.model_cache_dir(cache_dir)  # a private one, with a line, when this one cannot be written
+    if writable != cache_dir and (found := _whole_entry(writable / name)) is not None:
+        return found
+    target = (writable / name).resolve()
+    caches.remove_stale(writable.glob(f".{name}.*.tmp"), _STALE_BUILD_S, "an unfinished model build")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=writable))
     try:
         _build_builtin(name, tmp)
         _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful publish
     return target
+
+
+def _whole_entry(entry: Path) -> Path | None:
+    """`entry` resolved if it is a complete cached model; a damaged one (truncated weights or JSON: a full disk, an
+    older kvplan that wrote in place) is moved aside in one rename, removed with a line, and None returned."""
+    if not (entry / "config.json").is_file():
+        return None
+    why = model_files.problem(entry)
+    if why is None:
+        return entry.resolve()
+    aside = entry.with_name(f".{entry.name}.corrupt-{os.getpid()}.tmp")
+    try:
+        os.replace(entry, aside)  # a concurrent run that found it first moved it already
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # a read-only cache: the build goes to the fallback, this entry stays
+        caches.say(f"the cached model {entry} is damaged ({why}) and cannot be removed ({exc.strerror})")
+        return None
+    shutil.rmtree(aside, ignore_errors=True)
+    caches.say(f"removed a damaged cached model {entry} ({why}); building it again")
+    return None
 
 
 def _publish(tmp: Path, target: Path) -> None:
@@ -168,15 +198,6 @@ def _publish(tmp: Path, target: Path) -> None:
             raise UserError(
                 f"cannot place the built model at {str(target)!r}: it exists and is not a model directory ({exc})"
             ) from exc
-
-
-def _remove_stale_builds(cache_dir: Path, name: str) -> None:
-    # Builds of a run that was killed would otherwise pile up (smollm2 is ~540 MB each); a fresh one may
-    # belong to a concurrent run, so only old ones go.
-    cutoff = time.time() - _STALE_BUILD_S
-    for tmp in cache_dir.glob(f".{name}.*.tmp"):
-        if tmp.is_dir() and tmp.stat().st_mtime < cutoff:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _build_builtin(name: str, dest: Path) -> None:

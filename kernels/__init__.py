@@ -5,6 +5,13 @@ one kernel. On a machine without CUDA the kernels run only under TRITON_INTERPRE
 this package is imported (Triton reads it when the kernels are defined).
 """
 
+import torch
+
+from kvplan.caches import prepare_triton
+
+if torch.cuda.is_available():  # Triton compiles into its cache on first launch: make sure it can (kvplan.caches)
+    prepare_triton()
+
 from kvplan.kernels.copy_blocks import copy_blocks
 from kvplan.kernels.decode_attention import choose_num_splits, paged_decode_attention
 from kvplan.kernels.prefill_attention import paged_prefill_attention

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 from kvplan.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_TOKENS
+from kvplan.traces.schema import short_repr
 
 
 def _describe(kind: str, low: float | None, high: float | None, above: float | None) -> str:
@@ -31,10 +33,10 @@ def integer(low: int | None = None, high: int | None = None, why: str = "") -> C
     def parse(text: str) -> int:
         try:
             value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}; allowed: {allowed}") from None
+        except ValueError:  # also 5,000 digits (int() refuses them): quoted short, however long
+            raise argparse.ArgumentTypeError(f"{short_repr(text)}; allowed: {allowed}") from None
         if (low is not None and value < low) or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{text}; allowed: {allowed}")
+            raise argparse.ArgumentTypeError(f"{short_repr(text)[1:-1]}; allowed: {allowed}")
         return value
 
     return parse
@@ -48,10 +50,10 @@ def number(low: float | None = None, high: float | None = None, above: float | N
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}; allowed: {allowed}") from None
+            raise argparse.ArgumentTypeError(f"{short_repr(text)}; allowed: {allowed}") from None
         if (not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high)
                 or (above is not None and value <= above)):
-            raise argparse.ArgumentTypeError(f"{text}; allowed: {allowed}")
+            raise argparse.ArgumentTypeError(f"{short_repr(text)[1:-1]}; allowed: {allowed}")
         return value
 
     return parse
@@ -64,6 +66,8 @@ def out_path(text: str) -> Path:
     return Path(text)
 
 
+SHOWN = 60  # characters of a refused value a message quotes
+MAX_LINE = 300  # an error line, whatever it quotes
 BLOCK_SIZE = integer(1, 256)
 COUNT = integer(1)
 NON_NEGATIVE = integer(0)
@@ -83,4 +87,14 @@ class OneLineParser(argparse.ArgumentParser):
     usage text stays behind --help."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {bounded(message)}\n")
+
+
+LONG_QUOTED = re.compile(rf"'([^'\n]{{{SHOWN + 1},}})'")
+
+
+def bounded(message: str) -> str:
+    """argparse quotes a refused value whole (`invalid choice: '<5,000 characters>'`, `unrecognized arguments: ...`):
+    each quoted value shortened to about SHOWN characters, the line to MAX_LINE, on one line."""
+    message = LONG_QUOTED.sub(lambda m: short_repr(m.group(1), SHOWN), " ".join(message.split()))
+    return message if len(message) <= MAX_LINE else message[:MAX_LINE - 3] + "..."

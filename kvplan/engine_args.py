@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kvplan.engine.core.settings import MODEL_DTYPES, SETTINGS, canonical  # noqa: F401 (MODEL_DTYPES: commands')
 from kvplan.engine.options import EngineOptions
-from kvplan.errors import UserError
+from kvplan.errors import UserError, listed
 from kvplan.output import safe_name
 from kvplan.settings_cli import add_setting_flags, settings_from_args
 from kvplan.traces.specs import read_yaml
@@ -46,13 +46,15 @@ def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, Engin
     path = Path(path)
     doc = read_yaml(path, "--configs")
     if not isinstance(doc, list) or not doc:
-        raise UserError(f"{path}: a non-empty YAML list of configurations, each a mapping with a name")
+        raise UserError(f"{path}: not a list of configurations; allowed: a non-empty YAML list of mappings, each "
+                        "with a name")
     allowed = ("name", *EngineOptions.option_names())
     out, names = [], set()
     for i, entry in enumerate(doc):
         where = f"{path}: [{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
-            raise UserError(f"{where}: a mapping with a string `name` and engine options")
+            raise UserError(f"{where}: not a configuration; allowed: a mapping with a non-empty string `name` and "
+                            "engine options")
         safe_name(entry["name"], f"{where}.name")  # each configuration's runs go to OUT/<name>/
         if entry["name"] in _RESERVED:
             raise UserError(f"{where}.name: {entry['name']!r} is a file of the result set; allowed: another name")
@@ -65,7 +67,7 @@ def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, Engin
                 continue
             name = canonical(key)
             if name not in allowed:
-                raise UserError(f"{where}.{key}: unknown option; allowed: {', '.join(allowed)}")
+                raise UserError(f"{where}.{key}: unknown option; allowed: {listed(allowed)}")
             changes[name] = _value(f"{where}.{key}", name, value)
         out.append((entry["name"], replace(base, **changes)))
     return out

@@ -10,6 +10,7 @@ it, and quotes a bad value the same way (`short_repr`).
 """
 
 import reprlib
+from collections.abc import Iterable
 
 SHOWN_CHARS = 60
 _SHORT = reprlib.Repr()
@@ -31,3 +32,20 @@ def short_repr(value: object, limit: int = SHOWN_CHARS) -> str:
 class ConfigError(UserError):
     """A setting is out of its allowed range or names something unknown; the message starts with its key path
     (`cache.block_size`, `engine.block_size`) and says what is allowed."""
+
+
+LISTED_CHARS = 150
+
+
+def listed(names: Iterable[object], limit: int = LISTED_CHARS) -> str:
+    """Allowed names joined for a message: all when they fit in about `limit` characters, else the first that fit
+    and how many more (forty summary metrics or sixty sweepable keys made 650-character lines)."""
+    names = [str(n) for n in names]
+    if len(", ".join(names)) <= limit:
+        return ", ".join(names)
+    shown: list[str] = []
+    for name in names:
+        if len(", ".join([*shown, name])) > limit - 20:
+            break
+        shown.append(name)
+    return f"{', '.join(shown)}, ... ({len(names) - len(shown)} more)"

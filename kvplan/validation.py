@@ -112,6 +112,9 @@ def target_summary(per_config: dict[str, list[MetricRow]]) -> list[dict]:
 
 def cdf_plot(lives: list[ServingResult], sims: dict[str, ServingResult], title: str) -> bytes:
     """PNG: CDFs of TTFT, TPOT and E2E latency per request, every live run against the simulation(s)."""
+    from kvplan.caches import prepare_matplotlib
+
+    prepare_matplotlib()  # a writable font cache, no stale lock (kvplan.caches)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -27,6 +27,7 @@ from kvplan.sim.specs.hardware import get_hardware
 from kvplan.sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model, sim_kv_dtype
 from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
 from kvplan.traces import Trace
+from kvplan.traces.schema import short_repr
 
 COST_MODELS = ("analytic", "calibrated", "recorded")
 
@@ -67,6 +68,10 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
         if cost_name == "calibrated" and profile is None:
             profile = str(shipped_profile(spec.model, spec.hardware))
     if cost_name == "analytic":
+        if profile is not None:  # it would be ignored: the numbers would not be the profile's
+            raise UserError(f"--profile {short_repr(str(profile))}: the analytic cost model reads no profile; "
+                            "allowed: --cost calibrated (a profile YAML) or --cost recorded (a replay's "
+                            "steps.jsonl), or no --profile")
         return analytic_cost(spec)
     if cost_name == "recorded":
         if profile is None:

@@ -29,10 +29,14 @@ def load(path: str | Path, format: str | None = None, skip_bad: bool = False, *,
     """Load a trace file, plain or gzip/bz2/xz/zstd-compressed; the format is detected from the (decompressed)
     content unless named (see `FORMATS`). `hash_granularity` overrides the tokens per prefix hash that the
     format states (a Mooncake-layout file written with 16-token blocks)."""
+    if not str(path).strip():  # Path("") is the current directory
+        raise TraceFormatError("empty path; allowed: a trace file")
     if Path(path).is_dir():
-        raise FileNotFoundError(f"{path}: is a directory; allowed: a trace file")
-    if not Path(path).is_file():
+        raise TraceFormatError(f"{path}: is a directory; allowed: a trace file")
+    if not Path(path).exists():
         raise FileNotFoundError(f"{path}: no such trace file")
+    if not Path(path).is_file():  # /dev/null, a FIFO (opening one would wait for a writer), a socket
+        raise TraceFormatError(f"{path}: not a regular file; allowed: a trace file")
     if hash_granularity is not None and hash_granularity < 1:
         raise TraceFormatError(f"--hash-granularity: {hash_granularity}; allowed: an integer >= 1")
     opts = LoadOptions(skip_bad=skip_bad, order_tolerance_s=order_tolerance_s, keep_failed=keep_failed,

@@ -47,8 +47,12 @@ def detect(path: str | Path) -> Format:
     same_kind = [f for f in FORMATS.values() if f.kind == kind]
     candidates = [f for f in same_kind if set(f.required) <= keys]
     if not candidates:
-        raise TraceFormatError(f"{path}:1: cannot tell the trace format from fields {short_repr(sorted(keys))}; "
-                               f"pass --format. Allowed: {_layouts(same_kind)}")
+        if not keys - {""}:
+            raise TraceFormatError(f"{path}: empty (no header line); allowed: a trace whose first line names its "
+                                   f"columns, in one of the layouts {', '.join(f.name for f in same_kind)}")
+        near = sorted(same_kind, key=lambda f: -len(keys & f.known))  # the nearest layout first
+        raise TraceFormatError(f"{path}:1: cannot tell the trace format from fields {short_repr(sorted(keys), 40)}; "
+                               f"allowed: a layout's columns ({_layouts(near)}), or --format")
     best = max(candidates, key=lambda f: len(f.required))
     explained = len(keys & best.known)
     for other in same_kind:
@@ -62,7 +66,9 @@ def detect(path: str | Path) -> Format:
 
 
 def _layouts(formats: list[Format]) -> str:
-    return "; ".join(f"{f.name}: {f.layout}" for f in formats)
+    """The first layout's columns and the others' names: all their columns would make a 700-character line."""
+    first, *others = formats
+    return f"{first.name}: {','.join(first.required)}; or {', '.join(f.name for f in others)}"
 
 
 def _sniff(path: Path) -> tuple[str, set[str]]:
@@ -91,6 +97,6 @@ def _sniff(path: Path) -> tuple[str, set[str]]:
         if any(is_value(h) for h in header) and not any(set(f.required) <= set(header) for f in csv_formats):
             raise MissingHeader(str(path), ",".join(header)[:80])
     except MissingHeader as exc:
-        raise TraceFormatError(exc.message(f"a header line naming the columns, one of: {_layouts(csv_formats)}")) \
+        raise TraceFormatError(exc.message(f"a header line naming the columns of a layout ({_layouts(csv_formats)})"))\
             from None
     return "csv", set(header)

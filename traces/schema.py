@@ -14,11 +14,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvplan.errors import SHOWN_CHARS, UserError, short_repr  # noqa: F401 (re-exported)
+from kvplan.errors import SHOWN_CHARS, UserError, listed, short_repr  # noqa: F401 (re-exported)
+from kvplan.limits import MAX_TOKENS  # noqa: F401 (re-exported)
 
 NO_VALUE = -1  # session_id / turn when the source has none
-from kvplan.limits import MAX_TOKENS  # noqa: E402,F401 (re-exported)
-
 MAX_ARRIVAL_S = 1e10  # ~300 years of trace: float64 seconds still resolve microseconds
 ARRAY_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "request_id", "session_id", "turn", "priority",
                 "n", "hash_ids", "hash_offsets")

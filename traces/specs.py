@@ -24,15 +24,24 @@ def shown_key(key: object) -> str:
     return key if isinstance(key, str) and key.isprintable() and len(key) <= SHOWN_CHARS else shown(key)
 
 
-def read_text(path: str | Path, flag: str) -> str:
-    """The UTF-8 text of a small input file; every way it cannot be read is one line naming it."""
+def check_file(path: str | Path, flag: str, allowed: str) -> Path:
+    """`path` if it names a regular file, else one line naming `flag` and what is allowed: never an OSError
+    without the flag, and never an open() of a FIFO (it would wait for a writer forever)."""
+    if not str(path).strip():  # Path("") is the current directory
+        raise UserError(f"{flag}: empty path; allowed: {allowed}")
     path = Path(path)
     if path.is_dir():
-        raise UserError(f"{path}: is a directory; allowed: a file")
+        raise UserError(f"{flag}: {path}: is a directory; allowed: {allowed}")
     if not path.exists():
-        raise FileNotFoundError(f"{flag}: {path}: no such file")
+        raise UserError(f"{flag}: {path}: no such file; allowed: {allowed}")
     if not path.is_file():
-        raise UserError(f"{path}: not a regular file; allowed: a file")
+        raise UserError(f"{flag}: {path}: not a regular file; allowed: {allowed}")
+    return path
+
+
+def read_text(path: str | Path, flag: str) -> str:
+    """The UTF-8 text of a small input file; every way it cannot be read is one line naming it."""
+    path = check_file(path, flag, "a file")
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
@@ -77,8 +86,8 @@ def safe_load(text: str) -> object:
 
 def read_yaml(path: str | Path, flag: str) -> object:
     """The YAML document at `path` (safe_load); a missing file or a syntax error is one line naming it."""
-    path = Path(path)
     text = read_text(path, flag)
+    path = Path(path)
     try:
         return safe_load(text)
     except yaml.MarkedYAMLError as exc:  # syntax errors and unsafe tags (`!!python/object`) carry a position

@@ -48,20 +48,24 @@ def _load(name: str):
 def cpu_kernel():
     """The compiled extension module (built once per machine and source version). A first build runs in a
     child with a message and a time bound, and a lock left by a killed build is cleared (kernel_build)."""
+    from kvplan.caches import torch_extensions_dir
     from kvplan.engine.backends.kernel_build import (
         build_directory,
         build_in_child,
         build_lock,
         build_timeout_s,
         is_built,
+        load_built,
     )
 
-    name = f"kvplan_cpu_decode_{_build_tag()}"
+    torch_extensions_dir()  # an unwritable extensions cache: a private one, with a line (kvplan.caches)
+    name, what = f"kvplan_cpu_decode_{_build_tag()}", "the CPU decode kernel"
     folder, timeout = build_directory(name), build_timeout_s()
     with build_lock(folder, timeout) as fd:
         if not is_built(name, (SOURCE,)):
-            build_in_child(name, __name__, folder, fd, timeout, "the CPU decode kernel")
-        return _load(name)
+            build_in_child(name, __name__, folder, fd, timeout, what)
+        return load_built(folder, name, lambda: _load(name),
+                          lambda: build_in_child(name, __name__, folder, fd, timeout, what))
 
 
 @functools.cache

@@ -25,13 +25,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 BUILD_TIMEOUT_S = 900.0  # a first build took 137 s on a loaded 2-core machine; this is many times that
 PROGRESS_S = 15.0
 TORCH_LOCK = "lock"  # the file torch.utils.file_baton.FileBaton creates in the build folder
 OUR_LOCK = "kvplan.lock"
+T = TypeVar("T")
 
 
 class BuildError(RuntimeError):
@@ -133,6 +135,22 @@ def build_in_child(name: str, module: str, folder: Path, lock_fd: int, timeout_s
         last = next((line for line in reversed(output.decode(errors="replace").splitlines()) if line.strip()), "")
         raise BuildError(f"building {what} failed (exit {child.returncode}): {last.strip()[:200]}")
     say(f"built {what} in {time.monotonic() - start:.0f} s")
+
+
+def load_built(folder: Path, name: str, load: Callable[[], T], rebuild: Callable[[], None]) -> T:
+    """`load()` the built library; one that is there but does not load (truncated by a full disk or a killed copy:
+    ninja sees it as up to date and never rebuilds it) is removed with a line and built once more."""
+    try:
+        return load()
+    except (ImportError, OSError) as exc:
+        library = folder / f"{name}.so"
+        if not library.exists():
+            raise
+        library.unlink(missing_ok=True)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:160]
+        say(f"removed a corrupt build {library} ({reason}); building it again")
+        rebuild()
+        return load()
 
 
 def _kill(child: subprocess.Popen) -> None:

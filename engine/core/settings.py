@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 
 from kvplan.engine.core.eviction import EVICTION_POLICIES
 from kvplan.engine.core.victims import VICTIM_POLICIES
-from kvplan.errors import ConfigError, short_repr
+from kvplan.errors import ConfigError, listed, short_repr
 from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
 
 SIDES = ("core", "engine", "sim")
@@ -69,7 +69,7 @@ class Field:
 
     def allowed(self) -> str:
         if self.kind == "choice":
-            text = ", ".join(self.choices)
+            text = listed(self.choices)
         elif self.kind == "bool":
             text = "true or false"
         elif self.kind == "str":
@@ -132,7 +132,8 @@ class Field:
         elif isinstance(value, str):
             match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
             if match and match.group(2).lower() in _UNITS:
-                size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+                # '1e400' reads as inf and int(inf) is an OverflowError: capped, then refused below
+                size = int(min(float(match.group(1)) * _UNITS[match.group(2).lower()], 2.0**63))
         # The KV cache and swap space live in this machine's memory (CPU engine): more than it has cannot be made.
         if size is None or not 1 <= size <= physical_memory():
             return value, f"must be {self.allowed()}, got {short_repr(value)}"

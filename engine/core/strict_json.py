@@ -27,6 +27,19 @@ def short(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def why(exc: BaseException) -> str:
+    """What went wrong reading a record, in words and about 100 characters: never a bare repr such as
+    `KeyError('meta')` or an exception quoting a whole line."""
+    if isinstance(exc, KeyError):
+        return f"no key {short(exc.args[0]) if exc.args else '?'}"
+    if isinstance(exc, IndexError):
+        return "a list with too few items"
+    if isinstance(exc, TypeError):
+        return f"a value of the wrong type ({short(str(exc), 70)})"
+    text = str(exc).split("; allowed:")[0].strip()  # the caller says what is allowed, once
+    return (text if len(text) <= 100 else text[:97] + "...") if text else type(exc).__name__
+
+
 def _refuse_constant(name: str) -> float:
     raise UserError(f"{name} is not a JSON number (RFC 8259 has no NaN or infinity)")
 
@@ -42,7 +55,11 @@ def loads(text: str | bytes) -> object:
     """`json.loads` as RFC 8259 has it: NaN, ±Infinity and overflowing numbers raise a ValueError, and so does
     nesting past the interpreter's recursion limit (a body nested 100,000 deep: a RecursionError otherwise)."""
     if isinstance(text, bytes | bytearray):
-        text = text.decode("utf-8")
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:  # a ValueError that a caller catching UserError would not expect
+            raise UserError(f"not UTF-8 text (byte {bytes(text[exc.start:exc.start + 1])!r} at offset "
+                            f"{exc.start}); allowed: UTF-8 JSON") from None
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:

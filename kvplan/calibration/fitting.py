@@ -94,6 +94,9 @@ def fit_quality(fit: Fit, predicted: np.ndarray, measured: np.ndarray, holdout: 
 
 def residual_plot(cal: Calibration, title: str) -> bytes:
     """PNG: predicted vs measured step time (log-log) and relative error vs measured, held-out steps marked."""
+    from kvplan.caches import prepare_matplotlib
+
+    prepare_matplotlib()  # a writable font cache, no stale lock (kvplan.caches)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvplan.engine.core.strict_json import loads, whole
+from kvplan.engine.core.strict_json import loads, whole, why
 from kvplan.errors import UserError
 from kvplan.sim.cost.calibrated import MAX_BLOCK_SIZE, MAX_BLOCKS
 from kvplan.sim.rejections import REASON
@@ -98,7 +98,7 @@ def _token_times(path: Path, table: pd.DataFrame) -> list[np.ndarray]:
                 key = (whole(doc["row"], "row", 0), whole(doc["sample"], "sample", 0))
                 times = np.array(doc["times_s"], dtype=np.float64)
             except (KeyError, TypeError, ValueError) as exc:
-                raise UserError(f'{where}: not a token-times line ({exc}); allowed: {{"row": R, "sample": S, '
+                raise UserError(f'{where}: not a token-times line ({why(exc)}); allowed: {{"row": R, "sample": S, '
                                  '"times_s": [t, ...]}') from None
             if times.ndim != 1 or not np.isfinite(times).all() or (np.diff(times) < 0).any():
                 raise UserError(f"{where}: times_s: allowed: finite seconds in non-decreasing order")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kvplan.arg_types import BLOCK_SIZE, POSITIVE, REPLICAS, SEED, integer, out_path
 from kvplan.errors import UserError
-from kvplan.output import format_table, print_json, write_atomic
+from kvplan.output import format_table, print_json, short, write_atomic
 from kvplan.settings_cli import add_setting_flags
 
 
@@ -162,6 +162,9 @@ def _show_engine(result: dict) -> None:
 def _bench_sim(args: argparse.Namespace) -> int:
     from kvplan.bench import sim
 
+    if args.data is not None and not args.data.is_dir():  # the default may be absent (regimes skipped), a given one
+        raise UserError(f"--data: {args.data}: not a directory; allowed: the shared data directory (holding "
+                        "azure-llm-2023/ and the other public traces), or no --data")
     result = sim.run(args.data or sim.DATA_DIR, args.requests, args.replicas, seed=args.seed,
                      regimes=tuple(args.regimes or sim.REGIMES))
     return _report(args, result, _show_sim)
@@ -196,14 +199,13 @@ def _summary_table(summary: dict) -> str:
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
-    import shlex
-
     from kvplan.bench import serve
 
+    engine_args = _serve_arguments(args.model, args.engine_args)
     levels = (*(c for c in serve.LEVELS if c < args.max_concurrency), args.max_concurrency)
     result = serve.run(args.model, hold_s=args.hold, levels=levels, ramp_s=args.ramp,
                        prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, seed=args.seed,
-                       engine_args=shlex.split(args.engine_args))
+                       engine_args=engine_args)
     _report(args, result, _show_serve)
     return 0 if result["ok"] else 1
 
@@ -254,13 +256,38 @@ def _show_kernels(result: dict) -> None:
               f"(goal <= {t['max_vs_sdpa']}x: {'met' if t['vs_sdpa_ok'] else 'not met'})")
 
 
+def _serve_arguments(model: str, text: str) -> list[str]:
+    """--engine-args split as a shell would and parsed by `kvplan serve`'s own parser here: a bad option is one
+    line now, not a server that exits during start-up (a RuntimeError with its log)."""
+    import io
+    import shlex
+    from contextlib import redirect_stderr
+
+    from kvplan.cli import build_parser
+
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:  # No closing quotation
+        raise UserError(f"--engine-args: {short(text)}: {str(exc).lower()}; allowed: options of `kvplan serve` as "
+                        "a shell would split them") from None
+    captured = io.StringIO()
+    try:
+        with redirect_stderr(captured):
+            _, unknown = build_parser().parse_known_args(["serve", "--model", model or "x", *words])
+    except SystemExit:
+        why = captured.getvalue().strip().removeprefix("kvplan serve: error: ")
+        raise UserError(f"--engine-args: {why}") from None
+    if unknown:
+        raise UserError(f"--engine-args: unrecognized {' '.join(short(w, 40) for w in unknown[:3])}; allowed: the "
+                        "options `kvplan serve --help` lists")
+    return words
+
+
 def _bench_beam(args: argparse.Namespace) -> int:
     from kvplan.bench import beam
     from kvplan.commands.eval_ppl import read_text
 
     text = args.text or beam.DEFAULT_TEXT
-    if not text.is_file():
-        raise UserError(f"--text: {text}: no such file; allowed: a UTF-8 text file")
     read_text(text)  # not UTF-8 or empty: one clear line before any model loads
     result = beam.run(args.model, text, args.requests, args.seed, args.block_size)
     return _report(args, result, _show_beam)

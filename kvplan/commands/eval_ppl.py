@@ -39,6 +39,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def read_text(path: Path) -> str:
+    from kvplan.traces.specs import check_file
+
+    check_file(path, "--text", "a UTF-8 text file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -50,10 +53,10 @@ def read_text(path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    text = read_text(args.text)  # before torch is imported: a bad path is refused at once
     from kvplan.engine.perplexity import parse_policy, perplexity
 
     policies = [parse_policy(p) for p in (args.policy or DEFAULT_POLICIES)]  # bad policies fail before any work
-    text = read_text(args.text)
     tokens = _tokenize(args.model, text)
     if args.tokens is not None:
         if len(tokens) < args.tokens:

@@ -15,7 +15,13 @@ from dataclasses import asdict
 
 from kvplan.arg_types import POSITIVE, SEED, number, out_path
 from kvplan.commands.simulate import TABLE
-from kvplan.endpoint.session import add_endpoint_arguments, endpoint_options, replay_endpoint, within_duration
+from kvplan.endpoint.session import (
+    add_endpoint_arguments,
+    check_reachable,
+    endpoint_options,
+    replay_endpoint,
+    within_duration,
+)
 from kvplan.engine_args import add_engine_arguments, options_from_args
 from kvplan.errors import UserError
 from kvplan.live import EngineOptions
@@ -106,6 +112,7 @@ def run_endpoint(args: argparse.Namespace) -> int:
     check_no_engine_options(args)
     options = endpoint_options(args)
     trace = within_duration(load_trace(args), options.duration_s)
+    check_reachable(options.url)  # before the line announcing the replay: a dead server is then the only line
     print(f"{args.trace}: replaying {len(trace)} requests against {options.url}", file=sys.stderr)
     with atomic_dir(args.out, {"command": "replay", "endpoint": options.url, "model": options.model,
                                "trace": str(args.trace)}) as out:

@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.experiments.examples import experiment_path
 
     exp, points = load(experiment_path(args.experiment))
+    # The default --out is results/NAME: checked for --explain too, so a dry run does not pass what the run refuses
+    out = args.out or Path("results") / safe_name(exp.name, f"{exp.source}: name")
     if args.explain:
         doc = explain(exp, points)
         if args.json:
@@ -70,7 +72,6 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.experiments.report import write_results
     from kvplan.experiments.runner import run_experiment
 
-    out = args.out or Path("results") / safe_name(exp.name, f"{exp.source}: name")
     check_out_dir(out)
     if args.resume:
         check_resumes_its_own(out, exp.name)

@@ -10,6 +10,8 @@ from dataclasses import asdict
 
 from kvplan.arg_types import integer
 from kvplan.engine_args import add_engine_arguments, options_from_args
+from kvplan.errors import UserError
+from kvplan.output import short
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -31,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.engine.serving.server import serve
 
     options = options_from_args(args)
+    check_listen(args.host, args.port)  # before the model loads; uvicorn would exit with its own log lines
     llm = LLM(args.model, seed=args.seed, **asdict(options))
     name = args.served_model_name or args.model
     layout = llm.kv_cache.layout
@@ -39,3 +42,22 @@ def run(args: argparse.Namespace) -> int:
           f"http://{args.host}:{args.port}", flush=True)
     serve(llm, name, host=args.host, port=args.port, max_queue_len=args.max_queue_len, log_level=args.log_level)
     return 0
+
+
+def check_listen(host: str, port: int) -> None:
+    """The server can listen on host:port: the name resolves and the port is free (bound once here, then closed;
+    uvicorn binds it again with the same SO_REUSEADDR)."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UserError(f"--host: {short(host)}: {getattr(exc, 'strerror', None) or exc}; allowed: an address or "
+                        "name of this machine (default 127.0.0.1, 0.0.0.0 for every interface)") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise UserError(f"--port: cannot listen on {short(host)}:{port} ({exc.strerror}); allowed: a free port "
+                            "on an address of this machine") from None

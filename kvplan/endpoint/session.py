@@ -13,6 +13,7 @@ import numpy as np
 from kvplan.arg_types import POSITIVE, integer, number
 from kvplan.errors import UserError
 from kvplan.traces import Trace
+from kvplan.traces.schema import short_repr as short
 
 
 @dataclass(slots=True)
@@ -48,8 +49,16 @@ def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:
 
 def endpoint_options(args: argparse.Namespace) -> EndpointOptions:
     url = args.endpoint
+    allowed = "allowed: an http:// or https:// URL, e.g. http://127.0.0.1:8000"
     if not url.startswith(("http://", "https://")):
-        raise UserError(f"--endpoint: {url!r}; allowed: an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+        raise UserError(f"--endpoint: {short(url)}; {allowed}")
+    import httpx
+
+    try:
+        if not httpx.URL(url).host:
+            raise httpx.InvalidURL("no host")
+    except httpx.InvalidURL as exc:  # 'http://[::1' and the like: httpx refuses it at the first request
+        raise UserError(f"--endpoint: {short(url)}: {str(exc).lower()}; {allowed}") from None
     return EndpointOptions(url, args.served_model or args.model, args.vocab_size, args.tokenizer,
                            args.max_concurrency, args.duration, args.timeout, args.reset_prefix_cache)
 

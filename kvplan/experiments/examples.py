@@ -8,6 +8,7 @@ import sysconfig
 from pathlib import Path
 
 from kvplan.errors import UserError
+from kvplan.traces.schema import listed, short_repr
 
 EXAMPLE_PREFIX = "example:"
 
@@ -28,10 +29,12 @@ def bundled_experiments() -> dict[str, Path]:
 
 def experiment_path(value: str) -> Path:
     """The experiment file `value` names: a path, or example:NAME."""
+    if not value.strip():  # Path("") would be the current directory
+        raise UserError("EXPERIMENT: empty path; allowed: an experiment YAML file or example:NAME")
     if not value.startswith(EXAMPLE_PREFIX):
         return Path(value)
     name, examples = value[len(EXAMPLE_PREFIX):], bundled_experiments()
     if name not in examples:
-        raise UserError(f"EXPERIMENT: no example {name!r}; allowed: "
-                         f"{', '.join(EXAMPLE_PREFIX + n for n in examples) or 'none installed'}")
+        raise UserError(f"EXPERIMENT: no example {short_repr(name)}; allowed: "
+                         f"{listed(EXAMPLE_PREFIX + n for n in examples) or 'none installed'}")
     return examples[name]

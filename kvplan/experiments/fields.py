@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from kvplan.engine.core.settings import Field
 from kvplan.errors import ConfigError
-from kvplan.traces.schema import short_repr
+from kvplan.traces.schema import listed, short_repr
 
 
 class SchemaError(ConfigError):
@@ -29,11 +29,11 @@ def check_mapping(value: object, path: str, allowed: Iterable[str]) -> dict:
     allowed = list(allowed)
     if not isinstance(value, dict):
         where = path or "the experiment"
-        raise SchemaError(f"{where}: must be a mapping with keys {', '.join(allowed)}, got {short_repr(value)}")
+        raise SchemaError(f"{where}: must be a mapping with keys {listed(allowed)}, got {short_repr(value)}")
     for key in value:
         if key not in allowed:
             where = f"{path}.{key}" if path else str(key)
-            raise SchemaError(f"{where}: unknown key; {did_you_mean(key, allowed)}allowed: {', '.join(allowed)}")
+            raise SchemaError(f"{where}: unknown key; {did_you_mean(key, allowed)}allowed: {listed(allowed)}")
     return value
 
 

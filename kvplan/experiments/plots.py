@@ -20,6 +20,9 @@ MEMORY_COLORS = {"token_states": "C2", "internal_fragmentation": "C1", "reserved
 
 
 def _figure(*shape: int, size: tuple[float, float] = (7.5, 4.2)):
+    from kvplan.caches import prepare_matplotlib
+
+    prepare_matplotlib()  # a writable font cache, no stale lock (kvplan.caches)
     import matplotlib
 
     matplotlib.use("Agg")

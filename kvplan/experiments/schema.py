@@ -176,8 +176,8 @@ def load_experiment(path: str | Path) -> Experiment:
     """Read and validate an experiment file; a problem is a `SchemaError` starting with `FILE: key.path:`."""
     from kvplan.traces.specs import read_yaml
 
+    doc = read_yaml(path, "EXPERIMENT")  # before Path(): Path("") would be the current directory
     path = Path(path)
-    doc = read_yaml(path, "EXPERIMENT")
     try:
         return parse_experiment(doc, path, path.read_text())
     except ConfigError as exc:  # a field's or the schema's: the key path, now after the file
@@ -285,8 +285,9 @@ def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list]]:
                           "sweep section")
     lengths = {len(v) for v in axes["zip"].values()}
     if len(lengths) > 1:
-        raise SchemaError(f"sweep.zip: every list must have the same length, got "
-                          f"{', '.join(f'{k}: {len(v)}' for k, v in axes['zip'].items())}")
+        raise SchemaError(f"sweep.zip: lists of different lengths "
+                          f"({', '.join(f'{k}: {len(v)}' for k, v in axes['zip'].items())}); allowed: lists of one "
+                          "length (zip pairs them up row by row)")
     points = math.prod(len(v) for v in axes["grid"].values()) * (next(iter(lengths)) if lengths else 1)
     if points > MAX_POINTS:  # each point is built and checked before any run: 10^6 would never get started
         sizes = " x ".join(str(len(v)) for v in (*axes["grid"].values(), *list(axes["zip"].values())[:1]))

@@ -161,7 +161,7 @@ def load_profile(path: str | Path) -> CalibratedCost:
     path = Path(path)
     doc = read_yaml(path, "--profile")
     if not isinstance(doc, dict):
-        raise UserError(f"{path}: a profile is a YAML mapping with keys {', '.join(PROFILE_KEYS)}")
+        raise UserError(f"{path}: not a profile; allowed: a YAML mapping with keys {', '.join(PROFILE_KEYS)}")
     unknown = sorted(set(doc) - set(PROFILE_KEYS), key=str)
     if unknown:
         raise UserError(f"{path}: unknown key {shown(unknown[0])}; allowed: {', '.join(PROFILE_KEYS)}")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvplan.engine.core.strict_json import loads, short, whole
+from kvplan.engine.core.strict_json import loads, short, whole, why
 from kvplan.errors import UserError
 from kvplan.sim.cost.features import StepFeatures
 
@@ -70,14 +70,16 @@ def _seconds(value: object, what: str) -> float | None:
 def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
     """(meta, steps) of a step profile; a malformed line is an error naming the file and line."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path}: no such step profile")
+    if not path.is_file():  # a directory, /dev/null, a FIFO (reading one would wait for a writer)
+        raise UserError(f"{path}: not a regular file; allowed: the steps.jsonl that `kvplan replay` writes")
     meta: dict | None = None
     steps: list[ProfiledStep] = []
-    with path.open() as f:
+    with path.open("rb") as f:
         for number, line in enumerate(f, 1):
             try:
-                record = loads(line)  # strict: NaN, Infinity and 1e400 are refused, not read as a step time
+                record = loads(line)  # strict: NaN, Infinity, 1e400 and bytes that are not UTF-8 are refused
                 if number == 1:
                     meta = record["meta"]
                     continue
@@ -92,7 +94,8 @@ def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
                                           _seconds(record.get("end_s"), "end_s")))
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 what = "a {'meta': {...}} header" if number == 1 else "a step record"
-                raise UserError(f"{path}:{number}: not {what} of an engine step profile ({exc!r})") from None
+                raise UserError(f"{path}:{number}: not {what} of an engine step profile ({why(exc)}); allowed: "
+                                "the steps.jsonl that `kvplan replay` writes") from None
     if meta is None or not isinstance(meta, dict):
         raise UserError(f"{path}:1: empty step profile; allowed: a file written by the engine's step profiler")
     return meta, steps

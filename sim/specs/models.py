@@ -8,11 +8,13 @@ the hidden size and the KV heads the heads; each problem is one line `CONFIG: ke
 
 from __future__ import annotations
 
+import errno
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvplan.errors import UserError
+from kvplan.traces.schema import short_repr
 from kvplan.traces.specs import read_text, shown
 
 
@@ -116,6 +118,12 @@ def get_model(name: str) -> ModelSpec:
     if name in MODELS:
         return MODELS[name]
     path = Path(name)
+    try:
+        path.stat()
+    except OSError as exc:  # a 5,000-character name: ENAMETOOLONG, which is_dir() raises instead of answering
+        if exc.errno == errno.ENAMETOOLONG:
+            raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {', '.join(sorted(MODELS))}, "
+                            "or a path to an HF config.json") from None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(f"--model: {path}: a directory without config.json; allowed: a model directory "
@@ -126,7 +134,7 @@ def get_model(name: str) -> ModelSpec:
             raise UserError(f"--model: {path}: no such file; allowed: {', '.join(sorted(MODELS))}, "
                              "or a path to an HF config.json")
         return from_hf_config(path)
-    raise UserError(f"--model: unknown model {name!r}; allowed: {', '.join(sorted(MODELS))}, "
+    raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {', '.join(sorted(MODELS))}, "
                      "or a path to an HF config.json")
 
 

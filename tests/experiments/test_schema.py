@@ -84,7 +84,7 @@ BROKEN = [
     (merged(sweep={"grid": {"engine.block_size": [16, "big"]}}), "sweep.grid.engine.block_size[1]: must be an"
                                                                  " integer"),
     (merged(sweep={"zip": {"engine.block_size": [16, 32], "cluster.replicas": [1]}}),
-     "sweep.zip: every list must have the same length"),
+     "sweep.zip: lists of different lengths"),
     (merged(search={"target": "max_rate"}), "search: needs an slo section"),
     (merged(search={"target": "max_rates"}, slo={"p99_ttft_ms": 1000}),
      "search.target: unknown value 'max_rates'; did you mean 'max_rate'?"),

@@ -79,7 +79,7 @@ def test_sizes_and_config_lists(tmp_path):
     (a, opts_a), (b, opts_b) = load_configs(path, EngineOptions(block_size=16))
     assert (a, opts_a.block_size, opts_a.kv_cache_memory) == ("a", 8, 8 << 20)
     assert (b, opts_b.block_size, opts_b.schedule) == ("b", 16, "prefill_first")
-    for text, match in (("{}", "a non-empty YAML list"), ("- {block_size: 8}", r"\[0\]: a mapping with a string"),
+    for text, match in (("{}", "a non-empty YAML list"), ("- {block_size: 8}", r"\[0\]: not a configuration"),
                         ("- {name: a}\n- {name: a}", r"\[1\]\.name: 'a' is used twice"),
                         ("- {name: a, blocksize: 8}", r"\[0\]\.blocksize: unknown option; allowed: name, block_size"),
                         ("- {name: a, enable_prefix_caching: 1}",
