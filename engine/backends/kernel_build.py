@@ -142,6 +142,8 @@ def load_built(folder: Path, name: str, load: Callable[[], T], rebuild: Callable
     ninja sees it as up to date and never rebuilds it) is removed with a line and built once more."""
     try:
         return load()
+    except (TimeoutError, InterruptedError):  # a bound on the caller's side ran out: says nothing of the file
+        raise
     except (ImportError, OSError) as exc:
         library = folder / f"{name}.so"
         if not library.exists():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import signal
-import time
 from pathlib import Path
 
 from kvplan.cli import main
@@ -12,7 +11,11 @@ from kvplan.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = str(ROOT / "traces" / "samples" / "chat.jsonl")
 LINE_LIMIT = 300
-LIMIT_S = 20
+LIMIT_S = 90  # nothing waits forever: a bound, generous for a loaded machine (engine commands load a model)
+
+
+class Hang(BaseException):
+    """Raised by the alarm: not an Exception, so that no handler in kvplan can take it for an error of the input."""
 # What a line says about what is allowed (or, for a file that is not there, that it is not).
 ALLOWED = re.compile(r"allowed|expected|choose from|must be|no such|needs|only")
 # transformers' weight-loading progress bar is not kvplan's line (engine commands refuse after loading a model).
@@ -23,17 +26,15 @@ HUGE = "9" * 5000
 def refused(capsys, argv: list[str], *where: str, tmp: Path | None = None) -> str:
     """Run `kvplan ARGV` and check the one-line contract; returns the line."""
     def hang(signum, frame):
-        raise TimeoutError(f"kvplan {' '.join(argv)[:200]} ran past {LIMIT_S} s")
+        raise Hang(f"kvplan {' '.join(argv)[:200]} ran past {LIMIT_S} s")
 
     previous = signal.signal(signal.SIGALRM, hang)
     signal.alarm(LIMIT_S)
-    start = time.monotonic()
     try:
         code = main(argv)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-    elapsed = time.monotonic() - start
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip() and not PROGRESS.search(line)]
     assert code == 2 and "Traceback" not in err, err[-3000:]
@@ -45,7 +46,6 @@ def refused(capsys, argv: list[str], *where: str, tmp: Path | None = None) -> st
     assert len(measured) <= LINE_LIMIT, f"{len(measured)} characters: {line}"
     assert any(w in line for w in where), f"names none of {where}: {line}"
     assert ALLOWED.search(line), f"does not say what is allowed: {line}"
-    assert elapsed < LIMIT_S
     return line
 
 
