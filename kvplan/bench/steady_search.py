@@ -18,10 +18,10 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.y
 
 
 def steady_search(experiment: Path = QUICKSTART) -> dict:
+    from kvplan.commands.run import load
     from kvplan.experiments.runner import run_experiment
-    from kvplan.experiments.schema import load_experiment
 
-    exp = load_experiment(experiment)
+    exp, _ = load(experiment)  # as `kvplan run` reads it (sample traces resolved, points checked)
     exp.seeds = exp.seeds[:1]
     with tempfile.TemporaryDirectory(prefix="kvplan-bench-") as tmp:
         start = time.perf_counter()
