@@ -39,7 +39,9 @@ def schedule_decode_prefix(sched: Scheduler, out: SchedulerOutput, budget: int) 
     running, kv = sched.running, sched.kv
     pool = getattr(kv, "pool", None)
     bs, tables = sched.block_size, kv.tables
+    registering = sched._keys_wanted
     count = new = 0
+    todo: list[int] = []  # the few that open a block or fill one in this step, in running order
     limit = min(len(running), budget)
     while count < limit:
         request = running[count]
@@ -53,24 +55,26 @@ def schedule_decode_prefix(sched: Scheduler, out: SchedulerOutput, budget: int) 
             if pos < held:
                 if table[pos // bs].ref_cnt != 1:
                     break  # copy-on-write first: the general loop's case
+                if registering and pos + 1 >= (request.num_hashed_blocks + 1) * bs:
+                    todo.append(count)
             elif pos == held:
                 new += 1
+                todo.append(count)
             else:
                 break
         count += 1
     if count == 0 or (pool is not None and pool.num_free - new < _rest_need(sched, count)):
         return 0
-    registering = sched._keys_wanted
-    if new or registering:
+    if todo:
         ids, commit = kv.block_ids, kv.commit
-        for request in running[:count]:  # per request: its allocation, then its registration (`_emit`)
+        for index in todo:  # per request: its allocation, then its registration (`_emit`)
+            request = running[index]
             pos = request.num_computed_tokens
-            if new:
-                table = tables[request.request_id]
-                if pos == len(table) * bs:
-                    block = pool.allocate()  # an empty block, or the policy's victim, as `kv.allocate` takes it
-                    table.append(block)
-                    ids[request.request_id].append(block.block_id)
+            table = tables[request.request_id]
+            if pos == len(table) * bs:
+                block = pool.allocate()  # an empty block, or the policy's victim, as `kv.allocate` takes it
+                table.append(block)
+                ids[request.request_id].append(block.block_id)
             if registering and pos + 1 >= (request.num_hashed_blocks + 1) * bs:
                 commit(request, pos + 1)  # the step fills a block: keyed when scheduled, as vLLM
     out.decodes = running[:count]
