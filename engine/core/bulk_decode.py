@@ -19,6 +19,7 @@ Sink+window configurations never use it (their update releases blocks per reques
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from engine.core.kv_manager import cdiv
@@ -42,12 +43,13 @@ def schedule_decode_prefix(sched: Scheduler, out: SchedulerOutput, budget: int) 
     registering = sched._keys_wanted
     count = new = 0
     todo: list[int] = []  # the few that open a block or fill one in this step, in running order
-    limit = min(len(running), budget)
-    while count < limit:
-        request = running[count]
+    for request in running if len(running) <= budget else islice(running, max(budget, 0)):
         pos = request.num_computed_tokens
-        if (request.token_ids is not None or pos < request.prompt_len
-                or pos != request.prompt_len + request.num_output_tokens - 1 or (request.n > 1 and not request.forked)):
+        output = request.num_output_tokens
+        # A decode has one token pending past its prompt: pos == prompt + output - 1 with output >= 1 (output 0
+        # would be the prompt's last token)
+        if (output == 0 or pos != request.prompt_len + output - 1 or request.token_ids is not None
+                or (request.n > 1 and not request.forked)):
             break
         if pool is not None:
             table = tables[request.request_id]
