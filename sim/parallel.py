@@ -18,6 +18,7 @@ compares whole results.
 
 from __future__ import annotations
 
+import gc
 from array import array
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -114,11 +115,18 @@ def run_parallel(trace: Trace, num_replicas: int, cache: CacheConfig, config: Sc
     imports, and a caller's script needs no `__main__` guard), else spawned."""
     parts, unservable = shares(trace, num_replicas)
     order = sorted(range(num_replicas), key=lambda i: -len(parts[i]))  # the largest first: an even finish
-    with ProcessPoolExecutor(max_workers=max(1, min(processes, num_replicas)),
-                             mp_context=get_context(START_METHOD)) as pool:
-        futures = {i: pool.submit(run_replica, trace.take(parts[i]), parts[i].tolist(), i, cache, config, cost,
-                                  interval, fast_path) for i in order}
-        replicas = [futures[i].result() for i in range(num_replicas)]
+    frozen = START_METHOD == "fork"
+    if frozen:
+        gc.freeze()  # a forked child's collector then leaves the inherited objects (and their pages) alone
+    try:
+        with ProcessPoolExecutor(max_workers=max(1, min(processes, num_replicas)),
+                                 mp_context=get_context(START_METHOD)) as pool:
+            futures = {i: pool.submit(run_replica, trace.take(parts[i]), parts[i].tolist(), i, cache, config, cost,
+                                      interval, fast_path) for i in order}
+            replicas = [futures[i].result() for i in range(num_replicas)]
+    finally:
+        if frozen:
+            gc.unfreeze()
     return MergedCluster(trace, replicas, unservable)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvplan.bench.memory import PeakMemory
 from kvplan.bench.reference import reference_mops
 from kvplan.bench.workloads import lognormal_lengths
 
@@ -146,16 +147,14 @@ def synthetic(count: int, replicas: int, per_replica_rate: float, seed: int) -> 
     spec = SimSpec(model="llama-3-8b", hardware="h100-sxm", replicas=replicas, router="round_robin",
                    enable_prefix_caching=False)
     processes = os.cpu_count() or 1
-    result = timed(trace, spec, processes)
-    # Its replicas ran in `processes` worker processes beside this one: count each at the largest one's peak
-    # (an upper bound - forked workers share this process's pages until they write them).
-    result["peak_rss_mb"] = peak_rss_mb() + processes * peak_rss_mb(resource.RUSAGE_CHILDREN)
+    with PeakMemory() as peak:  # its replicas run in worker processes beside this one: count them too
+        result = timed(trace, spec, processes)
+    result["peak_rss_mb"] = peak.mb
     # The design's budget for this run: a million requests on 16 replicas in <= 60 s and <= 1 GB.
     met = result["wall_s"] <= SYNTHETIC_WALL_TARGET_S and result["peak_rss_mb"] <= SYNTHETIC_RSS_TARGET_MB
     return {**result, "prefix_caching": "off", "arrival_rate": per_replica_rate * replicas, "target": "wall_s+rss",
             "target_met": met, "processes": processes}
 
 
-def peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:
-    """Peak resident memory of this process (or, with RUSAGE_CHILDREN, of its largest finished child)."""
-    return resource.getrusage(who).ru_maxrss / 1024.0  # Linux reports KiB
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB

@@ -55,3 +55,11 @@ def test_steady_search_row_sums_the_probes_of_a_search(tmp_path):
     assert row["seeds"] == [3] and row["probes"] >= 2 and list(row["answers"]) == ["base"]
     assert row["simulated_s"] > 0 and row["requests"] > 0 and row["speedup"] == row["simulated_s"] / row["wall_s"]
     assert 0 <= row["fast_share"] <= 1 and 0 <= row["overloaded_probes"] <= row["probes"]
+
+
+def test_peak_memory_counts_this_process_and_its_children():
+    from kvplan.bench.memory import PeakMemory
+
+    with PeakMemory() as peak:
+        subprocess.run([sys.executable, "-c", "x = bytearray(64 << 20); import time; time.sleep(0.3)"], check=True)
+    assert peak.mb > 64  # the child's 64 MB, beside this process's own
