@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 
-from engine.forward_context import current_context
+from kvplan.engine.forward_context import current_context
 
 ATTN_IMPLEMENTATION = "kvplan_paged"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.forward_context import LayerKV
+from kvplan.engine.forward_context import LayerKV
 
 SCALE_BYTES = 4  # one float32 scale per token per KV head, for K and for V
 # the quantized cache dtypes (kernels.checks.QUANT_DTYPES; named here so that the CPU engine never imports the

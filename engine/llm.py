@@ -16,19 +16,19 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import register_paged_attention
-from engine.backends import default_backend, make_backend
-from engine.beam_search import BeamSearch
-from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
-from engine.core.outputs import SchedulerOutput, UpdateOutput
-from engine.cpu_linear import can_pack, pack_linears
-from engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
-from engine.model_runner import ModelRunner
-from engine.models import load_model
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from engine.profiler import StepProfiler
-from engine.rope import rope_for_positions
-from engine.sampling import SampledToken, SamplingParams, sample_row
+from kvplan.engine.attention import register_paged_attention
+from kvplan.engine.backends import default_backend, make_backend
+from kvplan.engine.beam_search import BeamSearch
+from kvplan.engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
+from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
+from kvplan.engine.cpu_linear import can_pack, pack_linears
+from kvplan.engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
+from kvplan.engine.model_runner import ModelRunner
+from kvplan.engine.models import load_model
+from kvplan.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvplan.engine.profiler import StepProfiler
+from kvplan.engine.rope import rope_for_positions
+from kvplan.engine.sampling import SampledToken, SamplingParams, sample_row
 
 # kv_cache_dtype names (vLLM's where it has one) -> the cache's torch dtype
 KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -146,7 +146,7 @@ class LLM:
     def _num_blocks(self, layout: KVLayout, kv_cache_memory: int | None, utilization: float, backend,
                     max_batched_tokens: int) -> int:
         if self.device.type == "cuda" and kv_cache_memory is None:
-            from engine.memory_profile import gpu_kv_blocks
+            from kvplan.engine.memory_profile import gpu_kv_blocks
 
             return gpu_kv_blocks(self.loaded.model, layout, backend, self.device, utilization, max_batched_tokens)
         return layout.blocks_in(kv_cache_memory if kv_cache_memory is not None else DEFAULT_KV_CACHE_MEMORY)

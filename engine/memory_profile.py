@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.core import make_request
-from engine.core.outputs import ScheduledRequest, SchedulerOutput
-from engine.kv_cache import KVLayout, PagedKVCache
-from engine.model_runner import ModelRunner
+from kvplan.engine.core import make_request
+from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput
+from kvplan.engine.kv_cache import KVLayout, PagedKVCache
+from kvplan.engine.model_runner import ModelRunner
 
 
 def dummy_prefill_step(num_tokens: int, block_size: int) -> SchedulerOutput:

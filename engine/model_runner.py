@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core.outputs import ScheduledRequest, SchedulerOutput
-from engine.forward_context import AttentionMetadata, ForwardContext, forward_context
-from engine.kv_cache import PagedKVCache
+from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput
+from kvplan.engine.forward_context import AttentionMetadata, ForwardContext, forward_context
+from kvplan.engine.kv_cache import PagedKVCache
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.sampling import SampledToken
+from kvplan.engine.sampling import SampledToken
 
 
 @dataclass(slots=True)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from engine.llm import KV_CACHE_DTYPES, LLM
-from engine.rope import POSITION_MODES
+from kvplan.engine.llm import KV_CACHE_DTYPES, LLM
+from kvplan.engine.rope import POSITION_MODES
 
 POLICY_KEYS = ("sinks", "window", "kv", "positions")
 SYNTAX = "dense, window=W, sinks=S,window=W, each optionally with ,kv=DTYPE and (with a window) ,positions=MODE"

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from engine.core.outputs import SchedulerOutput
+from kvplan.engine.core.outputs import SchedulerOutput
 
 
 def step_record(step: SchedulerOutput, block_size: int, times: dict[str, float], **extra: float) -> dict:

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
-from engine.core import RequestStatus
-from engine.llm import LLM
-from engine.profiler import StepProfiler
-from engine.sampling import SamplingParams
+from kvplan.engine.core import RequestStatus
+from kvplan.engine.llm import LLM
+from kvplan.engine.profiler import StepProfiler
+from kvplan.engine.sampling import SamplingParams
 
 SERIES_KEYS = ("kv_usage", "num_cached_free_blocks", "token_states", "reserved_unused", "internal_fragmentation",
                "external_fragmentation", "free")

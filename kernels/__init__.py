@@ -5,11 +5,11 @@ one kernel. On a machine without CUDA the kernels run only under TRITON_INTERPRE
 this package is imported (Triton reads it when the kernels are defined).
 """
 
-from kernels.copy_blocks import copy_blocks
-from kernels.decode_attention import choose_num_splits, paged_decode_attention
-from kernels.prefill_attention import paged_prefill_attention
-from kernels.quant import QMAX, make_scales
-from kernels.store_kv import store_kv
+from kvplan.kernels.copy_blocks import copy_blocks
+from kvplan.kernels.decode_attention import choose_num_splits, paged_decode_attention
+from kvplan.kernels.prefill_attention import paged_prefill_attention
+from kvplan.kernels.quant import QMAX, make_scales
+from kvplan.kernels.store_kv import store_kv
 
 __all__ = [
     "QMAX",

@@ -17,7 +17,7 @@ import os
 import triton
 import triton.language as tl
 
-from kernels.quant_tl import load_rows
+from kvplan.kernels.quant_tl import load_rows
 
 NEG_INIT = tl.constexpr(-1.0e30)
 LOG2E = 1.4426950408889634

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import INDEX_DTYPES, check_contiguous, check_shape, check_tensor
+from kvplan.kernels.checks import INDEX_DTYPES, check_contiguous, check_shape, check_tensor
 
 CHUNK = 1024
 

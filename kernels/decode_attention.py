@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_tl import (
+from kvplan.kernels.attention_tl import (
     LOG2E,
     NEG_INIT,
     attend_tile,
@@ -29,7 +29,7 @@ from kernels.attention_tl import (
     span_position,
     visible_span,
 )
-from kernels.checks import check_attention, check_int, check_out, check_same_device, check_shape, check_tensor
+from kvplan.kernels.checks import check_attention, check_int, check_out, check_same_device, check_shape, check_tensor
 
 MAX_SPLITS = 64
 

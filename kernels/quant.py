@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.checks import QUANT_DTYPES
+from kvplan.kernels.checks import QUANT_DTYPES
 
 # Largest magnitude of each quantized dtype, in the order of QUANT_DTYPES (float8_e4m3fn, int8).
 QMAX = dict(zip(QUANT_DTYPES, (448.0, 127.0), strict=True))

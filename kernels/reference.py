@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from kernels.quant import dequantize, is_quantized, quantize_rows
+from kvplan.kernels.quant import dequantize, is_quantized, quantize_rows
 
 
 def ref_store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

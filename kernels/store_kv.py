@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import (
+from kvplan.kernels.checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     QUANT_DTYPES,
@@ -21,8 +21,8 @@ from kernels.checks import (
     check_shape,
     check_tensor,
 )
-from kernels.quant import QMAX
-from kernels.quant_tl import quantize_rows
+from kvplan.kernels.quant import QMAX
+from kvplan.kernels.quant_tl import quantize_rows
 
 
 @triton.jit

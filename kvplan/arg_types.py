@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from sim.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_TOKENS
+from kvplan.sim.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_TOKENS
 
 
 def _describe(kind: str, low: float | None, high: float | None, above: float | None) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from kvplan.arg_types import BLOCK_SIZE, BLOCKS, MAX_TOKENS, POSITIVE_TOKENS, TOKENS, integer
 from kvplan.live import SIM_KV_DTYPES, EngineOptions
 from kvplan.output import safe_name, short
-from traces.specs import read_yaml
+from kvplan.traces.specs import read_yaml
 
 _UNITS = {"": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30}

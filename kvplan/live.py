@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.metrics import ItlLog, RequestLog, kv_summary, summarize
-from sim.rejections import references, rejected_rows
-from sim.replica import SERIES_COLUMNS
-from sim.run import SimResult, SimSpec
-from traces import Trace
+from kvplan.sim.metrics import ItlLog, RequestLog, kv_summary, summarize
+from kvplan.sim.rejections import references, rejected_rows
+from kvplan.sim.replica import SERIES_COLUMNS
+from kvplan.sim.run import SimResult, SimSpec
+from kvplan.traces import Trace
 
 # the engine's kv_cache_dtype -> the simulator's KV dtype name (auto: the model's dtype, which the simulator
 # takes from the model by itself)
@@ -63,8 +63,8 @@ class EngineOptions:
 def replay_requests(trace: Trace, vocab_size: int, max_model_len: int, seed: int) -> list:
     """The trace as engine requests: prompt token ids generated deterministically from its prefix hashes (so the
     live engine sees exactly the trace's sharing), output lengths forced with ignore_eos."""
-    from engine.replay import ReplayRequest
-    from traces.materialize import prompt_token_ids
+    from kvplan.engine.replay import ReplayRequest
+    from kvplan.traces.materialize import prompt_token_ids
 
     out = []
     for row, record in enumerate(trace.records()):
@@ -91,9 +91,9 @@ def replay(model: str, trace: Trace, options: EngineOptions, *, seed: int = 0, t
            steps_path: str | Path | None = None) -> tuple[SimResult, dict]:
     """Serve `trace` on the live engine in real time. Returns the result tables and the engine's facts
     (meta: resolved model path, KV blocks, CPU blocks, max_model_len, ...)."""
-    from engine.llm import LLM
-    from engine.models import resolve_model
-    from engine.replay import LiveReplay
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.models import resolve_model
+    from kvplan.engine.replay import LiveReplay
 
     llm = LLM(model, seed=seed, **options.llm_kwargs())
     meta = {**llm.profile_meta, "model_path": str(resolve_model(model)), "max_model_len": llm.max_model_len}

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from traces.schema import short_repr as short
+from kvplan.traces.schema import short_repr as short
 
 
 def strict(obj: object) -> object:

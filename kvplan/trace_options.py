@@ -9,11 +9,11 @@ import argparse
 import yaml
 
 from kvplan.arg_types import POSITIVE, SECONDS, integer
-from traces.specs import safe_load
+from kvplan.traces.specs import safe_load
 
 
 def add_load_options(parser: argparse.ArgumentParser, format_flag: str = "--format") -> None:
-    from traces import FORMATS
+    from kvplan.traces import FORMATS
 
     parser.add_argument(format_flag, dest="trace_format", choices=tuple(FORMATS),
                         help="input format (default: detected from the content)")
@@ -28,8 +28,7 @@ def add_load_options(parser: argparse.ArgumentParser, format_flag: str = "--form
 
 
 def load_trace(path: str, args: argparse.Namespace):  # -> traces.Trace
-    import traces
-
+    from kvplan import traces
     return traces.load(path, args.trace_format, args.skip_bad, order_tolerance_s=args.order_tolerance,
                        keep_failed=args.keep_failed, hash_granularity=args.hash_granularity)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.run import SimResult
+from kvplan.sim.run import SimResult
 
 TOKEN_TIME_TOLERANCE_S = 1e-9
 LATENCY_KEYS = tuple(f"{stat}_{lat}_ms" for lat in ("ttft", "tpot", "itl", "e2el") for stat in ("median", "p90",

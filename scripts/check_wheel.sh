@@ -26,10 +26,10 @@ if "$py" -c "import torch" 2> /dev/null; then echo "the light install can import
 "$kv" --version
 "$py" -m kvplan --version
 "$kv" trace samples
-sample=$("$py" -c "from traces.samples import bundled_traces; print(bundled_traces()['mooncake_style'])")
+sample=$("$py" -c "from kvplan.traces.samples import bundled_traces; print(bundled_traces()['mooncake_style'])")
 "$kv" trace stats "$sample" > /dev/null
 "$kv" simulate --trace "$sample" --model llama-3-8b --hardware a100-40gb --block-size 16 32 > /dev/null
-chat=$("$py" -c "from traces.samples import bundled_traces; print(bundled_traces()['chat'])")
+chat=$("$py" -c "from kvplan.traces.samples import bundled_traces; print(bundled_traces()['chat'])")
 "$kv" simulate --trace "$chat" --model llama-100m --hardware cpu-local > /dev/null  # a shipped profile
 "$kv" run example:quickstart --explain > /dev/null  # the examples are installed, and their samples resolve
 "$kv" run example:paged_vs_reservation --out "$tmp/paged" --quiet > /dev/null  # an experiment, end to end

@@ -20,4 +20,4 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 # The CPU decode kernel, built now rather than silently on the first engine command (about 1-2 min once per
 # machine; a no-op afterwards). A machine without a compiler still installs: the engine uses the torch backend.
-.venv/bin/python -m engine.backends.kernel_build || true
+.venv/bin/python -m kvplan.engine.backends.kernel_build || true

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-import traces
-from traces.io import render
-from traces.schema import Trace, offsets_from_counts
-from traces.transforms import scale_rate, window
+from kvplan import traces
+from kvplan.traces.io import render
+from kvplan.traces.schema import Trace, offsets_from_counts
+from kvplan.traces.transforms import scale_rate, window
 
 AZURE = Path(__file__).resolve().parents[2] / "shared/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 GRANULARITY = 32

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import simpy
 
-from engine.core import make_request
-from traces.schema import Trace
-from traces.steady import Population, SessionDraws
+from kvplan.engine.core import make_request
+from kvplan.traces.schema import Trace
+from kvplan.traces.steady import Population, SessionDraws
 
 if TYPE_CHECKING:
-    from sim.cluster import Cluster
+    from kvplan.sim.cluster import Cluster
 
 LATE = 2  # event priority after SimPy's URGENT (0) and NORMAL (1)
 MAX_UNSERVABLE_DRAWS = 10_000  # consecutive failed requests (0 tokens) drawn before giving up

@@ -13,13 +13,13 @@ from bisect import bisect_left
 import numpy as np
 import simpy
 
-from engine.core import CacheConfig, Request, SchedulerConfig, make_request
-from sim.closed_loop import ClosedLoop
-from sim.cost import CostModel
-from sim.metrics import ItlLog, RequestLog
-from sim.replica import Replica
-from sim.routers import Router
-from traces import Trace
+from kvplan.engine.core import CacheConfig, Request, SchedulerConfig, make_request
+from kvplan.sim.closed_loop import ClosedLoop
+from kvplan.sim.cost import CostModel
+from kvplan.sim.metrics import ItlLog, RequestLog
+from kvplan.sim.replica import Replica
+from kvplan.sim.routers import Router
+from kvplan.traces import Trace
 
 # A BurstGPT failure kept with --keep-failed: 0 output tokens (and often 0 prompt tokens) leave nothing to run.
 UNSERVABLE = "a failed request in the trace (0 prompt or 0 output tokens): nothing to serve"

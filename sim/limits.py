@@ -2,7 +2,7 @@
 minutes instead of failing at once. The core holds one Python object per KV block (~110 bytes: 110 MB per
 million blocks), and every replica is a whole engine."""
 
-from traces.schema import MAX_TOKENS  # noqa: F401 -- one token limit for traces, the simulator and the CLI
+from kvplan.traces.schema import MAX_TOKENS  # noqa: F401 -- one token limit for traces, the simulator and the CLI
 
 MAX_BLOCKS = 50_000_000  # GPU + CPU blocks over all replicas: ~5.5 GB of block objects
 MAX_REPLICAS = 10_000

@@ -26,12 +26,12 @@ from multiprocessing import get_all_start_methods, get_context
 
 import numpy as np
 
-from engine.core import CacheConfig, SchedulerConfig
-from sim.cluster import UNSERVABLE, Cluster
-from sim.cost import CostModel
-from sim.metrics import ItlLog, RequestLog
-from sim.routers import RoundRobin
-from traces import Trace
+from kvplan.engine.core import CacheConfig, SchedulerConfig
+from kvplan.sim.cluster import UNSERVABLE, Cluster
+from kvplan.sim.cost import CostModel
+from kvplan.sim.metrics import ItlLog, RequestLog
+from kvplan.sim.routers import RoundRobin
+from kvplan.traces import Trace
 
 START_METHOD = "fork" if "fork" in get_all_start_methods() else "spawn"
 MIN_PARALLEL_REQUESTS = 20_000  # below this, starting the processes (about a second each) costs more than it saves

@@ -29,15 +29,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sim.closed_loop import ClosedLoop
-from sim.cluster import Cluster
-from sim.metrics import kv_summary, latency_summary
-from sim.rejections import references, rejected_rows
-from sim.replica import SERIES_COLUMNS
-from sim.routers import make_router
-from sim.run import SimResult, SimSpec, build_configs, build_cost, check_trace
-from sim.stability import ProbeSignals, judge
-from traces.steady import MAX_PROBE_REQUESTS, Population, open_loop
+from kvplan.sim.closed_loop import ClosedLoop
+from kvplan.sim.cluster import Cluster
+from kvplan.sim.metrics import kv_summary, latency_summary
+from kvplan.sim.rejections import references, rejected_rows
+from kvplan.sim.replica import SERIES_COLUMNS
+from kvplan.sim.routers import make_router
+from kvplan.sim.run import SimResult, SimSpec, build_configs, build_cost, check_trace
+from kvplan.sim.stability import ProbeSignals, judge
+from kvplan.traces.steady import MAX_PROBE_REQUESTS, Population, open_loop
 
 MODES = ("sustained", "concurrency")
 OVERLOAD_MIN_WAITING = 32

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from traces import Trace
+from kvplan.traces import Trace
 
 REASON = "rejected"  # the per-request table's column: why the request was never served ("" when it was)
 

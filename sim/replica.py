@@ -25,11 +25,11 @@ from itertools import accumulate, pairwise
 import numpy as np
 import simpy
 
-from engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
-from engine.core.fast_forward import advance_decode, decode_horizon, waiting_head_blocked
-from sim.cost import CostModel, step_time
-from sim.cost.features import decode_stretch_features, first_decode_features
-from sim.metrics import ItlLog, RequestLog
+from kvplan.engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
+from kvplan.engine.core.fast_forward import advance_decode, decode_horizon, waiting_head_blocked
+from kvplan.sim.cost import CostModel, step_time
+from kvplan.sim.cost.features import decode_stretch_features, first_decode_features
+from kvplan.sim.metrics import ItlLog, RequestLog
 
 NAN = math.nan
 FAST_PATH_CELLS = 1 << 20  # most (request, step) pairs priced in one stretch

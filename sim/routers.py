@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from engine.core.request import Request, attach_block_keys
+from kvplan.engine.core.request import Request, attach_block_keys
 
 if TYPE_CHECKING:
-    from sim.replica import Replica
+    from kvplan.sim.replica import Replica
 
 
 class Router(Protocol):

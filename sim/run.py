@@ -9,22 +9,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
-from sim.cluster import Cluster
-from sim.cost import CostModel, StepFeatures
-from sim.cost.analytic import AnalyticCost, kv_capacity_blocks
-from sim.cost.calibrated import load_profile
-from sim.cost.recorded import RecordedCost, read_step_profile
-from sim.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
-from sim.metrics import kv_summary, summarize
-from sim.parallel import MergedCluster, run_parallel, worth_parallel
-from sim.rejections import references, rejected_rows
-from sim.replica import SERIES_COLUMNS
-from sim.routers import make_router
-from sim.specs.hardware import get_hardware
-from sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model
-from sim.specs.profiles import PROFILED_DEVICES, shipped_profile
-from traces import Trace
+from kvplan.engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
+from kvplan.sim.cluster import Cluster
+from kvplan.sim.cost import CostModel, StepFeatures
+from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks
+from kvplan.sim.cost.calibrated import load_profile
+from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
+from kvplan.sim.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
+from kvplan.sim.metrics import kv_summary, summarize
+from kvplan.sim.parallel import MergedCluster, run_parallel, worth_parallel
+from kvplan.sim.rejections import references, rejected_rows
+from kvplan.sim.replica import SERIES_COLUMNS
+from kvplan.sim.routers import make_router
+from kvplan.sim.specs.hardware import get_hardware
+from kvplan.sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model
+from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
+from kvplan.traces import Trace
 
 COST_MODELS = ("analytic", "calibrated", "recorded")
 

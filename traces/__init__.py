@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traces.compression import METHODS, compression_of, decompression_errors, open_binary
-from traces.detect import choose_format
-from traces.loaders import FORMATS, LoadOptions
-from traces.schema import LoadReport, RequestRecord, Trace, TraceFormatError
+from kvplan.traces.compression import METHODS, compression_of, decompression_errors, open_binary
+from kvplan.traces.detect import choose_format
+from kvplan.traces.loaders import FORMATS, LoadOptions
+from kvplan.traces.schema import LoadReport, RequestRecord, Trace, TraceFormatError
 
 
 def first_undecodable(path: str | Path) -> tuple[int, int, bytes]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.specs import check_keys, is_number, number, shown, spec_error
+from kvplan.traces.specs import check_keys, is_number, number, shown, spec_error
 
 PROCESSES = ("poisson", "gamma", "onoff", "diurnal")
 MIN_RATE, MAX_RATE = 1e-6, 1e6  # requests (sessions) per second

@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from traces.schema import TraceFormatError
+from kvplan.traces.schema import TraceFormatError
 
 # Magic bytes at the start of each container (RFC 1952, bzip2, the .xz format, RFC 8878).
 MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))

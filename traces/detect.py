@@ -12,10 +12,10 @@ import io
 import json
 from pathlib import Path
 
-from traces.compression import compression_of, open_binary, read_bytes
-from traces.loaders import FORMATS, Format
-from traces.loaders.rows import MissingHeader, check_header, is_value
-from traces.schema import TraceFormatError, short_repr
+from kvplan.traces.compression import compression_of, open_binary, read_bytes
+from kvplan.traces.loaders import FORMATS, Format
+from kvplan.traces.loaders.rows import MissingHeader, check_header, is_value
+from kvplan.traces.schema import TraceFormatError, short_repr
 
 PARQUET_MAGIC = b"PAR1"
 

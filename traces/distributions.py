@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.specs import check_keys, integer, number, shown, spec_error
+from kvplan.traces.specs import check_keys, integer, number, shown, spec_error
 
 Sampler = Callable[[np.random.Generator, int], np.ndarray]
 DISTS = ("fixed", "uniform", "lognormal", "empirical")
@@ -61,7 +61,7 @@ def _clipped(draw: Sampler, spec: dict, path: str, maximum: int, why: str) -> Sa
 
 
 def _empirical_values(spec: dict, path: str, base_dir: Path, column: str) -> np.ndarray:
-    from traces import load  # the loaders are only needed for empirical lengths
+    from kvplan.traces import load  # the loaders are only needed for empirical lengths
 
     source = spec.get("trace")
     if not isinstance(source, str):

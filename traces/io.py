@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.schema import NO_VALUE, Trace
+from kvplan.traces.schema import NO_VALUE, Trace
 
 KINDS = ("jsonl", "csv", "parquet")
 MOONCAKE_GRANULARITY = 512

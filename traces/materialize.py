@@ -13,7 +13,7 @@ from hashlib import blake2b
 
 import numpy as np
 
-from traces.schema import RequestRecord, Trace
+from kvplan.traces.schema import RequestRecord, Trace
 
 TAIL_STREAM = 1  # extra seed word separating per-request tail streams from per-hash chunk streams
 

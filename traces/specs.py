@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from traces.schema import SHOWN_CHARS, TraceFormatError, short_repr
+from kvplan.traces.schema import SHOWN_CHARS, TraceFormatError, short_repr
 
 # Specs, profiles and configs are a few KB; a file this large is not one, and reading it would only cost memory.
 MAX_FILE_BYTES = 16 * 2**20

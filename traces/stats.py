@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.schema import Trace
+from kvplan.traces.schema import Trace
 
 PERCENTILES = (50, 90, 99)
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from traces.arrivals import MAX_CV, MIN_CV
-from traces.schema import NO_VALUE, LoadReport, Trace, gather_segments, offsets_from_counts
+from kvplan.traces.arrivals import MAX_CV, MIN_CV
+from kvplan.traces.schema import NO_VALUE, LoadReport, Trace, gather_segments, offsets_from_counts
 
 ARRIVALS = ("measured", "poisson", "tiled")
 DRAW_BLOCK = 4096  # draws per generator call: a prefix of the stream never depends on how much is drawn

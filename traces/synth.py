@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.arrivals import MAX_SECONDS, arrival_times
-from traces.distributions import Sampler, length_sampler
-from traces.schema import LoadReport, Trace, TraceFormatError, offsets_from_counts
-from traces.specs import check_keys, fraction, integer, number, read_yaml
-from traces.transforms import compact_hash_ids
+from kvplan.traces.arrivals import MAX_SECONDS, arrival_times
+from kvplan.traces.distributions import Sampler, length_sampler
+from kvplan.traces.schema import LoadReport, Trace, TraceFormatError, offsets_from_counts
+from kvplan.traces.specs import check_keys, fraction, integer, number, read_yaml
+from kvplan.traces.transforms import compact_hash_ids
 
 TOP_KEYS = ("seed", "requests", "arrivals", "lengths", "prefix")
 PREFIX_KEYS = ("granularity", "system_prompts", "few_shot", "conversations")

@@ -8,8 +8,8 @@ from hashlib import blake2b
 
 import numpy as np
 
-from traces.arrivals import arrival_times
-from traces.schema import MAX_ARRIVAL_S, Trace, gather_segments
+from kvplan.traces.arrivals import arrival_times
+from kvplan.traces.schema import MAX_ARRIVAL_S, Trace, gather_segments
 
 DIGEST_IDS = 8  # one 64-byte blake2b digest yields eight 64-bit ids
 

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from engine.backends.torch_backend import TorchAttentionBackend
+from kvplan.engine.backends.torch_backend import TorchAttentionBackend
 
 BACKENDS = ("torch", "cpu", "triton")
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 def default_backend(device: torch.device) -> str:
     if device.type == "cuda":
         return "triton"
-    from engine.backends.cpu_backend import cpu_kernel_error
+    from kvplan.engine.backends.cpu_backend import cpu_kernel_error
 
     error = cpu_kernel_error()
     if error is None:
@@ -38,14 +38,14 @@ def make_backend(name: str, device: torch.device):
     if name == "cpu":
         if device.type != "cpu":
             raise ValueError(f"attention_backend 'cpu' runs on the CPU only, not on {device}")
-        from engine.backends.cpu_backend import CpuAttentionBackend
+        from kvplan.engine.backends.cpu_backend import CpuAttentionBackend
 
         return CpuAttentionBackend()
     if name == "triton":
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("attention_backend 'triton' needs a CUDA device; on CPU it runs only under "
                              "TRITON_INTERPRET=1 (set before start-up), as the tests do")
-        from engine.backends.triton_backend import TritonAttentionBackend
+        from kvplan.engine.backends.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
     raise ValueError(f"attention_backend: unknown backend {name!r}; allowed: {', '.join(BACKENDS)}")

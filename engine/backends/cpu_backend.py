@@ -3,7 +3,7 @@
 
 On CPU the torch backend's decode is bound by copying every sequence's K/V through its block table (and by
 matmuls that score each query head against every KV head); the fused kernel reads the cache once per step.
-The extension is compiled by the install step (`python -m engine.backends.kernel_build`), or on first use, with
+The extension is compiled by the install step (`python -m kvplan.engine.backends.kernel_build`), or on first use, with
 torch's C++ extension loader (g++ and ninja) into the torch extensions cache, for this machine's CPU (see
 `engine.backends.kernel_build`: visible, bounded, never stuck on a stale lock); `cpu_kernel_error()` says why it
 cannot be built, if it cannot.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from engine.backends.torch_backend import TorchAttentionBackend
-from engine.forward_context import AttentionMetadata, LayerKV
+from kvplan.engine.backends.torch_backend import TorchAttentionBackend
+from kvplan.engine.forward_context import AttentionMetadata, LayerKV
 
 SOURCE = Path(__file__).with_name("cpu_decode.cpp")
 
@@ -48,7 +48,7 @@ def _load(name: str):
 def cpu_kernel():
     """The compiled extension module (built once per machine and source version). A first build runs in a
     child with a message and a time bound, and a lock left by a killed build is cleared (kernel_build)."""
-    from engine.backends.kernel_build import build_directory, build_in_child, build_lock, build_timeout_s, is_built
+    from kvplan.engine.backends.kernel_build import build_directory, build_in_child, build_lock, build_timeout_s, is_built
 
     name = f"kvplan_cpu_decode_{_build_tag()}"
     folder, timeout = build_directory(name), build_timeout_s()

@@ -14,7 +14,7 @@ behind (`file_baton.wait`). Here:
 * Waiting for another process's build has the same bound. Past it, or when the build fails, `BuildError` says
   why in one line and the caller falls back (the torch attention backend).
 
-`python -m engine.backends.kernel_build` builds the CPU decode kernel now: the install step runs it.
+`python -m kvplan.engine.backends.kernel_build` builds the CPU decode kernel now: the install step runs it.
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ def _kill(child: subprocess.Popen) -> None:
 
 
 def main() -> int:
-    """`python -m engine.backends.kernel_build`: build the CPU decode kernel now (the install step)."""
-    from engine.backends.cpu_backend import cpu_kernel_error
+    """`python -m kvplan.engine.backends.kernel_build`: build the CPU decode kernel now (the install step)."""
+    from kvplan.engine.backends.cpu_backend import cpu_kernel_error
 
     error = cpu_kernel_error()
     if error is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.forward_context import AttentionMetadata, LayerKV
+from kvplan.engine.forward_context import AttentionMetadata, LayerKV
 
 DECODE_GROUP = 16  # decodes per gathered batch
 
@@ -31,7 +31,7 @@ class TorchAttentionBackend:
         kv_heads, head_dim = layer.key.shape[2], layer.key.shape[3]
         for x, cache, scales in ((key, layer.key, layer.key_scale), (value, layer.value, layer.value_scale)):
             if scales is not None:
-                from kernels.quant import quantize_rows  # here: the kernels package loads triton
+                from kvplan.kernels.quant import quantize_rows  # here: the kernels package loads triton
 
                 x, row_scales = quantize_rows(x, cache.dtype)
                 scales.view(-1, kv_heads).index_copy_(0, slot_mapping, row_scales)

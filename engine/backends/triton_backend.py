@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-import kernels
-from engine.forward_context import AttentionMetadata, LayerKV
+from kvplan import kernels
+from kvplan.engine.forward_context import AttentionMetadata, LayerKV
 
 
 class TritonAttentionBackend:

@@ -17,11 +17,11 @@ Layout (one concept per module):
 * `metrics`       - counters, gauges and the memory breakdown
 """
 
-from engine.core.config import CacheConfig, ConfigError, SchedulerConfig
-from engine.core.metrics import MemoryBreakdown, SchedulerStats, block_sharing, kv_snapshot, memory_breakdown
-from engine.core.outputs import ScheduledRequest, SchedulerOutput, UpdateOutput
-from engine.core.request import Request, RequestStatus, make_request
-from engine.core.scheduler import Scheduler
+from kvplan.engine.core.config import CacheConfig, ConfigError, SchedulerConfig
+from kvplan.engine.core.metrics import MemoryBreakdown, SchedulerStats, block_sharing, kv_snapshot, memory_breakdown
+from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput, UpdateOutput
+from kvplan.engine.core.request import Request, RequestStatus, make_request
+from kvplan.engine.core.scheduler import Scheduler
 
 __all__ = [
     "CacheConfig", "ConfigError", "MemoryBreakdown", "Request", "RequestStatus", "ScheduledRequest", "Scheduler",

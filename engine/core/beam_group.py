@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.core.kv_manager import cdiv
-from engine.core.outputs import SchedulerOutput, UpdateOutput
-from engine.core.request import Request, RequestStatus
+from kvplan.engine.core.kv_manager import cdiv
+from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
+from kvplan.engine.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from engine.core.config import CacheConfig
+    from kvplan.engine.core.config import CacheConfig
 
 
 class BeamGroups:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.core.config import ConfigError, check_int
-from engine.core.eviction import EvictionPolicy, make_eviction_policy
+from kvplan.engine.core.config import ConfigError, check_int
+from kvplan.engine.core.eviction import EvictionPolicy, make_eviction_policy
 
 
 @dataclass(slots=True, eq=False)

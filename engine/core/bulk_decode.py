@@ -22,12 +22,12 @@ from __future__ import annotations
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from engine.core.kv_manager import cdiv
-from engine.core.outputs import SchedulerOutput, UpdateOutput
-from engine.core.request import RequestStatus
+from kvplan.engine.core.kv_manager import cdiv
+from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
+from kvplan.engine.core.request import RequestStatus
 
 if TYPE_CHECKING:
-    from engine.core.scheduler import Scheduler
+    from kvplan.engine.core.scheduler import Scheduler
 
 RUNNING = RequestStatus.RUNNING
 

@@ -52,7 +52,7 @@ class CacheConfig:
     watermark: float = 0.0  # vLLM V1: none (SchedulerConfig.watermark, 0.0 in 0.33); V0 kept 0.01
 
     def __post_init__(self) -> None:
-        from engine.core.eviction import EVICTION_POLICIES
+        from kvplan.engine.core.eviction import EVICTION_POLICIES
 
         check_int("cache.block_size", self.block_size, 1, 256)
         check_int("cache.num_blocks", self.num_blocks, 1)
@@ -158,7 +158,7 @@ class SchedulerConfig:
     scheduler_reserve_full_isl: bool = True
 
     def __post_init__(self) -> None:
-        from engine.core.victims import VICTIM_POLICIES
+        from kvplan.engine.core.victims import VICTIM_POLICIES
 
         check_int("scheduler.max_num_batched_tokens", self.max_num_batched_tokens, 1)
         check_int("scheduler.max_num_seqs", self.max_num_seqs, 1)

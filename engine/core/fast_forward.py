@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.core.outputs import UpdateOutput
-from engine.core.request import Request, RequestStatus
+from kvplan.engine.core.outputs import UpdateOutput
+from kvplan.engine.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from engine.core.scheduler import Scheduler
+    from kvplan.engine.core.scheduler import Scheduler
 
 SCHEDULE, UPDATE = 0, 1  # within a step, schedule() allocates and registers before update() finishes
 ALLOCATE, REGISTER, FINISH = 0, 1, 2  # schedule() handles one request at a time: its allocation, then its keys

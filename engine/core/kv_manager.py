@@ -23,9 +23,9 @@ reference count: a prefix-cache hit or a fork puts the same physical block into 
 
 from __future__ import annotations
 
-from engine.core.block_pool import BlockPool, KVBlock
-from engine.core.config import CacheConfig
-from engine.core.request import Request
+from kvplan.engine.core.block_pool import BlockPool, KVBlock
+from kvplan.engine.core.config import CacheConfig
+from kvplan.engine.core.request import Request
 
 NO_COPIES: tuple[tuple[int, int], ...] = ()
 HOLE = -1  # block id placed in `block_ids` where sink+window released a block

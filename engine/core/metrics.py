@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.core.kv_manager import HOLE
+from kvplan.engine.core.kv_manager import HOLE
 
 if TYPE_CHECKING:
-    from engine.core.kv_manager import KVCacheManager
-    from engine.core.request import Request
-    from engine.core.reservation import ReservationAllocator
+    from kvplan.engine.core.kv_manager import KVCacheManager
+    from kvplan.engine.core.request import Request
+    from kvplan.engine.core.reservation import ReservationAllocator
 
 
 @dataclass(slots=True)

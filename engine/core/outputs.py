@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.request import Request
+from kvplan.engine.core.request import Request
 
 
 @dataclass(slots=True)

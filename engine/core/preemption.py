@@ -20,15 +20,15 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from engine.core.request import Request, RequestStatus
+from kvplan.engine.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from engine.core.config import SchedulerConfig
-    from engine.core.kv_manager import KVCacheManager
-    from engine.core.metrics import SchedulerStats
-    from engine.core.outputs import SchedulerOutput
-    from engine.core.request_queue import FCFSQueue, PriorityQueue
-    from engine.core.reservation import ReservationAllocator
+    from kvplan.engine.core.config import SchedulerConfig
+    from kvplan.engine.core.kv_manager import KVCacheManager
+    from kvplan.engine.core.metrics import SchedulerStats
+    from kvplan.engine.core.outputs import SchedulerOutput
+    from kvplan.engine.core.request_queue import FCFSQueue, PriorityQueue
+    from kvplan.engine.core.reservation import ReservationAllocator
 
 
 class GroupPreemption:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.core.block_keys import BlockKeys, HashBlockKeys, TokenBlockKeys
+from kvplan.engine.core.block_keys import BlockKeys, HashBlockKeys, TokenBlockKeys
 
 
 class RequestStatus(enum.IntEnum):

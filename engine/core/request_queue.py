@@ -10,7 +10,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 
-from engine.core.request import Request
+from kvplan.engine.core.request import Request
 
 
 class FCFSQueue:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import bisect
 
-from engine.core.config import CacheConfig
-from engine.core.kv_manager import NO_COPIES
-from engine.core.request import Request
+from kvplan.engine.core.config import CacheConfig
+from kvplan.engine.core.kv_manager import NO_COPIES
+from kvplan.engine.core.request import Request
 
 
 def next_pow2(n: int) -> int:

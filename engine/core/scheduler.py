@@ -42,18 +42,18 @@ from __future__ import annotations
 from collections import deque
 from itertools import count
 
-from engine.core.beam_group import BeamGroups
-from engine.core.bulk_decode import schedule_decode_prefix
-from engine.core.config import CacheConfig, SchedulerConfig
-from engine.core.kv_manager import KVCacheManager
-from engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
-from engine.core.outputs import ScheduledRequest, SchedulerOutput
-from engine.core.preemption import GroupPreemption
-from engine.core.request import Request, RequestStatus, attach_block_keys
-from engine.core.request_queue import make_queue
-from engine.core.reservation import ReservationAllocator
-from engine.core.step_update import StepUpdate
-from engine.core.victims import pick_victim
+from kvplan.engine.core.beam_group import BeamGroups
+from kvplan.engine.core.bulk_decode import schedule_decode_prefix
+from kvplan.engine.core.config import CacheConfig, SchedulerConfig
+from kvplan.engine.core.kv_manager import KVCacheManager
+from kvplan.engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
+from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput
+from kvplan.engine.core.preemption import GroupPreemption
+from kvplan.engine.core.request import Request, RequestStatus, attach_block_keys
+from kvplan.engine.core.request_queue import make_queue
+from kvplan.engine.core.reservation import ReservationAllocator
+from kvplan.engine.core.step_update import StepUpdate
+from kvplan.engine.core.victims import pick_victim
 
 RUNNING = RequestStatus.RUNNING
 

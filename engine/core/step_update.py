@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.core.bulk_decode import update_decodes
-from engine.core.outputs import SchedulerOutput, UpdateOutput
-from engine.core.request import Request, RequestStatus
+from kvplan.engine.core.bulk_decode import update_decodes
+from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
+from kvplan.engine.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from engine.core.kv_manager import KVCacheManager
-    from engine.core.metrics import SchedulerStats
-    from engine.core.reservation import ReservationAllocator
+    from kvplan.engine.core.kv_manager import KVCacheManager
+    from kvplan.engine.core.metrics import SchedulerStats
+    from kvplan.engine.core.reservation import ReservationAllocator
 
 RUNNING = RequestStatus.RUNNING
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from engine.core.request import Request
+from kvplan.engine.core.request import Request
 
 VICTIM_POLICIES: dict[str, Callable[[Request], tuple]] = {
     "newest": lambda r: (r.arrival_s, r.seq),

@@ -23,9 +23,9 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.llm import LLM
-from engine.sampling import SamplingParams
-from engine.serving.metrics import ServingMetrics
+from kvplan.engine.llm import LLM
+from kvplan.engine.sampling import SamplingParams
+from kvplan.engine.serving.metrics import ServingMetrics
 
 
 class EngineDied(RuntimeError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.sampling import SamplingParams
+from kvplan.engine.sampling import SamplingParams
 
 
 class BadRequest(ValueError):

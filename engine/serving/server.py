@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from engine.llm import LLM
-from engine.serving.app import build_app
-from engine.serving.async_engine import AsyncEngine
-from engine.serving.metrics import ServingMetrics
+from kvplan.engine.llm import LLM
+from kvplan.engine.serving.app import build_app
+from kvplan.engine.serving.async_engine import AsyncEngine
+from kvplan.engine.serving.metrics import ServingMetrics
 
 
 def make_engine(llm: LLM, model_name: str, max_queue_len: int) -> AsyncEngine:

@@ -32,7 +32,7 @@ def workload(tokens: list[int], requests: int, seed: int) -> tuple[list[list[int
 
 def measure(llm, prompts: list[list[int]], params: list) -> dict:
     """Run the requests together; the sharing after every step and overall."""
-    from engine.core import block_sharing
+    from kvplan.engine.core import block_sharing
 
     for prompt, p in zip(prompts, params, strict=True):
         llm.add_request(prompt, p)
@@ -53,9 +53,9 @@ def measure(llm, prompts: list[list[int]], params: list) -> dict:
 
 
 def run(model: str, text: Path, requests: int, seed: int, block_size: int = 16) -> dict:
-    from engine.llm import LLM
-    from engine.models import load_tokenizer, resolve_model
-    from engine.sampling import SamplingParams
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.models import load_tokenizer, resolve_model
+    from kvplan.engine.sampling import SamplingParams
 
     path = str(resolve_model(model))
     tokenizer, content = load_tokenizer(path), text.read_text(encoding="utf-8")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request, memory_breakdown
+from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request, memory_breakdown
 from kvplan.bench.workloads import sharegpt_like
 
 SATURATED_USAGE = 0.9  # a step counts as memory-bound when requests wait and this much KV memory is taken

@@ -37,9 +37,9 @@ def mixed_workload(num_requests: int = 64, vocab: int = 32000, seed: int = 0) ->
 
 
 def run_engine(path: str, work: Workload, dtype: torch.dtype, block_size: int = 16) -> dict:
-    from engine.core import memory_breakdown
-    from engine.llm import LLM
-    from engine.sampling import SamplingParams
+    from kvplan.engine.core import memory_breakdown
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.sampling import SamplingParams
 
     llm = LLM(path, block_size=block_size, dtype=dtype, kv_cache_memory=1 << 30, max_num_seqs=64,
               max_num_batched_tokens=2048, enable_prefix_caching=False)
@@ -107,7 +107,7 @@ def run_hf_continuous(model: torch.nn.Module, work: Workload) -> dict:
 def run(dtype_name: str = "bfloat16", num_requests: int = 64) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from engine.models import resolve_model
+    from kvplan.engine.models import resolve_model
 
     torch.manual_seed(0)
     dtype = getattr(torch, dtype_name)

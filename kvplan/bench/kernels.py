@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from kernels import choose_num_splits, paged_decode_attention, paged_prefill_attention
+from kvplan.kernels import choose_num_splits, paged_decode_attention, paged_prefill_attention
 from kvplan.bench.hbm import peak_gbps
 
 TARGET = {"batch": 64, "context": 4096, "block_size": 16, "min_frac_peak": 0.70, "max_vs_sdpa": 1.25}

@@ -88,9 +88,9 @@ def _regime(name: str, data_dir: str, synthetic_requests: int, replicas: int, pe
         result = steady_search()
         return {**result, "prefix_caching": "both", "target": "speedup", "rejected": 0,
                 "target_met": result["speedup"] >= SPEEDUP_TARGET, "peak_rss_mb": peak_rss_mb()}
-    import traces
-    from sim.run import SimSpec
-    from traces.transforms import clip_to_context, scale_rate
+    from kvplan import traces
+    from kvplan.sim.run import SimSpec
+    from kvplan.traces.transforms import clip_to_context, scale_rate
 
     file, options = {"azure_conv_off": (AZURE_CONV, {"enable_prefix_caching": False}),
                      "azure_conv_on": (AZURE_CONV, {}), "azure_conv_x4": (AZURE_CONV, {}),
@@ -116,7 +116,7 @@ def _regime(name: str, data_dir: str, synthetic_requests: int, replicas: int, pe
 
 
 def timed(trace, spec, processes: int = 1) -> dict:
-    from sim.run import simulate
+    from kvplan.sim.run import simulate
 
     start = time.perf_counter()
     out = simulate(trace, spec, processes=processes)
@@ -131,7 +131,7 @@ def timed(trace, spec, processes: int = 1) -> dict:
 
 def synthetic_trace(count: int, rate: float, seed: int):
     """ShareGPT-like lengths (mean prompt ~161, output ~338, at most 2048 together), Poisson arrivals."""
-    from traces import Trace
+    from kvplan.traces import Trace
 
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, count))
@@ -141,7 +141,7 @@ def synthetic_trace(count: int, rate: float, seed: int):
 
 
 def synthetic(count: int, replicas: int, per_replica_rate: float, seed: int) -> dict:
-    from sim.run import SimSpec
+    from kvplan.sim.run import SimSpec
 
     trace = synthetic_trace(count, per_replica_rate * replicas, seed)
     spec = SimSpec(model="llama-3-8b", hardware="h100-sxm", replicas=replicas, router="round_robin",

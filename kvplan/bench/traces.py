@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.arrivals import arrival_times
-from traces.distributions import length_sampler
-from traces.io import MOONCAKE_GRANULARITY, render_layout
-from traces.schema import Trace, offsets_from_counts
+from kvplan.traces.arrivals import arrival_times
+from kvplan.traces.distributions import length_sampler
+from kvplan.traces.io import MOONCAKE_GRANULARITY, render_layout
+from kvplan.traces.schema import Trace, offsets_from_counts
 
 LOAD_BUDGET_S = 10.0  # issue 3: a 1M-row Azure CSV loads in <= 10 s
 MEMORY_BUDGET_BYTES = 10**9  # issue 3: a 1M-request trace with 512-token hashes is held in <= 1 GB
@@ -34,7 +34,7 @@ SHARED_FRACTION = 0.6  # requests that start with a shared document
 # figure on a shared machine), size and peak RSS increase.
 _MEASURE = """
 import json, re, sys, time
-import traces
+from kvplan import traces
 def peak_kib():
     with open("/proc/self/status") as f:
         return int(re.search(r"VmHWM:\\s+(\\d+) kB", f.read()).group(1))

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.llm import LLM
-from engine.profiler import StepProfiler
-from engine.sampling import SamplingParams
+from kvplan.engine.llm import LLM
+from kvplan.engine.profiler import StepProfiler
+from kvplan.engine.sampling import SamplingParams
 
 PREFILL_CHUNKS = (24, 96, 320)
 CACHED_PREFIX = 256

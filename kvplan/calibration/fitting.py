@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.cost.calibrated import COEFFICIENTS, CalibratedCost, feature_columns
-from sim.cost.features import step_features
-from sim.cost.fit import Fit, fit_with_holdout, r_squared
-from sim.cost.recorded import ProfiledStep
+from kvplan.sim.cost.calibrated import COEFFICIENTS, CalibratedCost, feature_columns
+from kvplan.sim.cost.features import step_features
+from kvplan.sim.cost.fit import Fit, fit_with_holdout, r_squared
+from kvplan.sim.cost.recorded import ProfiledStep
 
 TRANSFER_COLUMNS = ("swap_tokens", "copy_tokens")
 HOLDOUT_FRACTION = 0.2

@@ -38,9 +38,9 @@ import pandas as pd
 
 from kvplan.calibration.fitting import HOLDOUT_FRACTION, Calibration, fit_quality
 from kvplan.calibration.replay_dir import read_replay
-from sim.cost.calibrated import COEFFICIENTS, CalibratedCost, feature_columns
-from sim.cost.features import step_features
-from sim.cost.fit import fit_with_holdout
+from kvplan.sim.cost.calibrated import COEFFICIENTS, CalibratedCost, feature_columns
+from kvplan.sim.cost.features import step_features
+from kvplan.sim.cost.fit import fit_with_holdout
 
 GAP_FRACTION = 0.3
 MIN_STEPS = 4 * len(COEFFICIENTS)  # as the live calibration: a few steps per coefficient

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.cost.calibrated import COEFFICIENTS, CalibratedCost
+from kvplan.sim.cost.calibrated import COEFFICIENTS, CalibratedCost
 
 PROBE_PHASES = ("mixed",)
 PROBE_REPEATS = 2
@@ -54,10 +54,10 @@ def predicted_seconds(cost: CalibratedCost, steps: list) -> np.ndarray:
 def speed_probe(model: str, cost: CalibratedCost, *, block_size: int, dtype: str, seed: int = 0,
                 temperature: float = 1.0) -> SpeedProbe:
     """Run the probe workload on a fresh engine and compare its step times with the profile's prices."""
-    from engine.llm import LLM
-    from engine.profiler import StepProfiler
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.profiler import StepProfiler
     from kvplan.calibration.design import run_phases
-    from sim.cost.recorded import read_step_profile
+    from kvplan.sim.cost.recorded import read_step_profile
 
     llm = LLM(model, block_size=block_size, dtype=dtype, max_num_batched_tokens=512, max_model_len=1024,
               seed=seed)

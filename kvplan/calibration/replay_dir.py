@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from engine.core.strict_json import loads, whole
-from sim.cost.calibrated import MAX_BLOCK_SIZE, MAX_BLOCKS
-from sim.rejections import REASON
+from kvplan.engine.core.strict_json import loads, whole
+from kvplan.sim.cost.calibrated import MAX_BLOCK_SIZE, MAX_BLOCKS
+from kvplan.sim.rejections import REASON
 
 COLUMNS = ("request", "sample", "first_scheduled_s", "prompt_tokens", "output_tokens", "cached_prompt_tokens")
 ALLOWED = "the --out DIR of `kvplan replay --endpoint URL` (requests.parquet, tokens.jsonl, endpoint.json)"

@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if any(b < 1 for b in args.block_sizes):
         raise ValueError(f"--block-sizes: each must be >= 1, got {args.block_sizes}")
     from kvplan.calibration.fitting import calibrate_steps, residual_plot
-    from sim.cost.calibrated import save_profile
-    from sim.cost.recorded import read_step_profile
+    from kvplan.sim.cost.calibrated import save_profile
+    from kvplan.sim.cost.recorded import read_step_profile
 
     primary = 16 if 16 in args.block_sizes else args.block_sizes[0]
     steps, capacity, meta = [], None, {}
@@ -119,7 +119,7 @@ def run_from_replay(args: argparse.Namespace) -> int:
     """Fit a profile from an endpoint replay's directory: no engine, no torch."""
     from kvplan.calibration.fitting import residual_plot
     from kvplan.calibration.from_replay import calibrate_from_replay
-    from sim.cost.calibrated import save_profile
+    from kvplan.sim.cost.calibrated import save_profile
 
     live = [key for key in LIVE_DEFAULTS if getattr(args, key) is not None]
     if live:
@@ -155,8 +155,8 @@ def measure(args: argparse.Namespace, block_size: int, phases: tuple[str, ...], 
             transfers: bool) -> tuple[int, dict]:
     """Run the phases on a fresh engine; returns its KV blocks and profile meta. The transfer phases run on a
     small pool under swap preemption, so that they actually swap."""
-    from engine.llm import LLM
-    from engine.profiler import StepProfiler
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.profiler import StepProfiler
     from kvplan.calibration.design import SWAP_POOL_TOKENS, run_phases
 
     # The designed requests are at most ~600 tokens: a shorter max_model_len lets a small KV budget hold one.

@@ -49,7 +49,7 @@ def read_text(path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.perplexity import parse_policy, perplexity
+    from kvplan.engine.perplexity import parse_policy, perplexity
 
     policies = [parse_policy(p) for p in (args.policy or DEFAULT_POLICIES)]  # bad policies fail before any work
     text = read_text(args.text)
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tokenize(model: str, text: str) -> list[int]:
-    from engine.models import load_tokenizer
+    from kvplan.engine.models import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     if tokenizer is None:

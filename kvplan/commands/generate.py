@@ -43,8 +43,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine.llm import LLM
-    from engine.sampling import SamplingParams
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.sampling import SamplingParams
     from kvplan.output import print_json
 
     llm = LLM(args.model, block_size=args.block_size, kv_cache_memory=args.kv_cache_memory, dtype=args.dtype,

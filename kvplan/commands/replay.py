@@ -45,9 +45,9 @@ def add_trace_arguments(p: argparse.ArgumentParser, model_required: bool = True)
 def load_trace(args: argparse.Namespace):
     import math
 
-    import traces
-    from sim.run import check_trace
-    from traces.transforms import scale_rate
+    from kvplan import traces
+    from kvplan.sim.run import check_trace
+    from kvplan.traces.transforms import scale_rate
 
     if not (math.isfinite(args.rate_scale) and args.rate_scale > 0):
         raise ValueError(f"--rate-scale: must be a finite number > 0, got {args.rate_scale}")

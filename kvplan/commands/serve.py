@@ -26,8 +26,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.llm import LLM
-    from engine.serving.server import serve
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.serving.server import serve
 
     options = options_from_args(args)
     llm = LLM(args.model, seed=args.seed, **options.llm_kwargs())

@@ -85,7 +85,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def spec_from_args(args: argparse.Namespace, block_size: int):
-    from sim.run import SimSpec
+    from kvplan.sim.run import SimSpec
 
     return SimSpec(
         model=args.model, hardware=args.hardware, cost=args.cost, profile=args.profile, replicas=args.replicas,
@@ -102,7 +102,7 @@ def spec_from_args(args: argparse.Namespace, block_size: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.run import check_trace, simulate
+    from kvplan.sim.run import check_trace, simulate
 
     if args.out is not None:
         check_out_dir(args.out)
@@ -142,8 +142,8 @@ def profile_notes(args: argparse.Namespace) -> list[str]:
     """A calibrated profile of another model prices this one with that model's step times: said, not silent."""
     if args.cost != "calibrated" or args.profile is None:
         return []
-    from sim.cost.calibrated import load_profile
-    from sim.specs.profiles import profile_mismatch
+    from kvplan.sim.cost.calibrated import load_profile
+    from kvplan.sim.specs.profiles import profile_mismatch
 
     why = profile_mismatch(load_profile(args.profile).meta.get("model"), args.model)
     return [f"--profile {args.profile}: {why}"] if why else []
@@ -157,8 +157,8 @@ def print_notes(notes: list[str]) -> None:
 def prepare_trace(args: argparse.Namespace):  # -> (traces.Trace, notes)
     """The trace as loaded, re-timed (--rate / --retime) and clipped (--clip-context) when asked, with a note
     for everything the user should know about it: what the load changed, and a length-only trace's burst."""
-    from sim.run import model_context
-    from traces.transforms import clip_to_context, retime
+    from kvplan.sim.run import model_context
+    from kvplan.traces.transforms import clip_to_context, retime
 
     trace = load_trace(str(args.trace), args)
     arrivals = retime_spec(args)
@@ -195,7 +195,7 @@ def rejection_notes(info: dict, total: int) -> list[str]:
 def write_tables(result, out: Path, fmt: str) -> None:
     import io
 
-    from sim.rejections import with_rejected
+    from kvplan.sim.rejections import with_rejected
 
     # the written table holds the never-served requests too (reason, no latencies): a report's request_id is in it
     requests = with_rejected(result.requests, getattr(result, "rejected", None))

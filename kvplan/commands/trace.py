@@ -8,7 +8,7 @@ import argparse
 from kvplan.arg_types import BLOCK_SIZE, FRACTION, MAX_TOKENS, POSITIVE, SECONDS, SEED, integer
 from kvplan.output import check_out_file, format_table, print_json, write_atomic
 from kvplan.trace_options import add_load_options, load_trace, retime_spec
-from traces.io import KINDS
+from kvplan.traces.io import KINDS
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -79,7 +79,7 @@ def _load(args: argparse.Namespace):  # -> traces.Trace
 
 
 def _transform(trace, args: argparse.Namespace):  # (Trace, args) -> Trace
-    from traces.transforms import apply_transforms
+    from kvplan.traces.transforms import apply_transforms
 
     steps = {"window": args.window, "sample": args.sample, "rate_scale": args.rate_scale,
              "retime": retime_spec(args), "jitter": args.jitter,
@@ -88,7 +88,7 @@ def _transform(trace, args: argparse.Namespace):  # (Trace, args) -> Trace
 
 
 def _write(trace, out: str, kind: str | None) -> str:
-    from traces.io import kind_of, render
+    from kvplan.traces.io import kind_of, render
 
     kind = kind_of(out, kind)
     write_atomic(out, render(trace, kind))
@@ -96,15 +96,15 @@ def _write(trace, out: str, kind: str | None) -> str:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from traces.stats import summarize
+    from kvplan.traces.stats import summarize
 
     _show(summarize(_load(args)), args.json)
     return 0
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from traces.io import kind_of
-    from traces.stats import summarize
+    from kvplan.traces.io import kind_of
+    from kvplan.traces.stats import summarize
 
     check_out_file(args.out, "out")
     kind_of(args.out, args.to)
@@ -116,8 +116,8 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from traces.stats import summarize
-    from traces.synth import synthesize_file
+    from kvplan.traces.stats import summarize
+    from kvplan.traces.synth import synthesize_file
 
     if args.out:
         check_out_file(args.out)
@@ -130,9 +130,9 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _samples(args: argparse.Namespace) -> int:
-    import traces
-    from traces.samples import bundled_traces
-    from traces.stats import summarize
+    from kvplan import traces
+    from kvplan.traces.samples import bundled_traces
+    from kvplan.traces.stats import summarize
 
     rows = [{"name": name, "requests": summarize(traces.load(path))["requests"], "path": str(path)}
             for name, path in bundled_traces().items()]

@@ -74,14 +74,14 @@ def resolve_profile(args: argparse.Namespace) -> str | None:
     if args.mode == "policy":
         return None
     if args.profile is not None:
-        from sim.cost.calibrated import load_profile
-        from sim.specs.profiles import profile_mismatch
+        from kvplan.sim.cost.calibrated import load_profile
+        from kvplan.sim.specs.profiles import profile_mismatch
 
         why = profile_mismatch(load_profile(args.profile).meta.get("model"), args.model)  # bad ones fail now
         if why:
             print(f"note: --profile {args.profile}: {why}", file=sys.stderr)
         return args.profile
-    from sim.specs.profiles import shipped_profile
+    from kvplan.sim.specs.profiles import shipped_profile
 
     try:
         return str(shipped_profile(args.model))
@@ -124,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
 def validate_config(args, trace, name: str, options, profile: str | None, out: Path) -> dict:
     from kvplan.live import replay, sample_interval, sim_spec
     from kvplan.validation import cdf_plot, counters
-    from sim.cost.calibrated import load_profile, save_profile
-    from sim.run import simulate
+    from kvplan.sim.cost.calibrated import load_profile, save_profile
+    from kvplan.sim.run import simulate
 
     cost = load_profile(profile) if profile is not None and args.speed_probe else None
     probes = [probe(args, options, cost, name)] if cost is not None else []
@@ -209,7 +209,7 @@ def probe(args, options, cost, name: str):
 def in_run_factor(cost, steps_path: Path) -> float:
     """How fast a live run's own steps went against the profile: Σ measured / Σ profile-predicted."""
     from kvplan.calibration.probe import predicted_seconds
-    from sim.cost.recorded import read_step_profile
+    from kvplan.sim.cost.recorded import read_step_profile
 
     steps = read_step_profile(steps_path)[1]
     return float(sum(s.duration_s for s in steps) / predicted_seconds(cost, steps).sum())
@@ -226,8 +226,8 @@ def check_policy(trace, live, options, meta: dict, steps: Path) -> tuple:
     """(PolicyCheck, live counters, simulated counters) for the simulator priced by this run's own steps."""
     from kvplan.live import sample_interval, sim_spec
     from kvplan.validation import PolicyCheck, counters, policy_check
-    from sim.cost.recorded import PolicyDivergence
-    from sim.run import simulate
+    from kvplan.sim.cost.recorded import PolicyDivergence
+    from kvplan.sim.run import simulate
 
     try:
         recorded = simulate(trace, sim_spec(options, meta, cost="recorded", profile=str(steps),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from engine.core.strict_json import loads, short, whole
+from kvplan.engine.core.strict_json import loads, short, whole
 from kvplan.endpoint import scrape
 from kvplan.endpoint.prompts import EndpointRequest
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traces import Trace
-from traces.materialize import prompt_token_ids
+from kvplan.traces import Trace
+from kvplan.traces.materialize import prompt_token_ids
 
 MIN_WORD_TOKENS = 256  # fewer usable word tokens than this and text prompts would repeat too much to be realistic
 

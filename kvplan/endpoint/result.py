@@ -19,11 +19,11 @@ import pandas as pd
 
 from kvplan.endpoint.loadgen import LoadResult
 from kvplan.output import json_line, write_atomic
-from sim.metrics import MEMORY_KEYS, SUMMARY_KEYS, ItlLog, RequestLog, latency_summary
-from sim.rejections import references, rejected_rows
-from sim.replica import SERIES_COLUMNS
-from sim.run import SimResult
-from traces import Trace
+from kvplan.sim.metrics import MEMORY_KEYS, SUMMARY_KEYS, ItlLog, RequestLog, latency_summary
+from kvplan.sim.rejections import references, rejected_rows
+from kvplan.sim.replica import SERIES_COLUMNS
+from kvplan.sim.run import SimResult
+from kvplan.traces import Trace
 
 
 def to_result(load: LoadResult, trace: Trace) -> SimResult:

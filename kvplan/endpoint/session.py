@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from kvplan.arg_types import POSITIVE, integer, number
-from traces import Trace
+from kvplan.traces import Trace
 
 
 @dataclass(slots=True)
@@ -62,7 +62,7 @@ def within_duration(trace: Trace, duration_s: float | None) -> Trace:
 
 
 def _tokenizer(name: str):
-    from engine.models import load_tokenizer
+    from kvplan.engine.models import load_tokenizer
 
     tokenizer = load_tokenizer(name)
     if tokenizer is None:
@@ -77,7 +77,7 @@ def _vocab_size(options: EndpointOptions, tokenizer) -> int:
         return options.vocab_size
     if tokenizer is not None:
         return len(tokenizer)
-    from sim.specs.models import get_model
+    from kvplan.sim.specs.models import get_model
 
     if options.model:
         try:
@@ -110,7 +110,7 @@ def served_vocab_size(url: str, model: str | None) -> int | None:
     """The `vocab_size` the server's /v1/models states for `model` (or its only model), if it states one."""
     import httpx
 
-    from engine.core.strict_json import loads, whole
+    from kvplan.engine.core.strict_json import loads, whole
 
     try:
         response = httpx.get(f"{url.rstrip('/').removesuffix('/v1')}/v1/models", timeout=10.0)
@@ -166,7 +166,7 @@ def simulator_config(cache_config: dict[str, str], options, model: str):
     silently wrong). Returns (options, meta) for `kvplan.live.sim_spec`."""
     from dataclasses import replace
 
-    from sim.specs.models import get_model
+    from kvplan.sim.specs.models import get_model
 
     def given(key: str) -> int | None:
         text = cache_config.get(key)

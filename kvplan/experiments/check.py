@@ -15,7 +15,7 @@ SAMPLE_PREFIX = "sample:"
 
 
 def resolve_trace(value: str, base_dir: Path) -> str:
-    from traces.samples import bundled_traces
+    from kvplan.traces.samples import bundled_traces
 
     if value.startswith(SAMPLE_PREFIX):
         name = value[len(SAMPLE_PREFIX):]
@@ -32,7 +32,7 @@ def resolve_trace(value: str, base_dir: Path) -> str:
 
 
 def resolve_model(value: str, where: str, base_dir: Path) -> str:
-    from sim.specs.models import MODELS, get_model
+    from kvplan.sim.specs.models import MODELS, get_model
 
     if value in MODELS:
         return value
@@ -50,9 +50,9 @@ def resolve_model(value: str, where: str, base_dir: Path) -> str:
 
 
 def resolve_hardware(value: str, where: str, model: str, base_dir: Path) -> str:
-    from sim.cost.calibrated import load_profile
-    from sim.specs.hardware import HARDWARE
-    from sim.specs.profiles import PROFILED_DEVICES, shipped_profile
+    from kvplan.sim.cost.calibrated import load_profile
+    from kvplan.sim.specs.hardware import HARDWARE
+    from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
 
     if value in HARDWARE:
         return value
@@ -68,7 +68,7 @@ def resolve_hardware(value: str, where: str, model: str, base_dir: Path) -> str:
             cost = load_profile(path)
         except (ValueError, FileNotFoundError) as exc:
             raise SchemaError(f"{where}: {exc}") from None
-        from sim.specs.profiles import profile_mismatch
+        from kvplan.sim.specs.profiles import profile_mismatch
 
         why = profile_mismatch(cost.meta.get("model"), model)
         if why:  # said before any run (the progress line comes later), as `simulate` says it
@@ -123,8 +123,8 @@ def check_point(exp: Experiment, point: Point) -> None:
     """Build the point's workload and simulator exactly as its first run will (nothing is simulated)."""
     from kvplan.experiments.execute import build_probe, build_spec, build_trace
     from kvplan.experiments.schema import SEARCH_TARGETS
-    from sim.run import build_configs, build_cost, check_trace
-    from traces.steady import population
+    from kvplan.sim.run import build_configs, build_cost, check_trace
+    from kvplan.traces.steady import population
 
     varied = SEARCH_TARGETS[exp.search["target"]] if exp.search else None
     ends = [{varied: exp.search[end]} for end in ("low", "high")] if exp.search else [None]

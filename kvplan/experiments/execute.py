@@ -28,8 +28,8 @@ SUMMARY_FILE = "summary.json"
 
 @lru_cache(maxsize=4)
 def _base_trace(trace: str | None, load: str, synthetic: str | None, seed: int):  # -> Trace
-    import traces
-    from traces.synth import synthesize
+    from kvplan import traces
+    from kvplan.traces.synth import synthesize
 
     if trace is not None:
         options = json.loads(load)
@@ -53,7 +53,7 @@ def _workload_keys(config: dict) -> tuple[str | None, str, str | None, str, int]
 
 
 def _transformed(trace: str | None, load: str, synthetic: str | None, transforms: str, seed: int):  # -> Trace
-    from traces.transforms import apply_transforms
+    from kvplan.traces.transforms import apply_transforms
 
     base = _base_trace(trace, load, synthetic, seed)
     return apply_transforms(base, json.loads(transforms), seed, path="workload.transforms")
@@ -61,14 +61,14 @@ def _transformed(trace: str | None, load: str, synthetic: str | None, transforms
 
 @lru_cache(maxsize=4)
 def _population(*keys):  # -> Population
-    from traces.steady import population
+    from kvplan.traces.steady import population
 
     return population(_transformed(*keys))
 
 
 def build_trace(config: dict):  # -> Trace
     """A burst run's workload: the trace file or synthetic spec, its transforms, then the rate scale."""
-    from traces.transforms import scale_rate
+    from kvplan.traces.transforms import scale_rate
 
     trace = _transformed(*_workload_keys(config))
     scale = config["workload"]["rate_scale"]
@@ -77,7 +77,7 @@ def build_trace(config: dict):  # -> Trace
 
 def build_probe(config: dict):  # -> Probe
     """A steady-state run's load and measurement."""
-    from sim.probe import Probe
+    from kvplan.sim.probe import Probe
 
     w = config["workload"]
     return Probe(mode=w["mode"], rate=w["rate"], arrivals=w["arrivals"], concurrency=w["concurrency"] or 1,
@@ -86,7 +86,7 @@ def build_probe(config: dict):  # -> Probe
 
 def build_spec(config: dict):  # -> SimSpec
     """The simulator configured as the run says: a profile path as hardware means its calibrated cost."""
-    from sim.run import SimSpec
+    from kvplan.sim.run import SimSpec
 
     hardware, cost, profile = config["hardware"], "analytic", None
     if hardware.endswith((".yaml", ".yml")):
@@ -98,7 +98,7 @@ def build_spec(config: dict):  # -> SimSpec
 def attainment_share(requests, bounds: dict | None) -> float | None:
     """The share of requests (samples included) within every per-request bound; None without bounds. A probe's
     table counts only its measured requests (arriving inside the window)."""
-    from sim.metrics import within_bounds
+    from kvplan.sim.metrics import within_bounds
 
     if not bounds:
         return None
@@ -111,8 +111,8 @@ def attainment_share(requests, bounds: dict | None) -> float | None:
 def execute_run(config: dict, run_dir: str, tables: bool) -> dict:
     """Simulate one run and store it under `run_dir`; returns what summary.json holds."""
     from kvplan.commands.simulate import write_tables
-    from sim.probe import run_probe
-    from sim.run import simulate
+    from kvplan.sim.probe import run_probe
+    from kvplan.sim.run import simulate
 
     start = time.perf_counter()
     spec = build_spec(config)

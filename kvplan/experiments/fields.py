@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from traces.schema import short_repr
+from kvplan.traces.schema import short_repr
 
 
 class SchemaError(ValueError):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kvplan import __version__
 from kvplan.experiments.schema import Experiment
-from sim.specs.profiles import PROFILED_DEVICES, shipped_profile
+from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
 
 
 @dataclass(slots=True)

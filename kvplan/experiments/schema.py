@@ -53,18 +53,18 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.core.config import ALLOCATORS, PREEMPTION_MODES, QUEUE_POLICIES, SCHEDULES
-from engine.core.eviction import EVICTION_POLICIES
-from engine.core.victims import VICTIM_POLICIES
+from kvplan.engine.core.config import ALLOCATORS, PREEMPTION_MODES, QUEUE_POLICIES, SCHEDULES
+from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.victims import VICTIM_POLICIES
 from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
-from sim.limits import MAX_BLOCKS
-from sim.metrics import REQUEST_BOUNDS, SUMMARY_KEYS
-from sim.probe import Probe
-from sim.routers import ROUTERS
-from sim.specs.models import DTYPE_BYTES
-from traces.arrivals import MAX_RATE
-from traces.schema import short_repr
-from traces.steady import ARRIVALS, MAX_PROBE_REQUESTS
+from kvplan.sim.limits import MAX_BLOCKS
+from kvplan.sim.metrics import REQUEST_BOUNDS, SUMMARY_KEYS
+from kvplan.sim.probe import Probe
+from kvplan.sim.routers import ROUTERS
+from kvplan.sim.specs.models import DTYPE_BYTES
+from kvplan.traces.arrivals import MAX_RATE
+from kvplan.traces.schema import short_repr
+from kvplan.traces.steady import ARRIVALS, MAX_PROBE_REQUESTS
 
 TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "workload", "probe", "sweep", "search",
             "slo", "objective", "seeds", "repeats", "outputs")
@@ -198,7 +198,7 @@ class Experiment:
 
 def load_experiment(path: str | Path) -> Experiment:
     """Read and validate an experiment file; a problem is a `SchemaError` starting with `FILE: key.path:`."""
-    from traces.specs import read_yaml
+    from kvplan.traces.specs import read_yaml
 
     path = Path(path)
     doc = read_yaml(path, "EXPERIMENT")
@@ -241,7 +241,7 @@ def parse_workload(doc: object) -> dict:
            "transforms": parse_transforms(doc.get("transforms"))}
     if "trace" in doc:
         out["trace"] = Field("str").check(doc["trace"], "workload.trace")
-        from traces import FORMATS
+        from kvplan.traces import FORMATS
 
         out["format"] = Field("choice", choices=tuple(FORMATS), nullable=True).check(doc.get("format"),
                                                                                       "workload.format")
@@ -257,7 +257,7 @@ def parse_workload(doc: object) -> dict:
 
 
 def parse_transforms(doc: object) -> dict:
-    from traces.transforms import TRANSFORM_ORDER
+    from kvplan.traces.transforms import TRANSFORM_ORDER
 
     if doc is None:
         return {}

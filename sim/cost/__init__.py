@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sim.cost.features import StepFeatures, step_features
+from kvplan.sim.cost.features import StepFeatures, step_features
 
 
 class CostModel(Protocol):

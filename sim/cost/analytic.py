@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.cost.features import StepFeatures
-from sim.specs.hardware import HardwareSpec
-from sim.specs.models import ModelSpec
+from kvplan.sim.cost.features import StepFeatures
+from kvplan.sim.specs.hardware import HardwareSpec
+from kvplan.sim.specs.models import ModelSpec
 
 
 def elementwise_bytes_per_token(model: ModelSpec, kv_dtype_bytes: float | None = None) -> float:

@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from sim.cost.features import StepFeatures
-from traces.specs import is_number, numeric_hint, read_yaml, shown, shown_key
+from kvplan.sim.cost.features import StepFeatures
+from kvplan.traces.specs import is_number, numeric_hint, read_yaml, shown, shown_key
 
 COEFFICIENTS = ("step", "request", "prefill_tokens", "prefill_attention", "decode_requests", "decode_context",
                 "decode_context_max", "blocks_touched", "sampled", "batched")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.core.strict_json import loads, short, whole
-from sim.cost.features import StepFeatures
+from kvplan.engine.core.strict_json import loads, short, whole
+from kvplan.sim.cost.features import StepFeatures
 
 
 class PolicyDivergence(ValueError):

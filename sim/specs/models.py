@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from traces.specs import read_text, shown
+from kvplan.traces.specs import read_text, shown
 
 
 @dataclass(slots=True, frozen=True)

@@ -26,7 +26,7 @@ def shipped_profile(model: str, device: str = "cpu-local") -> Path:
 def profile_mismatch(profile_model: object, model: str) -> str | None:
     """Why a profile calibrated on `profile_model` misprices `model` (their shapes differ), or None when they
     agree or cannot be compared (a label such as `calibrate --from-replay --model my-server`)."""
-    from sim.specs.models import get_model
+    from kvplan.sim.specs.models import get_model
 
     if not isinstance(profile_model, str) or not profile_model or profile_model == model:
         return None

@@ -10,7 +10,7 @@ import json
 import pandas as pd
 import pytest
 
-import traces
+from kvplan import traces
 from kvplan.cli import main
 from tests.badinput.test_outputs_and_classes import EXPERIMENT, MOONCAKE, ROOT, SAMPLE, one_line
 

@@ -65,8 +65,8 @@ def test_an_earlier_set_or_an_empty_directory_is_replaced(tmp_path, capsys):
 def test_a_file_appearing_during_the_run_is_not_replaced(tmp_path, capsys, monkeypatch):
     """The check before the work is repeated at the swap: a user's file that appeared meanwhile is kept, and this
     run's set is not half-published."""
-    import sim.run
-
+    import kvplan.sim.run
+    from kvplan import sim
     out = tmp_path / "r"
     real = sim.run.simulate
 
@@ -169,7 +169,7 @@ def test_every_dtype_flag_refuses_an_unknown_dtype(tmp_path, capsys, monkeypatch
 
 
 def test_the_engine_refuses_an_unknown_dtype_and_a_cache_beyond_memory():
-    from engine.llm import LLM, MODEL_DTYPES
+    from kvplan.engine.llm import LLM, MODEL_DTYPES
     from kvplan.engine_args import MODEL_DTYPES as CLI_DTYPES
 
     assert MODEL_DTYPES == CLI_DTYPES

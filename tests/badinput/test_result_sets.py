@@ -84,8 +84,8 @@ def test_a_finished_set_lists_every_file(tmp_path, capsys):
     ("", "argument --out: empty path"),
 ])
 def test_output_locations_are_checked_before_any_work(tmp_path, capsys, monkeypatch, target, fragment):
-    import sim.run
-
+    import kvplan.sim.run
+    from kvplan import sim
     def no_work(*args, **kwargs):
         raise AssertionError("simulated before checking --out")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvplan.cli import main
-from traces.specs import SHOWN_CHARS, shown
+from kvplan.traces.specs import SHOWN_CHARS, shown
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = str(ROOT / "traces" / "samples" / "chat.jsonl")

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import traces
+from kvplan import traces
 from kvplan.cli import main
 
 SAMPLE = str(Path(__file__).resolve().parents[2] / "traces" / "samples" / "chat.jsonl")
@@ -271,8 +271,8 @@ def test_json_is_strict_when_a_metric_is_undefined(tmp_path, capsys):
 
 
 def test_ctrl_c_and_a_bug_each_say_what_they_are(capsys, monkeypatch):
-    import sim.run
-
+    import kvplan.sim.run
+    from kvplan import sim
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.core import CacheConfig, Scheduler, SchedulerConfig
+from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig
 
 
 def make_scheduler(block_size: int = 4, num_blocks: int = 64, budget: int = 64, max_seqs: int = 16,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from engine.core import RequestStatus, Scheduler
-from engine.core.block_pool import BlockPool
+from kvplan.engine.core import RequestStatus, Scheduler
+from kvplan.engine.core.block_pool import BlockPool
 
 
 def check_pool(pool: BlockPool, tables: dict) -> None:

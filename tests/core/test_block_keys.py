@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from engine.core.block_keys import ROOT_KEY, HashBlockKeys, TokenBlockKeys, chain_mix
+from kvplan.engine.core.block_keys import ROOT_KEY, HashBlockKeys, TokenBlockKeys, chain_mix
 
 
 def test_token_keys_are_chained_and_only_for_full_blocks():
@@ -19,7 +19,7 @@ def test_token_keys_are_chained_and_only_for_full_blocks():
 
 
 def test_keys_are_stable_across_processes():
-    code = ("from engine.core.block_keys import TokenBlockKeys, HashBlockKeys;"
+    code = ("from kvplan.engine.core.block_keys import TokenBlockKeys, HashBlockKeys;"
             "print(TokenBlockKeys([5, 6, 7, 8], 2).key(1), HashBlockKeys([3, 4], 512, 16, 1000, 'x').key(40))")
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2)}

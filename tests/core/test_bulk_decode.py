@@ -7,8 +7,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.core import make_request
-from engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core import make_request
+from kvplan.engine.core.eviction import EVICTION_POLICIES
 from tests.core.helpers import make_scheduler
 from tests.core.test_fast_forward import add_random_requests, snapshot
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.block_pool import BlockPool
-from engine.core.config import ConfigError
-from engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.block_pool import BlockPool
+from kvplan.engine.core.config import ConfigError
+from kvplan.engine.core.eviction import EVICTION_POLICIES
 
 
 def cache_chain(pool: BlockPool, keys: list[int]) -> list:

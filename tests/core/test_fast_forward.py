@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from engine.core import make_request
-from engine.core.eviction import EVICTION_POLICIES
-from engine.core.fast_forward import advance_decode, decode_horizon
+from kvplan.engine.core import make_request
+from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.fast_forward import advance_decode, decode_horizon
 from tests.core.helpers import make_scheduler
 
 

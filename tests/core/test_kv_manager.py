@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.core import CacheConfig, make_request
-from engine.core.kv_manager import KVCacheManager
-from engine.core.request import attach_block_keys
+from kvplan.engine.core import CacheConfig, make_request
+from kvplan.engine.core.kv_manager import KVCacheManager
+from kvplan.engine.core.request import attach_block_keys
 from tests.core.helpers import make_scheduler, run_to_completion, step
 
 

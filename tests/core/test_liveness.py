@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core import CacheConfig, RequestStatus, Scheduler, SchedulerConfig, make_request
-from engine.core.eviction import EVICTION_POLICIES
-from engine.core.eviction.heap_queue import LazyHeap
+from kvplan.engine.core import CacheConfig, RequestStatus, Scheduler, SchedulerConfig, make_request
+from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.eviction.heap_queue import LazyHeap
 from tests.core.helpers import make_scheduler, run_to_completion, step
 from tests.core.invariants import check_all_free, check_scheduler
 

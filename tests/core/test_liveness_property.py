@@ -13,9 +13,9 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, given, settings
 
-from engine.core import CacheConfig, RequestStatus, Scheduler, SchedulerConfig, make_request
-from engine.core.eviction import EVICTION_POLICIES
-from engine.core.victims import VICTIM_POLICIES
+from kvplan.engine.core import CacheConfig, RequestStatus, Scheduler, SchedulerConfig, make_request
+from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.victims import VICTIM_POLICIES
 from tests.core.invariants import check_all_free, check_scheduler
 
 SYSTEM_PROMPT = [(5 * j + 1) % 7 for j in range(256)]  # shared prefix material

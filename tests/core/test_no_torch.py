@@ -15,11 +15,11 @@ sys.meta_path.insert(0, NoTorch())
 """
 
 IMPORT_ALL = """
-import pkgutil, importlib, engine.core
-names = [m.name for m in pkgutil.walk_packages(engine.core.__path__, "engine.core.")]
+import pkgutil, importlib, kvplan.engine.core
+names = [m.name for m in pkgutil.walk_packages(kvplan.engine.core.__path__, "kvplan.engine.core.")]
 for name in names:
     importlib.import_module(name)
-from engine.core import Scheduler, make_request
+from kvplan.engine.core import Scheduler, make_request
 s = Scheduler()
 s.add_request(make_request("r", prompt_len=20, max_tokens=3))
 while s.has_unfinished():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core import ConfigError, SchedulerConfig, make_request
+from kvplan.engine.core import ConfigError, SchedulerConfig, make_request
 from tests.core.helpers import make_scheduler, run_to_completion, step
 
 

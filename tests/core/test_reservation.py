@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core import CacheConfig, make_request, memory_breakdown
-from engine.core.reservation import ReservationAllocator, next_pow2
+from kvplan.engine.core import CacheConfig, make_request, memory_breakdown
+from kvplan.engine.core.reservation import ReservationAllocator, next_pow2
 from tests.core.helpers import make_scheduler, run_to_completion
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core import CacheConfig, ConfigError, RequestStatus, SchedulerConfig, make_request
-from engine.core.victims import pick_victim
+from kvplan.engine.core import CacheConfig, ConfigError, RequestStatus, SchedulerConfig, make_request
+from kvplan.engine.core.victims import pick_victim
 from tests.core.helpers import make_scheduler, run_to_completion, step
 
 

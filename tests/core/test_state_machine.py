@@ -12,9 +12,9 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.core import CacheConfig, RequestStatus, Scheduler, SchedulerConfig, make_request
-from engine.core.eviction import EVICTION_POLICIES
-from engine.core.victims import VICTIM_POLICIES
+from kvplan.engine.core import CacheConfig, RequestStatus, Scheduler, SchedulerConfig, make_request
+from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.victims import VICTIM_POLICIES
 from tests.core.invariants import check_all_free, check_scheduler
 
 TEMPLATES = [[(7 * t + j) % 5 for j in range(300)] for t in range(3)]  # shared prompt prefixes

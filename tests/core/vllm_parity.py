@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
+from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
 
 VOCAB = 1000
 

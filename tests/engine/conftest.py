@@ -10,7 +10,7 @@ ARCHS = ("tiny-llama", "tiny-qwen2", "tiny-gpt2")
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, str]:
-    from engine.models import build_random_model
+    from kvplan.engine.models import build_random_model
 
     root = tmp_path_factory.mktemp("models")
     return {arch: str(build_random_model(arch.removeprefix("tiny-"), root / arch, seed=0)) for arch in ARCHS}

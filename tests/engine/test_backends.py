@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.backends.cpu_backend import cpu_kernel_error, paged_decode
-from engine.llm import LLM
-from engine.sampling import SamplingParams
+from kvplan.engine.backends.cpu_backend import cpu_kernel_error, paged_decode
+from kvplan.engine.llm import LLM
+from kvplan.engine.sampling import SamplingParams
 
 needs_cpu_kernel = pytest.mark.skipif(cpu_kernel_error() is not None,
                                       reason=f"fused CPU kernel cannot be built here: {cpu_kernel_error()}")
@@ -56,7 +56,7 @@ def test_quantized_caches_give_the_torch_backends_tokens(tiny_models, backend, k
 @pytest.mark.parametrize("block_size,kv_heads,group", [(1, 1, 4), (8, 2, 3), (16, 4, 1), (32, 2, 2)])
 @pytest.mark.parametrize("sinks,window", [(0, 0), (2, 9), (0, 5)])
 def test_fused_cpu_decode_equals_the_reference(dtype, block_size, kv_heads, group, sinks, window):
-    from kernels.reference import ref_paged_decode_attention
+    from kvplan.kernels.reference import ref_paged_decode_attention
 
     gen = torch.Generator().manual_seed(block_size * 31 + kv_heads)
     num_blocks, dim, width = 80, 16, 70 // block_size + 1
@@ -81,8 +81,8 @@ def test_triton_backend_refuses_cpu_without_the_interpreter(tiny_models, monkeyp
 
 
 def test_cpu_default_falls_back_to_torch_when_the_kernel_cannot_be_built(monkeypatch, caplog):
-    import engine.backends.cpu_backend as cpu_backend
-    from engine.backends import default_backend
+    import kvplan.engine.backends.cpu_backend as cpu_backend
+    from kvplan.engine.backends import default_backend
 
     if cpu_backend.cpu_kernel_error() is None:
         assert default_backend(torch.device("cpu")) == "cpu"

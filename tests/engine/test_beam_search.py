@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.llm import LLM
-from engine.sampling import SamplingParams
+from kvplan.engine.llm import LLM
+from kvplan.engine.sampling import SamplingParams
 
 PROMPTS = [np.random.default_rng(3).integers(1, 400, int(n)).tolist() for n in (5, 11, 17)]
 _hf_models: dict[str, torch.nn.Module] = {}

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.cpu_linear import PackedLinear, can_pack, pack_linears
+from kvplan.engine.cpu_linear import PackedLinear, can_pack, pack_linears
 
 pytestmark = pytest.mark.skipif(not can_pack(nn.Linear(4, 4).to(torch.bfloat16)),
                                 reason="this torch build or CPU lacks oneDNN bf16 packed linears")

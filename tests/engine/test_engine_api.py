@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine.llm import LLM
-from engine.sampling import SamplingParams
+from kvplan.engine.llm import LLM
+from kvplan.engine.sampling import SamplingParams
 from kvplan.cli import main
 
 PROMPT = list(range(40, 60))  # 20 tokens: at block 8, two full blocks and a partial one
@@ -116,12 +116,12 @@ def test_generate_cli_prints_tokens_and_metrics(tiny_models, capsys):
 def test_memory_profile_step_runs_the_largest_batch_through_the_model(tiny_models):
     import torch
 
-    from engine.attention import register_paged_attention
-    from engine.backends import make_backend
-    from engine.kv_cache import KVLayout, PagedKVCache
-    from engine.memory_profile import dummy_prefill_step
-    from engine.model_runner import ModelRunner
-    from engine.models import load_model
+    from kvplan.engine.attention import register_paged_attention
+    from kvplan.engine.backends import make_backend
+    from kvplan.engine.kv_cache import KVLayout, PagedKVCache
+    from kvplan.engine.memory_profile import dummy_prefill_step
+    from kvplan.engine.model_runner import ModelRunner
+    from kvplan.engine.models import load_model
 
     loaded = load_model(tiny_models["tiny-llama"], attn_implementation=register_paged_attention())
     layout = KVLayout(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, 16, torch.float32)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.llm import LLM
-from engine.sampling import SamplingParams
+from kvplan.engine.llm import LLM
+from kvplan.engine.sampling import SamplingParams
 from tests.engine.conftest import ARCHS
 
 MAX_NEW = 12

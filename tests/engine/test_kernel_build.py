@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends.kernel_build import OUR_LOCK, TORCH_LOCK, BuildError, build_lock
+from kvplan.engine.backends.kernel_build import OUR_LOCK, TORCH_LOCK, BuildError, build_lock
 
 ROOT = Path(__file__).resolve().parents[2]
-INSTALL_STEP = "python -m engine.backends.kernel_build"
+INSTALL_STEP = "python -m kvplan.engine.backends.kernel_build"
 
 
 def _env(extensions: Path, **extra: str) -> dict[str, str]:
@@ -25,7 +25,7 @@ def _env(extensions: Path, **extra: str) -> dict[str, str]:
 
 
 def _build_folder(extensions: Path) -> Path:
-    from engine.backends.cpu_backend import _build_tag
+    from kvplan.engine.backends.cpu_backend import _build_tag
 
     return extensions / f"kvplan_cpu_decode_{_build_tag()}"
 
@@ -33,7 +33,7 @@ def _build_folder(extensions: Path) -> Path:
 def test_an_interrupted_first_build_is_recovered_from_within_a_bound(tmp_path):
     extensions = tmp_path / "ext"
     folder = _build_folder(extensions)
-    build = subprocess.Popen([sys.executable, "-m", "engine.backends.kernel_build"], env=_env(extensions), cwd=ROOT,
+    build = subprocess.Popen([sys.executable, "-m", "kvplan.engine.backends.kernel_build"], env=_env(extensions), cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while not (folder / TORCH_LOCK).exists():  # torch's loader holds its lock: the build is under way
@@ -77,10 +77,10 @@ def test_waiting_on_another_build_is_bounded(tmp_path):
 
 def test_the_install_step_leaves_the_kernel_built():
     assert INSTALL_STEP in (ROOT / "scripts" / "install.sh").read_text()
-    done = subprocess.run([sys.executable, "-m", "engine.backends.kernel_build"], env={**os.environ,
+    done = subprocess.run([sys.executable, "-m", "kvplan.engine.backends.kernel_build"], env={**os.environ,
                           "PYTHONPATH": str(ROOT)}, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0 and "the CPU decode kernel is built" in done.stderr, done.stderr
-    from engine.backends.cpu_backend import _build_tag
-    from engine.backends.kernel_build import is_built
+    from kvplan.engine.backends.cpu_backend import _build_tag
+    from kvplan.engine.backends.kernel_build import is_built
 
     assert is_built(f"kvplan_cpu_decode_{_build_tag()}")

@@ -22,8 +22,8 @@ from transformers import (
 )
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from engine import models
-from engine.models import (
+from kvplan.engine import models
+from kvplan.engine.models import (
     BUILTIN_MODELS,
     RANDOM_MODELS,
     SMOLLM2,

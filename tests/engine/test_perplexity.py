@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, AutoModelForCausalLM
 
-from engine.perplexity import CachePolicy, parse_policy, perplexity
-from kernels.quant import dequantize, quantize_rows
+from kvplan.engine.perplexity import CachePolicy, parse_policy, perplexity
+from kvplan.kernels.quant import dequantize, quantize_rows
 from kvplan.cli import main
 
 REFERENCE = "kvplan_test_policy_reference"
@@ -123,7 +123,7 @@ def test_shifted_positions_change_what_the_sinks_contribute(tiny_models):
 
 
 def test_shifted_positions_need_rope_a_window_and_a_backend_that_rotates(tiny_models):
-    from engine.llm import LLM
+    from kvplan.engine.llm import LLM
 
     with pytest.raises(ValueError, match="no rotary embedding"):
         LLM(tiny_models["tiny-gpt2"], sink_tokens=4, window_tokens=20, position_mode="shifted")
@@ -165,8 +165,8 @@ def test_eval_ppl_cli_on_the_real_small_model(tmp_path, capsys):
 def test_a_long_sink_window_generation_never_holds_more_than_its_bound(tiny_models, mode):
     """400 generated tokens (sampled, not teacher-forced) over a 4 + 20 token cache of 8-token blocks: after every
     step the request holds at most the sink blocks, the window's blocks and the one being filled."""
-    from engine.llm import LLM
-    from engine.sampling import SamplingParams
+    from kvplan.engine.llm import LLM
+    from kvplan.engine.sampling import SamplingParams
 
     llm = LLM(tiny_models["tiny-llama"], block_size=8, kv_cache_memory=4 << 20, sink_tokens=4, window_tokens=20,
               position_mode=mode, attention_backend="torch")

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, AutoModelForCausalLM
 
-from engine.kv_cache import QUANTIZED_DTYPES, SCALE_BYTES
-from engine.llm import LLM
-from engine.sampling import SamplingParams
-from kernels.checks import QUANT_DTYPES
-from kernels.quant import dequantize, quantize_rows
+from kvplan.engine.kv_cache import QUANTIZED_DTYPES, SCALE_BYTES
+from kvplan.engine.llm import LLM
+from kvplan.engine.sampling import SamplingParams
+from kvplan.kernels.checks import QUANT_DTYPES
+from kvplan.kernels.quant import dequantize, quantize_rows
 
 PROMPTS = [list(range(3, 40)), list(range(50, 70)), [7] * 30]
 QUANTIZED = {"fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
@@ -114,8 +114,8 @@ def test_scales_travel_with_their_blocks_through_swaps_and_copy_on_write(tiny_mo
 def test_the_simulators_capacity_for_a_quantized_cache_agrees_with_the_engines(tiny_models, tmp_path, kv, sim_kv):
     """A profile measured with a bf16 cache, simulated with a quantized one: the same bytes, re-cut into the
     engine's quantized rows (1-byte values plus a float32 scale per token per head)."""
-    from sim.cost.calibrated import CalibratedCost, save_profile
-    from sim.run import SimSpec, build_cost
+    from kvplan.sim.cost.calibrated import CalibratedCost, save_profile
+    from kvplan.sim.run import SimSpec, build_cost
 
     model = tiny_models["tiny-llama"]
     measured = LLM(model, dtype="bfloat16", kv_cache_memory=4 << 20, block_size=16).num_kv_blocks

@@ -13,12 +13,12 @@ from kvplan.cli import main
 from kvplan.live import EngineOptions, replay, sample_interval, sim_spec
 from kvplan.output import verify_result_set
 from kvplan.validation import policy_check
-from sim.cost.calibrated import load_profile
-from sim.cost.recorded import PolicyDivergence, ProfiledItem, ProfiledStep
-from sim.run import simulate
-from traces import Trace
-from traces.io import render
-from traces.synth import synthesize
+from kvplan.sim.cost.calibrated import load_profile
+from kvplan.sim.cost.recorded import PolicyDivergence, ProfiledItem, ProfiledStep
+from kvplan.sim.run import simulate
+from kvplan.traces import Trace
+from kvplan.traces.io import render
+from kvplan.traces.synth import synthesize
 
 SHARED = {"seed": 3, "requests": 60, "arrivals": {"process": "poisson", "rate": 60},
           "lengths": {"prompt": {"dist": "lognormal", "median": 40, "sigma": 0.7, "max": 160},
@@ -132,8 +132,8 @@ def test_calibrate_cli_writes_a_profile_the_simulator_runs(tiny_models, tmp_path
 
 def test_the_speed_probe_prices_its_steps_as_the_simulator_does(tiny_models):
     from kvplan.calibration.probe import predicted_seconds, speed_probe
-    from sim.cost.calibrated import COEFFICIENTS, CalibratedCost
-    from sim.cost.features import step_features
+    from kvplan.sim.cost.calibrated import COEFFICIENTS, CalibratedCost
+    from kvplan.sim.cost.features import step_features
 
     rng = np.random.default_rng(0)
     cost = CalibratedCost(dict(zip(COEFFICIENTS, rng.uniform(1e-5, 1e-3, len(COEFFICIENTS)), strict=True)),

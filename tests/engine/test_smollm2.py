@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from engine.llm import LLM
-from engine.models import SMOLLM2, resolve_model
-from engine.sampling import SamplingParams
+from kvplan.engine.llm import LLM
+from kvplan.engine.models import SMOLLM2, resolve_model
+from kvplan.engine.sampling import SamplingParams
 from kvplan.cli import main
 
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Write a haiku about the sea."]

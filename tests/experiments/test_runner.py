@@ -22,8 +22,8 @@ from kvplan.cli import main
 from kvplan.experiments.points import expand
 from kvplan.experiments.schema import parse_experiment
 from kvplan.experiments.search import PointTask, make_tasks
-from traces import Trace
-from traces.io import render
+from kvplan.traces import Trace
+from kvplan.traces.io import render
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_WORKLOAD = {"synthetic": {"seed": 4, "requests": 120, "arrivals": {"process": "poisson", "rate": 4},
@@ -128,8 +128,8 @@ def test_min_replicas_matches_hand_arithmetic(tmp_path, capsys):
     """12 identical prompts at t = 0, one request at a time per replica, one token each: with R round-robin
     replicas, replica j serves its k-th request at k * s (s: the analytic price of one 512-token prefill step),
     so the TTFTs are {1..ceil(12/R)} * s and p90 TTFT <= 3.5 s first holds at R = 4 (R = 3: p90 = 4 s)."""
-    from sim.cost.features import step_features
-    from sim.run import SimSpec, analytic_cost
+    from kvplan.sim.cost.features import step_features
+    from kvplan.sim.run import SimSpec, analytic_cost
 
     n, prompt = 12, 512
     trace = Trace.build(np.zeros(n), np.full(n, prompt), np.ones(n, dtype=np.int64))

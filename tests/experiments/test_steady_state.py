@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from kvplan.cli import main
-from sim.probe import Probe, run_probe
-from sim.run import SimSpec
-from traces.steady import population
-from traces.synth import synthesize
+from kvplan.sim.probe import Probe, run_probe
+from kvplan.sim.run import SimSpec
+from kvplan.traces.steady import population
+from kvplan.traces.synth import synthesize
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = yaml.safe_load((ROOT / "traces" / "samples" / "chat.yaml").read_text())  # the quickstart's workload spec

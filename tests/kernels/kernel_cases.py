@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.quant import is_quantized
-from kernels.reference import ref_store_kv, visible_positions
+from kvplan.kernels.quant import is_quantized
+from kvplan.kernels.reference import ref_store_kv, visible_positions
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from kernels import make_scales, paged_decode_attention, paged_prefill_attention, store_kv
+from kvplan.kernels import make_scales, paged_decode_attention, paged_prefill_attention, store_kv
 from tests.kernels.kernel_cases import DEVICE
 
 I32 = torch.int32

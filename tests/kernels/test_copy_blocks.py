@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import copy_blocks, make_scales
-from kernels.reference import ref_copy_blocks
+from kvplan.kernels import copy_blocks, make_scales
+from kvplan.kernels.reference import ref_copy_blocks
 from tests.kernels.kernel_cases import DEVICE
 
 

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import choose_num_splits, paged_decode_attention
-from kernels.reference import ref_paged_decode_attention
+from kvplan.kernels import choose_num_splits, paged_decode_attention
+from kvplan.kernels.reference import ref_paged_decode_attention
 from tests.kernels.kernel_cases import DEVICE, TOLERANCE, assert_close, paged_kv, randn, release_invisible_blocks
 
 HEAD_DIM = 32

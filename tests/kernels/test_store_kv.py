@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import QMAX, store_kv
-from kernels.quant import dequantize, quantize_rows
-from kernels.reference import ref_store_kv
+from kvplan.kernels import QMAX, store_kv
+from kvplan.kernels.quant import dequantize, quantize_rows
+from kvplan.kernels.reference import ref_store_kv
 from tests.kernels.kernel_cases import DEVICE, empty_cache, randn
 
 NUM_BLOCKS = 6

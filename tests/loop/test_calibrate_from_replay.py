@@ -15,11 +15,11 @@ import pytest
 
 from kvplan.calibration.from_replay import calibrate_from_replay
 from kvplan.cli import main
-from sim.cost.calibrated import COEFFICIENTS, load_profile
-from sim.metrics import RequestLog
+from kvplan.sim.cost.calibrated import COEFFICIENTS, load_profile
+from kvplan.sim.metrics import RequestLog
 from tests.core.test_no_torch import BLOCK_TORCH
-from traces import Trace
-from traces.io import render
+from kvplan.traces import Trace
+from kvplan.traces.io import render
 
 TRUTH = {"step": 0.02, "prefill_tokens": 1e-4, "decode_context": 2e-6, "decode_requests": 1e-3}
 SERVED = {"block_size": "16", "num_gpu_blocks": "4096", "enable_prefix_caching": "True"}

@@ -12,10 +12,10 @@ from kvplan.cli import main
 from kvplan.engine_args import load_configs, parse_bytes
 from kvplan.live import EngineOptions
 from kvplan.output import atomic_dir
-from sim.cost.recorded import RecordedCost, read_step_profile
-from sim.run import SimSpec, build_cost, simulate
+from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
+from kvplan.sim.run import SimSpec, build_cost, simulate
 from tests.sim.helpers import random_trace
-from traces.io import render
+from kvplan.traces.io import render
 
 META = {"meta": {"model": "m", "block_size": 16, "num_blocks": 40}}
 STEP = {"step": 0, "block_size": 16, "items": [["0", 5, 0, False, True]], "num_batched_tokens": 5, "num_copies": 0,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.cluster import Cluster
-from sim.routers import Router, make_router
-from sim.run import SimResult, SimSpec, build_configs, build_cost, check_trace, collect
-from traces import Trace
+from kvplan.sim.cluster import Cluster
+from kvplan.sim.routers import Router, make_router
+from kvplan.sim.run import SimResult, SimSpec, build_configs, build_cost, check_trace, collect
+from kvplan.traces import Trace
 
 
 def random_trace(seed: int, count: int = 40, *, rate: float = 20.0, prompt: tuple[int, int] = (8, 200),

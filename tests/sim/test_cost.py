@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
-from sim.cost.analytic import AnalyticCost, elementwise_bytes_per_token, kv_capacity_blocks
-from sim.cost.calibrated import load_profile
-from sim.cost.features import FEATURE_NAMES, StepFeatures, decode_stretch_features, step_features
-from sim.run import SimSpec, build_cost
-from sim.specs.hardware import HardwareSpec, get_hardware
-from sim.specs.models import MODELS, get_model
+from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
+from kvplan.sim.cost.analytic import AnalyticCost, elementwise_bytes_per_token, kv_capacity_blocks
+from kvplan.sim.cost.calibrated import load_profile
+from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures, decode_stretch_features, step_features
+from kvplan.sim.run import SimSpec, build_cost
+from kvplan.sim.specs.hardware import HardwareSpec, get_hardware
+from kvplan.sim.specs.models import MODELS, get_model
 
 
 def test_llama2_7b_kv_bytes_and_the_24gb_card_seed_arithmetic():

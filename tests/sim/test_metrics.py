@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.metrics import SUMMARY_KEYS, ItlLog, weighted_percentile
-from sim.run import SimSpec, simulate
+from kvplan.sim.metrics import SUMMARY_KEYS, ItlLog, weighted_percentile
+from kvplan.sim.run import SimSpec, simulate
 from tests.sim.helpers import random_trace
 
 

@@ -9,12 +9,12 @@ import sys
 from tests.core.test_no_torch import BLOCK_TORCH  # the same import blocker as the core's test
 
 RUN_SIM = """
-import pkgutil, importlib, sim
-for m in pkgutil.walk_packages(sim.__path__, "sim."):
+import pkgutil, importlib, kvplan.sim
+for m in pkgutil.walk_packages(kvplan.sim.__path__, "kvplan.sim."):
     importlib.import_module(m.name)
 import kvplan.commands.simulate
-from sim.run import SimSpec, simulate
-from traces import Trace
+from kvplan.sim.run import SimSpec, simulate
+from kvplan.traces import Trace
 trace = Trace.build([0.0, 0.1, 0.2], [30, 50, 70], [5, 6, 7])
 result = simulate(trace, SimSpec(num_blocks=64))
 assert "torch" not in sys.modules

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.parallel import run_parallel, shares, worth_parallel
-from sim.run import SimSpec, build_configs, build_cost, collect, sample_interval
+from kvplan.sim.parallel import run_parallel, shares, worth_parallel
+from kvplan.sim.run import SimSpec, build_configs, build_cost, collect, sample_interval
 from tests.sim.helpers import random_trace, run
 
 CASES = [

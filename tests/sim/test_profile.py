@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cost.calibrated import COEFFICIENTS, CalibratedCost, feature_columns, load_profile, save_profile
-from sim.cost.features import step_features
-from sim.cost.fit import fit_with_holdout, nnls
-from sim.cost.recorded import ProfiledItem, ProfiledStep
+from kvplan.sim.cost.calibrated import COEFFICIENTS, CalibratedCost, feature_columns, load_profile, save_profile
+from kvplan.sim.cost.features import step_features
+from kvplan.sim.cost.fit import fit_with_holdout, nnls
+from kvplan.sim.cost.recorded import ProfiledItem, ProfiledStep
 
 TRUE = {"step": 2e-3, "request": 5e-5, "prefill_tokens": 3e-4, "prefill_attention": 2e-8, "decode_requests": 1e-4,
         "decode_context": 4e-7, "decode_context_max": 2e-6, "blocks_touched": 3e-6, "sampled": 8e-4,

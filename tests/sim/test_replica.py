@@ -6,15 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine.core import CacheConfig, SchedulerConfig
-from sim.cluster import Cluster
-from sim.cost.analytic import AnalyticCost
-from sim.routers import make_router
-from sim.run import SimSpec, collect, simulate
-from sim.specs.hardware import HardwareSpec
-from sim.specs.models import ModelSpec
+from kvplan.engine.core import CacheConfig, SchedulerConfig
+from kvplan.sim.cluster import Cluster
+from kvplan.sim.cost.analytic import AnalyticCost
+from kvplan.sim.routers import make_router
+from kvplan.sim.run import SimSpec, collect, simulate
+from kvplan.sim.specs.hardware import HardwareSpec
+from kvplan.sim.specs.models import ModelSpec
 from tests.sim.helpers import random_trace, run
-from traces import Trace
+from kvplan.traces import Trace
 
 
 @pytest.mark.parametrize("spec", [

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.routers import PrefixAware
-from sim.run import SimSpec
+from kvplan.sim.routers import PrefixAware
+from kvplan.sim.run import SimSpec
 from tests.sim.helpers import run
-from traces import Trace
+from kvplan.traces import Trace
 
 SPEC = dict(num_blocks=4000, block_size=16)
 

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import traces
+from kvplan import traces
 from kvplan.cli import main
-from sim.run import SimSpec, simulate
-from traces import Trace
+from kvplan.sim.run import SimSpec, simulate
+from kvplan.traces import Trace
 
 SAMPLE = "traces/samples/mooncake_style.jsonl"
 

@@ -12,13 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.metrics import goodput_count
-from sim.probe import Probe, run_probe
-from sim.run import SimSpec
+from kvplan.sim.metrics import goodput_count
+from kvplan.sim.probe import Probe, run_probe
+from kvplan.sim.run import SimSpec
 from tests.sim.helpers import random_trace
-from traces import Trace
-from traces.schema import NO_VALUE
-from traces.steady import open_loop, population
+from kvplan.traces import Trace
+from kvplan.traces.schema import NO_VALUE
+from kvplan.traces.steady import open_loop, population
 
 
 def sessions_trace() -> Trace:

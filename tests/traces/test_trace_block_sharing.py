@@ -14,15 +14,15 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-import traces
-from engine.core.block_keys import ROOT_KEY, HashBlockKeys, TokenBlockKeys, chain_hash
+from kvplan import traces
+from kvplan.engine.core.block_keys import ROOT_KEY, HashBlockKeys, TokenBlockKeys, chain_hash
 from tests.traces.trace_fixtures import write_text
-from traces.io import MOONCAKE_GRANULARITY, render_layout
-from traces.materialize import materialize
-from traces.schema import Trace, offsets_from_counts
-from traces.stats import infinite_cache_hits
-from traces.synth import synthesize
-from traces.transforms import expand_granularity
+from kvplan.traces.io import MOONCAKE_GRANULARITY, render_layout
+from kvplan.traces.materialize import materialize
+from kvplan.traces.schema import Trace, offsets_from_counts
+from kvplan.traces.stats import infinite_cache_hits
+from kvplan.traces.synth import synthesize
+from kvplan.traces.transforms import expand_granularity
 
 BLOCK = 16
 VOCAB = 32_000

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-import traces
+from kvplan import traces
 from kvplan.cli import main
 from tests.traces.test_trace_synth import SPEC
 from tests.traces.trace_fixtures import AZURE_2023, MOONCAKE, write_jsonl, write_text

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from itertools import combinations
 
-import traces
-from engine.core.request import attach_block_keys, make_request
+from kvplan import traces
+from kvplan.engine.core.request import attach_block_keys, make_request
 from tests.traces.trace_fixtures import MOONCAKE, write_jsonl
-from traces.transforms import expand_granularity
+from kvplan.traces.transforms import expand_granularity
 
 BLOCK = 16
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import traces
+from kvplan import traces
 from tests.traces.trace_fixtures import AZURE_2023, QWEN, write_jsonl, write_text
-from traces.io import kind_of, render, to_frame
-from traces.schema import Trace
+from kvplan.traces.io import kind_of, render, to_frame
+from kvplan.traces.schema import Trace
 
 
 def _same(a: Trace, b: Trace) -> None:

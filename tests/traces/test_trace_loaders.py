@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import traces
+from kvplan import traces
 from tests.traces.trace_fixtures import (
     AZURE_2023,
     AZURE_2024,
@@ -19,7 +19,7 @@ from tests.traces.trace_fixtures import (
     write_jsonl,
     write_text,
 )
-from traces import TraceFormatError
+from kvplan.traces import TraceFormatError
 
 
 def test_azure_2023_seven_fractional_digits(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traces.loaders.rows import _earliest_longest_ordered
+from kvplan.traces.loaders.rows import _earliest_longest_ordered
 
 
 def _brute_force(times: list[float]) -> tuple[int, ...]:

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import traces
+from kvplan import traces
 from kvplan.cli import main
 from tests.traces.trace_fixtures import write_jsonl
-from traces.io import KINDS, render, render_layout
-from traces.schema import NO_VALUE, Trace
+from kvplan.traces.io import KINDS, render, render_layout
+from kvplan.traces.schema import NO_VALUE, Trace
 
 LAYOUTS = ("kvplan-jsonl", "kvplan-csv", "kvplan-parquet", "mooncake", "azure")
 SMALL = st.integers(0, 2**31 - 1)  # numeric columns are parsed as float64: exact up to 2^53

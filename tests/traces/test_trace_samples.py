@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import traces
-from traces.io import render_layout
-from traces.samples.generate import HERE, SAMPLES, generate
-from traces.synth import synthesize_file
+from kvplan import traces
+from kvplan.traces.io import render_layout
+from kvplan.traces.samples.generate import HERE, SAMPLES, generate
+from kvplan.traces.synth import synthesize_file
 
 
 def test_committed_samples_are_reproducible(tmp_path):

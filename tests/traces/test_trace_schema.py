@@ -6,10 +6,10 @@ import types
 
 import numpy as np
 
-import traces
+from kvplan import traces
 from tests.traces.trace_fixtures import jsonl_text, write_text
-from traces import transforms as tf
-from traces.schema import ARRAY_FIELDS, Trace
+from kvplan.traces import transforms as tf
+from kvplan.traces.schema import ARRAY_FIELDS, Trace
 
 
 def _assert_columnar(trace: Trace, hashes: int) -> None:

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from tests.traces.trace_fixtures import VIDUR, write_text
-from traces.arrivals import arrival_times
-from traces.synth import synthesize, synthesize_file
+from kvplan.traces.arrivals import arrival_times
+from kvplan.traces.synth import synthesize, synthesize_file
 
 SPEC = {
     "seed": 7,

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import traces
+from kvplan import traces
 from tests.traces.trace_fixtures import MOONCAKE, VIDUR, write_jsonl, write_text
-from traces import transforms as tf
-from traces.materialize import materialize, prompt_token_ids
-from traces.schema import RequestRecord, Trace
-from traces.stats import infinite_cache_hits, summarize
+from kvplan.traces import transforms as tf
+from kvplan.traces.materialize import materialize, prompt_token_ids
+from kvplan.traces.schema import RequestRecord, Trace
+from kvplan.traces.stats import infinite_cache_hits, summarize
 
 
 def _hashed(prompts: list[int], hashes: list[list[int]], granularity: int) -> Trace:

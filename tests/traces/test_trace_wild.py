@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zstandard
 
-import traces
+from kvplan import traces
 from kvplan.cli import main
 from tests.traces.trace_fixtures import (
     AZURE_2023,
@@ -33,8 +33,8 @@ from tests.traces.trace_fixtures import (
     write_jsonl,
     write_text,
 )
-from traces import TraceFormatError
-from traces.io import render
+from kvplan.traces import TraceFormatError
+from kvplan.traces.io import render
 
 COMPRESSORS = {
     "gzip": gzip.compress,

@@ -1,12 +1,12 @@
 """Loaders for the public trace formats and our own, by name."""
 
-from traces.loaders.azure import AZURE, AZURE_MULTIMODAL
-from traces.loaders.burstgpt import BURSTGPT
-from traces.loaders.hashed import MOONCAKE, QWEN_BAILIAN
-from traces.loaders.native import KVPLAN_CSV, KVPLAN_JSONL, KVPLAN_PARQUET
-from traces.loaders.rows import LoadOptions
-from traces.loaders.spec import Format
-from traces.loaders.vidur import LENGTHS, SPLITWISE, VIDUR
+from kvplan.traces.loaders.azure import AZURE, AZURE_MULTIMODAL
+from kvplan.traces.loaders.burstgpt import BURSTGPT
+from kvplan.traces.loaders.hashed import MOONCAKE, QWEN_BAILIAN
+from kvplan.traces.loaders.native import KVPLAN_CSV, KVPLAN_JSONL, KVPLAN_PARQUET
+from kvplan.traces.loaders.rows import LoadOptions
+from kvplan.traces.loaders.spec import Format
+from kvplan.traces.loaders.vidur import LENGTHS, SPLITWISE, VIDUR
 
 FORMATS: dict[str, Format] = {f.name: f for f in (
     AZURE, AZURE_MULTIMODAL, MOONCAKE, QWEN_BAILIAN, BURSTGPT, VIDUR, SPLITWISE, LENGTHS, KVPLAN_JSONL, KVPLAN_CSV,

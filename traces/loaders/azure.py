@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.loaders.rows import LoadOptions, Rows
-from traces.loaders.spec import Field, csv_format
-from traces.schema import LoadReport
+from kvplan.traces.loaders.rows import LoadOptions, Rows
+from kvplan.traces.loaders.spec import Field, csv_format
+from kvplan.traces.schema import LoadReport
 
 _FIELDS = (Field("arrival_s", "TIMESTAMP", kind="datetime"),
            Field("prompt_tokens", "ContextTokens", minimum=1),

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.loaders.rows import LoadOptions, Rows
-from traces.loaders.spec import Field, csv_format
-from traces.schema import NO_VALUE, LoadReport
+from kvplan.traces.loaders.rows import LoadOptions, Rows
+from kvplan.traces.loaders.spec import Field, csv_format
+from kvplan.traces.schema import NO_VALUE, LoadReport
 
 
 def _failed(rows: Rows, columns: dict[str, np.ndarray], opts: LoadOptions, report: LoadReport) -> np.ndarray:

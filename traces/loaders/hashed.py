@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.loaders.rows import LoadOptions, Rows
-from traces.loaders.spec import Field, jsonl_format
-from traces.schema import LoadReport
+from kvplan.traces.loaders.rows import LoadOptions, Rows
+from kvplan.traces.loaders.spec import Field, jsonl_format
+from kvplan.traces.schema import LoadReport
 
 MOONCAKE = jsonl_format(
     "mooncake",

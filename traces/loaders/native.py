@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.compression import compression_of, read_bytes
-from traces.loaders.rows import Rows, object_column, read_csv
-from traces.loaders.spec import Field, Format, jsonl_format
-from traces.schema import NO_VALUE, TraceFormatError, short_repr
+from kvplan.traces.compression import compression_of, read_bytes
+from kvplan.traces.loaders.rows import Rows, object_column, read_csv
+from kvplan.traces.loaders.spec import Field, Format, jsonl_format
+from kvplan.traces.schema import NO_VALUE, TraceFormatError, short_repr
 
 FIELDS = (
     Field("request_id", "request_id"),

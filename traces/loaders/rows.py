@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.compression import open_text, read_bytes
-from traces.schema import LoadReport, Trace, TraceFormatError, gather_segments, offsets_from_counts, short_repr
+from kvplan.traces.compression import open_text, read_bytes
+from kvplan.traces.schema import LoadReport, Trace, TraceFormatError, gather_segments, offsets_from_counts, short_repr
 
 EXTRA_FIELDS = 8  # a CSV row may carry this many fields beyond its header before pandas itself gives up
 SHOWN_BAD_LINES = 5

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from traces.loaders.rows import LoadOptions, Rows
-from traces.loaders.spec import Field, csv_format
-from traces.schema import LoadReport
+from kvplan.traces.loaders.rows import LoadOptions, Rows
+from kvplan.traces.loaders.spec import Field, csv_format
+from kvplan.traces.schema import LoadReport
 
 _LENGTHS = (Field("prompt_tokens", "num_prefill_tokens", minimum=1),
             Field("output_tokens", "num_decode_tokens"))

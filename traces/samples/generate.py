@@ -1,12 +1,12 @@
-"""Regenerate the sample traces from their specs: `python -m traces.samples.generate [OUT_DIR]`."""
+"""Regenerate the sample traces from their specs: `python -m kvplan.traces.samples.generate [OUT_DIR]`."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from traces.io import render, render_layout
-from traces.synth import synthesize_file
+from kvplan.traces.io import render, render_layout
+from kvplan.traces.synth import synthesize_file
 
 HERE = Path(__file__).parent
 # sample file -> (spec, layout): our JSONL, or a public layout that its own loader reads.

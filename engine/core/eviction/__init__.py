@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from engine.core.config import ConfigError
-from engine.core.eviction.base import EvictionPolicy
-from engine.core.eviction.fifo import FIFOPolicy
-from engine.core.eviction.lfu import LFUPolicy
-from engine.core.eviction.lru import LRUPolicy
-from engine.core.eviction.s3fifo import S3FIFOPolicy
+from kvplan.engine.core.config import ConfigError
+from kvplan.engine.core.eviction.base import EvictionPolicy
+from kvplan.engine.core.eviction.fifo import FIFOPolicy
+from kvplan.engine.core.eviction.lfu import LFUPolicy
+from kvplan.engine.core.eviction.lru import LRUPolicy
+from kvplan.engine.core.eviction.s3fifo import S3FIFOPolicy
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
     cls.name: cls for cls in (LRUPolicy, FIFOPolicy, LFUPolicy, S3FIFOPolicy)

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from engine.core.block_pool import KVBlock
+    from kvplan.engine.core.block_pool import KVBlock
 
 
 class EvictionPolicy(ABC):

@@ -10,11 +10,11 @@ from __future__ import annotations
 from itertools import count
 from typing import TYPE_CHECKING
 
-from engine.core.eviction.base import EvictionPolicy
-from engine.core.eviction.heap_queue import LazyHeap
+from kvplan.engine.core.eviction.base import EvictionPolicy
+from kvplan.engine.core.eviction.heap_queue import LazyHeap
 
 if TYPE_CHECKING:
-    from engine.core.block_pool import KVBlock
+    from kvplan.engine.core.block_pool import KVBlock
 
 
 class FIFOPolicy(EvictionPolicy):

@@ -12,7 +12,7 @@ import heapq
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.core.block_pool import KVBlock
+    from kvplan.engine.core.block_pool import KVBlock
 
 
 class LazyHeap:

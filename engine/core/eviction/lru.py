@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from engine.core.eviction.base import EvictionPolicy
+from kvplan.engine.core.eviction.base import EvictionPolicy
 
 if TYPE_CHECKING:
-    from engine.core.block_pool import KVBlock
+    from kvplan.engine.core.block_pool import KVBlock
 
 
 class LRUPolicy(EvictionPolicy):

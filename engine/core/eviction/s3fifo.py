@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from engine.core.eviction.base import EvictionPolicy
+from kvplan.engine.core.eviction.base import EvictionPolicy
 
 if TYPE_CHECKING:
-    from engine.core.block_pool import KVBlock
+    from kvplan.engine.core.block_pool import KVBlock
 
 SMALL_FRACTION = 0.1
 MAX_FREQ = 3

@@ -17,8 +17,8 @@ def thread_server(llm, name: str = "tiny", max_queue_len: int = 1024):
     """An in-process server (uvicorn on a thread, the engine on its own): yields (url, AsyncEngine)."""
     import uvicorn
 
-    from engine.serving.app import build_app
-    from engine.serving.server import make_engine
+    from kvplan.engine.serving.app import build_app
+    from kvplan.engine.serving.server import make_engine
 
     engine = make_engine(llm, name, max_queue_len)
     port = free_port()

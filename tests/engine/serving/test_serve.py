@@ -13,17 +13,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import traces
-from engine.llm import LLM
-from engine.sampling import SamplingParams
+from kvplan import traces
+from kvplan.engine.llm import LLM
+from kvplan.engine.sampling import SamplingParams
 from kvplan.cli import main
 from kvplan.endpoint import scrape
 from kvplan.endpoint.prompts import endpoint_requests
 from kvplan.output import verify_result_set
-from sim.metrics import RequestLog
+from kvplan.sim.metrics import RequestLog
 from tests.engine.serving.servers import thread_server
-from traces.io import render
-from traces.synth import synthesize
+from kvplan.traces.io import render
+from kvplan.traces.synth import synthesize
 
 SPEC = {"seed": 3, "requests": 50, "arrivals": {"process": "poisson", "rate": 40},
         "lengths": {"prompt": {"dist": "lognormal", "median": 40, "sigma": 0.7, "max": 160},
@@ -217,7 +217,7 @@ def test_engine_options_with_an_endpoint_are_refused(tmp_path, capsys):
 
 
 def test_validate_against_the_endpoint(served, tmp_path, capsys):
-    from sim.cost.calibrated import CalibratedCost, save_profile
+    from kvplan.sim.cost.calibrated import CalibratedCost, save_profile
 
     url, name, model = served
     path = tmp_path / "trace.jsonl"

@@ -10,11 +10,11 @@ import openai
 import pandas as pd
 import pytest
 
-from engine.models import SMOLLM2
+from kvplan.engine.models import SMOLLM2
 from kvplan.cli import main
 from kvplan.endpoint.local_server import server_process
-from traces.io import render
-from traces.synth import synthesize
+from kvplan.traces.io import render
+from kvplan.traces.synth import synthesize
 
 
 @pytest.fixture(scope="module")
