@@ -8,7 +8,9 @@ still running then stays unfinished, and `run` says why it stopped.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 
+import numpy as np
 import simpy
 
 from kvplan.engine.core import CacheConfig, Request, SchedulerConfig, make_request
@@ -36,7 +38,13 @@ class Cluster:
         self.log = RequestLog()
         self.unservable: list[tuple[int, str]] = []  # failed requests of the trace: nothing to serve
         self.arrivals = trace.arrival_s.tolist() if closed_loop is None else []
+        # Failed rows take no router turn; a round robin's next arrival for a replica counts servable rows only.
+        servable = (trace.prompt_tokens >= 1) & (trace.output_tokens >= 1)
+        self._servable = None if servable.all() else np.flatnonzero(servable).tolist()
         self.next_row = 0  # the next trace row to arrive
+        # The rows' names in a larger trace this one was cut from (`sim.parallel`: one replica's share of a round
+        # robin); requests are named, and their prefix-cache salts drawn, by those, as in the whole run.
+        self.row_names: list[int] | None = None
         # A closed loop's arrivals come from completions: no stretch may run past one (see ClosedLoop).
         next_arrival = self._next_arrival if closed_loop is None else closed_loop.next_arrival
         self.replicas = [Replica(self.env, i, cache, config, cost, self.log, next_arrival,
@@ -52,7 +60,14 @@ class Cluster:
         """When replica `index` may next see a request: the next arrival, or, under a router that decides
         placement in advance (round robin), the next arrival that router will hand to this replica."""
         ahead = getattr(self.router, "arrivals_before", None)
-        row = self.next_row + (ahead(index, len(self.replicas)) if ahead is not None else 0)
+        row = self.next_row
+        if ahead is not None:
+            turns = ahead(index, len(self.replicas))
+            if self._servable is None:
+                row += turns
+            else:
+                at = bisect_left(self._servable, row) + turns
+                row = self._servable[at] if at < len(self._servable) else len(self.arrivals)
         return self.arrivals[row] if row < len(self.arrivals) else math.inf
 
     def run(self, until_s: float | None = None) -> str:
@@ -91,7 +106,8 @@ class Cluster:
     def _request(self, row: int, arrival: float) -> Request:
         t = self.trace
         hashes = t.hashes_of(row).tolist() if t.has_prefix else None
-        return make_request(str(row), max_tokens=int(t.output_tokens[row]), prompt_len=int(t.prompt_tokens[row]),
+        name = row if self.row_names is None else self.row_names[row]
+        return make_request(str(name), max_tokens=int(t.output_tokens[row]), prompt_len=int(t.prompt_tokens[row]),
                             prefix_hashes=hashes or None, hash_granularity=t.hash_granularity if hashes else 0,
                             arrival_s=arrival, priority=int(t.priority[row]), n=int(t.n[row]))
 

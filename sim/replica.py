@@ -81,6 +81,10 @@ class Replica:
         self.busy_until = math.inf  # the end of the step or stretch under way: its completions come no earlier
         self.process = env.process(self._run())
 
+    @property
+    def num_steps(self) -> int:
+        return self.sched.stats.num_steps
+
     # -- arrivals ------------------------------------------------------------------------------------------
     @property
     def outstanding(self) -> int:

@@ -20,6 +20,7 @@ from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from kvplan.sim.cost.calibrated import load_profile
 from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
 from kvplan.sim.metrics import kv_summary, summarize
+from kvplan.sim.parallel import MergedCluster, run_parallel, worth_parallel
 from kvplan.sim.rejections import references, rejected_rows
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
@@ -223,8 +224,11 @@ def prefill_bound_s(trace: Trace, spec: SimSpec, cost: CostModel) -> float:
     return steps * float(cost.step_times(chunk))
 
 
-def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | None = None) -> ServingResult:
-    """Replay `trace` as recorded, every request to its end; `goodput`: per-request bounds for request_goodput."""
+def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | None = None, *,
+             processes: int = 1) -> ServingResult:
+    """Replay `trace` as recorded, every request to its end; `goodput`: per-request bounds for request_goodput.
+    `processes` > 1 spreads the replicas of a long round-robin run over that many processes (`sim.parallel`:
+    the same result)."""
     check_trace(trace)
     router = make_router(spec.router)
     cost, num_blocks = build_cost(spec)
@@ -232,9 +236,12 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     interval = sample_interval(spec, trace, cost)
     # A recorded cost prices steps one by one, by id; token times are recorded step by step.
     fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens
-    cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,
-                      fast_path=fast_path, record_tokens=spec.record_tokens)
-    cluster.run()
+    if worth_parallel(spec.router, spec.replicas, processes, spec.record_tokens, len(trace)):
+        cluster = run_parallel(trace, spec.replicas, cache, config, cost, interval, fast_path, processes)
+    else:
+        cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,
+                          fast_path=fast_path, record_tokens=spec.record_tokens)
+        cluster.run()
     result = collect(cluster, num_blocks, goodput)
     failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))
     result.info.update(max_model_len=cache.max_model_len, rejected_failed=failed,
@@ -242,7 +249,8 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     return result
 
 
-def collect(cluster: Cluster, num_blocks: int, goodput: dict[str, float | None] | None = None) -> ServingResult:
+def collect(cluster: Cluster | MergedCluster, num_blocks: int,
+            goodput: dict[str, float | None] | None = None) -> ServingResult:
     table = cluster.log.to_frame(cluster.trace.request_id)
     series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
     duration = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
@@ -251,8 +259,7 @@ def collect(cluster: Cluster, num_blocks: int, goodput: dict[str, float | None] 
                     max(r.peak_usage for r in replicas), series, cluster.counters())
     rejected = cluster.rejected()
     info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
-            "steps": sum(r.sched.stats.num_steps for r in replicas),
-            "fast_steps": sum(r.num_fast_steps for r in replicas),
+            "steps": sum(r.num_steps for r in replicas), "fast_steps": sum(r.num_fast_steps for r in replicas),
             "rejected": len(rejected), "rejected_first": references(cluster.trace, rejected)}
     tokens = None
     if replicas[0].token_times is not None:

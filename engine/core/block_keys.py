@@ -97,12 +97,15 @@ class HashBlockKeys:
             return keys[index]
         per_group = self.granularity // self.block_size
         parent = keys[-1] if keys else ROOT_KEY
-        for i in range(len(keys), index + 1):
-            if i < self.num_hashed_blocks:
-                group, sub = divmod(i, per_group)
-                parent = chain_mix(parent, int(self.hash_ids[group]), sub)
-            else:
-                parent = chain_mix(parent, self.salt, i)
+        start, hashed, hash_ids = len(keys), self.num_hashed_blocks, self.hash_ids
+        # `chain_mix` inlined (a simulator run keys every block of every request): the trace's blocks, then the
+        # request's own, salted
+        for i in range(start, min(index + 1, hashed)):
+            parent = hash((parent, int(hash_ids[i // per_group]), i % per_group))
+            keys.append(parent)
+        salt = self.salt
+        for i in range(max(start, hashed), index + 1):
+            parent = hash((parent, salt, i))
             keys.append(parent)
         return parent
 

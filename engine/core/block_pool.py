@@ -95,8 +95,14 @@ class BlockPool:
         for block in blocks:
             block.ref_cnt = 1
         if n > take:  # the rest evicts, as `allocate` does once the empty stack is gone
+            cached, duplicates = self.cached, self.duplicates
             for block in self.policy.evict_many(n - take):
-                self._drop_key(block)
+                key = block.key
+                if key not in duplicates and cached.get(key) is block:
+                    del cached[key]  # `_drop_key`, inlined for the common case: the only copy of its contents
+                    block.key = None
+                else:
+                    self._drop_key(block)
                 block.ref_cnt = 1
                 blocks.append(block)
         return blocks

@@ -19,6 +19,7 @@ Sink+window configurations never use it (their update releases blocks per reques
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from kvplan.engine.core.kv_manager import cdiv
@@ -39,13 +40,16 @@ def schedule_decode_prefix(sched: Scheduler, out: SchedulerOutput, budget: int) 
     running, kv = sched.running, sched.kv
     pool = getattr(kv, "pool", None)
     bs, tables = sched.block_size, kv.tables
+    registering = sched._keys_wanted
     count = new = 0
-    limit = min(len(running), budget)
-    while count < limit:
-        request = running[count]
+    todo: list[int] = []  # the few that open a block or fill one in this step, in running order
+    for request in running if len(running) <= budget else islice(running, max(budget, 0)):
         pos = request.num_computed_tokens
-        if (request.token_ids is not None or pos < request.prompt_len
-                or pos != request.prompt_len + request.num_output_tokens - 1 or (request.n > 1 and not request.forked)):
+        output = request.num_output_tokens
+        # A decode has one token pending past its prompt: pos == prompt + output - 1 with output >= 1 (output 0
+        # would be the prompt's last token)
+        if (output == 0 or pos != request.prompt_len + output - 1 or request.token_ids is not None
+                or (request.n > 1 and not request.forked)):
             break
         if pool is not None:
             table = tables[request.request_id]
@@ -53,24 +57,26 @@ def schedule_decode_prefix(sched: Scheduler, out: SchedulerOutput, budget: int) 
             if pos < held:
                 if table[pos // bs].ref_cnt != 1:
                     break  # copy-on-write first: the general loop's case
+                if registering and pos + 1 >= (request.num_hashed_blocks + 1) * bs:
+                    todo.append(count)
             elif pos == held:
                 new += 1
+                todo.append(count)
             else:
                 break
         count += 1
     if count == 0 or (pool is not None and pool.num_free - new < _rest_need(sched, count)):
         return 0
-    registering = sched._keys_wanted
-    if new or registering:
+    if todo:
         ids, commit = kv.block_ids, kv.commit
-        for request in running[:count]:  # per request: its allocation, then its registration (`_emit`)
+        for index in todo:  # per request: its allocation, then its registration (`_emit`)
+            request = running[index]
             pos = request.num_computed_tokens
-            if new:
-                table = tables[request.request_id]
-                if pos == len(table) * bs:
-                    block = pool.allocate()  # an empty block, or the policy's victim, as `kv.allocate` takes it
-                    table.append(block)
-                    ids[request.request_id].append(block.block_id)
+            table = tables[request.request_id]
+            if pos == len(table) * bs:
+                block = pool.allocate()  # an empty block, or the policy's victim, as `kv.allocate` takes it
+                table.append(block)
+                ids[request.request_id].append(block.block_id)
             if registering and pos + 1 >= (request.num_hashed_blocks + 1) * bs:
                 commit(request, pos + 1)  # the step fills a block: keyed when scheduled, as vLLM
     out.decodes = running[:count]

@@ -51,23 +51,27 @@ def decode_horizon(sched: Scheduler, limit: int) -> int:
     registering = pool is not None and pool.enable_caching
     longest, shortest = 0, limit
     needed = 0  # new blocks for `limit` steps (the same as for k, as no request runs longer)
-    for request in sched.running:
-        if request.token_ids is not None or request.num_tokens_to_compute != 1:
+    for request in sched.running:  # once per running request per stretch: properties and helpers inlined
+        pos = request.num_computed_tokens
+        output = request.num_output_tokens
+        if request.token_ids is not None or request.prompt_len + output - pos != 1:
             return 0  # the engine samples real tokens (stop tokens possible); only count-only runs qualify
         if request.n > 1 and not request.forked:
             return 0
-        remaining = request.max_tokens - request.num_output_tokens
-        longest = max(longest, remaining)
-        shortest = min(shortest, remaining)
+        remaining = request.max_tokens - output
+        if remaining > longest:
+            longest = remaining
+        if remaining < shortest:
+            shortest = remaining
         if pool is None:
             continue  # contiguous reservation: decode never allocates
-        pos = request.num_computed_tokens
         table = tables[request.request_id]
         if len(table) != -(-pos // bs) or (pos % bs and table[pos // bs].ref_cnt > 1):
             return 0  # the next write needs copy-on-write (or the table is not in its steady decode shape)
         if registering and request.block_keys is not None and request.num_hashed_blocks != pos // bs:
             return 0
-        needed += _new_blocks(pos, min(limit, remaining), bs)
+        # `_new_blocks(pos, min(limit, remaining), bs)`
+        needed += (pos + (limit if limit < remaining else remaining) - 1) // bs - (pos - 1) // bs
     k = min(limit, longest)  # past the longest remaining output nobody is left to step
     if backlog:
         k = min(k, shortest)  # the first completion frees a slot and blocks: the head may then be admitted
@@ -138,7 +142,8 @@ def advance_decode(sched: Scheduler, k: int, usage: list[float] | None = None) -
         pos = request.num_computed_tokens  # before the stretch
         request.num_computed_tokens = pos + n
         request.num_output_tokens += n
-        if pool is not None:
+        # `_block_events` only for a request whose stretch opens or fills a block (a short stretch often neither)
+        if pool is not None and ((pos - 1) // bs != (pos + n - 1) // bs or (pos + n) // bs != pos // bs):
             _block_events(events, idx, pos, n, bs, registering and request.block_keys is not None)
         if request.num_output_tokens >= request.max_tokens:
             events.append((n - 1, UPDATE, idx, FINISH, 0))

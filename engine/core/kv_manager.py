@@ -86,9 +86,13 @@ class KVCacheManager:
         limit = (request.num_tokens - 1) // self.block_size
         if self.config.windowed:  # only blocks the step keeps (sinks + one window): more would pass its peak
             limit = min(limit, self.sink_blocks + self.config.window_tokens // self.block_size)
-        for i in range(limit):
-            key = keys.key(i)
-            block = cached.get(key) if key is not None else None
+        if limit <= 0:
+            return hits
+        # Every key up to the limit in one call (a blocked queue head is looked up again every step), then plain
+        # list reads; a token-keyed request stops at its first block that is not full (its key is None).
+        keys.key(limit - 1)
+        for key in keys.keys[:limit]:
+            block = cached.get(key)
             if block is None:
                 break
             hits.append(block)

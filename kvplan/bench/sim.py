@@ -12,50 +12,82 @@ row whose file is missing is reported as skipped:
   evictions, requests longer than llama-3-8b's context rejected; `mooncake_conv_clip` clips them to the
   8,192-token context instead (every request served: long prefills, most steps admit or prefill);
 * `burst` - 20,000 lengths-only requests (arXiv summarization, ~2,600-token prompts) all at t = 0: a backlog;
-* `synthetic` - a seeded million ShareGPT-like requests (Poisson arrivals) on 16 round-robin replicas.
+* `synthetic` - a seeded million ShareGPT-like requests (Poisson arrivals) on 16 round-robin replicas;
+* `steady_search` - the quickstart's steady-state capacity search on its first seed (`steady_search`).
 
-Each row gives wall time, simulated time, their ratio (target >= 1000x; the burst: <= 30 s of wall time; the
-million requests: <= 60 s and <= 1 GB), the share of steps on the decode fast path and the peak resident memory.
+Each row gives wall time, simulated time, their ratio (target >= 2000x; the burst: <= 10 s of wall time; the
+million requests: <= 60 s and <= 1 GB), the share of steps on the decode fast path, the peak resident memory,
+and the machine's speed on a fixed pure-Python workload measured in the same process just before and after the
+row (`reference`, Mops/s: the mean of the two), so that rows from two runs or two machines can be compared.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import resource
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from kvplan.bench.memory import PeakMemory
+from kvplan.bench.reference import reference_mops
 from kvplan.bench.workloads import lognormal_lengths
 
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 AZURE_CONV = Path("azure-llm-2023") / "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE_CONV = Path("mooncake-fast25") / "conversation_trace.jsonl"
 ARXIV = Path("llama2-length-dists") / "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv"
-SPEEDUP_TARGET = 1000.0
-BURST_REQUESTS, BURST_WALL_TARGET_S = 20_000, 30.0
+SPEEDUP_TARGET = 2000.0
+BURST_REQUESTS, BURST_WALL_TARGET_S = 20_000, 10.0
 SYNTHETIC_WALL_TARGET_S, SYNTHETIC_RSS_TARGET_MB = 60.0, 1024.0
 REGIMES = ("azure_conv_off", "azure_conv_on", "azure_conv_x4", "mooncake_conv", "mooncake_conv_clip", "burst",
-           "synthetic")
+           "synthetic", "steady_search")
 
 
 def run(data_dir: Path = DATA_DIR, synthetic_requests: int = 1_000_000, replicas: int = 16,
         per_replica_rate: float = 6.0, seed: int = 0, regimes: tuple[str, ...] = REGIMES) -> dict:
-    """Every regime in its own spawned process, one after the other (they would share the CPUs otherwise)."""
+    """Every regime in its own spawned process, one after the other (they would share the CPUs otherwise); not
+    a daemon, so that the synthetic row may spread its replicas over processes of its own."""
     rows = {}
     context = multiprocessing.get_context("spawn")
     for name in regimes:
-        with context.Pool(1) as pool:
-            rows[name] = pool.apply(regime, (name, str(data_dir), synthetic_requests, replicas, per_replica_rate,
-                                             seed))
-    return {"regimes": rows, "speedup_target": SPEEDUP_TARGET, "burst_wall_target_s": BURST_WALL_TARGET_S}
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            rows[name] = pool.submit(regime, name, str(data_dir), synthetic_requests, replicas, per_replica_rate,
+                                     seed).result()
+    return {"regimes": rows, "speedup_target": SPEEDUP_TARGET, "burst_wall_target_s": BURST_WALL_TARGET_S,
+            "reference_mops": reference_summary(rows)}
+
+
+def reference_summary(rows: dict[str, dict]) -> float | None:
+    """The run's reference figure: the median of the rows' (each measured around its own row)."""
+    figures = sorted(row["reference_mops"] for row in rows.values() if "reference_mops" in row)
+    return figures[len(figures) // 2] if figures else None
 
 
 def regime(name: str, data_dir: str, synthetic_requests: int = 1_000_000, replicas: int = 16,
            per_replica_rate: float = 6.0, seed: int = 0) -> dict:
+    """One row, with the reference workload measured just before and after it."""
+    before = reference_mops()
+    result = _regime(name, data_dir, synthetic_requests, replicas, per_replica_rate, seed)
+    if not result.get("skipped"):
+        after = reference_mops()
+        result.update(reference_mops=(before + after) / 2, reference_before_mops=before, reference_after_mops=after)
+    return result
+
+
+def _regime(name: str, data_dir: str, synthetic_requests: int, replicas: int, per_replica_rate: float,
+            seed: int) -> dict:
     if name == "synthetic":
         return synthetic(synthetic_requests, replicas, per_replica_rate, seed)
+    if name == "steady_search":
+        from kvplan.bench.steady_search import steady_search
+
+        result = steady_search()
+        return {**result, "prefix_caching": "both", "target": "speedup", "rejected": 0,
+                "target_met": result["speedup"] >= SPEEDUP_TARGET, "peak_rss_mb": peak_rss_mb()}
     from kvplan import traces
     from kvplan.sim.run import SimSpec
     from kvplan.traces.transforms import clip_to_context, scale_rate
@@ -83,11 +115,11 @@ def regime(name: str, data_dir: str, synthetic_requests: int = 1_000_000, replic
     return result
 
 
-def timed(trace, spec) -> dict:
+def timed(trace, spec, processes: int = 1) -> dict:
     from kvplan.sim.run import simulate
 
     start = time.perf_counter()
-    out = simulate(trace, spec)
+    out = simulate(trace, spec, processes=processes)
     wall = time.perf_counter() - start
     simulated = out.summary["duration_s"]
     return {"requests": len(trace), "model": spec.model, "hardware": spec.hardware, "replicas": spec.replicas,
@@ -114,11 +146,14 @@ def synthetic(count: int, replicas: int, per_replica_rate: float, seed: int) -> 
     trace = synthetic_trace(count, per_replica_rate * replicas, seed)
     spec = SimSpec(model="llama-3-8b", hardware="h100-sxm", replicas=replicas, router="round_robin",
                    enable_prefix_caching=False)
-    result = timed(trace, spec)
+    processes = os.cpu_count() or 1
+    with PeakMemory() as peak:  # its replicas run in worker processes beside this one: count them too
+        result = timed(trace, spec, processes)
+    result["peak_rss_mb"] = peak.mb
     # The design's budget for this run: a million requests on 16 replicas in <= 60 s and <= 1 GB.
     met = result["wall_s"] <= SYNTHETIC_WALL_TARGET_S and result["peak_rss_mb"] <= SYNTHETIC_RSS_TARGET_MB
     return {**result, "prefix_caching": "off", "arrival_rate": per_replica_rate * replicas, "target": "wall_s+rss",
-            "target_met": met}
+            "target_met": met, "processes": processes}
 
 
 def peak_rss_mb() -> float:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kvplan.engine.core.block_keys import HashBlockKeys, TokenBlockKeys
+from kvplan.engine.core.block_keys import ROOT_KEY, HashBlockKeys, TokenBlockKeys, chain_mix
 
 
 def test_token_keys_are_chained_and_only_for_full_blocks():
@@ -46,3 +46,13 @@ def test_blocks_past_the_hashed_prompt_are_private_to_the_request():
 def test_granularity_must_be_a_multiple_of_the_block_size():
     with pytest.raises(ValueError, match="granularity 512 is not a multiple of block size 24"):
         HashBlockKeys([1], 512, 24, 100, "a")
+
+
+def test_hash_keys_are_the_chain_mix_chain_whatever_order_they_are_asked_in():
+    keys = HashBlockKeys([11, 22, 33], 64, 16, prompt_len=150, salt="r7")  # 9 hashed blocks, then private ones
+    expected, parent = [], ROOT_KEY
+    for i in range(14):
+        parent = chain_mix(parent, [11, 22, 33][i // 4], i % 4) if i < 9 else chain_mix(parent, keys.salt, i)
+        expected.append(parent)
+    assert [keys.key(i) for i in (3, 0, 8, 9, 13, 5)] == [expected[i] for i in (3, 0, 8, 9, 13, 5)]
+    assert keys.keys == expected

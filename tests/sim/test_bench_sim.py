@@ -20,7 +20,7 @@ def test_synthetic_workload_completes_on_every_replica():
     assert (again.prompt_tokens + again.output_tokens <= 2048).all()
 
 
-@pytest.mark.parametrize("name", [r for r in bench.REGIMES if r != "synthetic"])
+@pytest.mark.parametrize("name", [r for r in bench.REGIMES if r not in ("synthetic", "steady_search")])
 def test_missing_shared_data_is_reported_not_fatal(tmp_path, name):
     result = bench.regime(name, str(tmp_path))
     assert result["skipped"] and "not found" in result["reason"] and "shared data" in result["reason"]
@@ -34,3 +34,32 @@ def test_cli_runs_each_regime_in_its_own_process_and_prints_json(tmp_path):
     assert list(result["regimes"]) == ["burst", "synthetic"]
     assert result["regimes"]["burst"]["skipped"]
     assert result["regimes"]["synthetic"]["summary"]["completed"] == 200
+
+
+def test_reference_workload_is_fixed_and_reports_a_speed():
+    from kvplan.bench.reference import reference_mops, workload
+
+    assert workload(6400) == workload(6400)  # the same work every time
+    assert reference_mops(repeats=1, ops=6400) > 0
+
+
+def test_steady_search_row_sums_the_probes_of_a_search(tmp_path):
+    from kvplan.bench.steady_search import steady_search
+
+    experiment = tmp_path / "tiny.yaml"
+    experiment.write_text(
+        "name: tiny\nmodel: llama-3-8b\nhardware: h100-sxm\nworkload: {trace: sample:chat}\n"
+        "probe: {duration_s: 30, min_requests: 20}\nseeds: [3, 4]\n"
+        "search: {target: max_rate, low: 1, high: 8, tolerance: 0.5}\nslo: {p99_ttft_ms: 1000}\n")
+    row = steady_search(experiment)
+    assert row["seeds"] == [3] and row["probes"] >= 2 and list(row["answers"]) == ["base"]
+    assert row["simulated_s"] > 0 and row["requests"] > 0 and row["speedup"] == row["simulated_s"] / row["wall_s"]
+    assert 0 <= row["fast_share"] <= 1 and 0 <= row["overloaded_probes"] <= row["probes"]
+
+
+def test_peak_memory_counts_this_process_and_its_children():
+    from kvplan.bench.memory import PeakMemory
+
+    with PeakMemory() as peak:
+        subprocess.run([sys.executable, "-c", "x = bytearray(64 << 20); import time; time.sleep(0.3)"], check=True)
+    assert peak.mb > 64  # the child's 64 MB, beside this process's own
