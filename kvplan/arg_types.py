@@ -13,22 +13,14 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from kvplan.engine.core.settings import describe_range
 from kvplan.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_TOKENS
 from kvplan.traces.schema import short_repr
 
 
-def _describe(kind: str, low: float | None, high: float | None, above: float | None) -> str:
-    def show(x: float) -> str:
-        return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-    bounds = [f">= {show(low)}" if low is not None else "", f"> {show(above)}" if above is not None else "",
-              f"<= {show(high)}" if high is not None else ""]
-    return " ".join([kind, " and ".join(b for b in bounds if b)]).strip()
-
-
 def integer(low: int | None = None, high: int | None = None, why: str = "") -> Callable[[str], int]:
     """An integer in [low, high] (a float spelling of an integer, '1e3', is refused: say what you mean)."""
-    allowed = _describe("an integer", low, high, None) + (f" ({why})" if why else "")
+    allowed = describe_range("an integer", low, high) + (f" ({why})" if why else "")
 
     def parse(text: str) -> int:
         try:
@@ -44,7 +36,7 @@ def integer(low: int | None = None, high: int | None = None, why: str = "") -> C
 
 def number(low: float | None = None, high: float | None = None, above: float | None = None) -> Callable[[str], float]:
     """A finite number in range (NaN and infinity are never a setting)."""
-    allowed = _describe("a finite number", low, high, above)
+    allowed = describe_range("a finite number", low, high, above)
 
     def parse(text: str) -> float:
         try:

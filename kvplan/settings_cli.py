@@ -61,9 +61,3 @@ def settings_from_args(args: argparse.Namespace, side: str) -> dict:
     """The settings `side` reads, as parsed (those a command added flags for)."""
     return {s.name: getattr(args, s.name) for s in for_side(side) if hasattr(args, s.name)}
 
-
-def flag_of(name: str) -> str:
-    """The flag a setting is given by (`kv_cache_dtype` -> `--kv-cache-dtype`), or `--name` for other options."""
-    from kvplan.engine.core.settings import SETTINGS
-
-    return SETTINGS[name].flag if name in SETTINGS else "--" + name.replace("_", "-")

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from kvplan.caches import say
+
 BUILD_TIMEOUT_S = 900.0  # a first build took 137 s on a loaded 2-core machine; this is many times that
 PROGRESS_S = 15.0
 TORCH_LOCK = "lock"  # the file torch.utils.file_baton.FileBaton creates in the build folder
@@ -65,10 +67,6 @@ def is_built(name: str, sources: tuple[Path, ...] = ()) -> bool:
     except FileNotFoundError:
         return False
     return all(source.stat().st_mtime <= built for source in sources)
-
-
-def say(line: str) -> None:
-    print(f"kvplan: {line}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

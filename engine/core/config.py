@@ -15,6 +15,7 @@ from kvplan.engine.core.settings import (  # noqa: F401 (the names the core's us
     PREEMPTION_MODES,
     QUEUE_POLICIES,
     SCHEDULES,
+    Field,
     check_settings,
     config_fields,
 )
@@ -22,10 +23,8 @@ from kvplan.errors import ConfigError
 
 
 def check_int(path: str, value: object, lo: int, hi: int | None = None) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= lo and (hi is None or value <= hi)
-    if not ok:
-        allowed = f"an integer >= {lo} and <= {hi}" if hi is not None else f"an integer >= {lo}"
-        raise ConfigError(f"{path}: must be {allowed}, got {value!r}")
+    """An integer in [lo, hi] for a part built without a config (the block pool), checked as a setting is."""
+    Field("int", minimum=lo, maximum=hi).check(value, path)
 
 
 @dataclass(slots=True)

@@ -43,6 +43,13 @@ def _show(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
+def describe_range(noun: str, minimum: float | None, maximum: float | None, above: float | None = None) -> str:
+    """'an integer >= 1 and <= 256': how every message states a number's bounds (settings and plain flags)."""
+    bounds = [f">= {_show(minimum)}" if minimum is not None else "", f"> {_show(above)}" if above is not None else "",
+              f"<= {_show(maximum)}" if maximum is not None else ""]
+    return " ".join([noun, " and ".join(b for b in bounds if b)]).strip()
+
+
 def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -79,10 +86,7 @@ class Field:
                     "(KiB, MiB, GiB, KB, MB, GB), e.g. 64MiB")
         else:
             noun = "an integer" if self.kind == "int" else "a finite number"
-            bounds = [f">= {_show(self.minimum)}" if self.minimum is not None else "",
-                      f"> {_show(self.above)}" if self.above is not None else "",
-                      f"<= {_show(self.maximum)}" if self.maximum is not None else ""]
-            text = " ".join([noun, " and ".join(b for b in bounds if b)]).strip()
+            text = describe_range(noun, self.minimum, self.maximum, self.above)
         text = f"{text} ({self.why})" if self.why else text
         return f"{text} or null" if self.nullable and not self.derived else text
 
@@ -204,8 +208,7 @@ def _s(name: str, kind: str, default: object, help: str, **kw: object) -> Settin
     return Setting(kind, default, name=name, help=help, flag=kw.pop("flag", "--" + name.replace("_", "-")), **kw)
 
 
-CORE_ENGINE_SIM, CORE_SIM, ENGINE, ENGINE_SIM = ALL, frozenset({"core", "sim"}), frozenset({"engine"}), \
-    frozenset({"engine", "sim"})
+CORE_SIM, ENGINE, ENGINE_SIM = frozenset({"core", "sim"}), frozenset({"engine"}), frozenset({"engine", "sim"})
 
 PER_BLOCK = "one object per KV block: more would exhaust memory"
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
@@ -309,14 +312,13 @@ def check_settings(obj: object, config: str, prefix: str) -> None:
 def options_class(name: str, side: str, extra: tuple = (), doc: str = "", namespace: dict | None = None) -> type:
     """A dataclass of every setting `side` uses (with its side default), after `extra` (name, type, field)
     fields of its own; the values are checked on construction."""
-    own = [(n, t, f) for n, t, f in extra]
     knobs = [(s.name, s.annotation, field(default=s.side_default)) for s in for_side(side)]
 
     def __post_init__(self: object) -> None:
         for s in for_side(side):
             object.__setattr__(self, s.name, s.side_field().check(getattr(self, s.name), s.name))
 
-    cls = make_dataclass(name, own + knobs, slots=True, namespace={"__post_init__": __post_init__,
+    cls = make_dataclass(name, [*extra, *knobs], slots=True, namespace={"__post_init__": __post_init__,
                                                                    **(namespace or {})})
     cls.__doc__ = doc
     return cls

@@ -19,11 +19,12 @@ SAMPLE_S = 0.05
 
 def _rss_mb(pid: int | str) -> float:
     try:
-        for line in (PROC / str(pid) / "status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0  # kB
-    except OSError:
-        pass  # the child has just exited
+        status = (PROC / str(pid) / "status").read_text()
+    except OSError:  # the child has just exited
+        return 0.0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0  # kB
     return 0.0
 
 
