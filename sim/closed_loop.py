@@ -54,7 +54,7 @@ class ClosedLoop:
             raise UserError(f"concurrency {users}; allowed: an integer >= 1")
         if not (math.isfinite(think_s) and think_s >= 0):
             raise UserError(f"think_s {think_s!r}; allowed: a finite number of seconds >= 0")
-        servable = (pop.trace.prompt_tokens >= 1) & (pop.trace.output_tokens >= 1)
+        servable = pop.trace.servable
         if not servable.any():
             raise UserError("the trace has no servable request (every one has 0 prompt or output tokens)")
         self.pop, self.users, self.think_s, self.send_until_s = pop, users, think_s, send_until_s

@@ -39,7 +39,7 @@ class Cluster:
         self.unservable: list[tuple[int, str]] = []  # failed requests of the trace: nothing to serve
         self.arrivals = trace.arrival_s.tolist() if closed_loop is None else []
         # Failed rows take no router turn; a round robin's next arrival for a replica counts servable rows only.
-        servable = (trace.prompt_tokens >= 1) & (trace.output_tokens >= 1)
+        servable = trace.servable
         self._servable = None if servable.all() else np.flatnonzero(servable).tolist()
         self.next_row = 0  # the next trace row to arrive
         # The rows' names in a larger trace this one was cut from (`sim.parallel`: one replica's share of a round

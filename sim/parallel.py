@@ -87,7 +87,7 @@ class MergedCluster:
 def shares(trace: Trace, num_replicas: int) -> tuple[list[np.ndarray], list[tuple[int, str]]]:
     """Each replica's trace rows under a round robin, and the unservable rows (skipped before the router, so
     they take no turn)."""
-    servable = (trace.prompt_tokens >= 1) & (trace.output_tokens >= 1)
+    servable = trace.servable
     rows = np.flatnonzero(servable)
     unservable = [(int(r), UNSERVABLE) for r in np.flatnonzero(~servable)]
     return [rows[i::num_replicas] for i in range(num_replicas)], unservable

@@ -149,8 +149,7 @@ def resolve_max_model_len(spec: SimSpec, trace: Trace) -> int:
 
 def over_length(trace: Trace, max_len: int) -> int:
     """Requests whose prompt + output exceed `max_len`: the scheduler rejects them (prompt + max_tokens > limit)."""
-    servable = (trace.prompt_tokens >= 1) & (trace.output_tokens >= 1)
-    return int(np.count_nonzero(servable & (trace.prompt_tokens + trace.output_tokens > max_len)))
+    return int(np.count_nonzero(trace.servable & (trace.prompt_tokens + trace.output_tokens > max_len)))
 
 
 def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheConfig, SchedulerConfig]:
@@ -176,8 +175,7 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
     # The core's own admission rule decides whether the longest prompt could ever be scheduled (a token budget
     # too small with chunked prefill off, a first chunk larger than the watermark leaves).
     # Requests too long for max_len, and failed ones (nothing to serve), are rejected one by one and counted.
-    fits = (trace.prompt_tokens + trace.output_tokens <= max_len) & (trace.prompt_tokens >= 1) & (
-        trace.output_tokens >= 1)
+    fits = (trace.prompt_tokens + trace.output_tokens <= max_len) & trace.servable
     longest_prompt = int(trace.prompt_tokens[fits].max()) if fits.any() else 1
     probe = make_request("longest-prompt", prompt_len=longest_prompt, max_tokens=1)
     reason = Scheduler(cache, sched).rejection_reason(probe)

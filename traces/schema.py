@@ -167,6 +167,11 @@ class Trace:
     def with_columns(self, **changes: object) -> Trace:
         return replace(self, **changes)
 
+    @property
+    def servable(self) -> np.ndarray:
+        """Rows with something to serve: >= 1 prompt and >= 1 output token (a failed request has 0 of either)."""
+        return (self.prompt_tokens >= 1) & (self.output_tokens >= 1)
+
     def records(self) -> Iterator[RequestRecord]:
         for i in range(len(self)):
             yield self.record(i)
