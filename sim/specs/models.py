@@ -34,6 +34,10 @@ class ModelSpec:
     # The context length (HF `max_position_embeddings`): vLLM's default and upper bound for max_model_len.
     # None: not stated (a config.json without it), so only the workload bounds it.
     context_len: int | None = None
+    # Per-layer attention kind, HF's `layer_types` spelling ("full_attention" or "sliding_attention"); None: every
+    # layer attends to the whole context. Sliding layers attend to the last `sliding_window` tokens only.
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None
 
     @property
     def layer_params(self) -> int:
