@@ -132,6 +132,18 @@ def run_parallel(trace: Trace, num_replicas: int, cache: CacheConfig, config: Sc
 
 def worth_parallel(router: str, replicas: int, processes: int, record_tokens: bool, requests: int) -> bool:
     """Whether to split the run: a round robin over several replicas, long enough to pay for the processes."""
-    return (processes > 1 and replicas > 1 and router == "round_robin" and not record_tokens
-            and requests >= MIN_PARALLEL_REQUESTS)
+    return processes > 1 and why_not_parallel(router, replicas, record_tokens, requests) is None
 
+
+def why_not_parallel(router: str, replicas: int, record_tokens: bool, requests: int) -> str | None:
+    """Why a run with several processes asked for runs in one anyway (None: it is split)."""
+    if replicas < 2:
+        return "one replica has nothing to split"
+    if router != "round_robin":
+        return f"the {router} router reads the replicas' state at every arrival; only round_robin is split"
+    if record_tokens:
+        return "every token time is recorded step by step, in one process"
+    if requests < MIN_PARALLEL_REQUESTS:
+        return (f"{requests:,} requests are fewer than the {MIN_PARALLEL_REQUESTS:,} that pay for starting the "
+                "processes")
+    return None

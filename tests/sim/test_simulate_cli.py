@@ -10,6 +10,7 @@ import pytest
 
 from kvplan import traces
 from kvplan.cli import main
+from kvplan.sim.parallel import run_parallel
 from kvplan.sim.run import SimSpec, simulate
 from kvplan.traces import Trace
 
@@ -103,3 +104,25 @@ def test_sink_window_peak_is_checked_against_every_chunk(capsys):
     assert "needs 386 KV blocks at its peak" in capsys.readouterr().err
     assert main([*flags, "--max-num-batched-tokens", "512", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["summary"]["completed"] == 400
+
+
+def test_workers_split_replicas_with_the_same_result(tmp_path, capsys, monkeypatch):
+    import kvplan.sim.run as sim_run
+
+    monkeypatch.setattr("kvplan.sim.parallel.MIN_PARALLEL_REQUESTS", 100)  # the sample is short
+    splits = []
+    monkeypatch.setattr(sim_run, "run_parallel", lambda *a, **k: splits.append(a) or run_parallel(*a, **k))
+    docs = []
+    for workers in ("1", "2"):
+        assert main(["simulate", "--trace", SAMPLE, "--replicas", "3", "--num-blocks", "3000", "--workers", workers,
+                     "--json"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    docs[0]["info"].pop("wall_s"), docs[1]["info"].pop("wall_s")
+    assert docs[0] == docs[1] and len(splits) == 1  # --workers 2 ran the replicas in processes
+
+
+def test_workers_that_cannot_split_say_why(capsys):
+    assert main(["simulate", "--trace", SAMPLE, "--replicas", "2", "--router", "least_outstanding",
+                 "--num-blocks", "3000", "--workers", "2", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "--workers 2: ran in one process: the least_outstanding router reads the replicas' state" in err
