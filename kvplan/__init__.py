@@ -30,4 +30,6 @@ class _CheckoutFinder:
 
 
 if not (_Path(__file__).parent / "engine").is_dir() and (_CheckoutFinder.root / "engine" / "core").is_dir():
-    _sys.meta_path.append(_CheckoutFinder)
+    # First, not last: an editable install of another checkout (a git worktree's venv shared with the main tree)
+    # maps these names too, and would otherwise win over the checkout this package was imported from.
+    _sys.meta_path.insert(0, _CheckoutFinder)
