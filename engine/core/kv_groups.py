@@ -84,6 +84,7 @@ class HybridKVCacheManager:
             for i, g in enumerate(layout.groups)]
         self.sliding = [m for m, g in zip(self.managers, layout.groups, strict=True) if g.sliding]
         self.full = [m for m, g in zip(self.managers, layout.groups, strict=True) if not g.sliding]
+        self._sliding_index = [i for i, g in enumerate(layout.groups) if g.sliding]
         self.window = max((g.sliding_window for g in layout.groups), default=0)
         # vLLM's admission cap of a sliding group: the window, plus what a step may add before it slides
         self.sliding_cap = cdiv(min(self.window - 1 + max_in_flight_tokens, config.max_model_len), bs) + 1
@@ -103,9 +104,10 @@ class HybridKVCacheManager:
     def _tracked(self, g: int, op, *args):
         """Run a group manager's operation, crediting the change in blocks in use to group g: a block changes
         hands between 0 and 1 references only inside its own group's operation (hits are keyed per group)."""
-        before = self.pool.num_used
+        pool = self.pool
+        before = len(pool._empty) + len(pool.policy)  # free blocks (`num_free`, inlined: once per group per step)
         result = op(*args)
-        self.group_used[g] += self.pool.num_used - before
+        self.group_used[g] += before - len(pool._empty) - len(pool.policy)
         return result
 
     def admission_error(self, request: Request, chunk: int) -> str | None:
@@ -194,11 +196,16 @@ class HybridKVCacheManager:
         return need + reserve <= self.pool.num_free
 
     def _trim(self, request: Request) -> None:
-        """Free every sliding group's blocks that fell out of the window (vLLM does it first in `allocate_slots`)."""
-        if request.request_id in self.managers[0].tables:
-            for g, m in enumerate(self.managers):
-                if m.config.windowed:
-                    self._tracked(g, m.release_outside_window, request)
+        """Free every sliding group's blocks that fell out of the window (vLLM does it first in `allocate_slots`).
+        Most steps free nothing (a block leaves a window every b tokens): only a block still held just before the
+        window calls for the release."""
+        rid, bs, computed = request.request_id, self.block_size, request.num_computed_tokens
+        for g in self._sliding_index:
+            m = self.managers[g]
+            table = m.tables[rid]
+            last_gone = (computed - m.config.window_tokens) // bs - 1  # the block that left last, if any
+            if last_gone >= 0 and table[last_gone] is not None:
+                self._tracked(g, m.release_outside_window, request)
 
     def _need(self, request: Request, num_new_tokens: int, hits: GroupHits | None) -> int:
         need = 0
@@ -212,7 +219,11 @@ class HybridKVCacheManager:
                  reserve: int = 0) -> tuple[tuple[int, int], ...] | None:
         """Room for `num_new_tokens` more tokens in every group, or None (changing nothing but the window's
         release) when fewer than `reserve` blocks would remain free."""
-        self._trim(request)
+        tables = self.managers[0].tables.get(request.request_id)
+        if tables is not None:
+            self._trim(request)
+            if all(m._has_room(request, m.tables[request.request_id], num_new_tokens) for m in self.managers):
+                return NO_COPIES  # the common decode step: room left in every group's private last block
         if self.pool.num_free - self._need(request, num_new_tokens, hits) < reserve:
             return None
         if hits:
