@@ -230,8 +230,8 @@ class Replica:
         times (empty when none applies)."""
         sched = self.sched
         running = sched.running
-        if not running or sched.swapped or (len(sched.waiting) and not waiting_head_blocked(sched)):
-            return []  # cheap exits first: an admission or swap-in is due
+        if not running or sched.swapped or sched._windowed or (len(sched.waiting) and not waiting_head_blocked(sched)):
+            return []  # cheap exits first: an admission or swap-in is due, or windows release blocks
         last = running[-1]  # the latest admitted, the likeliest to be still in its prompt
         if last.num_computed_tokens < last.prompt_len + last.num_output_tokens - 1:
             return []

@@ -35,7 +35,7 @@ from dataclasses import fields
 
 from kvplan.engine.core.block_keys import stable_id_hash
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
-from kvplan.engine.core.config import CacheConfig, group_blocks
+from kvplan.engine.core.config import CacheConfig
 from kvplan.engine.core.kv_layout import cdiv
 from kvplan.engine.core.kv_manager import NO_COPIES, KVCacheManager
 from kvplan.engine.core.request import Request
@@ -245,6 +245,8 @@ class HybridKVCacheManager:
         """Whether `allocate` would succeed (nothing changes here): the window's release counted as free."""
         released = 0
         if request.request_id in self.managers[0].tables:
+            if all(m._has_room(request, m.tables[request.request_id], num_new_tokens) for m in self.managers):
+                return True  # `allocate`'s decode step: nothing to allocate, whatever the reserve
             for m in self.sliding:
                 first_visible = max(0, request.num_computed_tokens - m.config.window_tokens) // self.block_size
                 table = m.tables[request.request_id]
@@ -271,12 +273,3 @@ class HybridKVCacheManager:
     def swap_out(self, group: list[Request]) -> None:
         """No CPU pool (vLLM V1 has no swap): the caller recomputes."""
         return None
-
-    # -- reporting -----------------------------------------------------------------------------------------
-    def held_blocks(self, request: Request) -> list[int]:
-        """Blocks group by group the request's tables hold (holes not counted)."""
-        return [sum(1 for b in m.tables.get(request.request_id, ()) if b is not None) for m in self.managers]
-
-    def steady_blocks(self, num_tokens: int) -> list[int]:
-        """Blocks per group one request of `num_tokens` tokens holds while decoding."""
-        return [group_blocks(num_tokens, g.kept_tokens, self.block_size) for g in self.layout.groups]

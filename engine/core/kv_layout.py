@@ -95,11 +95,6 @@ class KVLayout:
     def num_layers(self) -> int:
         return sum(g.num_layers for g in self.groups)
 
-    def order(self) -> list[int]:
-        """Group indices with the full-attention groups first: the order vLLM's coordinator searches prefix hits
-        in (a full hit bounds the sliding one)."""
-        return sorted(range(len(self.groups)), key=lambda i: self.groups[i].sliding)
-
     def num_blocks(self, memory_bytes: float, page_bytes_per_layer: float) -> int:
         """Blocks that fit `memory_bytes`: each block id holds `group_size` layers' pages (vLLM: available memory
         // bytes per block, the largest group's pages)."""
