@@ -19,7 +19,7 @@ for the request as a whole, as vLLM's does:
 * registration, freeing (group by group, each tail first) and forks go to every group.
 
 A sliding group therefore never holds more than cdiv(sliding_window - 1 + chunk, b) + 1 blocks of one request in a
-step of `chunk` new tokens, and cdiv(sliding_window - 1, b) + 2 while decoding (see `tests/core/test_kv_groups.py`).
+step of `chunk` new tokens, so cdiv(sliding_window, b) + 1 while decoding (see `tests/core/test_kv_groups.py`).
 The per-group blocks in use are kept exactly (each group operation's change of the pool's used count), so the
 simulator reports each kind's usage beside the pool's.
 
