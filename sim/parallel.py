@@ -52,6 +52,9 @@ class ReplicaPart:
     num_steps: int
     num_fast_steps: int
     token_times: None = None  # recording token times is step by step, in one process
+    kv_layout: object = None  # a hybrid model's KV cache groups (`Replica.kv_layout`), and its per-kind usage
+    kind_block_seconds: list[float] | None = None
+    kind_peak_blocks: list[int] | None = None
 
     def counters(self) -> dict[str, int]:
         return self.counters_at_end
@@ -106,7 +109,9 @@ def run_replica(share: Trace, names: list[int], index: int, cache: CacheConfig, 
     log.columns["request"] = array("q", (names[r] for r in log.columns["request"]))
     return ReplicaPart(index, replica.block_size, log, replica.series, replica.itl, replica.counters(),
                        [(names[r], reason) for r, reason in replica.rejected], replica.usage_seconds,
-                       replica.peak_usage, replica.sched.stats.num_steps, replica.num_fast_steps)
+                       replica.peak_usage, replica.sched.stats.num_steps, replica.num_fast_steps,
+                       kv_layout=replica.kv_layout, kind_block_seconds=replica.kind_block_seconds,
+                       kind_peak_blocks=replica.kind_peak_blocks)
 
 
 def run_parallel(trace: Trace, num_replicas: int, cache: CacheConfig, config: SchedulerConfig, cost: CostModel,

@@ -63,6 +63,13 @@ class Replica:
         self.clock = 0.0  # exact step-end times, accumulated step by step (env.now may differ in the last ulp)
         self.usage_seconds = 0.0  # ∫ KV block usage dt over busy time
         self.peak_usage = 0.0
+        # A hybrid model's blocks in use per attention kind (its groups' tables): ∫ blocks dt and the peak
+        layout = getattr(cache, "kv_layout", None)
+        self.kv_layout = layout if layout is not None and layout.hybrid else None
+        kinds = [] if self.kv_layout is None else list(dict.fromkeys(g.kind for g in layout.groups))
+        self._kind_of_group = [] if self.kv_layout is None else [kinds.index(g.kind) for g in layout.groups]
+        self.kind_block_seconds = [0.0] * len(kinds)
+        self.kind_peak_blocks = [0] * len(kinds)
         self.num_fast_steps = 0
         self._common_gaps, self._common_gap = 0, 0.0  # see `_gap`
         self._wake: simpy.Event | None = None
@@ -139,6 +146,14 @@ class Replica:
         self.usage_seconds += usage * dt
         if usage > self.peak_usage:
             self.peak_usage = usage
+        if self.kv_layout is not None:  # (never on the fast path: a sliding window keeps a model off it)
+            used = [0] * len(self.kind_peak_blocks)
+            for kind, blocks in zip(self._kind_of_group, self.sched.kv.group_used, strict=True):
+                used[kind] += blocks
+            for kind, blocks in enumerate(used):
+                self.kind_block_seconds[kind] += blocks * dt
+                if blocks > self.kind_peak_blocks[kind]:
+                    self.kind_peak_blocks[kind] = blocks
 
     def _finish_step(self, step, update, end: float) -> None:
         tracks, clock = self.tracks, self.clock
@@ -215,8 +230,8 @@ class Replica:
         times (empty when none applies)."""
         sched = self.sched
         running = sched.running
-        if not running or sched.swapped or (len(sched.waiting) and not waiting_head_blocked(sched)):
-            return []  # cheap exits first: an admission or swap-in is due
+        if not running or sched.swapped or sched._windowed or (len(sched.waiting) and not waiting_head_blocked(sched)):
+            return []  # cheap exits first: an admission or swap-in is due, or windows release blocks
         last = running[-1]  # the latest admitted, the likeliest to be still in its prompt
         if last.num_computed_tokens < last.prompt_len + last.num_output_tokens - 1:
             return []

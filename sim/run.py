@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 
 from kvplan.engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
+from kvplan.engine.core.config import HybridCacheConfig
+from kvplan.engine.core.kv_layout import KVLayout
 from kvplan.engine.core.settings import core_config, options_class
 from kvplan.errors import UserError
 from kvplan.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
@@ -105,7 +107,9 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
             raise UserError(f"--kv-cache-dtype: the profile {profile} states no KV dtype or head_dim to rescale its "
                              f"capacity from; allowed: --num-blocks, or a profile of the model")
         tokens = tokens * engine_kv_row_bytes(measured_dtype, head_dim) // engine_kv_row_bytes(kv_dtype, head_dim)
-    return cost, tokens // spec.block_size
+    layout = model_layout(spec.model)
+    blocks = tokens // spec.block_size
+    return cost, layout.blocks_from_uniform(blocks) if layout is not None else blocks
 
 
 def _head_dim(model: str, meta: dict) -> int | None:
@@ -118,11 +122,30 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
     model, hardware = get_model(spec.model), get_hardware(spec.hardware)
     kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)
     kv_bytes = DTYPE_BYTES[kv_dtype] if kv_dtype is not None else None
-    blocks = kv_capacity_blocks(model, hardware, spec.block_size, kv_dtype_bytes=kv_bytes,
+    layout = model_layout(spec.model)
+    capacity_bytes = kv_bytes
+    if layout is not None:
+        # vLLM's hybrid rule: a block id holds one page of `group_size` layers (one layer of every group), so the
+        # same memory is divided by group_size layers' bytes per token instead of all the model's layers'
+        width = model.dtype_bytes if kv_bytes is None else kv_bytes
+        capacity_bytes = width * layout.group_size / model.num_layers
+    blocks = kv_capacity_blocks(model, hardware, spec.block_size, kv_dtype_bytes=capacity_bytes,
                                 gpu_memory_utilization=spec.gpu_memory_utilization,
                                 max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs)
     cost = AnalyticCost(model, hardware, spec.block_size, kv_bytes, **spec.cost_options)
     return cost, spec.num_blocks if spec.num_blocks is not None else blocks
+
+
+def model_layout(name: str) -> KVLayout | None:
+    """The KV cache groups of a model whose layers mix sliding-window and full attention (its spec's
+    `layer_types`), or None: a uniform model (every layer full, or a label that is no spec) is one group."""
+    if name not in MODELS and not Path(name).exists():
+        return None
+    model = get_model(name)
+    if not model.layer_types:
+        return None
+    layout = KVLayout.from_layer_types(model.layer_types, model.sliding_window)
+    return layout if layout.hybrid else None
 
 
 def model_context(name: str) -> int | None:
@@ -165,8 +188,13 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
                          "activations; allowed: a larger --hardware, a higher --gpu-memory-utilization, or "
                          "--num-blocks")
     sched = core_config(SchedulerConfig, spec)
+    layout = model_layout(spec.model)
     try:
-        cache = core_config(CacheConfig, spec, num_blocks=num_blocks, max_model_len=max_len)
+        if layout is None:
+            cache = core_config(CacheConfig, spec, num_blocks=num_blocks, max_model_len=max_len)
+        else:
+            cache = core_config(HybridCacheConfig, spec, num_blocks=num_blocks, max_model_len=max_len,
+                                kv_layout=layout)
     except ConfigError as exc:
         if str(exc).startswith("cache.num_blocks"):
             raise ConfigError(f"KV capacity of {num_blocks} blocks ({spec.model} on {spec.hardware}, block size "
@@ -259,8 +287,36 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
     info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
             "steps": sum(r.num_steps for r in replicas), "fast_steps": sum(r.num_fast_steps for r in replicas),
             "rejected": len(rejected), "rejected_first": references(cluster.trace, rejected)}
+    groups = kv_groups_info(replicas, num_blocks, duration)
+    if groups is not None:
+        info["kv_groups"] = groups
     tokens = None
     if replicas[0].token_times is not None:
         tokens = {key: times for r in replicas for key, times in r.token_times.items()}
     return ServingResult(summarize(table, cluster.itl(), kv, goodput), table, series, info, tokens,
                      rejected_rows(cluster.trace, rejected))
+
+
+def kv_groups_info(replicas: list, num_blocks: int, duration: float) -> dict | None:
+    """`info["kv_groups"]` of a hybrid model (absent for a uniform one): per attention kind, its groups, layers
+    and window, and the share of the one block pool its groups' tables held - time-weighted over the run (as
+    kv_usage_mean, over every replica) and at the peak step - beside the block count each request of it needs."""
+    layout = replicas[0].kv_layout
+    if layout is None:
+        return None
+    total = num_blocks * duration * len(replicas)
+    out: dict[str, dict] = {}
+    for k, kind in enumerate(kv_kinds(layout)):
+        groups = [g for g in layout.groups if g.kind == kind]
+        seconds = sum(r.kind_block_seconds[k] for r in replicas)
+        peak = max(r.kind_peak_blocks[k] for r in replicas)
+        out[kind] = {"groups": len(groups), "layers": sum(g.num_layers for g in groups),
+                     "sliding_window": groups[0].sliding_window or None, "group_size": layout.group_size,
+                     "usage_mean": seconds / total if total else 0.0, "usage_peak": peak / num_blocks,
+                     "blocks_peak": peak}
+    return out
+
+
+def kv_kinds(layout: KVLayout) -> list[str]:
+    """The layout's attention kinds, in group order (the order `Replica` accounts them in)."""
+    return list(dict.fromkeys(g.kind for g in layout.groups))

@@ -166,15 +166,17 @@ class BlockPool:
         self.policy.on_cached(block)
         return True
 
-    def register_blocks(self, table: list[KVBlock | None], keys: list[int], first: int, end: int) -> None:
-        """`register(table[i], keys[i])` for i in first .. end-1, skipping holes and blocks already keyed."""
+    def register_blocks(self, table: list[KVBlock | None], keys: list[int], first: int, end: int,
+                        salt: int = 0) -> None:
+        """`register(table[i], keys[i] ^ salt)` for i in first .. end-1, skipping holes and blocks already keyed
+        (`salt`: a hybrid layout's group, whose copy of the same tokens is another block)."""
         if not self.enable_caching:
             return
         cached, on_cached = self.cached, self.policy.on_cached
         for i in range(first, end):
             block = table[i]
             if block is not None and block.key is None:
-                key = keys[i]
+                key = keys[i] ^ salt
                 block.key = key
                 if cached.setdefault(key, block) is not block:
                     self.duplicates.setdefault(key, []).append(block)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvplan.engine.core.kv_layout import KVLayout, cdiv
 from kvplan.engine.core.settings import (  # noqa: F401 (the names the core's users import from here)
     ALLOCATORS,
     PREEMPTION_MODES,
@@ -35,7 +36,8 @@ class CacheConfig:
     `allocator="paged"` is PagedAttention-style block allocation; `max`, `pow2` and `oracle` are the contiguous
     reservation baselines of the vLLM paper (reserve the model's max length, the next power of two of the real
     need, or exactly the real need). `sink_tokens`/`window_tokens` > 0 keeps only the attention sinks and a
-    recent window of each request (StreamingLLM); `window_tokens=0` means full attention.
+    recent window of each request (StreamingLLM); `window_tokens=0` means full attention. A model mixing
+    sliding-window and full-attention layers gets a `HybridCacheConfig`, which adds its KV cache groups.
     """
 
     def __post_init__(self) -> None:
@@ -62,8 +64,16 @@ class CacheConfig:
                 f"max_model_len {self.max_model_len} ({need} blocks needed); allowed: num_blocks >= {need}, or a "
                 "smaller cache.max_model_len")
 
+    @property
+    def hybrid(self) -> bool:
+        layout = getattr(self, "kv_layout", None)  # only a HybridCacheConfig has one
+        return layout is not None and layout.hybrid
+
     def blocks_per_request(self, num_tokens: int) -> int:
-        """Blocks one request of `num_tokens` tokens holds once its window has slid (decode steady state)."""
+        """Blocks one request of `num_tokens` tokens holds once its window has slid (decode steady state); for a
+        hybrid layout, summed over its groups."""
+        if self.hybrid:
+            return sum(group_blocks(num_tokens, g.kept_tokens, self.block_size) for g in self.kv_layout.groups)
         blocks = -(-num_tokens // self.block_size)
         if self.window_tokens:
             sink = -(-self.sink_tokens // self.block_size)
@@ -85,16 +95,15 @@ class CacheConfig:
         * s >= s0, clipped (e = n): largest at the first such s (fewer blocks released).
         """
         bs, n = self.block_size, num_positions
+        if self.hybrid:
+            return hybrid_peak_blocks(self.kv_layout, n, chunk, bs)
         if not self.window_tokens or n <= 0:
             return -(-max(n, 0) // bs)
         sink = -(-self.sink_tokens // bs)
         first_release = self.window_tokens + sink * bs  # s0: the first start at which a non-sink block is gone
 
         def held(start: int) -> int:
-            end = min(start + chunk, n)
-            gone = max(0, start - self.window_tokens) // bs  # blocks < gone have left the window
-            blocks = -(-end // bs)
-            return min(sink, blocks) + max(0, blocks - max(sink, gone))
+            return window_held(start, min(start + chunk, n), self.window_tokens, sink, bs)
 
         peak = held(min(first_release, n) - 1)
         steady = range(first_release, min(n - chunk, first_release + bs - 1) + 1)  # empty unless s0 + chunk <= n
@@ -111,6 +120,63 @@ class CacheConfig:
     @property
     def watermark_blocks(self) -> int:
         return int(self.watermark * self.num_blocks)
+
+
+@dataclass(slots=True)
+class HybridCacheConfig(CacheConfig):
+    """A `CacheConfig` plus the model's KV cache groups. `kv_layout` is not a setting: the side building the config
+    derives it from the model's layer kinds. A hybrid layout (sliding-window and full-attention groups) runs vLLM's
+    hybrid allocator (`kv_groups`); None, or a layout of one kind, is the single-group cache."""
+
+    kv_layout: KVLayout | None = None
+
+    def __post_init__(self) -> None:
+        CacheConfig.__post_init__(self)  # (a slots dataclass has no zero-argument super())
+        if self.hybrid:
+            for key, on in (("window_tokens", self.window_tokens), ("num_cpu_blocks", self.num_cpu_blocks),
+                            ("allocator", self.allocator != "paged")):
+                if on:
+                    raise ConfigError(f"cache.{key}: not supported for a model mixing sliding-window and full "
+                                      "attention layers (vLLM's hybrid allocator: paged, its windows from the "
+                                      "model, no swap); allowed: the default")
+
+
+def window_held(start: int, end: int, window: int, sink_blocks: int, bs: int) -> int:
+    """Blocks a sequence holds in a step writing positions [start, end) when it keeps its sink blocks and the
+    `window` tokens before `start` (window 0: every block): released blocks are those wholly before
+    start - window, beyond the sinks."""
+    blocks = cdiv(end, bs)
+    if not window:
+        return blocks
+    gone = max(0, start - window) // bs  # blocks < gone have left the window
+    return min(sink_blocks, blocks) + max(0, blocks - max(sink_blocks, gone))
+
+
+def group_blocks(num_tokens: int, kept_tokens: int, bs: int) -> int:
+    """Blocks a group holds for a request of `num_tokens` tokens once its window has slid: a full group every
+    block, a sliding group at most cdiv(kept, b) + 1 (the window rarely starts on a block boundary)."""
+    blocks = cdiv(num_tokens, bs)
+    return min(blocks, cdiv(kept_tokens, bs) + 1) if kept_tokens else blocks
+
+
+def hybrid_peak_blocks(layout: KVLayout, n: int, chunk: int, bs: int) -> int:
+    """Most blocks one sequence holds, summed over the layout's groups, in any step writing at most `chunk` of
+    positions 0 .. n-1. A sliding group frees what left its window before each step allocates (vLLM's
+    `remove_skipped_blocks`), so a step [s, e) holds cdiv(e, b) - (s - kept) // b of its blocks and a full group
+    cdiv(e, b). While a step is not clipped by the end (s + chunk <= n) every group's count is at least as large
+    b starts later, so the largest is among the last b unclipped starts; clipped steps (e = n) only release
+    more as s grows, so the first clipped start covers them."""
+    if n <= 0:
+        return 0
+    kept = [g.kept_tokens for g in layout.groups]
+
+    def held(start: int) -> int:
+        end = min(start + chunk, n)
+        return sum(window_held(start, end, k, 0, bs) for k in kept)
+
+    starts = set(range(max(0, n - chunk - bs + 1), n - chunk + 1))
+    starts.add(max(0, n - chunk + 1) if chunk < n else 0)
+    return max(held(s) for s in starts if s < n)
 
 
 @dataclass(slots=True)

@@ -44,7 +44,7 @@ def decode_horizon(sched: Scheduler, limit: int) -> int:
     backlog = len(sched.waiting) > 0
     if backlog and not waiting_head_blocked(sched):
         return 0  # an admission is due
-    if sched.cache_config.windowed or len(sched.running) > sched.config.max_num_batched_tokens:
+    if sched._windowed or len(sched.running) > sched.config.max_num_batched_tokens:  # windows release
         return 0
     pool = getattr(sched.kv, "pool", None)
     bs, tables = sched.block_size, sched.kv.tables

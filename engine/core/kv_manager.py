@@ -36,11 +36,16 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, config: CacheConfig) -> None:
+    """The block tables of one KV cache group. Alone it is the whole cache (every layer alike); under the hybrid
+    allocator (`kv_groups`) one manager per group shares the coordinator's `pool`, its prefix-cache keys told
+    apart from the other groups' by `key_salt` (vLLM keys a cached block by hash and group id)."""
+
+    def __init__(self, config: CacheConfig, pool: BlockPool | None = None, key_salt: int = 0) -> None:
         self.config = config
         self.block_size = config.block_size
-        self.pool = BlockPool(config.num_blocks, config.block_size, config.eviction_policy,
-                              config.enable_prefix_caching)
+        self.key_salt = key_salt
+        self.pool = pool if pool is not None else BlockPool(config.num_blocks, config.block_size,
+                                                            config.eviction_policy, config.enable_prefix_caching)
         self.cpu_pool = (BlockPool(config.num_cpu_blocks, config.block_size, "lru", enable_caching=False)
                          if config.num_cpu_blocks else None)
         self.tables: dict[str, list[KVBlock | None]] = {}
@@ -110,7 +115,7 @@ class KVCacheManager:
             return
         request.block_keys.key(full - 1)  # computes every key up to it in one call
         keys = request.block_keys.keys
-        self.pool.register_blocks(self.tables[request.request_id], keys, first, min(full, len(keys)))
+        self.pool.register_blocks(self.tables[request.request_id], keys, first, min(full, len(keys)), self.key_salt)
         request.num_hashed_blocks = full
 
     def unregister_since(self, request: Request, first_block: int) -> None:
@@ -194,12 +199,17 @@ class KVCacheManager:
             tail = table[start // bs]
             if tail is not None and tail.ref_cnt > 1:
                 shared_tail = tail
-        taken_free = sum(1 for b in hits if b.ref_cnt == 0) if hits else 0
+        # a hit's hole (a sliding group's block outside the window, vLLM's null block) takes nothing
+        taken_free = sum(1 for b in hits if b is not None and b.ref_cnt == 0) if hits else 0
         left = self.pool.num_free - taken_free - max(new_blocks, 0) - (shared_tail is not None)
         return start, new_blocks, shared_tail, left
 
     def _take_hits(self, request: Request, hits: list[KVBlock], table: list, ids: list[int]) -> None:
         for block in hits:
+            if block is None:  # outside a sliding group's window: a hole, as the window leaves it
+                table.append(None)
+                ids.append(HOLE)
+                continue
             self.pool.acquire(block)
             table.append(block)
             ids.append(block.block_id)

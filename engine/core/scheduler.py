@@ -45,6 +45,7 @@ from itertools import count
 from kvplan.engine.core.beam_group import BeamGroups
 from kvplan.engine.core.bulk_decode import schedule_decode_prefix
 from kvplan.engine.core.config import CacheConfig, ConfigError, SchedulerConfig
+from kvplan.engine.core.kv_groups import HybridKVCacheManager
 from kvplan.engine.core.kv_manager import KVCacheManager
 from kvplan.engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
 from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput
@@ -59,7 +60,12 @@ RUNNING = RequestStatus.RUNNING
 INF = float("inf")  # no cap
 
 
-def make_kv_manager(config: CacheConfig) -> KVCacheManager | ReservationAllocator:
+def make_kv_manager(config: CacheConfig, max_num_batched_tokens: int = 2048
+                    ) -> KVCacheManager | HybridKVCacheManager | ReservationAllocator:
+    """The cache's manager: paged (one group, or vLLM's hybrid allocator over several), or a reservation one.
+    The token budget bounds what a sliding group holds beyond its window in one step (its admission cap)."""
+    if config.hybrid:
+        return HybridKVCacheManager(config, max_num_batched_tokens)
     return KVCacheManager(config) if config.allocator == "paged" else ReservationAllocator(config)
 
 
@@ -67,7 +73,7 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
     def __init__(self, cache: CacheConfig | None = None, config: SchedulerConfig | None = None) -> None:
         self.cache_config = cache or CacheConfig()
         self.config = config or SchedulerConfig()
-        self.kv = make_kv_manager(self.cache_config)
+        self.kv = make_kv_manager(self.cache_config, self.config.max_num_batched_tokens)
         self.block_size = self.cache_config.block_size
         self.waiting = make_queue(self.config.policy)
         self.running: list[Request] = []
@@ -87,7 +93,8 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         # in steps that start with more than one request (alone, a prefill starves nobody)
         self._long_prefill = self.config.long_prefill_token_threshold or INF
         self._cap = INF
-        self._windowed = self.cache_config.windowed  # only then can update() release blocks mid-request
+        # only then can a request's blocks be released mid-request (and no fast path applies)
+        self._windowed = self.cache_config.windowed or self.cache_config.hybrid
         self._prefill_first = self.config.schedule == "prefill_first"
         self._full_isl = self.config.scheduler_reserve_full_isl
         # Count-only runs (the simulator) may schedule the leading plain decodes in bulk (`bulk_decode`).
@@ -121,9 +128,9 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
                     f"exceeds max_model_len {limit}")
         if request.n > self.config.max_num_seqs:
             return f"n = {request.n} parallel sequences exceed max_num_seqs {self.config.max_num_seqs}"
-        if request.beam and (self.cache_config.windowed or self.cache_config.allocator != "paged"):
+        if request.beam and (self._windowed or self.cache_config.allocator != "paged"):
             return ("beam search shares blocks copy-on-write and keeps every beam's whole history: it needs the "
-                    "paged allocator without a sink+window cache")
+                    "paged allocator without a sink+window cache or sliding-window layers")
         if not self.config.enable_chunked_prefill and request.prompt_len > budget:
             return (f"prompt of {request.prompt_len} tokens exceeds max_num_batched_tokens {budget} and chunked "
                     "prefill is off")

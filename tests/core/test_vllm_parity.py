@@ -2,7 +2,9 @@
 
 Without vLLM the comparison is skipped with the reason; `scripts/vllm_parity.sh` builds a separate environment
 with vLLM's wheel and runs it. `KVPLAN_PARITY_SCENARIOS` (default 20) sets how many seeded scenarios,
-`KVPLAN_PARITY_FIRST_SEED` (default 0) the first seed; the summary line is printed (run with -s to see it).
+`KVPLAN_PARITY_FIRST_SEED` (default 0) the first seed; the summary line is printed (run with -s to see it). The
+same seeds run twice: on a model of full-attention layers only, and on a hybrid one (sliding-window groups beside
+a full-attention group, `make_hybrid_scenario`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tests.core.vllm_parity import (
     describe,
     first_difference,
     kvplan_finishes_everything,
+    make_hybrid_scenario,
     make_scenario,
     run_side,
     vllm_version,
@@ -67,13 +70,34 @@ def test_scenarios_are_seeded_and_exercise_what_parity_is_about():
     assert same_step_hits and chunked, (same_step_hits, chunked)
 
 
+def test_hybrid_scenarios_exercise_the_sliding_groups():
+    """The hybrid generator alone: kvplan finishes every request, and the batch preempts and hits."""
+    tally = Tally()
+    for seed in range(8):
+        scenario = make_hybrid_scenario(seed)
+        records = run_side(KvplanSide(scenario), scenario)
+        assert kvplan_finishes_everything(records, scenario), describe(scenario)
+        tally.add(records)
+    assert tally.scenarios_preempting >= 1 and tally.scenarios_hitting >= 4, tally.line()
+
+
 def test_scenarios_identical_to_vllm():
+    compare_with_vllm(make_scenario, "")
+
+
+def test_hybrid_scenarios_identical_to_vllm():
+    """Sliding-window and full-attention groups: kvplan's hybrid allocator against vLLM's
+    `HybridKVCacheCoordinator` (its dense prefix-cache retention)."""
+    compare_with_vllm(make_hybrid_scenario, "hybrid ")
+
+
+def compare_with_vllm(make, label: str) -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed here; scripts/vllm_parity.sh builds an environment "
                                        "with its wheel and runs this comparison")
     tally, failures = Tally(), []
     seeds = _seeds()
     for seed in seeds:
-        scenario = make_scenario(seed)
+        scenario = make(seed)
         ours = run_side(KvplanSide(scenario), scenario)
         theirs = run_side(VllmSide(scenario), scenario)
         difference = first_difference(ours, theirs)
@@ -82,11 +106,11 @@ def test_scenarios_identical_to_vllm():
         else:
             tally.add(ours)
     verdict = "identical" if not failures else f"{len(failures)} differ"
-    line = f"vLLM {vllm_version()}: {len(seeds)} scenarios (seeds {seeds.start}-{seeds.stop - 1}), {verdict}; " \
-           f"identical ones: {tally.line()}"
+    line = f"vLLM {vllm_version()}: {len(seeds)} {label}scenarios (seeds {seeds.start}-{seeds.stop - 1}), " \
+           f"{verdict}; identical ones: {tally.line()}"
     print(f"\nparity: {line}")
     report = os.environ.get("KVPLAN_PARITY_REPORT")
     if report:
-        with open(report, "w") as f:
+        with open(report, "a") as f:  # both comparisons' lines
             f.write(line + "\n" + "\n".join(failures) + ("\n" if failures else ""))
     assert not failures, f"{len(failures)} of {len(seeds)} scenarios differ from vLLM:\n" + "\n".join(failures[:5])

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
+from kvplan.engine.core.config import HybridCacheConfig
+from kvplan.engine.core.kv_layout import FULL, SLIDING, KVGroup, KVLayout
 
 VOCAB = 1000
 
@@ -57,6 +59,10 @@ class Scenario:
     max_model_len: int
     long_prefill_token_threshold: int = 0
     arrivals: list[Arrival] = field(default_factory=list)
+    # A hybrid model: `sliding_groups` KV cache groups of sliding-window layers (window `sliding_window`) and one
+    # full-attention group (vLLM's hybrid allocator); 0: every layer full attention, one group.
+    sliding_window: int = 0
+    sliding_groups: int = 0
 
 
 def watermark_fraction(blocks: int, pool_blocks: int) -> float:
@@ -122,12 +128,37 @@ def make_scenario(seed: int) -> Scenario:
     return scenario
 
 
+def make_hybrid_scenario(seed: int) -> Scenario:
+    """`make_scenario(seed)`'s requests and settings on a hybrid model: 1-3 sliding groups with a window of 2 to
+    64 tokens beside one full group, the pool sized so that every request fits alone (kvplan's admission rule)."""
+    s = make_scenario(seed)
+    rng = random.Random(seed * 104729 + 3)
+    s.sliding_window, s.sliding_groups = rng.randint(2, 64), rng.randint(1, 3)
+    floor = hybrid_cache(s, 10**6).peak_blocks(s.max_model_len - 1, s.max_num_batched_tokens)
+    s.num_blocks = floor + rng.randint(0, 3 * floor)
+    s.watermark_blocks = int(s.watermark_blocks and rng.choice((0.0, 0.01, 0.05)) * s.num_blocks)
+    return s
+
+
+def hybrid_layout(s: Scenario) -> KVLayout:
+    groups = (KVGroup(SLIDING, 1, s.sliding_window),) * s.sliding_groups + (KVGroup(FULL, 1),)
+    return KVLayout(groups, 1)
+
+
+def hybrid_cache(s: Scenario, num_blocks: int) -> HybridCacheConfig:
+    return HybridCacheConfig(block_size=s.block_size, num_blocks=num_blocks, max_model_len=s.max_model_len,
+                             enable_prefix_caching=s.enable_prefix_caching,
+                             watermark=watermark_fraction(s.watermark_blocks, num_blocks), kv_layout=hybrid_layout(s))
+
+
 def describe(s: Scenario) -> str:
     return (f"seed {s.seed}: block {s.block_size}, {s.num_blocks} blocks, budget {s.max_num_batched_tokens}, "
             f"max_num_seqs {s.max_num_seqs}, chunked {s.enable_chunked_prefill}, prefix caching "
             f"{s.enable_prefix_caching}, watermark {s.watermark_blocks} blocks, reserve_full_isl {s.reserve_full_isl}, "
             f"max_model_len {s.max_model_len}, long_prefill_token_threshold {s.long_prefill_token_threshold}, "
-            f"{len(s.arrivals)} requests")
+            f"{len(s.arrivals)} requests"
+            + (f", {s.sliding_groups} sliding groups of window {s.sliding_window} + 1 full" if s.sliding_window
+               else ""))
 
 
 # -- the kvplan side -----------------------------------------------------------------------------------------
@@ -136,6 +167,8 @@ class KvplanSide:
         cache = CacheConfig(block_size=s.block_size, num_blocks=s.num_blocks,
                             enable_prefix_caching=s.enable_prefix_caching, max_model_len=s.max_model_len,
                             watermark=watermark_fraction(s.watermark_blocks, s.num_blocks))
+        if s.sliding_window:
+            cache = hybrid_cache(s, s.num_blocks)
         config = SchedulerConfig(max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
                                  enable_chunked_prefill=s.enable_chunked_prefill,
                                  scheduler_reserve_full_isl=s.reserve_full_isl,
@@ -200,7 +233,7 @@ class VllmSide:
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler as VScheduler
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
         from vllm.v1.structured_output import StructuredOutputManager
 
         model = ModelConfig(model=_model_dir(), skip_tokenizer_init=True, max_model_len=s.max_model_len,
@@ -223,9 +256,14 @@ class VllmSide:
         if actual != wanted:
             raise AssertionError(f"vLLM changed the configuration: {actual} != {wanted}")
         config.cache_config.num_gpu_blocks = num_blocks
-        kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-            KVCacheGroupSpec(["layer.0"], FullAttentionSpec(block_size=s.block_size, num_kv_heads=1, head_size=8,
-                                                            dtype=torch.float32))])
+        shape = dict(block_size=s.block_size, num_kv_heads=1, head_size=8, dtype=torch.float32)
+        # kvplan's group order (the kinds as they first appear: sliding layers first); prefix-cache retention
+        # dense (None), as kvplan models it
+        groups = [KVCacheGroupSpec([f"layer.{i}"], SlidingWindowSpec(sliding_window=s.sliding_window, **shape))
+                  for i in range(s.sliding_groups)]
+        groups.append(KVCacheGroupSpec([f"layer.{s.sliding_groups}"], FullAttentionSpec(**shape)))
+        kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+                                  prefix_cache_retention_interval=None)
         self.sched = VScheduler(vllm_config=config, kv_cache_config=kv_config,
                                 structured_output_manager=StructuredOutputManager(config),
                                 block_size=s.block_size, log_stats=False)

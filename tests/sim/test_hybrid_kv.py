@@ -1,0 +1,76 @@
+"""The simulator on a model mixing sliding-window and full-attention layers: the KV cache groups come from the
+model spec, the block count follows vLLM's hybrid rule, and the run reports each kind's share of the pool."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvplan.sim.cost.analytic import kv_capacity_blocks
+from kvplan.sim.run import SimSpec, build_configs, build_cost, model_layout, simulate
+from kvplan.sim.specs.hardware import get_hardware
+from kvplan.sim.specs.models import MODELS, ModelSpec
+from tests.sim.helpers import random_trace
+
+KINDS = tuple(("sliding_attention",) * 5 + ("full_attention",)) * 10 + ("sliding_attention",) * 2
+SHAPE = dict(num_layers=62, hidden_size=5376, num_heads=32, num_kv_heads=16, head_dim=128, intermediate_size=21504,
+             vocab_size=262208, context_len=131072)
+
+
+@pytest.fixture
+def gemma_like(monkeypatch):
+    """A Gemma-3-27B-shaped spec (5 sliding layers of window 1024, then 1 full, 62 layers) and its all-full twin,
+    as built-in models for the test's duration."""
+    monkeypatch.setitem(MODELS, "test-hybrid", ModelSpec("test-hybrid", layer_types=KINDS, sliding_window=1024,
+                                                         **SHAPE))
+    monkeypatch.setitem(MODELS, "test-uniform", ModelSpec("test-uniform", **SHAPE))
+    return "test-hybrid", "test-uniform"
+
+
+def test_block_count_is_memory_over_ten_layer_blocks(gemma_like):
+    hybrid, uniform = gemma_like
+    assert model_layout(uniform) is None
+    layout = model_layout(hybrid)
+    assert layout.group_size == 10 and len(layout.groups) == 7
+    _, blocks = build_cost(SimSpec(model=hybrid, hardware="h200"))
+    _, uniform_blocks = build_cost(SimSpec(model=uniform, hardware="h200"))
+    # the same memory B: floor(B / (62 layers' bytes per block)) uniform, floor(B / (10 layers')) hybrid
+    assert uniform_blocks * 62 // 10 <= blocks < (uniform_blocks + 1) * 62 / 10
+    model, hardware = MODELS[uniform], get_hardware("h200")
+    per_layer_block = 2 * 16 * 128 * 2 * 16  # K and V of 16 heads x 128 dims in fp16, 16 tokens
+    budget = uniform_blocks * 62 * per_layer_block  # at least this much memory was left for the KV cache
+    assert blocks >= budget // (10 * per_layer_block)
+    assert kv_capacity_blocks(model, hardware, 16) == uniform_blocks
+
+
+def test_simulate_reports_both_budgets(gemma_like):
+    hybrid, uniform = gemma_like
+    trace = random_trace(1, 60, rate=4.0, prompt=(200, 3000), output=(20, 200))
+    spec = SimSpec(model=hybrid, hardware="h200", num_blocks=3000)
+    cache, _ = build_configs(spec, trace, 3000)
+    assert cache.hybrid and cache.kv_layout.group_size == 10
+    result = simulate(trace, spec)
+    groups = result.info["kv_groups"]
+    assert set(groups) == {"sliding_attention", "full_attention"}
+    sliding, full = groups["sliding_attention"], groups["full_attention"]
+    assert (sliding["groups"], sliding["layers"], sliding["sliding_window"]) == (6, 52, 1024)
+    assert (full["groups"], full["layers"], full["sliding_window"]) == (1, 10, None)
+    # the kinds' tables hold every block in use: their shares add up to the pool's usage
+    assert sliding["usage_mean"] + full["usage_mean"] == pytest.approx(result.summary["kv_usage_mean"], rel=1e-9)
+    assert max(sliding["usage_peak"], full["usage_peak"]) <= result.summary["kv_usage_peak"] <= \
+        sliding["usage_peak"] + full["usage_peak"]
+    assert full["blocks_peak"] == round(full["usage_peak"] * 3000)
+    assert result.summary["completed"] == 60
+    plain = simulate(trace, SimSpec(model=uniform, hardware="h200", num_blocks=3000))
+    assert "kv_groups" not in plain.info
+
+
+def test_a_window_bounds_what_sliding_groups_hold(gemma_like):
+    """One 8,000-token prompt in steps of 2,048: the full group ends holding its whole context; a sliding group
+    holds at most 65 blocks decoding (cdiv(1024, 16) + 1), and peaks in the prefill steps [2048, 4096) and
+    [4096, 6144): cdiv(4096, 16) - (2048 - 1023) // 16 = 256 - 64 = 192 blocks, so 6 x 192 for the six groups."""
+    hybrid, _ = gemma_like
+    trace = random_trace(2, 1, prompt=(8000, 8000), output=(100, 100))
+    result = simulate(trace, SimSpec(model=hybrid, hardware="h200", num_blocks=4000))
+    groups = result.info["kv_groups"]
+    assert groups["full_attention"]["blocks_peak"] == -(-8100 // 16)  # 507: every block of 8,099 positions
+    assert groups["sliding_attention"]["blocks_peak"] == 6 * 192
