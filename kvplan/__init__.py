@@ -30,4 +30,6 @@ class _CheckoutFinder:
 
 
 if not (_Path(__file__).parent / "engine").is_dir() and (_CheckoutFinder.root / "engine" / "core").is_dir():
-    _sys.meta_path.append(_CheckoutFinder)
+    # first, so that a checkout's subsystems win over an editable install of another checkout (a git worktree
+    # run with PYTHONPATH=<worktree> beside the main checkout's install would otherwise import the main `sim`)
+    _sys.meta_path.insert(0, _CheckoutFinder)
