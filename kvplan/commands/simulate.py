@@ -96,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
         print_notes(notes)  # stderr: stdout stays one strict JSON object
         print_json({**runs[0], "notes": notes} if len(runs) == 1 else {"runs": runs, "notes": notes})
         return 0
-    print(f"{args.trace}: {len(trace)} requests on {args.replicas} x {args.model} / {args.hardware} "
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    shape = f" at TP {tp} x PP {pp} ({args.replicas * tp * pp} GPUs in all)" if tp * pp > 1 else ""
+    print(f"{args.trace}: {len(trace)} requests on {args.replicas} x {args.model} / {args.hardware}{shape} "
           f"({args.cost} cost, router {args.router}, eviction {args.eviction_policy}, "
           f"preemption {args.preemption_mode})\n")
     rows = [[{**r["summary"], **r["info"]}[key] for _, key in TABLE] for r in runs]
