@@ -285,6 +285,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        "take their positions within the cache (shifted, StreamingLLM; RoPE models, torch/cpu attention)",
        sides=ENGINE, choices=POSITION_MODES),
 )}
+# The replica's deployment shape: the simulator prices it, the live engine (one device) refuses anything but 1.
+SHAPE_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")
 KEY_ALIASES = {key: s.name for s in SETTINGS.values() for key in s.keys}
 
 

@@ -211,3 +211,12 @@ def test_every_side_refuses_a_bad_value_with_the_same_message(name, tmp_path):
                 flag_type(s)(str(value))
             tails["flag"] = str(flag.value)
         assert len(set(tails.values())) == 1, (value, tails)
+
+
+def test_the_live_engine_refuses_a_shape_it_cannot_run():
+    from kvplan.engine.options import engine_options
+
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size: 2: the live engine runs one model instance on one "
+                                         r"device; allowed: 1 \(kvplan simulate --tensor-parallel-size prices it\)"):
+        engine_options({"tensor_parallel_size": 2})
+    assert engine_options({"pipeline_parallel_size": 1}) == engine_options({})

@@ -213,3 +213,4 @@ def test_config_json_it_cannot_price_is_one_line_naming_the_key(tmp_path, keys, 
     with pytest.raises(UserError, match=message) as info:
         get_model(_config(tmp_path, **keys))
     assert "\n" not in str(info.value)
+
