@@ -37,7 +37,10 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--clip-context", nargs="?", type=integer(2, MAX_TOKENS), const=0, default=None, metavar="TOKENS",
                    help="clip requests to TOKENS (default: max_model_len) instead of rejecting those beyond it")
     p.add_argument("--seed", type=SEED, default=0, help="seed for --rate / --retime arrivals (default 0)")
-    p.add_argument("--model", default="llama-3-8b", help="built-in model spec or a path to an HF config.json")
+    from kvplan.sim.specs.models import MODELS
+
+    p.add_argument("--model", default="llama-3-8b", help="a built-in model spec (" + ", ".join(sorted(MODELS))
+                   + ") or a path to an HF config.json")
     p.add_argument("--hardware", default="h100-sxm",
                    help="built-in hardware (a100-40gb, h100-sxm, l4, ...), or cpu-local: this kind of 2-core CPU "
                         "through the shipped calibrated profile of --model (llama-100m, smollm2-135m)")

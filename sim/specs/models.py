@@ -103,6 +103,16 @@ def engine_kv_row_bytes(dtype: str, head_dim: int) -> int:
     return DTYPE_BYTES[dtype] * head_dim + (ENGINE_SCALE_BYTES if dtype in QUANTIZED_KV else 0)
 
 
+def allowed_models(name: str = "") -> str:
+    """What --model allows, short enough for one error line: the closest built-in names, how many there are and
+    where they are all listed."""
+    from difflib import get_close_matches
+
+    close = get_close_matches(name, list(MODELS), n=3, cutoff=0.5) or ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3"]
+    return (f"a built-in model ({', '.join(close)}, ... {len(MODELS)} in all: `kvplan simulate --help` lists them), "
+            "or a path to an HF config.json")
+
+
 def get_model(name: str) -> ModelSpec:
     """A built-in spec by name, or the spec read from a path to an HF config.json (or its directory)."""
     if name in MODELS:
@@ -112,8 +122,7 @@ def get_model(name: str) -> ModelSpec:
         path.stat()
     except OSError as exc:  # a 5,000-character name: ENAMETOOLONG, which is_dir() raises instead of answering
         if exc.errno == errno.ENAMETOOLONG:
-            raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {', '.join(sorted(MODELS))}, "
-                            "or a path to an HF config.json") from None
+            raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {allowed_models()}") from None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(f"--model: {path}: a directory without config.json; allowed: a model directory "
@@ -121,10 +130,8 @@ def get_model(name: str) -> ModelSpec:
         path = path / "config.json"
     if path.suffix == ".json":
         if not path.exists():  # a ValueError like an unknown name: a calibrated run may name the model as a label
-            raise UserError(f"--model: {path}: no such file; allowed: {', '.join(sorted(MODELS))}, "
-                             "or a path to an HF config.json")
+            raise UserError(f"--model: {path}: no such file; allowed: {allowed_models(path.stem)}")
         return from_hf_config(path)
-    raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {', '.join(sorted(MODELS))}, "
-                     "or a path to an HF config.json")
+    raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {allowed_models(name)}")
 
 
