@@ -119,11 +119,11 @@ def moe_activation_width(model: ModelSpec) -> int:
     return max(experts, model.intermediate_size if model.dense_layers else 0)
 
 
-def _min(a, b):
-    return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
+def _clip(a, low: int, high: int):
+    return np.clip(a, low, high) if isinstance(a, np.ndarray) else min(max(a, low), high)
 
 
 def micro_batches(num_requests, pp: int):
     """Micro-batches a PP step's batch is cut into: pp (vLLM keeps pp batches in flight), fewer when fewer
-    requests run (a request is never split)."""
-    return _min(num_requests, pp)
+    requests run (a request is never split); one for a stretch's steps after every request finished."""
+    return _clip(num_requests, 1, pp)

@@ -214,3 +214,23 @@ def test_config_json_it_cannot_price_is_one_line_naming_the_key(tmp_path, keys, 
         get_model(_config(tmp_path, **keys))
     assert "\n" not in str(info.value)
 
+
+
+@pytest.mark.parametrize("spec", [dict(model="qwen3-30b-a3b", tensor_parallel_size=2, enable_expert_parallel=True),
+                                  dict(model="deepseek-v2-lite", pipeline_parallel_size=2),
+                                  dict(model="llama-3.1-405b", tensor_parallel_size=8, pipeline_parallel_size=2)])
+def test_a_shape_prices_a_stretch_as_its_steps_and_the_fast_path_agrees(spec):
+    from kvplan.sim.cost.features import FEATURE_NAMES
+    from kvplan.sim.run import simulate
+    from kvplan.traces import Trace
+
+    cost, _ = build_cost(SimSpec(hardware="h100-sxm", **spec))
+    rng = np.random.default_rng(0)
+    f = decode_stretch_features(rng.integers(10, 5000, 50), rng.integers(1, 40, 50), 40, 16)  # some steps empty
+    steps = [StepFeatures(*(int(v[j]) if isinstance(v, np.ndarray) else v for v in
+                            (getattr(f, n) for n in FEATURE_NAMES))) for j in range(40)]
+    assert list(cost.step_times(f)) == [cost.step_times(s) for s in steps]  # bit-identical
+    trace = Trace.build(np.arange(12) * 0.05, rng.integers(50, 900, 12), rng.integers(5, 60, 12))
+    fast, slow = (simulate(trace, SimSpec(hardware="h100-sxm", num_blocks=400, fast_path=p, **spec)) for p in
+                  (True, False))
+    assert fast.requests.equals(slow.requests)
