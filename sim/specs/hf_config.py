@@ -148,13 +148,14 @@ def _moe(path: Path, cfg: dict, layers: int, inter: int) -> dict:
     if dense > layers:
         raise UserError(f"{path}: first_k_dense_replace: {dense} exceeds num_hidden_layers {layers}; allowed: 0 "
                          f"to {layers}")
-    step = cfg.get("decoder_sparse_step", 1)
-    only = cfg.get("mlp_only_layers") or []
-    if step != 1 or only:  # dense layers between MoE layers: the leading-dense-layers shape does not hold
-        key, value = ("decoder_sparse_step", step) if step != 1 else ("mlp_only_layers", only)
+    interleaved = [(k, cfg[k]) for k in ("decoder_sparse_step", "moe_layer_freq") if cfg.get(k) not in (None, 1)]
+    if cfg.get("mlp_only_layers"):
+        interleaved.append(("mlp_only_layers", cfg["mlp_only_layers"]))
+    if interleaved:  # dense layers between MoE layers: the leading-dense-layers shape does not hold
+        key, value = interleaved[0]
         raise UserError(f"{path}: {key}: {shown(value)}: dense layers between MoE layers, which kvplan cannot "
-                         "price; allowed: decoder_sparse_step 1 and no mlp_only_layers (leading dense layers: "
-                         "first_k_dense_replace)")
+                         "price; allowed: decoder_sparse_step / moe_layer_freq 1 and no mlp_only_layers (leading "
+                         "dense layers: first_k_dense_replace)")
     return {"num_experts": experts, "experts_per_token": per_token, "shared_experts": shared,
             "moe_intermediate_size": width, "dense_layers": dense}
 
