@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from kvplan.engine.core.settings import canonical, options_class
+from kvplan.engine.core.settings import SETTINGS, SHAPE_SETTINGS, canonical, options_class
+from kvplan.errors import ConfigError
 
 
 def _option_names(cls: type) -> tuple[str, ...]:
@@ -28,5 +29,11 @@ def engine_options(settings: dict) -> EngineOptions:
         name = canonical(key)
         if name in out:
             raise TypeError(f"{key}: given twice (also as {name})")
+        if name in SHAPE_SETTINGS:  # a deployment shape only the simulator prices
+            setting = SETTINGS[name]
+            if value == setting.default:
+                continue
+            raise ConfigError(f"{key}: {value!r}: the live engine runs one model instance on one device; allowed: "
+                              f"{setting.default!r} (kvplan simulate --{name.replace('_', '-')} prices it)")
         out[name] = value
     return EngineOptions(**out)

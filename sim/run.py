@@ -20,13 +20,14 @@ from kvplan.sim.cluster import Cluster
 from kvplan.sim.cost import CostModel, StepFeatures
 from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from kvplan.sim.cost.calibrated import load_profile
+from kvplan.sim.cost.parallel import Shape, check_shape, tp_choices, weight_bytes_per_rank
 from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
 from kvplan.sim.metrics import kv_summary, summarize
 from kvplan.sim.parallel import MergedCluster, run_parallel, worth_parallel
 from kvplan.sim.rejections import references, rejected_rows
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
-from kvplan.sim.specs.hardware import get_hardware
+from kvplan.sim.specs.hardware import GIB, get_hardware
 from kvplan.sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model, sim_kv_dtype
 from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
 from kvplan.traces import Trace
@@ -70,6 +71,10 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
             cost_name = "calibrated"
         if cost_name == "calibrated" and profile is None:
             profile = str(shipped_profile(spec.model, spec.hardware))
+    if cost_name != "analytic" and replica_shape(spec).gpus > 1:
+        raise UserError(f"--tensor-parallel-size / --pipeline-parallel-size: {spec.tensor_parallel_size} x "
+                         f"{spec.pipeline_parallel_size}: the {cost_name} cost model was measured on one device; "
+                         "allowed: 1 x 1, or --cost analytic on a GPU --hardware")
     if cost_name == "analytic":
         if profile is not None:  # it would be ignored: the numbers would not be the profile's
             raise UserError(f"--profile {short_repr(str(profile))}: the analytic cost model reads no profile; "
@@ -120,6 +125,8 @@ def _head_dim(model: str, meta: dict) -> int | None:
 
 def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
     model, hardware = get_model(spec.model), get_hardware(spec.hardware)
+    shape = replica_shape(spec)
+    check_shape(model, hardware, shape)
     kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)
     kv_bytes = DTYPE_BYTES[kv_dtype] if kv_dtype is not None else None
     layout = model_layout(spec.model)
@@ -131,8 +138,11 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
         capacity_bytes = width * layout.group_size / model.num_layers
     blocks = kv_capacity_blocks(model, hardware, spec.block_size, kv_dtype_bytes=capacity_bytes,
                                 gpu_memory_utilization=spec.gpu_memory_utilization,
-                                max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs)
-    cost = AnalyticCost(model, hardware, spec.block_size, kv_bytes, **spec.cost_options)
+                                max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs,
+                                shape=shape)
+    if blocks < 1 and spec.num_blocks is None:
+        raise UserError(no_fit_message(spec, model, hardware, shape, kv_bytes))
+    cost = AnalyticCost(model, hardware, spec.block_size, kv_bytes, **spec.cost_options, shape=shape)
     return cost, spec.num_blocks if spec.num_blocks is not None else blocks
 
 
@@ -146,6 +156,29 @@ def model_layout(name: str) -> KVLayout | None:
         return None
     layout = KVLayout.from_layer_types(model.layer_types, model.sliding_window)
     return layout if layout.hybrid else None
+
+
+def replica_shape(spec: SimSpec) -> Shape:
+    return Shape(spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.enable_expert_parallel)
+
+
+def no_fit_message(spec: SimSpec, model, hardware, shape: Shape, kv_bytes: float | None) -> str:
+    """Why nothing is left for the KV cache, and the smallest tensor-parallel degree (at this PP) that leaves
+    some - or that no shape of one node does."""
+    weights = weight_bytes_per_rank(model, shape)
+    usable = hardware.memory_bytes * spec.gpu_memory_utilization
+    where = f"{spec.model} on {spec.hardware} at TP {shape.tp} x PP {shape.pp}"
+    why = "no memory left for the KV cache " + (
+        f"(the weights alone need {weights / GIB:.1f} GiB per GPU of the {usable / GIB:.1f} GiB usable)"
+        if weights >= usable else "after the weights and activations")
+    fits = [tp for tp in tp_choices(model, hardware) if tp > shape.tp and kv_capacity_blocks(
+        model, hardware, spec.block_size, kv_dtype_bytes=kv_bytes, gpu_memory_utilization=spec.gpu_memory_utilization,
+        max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs,
+        shape=Shape(tp, shape.pp, shape.expert_parallel)) >= 1]
+    hint = (f"it fits at --tensor-parallel-size {fits[0]} ({fits[0] * shape.pp} GPUs per replica)" if fits else
+            f"no tensor-parallel degree of one {hardware.gpus_per_node}-GPU node fits it at PP {shape.pp}")
+    return (f"{where}: {why}; {hint}; allowed: a larger --tensor-parallel-size or --pipeline-parallel-size, a "
+            "larger --hardware, a higher --gpu-memory-utilization, or --num-blocks")
 
 
 def model_context(name: str) -> int | None:

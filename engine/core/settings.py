@@ -209,6 +209,8 @@ def _s(name: str, kind: str, default: object, help: str, **kw: object) -> Settin
 
 
 CORE_SIM, ENGINE, ENGINE_SIM = frozenset({"core", "sim"}), frozenset({"engine"}), frozenset({"engine", "sim"})
+SIM = frozenset({"sim"})
+MAX_PARALLEL = 64  # GPUs of one replica: 8 nodes of 8 (the largest single-model deployments published)
 
 PER_BLOCK = "one object per KV block: more would exhaust memory"
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
@@ -270,10 +272,21 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
              "on CPU 64 MiB"),
     _s("swap_space", "bytes", 64 << 20, "bytes of CPU swap space (preemption_mode: swap)", sides=ENGINE),
     _s("dtype", "choice", "bfloat16", "model weights and activations", sides=ENGINE, choices=MODEL_DTYPES),
+    # --- the deployment shape of one replica (the simulator's cost model; the live engine runs one device) ---
+    _s("tensor_parallel_size", "int", 1, "GPUs one replica's layers are split across (weights and KV heads "
+       "sharded; two all-reduces per layer)", sides=SIM, minimum=1, maximum=MAX_PARALLEL,
+       why="GPUs of one replica"),
+    _s("pipeline_parallel_size", "int", 1, "pipeline stages one replica's layers are split into (each stage on "
+       "its own tensor-parallel group; activations sent between stages)", sides=SIM, minimum=1,
+       maximum=MAX_PARALLEL, why="GPUs of one replica"),
+    _s("enable_expert_parallel", "bool", False, "MoE models: place whole experts on the tensor-parallel ranks "
+       "(an all-to-all dispatch and combine per MoE layer) instead of sharding every expert", sides=SIM),
     _s("position_mode", "choice", "original", "with a window: retained tokens keep their positions (original), or "
        "take their positions within the cache (shifted, StreamingLLM; RoPE models, torch/cpu attention)",
        sides=ENGINE, choices=POSITION_MODES),
 )}
+# The replica's deployment shape: the simulator prices it, the live engine (one device) refuses anything but 1.
+SHAPE_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")
 KEY_ALIASES = {key: s.name for s in SETTINGS.values() for key in s.keys}
 
 

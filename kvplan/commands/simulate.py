@@ -37,7 +37,10 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--clip-context", nargs="?", type=integer(2, MAX_TOKENS), const=0, default=None, metavar="TOKENS",
                    help="clip requests to TOKENS (default: max_model_len) instead of rejecting those beyond it")
     p.add_argument("--seed", type=SEED, default=0, help="seed for --rate / --retime arrivals (default 0)")
-    p.add_argument("--model", default="llama-3-8b", help="built-in model spec or a path to an HF config.json")
+    from kvplan.sim.specs.models import MODELS
+
+    p.add_argument("--model", default="llama-3-8b", help="a built-in model spec (" + ", ".join(sorted(MODELS))
+                   + ") or a path to an HF config.json")
     p.add_argument("--hardware", default="h100-sxm",
                    help="built-in hardware (a100-40gb, h100-sxm, l4, ...), or cpu-local: this kind of 2-core CPU "
                         "through the shipped calibrated profile of --model (llama-100m, smollm2-135m)")
@@ -105,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
         print_notes(notes)  # stderr: stdout stays one strict JSON object
         print_json({**runs[0], "notes": notes} if len(runs) == 1 else {"runs": runs, "notes": notes})
         return 0
-    print(f"{args.trace}: {len(trace)} requests on {args.replicas} x {args.model} / {args.hardware} "
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    shape = f" at TP {tp} x PP {pp} ({args.replicas * tp * pp} GPUs in all)" if tp * pp > 1 else ""
+    print(f"{args.trace}: {len(trace)} requests on {args.replicas} x {args.model} / {args.hardware}{shape} "
           f"({args.cost} cost, router {args.router}, eviction {args.eviction_policy}, "
           f"preemption {args.preemption_mode})\n")
     rows = [[{**r["summary"], **r["info"]}[key] for _, key in TABLE] for r in runs]

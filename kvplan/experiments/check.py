@@ -32,7 +32,7 @@ def resolve_trace(value: str, base_dir: Path) -> str:
 
 
 def resolve_model(value: str, where: str, base_dir: Path) -> str:
-    from kvplan.sim.specs.models import MODELS, get_model
+    from kvplan.sim.specs.models import MODELS, allowed_models, get_model
 
     if value in MODELS:
         return value
@@ -41,7 +41,7 @@ def resolve_model(value: str, where: str, base_dir: Path) -> str:
         from kvplan.experiments.fields import did_you_mean
 
         raise SchemaError(f"{where}: unknown model {value!r}; {did_you_mean(value, MODELS)}allowed: "
-                          f"{', '.join(sorted(MODELS))}, or a path to an HF config.json")
+                          f"{allowed_models(value)}")
     try:
         get_model(str(path))
     except ValueError as exc:

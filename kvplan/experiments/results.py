@@ -117,6 +117,11 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
             row["probes"] = sum(len(t.probes) for t in tasks)
             row["capacity_rps"] = row["request_throughput"]  # sustained: completions per second of window
             row["capacity_tok_s"] = row["total_token_throughput"]
+            if exp.search["target"] == "min_replicas":  # what the answer costs: every replica's GPUs
+                engine = first.config.get("engine", {})
+                row["gpus_per_replica"] = engine.get("tensor_parallel_size", 1) * \
+                    engine.get("pipeline_parallel_size", 1)
+                row["gpus"] = row["answer"] * row["gpus_per_replica"]
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -181,7 +186,9 @@ def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
     if target == "max_burst_scale":
         return f"the highest burst rate scale absorbed within the SLOs: x{value:.4g} ({spread}; " \
                f"{row['offered_rate_rps']:.4g} req/s offered)"
-    return f"the fewest replicas meeting the SLOs: {value:g} ({spread})"
+    per = int(row.get("gpus_per_replica", 1))
+    return f"the fewest replicas meeting the SLOs: {value:g} ({spread}) = {value * per:g} GPUs ({value:g} " \
+           f"replicas x {per} GPU{'s' if per > 1 else ''} each: TP x PP)"
 
 
 def slo_lines(exp: Experiment) -> list[str]:
@@ -194,6 +201,8 @@ def slo_lines(exp: Experiment) -> list[str]:
 
 def point_table(exp: Experiment, points: pd.DataFrame) -> tuple[list[str], list[list[object]]]:
     search = ["answer", "answer_low", "answer_high", "capacity_rps", "capacity_tok_s", "search_outcome"]
+    if exp.search and exp.search["target"] == "min_replicas":
+        search[1:1] = ["gpus_per_replica", "gpus"]
     headers = ["point", "label", *(search if exp.search else []), "slo_met", "verdict",
                *(["attainment"] if exp.attainment else []), *HEADLINE, *COUNTS]
     rows = [[cell(row[h]) for h in headers] for _, row in points.iterrows()]

@@ -25,13 +25,25 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvplan.errors import UserError
-from kvplan.sim.cost.features import StepFeatures
+from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures
+from kvplan.sim.cost.moe import ExpertCost
+from kvplan.sim.cost.parallel import (
+    Shape,
+    all_to_all_time,
+    allreduce_time,
+    micro_batches,
+    moe_activation_width,
+    send_recv_time,
+    weight_bytes_per_rank,
+)
+from kvplan.sim.specs.arch import ModelSpec, stage_layers
 from kvplan.sim.specs.hardware import HardwareSpec
-from kvplan.sim.specs.models import ModelSpec
 
 
-def elementwise_bytes_per_token(model: ModelSpec, kv_dtype_bytes: float | None = None) -> float:
-    """HBM bytes one token's memory-bound (non-GEMM, non-attention) kernels read and write, all layers.
+def elementwise_bytes_per_token(model: ModelSpec, kv_dtype_bytes: float | None = None, tp: int = 1,
+                                pp: int = 1) -> float:
+    """HBM bytes one token's memory-bound (non-GEMM, non-attention) kernels read and write on one rank, all layers
+    of its pipeline stage.
 
     Per layer, in elements of the model dtype (h hidden, i intermediate, q/k widths heads × head_dim):
       2 RMSNorms (before attention and MLP), each reads and writes h:     4h
@@ -41,14 +53,24 @@ def elementwise_bytes_per_token(model: ModelSpec, kv_dtype_bytes: float | None =
     Once per token: the embedding row gather (read + write h) and the final RMSNorm (4h in all). The KV-cache
     write reads the fresh K and V (model dtype) and stores them in the cache (KV dtype). Norm weights, the
     attention's q/output and the logits are left out (a few hidden vectors, or per sampled row only). OPT
-    (LayerNorm, learned positions instead of RoPE) is counted the same way.
+    (LayerNorm, learned positions instead of RoPE) is counted the same way. With TP the norms and residual adds
+    run whole on every rank, RoPE and the activation on the rank's heads and MLP share; an MoE layer's activation
+    runs over its routed and shared experts' widths.
     Llama-3-8B bf16: 94,208 elements per layer, 6.3 MB per token with the KV write - ~4.7% of a 2048-token
     A100-80GB prefill at the defaults.
     """
-    h, heads = model.hidden_size, model.num_heads + model.num_kv_heads
-    per_layer = 4 * h + 6 * h + 2 * heads * model.head_dim + (3 if model.gated_mlp else 2) * model.intermediate_size
-    elements = model.num_layers * per_layer + 4 * h
-    return elements * model.dtype_bytes + model.kv_bytes_per_token() + model.kv_bytes_per_token(kv_dtype_bytes)
+    h, heads = model.hidden_size, model.num_heads // tp + model.kv_heads_per_rank(tp)
+    per_layer = 4 * h + 6 * h + 2 * heads * model.head_dim + (3 if model.gated_mlp else 2) * \
+        model.intermediate_size / tp
+    moe_layer = 4 * h + 6 * h + 2 * heads * model.head_dim + 3 * (model.experts_per_token + model.shared_experts) * \
+        model.moe_intermediate_size / tp
+    dense = model.num_layers - model.num_moe_layers
+    layers = dense * per_layer + model.num_moe_layers * moe_layer
+    if pp > 1:
+        layers = layers * stage_layers(model.num_layers, pp) / model.num_layers
+    elements = layers + 4 * h
+    return elements * model.dtype_bytes + model.kv_bytes_per_token(None, tp, pp) + \
+        model.kv_bytes_per_token(kv_dtype_bytes, tp, pp)
 
 
 def _max(a, b):
@@ -78,6 +100,13 @@ class AnalyticCost:
     # quantization): a GEMM computes whole output tiles, so M rows cost ceil(M / tile) × tile rows of work;
     # 128-row tiles on A100/H100 tensor cores (the guide's efficient tile sizes are 128 or 256 on a side).
     gemm_tile_rows: int = 128
+    # Achieved fraction of the GPU-to-GPU link bandwidth in all-reduce / all-to-all (0.6) and in a send/recv
+    # (0.8): fitted, with the node's latencies, to Vidur's A100 DGX profiles (large all-reduces reach ~170 GB/s
+    # bus bandwidth on the 300 GB/s NVLink, a send/recv ~230 GB/s; docs/parallel_validation.md).
+    link_efficiency: float = 0.6
+    p2p_efficiency: float = 0.8
+    # The replica's GPUs (tensor, pipeline and expert parallelism); one GPU by default.
+    shape: Shape = field(default_factory=Shape)
     # Derived once (the model's sizes are properties computed on every access).
     _layer_flops: float = field(init=False, repr=False)
     _head_flops: float = field(init=False, repr=False)
@@ -89,9 +118,15 @@ class AnalyticCost:
     _flop_rate: float = field(init=False, repr=False)
     _attn_rate: float = field(init=False, repr=False)
     _byte_rate: float = field(init=False, repr=False)
+    _decode_unit: float = field(init=False, repr=False)
+    _experts: ExpertCost | None = field(init=False, repr=False)
+    _hidden_bytes: float = field(init=False, repr=False)
+    _stage_moe_layers: float = field(init=False, repr=False)
+    _stage_dense_layers: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency"):
+        for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency", "link_efficiency",
+                    "p2p_efficiency"):
             value = getattr(self, key)
             if not 0.0 < value <= 1.0:
                 raise UserError(f"cost.{key}: must be a fraction in (0, 1], got {value!r}")
@@ -100,28 +135,52 @@ class AnalyticCost:
                 raise UserError(f"cost.{key}: must be >= 0, got {getattr(self, key)!r}")
         if not (isinstance(self.gemm_tile_rows, int) and self.gemm_tile_rows >= 1):
             raise UserError(f"cost.gemm_tile_rows: must be an integer >= 1, got {self.gemm_tile_rows!r}")
-        m = self.model
+        m, tp, pp = self.model, self.shape.tp, self.shape.pp
         self._flop_rate = self.hardware.peak_flops * self.compute_efficiency
         self._attn_rate = self.hardware.peak_flops * self.attention_efficiency
         self._byte_rate = self.hardware.hbm_bandwidth * self.memory_efficiency
-        self._layer_flops = 2.0 * m.layer_matmul_params
-        self._head_flops = 2.0 * m.lm_head_params
-        self._layer_read_s = m.layer_matmul_params * m.dtype_bytes / self._byte_rate
-        self._head_read_s = m.lm_head_params * m.dtype_bytes / self._byte_rate
-        self._attn_unit = 4.0 * m.num_layers * m.num_heads * m.head_dim
-        self._elementwise = elementwise_bytes_per_token(m, self.kv_dtype_bytes)
+        share = stage_layers(m.num_layers, pp) / m.num_layers / tp  # this rank's part of the layers (1.0 alone)
+        self._layer_flops = 2.0 * m.dense_part_params * share
+        self._head_flops = 2.0 * m.lm_head_params / tp
+        self._layer_read_s = m.layer_weight_bytes * share / self._byte_rate
+        self._head_read_s = m.lm_head_params * m.dtype_bytes / tp / self._byte_rate
+        self._attn_unit = m.prefill_pair_flops * share
+        self._decode_unit = m.decode_pair_flops * share
+        self._elementwise = elementwise_bytes_per_token(m, self.kv_dtype_bytes, tp, pp)
         self._kv_block = self.bytes_per_block
+        self._experts = ExpertCost.of(m, tp, pp, self.gemm_tile_rows, self._flop_rate, self._byte_rate) \
+            if m.is_moe else None
+        self._hidden_bytes = m.hidden_size * m.dtype_bytes
+        self._stage_moe_layers = m.num_moe_layers * tp * share
+        self._stage_dense_layers = (m.num_layers - m.num_moe_layers) * tp * share
 
     @property
     def kv_bytes_per_token(self) -> float:
-        return self.model.kv_bytes_per_token(self.kv_dtype_bytes)
+        """One token's KV bytes on one rank (its KV heads, its stage's layers)."""
+        return self.model.kv_bytes_per_token(self.kv_dtype_bytes, self.shape.tp, self.shape.pp)
 
     @property
     def bytes_per_block(self) -> float:
         return self.kv_bytes_per_token * self.block_size
 
     def step_times(self, f: StepFeatures) -> np.ndarray | float:
-        """Seconds per step: plain ints give a float, a stretch's int64 arrays an array (bit-identical entries)."""
+        """Seconds per step: plain ints give a float, a stretch's int64 arrays an array (bit-identical entries).
+        With PP the batch runs as `micro_batches` micro-batches through the stages: in steady state a stage is
+        never idle (vLLM keeps pp batches in flight), so a step takes pp × one micro-batch's time on the busiest
+        stage, plus the sends between stages."""
+        if self.shape.pp == 1:
+            compute = self._stage_time(f)
+        else:
+            pp, m = self.shape.pp, micro_batches(f.num_requests, self.shape.pp)
+            part = StepFeatures(*(getattr(f, name) / m for name in FEATURE_NAMES))
+            tokens = part.prefill_tokens + part.decode_requests
+            hop = send_recv_time(tokens * self._hidden_bytes, self.hardware, self.p2p_efficiency,
+                                 self.shape.crosses_nodes(self.hardware))
+            compute = pp * self._stage_time(part) + (pp - 1) * hop
+        return compute + self.step_overhead_s + self.request_overhead_s * f.num_requests
+
+    def _stage_time(self, f: StepFeatures) -> np.ndarray | float:
+        """One rank's compute for the features `f` on the busiest pipeline stage (the whole model without PP)."""
         tile = self.gemm_tile_rows
         tokens = f.prefill_tokens + f.decode_requests
         gemm_rows = -(-tokens // tile) * tile  # integer ceil division, on ints and arrays alike
@@ -129,11 +188,26 @@ class AnalyticCost:
         layers = _max(self._layer_flops * gemm_rows / self._flop_rate, self._layer_read_s)
         head = _max(self._head_flops * head_rows / self._flop_rate, self._head_read_s) * (f.sampled > 0)
         prefill_attn = self._attn_unit * (f.prefill_attention2 / 2.0) / self._attn_rate
-        decode_attn = _max(self._attn_unit * f.decode_context / self._attn_rate,
+        decode_attn = _max(self._decode_unit * f.decode_context / self._attn_rate,
                            self._kv_block * f.blocks_touched / self._byte_rate)
         elementwise = self._elementwise * tokens / self._byte_rate
         compute = layers + head + prefill_attn + decode_attn + elementwise
-        return compute + self.step_overhead_s + self.request_overhead_s * f.num_requests
+        if self._experts is not None:
+            compute = compute + self._experts.time(tokens)
+        if self.shape.tp > 1:
+            compute = compute + self._collectives(tokens)
+        return compute
+
+    def _collectives(self, tokens) -> np.ndarray | float:
+        """The stage's TP collectives: two all-reduces of the hidden states per layer; with EP an MoE layer's
+        second one is an all-to-all dispatch of each token to its k experts' ranks and a combine back."""
+        tp, hw, eff = self.shape.tp, self.hardware, self.link_efficiency
+        hidden = tokens * self._hidden_bytes
+        reduce = allreduce_time(hidden, tp, hw, eff)
+        if not (self.shape.expert_parallel and self._experts is not None):
+            return 2 * (self._stage_dense_layers + self._stage_moe_layers) * reduce
+        dispatch = all_to_all_time(hidden * self._experts.per_token, tp, hw, eff)
+        return 2 * self._stage_dense_layers * reduce + self._stage_moe_layers * (reduce + 2 * dispatch)
 
     def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float:
         """Swap over the host link; a copy-on-write block is read and written in HBM."""
@@ -144,15 +218,20 @@ class AnalyticCost:
 
 def kv_capacity_blocks(model: ModelSpec, hardware: HardwareSpec, block_size: int, *,
                        kv_dtype_bytes: float | None = None, gpu_memory_utilization: float = 0.9,
-                       max_num_batched_tokens: int = 2048, max_num_seqs: int = 256) -> int:
-    """KV blocks that fit: (memory × utilization − weights − activation reserve) ÷ bytes per block."""
-    budget = hardware.memory_bytes * gpu_memory_utilization - model.weight_bytes
-    budget -= activation_reserve(model, max_num_batched_tokens, max_num_seqs)
-    return max(int(budget // (model.kv_bytes_per_token(kv_dtype_bytes) * block_size)), 0)
+                       max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, shape: Shape | None = None) -> int:
+    """KV blocks that fit on each rank: (memory × utilization − the rank's weights − activation reserve) ÷ the
+    rank's bytes per block. Every rank holds the same tokens (its heads' or its layers' part of them)."""
+    shape = shape or Shape()
+    budget = hardware.memory_bytes * gpu_memory_utilization - weight_bytes_per_rank(model, shape)
+    budget -= activation_reserve(model, max_num_batched_tokens, max_num_seqs, shape.tp)
+    per_block = model.kv_bytes_per_token(kv_dtype_bytes, shape.tp, shape.pp) * block_size
+    return max(int(budget // per_block), 0)
 
 
-def activation_reserve(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int) -> float:
-    """Peak activation memory of one step: hidden states and the MLP intermediate of every batched token,
-    plus fp32 logits of every sequence (what vLLM's profiling run measures)."""
-    per_token = (4 * model.hidden_size + 2 * model.intermediate_size) * model.dtype_bytes
+def activation_reserve(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1) -> float:
+    """Peak activation memory of one step on one rank: hidden states and the rank's share of the MLP
+    intermediate of every batched token, plus fp32 logits of every sequence (what vLLM's profiling run
+    measures; the logits are gathered whole)."""
+    width = model.intermediate_size if tp == 1 and not model.is_moe else moe_activation_width(model) / tp
+    per_token = (4 * model.hidden_size + 2 * width) * model.dtype_bytes
     return max_num_batched_tokens * per_token + max_num_seqs * model.vocab_size * 4

@@ -1,7 +1,23 @@
-"""Accelerator specifications for the analytic (roofline) cost model.
+"""Accelerator specifications for the analytic (roofline) cost model, and the node each one comes in.
 
-Figures are vendor datasheet values: dense (no sparsity) BF16/FP16 tensor throughput, HBM/GDDR bandwidth,
+Device figures are vendor datasheet values: dense (no sparsity) BF16/FP16 tensor throughput, HBM/GDDR bandwidth,
 device memory, and the host link (PCIe or NVLink-C2C) bandwidth one direction, used for swap transfers.
+
+Node figures (what tensor and pipeline parallelism cost, `sim.cost.parallel`): GPUs per node, the GPU-to-GPU link
+bandwidth per GPU one direction, its per-collective latency, whether the switch reduces in the network (NVLink
+SHARP, "NVLS"), and the per-GPU network bandwidth between nodes. Sources:
+- A100 SXM (HGX/DGX A100, 8 GPUs on NVSwitch): NVLink 3, 12 links x 25 GB/s = 300 GB/s per direction (NVIDIA A100
+  datasheet: 600 GB/s bidirectional); one 200 Gb/s HDR InfiniBand adapter per GPU (DGX A100 user guide): 25 GB/s.
+- H100 SXM / H200 (HGX H100/H200, 8 GPUs on third-generation NVSwitch with SHARP): NVLink 4, 18 links = 450 GB/s
+  per direction (datasheets: 900 GB/s bidirectional); one 400 Gb/s ConnectX-7 per GPU (DGX H100): 50 GB/s.
+- L40S, L4, A10G (no NVLink): PCIe Gen4 x16, 32 GB/s per direction (datasheets: 64 GB/s bidirectional), 8 per
+  box as AWS g6e.48xlarge (L40S), g6.48xlarge (L4) and g5.48xlarge (A10G) sell them, with 400 Gb/s (g6e),
+  100 Gb/s (g6) and 100 Gb/s (g5) of network per instance, shared by its 8 GPUs.
+- RTX 4090: one per box (NVIDIA disabled peer-to-peer on it: no practical tensor parallelism).
+Latencies, NVLink: 50 µs per all-reduce and 8 µs per send/recv, fitted (with the link efficiencies of
+`AnalyticCost`) to Vidur's A100 DGX profiles (docs/parallel_validation.md: 2048-byte to 66 MB messages); PCIe:
+80 µs and 15 µs, hand-set (messages cross the host's PCIe switch and root complex; no published per-collective
+figure for these boxes).
 """
 
 from __future__ import annotations
@@ -11,6 +27,8 @@ from dataclasses import dataclass
 from kvplan.errors import UserError
 
 GIB = 1024**3
+NVLINK_LATENCY_S, NVLINK_P2P_LATENCY_S = 50e-6, 8e-6
+PCIE_LATENCY_S, PCIE_P2P_LATENCY_S = 80e-6, 15e-6
 
 
 @dataclass(slots=True, frozen=True)
@@ -20,16 +38,33 @@ class HardwareSpec:
     hbm_bandwidth: float  # bytes/s
     memory_bytes: float
     host_link_bandwidth: float  # bytes/s, one direction (swap to and from CPU memory)
+    gpus_per_node: int = 1
+    interconnect: str = "none"  # the GPU-to-GPU link inside a node
+    link_bandwidth: float = 0.0  # bytes/s per GPU, one direction, inside a node
+    link_latency_s: float = 0.0  # per all-reduce / all-to-all (launch, synchronisation, small-message protocol)
+    p2p_latency_s: float = 0.0  # per send/recv between two GPUs
+    nvls: bool = False  # the switch reduces in the network (NVLink SHARP): an all-reduce moves each byte once
+    internode_bandwidth: float = 0.0  # bytes/s per GPU between nodes (pipeline stages on different nodes)
+
+
+def _nvlink(name, flops, hbm, memory, host, link, nvls, internode) -> HardwareSpec:
+    return HardwareSpec(name, flops, hbm, memory, host, 8, "nvlink", link, NVLINK_LATENCY_S, NVLINK_P2P_LATENCY_S,
+                        nvls, internode)
+
+
+def _pcie(name, flops, hbm, memory, host, internode) -> HardwareSpec:
+    return HardwareSpec(name, flops, hbm, memory, host, 8, "pcie4", 32e9, PCIE_LATENCY_S, PCIE_P2P_LATENCY_S, False,
+                        internode)
 
 
 HARDWARE: dict[str, HardwareSpec] = {spec.name: spec for spec in (
-    HardwareSpec("a100-40gb", 312e12, 1.555e12, 40 * GIB, 25e9),
-    HardwareSpec("a100-80gb", 312e12, 2.039e12, 80 * GIB, 25e9),
-    HardwareSpec("h100-sxm", 989e12, 3.35e12, 80 * GIB, 50e9),
-    HardwareSpec("h200", 989e12, 4.8e12, 141e9, 50e9),
-    HardwareSpec("l4", 121e12, 0.3e12, 24 * GIB, 25e9),
-    HardwareSpec("l40s", 362e12, 0.864e12, 48 * GIB, 25e9),
-    HardwareSpec("a10g", 125e12, 0.6e12, 24 * GIB, 25e9),
+    _nvlink("a100-40gb", 312e12, 1.555e12, 40 * GIB, 25e9, 300e9, False, 25e9),
+    _nvlink("a100-80gb", 312e12, 2.039e12, 80 * GIB, 25e9, 300e9, False, 25e9),
+    _nvlink("h100-sxm", 989e12, 3.35e12, 80 * GIB, 50e9, 450e9, True, 50e9),
+    _nvlink("h200", 989e12, 4.8e12, 141e9, 50e9, 450e9, True, 50e9),
+    _pcie("l4", 121e12, 0.3e12, 24 * GIB, 25e9, 100e9 / 8 / 8),
+    _pcie("l40s", 362e12, 0.864e12, 48 * GIB, 25e9, 400e9 / 8 / 8),
+    _pcie("a10g", 125e12, 0.6e12, 24 * GIB, 25e9, 100e9 / 8 / 8),
     HardwareSpec("rtx-4090", 165e12, 1.008e12, 24 * GIB, 25e9),
 )}
 

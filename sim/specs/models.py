@@ -1,82 +1,27 @@
-"""Model architecture specs: the shapes that decide FLOPs, weight bytes and KV bytes per token.
+"""Built-in model specs and `get_model` (a built-in name, or a path to an HF config.json).
 
-Built-in specs follow the published HF `config.json` of each model; any other model is read from a path to
-its `config.json` (Llama/Mistral/Qwen2 and OPT key names). Every field is checked: integers must be integral
-and in range (`CONFIG_LIMITS`, far above any published model), booleans are not numbers, the heads must split
-the hidden size and the KV heads the heads; each problem is one line `CONFIG: key: problem; allowed: ...`.
+Built-in specs follow the published HF `config.json` of each model (the source is named beside each group); any
+other model is read from a path to its `config.json` (`hf_config`: dense Llama/Mistral/Qwen/OPT, MoE and MLA key
+names, `layer_types` / `sliding_window`), every key checked, each problem one line `CONFIG: key: problem;
+allowed: ...`.
 """
 
 from __future__ import annotations
 
 import errno
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from kvplan.errors import UserError
+from kvplan.sim.specs.arch import DTYPE_BYTES, ModelSpec
+from kvplan.sim.specs.hf_config import from_hf_config
 from kvplan.traces.schema import short_repr
-from kvplan.traces.specs import read_text, shown
+
+__all__ = ["DTYPE_BYTES", "MODELS", "ModelSpec", "from_hf_config", "get_model"]
 
 
-@dataclass(slots=True, frozen=True)
-class ModelSpec:
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    dtype_bytes: int = 2
-    gated_mlp: bool = True  # SwiGLU (three MLP matrices) vs a plain two-matrix MLP (OPT)
-    tied_embeddings: bool = False
-    # The context length (HF `max_position_embeddings`): vLLM's default and upper bound for max_model_len.
-    # None: not stated (a config.json without it), so only the workload bounds it.
-    context_len: int | None = None
-    # Per-layer attention kind, HF's `layer_types` spelling ("full_attention" or "sliding_attention"); None: every
-    # layer attends to the whole context. Sliding layers attend to the last `sliding_window` tokens only.
-    layer_types: tuple[str, ...] | None = None
-    sliding_window: int | None = None
-
-    @property
-    def layer_params(self) -> int:
-        attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-        mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
-        return attn + mlp
-
-    @property
-    def num_params(self) -> int:
-        embed = self.vocab_size * self.hidden_size
-        return self.num_layers * self.layer_params + embed * (1 if self.tied_embeddings else 2)
-
-    @property
-    def layer_matmul_params(self) -> int:
-        """Parameters of every layer's GEMMs (q, k, v, o and the MLP): every token in a step multiplies through them."""
-        return self.num_layers * self.layer_params
-
-    @property
-    def lm_head_params(self) -> int:
-        """The LM head (vocab × hidden; the embedding table itself when tied): only sampled rows multiply through it."""
-        return self.vocab_size * self.hidden_size
-
-    @property
-    def matmul_params(self) -> int:
-        """Parameters a sampled token multiplies through (all layers plus the LM head; not the embedding lookup)."""
-        return self.layer_matmul_params + self.lm_head_params
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
-
-    def kv_bytes_per_token(self, kv_dtype_bytes: float | None = None) -> float:
-        """K and V of one token in every layer (e.g. Llama-2-7B fp16: 2*32*32*128*2 = 524,288 bytes)."""
-        width = self.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * width
-
-
-def _spec(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int, **kw) -> ModelSpec:
-    return ModelSpec(name, layers, hidden, heads, kv_heads, hidden // heads, inter, vocab, **kw)
+def _spec(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int, *,
+          head_dim: int | None = None, **kw) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim or hidden // heads, inter, vocab, **kw)
 
 
 # Context lengths are each model's published `max_position_embeddings` (Mistral-7B v0.1: 32768, with a
@@ -97,9 +42,50 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     _spec("tiny-llama", 2, 64, 4, 2, 128, 512, context_len=512),
     _spec("tiny-qwen2", 2, 64, 4, 2, 128, 512, context_len=512),
     _spec("tiny-gpt2", 2, 64, 4, 4, 256, 512, gated_mlp=False, tied_embeddings=True, context_len=512),
+    # Llama 3.1 (meta-llama/Llama-3.1-{8B,70B,405B} config.json: rope-scaled to 131072 positions)
+    _spec("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, context_len=131072),
+    _spec("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, context_len=131072),
+    _spec("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, context_len=131072),
+    # Qwen/Qwen2.5-72B-Instruct config.json (use_sliding_window: false, so every layer is full attention)
+    _spec("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, context_len=32768),
+    # Qwen/Qwen3-{8B,32B} config.json: head_dim 128 stated (32B: not hidden / heads = 80)
+    _spec("qwen3-8b", 36, 4096, 32, 8, 12288, 151936, head_dim=128, context_len=40960),
+    _spec("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, head_dim=128, context_len=40960),
+    # Qwen/Qwen3-30B-A3B and Qwen3-235B-A22B config.json: every layer MoE (decoder_sparse_step 1, no
+    # mlp_only_layers), 128 experts of moe_intermediate_size, 8 per token, no shared expert
+    _spec("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, head_dim=128, context_len=40960, num_experts=128,
+          experts_per_token=8, moe_intermediate_size=768),
+    _spec("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, head_dim=128, context_len=40960, num_experts=128,
+          experts_per_token=8, moe_intermediate_size=1536),
+    # mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts (num_local_experts) of intermediate_size, 2 per token
+    _spec("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, context_len=32768, num_experts=8, experts_per_token=2,
+          moe_intermediate_size=14336),
+    # deepseek-ai/DeepSeek-V2-Lite and DeepSeek-V3 config.json: MLA (kv_lora_rank 512, qk_rope_head_dim 64,
+    # qk_nope_head_dim 128, v_head_dim 128; V3 q_lora_rank 1536, Lite none), MoE after first_k_dense_replace dense
+    # layers; V3's checkpoint is fp8 (quantization_config fp8, 128x128 blocks; its fp32 block scales, 1/4096 of a
+    # byte per weight, are left out) with bf16 embeddings, head and KV cache
+    _spec("deepseek-v2-lite", 27, 2048, 16, 16, 10944, 102400, head_dim=192, context_len=163840, num_experts=64,
+          experts_per_token=6, shared_experts=2, moe_intermediate_size=1408, dense_layers=1, kv_lora_rank=512,
+          qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
+    _spec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, head_dim=192, context_len=163840, num_experts=256,
+          experts_per_token=8, shared_experts=1, moe_intermediate_size=2048, dense_layers=3, kv_lora_rank=512,
+          q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, weight_dtype_bytes=1),
+    # google/gemma-3-27b-it config.json text_config (the SigLIP vision tower, ~0.4B, is left out): 5 sliding
+    # layers of 1024 tokens to 1 full (sliding_window_pattern 6), tied embeddings, gated GELU MLP
+    _spec("gemma-3-27b", 62, 5376, 32, 16, 21504, 262208, head_dim=128, tied_embeddings=True, context_len=131072,
+          layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(62)),
+          sliding_window=1024),
+    # openai/gpt-oss-{20b,120b} config.json: sliding (128 tokens) and full layers alternate, experts of
+    # intermediate_size, 4 per token, MXFP4 experts (4-bit values + an 8-bit scale per 32: 0.53125 bytes),
+    # attention, router, embeddings and head bf16. Its per-head attention sinks are learned logits: no KV bytes.
+    _spec("gpt-oss-20b", 24, 2880, 64, 8, 2880, 201088, head_dim=64, context_len=131072, num_experts=32,
+          experts_per_token=4, moe_intermediate_size=2880, expert_dtype_bytes=0.53125,
+          layer_types=("sliding_attention", "full_attention") * 12, sliding_window=128),
+    _spec("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, head_dim=64, context_len=131072, num_experts=128,
+          experts_per_token=4, moe_intermediate_size=2880, expert_dtype_bytes=0.53125,
+          layer_types=("sliding_attention", "full_attention") * 18, sliding_window=128),
 )}
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
 # the kv_cache_dtype setting (vLLM's names) -> the simulator's KV dtype (None: the model's own)
 _KV_CACHE_DTYPES = {"auto": None, "fp8": "float8", "fp8_e4m3": "float8"}
 
@@ -117,6 +103,16 @@ def engine_kv_row_bytes(dtype: str, head_dim: int) -> int:
     return DTYPE_BYTES[dtype] * head_dim + (ENGINE_SCALE_BYTES if dtype in QUANTIZED_KV else 0)
 
 
+def allowed_models(name: str = "") -> str:
+    """What --model allows, short enough for one error line: the closest built-in names, how many there are and
+    where they are all listed."""
+    from difflib import get_close_matches
+
+    close = get_close_matches(name, list(MODELS), n=3, cutoff=0.5) or ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3"]
+    return (f"a built-in model ({', '.join(close)}, ... {len(MODELS)} in all: `kvplan simulate --help` lists them), "
+            "or a path to an HF config.json")
+
+
 def get_model(name: str) -> ModelSpec:
     """A built-in spec by name, or the spec read from a path to an HF config.json (or its directory)."""
     if name in MODELS:
@@ -126,8 +122,7 @@ def get_model(name: str) -> ModelSpec:
         path.stat()
     except OSError as exc:  # a 5,000-character name: ENAMETOOLONG, which is_dir() raises instead of answering
         if exc.errno == errno.ENAMETOOLONG:
-            raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {', '.join(sorted(MODELS))}, "
-                            "or a path to an HF config.json") from None
+            raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {allowed_models()}") from None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(f"--model: {path}: a directory without config.json; allowed: a model directory "
@@ -135,117 +130,8 @@ def get_model(name: str) -> ModelSpec:
         path = path / "config.json"
     if path.suffix == ".json":
         if not path.exists():  # a ValueError like an unknown name: a calibrated run may name the model as a label
-            raise UserError(f"--model: {path}: no such file; allowed: {', '.join(sorted(MODELS))}, "
-                             "or a path to an HF config.json")
+            raise UserError(f"--model: {path}: no such file; allowed: {allowed_models(path.stem)}")
         return from_hf_config(path)
-    raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {', '.join(sorted(MODELS))}, "
-                     "or a path to an HF config.json")
+    raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {allowed_models(name)}")
 
 
-REQUIRED = "hidden_size, num_attention_heads, num_hidden_layers, intermediate_size (or ffn_dim), vocab_size"
-# The largest value each size may take: generous bounds (the largest published models use a hidden size of
-# ~25k, 128 heads, ~200 layers and a vocabulary of ~260k), so that only typos and junk are refused.
-CONFIG_LIMITS = {"num_hidden_layers": 4096, "hidden_size": 2**20, "num_attention_heads": 2**14,
-                 "num_key_value_heads": 2**14, "head_dim": 2**16, "intermediate_size": 2**22, "ffn_dim": 2**22,
-                 "vocab_size": 2**24}
-
-
-def read_config(path: Path) -> dict:
-    """The config.json at `path` as a dict; unreadable, non-UTF-8 and invalid JSON are one line naming it."""
-    text = read_text(path, "--model")
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
-    except RecursionError:
-        raise UserError(f"{path}: not valid JSON: nested too deeply; allowed: an HF config.json object") from None
-    if not isinstance(cfg, dict):
-        raise UserError(f"{path}: a config.json is a JSON object with {REQUIRED}; got a {type(cfg).__name__}")
-    return cfg
-
-
-def _size(path: Path, cfg: dict, key: str) -> int:
-    """A positive integral size (32 or 32.0; not 32.5, "32", true, NaN or 0), at most its `CONFIG_LIMITS`."""
-    value, limit = cfg[key], CONFIG_LIMITS[key]
-    integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    if isinstance(value, bool) or not integral or not 1 <= value <= limit:
-        raise UserError(f"{path}: {key}: must be an integer >= 1, got {shown(value)}; allowed: 1 to {limit}")
-    return int(value)
-
-
-def _given(cfg: dict, key: str) -> bool:
-    return cfg.get(key) is not None  # HF writes null for "not set"
-
-
-def from_hf_config(path: Path) -> ModelSpec:
-    cfg = read_config(path)
-    inter_key = "intermediate_size" if _given(cfg, "intermediate_size") else "ffn_dim"
-    missing = next((k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", inter_key, "vocab_size")
-                    if not _given(cfg, k)), None)
-    if missing is not None:
-        raise UserError(f"{path}: config.json lacks {missing!r}; needs {REQUIRED}")
-    hidden, heads = _size(path, cfg, "hidden_size"), _size(path, cfg, "num_attention_heads")
-    opt = _model_type(path, cfg) == "opt"
-    return ModelSpec(
-        name=str(path), num_layers=_size(path, cfg, "num_hidden_layers"), hidden_size=hidden, num_heads=heads,
-        num_kv_heads=_kv_heads(path, cfg, heads), head_dim=_head_dim(path, cfg, hidden, heads),
-        intermediate_size=_size(path, cfg, inter_key), vocab_size=_size(path, cfg, "vocab_size"),
-        dtype_bytes=_dtype_bytes(path, cfg), gated_mlp=not opt,
-        tied_embeddings=_flag(path, cfg, "tie_word_embeddings", opt), context_len=_context_len(path, cfg))
-
-
-def _head_dim(path: Path, cfg: dict, hidden: int, heads: int) -> int:
-    if _given(cfg, "head_dim"):
-        return _size(path, cfg, "head_dim")
-    if hidden % heads:
-        raise UserError(f"{path}: hidden_size: {hidden} is not divisible by num_attention_heads {heads}; allowed: "
-                         "a multiple of num_attention_heads, or an explicit head_dim")
-    return hidden // heads
-
-
-def _kv_heads(path: Path, cfg: dict, heads: int) -> int:
-    if not _given(cfg, "num_key_value_heads"):
-        return heads  # multi-head attention: one KV head per query head
-    kv_heads = _size(path, cfg, "num_key_value_heads")
-    if heads % kv_heads:
-        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
-        shown_divisors = ", ".join(map(str, divisors[:16])) + (", ..." if len(divisors) > 16 else "")
-        raise UserError(f"{path}: num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}; "
-                         f"allowed: {shown_divisors}")
-    return kv_heads
-
-
-def _dtype_bytes(path: Path, cfg: dict) -> int:
-    """Weight bytes per parameter from `torch_dtype` (or the newer `dtype`); 2 when neither is given."""
-    key = next((k for k in ("torch_dtype", "dtype") if _given(cfg, k)), None)
-    if key is None:
-        return 2
-    if not isinstance(cfg[key], str) or cfg[key] not in DTYPE_BYTES:
-        raise UserError(f"{path}: {key}: unknown dtype {shown(cfg[key])}; allowed: {', '.join(DTYPE_BYTES)}")
-    return DTYPE_BYTES[cfg[key]]
-
-
-def _model_type(path: Path, cfg: dict) -> str | None:
-    value = cfg.get("model_type")
-    if value is not None and not isinstance(value, str):
-        raise UserError(f"{path}: model_type: must be a string, got {shown(value)}; allowed: e.g. llama, opt")
-    return value
-
-
-def _flag(path: Path, cfg: dict, key: str, default: bool) -> bool:
-    value = cfg.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):  # "false" would be truthy
-        raise UserError(f"{path}: {key}: must be true or false, got {shown(value)}; allowed: true, false")
-    return value
-
-
-def _context_len(path: Path, cfg: dict) -> int | None:
-    key = next((k for k in ("max_position_embeddings", "n_positions") if cfg.get(k) is not None), None)
-    if key is None:
-        return None
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-        raise UserError(f"{path}: {key}: {shown(value)}; allowed: an integer >= 2 (the model's context length)")
-    return value

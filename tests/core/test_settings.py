@@ -20,7 +20,8 @@ CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "enable_pre
            "long_prefill_token_threshold": 32, "enable_chunked_prefill": False, "policy": "priority",
            "preemption_mode": "swap", "victim_policy": "longest_remaining", "schedule": "prefill_first",
            "scheduler_reserve_full_isl": False, "kv_cache_dtype": "int8", "gpu_memory_utilization": 0.5,
-           "kv_cache_memory": 3 << 20, "swap_space": 2 << 20, "dtype": "float32", "position_mode": "shifted"}
+           "kv_cache_memory": 3 << 20, "swap_space": 2 << 20, "dtype": "float32", "position_mode": "shifted",
+           "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "enable_expert_parallel": True}
 # `allocator` keeps its default above (a reservation allocator has no prefix cache, window or swap); its other
 # values are covered by the simulator's reservation tests.
 UNCHANGED = {"allocator"}
@@ -77,7 +78,13 @@ def test_the_live_engine_reads_every_engine_setting(monkeypatch):
                 assert getattr(made, s.name) == CHANGED[s.name], s.name
 
 
+# Simulator settings that change the step time but not the capacity, with a base configuration they act in.
+STEP_TIME_ONLY = {"enable_expert_parallel": {"model": "qwen3-30b-a3b", "hardware": "h100-sxm",
+                                             "tensor_parallel_size": 2}}
+
+
 def test_the_simulator_reads_every_sim_setting():
+    from kvplan.sim.cost import StepFeatures
     from kvplan.sim.run import SimSpec, build_configs, build_cost
     from kvplan.traces import Trace
 
@@ -88,9 +95,17 @@ def test_the_simulator_reads_every_sim_setting():
         if s.config is not None:
             assert getattr({"cache": cache, "scheduler": sched}[s.config], s.name) == CHANGED[s.name], s.name
     default = SimSpec(model="llama-3-8b", hardware="a100-40gb")
-    for name in [s.name for s in for_side("sim") if s.config is None]:  # the device's: they change the capacity
+    for name in [s.name for s in for_side("sim") if s.config is None and s.name not in STEP_TIME_ONLY]:
+        # the device's and the deployment shape's: they change the capacity
         assert build_cost(SimSpec(model="llama-3-8b", hardware="a100-40gb", **{name: CHANGED[name]}))[1] != \
             build_cost(default)[1], name
+    # expert parallelism moves whole experts, not bytes: the same capacity, another step time (an MoE model on
+    # two ranks: an all-to-all instead of an all-reduce)
+    step = StepFeatures(64, 0, 0, 64, 64_000, 1000, 64 * 63, 64, 1)
+    for name, base in STEP_TIME_ONLY.items():
+        plain = build_cost(SimSpec(**base))[0]
+        changed = build_cost(SimSpec(**base, **{name: CHANGED[name]}))[0]
+        assert changed.step_times(step) != plain.step_times(step), name
 
 
 def _flag_word(value: object) -> list[str]:
@@ -196,3 +211,12 @@ def test_every_side_refuses_a_bad_value_with_the_same_message(name, tmp_path):
                 flag_type(s)(str(value))
             tails["flag"] = str(flag.value)
         assert len(set(tails.values())) == 1, (value, tails)
+
+
+def test_the_live_engine_refuses_a_shape_it_cannot_run():
+    from kvplan.engine.options import engine_options
+
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size: 2: the live engine runs one model instance on one "
+                                         r"device; allowed: 1 \(kvplan simulate --tensor-parallel-size prices it\)"):
+        engine_options({"tensor_parallel_size": 2})
+    assert engine_options({"pipeline_parallel_size": 1}) == engine_options({})

@@ -48,7 +48,8 @@ def test_builtin_specs_and_hf_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     spec = get_model(str(tmp_path))
     assert spec.num_params == get_model("smollm2-135m").num_params
-    with pytest.raises(ValueError, match=r"allowed: .*llama-2-7b"):
+    with pytest.raises(ValueError, match=r"allowed: a built-in model \(.*26 in all: `kvplan simulate --help` "
+                                         r"lists them\)"):
         get_model("gpt-5")
     with pytest.raises(ValueError, match="allowed: a100-40gb, a100-80gb, a10g, h100-sxm, h200, l4, l40s, rtx-4090"):
         get_hardware("tpu")
