@@ -28,7 +28,7 @@ from kvplan.engine.core import CacheConfig, Request, RequestStatus, Scheduler, S
 from kvplan.engine.core.fast_forward import advance_decode, decode_horizon, waiting_head_blocked
 from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.timing import SequenceTiming
-from kvplan.sim.cost import CostModel, step_time
+from kvplan.sim.cost import CostModel, sliding_window, step_time
 from kvplan.sim.cost.features import decode_stretch_features, first_decode_features
 from kvplan.sim.metrics import ItlLog, RequestLog
 
@@ -47,6 +47,7 @@ class Replica:
         self.sched.bulk_decodes = fast_path  # off when stepping one step at a time: the reference path
         self.block_size = cache.block_size
         self.attended_limit = cache.sink_tokens + cache.window_tokens if cache.windowed else 0
+        self.sliding_window = sliding_window(cost)
         self.next_arrival = next_arrival
         self.sample_interval_s, self.next_sample_s = sample_interval_s, 0.0
         self.fast_path = fast_path
@@ -134,7 +135,7 @@ class Replica:
                 track = self.tracks[item.request.request_id]
                 if track.first_scheduled_s != track.first_scheduled_s:  # NaN: first time scheduled
                     track.first_scheduled_s = start
-            dt = step_time(self.cost, step, self.block_size, self.attended_limit)
+            dt = step_time(self.cost, step, self.block_size, self.attended_limit, self.sliding_window)
             self._account(sched.kv.usage(), dt)
             end = start + dt
             self.busy_until = end
@@ -246,14 +247,14 @@ class Replica:
         bound = min(arrival, sample)
         limit = max(FAST_PATH_CELLS // len(running), 1)
         if not math.isinf(bound):  # ask only for about as many steps as fit before the bound
-            first = self.cost.step_times(first_decode_features(contexts, self.block_size))
+            first = self.cost.step_times(first_decode_features(contexts, self.block_size, self.sliding_window))
             # Completions make later steps shorter than the first: ask for a quarter more.
             limit = min(limit, int((bound - self.clock) / first * 1.25) + 2)
         k = decode_horizon(sched, limit)
         if k <= 0:
             return []
         features = decode_stretch_features(np.array(contexts, dtype=np.int64), np.array(remaining, dtype=np.int64),
-                                           k, self.block_size)
+                                           k, self.block_size, self.sliding_window)
         times = self.cost.step_times(features).tolist()
         ends, clock = [], self.clock
         for dt in times:

@@ -21,7 +21,13 @@ class CostModel(Protocol):
     def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float: ...
 
 
-def step_time(model: CostModel, step, block_size: int, attended_limit: int = 0) -> float:
+def sliding_window(model: CostModel) -> int:
+    """The window the model's sliding-window layers attend over (0: none, or a cost model that does not price
+    layer kinds separately, as a profile measured on one model does)."""
+    return getattr(model, "sliding_window", 0)
+
+
+def step_time(model: CostModel, step, block_size: int, attended_limit: int = 0, window: int = 0) -> float:
     """Seconds for one `SchedulerOutput`: compute plus its swap and copy-on-write transfers. A step that only
     preempts (a sequence group that cannot grow in place) runs no forward pass: it costs its transfers alone.
     A recorded cost (a live run's measured steps) prices the step by its id."""
@@ -30,11 +36,12 @@ def step_time(model: CostModel, step, block_size: int, attended_limit: int = 0) 
         return recorded(step)
     compute = 0.0
     if step.scheduled or step.decodes:
-        compute = float(model.step_times(step_features(step.scheduled, block_size, attended_limit, step.decodes)))
+        features = step_features(step.scheduled, block_size, attended_limit, step.decodes, window)
+        compute = float(model.step_times(features))
     moved = len(step.swap_out) + len(step.swap_in)
     if moved or step.copies:
         compute += model.transfer_time(moved, len(step.copies))
     return compute
 
 
-__all__ = ["CostModel", "StepFeatures", "step_time"]
+__all__ = ["CostModel", "StepFeatures", "sliding_window", "step_time"]

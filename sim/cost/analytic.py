@@ -123,6 +123,7 @@ class AnalyticCost:
     _hidden_bytes: float = field(init=False, repr=False)
     _stage_moe_layers: float = field(init=False, repr=False)
     _stage_dense_layers: float = field(init=False, repr=False)
+    _sliding_share: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency", "link_efficiency",
@@ -153,6 +154,16 @@ class AnalyticCost:
         self._hidden_bytes = m.hidden_size * m.dtype_bytes
         self._stage_moe_layers = m.num_moe_layers * tp * share
         self._stage_dense_layers = (m.num_layers - m.num_moe_layers) * tp * share
+        # Sliding-window layers attend to at most `sliding_window` keys: their share of the attention work and
+        # of the KV bytes read is priced on the step's window features (every stage holds the same mix).
+        kinds = m.layer_types or ()
+        self._sliding_share = kinds.count("sliding_attention") / m.num_layers if m.sliding_window else 0.0
+
+    @property
+    def sliding_window(self) -> int:
+        """The window of the model's sliding layers, 0 when every layer attends to the whole context: the replica
+        asks for the window features with it."""
+        return int(self.model.sliding_window) if self._sliding_share else 0
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -187,9 +198,15 @@ class AnalyticCost:
         head_rows = -(-f.sampled // tile) * tile
         layers = _max(self._layer_flops * gemm_rows / self._flop_rate, self._layer_read_s)
         head = _max(self._head_flops * head_rows / self._flop_rate, self._head_read_s) * (f.sampled > 0)
-        prefill_attn = self._attn_unit * (f.prefill_attention2 / 2.0) / self._attn_rate
-        decode_attn = _max(self._decode_unit * f.decode_context / self._attn_rate,
-                           self._kv_block * f.blocks_touched / self._byte_rate)
+        attention2, context, blocks = f.prefill_attention2, f.decode_context, f.blocks_touched
+        if self._sliding_share:  # full layers read every key, sliding layers the window's
+            full, sliding = 1.0 - self._sliding_share, self._sliding_share
+            attention2 = full * attention2 + sliding * f.window_attention2
+            context = full * context + sliding * f.window_context
+            blocks = full * blocks + sliding * f.window_blocks
+        prefill_attn = self._attn_unit * (attention2 / 2.0) / self._attn_rate
+        decode_attn = _max(self._decode_unit * context / self._attn_rate,
+                           self._kv_block * blocks / self._byte_rate)
         elementwise = self._elementwise * tokens / self._byte_rate
         compute = layers + head + prefill_attn + decode_attn + elementwise
         if self._experts is not None:

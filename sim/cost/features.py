@@ -11,6 +11,11 @@ than a matrix-matrix product (measured on llama-100m bf16, 2 cores: 42 ms for on
 `step_features` reads any sequence of items with `num_new_tokens`, `start_pos`, `is_decode` and `samples`: the
 core's `ScheduledRequest`s in the simulator, or the items of a recorded engine step profile (`kvplan calibrate`),
 so a live step and a simulated one are described by the same arithmetic.
+
+A model with sliding-window layers (Gemma 2/3, gpt-oss) adds the same three attention features with each
+query's keys capped at the window W (a query at position p reads min(p + 1, W) keys): `window_attention2`,
+`window_context` and `window_blocks`. The cost model prices its full layers on the plain features and its
+sliding layers on these; they stay 0 when no window is given.
 """
 
 from __future__ import annotations
@@ -35,21 +40,37 @@ class StepFeatures:
     blocks_touched: np.ndarray | int
     sampled: np.ndarray | int  # rows that reach the LM head (every decode; a prefill's last chunk)
     batched: np.ndarray | int  # 1 if the step computes >= 2 token rows (matrix-matrix, not matrix-vector)
+    # The attention features of sliding-window layers (keys capped at the window); 0 without a window.
+    window_attention2: np.ndarray | int = 0
+    window_context: np.ndarray | int = 0
+    window_blocks: np.ndarray | int = 0
 
 
 FEATURE_NAMES = tuple(f.name for f in fields(StepFeatures))
 
 
-def step_features(items: Iterable, block_size: int, attended_limit: int = 0, bulk: Sequence = ()) -> StepFeatures:
+def windowed_attention2(start: int, end: int, window: int) -> int:
+    """2 × ∫ min(x, window) dx over [start, end]: the doubled prefill attention work of the chunk's queries when
+    each reads at most `window` keys (with an unbounded window, end² − start² = chunk × (2 start + chunk))."""
+    below = min(end, window)
+    work = below * below - start * start if start < below else 0
+    return work + 2 * window * (end - max(start, window)) if end > window else work
+
+
+def step_features(items: Iterable, block_size: int, attended_limit: int = 0, bulk: Sequence = (),
+                  sliding_window: int = 0) -> StepFeatures:
     """Features of one step's scheduled items, plus the core's bulk-scheduled plain decodes `bulk` (requests
     about to compute one token each, never sink+window). `attended_limit` > 0 caps the tokens attention reads
-    (sink+window)."""
+    (sink+window); `sliding_window` > 0 adds the window features of sliding layers."""
     count = prefill = attn2 = decodes = ctx = ctx_max = blocks = sampled = 0
+    w_attn2 = w_ctx = w_blocks = 0
     if bulk:
         ends = [request.num_computed_tokens + 1 for request in bulk]
         count = decodes = sampled = len(ends)
         ctx, ctx_max = sum(ends), max(ends)
         blocks = sum([-(-end // block_size) for end in ends])
+        if sliding_window:
+            w_ctx, w_blocks = window_decode_sums(ends, block_size, sliding_window)
     for item in items:
         count += 1
         n, start = item.num_new_tokens, item.start_pos
@@ -66,10 +87,25 @@ def step_features(items: Iterable, block_size: int, attended_limit: int = 0, bul
         else:
             prefill += n
             attn2 += n * (2 * start + n)
-    return StepFeatures(count, prefill, attn2, decodes, ctx, ctx_max, blocks, sampled, int(prefill + decodes >= 2))
+        if sliding_window:
+            capped = min(end, sliding_window)
+            w_blocks += -(-capped // block_size)
+            if item.is_decode:
+                w_ctx += capped
+            else:
+                w_attn2 += windowed_attention2(start, start + n, sliding_window)
+    return StepFeatures(count, prefill, attn2, decodes, ctx, ctx_max, blocks, sampled, int(prefill + decodes >= 2),
+                        w_attn2, w_ctx, w_blocks)
 
 
-def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int, block_size: int) -> StepFeatures:
+def window_decode_sums(ends: Sequence[int], block_size: int, window: int) -> tuple[int, int]:
+    """Σ min(end, window) and Σ of the blocks those keys span, over decodes attending `ends` tokens."""
+    capped = [min(end, window) for end in ends]
+    return sum(capped), sum([-(-c // block_size) for c in capped])
+
+
+def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int, block_size: int,
+                            sliding_window: int = 0) -> StepFeatures:
     """Features of k pure-decode steps where request i attends contexts[i] + j tokens in step j (0-based) and
     runs remaining[i] steps: a request that finishes drops out of the later steps. Cost O(len(contexts) × k)."""
     steps = np.arange(k, dtype=np.int64)
@@ -77,11 +113,16 @@ def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int,
     attended = (contexts[:, None] + steps) * alive
     count = np.add.reduce(alive, axis=0, dtype=np.int64)  # ufunc reductions: .sum() adds a Python layer per call
     blocks = np.add.reduce((attended + (block_size - 1)) // block_size, axis=0)
+    window = (0, 0, 0)
+    if sliding_window:
+        capped = np.minimum(attended, sliding_window)
+        window = (0, np.add.reduce(capped, axis=0), np.add.reduce((capped + (block_size - 1)) // block_size, axis=0))
     return StepFeatures(count, 0, 0, count, np.add.reduce(attended, axis=0), np.maximum.reduce(attended, axis=0),
-                        blocks, count, (count >= 2).astype(np.int64))
+                        blocks, count, (count >= 2).astype(np.int64), *window)
 
 
-def first_decode_features(contexts: list[int], block_size: int) -> StepFeatures:
+def first_decode_features(contexts: list[int], block_size: int, sliding_window: int = 0) -> StepFeatures:
     """The first step of `decode_stretch_features` as plain ints (a cheap estimate of the step time)."""
+    window = (0, *window_decode_sums(contexts, block_size, sliding_window)) if sliding_window else (0, 0, 0)
     return StepFeatures(len(contexts), 0, 0, len(contexts), sum(contexts), max(contexts),
-                        sum(-(-c // block_size) for c in contexts), len(contexts), int(len(contexts) >= 2))
+                        sum(-(-c // block_size) for c in contexts), len(contexts), int(len(contexts) >= 2), *window)

@@ -74,3 +74,54 @@ def test_a_window_bounds_what_sliding_groups_hold(gemma_like):
     groups = result.info["kv_groups"]
     assert groups["full_attention"]["blocks_peak"] == -(-8100 // 16)  # 507: every block of 8,099 positions
     assert groups["sliding_attention"]["blocks_peak"] == 6 * 192
+
+
+def test_sliding_layers_pay_attention_over_the_window_only(gemma_like):
+    """One decode at context 3,000 on the Gemma-like spec: its 10 full layers read 3,000 keys in 188 blocks,
+    its 52 sliding layers 1,024 keys in 64 blocks; every other term is the all-full twin's, so the two step
+    times differ by exactly the attention the window saves."""
+    import numpy as np
+
+    from kvplan.sim.cost.analytic import AnalyticCost
+    from kvplan.sim.cost.features import decode_stretch_features
+
+    hybrid, uniform = gemma_like
+    hw = get_hardware("h200")
+    costs = [AnalyticCost(MODELS[name], hw, 16) for name in (hybrid, uniform)]
+    assert [c.sliding_window for c in costs] == [1024, 0]
+    f = decode_stretch_features(np.array([3000]), np.array([1]), 1, 16, sliding_window=1024)
+    assert (int(f.window_context[0]), int(f.window_blocks[0]), int(f.blocks_touched[0])) == (1024, 64, 188)
+    pair, block = 4 * 32 * 128, 2 * 16 * 128 * 2 * 16  # FLOPs per (query, key) per layer; bytes per layer-block
+    attn, byte = hw.peak_flops * 0.5, hw.hbm_bandwidth * 0.8
+    full = max(pair * 62 * 3000 / attn, block * 62 * 188 / byte)
+    windowed = max(pair * (10 * 3000 + 52 * 1024) / attn, block * (10 * 188 + 52 * 64) / byte)
+    saved = costs[1].step_times(f)[0] - costs[0].step_times(f)[0]
+    assert saved == pytest.approx(full - windowed, rel=1e-9) and saved > 0
+
+
+def test_window_features_of_a_step_match_the_stretch_and_the_integral():
+    """A prefill chunk's doubled attention work under a window is 2 × ∫ min(x, W) dx over the chunk (checked
+    numerically), the unbounded window gives the plain feature back, and a stretch's window features equal
+    its steps' one at a time (the fast path prices hybrid decodes as the step-by-step path does)."""
+    import numpy as np
+
+    from kvplan.sim.cost.features import decode_stretch_features, step_features, windowed_attention2
+
+    for start, n, window in [(0, 100, 1024), (512, 1024, 1024), (2000, 48, 1024), (1000, 50, 1024), (0, 1, 1)]:
+        x = np.linspace(start, start + n, 200_001)
+        integral = 2 * np.trapezoid(np.minimum(x, window), x)
+        assert windowed_attention2(start, start + n, window) == pytest.approx(integral, rel=1e-6)
+        assert windowed_attention2(start, start + n, 10**9) == n * (2 * start + n)
+
+    class Item:
+        def __init__(self, start, n):
+            self.num_new_tokens, self.start_pos, self.is_decode, self.samples = n, start, n == 1, True
+
+    contexts, remaining = np.array([10, 1020, 1500, 4000]), np.array([3, 30, 30, 1])
+    stretch = decode_stretch_features(contexts, remaining, 30, 16, sliding_window=1024)
+    for j in range(30):
+        items = [Item(int(c) - 1 + j, 1) for c, r in zip(contexts, remaining, strict=True) if j < r]
+        one = step_features(items, 16, sliding_window=1024)
+        assert (one.window_context, one.window_blocks) == (stretch.window_context[j], stretch.window_blocks[j])
+    chunk = step_features([Item(512, 1024)], 16, sliding_window=1024)
+    assert (chunk.window_attention2, chunk.window_blocks) == (1024**2 - 512**2 + 2 * 1024 * 512, 64)
