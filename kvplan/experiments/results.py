@@ -143,11 +143,14 @@ def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
         if found.empty:
             return Recommendation(None, "", f"no point meets the SLOs inside the searched range "
                                             f"[{exp.search['low']:g}, {exp.search['high']:g}]")
-        best_first = target == "min_replicas"
-        ranked = found.sort_values(["answer", metric], ascending=[best_first, ascending], kind="stable")
+        if target == "min_replicas":  # what is bought is GPUs: 3 replicas at TP 2 beat 2 at TP 4
+            ranked = found.sort_values(["gpus", "answer", metric], ascending=[True, True, ascending], kind="stable")
+            ranking = f"ranked by GPUs (replicas x TP x PP), then replicas; ties broken by {by}"
+        else:
+            ranked = found.sort_values(["answer", metric], ascending=[False, ascending], kind="stable")
+            ranking = f"ties broken by {by}"
         best = ranked.iloc[0]
-        return Recommendation(int(best["point"]), best["label"], f"{capacity_sentence(exp, best)}; ties broken by "
-                                                                 f"{by}")
+        return Recommendation(int(best["point"]), best["label"], f"{capacity_sentence(exp, best)}; {ranking}")
     eligible = points[points["slo_met"]] if (exp.slo or exp.attainment) else points
     if eligible.empty:
         closest = points.sort_values("attainment" if exp.attainment else metric,

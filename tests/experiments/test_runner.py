@@ -257,3 +257,22 @@ def test_ray_backend_runs_the_same_points(tmp_path, capsys):
     capsys.readouterr()
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "ray" / "runs.parquet"),
                                   pd.read_parquet(tmp_path / "local" / "runs.parquet"))
+
+
+def test_a_replica_search_recommends_the_fewest_gpus_not_the_fewest_replicas():
+    """3 replicas at TP 2 (6 GPUs) beat 2 replicas at TP 4 (8 GPUs): the recommendation ranks GPUs bought, and
+    among equal GPU counts the fewer replicas, then the objective."""
+    from kvplan.experiments.results import recommend
+
+    exp = experiment(slo={"p99_ttft_ms": 1000}, search={"target": "min_replicas", "low": 1, "high": 16},
+                     sweep={"grid": {"engine.tensor_parallel_size": [2, 4, 8]}})
+    points = pd.DataFrame({"point": [0, 1, 2, 3], "label": ["tp2", "tp4", "tp8", "tp1"],
+                           "answer": [3.0, 2.0, 1.0, 8.0], "gpus_per_replica": [2, 4, 8, 1],
+                           "gpus": [6.0, 8.0, 8.0, 8.0], "p90_e2el_ms": [900.0, 500.0, 400.0, 100.0],
+                           "answer_low": [3.0, 2.0, 1.0, 8.0], "answer_high": [3.0, 2.0, 1.0, 8.0],
+                           "answers": ["3", "2", "1", "8"], "capacity_rps": [10.0] * 4,
+                           "capacity_tok_s": [5000.0] * 4})
+    rec = recommend(exp, points)
+    assert rec.label == "tp2" and "= 6 GPUs" in rec.why and "ranked by GPUs" in rec.why
+    rec = recommend(exp, points[points["label"] != "tp2"])  # 8 GPUs each: the fewest replicas wins
+    assert rec.label == "tp8"
