@@ -112,15 +112,38 @@ class KVCacheManager:
             hits += self._promote(keys.keys[len(hits):limit], hits)
         return hits
 
+    def cached_prefix_blocks(self, request: Request) -> int:
+        """How many leading blocks the GPU and the lower tiers hold for `request` - what `find_cached_prefix`
+        returns when the GPU has room for every promotion - without promoting anything (a router's probe of every
+        replica must not move blocks on the ones it passes over)."""
+        keys = request.block_keys
+        if not self.tiers or keys is None or not self.pool.enable_caching or self.config.windowed:
+            return len(self.find_cached_prefix(request))
+        limit = (request.num_tokens - 1) // self.block_size
+        if limit <= 0:
+            return 0
+        keys.key(limit - 1)
+        cached, count = self.pool.cached, 0
+        for key in keys.keys[:limit]:
+            if key not in cached and not any(key in tier for tier in self.tiers):
+                break
+            count += 1
+        return count
+
     def _promote(self, keys: list[int], hits: list[KVBlock]) -> list[KVBlock]:
-        """Copy the leading run of `keys` that lower tiers hold into GPU blocks, registered and cached free (so
-        the admission takes them as ordinary hits; `_plan` counts them as free blocks it takes). Stops at the
-        first key no tier has, or when no GPU block is free. The GPU `hits` are pinned meanwhile: a promotion's
-        allocation must not evict the prefix it extends."""
+        """Copy the leading run of `keys` that lower tiers (or, for a later block, the GPU) hold into GPU
+        blocks, registered and cached free (so the admission takes them as ordinary hits; `_plan` counts them as
+        free blocks it takes). Stops at the first key nobody has, or when no GPU block is free. The GPU `hits`
+        are pinned meanwhile: a promotion's allocation must not evict the prefix it extends."""
         pool, promoted = self.pool, []
         for block in hits:
             pool.acquire(block)
         for key in keys:
+            block = pool.cached.get(key)
+            if block is not None:  # past the first tier hit the GPU may hold a later block: a plain hit
+                pool.acquire(block)
+                promoted.append(block)
+                continue
             tier = next((t for t in self.tiers if key in t), None)
             if tier is None or pool.num_free == 0:
                 break

@@ -59,13 +59,43 @@ def test_demotions_and_promotions_keep_every_tier_within_capacity_and_unique(gpu
             pool.register(block, key)
             pool.release(block)
         elif not store:
-            was_below = key not in pool.cached and any(key in t for t in kv.tiers)
+            held = pool.cached.get(key)
+            was_below = held is None and any(key in t for t in kv.tiers)
+            count = sum(t.stats.promotions for t in kv.tiers)
             promoted = kv._promote([key], [])
-            if was_below:
+            if was_below or held is not None:  # promoted, or found in the GPU (not copied again)
                 assert [b.key for b in promoted] == [key] and pool.cached[key] is promoted[0]
+                assert sum(t.stats.promotions for t in kv.tiers) == count + was_below
             else:
                 assert promoted == []
         check_pool(pool, {})
         check_tiers(kv)
     moved = kv.take_promotions()
     assert sum(t.stats.promotions for t in kv.tiers) == len(moved) and kv.take_promotions() == []
+
+
+def test_a_probe_counts_tier_blocks_without_moving_them_and_a_lookup_promotes_them():
+    from kvplan.engine.core.request import attach_block_keys, make_request
+
+    kv = KVCacheManager(CacheConfig(block_size=4, num_blocks=8, max_model_len=32, kv_offloading_blocks=8))
+    first = make_request("a", max_tokens=1, prompt_token_ids=list(range(17)))
+    attach_block_keys(first, 4)
+    keys = [first.block_keys.key(i) for i in range(4)]
+    pool = kv.pool
+    for key in keys[2:]:  # the prompt's last two full blocks are on the CPU, its first two nowhere
+        kv.tiers[0].store(key)
+    again = make_request("b", max_tokens=1, prompt_token_ids=list(range(17)))
+    attach_block_keys(again, 4)
+    assert kv.cached_prefix_blocks(again) == 0 and kv.find_cached_prefix(again) == []  # stops at the first miss
+    for key in keys[:2]:
+        block = pool.allocate()
+        pool.register(block, key)
+        pool.release(block)
+    before = (dict(pool.cached), kv.tiers[0].stats.promotions)
+    assert kv.cached_prefix_blocks(again) == 4
+    assert (dict(pool.cached), kv.tiers[0].stats.promotions) == before  # the probe moved nothing
+    hits = kv.find_cached_prefix(again)
+    assert [b.key for b in hits] == keys and kv.tiers[0].stats.promotions == 2
+    assert [tier for tier, _ in kv.take_promotions()] == ["cpu", "cpu"]
+    check_pool(pool, {})
+    check_tiers(kv)
