@@ -26,6 +26,7 @@ import simpy
 
 from kvplan.engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
 from kvplan.engine.core.fast_forward import advance_decode, decode_horizon, waiting_head_blocked
+from kvplan.engine.core.metrics import TIER_COUNTER_KEYS
 from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.timing import SequenceTiming
 from kvplan.sim.cost import CostModel, sliding_window, step_time
@@ -342,5 +343,8 @@ class Replica:
 
     def counters(self) -> dict[str, int]:
         m = self.sched.kv_metrics()
-        return {key: int(m[key]) for key in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
-                                             "num_evicted_blocks")}
+        out = {key: int(m[key]) for key in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
+                                            "num_evicted_blocks")}
+        # the prefix tiers' counters, only for the tiers this replica has (a summary shows the others as null)
+        out.update((key, m[key]) for key in TIER_COUNTER_KEYS if m[key] is not None)
+        return out

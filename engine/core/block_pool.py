@@ -19,6 +19,7 @@ left, so cached contents are never thrown away while empty memory remains::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvplan.engine.core.config import ConfigError, check_int
@@ -45,6 +46,8 @@ class BlockPool:
         self.policy: EvictionPolicy = make_eviction_policy(eviction_policy, num_blocks)
         self.cached: dict[int, KVBlock] = {}
         self.duplicates: dict[int, list[KVBlock]] = {}  # key -> later copies, oldest first (rare)
+        # Told each key whose last copy an allocation evicts (a lower prefix tier demotes it); None: dropped.
+        self.spill: Callable[[int], None] | None = None
 
     # -- queries -------------------------------------------------------------------------------------------
     @property
@@ -82,7 +85,10 @@ class BlockPool:
             block = self._empty.pop()
         else:
             block = self.policy.evict()
+            key = block.key
             self._drop_key(block)
+            if self.spill is not None and key not in self.cached:
+                self.spill(key)
         block.ref_cnt = 1
         return block
 
@@ -95,7 +101,7 @@ class BlockPool:
         for block in blocks:
             block.ref_cnt = 1
         if n > take:  # the rest evicts, as `allocate` does once the empty stack is gone
-            cached, duplicates = self.cached, self.duplicates
+            cached, duplicates, spill = self.cached, self.duplicates, self.spill
             for block in self.policy.evict_many(n - take):
                 key = block.key
                 if key not in duplicates and cached.get(key) is block:
@@ -105,6 +111,8 @@ class BlockPool:
                     self._drop_key(block)
                 block.ref_cnt = 1
                 blocks.append(block)
+                if spill is not None and key not in cached:
+                    spill(key)
         return blocks
 
     def _drop_key(self, block: KVBlock) -> None:

@@ -52,7 +52,9 @@ class CacheConfig:
                               "of thousands)")
         if self.allocator != "paged":
             for key, on in (("enable_prefix_caching", self.enable_prefix_caching),
-                            ("window_tokens", self.window_tokens), ("num_cpu_blocks", self.num_cpu_blocks)):
+                            ("window_tokens", self.window_tokens), ("num_cpu_blocks", self.num_cpu_blocks),
+                            ("kv_offloading_blocks", self.kv_offloading_blocks),
+                            ("kv_disk_blocks", self.kv_disk_blocks)):
                 if on:
                     raise ConfigError(f"cache.{key}: not supported with the contiguous reservation allocator "
                                       f"{self.allocator!r}; allowed only with allocator 'paged'")
@@ -134,6 +136,8 @@ class HybridCacheConfig(CacheConfig):
         CacheConfig.__post_init__(self)  # (a slots dataclass has no zero-argument super())
         if self.hybrid:
             for key, on in (("window_tokens", self.window_tokens), ("num_cpu_blocks", self.num_cpu_blocks),
+                            ("kv_offloading_blocks", self.kv_offloading_blocks),
+                            ("kv_disk_blocks", self.kv_disk_blocks),
                             ("allocator", self.allocator != "paged")):
                 if on:
                     raise ConfigError(f"cache.{key}: not supported for a model mixing sliding-window and full "

@@ -98,7 +98,13 @@ def waiting_head_blocked(sched: Scheduler) -> bool:
     decodes leave (`mixed`) or the whole budget (`prefill_first`: its prefill step is tried first, and waiting
     requests are not tried again after decodes are scheduled). The check is the scheduler's own (`_admission`,
     the gate's `fits_whole`, then the KV manager's `can_allocate`). The caller checks that something waits and
-    nothing is swapped out."""
+    nothing is swapped out.
+
+    With prefix tiers below the GPU the argument fails - a decode's eviction demotes a block the head's lookup
+    then promotes back (touching its GPU hits), so each step's lookup moves blocks - and the head never counts
+    as blocked: the fast path still runs the stretches in which nothing waits."""
+    if getattr(sched.kv, "tiers", None):
+        return False
     request = sched.waiting.peek()
     budget = sched.config.max_num_batched_tokens
     if not sched._prefill_first:

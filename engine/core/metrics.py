@@ -145,7 +145,27 @@ def kv_snapshot(kv: KVCacheManager | ReservationAllocator, stats: SchedulerStats
         "num_preemptions": stats.num_preemptions,
         "num_evicted_blocks": pool.num_evictions if pool else 0,
         "num_rejected": stats.num_rejected,
+        **tier_counters(kv),
     }
+
+
+TIER_NAMES = ("cpu", "disk")
+TIER_COUNTERS = ("hits", "promotions", "demotions", "dropped")
+# the cumulative ones (summed over replicas and windows); `_blocks` is a gauge
+TIER_COUNTER_KEYS = tuple(f"kv_offload_{name}_{counter}" for name in TIER_NAMES for counter in TIER_COUNTERS)
+
+
+def tier_counters(kv: object) -> dict[str, int | None]:
+    """`kv_offload_<tier>_<counter>` in blocks for every tier the core knows, None where the tier is absent (a
+    summary names the same keys whether or not a run had the tier); `_blocks` is what the tier holds now."""
+    present = {tier.name: tier for tier in getattr(kv, "tiers", ())}
+    out: dict[str, int | None] = {}
+    for name in TIER_NAMES:
+        tier = present.get(name)
+        for counter in TIER_COUNTERS:
+            out[f"kv_offload_{name}_{counter}"] = None if tier is None else getattr(tier.stats, counter)
+        out[f"kv_offload_{name}_blocks"] = None if tier is None else len(tier)
+    return out
 
 
 def block_sharing(kv: KVCacheManager, requests: Iterable[Request]) -> tuple[int, int]:

@@ -1,12 +1,12 @@
 """Plain-data descriptions of one scheduler step, consumed by the model runner (engine) or cost model (sim).
 
-The runner executes a step in this order: `swap_out` (GPU -> CPU), `swap_in` (CPU -> GPU), `copies`
-(copy-on-write), then the forward pass over `scheduled`. The order matters: the blocks a victim releases when it is
-swapped out may be reused in the same step as copy-on-write destinations, so they are read first; and a swapped-in
-group shares its blocks again, so a member's first write may copy a block that only the swap-in fills. (Swap-ins
-only happen in steps without preemption, so they never meet a swap-out; a copy's source is in use, so no swap-in
-overwrites it.) A victim preempted after it was scheduled in this step loses its copies; if it is swapped out, its
-swap-out reads each copy's source instead.
+The runner executes a step in this order: `swap_out` (GPU -> CPU), `swap_in` (CPU -> GPU), `copies` (copy-on-
+write), `promotions` (a lower prefix tier -> GPU), then the forward pass over `scheduled`. The order matters: the
+blocks a victim releases when it is swapped out may be reused in the same step as copy-on-write destinations, so
+they are read first; and a swapped-in group shares its blocks again, so a member's first write may copy a block
+that only the swap-in fills. (Swap-ins only happen in steps without preemption, so they never meet a swap-out; a
+copy's source is in use, so no swap-in overwrites it.) A victim preempted after it was scheduled in this step loses
+its copies; if it is swapped out, its swap-out reads each copy's source instead.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class SchedulerOutput:
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) GPU blocks, copy-on-write
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu, cpu)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, gpu)
+    # (tier, GPU block) prefix blocks copied up from a lower tier before this step's forward pass (prefix_tiers)
+    promotions: list[tuple[str, int]] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (request id, reason)
     # Plain count-only decodes scheduled in bulk (one token each, ahead of `scheduled` in running order); only

@@ -213,6 +213,7 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         budget = self.config.max_num_batched_tokens
         self._cap = self._long_prefill if len(self.running) + len(self.waiting) + len(self.swapped) > 1 else INF
         if self._prefill_first and not self.swapped and self._schedule_prefills(out, budget):
+            self._collect_promotions(out)
             return out
         budget = self._schedule_running(out, budget)
         if not out.preempted:
@@ -223,7 +224,15 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
             raise RuntimeError(f"scheduler bug: an empty step with {len(self.running)} running, {len(self.swapped)} "
                                f"swapped and {len(self.waiting)} waiting requests ({self.kv.num_free_blocks} of "
                                f"{self.cache_config.num_blocks} blocks free)")
+        self._collect_promotions(out)
         return out
+
+    def _collect_promotions(self, out: SchedulerOutput) -> None:
+        """The lower-tier blocks this step's prefix lookups copied into the GPU: the runner (or the cost model)
+        moves them before the forward pass. Only a paged manager with tiers has any."""
+        tiers = getattr(self.kv, "tiers", None)
+        if tiers:
+            out.promotions = self.kv.take_promotions()
 
     def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> bool:
         """prefill_first: prompt chunks of running requests and then waiting admissions, alone in the step and

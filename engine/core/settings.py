@@ -227,6 +227,14 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        aliases=("--no-prefix-caching",)),
     _s("eviction_policy", "choice", "lru", "which cached free block is reused first", config="cache",
        choices=tuple(sorted(EVICTION_POLICIES)), aliases=("--eviction",)),
+    _s("kv_offloading_blocks", "int", 0, "CPU prefix-cache tier in blocks (vLLM's KV offloading, LMCache's "
+       "local_cpu): prefix blocks the GPU evicts are kept there and copied back on a hit; 0: no CPU tier",
+       config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK),
+    _s("kv_offloading_eviction", "choice", "lru", "which block the CPU prefix tier drops (or demotes to disk) first",
+       config="cache", sides=CORE_SIM, choices=tuple(sorted(EVICTION_POLICIES))),
+    _s("kv_disk_blocks", "int", 0, "local-disk prefix-cache tier in blocks below the CPU tier (LMCache's "
+       "local_disk; simulator-only): blocks the CPU tier evicts land there; 0: no disk tier",
+       config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK),
     _s("allocator", "choice", "paged", "paged blocks, or a contiguous reservation baseline of the vLLM paper "
        "(reserve the model's max length, the next power of two of the need, or exactly the need)", config="cache",
        sides=CORE_SIM, choices=ALLOCATORS),

@@ -18,7 +18,7 @@ from kvplan.sim.cost.features import StepFeatures, step_features
 class CostModel(Protocol):
     def step_times(self, f: StepFeatures) -> np.ndarray | float: ...
 
-    def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float: ...
+    def transfer_time(self, swapped_blocks: int, copied_blocks: int, disk_blocks: int = 0) -> float: ...
 
 
 def sliding_window(model: CostModel) -> int:
@@ -38,9 +38,11 @@ def step_time(model: CostModel, step, block_size: int, attended_limit: int = 0, 
     if step.scheduled or step.decodes:
         features = step_features(step.scheduled, block_size, attended_limit, step.decodes, window)
         compute = float(model.step_times(features))
-    moved = len(step.swap_out) + len(step.swap_in)
-    if moved or step.copies:
-        compute += model.transfer_time(moved, len(step.copies))
+    # a CPU-tier promotion crosses the host link as a swap-in does; a disk one also reads the drive
+    disk = sum(1 for tier, _ in step.promotions if tier == "disk")
+    moved = len(step.swap_out) + len(step.swap_in) + len(step.promotions) - disk
+    if moved or step.copies or disk:
+        compute += model.transfer_time(moved, len(step.copies), disk)
     return compute
 
 

@@ -226,11 +226,14 @@ class AnalyticCost:
         dispatch = all_to_all_time(hidden * self._experts.per_token, tp, hw, eff)
         return 2 * self._stage_dense_layers * reduce + self._stage_moe_layers * (reduce + 2 * dispatch)
 
-    def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float:
-        """Swap over the host link; a copy-on-write block is read and written in HBM."""
-        swap = swapped_blocks * self.bytes_per_block / self.hardware.host_link_bandwidth
+    def transfer_time(self, swapped_blocks: int, copied_blocks: int, disk_blocks: int = 0) -> float:
+        """Swap over the host link; a copy-on-write block is read and written in HBM; a disk-tier block streams
+        drive -> host -> GPU, pipelined, so at the slower of the drive and the host link."""
+        hw = self.hardware
+        swap = swapped_blocks * self.bytes_per_block / hw.host_link_bandwidth
         copy = 2 * copied_blocks * self.bytes_per_block / self._byte_rate
-        return swap + copy
+        disk = disk_blocks * self.bytes_per_block / min(hw.disk_bandwidth, hw.host_link_bandwidth)
+        return swap + copy + disk
 
 
 def kv_capacity_blocks(model: ModelSpec, hardware: HardwareSpec, block_size: int, *,

@@ -83,8 +83,10 @@ class CalibratedCost:
             total = total + coefficient * columns[i]
         return total
 
-    def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float:
-        return swapped_blocks * self.swap_seconds_per_block + copied_blocks * self.copy_seconds_per_block
+    def transfer_time(self, swapped_blocks: int, copied_blocks: int, disk_blocks: int = 0) -> float:
+        # no drive was measured: a disk-tier block is priced as a swap (a lower bound on its time)
+        return ((swapped_blocks + disk_blocks) * self.swap_seconds_per_block
+                + copied_blocks * self.copy_seconds_per_block)
 
     def scaled(self, factor: float) -> CalibratedCost:
         """The same profile on a machine `factor` times slower (every coefficient and transfer cost scaled):

@@ -130,5 +130,5 @@ class RecordedCost:
     def step_times(self, f: StepFeatures) -> np.ndarray | float:
         raise TypeError("a recorded cost prices steps by their id, not their features: run without the fast path")
 
-    def transfer_time(self, swapped_blocks: int, copied_blocks: int) -> float:
+    def transfer_time(self, swapped_blocks: int, copied_blocks: int, disk_blocks: int = 0) -> float:
         return 0.0  # the recorded duration includes the step's swaps and copies

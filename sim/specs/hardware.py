@@ -45,6 +45,8 @@ class HardwareSpec:
     p2p_latency_s: float = 0.0  # per send/recv between two GPUs
     nvls: bool = False  # the switch reduces in the network (NVLink SHARP): an all-reduce moves each byte once
     internode_bandwidth: float = 0.0  # bytes/s per GPU between nodes (pipeline stages on different nodes)
+    # bytes/s a local NVMe reads (a PCIe 4.0 x4 data-centre drive, ~6.5 GB/s sequential): the disk prefix tier
+    disk_bandwidth: float = 6.5e9
 
 
 def _nvlink(name, flops, hbm, memory, host, link, nvls, internode) -> HardwareSpec:

@@ -39,6 +39,7 @@ def check_scheduler(sched: Scheduler, mid_step: bool = False) -> None:
     kv = sched.kv
     live = set(sched.requests)
     assert set(kv.tables) <= live
+    check_tiers(kv)
     if hasattr(kv, "extents"):  # a contiguous reservation allocator
         assert kv.reserved_slots == sum(length for _, length in kv.extents.values()) <= kv.total_slots
     else:
@@ -72,6 +73,17 @@ def _check_paged(sched: Scheduler, mid_step: bool) -> None:
         assert request.request_id in kv.cpu_tables and request.request_id not in kv.tables
     assert len(set(groups)) == len([g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]), \
         "a swapped group's members are not adjacent"
+
+
+def check_tiers(kv) -> None:
+    """Each lower prefix tier: a key in at most one slot, never over capacity, no slot pinned between steps."""
+    for tier in getattr(kv, "tiers", ()):
+        pool = tier.pool
+        assert not pool.duplicates, f"tier {tier.name}: a key is in two slots"
+        assert len(pool.cached) <= pool.num_blocks, f"tier {tier.name} exceeds its capacity"
+        assert all(b.ref_cnt == 0 for b in pool.blocks), f"tier {tier.name}: a slot is still pinned"
+        assert len(pool.cached) == pool.num_cached_free
+        check_pool(pool, {})
 
 
 def check_all_free(sched: Scheduler) -> None:

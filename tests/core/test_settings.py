@@ -14,7 +14,8 @@ from kvplan.errors import ConfigError
 
 CONFIGS = {"cache": CacheConfig, "scheduler": SchedulerConfig}
 # A non-default value per setting, all consistent with each other (sinks need a window; swap needs CPU blocks).
-CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "enable_prefix_caching": False,
+CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "kv_offloading_blocks": 32,
+           "kv_offloading_eviction": "fifo", "kv_disk_blocks": 48, "enable_prefix_caching": False,
            "eviction_policy": "s3fifo", "allocator": "paged", "max_model_len": 200, "sink_tokens": 4,
            "window_tokens": 96, "watermark": 0.05, "max_num_batched_tokens": 96, "max_num_seqs": 7,
            "long_prefill_token_threshold": 32, "enable_chunked_prefill": False, "policy": "priority",

@@ -30,6 +30,10 @@ CASES = [
     (11, SimSpec(num_blocks=100, block_size=4, max_num_seqs=6, eviction_policy="fifo", watermark=0.1)),
     # first chunks admitted without the full-prompt gate (vLLM 0.10): more preemption; a cache-reading router
     (12, SimSpec(num_blocks=70, block_size=8, scheduler_reserve_full_isl=False, replicas=2, router="prefix_aware")),
+    # prefix tiers below the GPU: evictions inside stretches demote, the blocked head's lookups promote
+    (13, SimSpec(num_blocks=90, block_size=4, max_num_seqs=3, kv_offloading_blocks=40, kv_disk_blocks=60)),
+    (14, SimSpec(num_blocks=70, block_size=8, kv_offloading_blocks=30, kv_offloading_eviction="s3fifo",
+                 replicas=2, router="prefix_aware")),
 ]
 
 

@@ -32,8 +32,9 @@ def test_itl_log_counts_merge():
 def test_summary_has_exactly_the_design_keys():
     result = simulate(random_trace(3, 20), SimSpec(num_blocks=200))
     assert tuple(result.summary) == SUMMARY_KEYS
-    assert len(SUMMARY_KEYS) == 6 + 16 + 9 + 5  # request_goodput beside the throughputs
+    assert len(SUMMARY_KEYS) == 6 + 16 + 9 + 5 + 8  # request_goodput beside the throughputs; 4 per prefix tier
     assert result.summary["request_goodput"] is None  # no per-request bounds given
+    assert all(result.summary[f"kv_offload_{t}_hits"] is None for t in ("cpu", "disk"))  # no tier: null
     memory = sum(result.summary[k] for k in ("token_states", "internal_fragmentation", "reserved_unused",
                                              "external_fragmentation", "free"))
     assert memory == pytest.approx(1.0)

@@ -1,0 +1,101 @@
+"""Prefix tiers below the GPU: demotion on eviction, promotion on a hit, counters, and the chain's invariants."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import given, settings
+
+from kvplan.engine.core import CacheConfig
+from kvplan.engine.core.config import ConfigError
+from kvplan.engine.core.kv_manager import KVCacheManager
+from kvplan.engine.core.prefix_tiers import TierSpec, build_tiers
+from tests.core.invariants import check_pool, check_tiers
+
+
+def test_an_evicted_gpu_block_is_demoted_and_a_full_tier_demotes_further():
+    kv = KVCacheManager(CacheConfig(block_size=4, num_blocks=2, max_model_len=8, kv_offloading_blocks=1,
+                                    kv_disk_blocks=1))
+    cpu, disk = kv.tiers
+    pool = kv.pool
+    for key in (10, 11, 12, 13):  # each allocation past the second evicts the oldest cached block
+        block = pool.allocate()
+        pool.register(block, key)
+        pool.release(block)
+    assert set(pool.cached) == {12, 13} and 11 in cpu and 10 in disk
+    assert (cpu.stats.demotions, disk.stats.demotions, disk.stats.dropped) == (2, 1, 0)
+    block = pool.allocate()
+    pool.register(block, 14)
+    pool.release(block)  # 12 -> cpu, 11 -> disk, 10 off the end
+    assert 12 in cpu and 11 in disk and 10 not in disk and disk.stats.dropped == 1
+
+
+def test_tiers_off_leave_the_pool_without_a_spill_hook():
+    kv = KVCacheManager(CacheConfig(block_size=4, num_blocks=4, max_model_len=8))
+    assert kv.tiers == [] and kv.pool.spill is None
+
+
+def test_a_repeated_tier_is_refused():
+    try:
+        build_tiers([TierSpec("cpu", 2), TierSpec("cpu", 2)], 4)
+    except ConfigError as e:
+        assert "repeats a tier" in str(e)
+    else:
+        raise AssertionError("a repeated tier was accepted")
+
+
+@settings(max_examples=150, deadline=None)
+@given(gpu=st.integers(1, 6), cpu=st.integers(1, 6), disk=st.integers(0, 6),
+       policy=st.sampled_from(["lru", "fifo", "lfu", "s3fifo"]),
+       ops=st.lists(st.tuples(st.booleans(), st.integers(0, 15)), max_size=60))
+def test_demotions_and_promotions_keep_every_tier_within_capacity_and_unique(gpu, cpu, disk, policy, ops):
+    """Random stores (compute a block, register, free it) and lookups through `_promote`: every key is in at
+    most one slot per tier, no tier exceeds its capacity, ref counts return to 0, a promoted key is in the GPU."""
+    kv = KVCacheManager(CacheConfig(block_size=1, num_blocks=gpu, max_model_len=1, kv_offloading_blocks=cpu,
+                                    kv_offloading_eviction=policy, kv_disk_blocks=disk))
+    pool = kv.pool
+    for store, key in ops:
+        if store and key not in pool.cached:
+            block = pool.allocate()
+            pool.register(block, key)
+            pool.release(block)
+        elif not store:
+            held = pool.cached.get(key)
+            was_below = held is None and any(key in t for t in kv.tiers)
+            count = sum(t.stats.promotions for t in kv.tiers)
+            promoted = kv._promote([key], [])
+            if was_below or held is not None:  # promoted, or found in the GPU (not copied again)
+                assert [b.key for b in promoted] == [key] and pool.cached[key] is promoted[0]
+                assert sum(t.stats.promotions for t in kv.tiers) == count + was_below
+            else:
+                assert promoted == []
+        check_pool(pool, {})
+        check_tiers(kv)
+    moved = kv.take_promotions()
+    assert sum(t.stats.promotions for t in kv.tiers) == len(moved) and kv.take_promotions() == []
+
+
+def test_a_probe_counts_tier_blocks_without_moving_them_and_a_lookup_promotes_them():
+    from kvplan.engine.core.request import attach_block_keys, make_request
+
+    kv = KVCacheManager(CacheConfig(block_size=4, num_blocks=8, max_model_len=32, kv_offloading_blocks=8))
+    first = make_request("a", max_tokens=1, prompt_token_ids=list(range(17)))
+    attach_block_keys(first, 4)
+    keys = [first.block_keys.key(i) for i in range(4)]
+    pool = kv.pool
+    for key in keys[2:]:  # the prompt's last two full blocks are on the CPU, its first two nowhere
+        kv.tiers[0].store(key)
+    again = make_request("b", max_tokens=1, prompt_token_ids=list(range(17)))
+    attach_block_keys(again, 4)
+    assert kv.cached_prefix_blocks(again) == 0 and kv.find_cached_prefix(again) == []  # stops at the first miss
+    for key in keys[:2]:
+        block = pool.allocate()
+        pool.register(block, key)
+        pool.release(block)
+    before = (dict(pool.cached), kv.tiers[0].stats.promotions)
+    assert kv.cached_prefix_blocks(again) == 4
+    assert (dict(pool.cached), kv.tiers[0].stats.promotions) == before  # the probe moved nothing
+    hits = kv.find_cached_prefix(again)
+    assert [b.key for b in hits] == keys and kv.tiers[0].stats.promotions == 2
+    assert [tier for tier, _ in kv.take_promotions()] == ["cpu", "cpu"]
+    check_pool(pool, {})
+    check_tiers(kv)
