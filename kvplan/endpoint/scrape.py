@@ -1,5 +1,5 @@
-"""Read a server's Prometheus `/metrics` (text exposition format) under vLLM's metric names: gauges sampled during
-a replay, counters differenced over it, and the KV facts of `vllm:cache_config_info`.
+"""Read a server's Prometheus `/metrics` (text exposition format) under vLLM's or llama.cpp's metric names: gauges
+sampled during a replay, counters differenced over it, and the KV facts of `vllm:cache_config_info`.
 
 Servers that expose none of these (a plain OpenAI-compatible proxy) still replay; what could not be read is
 reported as unknown (null), never as 0.
@@ -10,15 +10,20 @@ from __future__ import annotations
 import math
 import re
 
-# (summary key, vLLM counter): each summed over label sets, differenced between the start and the end of a replay
-COUNTERS = (("prefix_cache_queries", "vllm:prefix_cache_queries_total"),
-            ("prefix_cache_hits", "vllm:prefix_cache_hits_total"),
-            ("num_preemptions", "vllm:num_preemptions_total"),
-            ("generation_tokens", "vllm:generation_tokens_total"),
-            ("prompt_tokens", "vllm:prompt_tokens_total"),
-            ("request_success", "vllm:request_success_total"))
-# series column -> gauges to try, newest vLLM name first
-GAUGES = (("running", ("vllm:num_requests_running",)), ("waiting", ("vllm:num_requests_waiting",)),
+# (summary key, counters to try): vLLM's name first, then llama.cpp's (names read from the vendored llama.cpp
+# server source, tools/server/server-task.cpp, which prefixes each with "llamacpp:"); each summed over label sets,
+# differenced between the start and the end of a replay. llama.cpp counts cached prompt tokens but not lookups, so
+# its prefix_cache_queries stays unknown rather than borrowed from another counter.
+COUNTERS = (("prefix_cache_queries", ("vllm:prefix_cache_queries_total",)),
+            ("prefix_cache_hits", ("vllm:prefix_cache_hits_total", "llamacpp:prompt_tokens_cached_total")),
+            ("num_preemptions", ("vllm:num_preemptions_total",)),
+            ("generation_tokens", ("vllm:generation_tokens_total", "llamacpp:tokens_predicted_total")),
+            ("prompt_tokens", ("vllm:prompt_tokens_total", "llamacpp:prompt_tokens_total")),
+            ("request_success", ("vllm:request_success_total",)))
+# series column -> gauges to try, newest vLLM name first, then llama.cpp's (busy slots, requests deferred for
+# want of a free slot); llama.cpp exports no KV-usage gauge, so kv_usage stays unknown against it
+GAUGES = (("running", ("vllm:num_requests_running", "llamacpp:requests_processing")),
+          ("waiting", ("vllm:num_requests_waiting", "llamacpp:requests_deferred")),
           ("swapped", ("vllm:num_requests_swapped",)),
           ("kv_usage", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")))
 
@@ -47,15 +52,17 @@ def _sum(samples: list, name: str) -> float:
     return math.fsum(values) if values else math.nan
 
 
+def _first(samples: list, names: tuple[str, ...]) -> float:
+    """The sum of the first of `names` the server exposes, NaN when it exposes none."""
+    return next((v for v in (_sum(samples, n) for n in names) if not math.isnan(v)), math.nan)
+
+
 def counters(samples: list) -> dict[str, float]:
-    return {key: _sum(samples, name) for key, name in COUNTERS}
+    return {key: _first(samples, names) for key, names in COUNTERS}
 
 
 def gauges(samples: list) -> dict[str, float]:
-    out = {}
-    for key, names in GAUGES:
-        out[key] = next((v for v in (_sum(samples, n) for n in names) if not math.isnan(v)), math.nan)
-    return out
+    return {key: _first(samples, names) for key, names in GAUGES}
 
 
 def cache_config(samples: list) -> dict[str, str]:
