@@ -16,6 +16,7 @@ import simpy
 from kvplan.engine.core import CacheConfig, Request, SchedulerConfig, make_request
 from kvplan.sim.closed_loop import ClosedLoop
 from kvplan.sim.cost import CostModel
+from kvplan.sim.links import wire_tiers, without_shared
 from kvplan.sim.metrics import ItlLog, RequestLog
 from kvplan.sim.replica import Replica
 from kvplan.sim.routers import Router
@@ -28,7 +29,7 @@ UNSERVABLE = "a failed request in the trace (0 prompt or 0 output tokens): nothi
 class Cluster:
     def __init__(self, trace: Trace, num_replicas: int, router: Router, cache: CacheConfig, config: SchedulerConfig,
                  cost: CostModel, *, sample_interval_s: float = 1.0, fast_path: bool = True,
-                 record_tokens: bool = False, closed_loop: ClosedLoop | None = None) -> None:
+                 record_tokens: bool = False, closed_loop: ClosedLoop | None = None, layerwise: bool = False) -> None:
         self.env = simpy.Environment()
         self.trace = trace  # a closed loop: the requests its users have sent so far (set when the run ends)
         self.closed_loop = closed_loop
@@ -47,10 +48,12 @@ class Cluster:
         self.row_names: list[int] | None = None
         # A closed loop's arrivals come from completions: no stretch may run past one (see ClosedLoop).
         next_arrival = self._next_arrival if closed_loop is None else closed_loop.next_arrival
-        self.replicas = [Replica(self.env, i, cache, config, cost, self.log, next_arrival,
+        self.replicas = [Replica(self.env, i, without_shared(cache), config, cost, self.log, next_arrival,
                                  sample_interval_s=sample_interval_s, fast_path=fast_path,
                                  record_tokens=record_tokens)
                          for i in range(num_replicas)]
+        # the one shared prefix store every replica's chain ends in, and the links the tiers' transfers cross
+        self.shared_tier = wire_tiers(self.replicas, cache, cost, layerwise)
         if closed_loop is None:
             self.env.process(self._arrivals())
         else:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from kvplan.engine.core.metrics import TIER_COUNTER_KEYS
+from kvplan.engine.core.metrics import TIER_SUMMARY_KEYS
 
 RAW_COLUMNS = ("request", "sample", "replica", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
                "prompt_tokens", "output_tokens", "cached_prompt_tokens", "preemptions", "itl_max_s")
@@ -29,7 +29,7 @@ SUMMARY_KEYS = (
     *(f"{stat}_{lat}_ms" for lat in LATENCIES for stat in ("mean", "median", "p90", "p99")),
     "kv_usage_mean", "kv_usage_peak", "kv_token_utilization", "prefix_cache_queries", "prefix_cache_hits",
     "prefix_cache_hit_rate", "num_preemptions", "num_evicted_blocks", "num_rejected", *MEMORY_KEYS,
-    *TIER_COUNTER_KEYS,
+    *TIER_SUMMARY_KEYS,
 )
 
 
@@ -176,7 +176,7 @@ def kv_summary(usage_integral_blocks_s: float, total_blocks_s: float, peak: floa
             "prefix_cache_hit_rate": hits / queries if queries else 0.0,
             "num_preemptions": counters["num_preemptions"], "num_evicted_blocks": counters["num_evicted_blocks"],
             "num_rejected": counters.get("num_rejected", 0), **memory,
-            **{key: counters.get(key) for key in TIER_COUNTER_KEYS}}  # null where the run had no such tier
+            **{key: counters.get(key) for key in TIER_SUMMARY_KEYS}}  # null where the run had no such tier
 
 
 def summarize(table: pd.DataFrame, itl: ItlLog, kv: dict[str, float],

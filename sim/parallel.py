@@ -97,10 +97,11 @@ def shares(trace: Trace, num_replicas: int) -> tuple[list[np.ndarray], list[tupl
 
 
 def run_replica(share: Trace, names: list[int], index: int, cache: CacheConfig, config: SchedulerConfig,
-                cost: CostModel, interval: float, fast_path: bool) -> ReplicaPart:
+                cost: CostModel, interval: float, fast_path: bool, layerwise: bool = False) -> ReplicaPart:
     """Replica `index`'s share of the trace (its rows `names` of the whole) on its own, as the whole run would
     serve it."""
-    cluster = Cluster(share, 1, RoundRobin(), cache, config, cost, sample_interval_s=interval, fast_path=fast_path)
+    cluster = Cluster(share, 1, RoundRobin(), cache, config, cost, sample_interval_s=interval, fast_path=fast_path,
+                      layerwise=layerwise)
     cluster.row_names = names
     replica = cluster.replicas[0]
     replica.index = index
@@ -115,7 +116,7 @@ def run_replica(share: Trace, names: list[int], index: int, cache: CacheConfig, 
 
 
 def run_parallel(trace: Trace, num_replicas: int, cache: CacheConfig, config: SchedulerConfig, cost: CostModel,
-                 interval: float, fast_path: bool, processes: int) -> MergedCluster:
+                 interval: float, fast_path: bool, processes: int, layerwise: bool = False) -> MergedCluster:
     """Every replica's share in a pool of `processes` processes - forked where the platform can (no start-up
     imports, and a caller's script needs no `__main__` guard), else spawned."""
     parts, unservable = shares(trace, num_replicas)
@@ -127,7 +128,7 @@ def run_parallel(trace: Trace, num_replicas: int, cache: CacheConfig, config: Sc
         with ProcessPoolExecutor(max_workers=max(1, min(processes, num_replicas)),
                                  mp_context=get_context(START_METHOD)) as pool:
             futures = {i: pool.submit(run_replica, trace.take(parts[i]), parts[i].tolist(), i, cache, config, cost,
-                                      interval, fast_path) for i in order}
+                                      interval, fast_path, layerwise) for i in order}
             replicas = [futures[i].result() for i in range(num_replicas)]
     finally:
         if frozen:
@@ -135,15 +136,19 @@ def run_parallel(trace: Trace, num_replicas: int, cache: CacheConfig, config: Sc
     return MergedCluster(trace, replicas, unservable)
 
 
-def worth_parallel(router: str, replicas: int, processes: int, record_tokens: bool, requests: int) -> bool:
+def worth_parallel(router: str, replicas: int, processes: int, record_tokens: bool, requests: int,
+                   shared_tier: bool = False) -> bool:
     """Whether to split the run: a round robin over several replicas, long enough to pay for the processes."""
-    return processes > 1 and why_not_parallel(router, replicas, record_tokens, requests) is None
+    return processes > 1 and why_not_parallel(router, replicas, record_tokens, requests, shared_tier) is None
 
 
-def why_not_parallel(router: str, replicas: int, record_tokens: bool, requests: int) -> str | None:
+def why_not_parallel(router: str, replicas: int, record_tokens: bool, requests: int,
+                     shared_tier: bool = False) -> str | None:
     """Why a run with several processes asked for runs in one anyway (None: it is split)."""
     if replicas < 2:
         return "one replica has nothing to split"
+    if shared_tier:
+        return "the replicas share one prefix store (kv_shared_blocks): they run together, in one process"
     if router != "round_robin":
         return f"the {router} router reads the replicas' state at every arrival; only round_robin is split"
     if record_tokens:

@@ -137,7 +137,8 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
     cache, config = build_configs(spec, pop.trace, num_blocks)  # the population's lengths: the same per probe
     interval = spec.sample_interval_s or duration / SAMPLES_PER_PROBE
     cluster = Cluster(trace, spec.replicas, make_router(spec.router), cache, config, cost,
-                      sample_interval_s=interval, fast_path=spec.fast_path, closed_loop=loop)
+                      sample_interval_s=interval, fast_path=spec.fast_path, closed_loop=loop,
+                      layerwise=spec.kv_offloading_layerwise)
     limit = max(OVERLOAD_MIN_WAITING, rate / spec.replicas * probe.overload_wait_s) if loop is None else math.inf
 
     def check(replica) -> None:

@@ -26,12 +26,14 @@ import simpy
 
 from kvplan.engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
 from kvplan.engine.core.fast_forward import advance_decode, decode_horizon, waiting_head_blocked
-from kvplan.engine.core.metrics import TIER_COUNTER_KEYS
+from kvplan.engine.core.metrics import TIER_COUNTER_KEYS, TIER_NAMES
 from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.timing import SequenceTiming
 from kvplan.sim.cost import CostModel, sliding_window, step_time
 from kvplan.sim.cost.features import decode_stretch_features, first_decode_features
+from kvplan.sim.links import TierPricing
 from kvplan.sim.metrics import ItlLog, RequestLog
+from kvplan.sim.shared_store import SharedView
 
 NAN = math.nan
 FAST_PATH_CELLS = 1 << 20  # most (request, step) pairs priced in one stretch
@@ -88,6 +90,9 @@ class Replica:
         self.on_close: Callable[[int, int, float], None] | None = None
         self.stop_at_finish = False
         self.busy_until = math.inf  # the end of the step or stretch under way: its completions come no earlier
+        self.pricing: TierPricing | None = None  # set by the cluster for a replica with prefix tiers
+        self.block_bytes: float | None = None  # a KV block's bytes (every rank's): what tier counters move
+        self.shared_view: SharedView | None = None  # this replica's view of the cluster's shared prefix store
         self.process = env.process(self._run())
 
     @property
@@ -136,7 +141,11 @@ class Replica:
                 track = self.tracks[item.request.request_id]
                 if track.first_scheduled_s != track.first_scheduled_s:  # NaN: first time scheduled
                     track.first_scheduled_s = start
-            dt = step_time(self.cost, step, self.block_size, self.attended_limit, self.sliding_window)
+            if self.pricing is None:
+                dt = step_time(self.cost, step, self.block_size, self.attended_limit, self.sliding_window)
+            else:  # promotions over their links (a shared store's network, layer-wise loading)
+                dt = self.pricing.step_seconds(self.cost, step, start, self.block_size, self.attended_limit,
+                                               self.sliding_window)
             self._account(sched.kv.usage(), dt)
             end = start + dt
             self.busy_until = end
@@ -275,7 +284,12 @@ class Replica:
         if k == 0:
             return []
         usage: list[float] = []
+        shared = self.shared_view
+        if shared is not None:  # the stretch's stores into the shared store take effect at their steps' times
+            shared.begin_stretch(usage)
         finished = advance_decode(sched, k, usage)
+        if shared is not None:
+            shared.end_stretch([self.clock, *ends[:-1]])
         seconds, peak = self.usage_seconds, self.peak_usage  # `_account` per step, inlined (same sum order)
         for used, dt in zip(usage, times, strict=False):
             seconds += used * dt
@@ -342,9 +356,15 @@ class Replica:
             self.on_sample(self)
 
     def counters(self) -> dict[str, int]:
+        if self.shared_view is not None:  # its stores stamped by now are counted by now
+            self.shared_view.queue.flush(self.env.now)
         m = self.sched.kv_metrics()
         out = {key: int(m[key]) for key in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
                                             "num_evicted_blocks")}
         # the prefix tiers' counters, only for the tiers this replica has (a summary shows the others as null)
         out.update((key, m[key]) for key in TIER_COUNTER_KEYS if m[key] is not None)
+        for name in TIER_NAMES:  # bytes over each tier's link: its promotions out and its stores in
+            if f"kv_offload_{name}_hits" in out and self.block_bytes is not None:
+                moved = out[f"kv_offload_{name}_promotions"] + out[f"kv_offload_{name}_demotions"]
+                out[f"kv_offload_{name}_bytes"] = round(moved * self.block_bytes)
         return out

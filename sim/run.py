@@ -295,11 +295,14 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     interval = sample_interval(spec, trace, cost)
     # A recorded cost prices steps one by one, by id; token times are recorded step by step.
     fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens
-    if worth_parallel(spec.router, spec.replicas, processes, spec.record_tokens, len(trace)):
-        cluster = run_parallel(trace, spec.replicas, cache, config, cost, interval, fast_path, processes)
+    if worth_parallel(spec.router, spec.replicas, processes, spec.record_tokens, len(trace),
+                      bool(cache.kv_shared_blocks)):
+        cluster = run_parallel(trace, spec.replicas, cache, config, cost, interval, fast_path, processes,
+                               spec.kv_offloading_layerwise)
     else:
         cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,
-                          fast_path=fast_path, record_tokens=spec.record_tokens)
+                          fast_path=fast_path, record_tokens=spec.record_tokens,
+                          layerwise=spec.kv_offloading_layerwise)
         cluster.run()
     result = collect(cluster, num_blocks, goodput)
     failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))

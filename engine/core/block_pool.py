@@ -48,6 +48,8 @@ class BlockPool:
         self.duplicates: dict[int, list[KVBlock]] = {}  # key -> later copies, oldest first (rare)
         # Told each key whose last copy an allocation evicts (a lower prefix tier demotes it); None: dropped.
         self.spill: Callable[[int], None] | None = None
+        # Told each key registered here (write-through prefix tiers store it at once); None: nobody is told.
+        self.on_register: Callable[[int], None] | None = None
 
     # -- queries -------------------------------------------------------------------------------------------
     @property
@@ -172,6 +174,8 @@ class BlockPool:
         if held is not block:
             self.duplicates.setdefault(key, []).append(block)
         self.policy.on_cached(block)
+        if self.on_register is not None:
+            self.on_register(key)
         return True
 
     def register_blocks(self, table: list[KVBlock | None], keys: list[int], first: int, end: int,
@@ -180,7 +184,7 @@ class BlockPool:
         (`salt`: a hybrid layout's group, whose copy of the same tokens is another block)."""
         if not self.enable_caching:
             return
-        cached, on_cached = self.cached, self.policy.on_cached
+        cached, on_cached, told = self.cached, self.policy.on_cached, self.on_register
         for i in range(first, end):
             block = table[i]
             if block is not None and block.key is None:
@@ -189,6 +193,8 @@ class BlockPool:
                 if cached.setdefault(key, block) is not block:
                     self.duplicates.setdefault(key, []).append(block)
                 on_cached(block)
+                if told is not None:
+                    told(key)
 
     def unregister(self, block: KVBlock) -> None:
         """Take an in-use block out of the prefix cache: its contents were never computed (its request was

@@ -54,7 +54,7 @@ class CacheConfig:
             for key, on in (("enable_prefix_caching", self.enable_prefix_caching),
                             ("window_tokens", self.window_tokens), ("num_cpu_blocks", self.num_cpu_blocks),
                             ("kv_offloading_blocks", self.kv_offloading_blocks),
-                            ("kv_disk_blocks", self.kv_disk_blocks)):
+                            ("kv_disk_blocks", self.kv_disk_blocks), ("kv_shared_blocks", self.kv_shared_blocks)):
                 if on:
                     raise ConfigError(f"cache.{key}: not supported with the contiguous reservation allocator "
                                       f"{self.allocator!r}; allowed only with allocator 'paged'")
@@ -137,7 +137,7 @@ class HybridCacheConfig(CacheConfig):
         if self.hybrid:
             for key, on in (("window_tokens", self.window_tokens), ("num_cpu_blocks", self.num_cpu_blocks),
                             ("kv_offloading_blocks", self.kv_offloading_blocks),
-                            ("kv_disk_blocks", self.kv_disk_blocks),
+                            ("kv_disk_blocks", self.kv_disk_blocks), ("kv_shared_blocks", self.kv_shared_blocks),
                             ("allocator", self.allocator != "paged")):
                 if on:
                     raise ConfigError(f"cache.{key}: not supported for a model mixing sliding-window and full "

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import CacheConfig
-from kvplan.engine.core.prefix_tiers import TierSpec, build_tiers
+from kvplan.engine.core.prefix_tiers import TierSpec, TierView, attach_shared, build_tiers, connect
 from kvplan.engine.core.request import Request
 
 NO_COPIES: tuple[tuple[int, int], ...] = ()
@@ -51,9 +51,11 @@ class KVCacheManager:
                          if config.num_cpu_blocks else None)
         # Prefix tiers below the GPU (none: the pool drops what it evicts, exactly as vLLM without offloading).
         self.tiers = build_tiers([TierSpec("cpu", config.kv_offloading_blocks, config.kv_offloading_eviction),
-                                  TierSpec("disk", config.kv_disk_blocks)], config.block_size)
+                                  TierSpec("disk", config.kv_disk_blocks),
+                                  TierSpec("shared", config.kv_shared_blocks, config.kv_shared_eviction)],
+                                 config.block_size, config.kv_offloading_write_through)
         if self.tiers and pool is None:
-            self.pool.spill = self.tiers[0].store
+            connect(self.pool, self.tiers, config.kv_offloading_write_through)
         self.promotions: list[tuple[str, int]] = []  # (tier, GPU block id) copied up since the last `take_promotions`
         self.tables: dict[str, list[KVBlock | None]] = {}
         self.block_ids: dict[str, list[int]] = {}  # the same tables as plain ids, for the model runner
@@ -157,6 +159,12 @@ class KVCacheManager:
             promoted.append(block)
         pool.release_all(hits + promoted)
         return promoted
+
+    def share_tier(self, view: TierView) -> None:
+        """Use a view of the cluster's one shared store as the bottom tier (instead of a private one); before any
+        traffic."""
+        attach_shared(self.tiers, view, self.config.kv_offloading_write_through)
+        connect(self.pool, self.tiers, self.config.kv_offloading_write_through)
 
     def take_promotions(self) -> list[tuple[str, int]]:
         """The (tier, GPU block id) copies to perform before this step's prefill; clears the list."""

@@ -149,10 +149,14 @@ def kv_snapshot(kv: KVCacheManager | ReservationAllocator, stats: SchedulerStats
     }
 
 
-TIER_NAMES = ("cpu", "disk")
+TIER_NAMES = ("cpu", "disk", "shared")
 TIER_COUNTERS = ("hits", "promotions", "demotions", "dropped")
 # the cumulative ones (summed over replicas and windows); `_blocks` is a gauge
 TIER_COUNTER_KEYS = tuple(f"kv_offload_{name}_{counter}" for name in TIER_NAMES for counter in TIER_COUNTERS)
+# bytes each tier's link moved (promotions out of it and stores into it, times the KV bytes of a block): the
+# simulator's summaries fill them in (the core does not know a block's bytes); null where a tier is absent
+TIER_BYTES_KEYS = tuple(f"kv_offload_{name}_bytes" for name in TIER_NAMES)
+TIER_SUMMARY_KEYS = TIER_COUNTER_KEYS + TIER_BYTES_KEYS
 
 
 def tier_counters(kv: object) -> dict[str, int | None]:

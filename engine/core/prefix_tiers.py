@@ -1,12 +1,21 @@
-"""Prefix-cache tiers below the GPU: an ordered chain of key stores (CPU, then disk, then a shared store).
+"""Prefix-cache tiers below the GPU: an ordered chain of key stores (CPU, then disk, then a cluster-shared store).
 
 A lower tier holds no tensors here, only which block hashes (the same keys as the GPU prefix cache, from
 `block_keys`) it has, in a `BlockPool` of its own whose slots are the tier's blocks; its eviction policy is one
-of the existing ones. The chain is write-back (as LMCache's local CPU backend evicting to local disk)::
+of the existing ones. By default the chain is write-back (as LMCache's local CPU backend evicting to local disk)::
 
-    GPU pool ──evicts key──► tier 0 ──evicts key──► tier 1 ──evicts key──► dropped
-        ▲                        │
-        └── promote: copy into a GPU block before the prefill (the tier keeps its copy)
+    GPU pool ──evicts key──► cpu ──evicts key──► disk ──evicts key──► shared ──evicts key──► dropped
+        ▲                        │                                      ▲ (one store, every replica's chain
+        └── promote: copy into a GPU block before the prefill           │  ends in it: `TierView`)
+            (the tier keeps its copy)
+
+Write-through (`kv_offloading_write_through`, LMCache's default): every block the GPU registers (computed, or
+promoted from a tier) is stored in every tier at once, and each tier drops what it evicts (a lower tier already
+has its own copy, unless it evicted it first); the GPU's evictions then move nothing.
+
+The `shared` tier is one store for a whole simulated cluster (Mooncake Store, LMCache's remote backend): the
+cluster builds it once and hands each replica's KV manager a `TierView` of it, so a prefix one replica published
+is a hit for another; each view counts its own replica's hits, stores and the drops its stores cause.
 
 Invariants (checked by the property tests in tests/core/test_prefix_tiers.py):
 
@@ -31,12 +40,13 @@ class TierStats:
 
     hits: int = 0  # blocks a lookup found here (and the GPU did not have)
     promotions: int = 0  # blocks copied from here into the GPU
-    demotions: int = 0  # blocks stored here by the tier above evicting them
+    demotions: int = 0  # blocks stored here: by the tier above evicting them, or written through
     dropped: int = 0  # blocks this tier evicted with nowhere below to go (or stored while every slot was pinned)
 
 
 class PrefixTier:
-    """One tier: which keys it holds, bounded by `num_blocks`, ordered by its eviction policy."""
+    """One tier: which keys it holds, bounded by `num_blocks`, ordered by its eviction policy. `stats` are the
+    counters of whoever calls it (a shared tier's `TierView` points them at its own before each call)."""
 
     def __init__(self, name: str, num_blocks: int, block_size: int, eviction_policy: str = "lru") -> None:
         self.name = name
@@ -84,6 +94,41 @@ class PrefixTier:
             self.stats.dropped += 1
 
 
+class TierView:
+    """One replica's handle on a tier that several replicas share (the cluster's `shared` store): the same keys
+    and slots, counters of its own. Each store first points the tier's `stats` at this view's, so a store and the
+    drops it causes are counted for the replica whose eviction (or write-through) caused them; a promotion counts
+    its hit on the view (`KVCacheManager._promote`). The views' counters add up to the store's traffic."""
+
+    __slots__ = ("below", "name", "stats", "tier")
+
+    def __init__(self, tier: PrefixTier) -> None:
+        self.tier = tier
+        self.name = tier.name
+        self.stats = TierStats()
+        self.below: PrefixTier | None = None  # the shared store is the last tier: what it evicts is dropped
+
+    def __len__(self) -> int:
+        return len(self.tier)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.tier.pool.cached
+
+    @property
+    def pool(self) -> BlockPool:
+        return self.tier.pool
+
+    def store(self, key: int) -> None:
+        self.tier.stats = self.stats
+        self.tier.store(key)
+
+    def pin(self, key: int) -> KVBlock | None:
+        return self.tier.pin(key)
+
+    def unpin(self, slot: KVBlock) -> None:
+        self.tier.unpin(slot)
+
+
 @dataclass(slots=True)
 class TierSpec:
     """One tier's shape, from the settings: its name, capacity in blocks and eviction policy."""
@@ -93,12 +138,43 @@ class TierSpec:
     eviction_policy: str = "lru"
 
 
-def build_tiers(specs: list[TierSpec], block_size: int) -> list[PrefixTier]:
-    """The chain, top first, each tier spilling into the next; tiers of 0 blocks are absent."""
+def build_tiers(specs: list[TierSpec], block_size: int, write_through: bool = False) -> list[PrefixTier]:
+    """The chain, top first, each tier spilling into the next (write-back; write-through: none spills, every tier
+    is written at once); tiers of 0 blocks are absent."""
     tiers = [PrefixTier(s.name, s.num_blocks, block_size, s.eviction_policy) for s in specs if s.num_blocks > 0]
-    for upper, lower in pairwise(tiers):
-        upper.below = lower
-    names = [t.name for t in tiers]
+    check_names([t.name for t in tiers])
+    if not write_through:
+        for upper, lower in pairwise(tiers):
+            upper.below = lower
+    return tiers
+
+
+def check_names(names: list[str]) -> None:
     if len(set(names)) != len(names):
         raise ConfigError(f"cache tiers: {names} repeats a tier; allowed: each of cpu, disk, shared at most once")
-    return tiers
+
+
+def attach_shared(tiers: list[PrefixTier | TierView], view: TierView, write_through: bool) -> None:
+    """Put `view` of the cluster's shared store at the bottom of one replica's chain `tiers` (in place, in place
+    of a private shared tier the replica's own config built), below its local tiers."""
+    tiers[:] = [t for t in tiers if t.name != view.name]
+    if tiers and not write_through:
+        tiers[-1].below = view
+    tiers.append(view)
+    check_names([t.name for t in tiers])
+
+
+def connect(pool: BlockPool, tiers: list[PrefixTier | TierView], write_through: bool) -> None:
+    """Hook the GPU `pool` to its chain: write-back, its evictions go to the top tier; write-through, every key
+    it registers is stored in every tier at once (and its evictions move nothing)."""
+    if write_through:
+
+        def write(key: int) -> None:
+            for tier in tiers:  # the list itself: a shared store attached later is written too
+                tier.store(key)
+
+        pool.spill = None
+        pool.on_register = write
+    else:
+        pool.on_register = None
+        pool.spill = tiers[0].store

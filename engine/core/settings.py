@@ -235,6 +235,18 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("kv_disk_blocks", "int", 0, "local-disk prefix-cache tier in blocks below the CPU tier (LMCache's "
        "local_disk; simulator-only): blocks the CPU tier evicts land there; 0: no disk tier",
        config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK),
+    _s("kv_shared_blocks", "int", 0, "cluster-shared prefix-cache tier in blocks below the local tiers (Mooncake "
+       "Store, LMCache's remote backend; simulator-only): one store for every replica, which publish the blocks "
+       "their local tiers drop and fetch any replica's blocks by key over the network; 0: no shared tier",
+       config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK),
+    _s("kv_shared_eviction", "choice", "lru", "which block the cluster-shared prefix tier drops first (Mooncake "
+       "Store: LRU)", config="cache", sides=CORE_SIM, choices=tuple(sorted(EVICTION_POLICIES))),
+    _s("kv_offloading_write_through", "bool", False, "store every block in every lower prefix tier as soon as it "
+       "is computed (LMCache's default) instead of only when the tier above evicts it (write-back)",
+       config="cache", sides=CORE_SIM),
+    _s("kv_offloading_layerwise", "bool", False, "load promoted prefix blocks layer by layer while the prefill "
+       "computes (LMCache's layer-wise connector): a step costs max(copy, compute) plus one layer's copy "
+       "instead of their sum", sides=SIM),
     _s("allocator", "choice", "paged", "paged blocks, or a contiguous reservation baseline of the vLLM paper "
        "(reserve the model's max length, the next power of two of the need, or exactly the need)", config="cache",
        sides=CORE_SIM, choices=ALLOCATORS),

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers > 1:
         from kvplan.sim.parallel import why_not_parallel
 
-        why = why_not_parallel(args.router, args.replicas, False, len(trace))
+        why = why_not_parallel(args.router, args.replicas, False, len(trace), bool(args.kv_shared_blocks))
         if why is not None:
             notes.append(f"--workers {args.workers}: ran in one process: {why}")
     if args.json:

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.endpoint.loadgen import LoadResult
-from kvplan.engine.core.metrics import TIER_COUNTER_KEYS
+from kvplan.engine.core.metrics import TIER_SUMMARY_KEYS
 from kvplan.output import json_line, write_atomic
 from kvplan.serving_result import ServingResult
 from kvplan.sim.metrics import MEMORY_KEYS, SUMMARY_KEYS, ItlLog, RequestLog, latency_summary
@@ -41,7 +41,7 @@ def to_result(load: LoadResult, trace: Trace) -> ServingResult:
     frame = table.to_frame(trace.request_id)
     series = _series(load.series)
     # a server's own offload tiers are not read from it: their counters are null, as for a run without tiers
-    summary = {**latency_summary(frame, itl), **_kv(load, series), **dict.fromkeys(TIER_COUNTER_KEYS)}
+    summary = {**latency_summary(frame, itl), **_kv(load, series), **dict.fromkeys(TIER_SUMMARY_KEYS)}
     failed = [o for o in load.outcomes if o.error is not None]
     busy = float(frame["finish_s"].max() - frame["arrival_s"].min()) if len(frame) else 0.0
     info = {"num_blocks": _int(load.cache_config.get("num_gpu_blocks")),

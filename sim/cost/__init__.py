@@ -28,22 +28,32 @@ def sliding_window(model: CostModel) -> int:
 
 
 def step_time(model: CostModel, step, block_size: int, attended_limit: int = 0, window: int = 0) -> float:
-    """Seconds for one `SchedulerOutput`: compute plus its swap and copy-on-write transfers. A step that only
-    preempts (a sequence group that cannot grow in place) runs no forward pass: it costs its transfers alone.
-    A recorded cost (a live run's measured steps) prices the step by its id."""
+    """Seconds for one `SchedulerOutput`: compute plus its swap, copy-on-write and local-tier promotion
+    transfers. A step that only preempts (a sequence group that cannot grow in place) runs no forward pass: it
+    costs its transfers alone. A recorded cost (a live run's measured steps) prices the step by its id. (A
+    shared-tier promotion crosses the network: `sim.links.TierPricing` prices it.)"""
+    compute, transfers, promotions = step_parts(model, step, block_size, attended_limit, window)
+    return compute + transfers + promotions
+
+
+def step_parts(model: CostModel, step, block_size: int, attended_limit: int = 0,
+               window: int = 0) -> tuple[float, float, float]:
+    """(compute, swap and copy-on-write transfers, promotions from the cpu and disk tiers) seconds of one step:
+    a CPU-tier promotion crosses the host link as a swap-in does; a disk one also reads the drive."""
     recorded = getattr(model, "recorded_step_time", None)
     if recorded is not None:
-        return recorded(step)
-    compute = 0.0
+        return recorded(step), 0.0, 0.0
+    compute = transfers = promoted = 0.0
     if step.scheduled or step.decodes:
         features = step_features(step.scheduled, block_size, attended_limit, step.decodes, window)
         compute = float(model.step_times(features))
-    # a CPU-tier promotion crosses the host link as a swap-in does; a disk one also reads the drive
-    disk = sum(1 for tier, _ in step.promotions if tier == "disk")
-    moved = len(step.swap_out) + len(step.swap_in) + len(step.promotions) - disk
-    if moved or step.copies or disk:
-        compute += model.transfer_time(moved, len(step.copies), disk)
-    return compute
+    if step.swap_out or step.swap_in or step.copies:
+        transfers = model.transfer_time(len(step.swap_out) + len(step.swap_in), len(step.copies))
+    if step.promotions:
+        disk = sum(1 for tier, _ in step.promotions if tier == "disk")
+        cpu = sum(1 for tier, _ in step.promotions if tier == "cpu")
+        promoted = model.transfer_time(cpu, 0, disk)
+    return compute, transfers, promoted
 
 
-__all__ = ["CostModel", "StepFeatures", "sliding_window", "step_time"]
+__all__ = ["CostModel", "StepFeatures", "sliding_window", "step_parts", "step_time"]

@@ -40,10 +40,14 @@ def configs(draw, pressure: bool = False) -> tuple[CacheConfig, SchedulerConfig]
     cache = CacheConfig(
         block_size=bs, num_blocks=num_blocks, allocator=allocator,
         num_cpu_blocks=draw(st.integers(0, 16)) if mode == "swap" else 0,
-        # prefix tiers below the GPU (the CPU tier, and a disk tier under it) mixed into every run
+        # prefix tiers below the GPU (the CPU tier, a disk tier under it) mixed into every run
         kv_offloading_blocks=draw(st.integers(0, 8)) if paged else 0,
         kv_offloading_eviction=draw(st.sampled_from(sorted(EVICTION_POLICIES))),
         kv_disk_blocks=draw(st.integers(0, 8)) if paged else 0,
+        # a shared tier at the bottom (one replica's: the cluster's store), and write-through instead of write-back
+        kv_shared_blocks=draw(st.integers(0, 8)) if paged else 0,
+        kv_shared_eviction=draw(st.sampled_from(sorted(EVICTION_POLICIES))),
+        kv_offloading_write_through=draw(st.booleans()),
         enable_prefix_caching=paged and draw(st.booleans()),
         eviction_policy=draw(st.sampled_from(sorted(EVICTION_POLICIES))),
         max_model_len=longest if window or pressure else draw(st.one_of(st.just(longest), st.integers(1, longest))),

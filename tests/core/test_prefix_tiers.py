@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
 from kvplan.engine.core import CacheConfig
 from kvplan.engine.core.config import ConfigError
 from kvplan.engine.core.kv_manager import KVCacheManager
-from kvplan.engine.core.prefix_tiers import TierSpec, build_tiers
+from kvplan.engine.core.prefix_tiers import TierSpec, TierView, build_tiers
 from tests.core.invariants import check_pool, check_tiers
 
 
@@ -99,3 +101,77 @@ def test_a_probe_counts_tier_blocks_without_moving_them_and_a_lookup_promotes_th
     assert [tier for tier, _ in kv.take_promotions()] == ["cpu", "cpu"]
     check_pool(pool, {})
     check_tiers(kv)
+
+
+def store_block(kv: KVCacheManager, key: int) -> None:
+    """A block computed, registered and freed on `kv`'s GPU (what a finished request leaves)."""
+    block = kv.pool.allocate()
+    kv.pool.register(block, key)
+    kv.pool.release(block)
+
+
+@settings(max_examples=150, deadline=None)
+@given(gpu=st.integers(1, 5), cpu=st.integers(0, 4), disk=st.integers(0, 4), shared=st.integers(1, 6),
+       policy=st.sampled_from(["lru", "fifo", "lfu", "s3fifo"]), write_through=st.booleans(),
+       ops=st.lists(st.tuples(st.integers(0, 2), st.booleans(), st.integers(0, 15)), max_size=60))
+def test_replicas_sharing_one_store_keep_every_tier_within_capacity_and_unique(gpu, cpu, disk, shared, policy,
+                                                                               write_through, ops):
+    """Three replicas whose chains end in one shared store, write-back or write-through: random stores and
+    lookups on any replica keep a key at most once per tier and every tier within capacity, pin nothing between
+    operations; a key another replica published is promoted here; write-through puts a new block in every tier;
+    the views' counters add up to what the store holds."""
+    config = CacheConfig(block_size=1, num_blocks=gpu, max_model_len=1, kv_offloading_blocks=cpu,
+                         kv_disk_blocks=disk, kv_shared_blocks=shared, kv_shared_eviction=policy,
+                         kv_offloading_write_through=write_through)
+    store = build_tiers([TierSpec("shared", shared, policy)], 1)[0]
+    replicas = [KVCacheManager(replace(config, kv_shared_blocks=0)) for _ in range(3)]
+    views = [TierView(store) for _ in replicas]
+    for kv, view in zip(replicas, views, strict=True):
+        kv.share_tier(view)
+    for kv in replicas:
+        assert [t.name for t in kv.tiers] == [n for n, size in (("cpu", cpu), ("disk", disk), ("shared", 1)) if size]
+    for which, is_store, key in ops:
+        kv = replicas[which]
+        if is_store and key not in kv.pool.cached:
+            store_block(kv, key)
+            if write_through:
+                assert all(key in tier for tier in kv.tiers), "write-through left a tier without the block"
+        elif not is_store:
+            elsewhere = key not in kv.pool.cached and key in store and not any(key in t for t in kv.tiers[:-1])
+            promoted = kv._promote([key], [])
+            if elsewhere:  # only the shared store had it: fetched from there (maybe another replica's block)
+                assert [b.key for b in promoted] == [key]
+                assert kv.take_promotions()[-1][0] == "shared"
+        for replica in replicas:
+            check_pool(replica.pool, {})
+            check_tiers(replica)
+    held = len(store)
+    stored = sum(v.stats.demotions for v in views)
+    assert held <= shared and held <= stored
+    assert all(v.stats.promotions == v.stats.hits for v in views)
+
+
+def test_a_block_one_replica_published_is_a_hit_on_another():
+    config = CacheConfig(block_size=1, num_blocks=1, max_model_len=1, kv_shared_blocks=4)
+    store = build_tiers([TierSpec("shared", 4)], 1)[0]
+    a, b = (KVCacheManager(replace(config, kv_shared_blocks=0)) for _ in range(2))
+    view_a, view_b = TierView(store), TierView(store)
+    a.share_tier(view_a)
+    b.share_tier(view_b)
+    store_block(a, 7)
+    store_block(a, 8)  # evicts 7 from a's one GPU block: published to the shared store
+    assert 7 in store and view_a.stats.demotions == 1 and view_b.stats.demotions == 0
+    assert [blk.key for blk in b._promote([7], [])] == [7]
+    assert b.take_promotions()[0][0] == "shared" and (view_b.stats.hits, view_a.stats.hits) == (1, 0)
+
+
+def test_write_through_stores_a_block_in_every_tier_when_it_is_computed():
+    kv = KVCacheManager(CacheConfig(block_size=1, num_blocks=2, max_model_len=1, kv_offloading_blocks=2,
+                                    kv_disk_blocks=3, kv_offloading_write_through=True))
+    store_block(kv, 5)
+    assert all(5 in tier for tier in kv.tiers) and kv.pool.spill is None
+    cpu, disk = kv.tiers
+    for key in (6, 7):  # the CPU tier's LRU drops 5 (its own copy): the larger disk tier still has its own
+        store_block(kv, key)
+    assert 5 not in cpu and 5 in disk and (cpu.stats.dropped, disk.stats.dropped) == (1, 0)
+    assert (cpu.stats.demotions, disk.stats.demotions) == (3, 3)

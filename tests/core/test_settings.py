@@ -15,7 +15,9 @@ from kvplan.errors import ConfigError
 CONFIGS = {"cache": CacheConfig, "scheduler": SchedulerConfig}
 # A non-default value per setting, all consistent with each other (sinks need a window; swap needs CPU blocks).
 CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "kv_offloading_blocks": 32,
-           "kv_offloading_eviction": "fifo", "kv_disk_blocks": 48, "enable_prefix_caching": False,
+           "kv_offloading_eviction": "fifo", "kv_disk_blocks": 48,
+           "kv_shared_blocks": 40, "kv_shared_eviction": "lfu", "kv_offloading_write_through": True,
+           "kv_offloading_layerwise": True, "enable_prefix_caching": False,
            "eviction_policy": "s3fifo", "allocator": "paged", "max_model_len": 200, "sink_tokens": 4,
            "window_tokens": 96, "watermark": 0.05, "max_num_batched_tokens": 96, "max_num_seqs": 7,
            "long_prefill_token_threshold": 32, "enable_chunked_prefill": False, "policy": "priority",
@@ -82,6 +84,8 @@ def test_the_live_engine_reads_every_engine_setting(monkeypatch):
 # Simulator settings that change the step time but not the capacity, with a base configuration they act in.
 STEP_TIME_ONLY = {"enable_expert_parallel": {"model": "qwen3-30b-a3b", "hardware": "h100-sxm",
                                              "tensor_parallel_size": 2}}
+# Simulator settings that change how promotions from a prefix tier are priced (sim.links), with the tiers they act on
+PROMOTION_ONLY = {"kv_offloading_layerwise": {"kv_offloading_blocks": 40}}
 
 
 def test_the_simulator_reads_every_sim_setting():
@@ -96,7 +100,8 @@ def test_the_simulator_reads_every_sim_setting():
         if s.config is not None:
             assert getattr({"cache": cache, "scheduler": sched}[s.config], s.name) == CHANGED[s.name], s.name
     default = SimSpec(model="llama-3-8b", hardware="a100-40gb")
-    for name in [s.name for s in for_side("sim") if s.config is None and s.name not in STEP_TIME_ONLY]:
+    for name in [s.name for s in for_side("sim")
+                 if s.config is None and s.name not in STEP_TIME_ONLY and s.name not in PROMOTION_ONLY]:
         # the device's and the deployment shape's: they change the capacity
         assert build_cost(SimSpec(model="llama-3-8b", hardware="a100-40gb", **{name: CHANGED[name]}))[1] != \
             build_cost(default)[1], name
@@ -107,6 +112,14 @@ def test_the_simulator_reads_every_sim_setting():
         plain = build_cost(SimSpec(**base))[0]
         changed = build_cost(SimSpec(**base, **{name: CHANGED[name]}))[0]
         assert changed.step_times(step) != plain.step_times(step), name
+    from kvplan.sim.run import simulate
+    from tests.sim.test_prefix_tiers_sim import cycling_trace
+
+    for name, tiers in PROMOTION_ONLY.items():
+        runs = [simulate(cycling_trace(), SimSpec(num_blocks=12, block_size=16, max_model_len=128, **tiers,
+                                                  **{name: value})).summary["mean_ttft_ms"]
+                for value in (SETTINGS[name].default, CHANGED[name])]
+        assert runs[0] != runs[1], name
 
 
 def _flag_word(value: object) -> list[str]:

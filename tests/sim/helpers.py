@@ -39,7 +39,8 @@ def build(trace: Trace, spec: SimSpec, router: Router | None = None) -> Cluster:
     cost, blocks = build_cost(spec)
     cache, config = build_configs(spec, trace, blocks)
     return Cluster(trace, spec.replicas, router or make_router(spec.router), cache, config, cost,
-                   sample_interval_s=spec.sample_interval_s or 0.5, fast_path=spec.fast_path)
+                   sample_interval_s=spec.sample_interval_s or 0.5, fast_path=spec.fast_path,
+                   layerwise=spec.kv_offloading_layerwise)
 
 
 def run(trace: Trace, spec: SimSpec, router: Router | None = None) -> tuple[ServingResult, Cluster]:

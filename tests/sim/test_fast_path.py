@@ -34,6 +34,12 @@ CASES = [
     (13, SimSpec(num_blocks=90, block_size=4, max_num_seqs=3, kv_offloading_blocks=40, kv_disk_blocks=60)),
     (14, SimSpec(num_blocks=70, block_size=8, kv_offloading_blocks=30, kv_offloading_eviction="s3fifo",
                  replicas=2, router="prefix_aware")),
+    # a shared store under every replica's CPU tier (its fetches queue on the node's network link), write-through
+    # (decodes' registrations inside stretches store their blocks in every tier), layer-wise loading
+    (15, SimSpec(num_blocks=70, block_size=8, kv_offloading_blocks=20, kv_shared_blocks=60, replicas=3,
+                 router="prefix_aware", kv_offloading_layerwise=True)),
+    (16, SimSpec(num_blocks=90, block_size=4, max_num_seqs=3, kv_offloading_blocks=30, kv_shared_blocks=80,
+                 kv_shared_eviction="fifo", kv_offloading_write_through=True, replicas=2, router="round_robin")),
 ]
 
 

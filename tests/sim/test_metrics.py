@@ -32,9 +32,11 @@ def test_itl_log_counts_merge():
 def test_summary_has_exactly_the_design_keys():
     result = simulate(random_trace(3, 20), SimSpec(num_blocks=200))
     assert tuple(result.summary) == SUMMARY_KEYS
-    assert len(SUMMARY_KEYS) == 6 + 16 + 9 + 5 + 8  # request_goodput beside the throughputs; 4 per prefix tier
+    # request_goodput beside the throughputs; 4 counters and the bytes its link moved per prefix tier
+    assert len(SUMMARY_KEYS) == 6 + 16 + 9 + 5 + 3 * 5
     assert result.summary["request_goodput"] is None  # no per-request bounds given
-    assert all(result.summary[f"kv_offload_{t}_hits"] is None for t in ("cpu", "disk"))  # no tier: null
+    for tier in ("cpu", "disk", "shared"):  # no tier: null
+        assert result.summary[f"kv_offload_{tier}_hits"] is None and result.summary[f"kv_offload_{tier}_bytes"] is None
     memory = sum(result.summary[k] for k in ("token_states", "internal_fragmentation", "reserved_unused",
                                              "external_fragmentation", "free"))
     assert memory == pytest.approx(1.0)

@@ -4,6 +4,7 @@ working set, the summary counts them per tier, and the promotions' copies are pr
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kvplan.sim.run import SimSpec, simulate
 from kvplan.traces import Trace
@@ -42,3 +43,79 @@ def test_a_disk_tier_catches_what_a_small_cpu_tier_drops_and_costs_more_per_bloc
     # the same hits; the disk's come over the slower drive, so the first tokens come later
     assert both["prefix_cache_hits"] == all_cpu["prefix_cache_hits"]
     assert both["mean_ttft_ms"] > all_cpu["mean_ttft_ms"]
+
+
+def run_cluster(replicas: int = 3, **tiers):
+    return simulate(cycling_trace(), SimSpec(num_blocks=12, block_size=16, max_model_len=128, replicas=replicas,
+                                             **tiers)).summary
+
+
+def test_a_shared_store_serves_a_prefix_one_replica_computed_to_another():
+    """Round robin over 3 replicas cycles each of the 8 prompts over all three: a prompt's next visit is on
+    another replica (each GPU holds 3 prompts), which can find its blocks only in the shared store."""
+    plain = run_cluster()
+    back, through = run_cluster(kv_shared_blocks=40), run_cluster(kv_shared_blocks=40, kv_offloading_write_through=True)
+    assert plain["prefix_cache_hit_rate"] == 0.0 and plain["kv_offload_shared_hits"] is None
+    assert back["kv_offload_cpu_hits"] is None and back["kv_offload_shared_demotions"] == GROUPS * BLOCKS
+    # write-through publishes every block as it is computed: rounds 2..4 find every prompt's blocks but the last
+    # (its last token is computed); write-back publishes a block only once its GPU evicts it, so a visit that
+    # comes while the blocks are still on the other replica's GPU misses
+    assert through["kv_offload_shared_hits"] == through["kv_offload_shared_promotions"] == 3 * GROUPS * (BLOCKS - 1)
+    assert 0 < back["kv_offload_shared_hits"] < through["kv_offload_shared_hits"]
+    # the bytes its link moved: every block fetched and every block published, at llama-3-8b's 128 KiB a token
+    moved = back["kv_offload_shared_promotions"] + back["kv_offload_shared_demotions"]
+    assert back["kv_offload_shared_bytes"] == moved * 16 * 128 * 1024
+
+
+def test_per_replica_cpu_tiers_of_the_same_total_hold_less_than_one_shared_store():
+    local = run_cluster(kv_offloading_blocks=14)  # 3 x 14 = 42 blocks, each replica's own: never revisited there
+    shared = run_cluster(kv_shared_blocks=42)
+    assert local["prefix_cache_hit_rate"] == 0.0 < shared["prefix_cache_hit_rate"]
+    assert local["kv_offload_cpu_bytes"] > 0 and local["kv_offload_shared_bytes"] is None
+
+
+def test_write_through_stores_every_computed_block_at_once():
+    back = run(kv_offloading_blocks=40)
+    through = run(kv_offloading_blocks=40, kv_offloading_write_through=True)
+    # write-back stores what the GPU evicts; write-through every full block once, as it is computed - the same
+    # blocks are then found below
+    assert through["kv_offload_cpu_demotions"] == GROUPS * BLOCKS
+    assert through["kv_offload_cpu_hits"] == back["kv_offload_cpu_hits"]
+
+
+def test_layer_wise_loading_overlaps_promotions_with_the_prefill():
+    serial = run(kv_offloading_blocks=4, kv_disk_blocks=40)
+    layered = run(kv_offloading_blocks=4, kv_disk_blocks=40, kv_offloading_layerwise=True)
+    assert layered["prefix_cache_hits"] == serial["prefix_cache_hits"]
+    assert layered["mean_ttft_ms"] < serial["mean_ttft_ms"]
+
+
+def test_fetches_on_one_node_queue_on_its_network_link():
+    from kvplan.sim.links import Link
+
+    link = Link(seconds_per_block=0.001, latency_s=0.0001)
+    assert link.fetch(1.0, 10) == pytest.approx(0.0101)
+    assert link.fetch(1.0, 10) == pytest.approx(0.0202)  # asked for at once: waits for the first to cross
+    assert link.fetch(5.0, 1) == pytest.approx(0.0011) and link.blocks == 21
+
+
+def test_a_shared_store_keeps_a_run_in_one_process():
+    from kvplan.sim.parallel import why_not_parallel
+
+    assert "share one prefix store" in why_not_parallel("round_robin", 4, False, 10**6, shared_tier=True)
+
+
+def test_the_prefix_aware_router_sees_the_shared_store():
+    from kvplan.engine.core.request import attach_block_keys, make_request
+    from kvplan.sim.routers import PrefixAware
+    from tests.sim.helpers import build
+
+    cluster = build(cycling_trace(), SimSpec(num_blocks=12, block_size=16, max_model_len=128, replicas=2,
+                                             kv_shared_blocks=40, router="prefix_aware"))
+    request = make_request("probe", max_tokens=1, prompt_len=64, prefix_hashes=[0, 1, 2, 3], hash_granularity=16)
+    attach_block_keys(request, 16)
+    for j in range(3):
+        cluster.replicas[0].shared_view.store(request.block_keys.key(j))
+    # both replicas see the published blocks (the last block is never a hit), and the probe moves nothing
+    assert [PrefixAware.cached_tokens(request, r) for r in cluster.replicas] == [48, 48]
+    assert cluster.replicas[1].sched.kv.take_promotions() == []
