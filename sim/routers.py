@@ -5,7 +5,8 @@
 * `least_kv_usage`     - lowest fraction of KV blocks in use; ties by outstanding requests, then index.
 * `prefix_aware`       - cache-aware routing as SGLang's router does it: while the load is balanced, the replica
                          holding the longest cached prefix of the request (when it covers at least
-                         `cache_threshold` of the prompt), else the least loaded; once the load is imbalanced
+                         `cache_threshold` of the prompt; GPU, local tiers and the cluster-shared store alike;
+                         of equal ones the least loaded), else the least loaded; once the load is imbalanced
                          (max - min outstanding > `balance_abs` and max > `balance_rel` x min), least loaded.
 """
 
@@ -66,11 +67,13 @@ class PrefixAware:
         lo, hi = min(loads), max(loads)
         if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
             return least_loaded(replicas)
-        best, best_tokens = None, 0
+        best, best_tokens, best_load = None, 0, 0
         for replica in replicas:
             tokens = self.cached_tokens(request, replica)
-            if tokens > best_tokens:
-                best, best_tokens = replica, tokens
+            # an equal prefix goes to the less loaded replica: a cluster-shared store gives every replica the
+            # same cached prefix, and the lowest index would take every request until the imbalance trips
+            if tokens > best_tokens or (best is not None and tokens == best_tokens and replica.outstanding < best_load):
+                best, best_tokens, best_load = replica, tokens, replica.outstanding
         if best is not None and best_tokens >= self.cache_threshold * request.prompt_len:
             return best
         return least_loaded(replicas)

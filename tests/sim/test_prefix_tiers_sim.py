@@ -119,3 +119,7 @@ def test_the_prefix_aware_router_sees_the_shared_store():
     # both replicas see the published blocks (the last block is never a hit), and the probe moves nothing
     assert [PrefixAware.cached_tokens(request, r) for r in cluster.replicas] == [48, 48]
     assert cluster.replicas[1].sched.kv.take_promotions() == []
+    # an equal prefix everywhere: the less loaded replica gets it (not the lowest index)
+    busy = make_request("busy", max_tokens=4, prompt_len=16)
+    assert cluster.replicas[0].submit(busy, 0)
+    assert PrefixAware().pick(request, cluster.replicas) is cluster.replicas[1]
