@@ -52,7 +52,7 @@ class PrefixTier:
         self.name = name
         self.pool = BlockPool(num_blocks, block_size, eviction_policy, enable_caching=True)
         self.stats = TierStats()
-        self.below: PrefixTier | None = None
+        self.below: PrefixTier | TierView | None = None  # write-back: where what this tier evicts goes
         self.pool.spill = self._evicted
 
     def __len__(self) -> int:
