@@ -11,8 +11,8 @@ row whose file is missing is reported as skipped:
 * `mooncake_conv` - the Mooncake FAST'25 conversation trace (12,031 requests, 512-token hash ids): prefix hits,
   evictions, requests longer than llama-3-8b's context rejected; `mooncake_conv_clip` clips them to the
   8,192-token context instead (every request served: long prefills, most steps admit or prefill);
-  `mooncake_conv_cpu` adds a CPU prefix tier of `TIER_BLOCKS` blocks (1M tokens: the blocks the GPU evicts are
-  demoted there, a hit promotes them back) and `mooncake_conv_shared` a shared store of the same size instead
+  `mooncake_cpu` adds a CPU prefix tier of `TIER_BLOCKS` blocks (1M tokens: the blocks the GPU evicts are
+  demoted there, a hit promotes them back) and `mooncake_shared` a shared store of the same size instead
   (one replica: what the tiers' traffic costs the fast path, beside `mooncake_conv`);
 * `burst` - 20,000 lengths-only requests (arXiv summarization, ~2,600-token prompts) all at t = 0: a backlog;
 * `synthetic` - a seeded million ShareGPT-like requests (Poisson arrivals) on 16 round-robin replicas;
@@ -47,7 +47,7 @@ SPEEDUP_TARGET = 2000.0
 BURST_REQUESTS, BURST_WALL_TARGET_S = 20_000, 10.0
 SYNTHETIC_WALL_TARGET_S, SYNTHETIC_RSS_TARGET_MB = 60.0, 1024.0
 REGIMES = ("azure_conv_off", "azure_conv_on", "azure_conv_x4", "mooncake_conv", "mooncake_conv_clip",
-           "mooncake_conv_cpu", "mooncake_conv_shared", "burst", "synthetic", "steady_search")
+           "mooncake_cpu", "mooncake_shared", "burst", "synthetic", "steady_search")
 TIER_BLOCKS = 65_536  # 16-token blocks: 1M tokens, 128 GiB of llama-3-8b KV - a host's spare DRAM
 
 
@@ -99,8 +99,8 @@ def _regime(name: str, data_dir: str, synthetic_requests: int, replicas: int, pe
     file, options = {"azure_conv_off": (AZURE_CONV, {"enable_prefix_caching": False}),
                      "azure_conv_on": (AZURE_CONV, {}), "azure_conv_x4": (AZURE_CONV, {}),
                      "mooncake_conv": (MOONCAKE_CONV, {}), "mooncake_conv_clip": (MOONCAKE_CONV, {}),
-                     "mooncake_conv_cpu": (MOONCAKE_CONV, {"kv_offloading_blocks": TIER_BLOCKS}),
-                     "mooncake_conv_shared": (MOONCAKE_CONV, {"kv_shared_blocks": TIER_BLOCKS}),
+                     "mooncake_cpu": (MOONCAKE_CONV, {"kv_offloading_blocks": TIER_BLOCKS}),
+                     "mooncake_shared": (MOONCAKE_CONV, {"kv_shared_blocks": TIER_BLOCKS}),
                      "burst": (ARXIV, {})}[name]
     path = Path(data_dir) / file
     if not path.is_file():
