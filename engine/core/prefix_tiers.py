@@ -62,20 +62,32 @@ class PrefixTier:
         return key in self.pool.cached
 
     def store(self, key: int) -> None:
-        """Keep `key` (a block the tier above evicted): a key already here is refreshed, not copied again."""
+        """Keep `key` (a block the tier above evicted, or written through): a key already here is refreshed, not
+        copied again. What the pool's allocate, register and release would do to a slot, inlined (one call per
+        block the GPU evicts: the tiers' hottest path): the slot goes from free to keyed and cached free with the
+        same calls to the eviction policy, in the same order."""
         pool = self.pool
-        held = pool.lookup(key)
+        held = pool.cached.get(key)
         if held is not None:
             pool.acquire(held)
             pool.release(held)
             return
-        if pool.num_free == 0:  # every slot is pinned by a promotion in flight: nowhere to put it
+        empty, policy = pool._empty, pool.policy
+        if empty:
+            slot = empty.pop()
+        elif len(policy):
+            slot = policy.evict()  # this tier's victim: demoted further (or dropped) below
+            victim = slot.key
+            pool._drop_key(slot)
+            self._evicted(victim)  # (a tier holds one slot per key: the victim's contents are gone from here)
+        else:  # every slot is pinned by a promotion in flight: nowhere to put it
             self.stats.dropped += 1
             return
         self.stats.demotions += 1
-        slot = pool.allocate()  # may evict (and so demote further) this tier's victim
-        pool.register(slot, key)
-        pool.release(slot)
+        slot.key = key
+        pool.cached[key] = slot
+        policy.on_cached(slot)
+        policy.insert(slot)
 
     def pin(self, key: int) -> KVBlock | None:
         """Hold `key`'s slot while its contents are copied up, so that no store evicts it meanwhile."""
