@@ -38,6 +38,8 @@ from kvplan.sim.specs.models import get_model
 # Mooncake's transfer engine first looks the keys up in its metadata service and submits a batch; 20 us in all,
 # hand-set (no published per-fetch figure for the store).
 NETWORK_LATENCY_S = 20e-6
+# A box the hardware table gives no network (the rtx-4090, one GPU): a 25 GbE NIC, hand-set.
+UNLISTED_NIC_BANDWIDTH = 25e9 / 8
 
 
 @dataclass(slots=True)
@@ -83,9 +85,9 @@ def network_link(cost: CostModel, replicas: int) -> tuple[Link, int]:
     GPUs over one replica's (a calibrated profile measured one device: its swap cost per block, every replica on
     one node, a lower bound)."""
     hardware, shape = getattr(cost, "hardware", None), getattr(cost, "shape", None)
-    if hardware is None or shape is None or not hardware.internode_bandwidth:
+    if hardware is None or shape is None:  # (a recorded cost prices steps by id: a live run has no shared store)
         return Link(getattr(cost, "swap_seconds_per_block", 0.0)), replicas
-    node = hardware.internode_bandwidth * hardware.gpus_per_node
+    node = hardware.internode_bandwidth * hardware.gpus_per_node or UNLISTED_NIC_BANDWIDTH
     per_block = cost.bytes_per_block * shape.gpus  # every rank fetches its share over the node's NICs
     return Link(per_block / node, NETWORK_LATENCY_S), max(hardware.gpus_per_node // shape.gpus, 1)
 

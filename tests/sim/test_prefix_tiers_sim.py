@@ -123,3 +123,19 @@ def test_the_prefix_aware_router_sees_the_shared_store():
     busy = make_request("busy", max_tokens=4, prompt_len=16)
     assert cluster.replicas[0].submit(busy, 0)
     assert PrefixAware().pick(request, cluster.replicas) is cluster.replicas[1]
+
+
+def test_a_nodes_network_link_is_its_gpus_nics_shared_by_its_replicas():
+    from kvplan.sim.links import NETWORK_LATENCY_S, UNLISTED_NIC_BANDWIDTH, network_link
+    from kvplan.sim.run import build_cost
+
+    a100 = build_cost(SimSpec(model="llama-3-8b", hardware="a100-80gb", block_size=16))[0]
+    link, per_node = network_link(a100, 16)
+    # 8 GPUs x one 200 Gb/s HDR adapter each; a 16-token block of llama-3-8b is 2 MiB
+    assert per_node == 8 and link.latency_s == NETWORK_LATENCY_S
+    assert link.seconds_per_block == pytest.approx(16 * 128 * 1024 / (8 * 25e9))
+    tp2 = build_cost(SimSpec(model="llama-3-8b", hardware="a100-80gb", block_size=16, tensor_parallel_size=2))[0]
+    assert network_link(tp2, 16)[1] == 4 and network_link(tp2, 16)[0].seconds_per_block == link.seconds_per_block
+    box = build_cost(SimSpec(model="llama-3-8b", hardware="rtx-4090", block_size=16))[0]
+    assert network_link(box, 4)[1] == 1
+    assert network_link(box, 4)[0].seconds_per_block == pytest.approx(16 * 128 * 1024 / UNLISTED_NIC_BANDWIDTH)
