@@ -46,8 +46,9 @@ class BlockPool:
         self.policy: EvictionPolicy = make_eviction_policy(eviction_policy, num_blocks)
         self.cached: dict[int, KVBlock] = {}
         self.duplicates: dict[int, list[KVBlock]] = {}  # key -> later copies, oldest first (rare)
-        # Told each key whose last copy an allocation evicts (a lower prefix tier demotes it); None: dropped.
-        self.spill: Callable[[int], None] | None = None
+        # Told each key whose last copy an allocation evicts, with the evicted block's id (a lower prefix tier
+        # copies it out before the block is reused); None: dropped.
+        self.spill: Callable[[int, int], None] | None = None
 
     # -- queries -------------------------------------------------------------------------------------------
     @property
@@ -88,7 +89,7 @@ class BlockPool:
             key = block.key
             self._drop_key(block)
             if self.spill is not None and key not in self.cached:
-                self.spill(key)
+                self.spill(key, block.block_id)
         block.ref_cnt = 1
         return block
 
@@ -112,7 +113,7 @@ class BlockPool:
                 block.ref_cnt = 1
                 blocks.append(block)
                 if spill is not None and key not in cached:
-                    spill(key)
+                    spill(key, block.block_id)
         return blocks
 
     def _drop_key(self, block: KVBlock) -> None:

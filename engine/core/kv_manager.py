@@ -27,6 +27,7 @@ from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import CacheConfig
 from kvplan.engine.core.prefix_tiers import TierSpec, build_tiers
 from kvplan.engine.core.request import Request
+from kvplan.engine.core.tier_transfers import GPU, TierTransfer, promotions_of
 
 NO_COPIES: tuple[tuple[int, int], ...] = ()
 HOLE = -1  # block id placed in `block_ids` where sink+window released a block
@@ -50,11 +51,12 @@ class KVCacheManager:
         self.cpu_pool = (BlockPool(config.num_cpu_blocks, config.block_size, "lru", enable_caching=False)
                          if config.num_cpu_blocks else None)
         # Prefix tiers below the GPU (none: the pool drops what it evicts, exactly as vLLM without offloading).
+        # `transfers`: every copy between them and the GPU since the last `take_transfers`, in the order made.
+        self.transfers: list[TierTransfer] = []
         self.tiers = build_tiers([TierSpec("cpu", config.kv_offloading_blocks, config.kv_offloading_eviction),
-                                  TierSpec("disk", config.kv_disk_blocks)], config.block_size)
+                                  TierSpec("disk", config.kv_disk_blocks)], config.block_size, self.transfers)
         if self.tiers and pool is None:
             self.pool.spill = self.tiers[0].store
-        self.promotions: list[tuple[str, int]] = []  # (tier, GPU block id) copied up since the last `take_promotions`
         self.tables: dict[str, list[KVBlock | None]] = {}
         self.block_ids: dict[str, list[int]] = {}  # the same tables as plain ids, for the model runner
         self.cpu_tables: dict[str, list[KVBlock | None]] = {}
@@ -148,20 +150,26 @@ class KVCacheManager:
             if tier is None or pool.num_free == 0:
                 break
             slot = tier.pin(key)  # a demotion this allocation causes must not evict the slot being copied
-            block = pool.allocate()
+            block = pool.allocate()  # its eviction's demotion is logged before this copy into the block
             pool.register(block, key)
             tier.unpin(slot)
             tier.stats.hits += 1
             tier.stats.promotions += 1
-            self.promotions.append((tier.name, block.block_id))
+            self.transfers.append(TierTransfer(tier.name, slot.block_id, GPU, block.block_id))
             promoted.append(block)
         pool.release_all(hits + promoted)
         return promoted
 
-    def take_promotions(self) -> list[tuple[str, int]]:
-        """The (tier, GPU block id) copies to perform before this step's prefill; clears the list."""
-        out, self.promotions = self.promotions, []
+    def take_transfers(self) -> list[TierTransfer]:
+        """The tier copies made since the last call, in order (performed before this step's forward); clears
+        the log (emptied in place: the tiers share it)."""
+        out = list(self.transfers)
+        self.transfers.clear()
         return out
+
+    def take_promotions(self) -> list[tuple[str, int]]:
+        """The (tier, GPU block id) promotions among `take_transfers`."""
+        return promotions_of(self.take_transfers())
 
     def commit(self, request: Request, num_tokens: int) -> None:
         """Register the request's full blocks within its first `num_tokens` tokens in the prefix cache.
