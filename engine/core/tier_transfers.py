@@ -41,6 +41,11 @@ def promotions_of(transfers: list[TierTransfer]) -> list[tuple[str, int]]:
     return [(t.src_tier, t.dst) for t in transfers if t.dst_tier == GPU]
 
 
+def num_demotions(transfers: list[TierTransfer]) -> int:
+    """GPU blocks copied out into the tier below (deeper moves, CPU to disk, are not counted)."""
+    return sum(1 for t in transfers if t.src_tier == GPU)
+
+
 def copy_batches(transfers: list[TierTransfer]) -> list[tuple[str, str, list[tuple[int, int]]]]:
     """(source pool, destination pool, (src, dst) pairs) to copy in this order, equivalent to performing the
     transfers one by one: consecutive transfers between the same two pools are merged, and a destination

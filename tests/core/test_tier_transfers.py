@@ -10,7 +10,7 @@ import random
 import pytest
 
 from kvplan.engine.core.request import make_request
-from kvplan.engine.core.tier_transfers import GPU, TierTransfer, copy_batches, promotions_of
+from kvplan.engine.core.tier_transfers import GPU, TierTransfer, copy_batches, num_demotions, promotions_of
 from tests.core.helpers import make_scheduler
 
 BS = 4
@@ -53,7 +53,7 @@ def run_step(sched, memory: Memory, rng: random.Random, counts: dict[str, int], 
             block = item.block_ids[pos // BS]
             assert gpu[block][pos % BS] == tokens[pos], (item.request_id, pos, out.step_id)
     counts["promotions"] += len(out.promotions)
-    counts["demotions"] += sum(1 for t in out.tier_transfers if t.src_tier == GPU)
+    counts["demotions"] += num_demotions(out.tier_transfers)
     sampled = [rng.randrange(1000, 2000) for _ in out.scheduled]  # generated tokens differ from every prompt's
     sched.update(out, sampled)
 

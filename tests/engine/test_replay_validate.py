@@ -49,7 +49,9 @@ def run_both(model: str, trace: Trace, options: EngineOptions, tmp_path):
     (EngineOptions(block_size=4, num_blocks=48, dtype="float32", max_num_batched_tokens=48, max_model_len=100,
                    preemption_mode="swap", schedule="prefill_first", enable_prefix_caching=False),
      sampling_trace()),
-], ids=["recompute-prefix-sharing", "swap-parallel-sampling-prefill-first"])
+    (EngineOptions(block_size=8, num_blocks=40, dtype="float32", max_num_batched_tokens=64, max_model_len=320,
+                   kv_offloading_blocks=48), synthesize(SHARED)),
+], ids=["recompute-prefix-sharing", "swap-parallel-sampling-prefill-first", "cpu-tier"])
 def test_simulator_priced_by_the_live_steps_gives_identical_token_times(tiny_models, tmp_path, options, trace):
     live, sim, _ = run_both(tiny_models["tiny-llama"], trace, options, tmp_path)
     check = policy_check(live, sim)
@@ -58,6 +60,8 @@ def test_simulator_priced_by_the_live_steps_gives_identical_token_times(tiny_mod
     assert live.summary["num_preemptions"] > 0  # memory pressure exercised preemption
     if options.enable_prefix_caching:
         assert live.summary["prefix_cache_hits"] > 0
+    if options.kv_offloading_blocks:  # the tier moved blocks both ways; its counters are compared below
+        assert live.summary["kv_offload_cpu_promotions"] > 0 and live.summary["kv_offload_cpu_demotions"] > 0
     for key, value in live.summary.items():
         if value is None:  # request_goodput without per-request bounds
             assert sim.summary[key] is None, key
@@ -147,3 +151,23 @@ def test_the_speed_probe_prices_its_steps_as_the_simulator_does(tiny_models):
     steps = [ProfiledStep(0, 8, items, 2, 1, 0.1)]
     expected = cost.step_times(step_features(steps[0].items, 8, 0)) + cost.transfer_time(2 * 8 / 16, 1 * 8 / 16)
     assert predicted_seconds(cost, steps)[0] == pytest.approx(expected)
+
+
+def test_a_step_whose_prefix_tier_moves_differ_is_caught():
+    """The same batch with other tier copies (the simulator promoting a block the live run recomputed) is a
+    policy difference too: the step profile records each step's promoted and demoted blocks."""
+    from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput
+    from kvplan.engine.core.request import make_request
+    from kvplan.engine.core.tier_transfers import GPU, TierTransfer
+    from kvplan.sim.cost.recorded import RecordedCost
+
+    live = ProfiledStep(0, 8, [ProfiledItem("a", 5, 0, False, True)], 0, 0, 0.1, 0.0, 0.1, tier_moves=(0, 1))
+    step = SchedulerOutput(0, [ScheduledRequest(make_request("a", prompt_token_ids=[1] * 5, max_tokens=1), 5, 0, 0,
+                                                [0], True, False)])
+    step.tier_transfers = [TierTransfer(GPU, 3, "cpu", 0)]
+    assert RecordedCost([live]).recorded_step_time(step) == pytest.approx(0.1)
+    step.tier_transfers.append(TierTransfer("cpu", 0, GPU, 4))
+    step.promotions = [("cpu", 4)]
+    with pytest.raises(PolicyDivergence, match=r"step 0 differs: the simulation promoted and demoted \(1, 1\) "
+                                               r"prefix-tier blocks, the live run \(0, 1\)"):
+        RecordedCost([live]).recorded_step_time(step)
