@@ -93,11 +93,14 @@ def test_replay_and_validate_cli(tiny_models, tmp_path, capsys):
                                                                 "steps.jsonl", "engine.json", "manifest.json"}
     verify_result_set(tmp_path / "live")
     configs = tmp_path / "configs.yaml"
-    configs.write_text("- {name: mixed}\n- {name: prefill-first, schedule: prefill_first, block_size: 16}\n")
+    configs.write_text("- {name: mixed}\n- {name: prefill-first, schedule: prefill_first, block_size: 16}\n"
+                       "- {name: cpu-tier, kv_offloading_size: 0.001}\n")  # vLLM's GiB: the engine sizes the tier
     assert main(["validate", *common, "--mode", "policy", "--repeats", "1", "--configs", str(configs),
                  "--out", str(tmp_path / "val")]) == 0
     out = capsys.readouterr().out
-    assert out.count("token times identical") == 2 and "DIFFERENT" not in out
+    assert out.count("token times identical") == 3 and "DIFFERENT" not in out
+    tier = out[out.index("== cpu-tier"):]  # the tier's counters, live and simulated, are compared and shown
+    assert tier.count("kv_offload_cpu_demotions=") == 2 and "kv_offload_cpu_" not in out[:out.index("== cpu-tier")]
     report = (tmp_path / "val" / "report.md").read_text()
     assert "## prefill-first" in report and (tmp_path / "val" / "mixed" / "cdf.png").stat().st_size > 0
     configs.write_text("- {name: a, block_size: 0.5}\n")
