@@ -236,7 +236,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        "to blocks of the model's KV bytes per block; instead of kv_offloading_blocks (both: the same number of "
        "blocks)", sides=ENGINE, nullable=True, above=0, maximum=MAX_OFFLOAD_GIB, why="GiB"),
     _s("kv_offloading_backend", "choice", "native", "what keeps the CPU prefix tier (vLLM's name): native, "
-       "vLLM's own CPU offloading, which kvplan's CPU tier models", sides=ENGINE, choices=("native",),
+       "vLLM's own CPU offloading, the one kvplan has (its tier stores a block when the GPU evicts it)",
+       sides=ENGINE, choices=("native",),
        why="lmcache is not modelled"),
     _s("kv_offloading_eviction", "choice", "lru", "which block the CPU prefix tier drops (or demotes to disk) first",
        config="cache", choices=tuple(sorted(EVICTION_POLICIES))),
