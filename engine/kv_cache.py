@@ -1,5 +1,12 @@
-"""The paged KV tensors: per layer [num_blocks, block_size, num_kv_heads, head_dim] for K and for V, a CPU-side
-pool of the same layout for swapping, and the block copies the scheduler asks for.
+"""The paged KV tensors: per layer [num_blocks, block_size, num_kv_heads, head_dim] for K and for V, two host-side
+pools of the same layout - swap space for preempted requests, and the CPU prefix tier (one slot per tier block) -
+and the block copies the scheduler asks for.
+
+Every copy is one mechanism (`_copy`: an indexed copy of blocks between two pools, in every layer); a copy to or
+from host memory runs on a side CUDA stream where there is a GPU (pinned host tensors), ordered after the work
+already queued and before anything queued later, so the forward pass never reads a promoted block early nor
+overwrites a demoted one before it is copied out. On the CPU engine the pools are plain tensors and the copies
+plain indexed copies.
 
 A quantized cache (`float8_e4m3fn`, `int8`) stores 1-byte values plus one float32 scale per token per KV head
 (kernels.quant: quantized on write, dequantized on read), so a block costs 2 · layers · block_size · kv_heads ·
@@ -12,8 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kvplan.engine.core.tier_transfers import GPU, TierTransfer, copy_batches
 from kvplan.engine.forward_context import LayerKV
-from kvplan.errors import UserError
+from kvplan.errors import ConfigError, UserError
+from kvplan.limits import MAX_BLOCKS
 
 SCALE_BYTES = 4  # one float32 scale per token per KV head, for K and for V
 # the quantized cache dtypes (kernels.checks.QUANT_DTYPES; named here so that the CPU engine never imports the
@@ -45,15 +54,25 @@ class KVLayout:
 
 
 class PagedKVCache:
-    def __init__(self, layout: KVLayout, num_blocks: int, num_cpu_blocks: int, device: torch.device) -> None:
+    def __init__(self, layout: KVLayout, num_blocks: int, num_cpu_blocks: int, device: torch.device,
+                 num_tier_blocks: int = 0) -> None:
         self.layout = layout
         self.num_blocks = num_blocks
         shape = (num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
         self.layers = [self._layer(layout, shape, device=device) for _ in range(layout.num_layers)]
-        cpu_shape = (num_cpu_blocks, *shape[1:])
+        self.cpu_layers = self._host_pool(layout, num_cpu_blocks, device)
+        self.tier_layers = self._host_pool(layout, num_tier_blocks, device)
+        # the pools by the names the core's tier transfers use (engine.core.tier_transfers)
+        self.pools = {GPU: self.layers, "cpu": self.tier_layers}
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    @classmethod
+    def _host_pool(cls, layout: KVLayout, num_blocks: int, device: torch.device) -> list[LayerKV]:
+        """Host-side blocks of the device layout; pinned only beside a GPU (pinned pages serve DMA copies, and
+        pinning needs CUDA)."""
+        shape = (num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)
         pin = device.type == "cuda"
-        self.cpu_layers = [self._layer(layout, cpu_shape, pin_memory=pin)
-                           for _ in range(layout.num_layers if num_cpu_blocks else 0)]
+        return [cls._layer(layout, shape, pin_memory=pin) for _ in range(layout.num_layers if num_blocks else 0)]
 
     @staticmethod
     def _layer(layout: KVLayout, shape: tuple[int, ...], **where) -> LayerKV:
@@ -72,14 +91,33 @@ class PagedKVCache:
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:
-            self._copy(self.layers, self.cpu_layers, pairs)
+            self._host_copy(self.layers, self.cpu_layers, pairs)
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:
-            self._copy(self.cpu_layers, self.layers, pairs)
+            self._host_copy(self.cpu_layers, self.layers, pairs)
+
+    def tier_transfers(self, transfers: list[TierTransfer]) -> None:
+        """A step's demotions (GPU block -> CPU tier slot) and promotions (slot -> GPU block), in the core's order
+        (batched by `copy_batches`, which keeps what each copy reads)."""
+        for src, dst, pairs in copy_batches(transfers):
+            self._host_copy(self.pools[src], self.pools[dst], pairs)
+
+    def _host_copy(self, source: list[LayerKV], target: list[LayerKV], pairs: list[tuple[int, int]]) -> None:
+        """`_copy` between the device and host memory: on the side stream beside a GPU, after the work queued so
+        far (the last forward's KV writes) and before the work queued next (this step's forward)."""
+        if self.stream is None:
+            self._copy(source, target, pairs)
+            return
+        current = torch.cuda.current_stream(self.stream.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            self._copy(source, target, pairs)
+        current.wait_stream(self.stream)
 
     @staticmethod
     def _copy(source: list[LayerKV], target: list[LayerKV], pairs: list[tuple[int, int]]) -> None:
+        """Block src -> block dst of every (src, dst) pair in every layer; no dst repeats, no src is a dst."""
         src = torch.tensor([s for s, _ in pairs], dtype=torch.long)
         dst = torch.tensor([d for _, d in pairs], dtype=torch.long)
         for a, b in zip(source, target, strict=True):
@@ -90,11 +128,34 @@ class PagedKVCache:
 
 
 def check_host_memory(layout: KVLayout, num_blocks: int, num_cpu_blocks: int, device: torch.device) -> None:
-    """Host-memory KV (the CPU engine's cache, and swap space on any device) is refused when it exceeds this
-    machine's memory: allocating it would swap the machine to a standstill instead of failing."""
+    """Host-memory KV (the CPU engine's cache, and swap space and the CPU prefix tier on any device: together
+    `num_cpu_blocks`) is refused when it exceeds this machine's memory: allocating it would swap the machine to a
+    standstill instead of failing."""
     host_blocks = num_cpu_blocks + (num_blocks if device.type == "cpu" else 0)
     need = layout.bytes_per_block * host_blocks
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > physical:
         raise UserError(f"KV cache of {host_blocks} blocks x {layout.bytes_per_block} bytes = {need} bytes; "
                          f"allowed: at most this machine's memory, {physical} bytes (fewer num_blocks)")
+
+
+GIB = 1 << 30  # vLLM's kv_offloading_size is in GiB
+
+
+def offload_blocks(layout: KVLayout, blocks: int, size_gib: float | None) -> int:
+    """The CPU prefix tier's blocks: `kv_offloading_blocks`, or what `kv_offloading_size` GiB hold at this model's
+    KV bytes per block (as the KV cache and swap space convert bytes: whole blocks); both given must agree."""
+    if size_gib is None:
+        return blocks
+    per_block = layout.bytes_per_block
+    held = layout.blocks_in(int(size_gib * GIB))
+    where = f"kv_offloading_size: {size_gib:g} GiB"
+    if held == 0:
+        raise ConfigError(f"{where} holds no KV block of {per_block} bytes; allowed: at least {per_block / GIB:.3g}")
+    if held > MAX_BLOCKS:
+        raise ConfigError(f"{where} is {held} blocks of {per_block} bytes; allowed: at most {MAX_BLOCKS} blocks "
+                          f"({MAX_BLOCKS * per_block / GIB:.3g} GiB)")
+    if blocks and blocks != held:
+        raise ConfigError(f"{where} holds {held} blocks of {per_block} bytes but kv_offloading_blocks is {blocks}; "
+                          "allowed: one of the two, or both naming the same number of blocks")
+    return held

@@ -24,7 +24,7 @@ from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
 from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.settings import SETTINGS, core_config
 from kvplan.engine.cpu_linear import can_pack, pack_linears
-from kvplan.engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
+from kvplan.engine.kv_cache import KVLayout, PagedKVCache, check_host_memory, offload_blocks
 from kvplan.engine.model_runner import ModelRunner
 from kvplan.engine.models import load_model
 from kvplan.engine.options import engine_options
@@ -96,16 +96,17 @@ class LLM:
         num_blocks = o.num_blocks or self._num_blocks(layout, o.kv_cache_memory, o.gpu_memory_utilization, backend,
                                                       o.max_num_batched_tokens)
         num_cpu_blocks = layout.blocks_in(o.swap_space) if o.preemption_mode == "swap" else 0
-        check_host_memory(layout, num_blocks, num_cpu_blocks, self.device)
+        tier_blocks = offload_blocks(layout, o.kv_offloading_blocks, o.kv_offloading_size)
+        check_host_memory(layout, num_blocks, num_cpu_blocks + tier_blocks, self.device)
         try:
             cache = core_config(CacheConfig, o, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
-                                max_model_len=self.max_model_len)
+                                kv_offloading_blocks=tier_blocks, max_model_len=self.max_model_len)
         except ConfigError as exc:
             budget = layout.bytes_per_block * num_blocks
             raise UserError(f"KV budget too small: {budget} bytes hold {num_blocks} blocks of {o.block_size} tokens "
                              f"({layout.bytes_per_block} bytes each): {exc}") from exc
         self.scheduler = Scheduler(cache, core_config(SchedulerConfig, o))
-        self.kv_cache = PagedKVCache(layout, num_blocks, num_cpu_blocks, self.device)
+        self.kv_cache = PagedKVCache(layout, num_blocks, num_cpu_blocks, self.device, tier_blocks)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, backend, self.device, o.sink_tokens,
                                   o.window_tokens, rope)
         self._seeds = torch.Generator().manual_seed(seed)
@@ -116,7 +117,8 @@ class LLM:
         self.profile_meta = {
             "model": model, "device": str(self.device), "dtype": str(dtype).removeprefix("torch."),
             "kv_dtype": str(layout.dtype).removeprefix("torch."), "block_size": o.block_size,
-            "num_blocks": num_blocks, "num_cpu_blocks": num_cpu_blocks, "sink_tokens": o.sink_tokens,
+            "num_blocks": num_blocks, "num_cpu_blocks": num_cpu_blocks, "kv_offloading_blocks": tier_blocks,
+            "kv_offloading_backend": o.kv_offloading_backend, "sink_tokens": o.sink_tokens,
             "window_tokens": o.window_tokens, "position_mode": o.position_mode,
             "threads": torch.get_num_threads(), "torch": str(torch.__version__)}
         self.profiler = None if profile_path is None else StepProfiler(profile_path, self.profile_meta)

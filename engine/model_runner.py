@@ -46,8 +46,11 @@ class ModelRunner:
         self.rope = rope  # shifted positions: an engine.rope.Rope
 
     def apply_memory_ops(self, step: SchedulerOutput) -> None:
-        """In the order the core prescribes: swap-out, swap-in, copy-on-write."""
+        """In the order the core prescribes (engine.core.outputs): swap-out, the prefix tiers' demotions and
+        promotions, swap-in, copy-on-write."""
         self.kv_cache.swap_out(step.swap_out)
+        if step.tier_transfers:
+            self.kv_cache.tier_transfers(step.tier_transfers)
         self.kv_cache.swap_in(step.swap_in)
         self.kv_cache.copy_blocks(step.copies)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from kvplan.engine.core.settings import SETTINGS, SHAPE_SETTINGS, canonical, options_class
+from kvplan.engine.core.settings import SETTINGS, SHAPE_SETTINGS, SIM_ONLY_TIERS, canonical, options_class
 from kvplan.errors import ConfigError
 
 
@@ -35,5 +35,18 @@ def engine_options(settings: dict) -> EngineOptions:
                 continue
             raise ConfigError(f"{key}: {value!r}: the live engine runs one model instance on one device; allowed: "
                               f"{setting.default!r} (kvplan simulate --{name.replace('_', '-')} prices it)")
+        if name in SIM_ONLY_TIERS:
+            check_sim_only(name, value, key)
+            continue
         out[name] = value
     return EngineOptions(**out)
+
+
+def check_sim_only(name: str, value: object, where: str) -> None:
+    """A simulator-only tier setting given to the live engine: checked as a setting, then refused unless it is
+    the default (no tier)."""
+    setting = SETTINGS[name]
+    value = setting.check(value, where)
+    if value != setting.default:
+        raise ConfigError(f"{where}: {value!r}: {SIM_ONLY_TIERS[name]}; allowed on the live engine: "
+                          f"{setting.default!r}")

@@ -2,7 +2,8 @@
 
 The first line is `{"meta": {...}}` (model, device, dtype, block size, KV blocks, sink/window, versions). Each
 step record holds the batch composition - one item per scheduled request: `[request id, new tokens, start
-position, is decode, samples]` - the swap and copy-on-write block counts, and the wall time split into schedule /
+position, is decode, samples]` - the swap, copy-on-write and prefix-tier (promoted, demoted) block counts, and the
+wall time split into schedule /
 prepare / forward / sample / update plus the whole step (`wall_s`). A live replay adds the step's start and end on
 the trace's clock (`start_s`, `end_s`). Records go to a temporary file that is renamed into place on close, so an
 interrupted run never leaves a half-written profile.
@@ -15,14 +16,16 @@ import os
 from pathlib import Path
 
 from kvplan.engine.core.outputs import SchedulerOutput
+from kvplan.engine.core.tier_transfers import num_demotions
 
 
 def step_record(step: SchedulerOutput, block_size: int, times: dict[str, float], **extra: float) -> dict:
     items = [[i.request_id, i.num_new_tokens, i.start_pos, i.is_decode, i.samples] for i in step.scheduled]
     return {"step": step.step_id, "block_size": block_size, "items": items,
             "num_batched_tokens": step.num_batched_tokens, "num_copies": len(step.copies),
-            "num_swap_out": len(step.swap_out), "num_swap_in": len(step.swap_in), "times_s": times,
-            "wall_s": sum(times.values()), **extra}
+            "num_swap_out": len(step.swap_out), "num_swap_in": len(step.swap_in),
+            "num_promotions": len(step.promotions), "num_demotions": num_demotions(step.tier_transfers),
+            "times_s": times, "wall_s": sum(times.values()), **extra}
 
 
 class StepProfiler:

@@ -25,6 +25,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from kvplan.engine.core import RequestStatus
+from kvplan.engine.core.metrics import TIER_COUNTER_KEYS
 from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.timing import SequenceTiming
 from kvplan.engine.llm import LLM
@@ -131,6 +132,8 @@ class LiveReplay:
         m = sched.kv_metrics()
         counters = {k: int(m[k]) for k in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
                                            "num_evicted_blocks", "num_rejected")}
+        # the prefix tiers' counters, as the simulator's replica reports them (absent: the run had no such tier)
+        counters.update((k, int(m[k])) for k in TIER_COUNTER_KEYS if m[k] is not None)
         return ReplayLog(done, series, rejected, counters, usage_seconds, peak, steps, busy, llm.num_kv_blocks,
                          llm.kv_cache.layout.block_size)
 

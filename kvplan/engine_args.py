@@ -7,8 +7,13 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from kvplan.engine.core.settings import MODEL_DTYPES, SETTINGS, canonical  # noqa: F401 (MODEL_DTYPES: commands')
-from kvplan.engine.options import EngineOptions
+from kvplan.engine.core.settings import (  # noqa: F401 (MODEL_DTYPES: commands')
+    MODEL_DTYPES,
+    SETTINGS,
+    SIM_ONLY_TIERS,
+    canonical,
+)
+from kvplan.engine.options import EngineOptions, check_sim_only
 from kvplan.errors import UserError, listed
 from kvplan.output import safe_name
 from kvplan.settings_cli import add_setting_flags, settings_from_args
@@ -25,11 +30,15 @@ def parse_bytes(text: str) -> int:
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    """Every setting the live engine reads, as a flag (kvplan.settings_cli)."""
+    """Every setting the live engine reads, as a flag (kvplan.settings_cli), and the simulator-only tiers' flags,
+    which it refuses (their help says so)."""
     add_setting_flags(p, "engine")
+    add_setting_flags(p, "sim", names=SIM_ONLY_TIERS)
 
 
 def options_from_args(args: argparse.Namespace) -> EngineOptions:
+    for name in SIM_ONLY_TIERS:
+        check_sim_only(name, getattr(args, name), "argument " + SETTINGS[name].flag)
     return EngineOptions(**settings_from_args(args, "engine"))
 
 
@@ -66,6 +75,9 @@ def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, Engin
             if key == "name":
                 continue
             name = canonical(key)
+            if name in SIM_ONLY_TIERS:
+                check_sim_only(name, value, f"{where}.{key}")
+                continue
             if name not in allowed:
                 raise UserError(f"{where}.{key}: unknown option; allowed: {listed(allowed)}")
             changes[name] = _value(f"{where}.{key}", name, value)

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvplan.engine.core.metrics import TIER_COUNTER_KEYS
 from kvplan.serving_result import ServingResult
 
 TOKEN_TIME_TOLERANCE_S = 1e-9
 LATENCY_KEYS = tuple(f"{stat}_{lat}_ms" for lat in ("ttft", "tpot", "itl", "e2el") for stat in ("median", "p90",
                                                                                                   "p99"))
 RATE_KEYS = ("request_throughput", "output_throughput")
-COUNTER_KEYS = ("num_preemptions", "prefix_cache_hits", "num_evicted_blocks", "peak_blocks")
 # The targets (DESIGN.md, "Fidelity"): median |error| over configurations.
 TARGETS = {"median_e2el_ms": 3.0, "p90_e2el_ms": 3.0, "median_tpot_ms": 3.0, "p90_tpot_ms": 3.0,
            "p99_ttft_ms": 8.0}
@@ -35,9 +35,12 @@ def counters(result: ServingResult) -> dict[str, int | None]:
     def known(value: float | None) -> int | None:
         return None if value is None or math.isnan(value) else round(value)
 
-    return {"num_preemptions": known(s["num_preemptions"]), "prefix_cache_hits": known(s["prefix_cache_hits"]),
-            "num_evicted_blocks": known(s["num_evicted_blocks"]),
-            "peak_blocks": known(s["kv_usage_peak"] * blocks) if blocks is not None else None}
+    out = {"num_preemptions": known(s["num_preemptions"]), "prefix_cache_hits": known(s["prefix_cache_hits"]),
+           "num_evicted_blocks": known(s["num_evicted_blocks"]),
+           "peak_blocks": known(s["kv_usage_peak"] * blocks) if blocks is not None else None}
+    # the prefix tiers' counters of the tiers the run had (kv_offload_cpu_promotions, ...)
+    out.update((key, known(s[key])) for key in TIER_COUNTER_KEYS if s.get(key) is not None)
+    return out
 
 
 @dataclass(slots=True)
@@ -65,7 +68,7 @@ def policy_check(live: ServingResult, sim: ServingResult) -> PolicyCheck:
     for key in sorted(set(sim.token_times) - set(live.token_times)):
         diffs.append(f"request row {key[0]} sample {key[1]}: simulated but never finished live")
     a, b = counters(live), counters(sim)
-    diffs += [f"{k}: live {a[k]}, simulated {b[k]}" for k in COUNTER_KEYS if a[k] != b[k]]
+    diffs += [f"{k}: live {a.get(k)}, simulated {b.get(k)}" for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
     return PolicyCheck(not diffs, len(live.token_times), worst, diffs[:5])
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.prefix_tiers import PrefixTier, TierView
+from kvplan.engine.core.tier_transfers import GPU
 
 
 class StoreQueue:
@@ -66,7 +67,8 @@ class SharedView(TierView):
             self.queue.push(starts[step], self, key)
         self.stretch = None
 
-    def store(self, key: int) -> None:
+    def store(self, key: int, src: int = -1, src_tier: str = GPU) -> None:
+        """(`src`: unused - the simulator's shared store logs no copies, it only counts them.)"""
         if self.stretch is not None:
             self.stretch.append((len(self.usage), key))
             return

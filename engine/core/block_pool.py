@@ -46,10 +46,12 @@ class BlockPool:
         self.policy: EvictionPolicy = make_eviction_policy(eviction_policy, num_blocks)
         self.cached: dict[int, KVBlock] = {}
         self.duplicates: dict[int, list[KVBlock]] = {}  # key -> later copies, oldest first (rare)
-        # Told each key whose last copy an allocation evicts (a lower prefix tier demotes it); None: dropped.
-        self.spill: Callable[[int], None] | None = None
-        # Told each key registered here (write-through prefix tiers store it at once); None: nobody is told.
-        self.on_register: Callable[[int], None] | None = None
+        # Told each key whose last copy an allocation evicts, with the evicted block's id (a lower prefix tier
+        # copies it out before the block is reused); None: dropped.
+        self.spill: Callable[[int, int], None] | None = None
+        # Told each key registered here, with its block's id (write-through prefix tiers store it at once);
+        # None: nobody is told.
+        self.on_register: Callable[[int, int], None] | None = None
 
     # -- queries -------------------------------------------------------------------------------------------
     @property
@@ -90,7 +92,7 @@ class BlockPool:
             key = block.key
             self._drop_key(block)
             if self.spill is not None and key not in self.cached:
-                self.spill(key)
+                self.spill(key, block.block_id)
         block.ref_cnt = 1
         return block
 
@@ -114,7 +116,7 @@ class BlockPool:
                 block.ref_cnt = 1
                 blocks.append(block)
                 if spill is not None and key not in cached:
-                    spill(key)
+                    spill(key, block.block_id)
         return blocks
 
     def _drop_key(self, block: KVBlock) -> None:
@@ -175,7 +177,7 @@ class BlockPool:
             self.duplicates.setdefault(key, []).append(block)
         self.policy.on_cached(block)
         if self.on_register is not None:
-            self.on_register(key)
+            self.on_register(key, block.block_id)
         return True
 
     def register_blocks(self, table: list[KVBlock | None], keys: list[int], first: int, end: int,
@@ -194,7 +196,7 @@ class BlockPool:
                     self.duplicates.setdefault(key, []).append(block)
                 on_cached(block)
                 if told is not None:
-                    told(key)
+                    told(key, block.block_id)
 
     def unregister(self, block: KVBlock) -> None:
         """Take an in-use block out of the prefix cache: its contents were never computed (its request was

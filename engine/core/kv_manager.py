@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import CacheConfig
-from kvplan.engine.core.prefix_tiers import TierSpec, TierView, attach_shared, build_tiers, connect
 from kvplan.engine.core.request import Request
+from kvplan.engine.core.tiered_prefix import TieredPrefix
 
 NO_COPIES: tuple[tuple[int, int], ...] = ()
 HOLE = -1  # block id placed in `block_ids` where sink+window released a block
@@ -36,7 +36,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class KVCacheManager:
+class KVCacheManager(TieredPrefix):
     """The block tables of one KV cache group. Alone it is the whole cache (every layer alike); under the hybrid
     allocator (`kv_groups`) one manager per group shares the coordinator's `pool`, its prefix-cache keys told
     apart from the other groups' by `key_salt` (vLLM keys a cached block by hash and group id)."""
@@ -50,13 +50,7 @@ class KVCacheManager:
         self.cpu_pool = (BlockPool(config.num_cpu_blocks, config.block_size, "lru", enable_caching=False)
                          if config.num_cpu_blocks else None)
         # Prefix tiers below the GPU (none: the pool drops what it evicts, exactly as vLLM without offloading).
-        self.tiers = build_tiers([TierSpec("cpu", config.kv_offloading_blocks, config.kv_offloading_eviction),
-                                  TierSpec("disk", config.kv_disk_blocks),
-                                  TierSpec("shared", config.kv_shared_blocks, config.kv_shared_eviction)],
-                                 config.block_size, config.kv_offloading_write_through)
-        if self.tiers and pool is None:
-            connect(self.pool, self.tiers, config.kv_offloading_write_through)
-        self.promotions: list[tuple[str, int]] = []  # (tier, GPU block id) copied up since the last `take_promotions`
+        self._init_tiers(config, own_pool=pool is None)
         self.tables: dict[str, list[KVBlock | None]] = {}
         self.block_ids: dict[str, list[int]] = {}  # the same tables as plain ids, for the model runner
         self.cpu_tables: dict[str, list[KVBlock | None]] = {}
@@ -113,63 +107,6 @@ class KVCacheManager:
         if self.tiers and len(hits) < limit:
             hits += self._promote(keys.keys[len(hits):limit], hits)
         return hits
-
-    def cached_prefix_blocks(self, request: Request) -> int:
-        """How many leading blocks the GPU and the lower tiers hold for `request` - what `find_cached_prefix`
-        returns when the GPU has room for every promotion - without promoting anything (a router's probe of every
-        replica must not move blocks on the ones it passes over)."""
-        keys = request.block_keys
-        if not self.tiers or keys is None or not self.pool.enable_caching or self.config.windowed:
-            return len(self.find_cached_prefix(request))
-        limit = (request.num_tokens - 1) // self.block_size
-        if limit <= 0:
-            return 0
-        keys.key(limit - 1)
-        cached, count = self.pool.cached, 0
-        for key in keys.keys[:limit]:
-            if key not in cached and not any(key in tier for tier in self.tiers):
-                break
-            count += 1
-        return count
-
-    def _promote(self, keys: list[int], hits: list[KVBlock]) -> list[KVBlock]:
-        """Copy the leading run of `keys` that lower tiers (or, for a later block, the GPU) hold into GPU
-        blocks, registered and cached free (so the admission takes them as ordinary hits; `_plan` counts them as
-        free blocks it takes). Stops at the first key nobody has, or when no GPU block is free. The GPU `hits`
-        are pinned meanwhile: a promotion's allocation must not evict the prefix it extends."""
-        pool, promoted = self.pool, []
-        for block in hits:
-            pool.acquire(block)
-        for key in keys:
-            block = pool.cached.get(key)
-            if block is not None:  # past the first tier hit the GPU may hold a later block: a plain hit
-                pool.acquire(block)
-                promoted.append(block)
-                continue
-            tier = next((t for t in self.tiers if key in t), None)
-            if tier is None or pool.num_free == 0:
-                break
-            slot = tier.pin(key)  # a demotion this allocation causes must not evict the slot being copied
-            block = pool.allocate()
-            pool.register(block, key)
-            tier.unpin(slot)
-            tier.stats.hits += 1
-            tier.stats.promotions += 1
-            self.promotions.append((tier.name, block.block_id))
-            promoted.append(block)
-        pool.release_all(hits + promoted)
-        return promoted
-
-    def share_tier(self, view: TierView) -> None:
-        """Use a view of the cluster's one shared store as the bottom tier (instead of a private one); before any
-        traffic."""
-        attach_shared(self.tiers, view, self.config.kv_offloading_write_through)
-        connect(self.pool, self.tiers, self.config.kv_offloading_write_through)
-
-    def take_promotions(self) -> list[tuple[str, int]]:
-        """The (tier, GPU block id) copies to perform before this step's prefill; clears the list."""
-        out, self.promotions = self.promotions, []
-        return out
 
     def commit(self, request: Request, num_tokens: int) -> None:
         """Register the request's full blocks within its first `num_tokens` tokens in the prefix cache.

@@ -1,12 +1,15 @@
 """Plain-data descriptions of one scheduler step, consumed by the model runner (engine) or cost model (sim).
 
-The runner executes a step in this order: `swap_out` (GPU -> CPU), `swap_in` (CPU -> GPU), `copies` (copy-on-
-write), `promotions` (a lower prefix tier -> GPU), then the forward pass over `scheduled`. The order matters: the
-blocks a victim releases when it is swapped out may be reused in the same step as copy-on-write destinations, so
-they are read first; and a swapped-in group shares its blocks again, so a member's first write may copy a block
-that only the swap-in fills. (Swap-ins only happen in steps without preemption, so they never meet a swap-out; a
-copy's source is in use, so no swap-in overwrites it.) A victim preempted after it was scheduled in this step loses
-its copies; if it is swapped out, its swap-out reads each copy's source instead.
+The runner executes a step in this order: `swap_out` (GPU -> CPU), `tier_transfers` (prefix tiers below the GPU,
+in their own order: `tier_transfers`), `swap_in` (CPU -> GPU), `copies` (copy-on-write), then the forward pass over
+`scheduled`. The order matters: the blocks a victim releases when it is swapped out may be reused in the same step
+as copy-on-write or promotion destinations, so they are read first; a GPU block the step evicts is demoted (read)
+before a swap-in, a copy or the forward pass overwrites it; and a swapped-in group shares its blocks again, so a
+member's first write may copy a block that only the swap-in fills. (Swap-ins only happen in steps without
+preemption, so they never meet a swap-out; promotions only at admissions, which also never meet a swap-out, and
+into blocks no swap-in or copy of the step writes; a copy's source is in use, so no swap-in overwrites it.) A
+victim preempted after it was scheduled in this step loses its copies; if it is swapped out, its swap-out reads
+each copy's source instead.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvplan.engine.core.request import Request
+from kvplan.engine.core.tier_transfers import TierTransfer
 
 
 @dataclass(slots=True)
@@ -40,7 +44,9 @@ class SchedulerOutput:
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) GPU blocks, copy-on-write
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu, cpu)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, gpu)
-    # (tier, GPU block) prefix blocks copied up from a lower tier before this step's forward pass (prefix_tiers)
+    # the copies between the GPU and the tiers below it, in the order the core made them (tier_transfers)
+    tier_transfers: list[TierTransfer] = field(default_factory=list)
+    # (tier, GPU block) the promotions among them: prefix blocks copied up from a lower tier (prefix_tiers)
     promotions: list[tuple[str, int]] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (request id, reason)

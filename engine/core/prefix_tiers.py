@@ -22,7 +22,9 @@ Invariants (checked by the property tests in tests/core/test_prefix_tiers.py):
 * a key is in at most one slot of a tier (a store of a key the tier has only refreshes its recency);
 * a tier never holds more keys than its capacity (its pool's size);
 * a slot is pinned (ref_cnt 1) only while a promotion copies out of it, so nothing leaks: outside a promotion
-  every slot is empty or cached free.
+  every slot is empty or cached free;
+* every store that takes a slot appends its copy (source block or slot -> this tier's slot) to the chain's
+  transfer log, after the copies its own eviction caused (`tier_transfers`): the live runner replays the log.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from itertools import pairwise
 
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import ConfigError
+from kvplan.engine.core.tier_transfers import GPU, TierTransfer
 
 
 @dataclass(slots=True)
@@ -48,11 +51,14 @@ class PrefixTier:
     """One tier: which keys it holds, bounded by `num_blocks`, ordered by its eviction policy. `stats` are the
     counters of whoever calls it (a shared tier's `TierView` points them at its own before each call)."""
 
-    def __init__(self, name: str, num_blocks: int, block_size: int, eviction_policy: str = "lru") -> None:
+    def __init__(self, name: str, num_blocks: int, block_size: int, eviction_policy: str = "lru",
+                 log: list[TierTransfer] | None = None) -> None:
         self.name = name
         self.pool = BlockPool(num_blocks, block_size, eviction_policy, enable_caching=True)
         self.stats = TierStats()
         self.below: PrefixTier | TierView | None = None  # write-back: where what this tier evicts goes
+        # the chain's copies, shared with the KV manager (None: not logged - the simulator's shared store)
+        self.log = log
         self.pool.spill = self._evicted
 
     def __len__(self) -> int:
@@ -61,11 +67,12 @@ class PrefixTier:
     def __contains__(self, key: int) -> bool:
         return key in self.pool.cached
 
-    def store(self, key: int) -> None:
-        """Keep `key` (a block the tier above evicted, or written through): a key already here is refreshed, not
-        copied again. What the pool's allocate, register and release would do to a slot, inlined (one call per
-        block the GPU evicts: the tiers' hottest path): the slot goes from free to keyed and cached free with the
-        same calls to the eviction policy, in the same order."""
+    def store(self, key: int, src: int, src_tier: str = GPU) -> None:
+        """Keep `key` (block `src` of the pool `src_tier` above, which evicted it, or wrote it through): a key
+        already here is refreshed, not copied again. What the pool's allocate, register and release would do to a
+        slot, inlined (one call per block the GPU evicts: the tiers' hottest path): the slot goes from free to
+        keyed and cached free with the same calls to the eviction policy, in the same order; the copy into it is
+        logged after the demotion its own eviction caused."""
         pool = self.pool
         held = pool.cached.get(key)
         if held is not None:
@@ -79,7 +86,7 @@ class PrefixTier:
             slot = policy.evict()  # this tier's victim: demoted further (or dropped) below
             victim = slot.key
             pool._drop_key(slot)
-            self._evicted(victim)  # (a tier holds one slot per key: the victim's contents are gone from here)
+            self._evicted(victim, slot.block_id)  # (one slot per key: the victim's contents are gone from here)
         else:  # every slot is pinned by a promotion in flight: nowhere to put it
             self.stats.dropped += 1
             return
@@ -88,6 +95,8 @@ class PrefixTier:
         pool.cached[key] = slot
         policy.on_cached(slot)
         policy.insert(slot)
+        if self.log is not None:
+            self.log.append(TierTransfer(src_tier, src, self.name, slot.block_id))
 
     def pin(self, key: int) -> KVBlock | None:
         """Hold `key`'s slot while its contents are copied up, so that no store evicts it meanwhile."""
@@ -99,9 +108,9 @@ class PrefixTier:
     def unpin(self, slot: KVBlock) -> None:
         self.pool.release(slot)
 
-    def _evicted(self, key: int) -> None:
+    def _evicted(self, key: int, slot: int) -> None:
         if self.below is not None:
-            self.below.store(key)
+            self.below.store(key, slot, self.name)
         else:
             self.stats.dropped += 1
 
@@ -130,9 +139,9 @@ class TierView:
     def pool(self) -> BlockPool:
         return self.tier.pool
 
-    def store(self, key: int) -> None:
+    def store(self, key: int, src: int = -1, src_tier: str = GPU) -> None:
         self.tier.stats = self.stats
-        self.tier.store(key)
+        self.tier.store(key, src, src_tier)
 
     def pin(self, key: int) -> KVBlock | None:
         return self.tier.pin(key)
@@ -150,10 +159,12 @@ class TierSpec:
     eviction_policy: str = "lru"
 
 
-def build_tiers(specs: list[TierSpec], block_size: int, write_through: bool = False) -> list[PrefixTier]:
+def build_tiers(specs: list[TierSpec], block_size: int, write_through: bool = False,
+                log: list[TierTransfer] | None = None) -> list[PrefixTier]:
     """The chain, top first, each tier spilling into the next (write-back; write-through: none spills, every tier
-    is written at once); tiers of 0 blocks are absent."""
-    tiers = [PrefixTier(s.name, s.num_blocks, block_size, s.eviction_policy) for s in specs if s.num_blocks > 0]
+    is written at once) and logging its copies into `log`; tiers of 0 blocks are absent."""
+    tiers = [PrefixTier(s.name, s.num_blocks, block_size, s.eviction_policy, log) for s in specs
+             if s.num_blocks > 0]
     check_names([t.name for t in tiers])
     if not write_through:
         for upper, lower in pairwise(tiers):
@@ -181,9 +192,9 @@ def connect(pool: BlockPool, tiers: list[PrefixTier | TierView], write_through: 
     it registers is stored in every tier at once (and its evictions move nothing)."""
     if write_through:
 
-        def write(key: int) -> None:
+        def write(key: int, block_id: int) -> None:
             for tier in tiers:  # the list itself: a shared store attached later is written too
-                tier.store(key)
+                tier.store(key, block_id)
 
         pool.spill = None
         pool.on_register = write

@@ -54,6 +54,7 @@ from kvplan.engine.core.request import Request, RequestStatus, attach_block_keys
 from kvplan.engine.core.request_queue import make_queue
 from kvplan.engine.core.reservation import ReservationAllocator
 from kvplan.engine.core.step_update import StepUpdate
+from kvplan.engine.core.tier_transfers import promotions_of
 from kvplan.engine.core.victims import pick_victim
 
 RUNNING = RequestStatus.RUNNING
@@ -228,11 +229,13 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         return out
 
     def _collect_promotions(self, out: SchedulerOutput) -> None:
-        """The lower-tier blocks this step's prefix lookups copied into the GPU: the runner (or the cost model)
-        moves them before the forward pass. Only a paged manager with tiers has any."""
+        """The tier copies this step made (demotions of evicted GPU blocks, promotions of lower-tier prefix hits),
+        in order: the runner performs them, the cost model prices the promotions. Only a paged manager with tiers
+        has any."""
         tiers = getattr(self.kv, "tiers", None)
         if tiers:
-            out.promotions = self.kv.take_promotions()
+            out.tier_transfers = self.kv.take_transfers()
+            out.promotions = promotions_of(out.tier_transfers)
 
     def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> bool:
         """prefill_first: prompt chunks of running requests and then waiting admissions, alone in the step and

@@ -213,6 +213,7 @@ SIM = frozenset({"sim"})
 MAX_PARALLEL = 64  # GPUs of one replica: 8 nodes of 8 (the largest single-model deployments published)
 
 PER_BLOCK = "one object per KV block: more would exhaust memory"
+MAX_OFFLOAD_GIB = 1 << 20  # a PiB of host memory: past any machine (the engine checks its own memory)
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # --- the KV cache (CacheConfig) ---
     _s("block_size", "int", 16, "tokens per KV block", config="cache", minimum=1, maximum=256),
@@ -228,13 +229,21 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("eviction_policy", "choice", "lru", "which cached free block is reused first", config="cache",
        choices=tuple(sorted(EVICTION_POLICIES)), aliases=("--eviction",)),
     _s("kv_offloading_blocks", "int", 0, "CPU prefix-cache tier in blocks (vLLM's KV offloading, LMCache's "
-       "local_cpu): prefix blocks the GPU evicts are kept there and copied back on a hit; 0: no CPU tier",
-       config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK),
+       "local_cpu): prefix blocks the GPU evicts are kept there and copied back on a hit (live engine: pinned host "
+       "memory, copied on a side CUDA stream); 0: no CPU tier", config="cache", minimum=0, maximum=MAX_BLOCKS,
+       why=PER_BLOCK),
+    _s("kv_offloading_size", "float", None, "the CPU prefix tier as GiB of host memory (vLLM's name), converted "
+       "to blocks of the model's KV bytes per block; instead of kv_offloading_blocks (both: the same number of "
+       "blocks)", sides=ENGINE, nullable=True, above=0, maximum=MAX_OFFLOAD_GIB, why="GiB"),
+    _s("kv_offloading_backend", "choice", "native", "what keeps the CPU prefix tier (vLLM's name): native, "
+       "vLLM's own CPU offloading, the one kvplan has (its tier stores a block when the GPU evicts it)",
+       sides=ENGINE, choices=("native",),
+       why="lmcache is not modelled"),
     _s("kv_offloading_eviction", "choice", "lru", "which block the CPU prefix tier drops (or demotes to disk) first",
-       config="cache", sides=CORE_SIM, choices=tuple(sorted(EVICTION_POLICIES))),
+       config="cache", choices=tuple(sorted(EVICTION_POLICIES))),
     _s("kv_disk_blocks", "int", 0, "local-disk prefix-cache tier in blocks below the CPU tier (LMCache's "
-       "local_disk; simulator-only): blocks the CPU tier evicts land there; 0: no disk tier",
-       config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK),
+       "local_disk; simulator-only: the live engine refuses any value but 0): blocks the CPU tier evicts land "
+       "there; 0: no disk tier", config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK),
     _s("kv_shared_blocks", "int", 0, "cluster-shared prefix-cache tier in blocks below the local tiers (Mooncake "
        "Store, LMCache's remote backend; simulator-only): one store for every replica, which publish the blocks "
        "their local tiers drop and fetch any replica's blocks by key over the network; 0: no shared tier",
@@ -307,6 +316,15 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
 )}
 # The replica's deployment shape: the simulator prices it, the live engine (one device) refuses anything but 1.
 SHAPE_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")
+# Simulator-only tiers: the engine commands take the flag (so that --help says so) and refuse all but the default.
+SIM_ONLY_TIERS = {
+    "kv_disk_blocks": "the disk prefix tier is simulator-only (kvplan simulate --kv-disk-blocks prices it; the "
+                      "live engine's tier is --kv-offloading-blocks)",
+    "kv_shared_blocks": "the cluster-shared prefix tier is simulator-only (kvplan simulate --kv-shared-blocks "
+                        "prices it; the live engine's tier is --kv-offloading-blocks)",
+    "kv_offloading_write_through": "write-through is simulator-only (the live engine's CPU tier is written back: "
+                                   "a block is copied out when the GPU evicts it)",
+}
 KEY_ALIASES = {key: s.name for s in SETTINGS.values() for key in s.keys}
 
 

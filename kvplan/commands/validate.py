@@ -265,7 +265,7 @@ def timing_table(c: dict) -> tuple[tuple[str, ...], list[list[str]]]:
 
 def counter_table(c: dict) -> tuple[tuple[str, ...], list[list[object]]]:
     keys = list(c["sim_counters"])
-    rows = [[f"live {i + 1}", *(lc[k] for k in keys)] for i, lc in enumerate(c["live_counters"])]
+    rows = [[f"live {i + 1}", *(lc.get(k) for k in keys)] for i, lc in enumerate(c["live_counters"])]
     rows.append(["simulated", *(c["sim_counters"][k] for k in keys)])
     return ("run", *keys), rows
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from kvplan.engine.core.strict_json import loads, short, whole, why
+from kvplan.engine.core.tier_transfers import num_demotions
 from kvplan.errors import UserError
 from kvplan.sim.cost.features import StepFeatures
 
@@ -45,6 +46,7 @@ class ProfiledStep:
     wall_s: float  # the engine's own step() time
     start_s: float | None = None  # on the trace clock (live replay only)
     end_s: float | None = None
+    tier_moves: tuple[int, int] | None = None  # (promoted, demoted) prefix-tier blocks; None: an older profile
 
     @property
     def duration_s(self) -> float:
@@ -91,7 +93,8 @@ def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
                                           count["num_swap_out"] + count["num_swap_in"], count["num_copies"],
                                           _seconds(record["wall_s"], "wall_s"),
                                           _seconds(record.get("start_s"), "start_s"),
-                                          _seconds(record.get("end_s"), "end_s")))
+                                          _seconds(record.get("end_s"), "end_s"),
+                                          _tier_moves(record)))
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 what = "a {'meta': {...}} header" if number == 1 else "a step record"
                 raise UserError(f"{path}:{number}: not {what} of an engine step profile ({why(exc)}); allowed: "
@@ -99,6 +102,12 @@ def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
     if meta is None or not isinstance(meta, dict):
         raise UserError(f"{path}:1: empty step profile; allowed: a file written by the engine's step profiler")
     return meta, steps
+
+
+def _tier_moves(record: dict) -> tuple[int, int] | None:
+    if "num_promotions" not in record:  # written before the engine had prefix tiers
+        return None
+    return whole(record["num_promotions"], "num_promotions", 0), whole(record["num_demotions"], "num_demotions", 0)
 
 
 class RecordedCost:
@@ -125,6 +134,12 @@ class RecordedCost:
                                    f"{extra} that the live run did not, and not {missing} that it did "
                                    "(request id, new tokens, start); allowed: the options the replay ran with "
                                    "(its engine.json)")
+        if live.tier_moves is not None:
+            moves = (len(step.promotions), num_demotions(step.tier_transfers))
+            if moves != live.tier_moves:
+                raise PolicyDivergence(f"{self.source}: step {step.step_id} differs: the simulation promoted and "
+                                       f"demoted {moves} prefix-tier blocks, the live run {live.tier_moves}; "
+                                       "allowed: the options the replay ran with (its engine.json)")
         return live.duration_s
 
     def step_times(self, f: StepFeatures) -> np.ndarray | float:

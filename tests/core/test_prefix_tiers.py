@@ -85,7 +85,7 @@ def test_a_probe_counts_tier_blocks_without_moving_them_and_a_lookup_promotes_th
     keys = [first.block_keys.key(i) for i in range(4)]
     pool = kv.pool
     for key in keys[2:]:  # the prompt's last two full blocks are on the CPU, its first two nowhere
-        kv.tiers[0].store(key)
+        kv.tiers[0].store(key, 0)  # as if GPU block 0 had held it
     again = make_request("b", max_tokens=1, prompt_token_ids=list(range(17)))
     attach_block_keys(again, 4)
     assert kv.cached_prefix_blocks(again) == 0 and kv.find_cached_prefix(again) == []  # stops at the first miss

@@ -15,9 +15,9 @@ from kvplan.errors import ConfigError
 CONFIGS = {"cache": CacheConfig, "scheduler": SchedulerConfig}
 # A non-default value per setting, all consistent with each other (sinks need a window; swap needs CPU blocks).
 CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "kv_offloading_blocks": 32,
-           "kv_offloading_eviction": "fifo", "kv_disk_blocks": 48,
-           "kv_shared_blocks": 40, "kv_shared_eviction": "lfu", "kv_offloading_write_through": True,
-           "kv_offloading_layerwise": True, "enable_prefix_caching": False,
+           "kv_offloading_size": 0.5, "kv_offloading_backend": "native", "kv_offloading_eviction": "fifo",
+           "kv_disk_blocks": 48, "kv_shared_blocks": 40, "kv_shared_eviction": "lfu",
+           "kv_offloading_write_through": True, "kv_offloading_layerwise": True, "enable_prefix_caching": False,
            "eviction_policy": "s3fifo", "allocator": "paged", "max_model_len": 200, "sink_tokens": 4,
            "window_tokens": 96, "watermark": 0.05, "max_num_batched_tokens": 96, "max_num_seqs": 7,
            "long_prefill_token_threshold": 32, "enable_chunked_prefill": False, "policy": "priority",
@@ -26,8 +26,11 @@ CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "kv_offload
            "kv_cache_memory": 3 << 20, "swap_space": 2 << 20, "dtype": "float32", "position_mode": "shifted",
            "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "enable_expert_parallel": True}
 # `allocator` keeps its default above (a reservation allocator has no prefix cache, window or swap); its other
-# values are covered by the simulator's reservation tests.
-UNCHANGED = {"allocator"}
+# values are covered by the simulator's reservation tests. `kv_offloading_backend` has one value kvplan models.
+UNCHANGED = {"allocator", "kv_offloading_backend"}
+# Given together with kv_offloading_blocks, a size must name the same blocks (tests/engine/test_cpu_tier.py): the
+# engine is given the blocks alone here, and reads the size either way.
+ALTERNATIVES = {"kv_offloading_size"}
 
 
 def test_every_setting_has_a_changed_value_here_and_a_side():
@@ -69,7 +72,7 @@ def test_the_live_engine_reads_every_engine_setting(monkeypatch):
         return seen[-1]
 
     monkeypatch.setattr(llm_module, "engine_options", recording)
-    engine_side = {s.name: CHANGED[s.name] for s in for_side("engine")}
+    engine_side = {s.name: CHANGED[s.name] for s in for_side("engine") if s.name not in ALTERNATIVES}
     # num_blocks is derived from kv_cache_memory when not given: read both ways
     llm = llm_module.LLM("tiny-llama", **{**engine_side, "num_blocks": None})
     first = seen[-1].read

@@ -3,7 +3,8 @@
 The shadow memory stores, for every physical slot, the identity of the KV a real model would have written
 there: (position, hash of all tokens up to it). Applying the step's copies and swaps to it and then checking
 that every scheduled request's visible positions hold exactly its own history verifies prefix hits, forks,
-copy-on-write, swap and sink+window end to end - not just the bookkeeping.
+copy-on-write, swap, sink+window and the prefix tiers below the GPU (their demotions and promotions, replayed in the
+runner's order) end to end - not just the bookkeeping.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvplan.engine.core import CacheConfig, RequestStatus, Scheduler, SchedulerConfig, make_request
 from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.tier_transfers import GPU, copy_batches
 from kvplan.engine.core.victims import VICTIM_POLICIES
 from tests.core.invariants import check_all_free, check_scheduler
 
@@ -28,8 +30,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @initialize(block_size=st.sampled_from([1, 16, 64]), policy=st.sampled_from(sorted(EVICTION_POLICIES)),
                 mode=st.sampled_from(["recompute", "swap"]), victim=st.sampled_from(sorted(VICTIM_POLICIES)),
                 queue=st.sampled_from(["fcfs", "priority"]), window=st.booleans(), chunk=st.booleans(),
-                blocks_per_request=st.integers(2, 5), full_isl=st.booleans())
-    def setup(self, block_size, policy, mode, victim, queue, window, chunk, blocks_per_request, full_isl):
+                blocks_per_request=st.integers(2, 5), full_isl=st.booleans(),
+                tiers=st.sampled_from([(0, 0), (0, 0), (3, 0), (12, 0), (2, 4)]))
+    def setup(self, block_size, policy, mode, victim, queue, window, chunk, blocks_per_request, full_isl, tiers):
         self.bs = block_size
         scale = max(1, 16 // block_size)  # keep token counts comparable across block sizes
         self.max_prompt = 3 * block_size * scale if block_size < 64 else 150
@@ -41,12 +44,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             CacheConfig(block_size=block_size, num_blocks=num_blocks,
                         num_cpu_blocks=num_blocks if mode == "swap" else 0, eviction_policy=policy,
                         max_model_len=self.max_prompt + 8, window_tokens=window_tokens, sink_tokens=sink_tokens,
-                        watermark=0.0),
+                        watermark=0.0, kv_offloading_blocks=tiers[0], kv_disk_blocks=tiers[1]),
             SchedulerConfig(max_num_batched_tokens=max(self.max_prompt + 8, 24) if not chunk else 2 * block_size + 3,
                             max_num_seqs=6, enable_chunked_prefill=chunk, policy=queue, preemption_mode=mode,
                             victim_policy=victim, scheduler_reserve_full_isl=full_isl))
         self.gpu: dict[int, tuple[int, int]] = {}
         self.cpu: dict[int, tuple[int, int]] = {}
+        self.pools = {GPU: self.gpu, "cpu": {}, "disk": {}}  # the tiers' slots (the swap pool is `cpu` above)
         self.counter = 0
         self.ended: list = []
 
@@ -90,7 +94,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                                ("copy-on-write", out.copies), ("window release", result.released),
                                ("prefix hit", any(i.num_cached_tokens for i in out.scheduled)),
                                ("eviction", self.sched.kv.pool.num_evictions), ("rejected", out.rejected),
-                               ("n>1 fork", result.forked), ("same-step prefix hit", same_step_hit)):
+                               ("n>1 fork", result.forked), ("same-step prefix hit", same_step_hit),
+                               ("tier promotion", out.promotions), ("tier demotion", out.tier_transfers)):
             if happened:
                 event(name)
         for rid, _ in out.rejected:
@@ -118,16 +123,17 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # -- checks --------------------------------------------------------------------------------------------
     def _apply_memory_ops(self, out):
-        bs = self.bs
-        for memory_from, memory_to, pairs in ((self.gpu, self.cpu, out.swap_out), (self.cpu, self.gpu, out.swap_in),
-                                              (self.gpu, self.gpu, out.copies)):
-            for src, dst in pairs:
-                for s in range(bs):
-                    value = memory_from.get(src * bs + s)
+        """In the runner's order (engine.core.outputs): swap-out, tier transfers, swap-in, copy-on-write."""
+        tiers = [(self.pools[src], self.pools[dst], pairs) for src, dst, pairs in copy_batches(out.tier_transfers)]
+        for memory_from, memory_to, pairs in ((self.gpu, self.cpu, out.swap_out), *tiers,
+                                              (self.cpu, self.gpu, out.swap_in), (self.gpu, self.gpu, out.copies)):
+            read = [[memory_from.get(src * self.bs + s) for s in range(self.bs)] for src, _ in pairs]
+            for (_, dst), values in zip(pairs, read, strict=True):  # a batch reads before it writes
+                for s, value in enumerate(values):
                     if value is None:
-                        memory_to.pop(dst * bs + s, None)
+                        memory_to.pop(dst * self.bs + s, None)
                     else:
-                        memory_to[dst * bs + s] = value
+                        memory_to[dst * self.bs + s] = value
 
     def _check_visible(self, item):
         request, kv = item.request, self.sched.kv

@@ -25,6 +25,10 @@ SHARED = {"seed": 3, "requests": 60, "arrivals": {"process": "poisson", "rate": 
                       "output": {"dist": "lognormal", "median": 14, "sigma": 0.6, "max": 60}},
           "prefix": {"granularity": 16, "system_prompts": {"count": 3, "tokens": {"dist": "uniform", "min": 32,
                                                                                    "max": 80}, "zipf": 1.0}}}
+# The same requests arriving at once: every step finds them all queued, so which steps preempt, hit and move tier
+# blocks does not depend on how fast this machine runs the model (spread arrivals met a loaded machine with no
+# preemption at all).
+BURST = {**SHARED, "arrivals": {"process": "poisson", "rate": 100_000}}
 
 
 def sampling_trace() -> Trace:
@@ -45,11 +49,13 @@ def run_both(model: str, trace: Trace, options: EngineOptions, tmp_path):
 
 @pytest.mark.parametrize("options,trace", [
     (EngineOptions(block_size=8, num_blocks=40, dtype="float32", max_num_batched_tokens=64, max_model_len=320),
-     synthesize(SHARED)),
+     synthesize(BURST)),
     (EngineOptions(block_size=4, num_blocks=48, dtype="float32", max_num_batched_tokens=48, max_model_len=100,
                    preemption_mode="swap", schedule="prefill_first", enable_prefix_caching=False),
      sampling_trace()),
-], ids=["recompute-prefix-sharing", "swap-parallel-sampling-prefill-first"])
+    (EngineOptions(block_size=8, num_blocks=40, dtype="float32", max_num_batched_tokens=64, max_model_len=320,
+                   kv_offloading_blocks=48), synthesize(BURST)),
+], ids=["recompute-prefix-sharing", "swap-parallel-sampling-prefill-first", "cpu-tier"])
 def test_simulator_priced_by_the_live_steps_gives_identical_token_times(tiny_models, tmp_path, options, trace):
     live, sim, _ = run_both(tiny_models["tiny-llama"], trace, options, tmp_path)
     check = policy_check(live, sim)
@@ -58,6 +64,8 @@ def test_simulator_priced_by_the_live_steps_gives_identical_token_times(tiny_mod
     assert live.summary["num_preemptions"] > 0  # memory pressure exercised preemption
     if options.enable_prefix_caching:
         assert live.summary["prefix_cache_hits"] > 0
+    if options.kv_offloading_blocks:  # the tier moved blocks both ways; its counters are compared below
+        assert live.summary["kv_offload_cpu_promotions"] > 0 and live.summary["kv_offload_cpu_demotions"] > 0
     for key, value in live.summary.items():
         if value is None:  # request_goodput without per-request bounds
             assert sim.summary[key] is None, key
@@ -89,11 +97,14 @@ def test_replay_and_validate_cli(tiny_models, tmp_path, capsys):
                                                                 "steps.jsonl", "engine.json", "manifest.json"}
     verify_result_set(tmp_path / "live")
     configs = tmp_path / "configs.yaml"
-    configs.write_text("- {name: mixed}\n- {name: prefill-first, schedule: prefill_first, block_size: 16}\n")
+    configs.write_text("- {name: mixed}\n- {name: prefill-first, schedule: prefill_first, block_size: 16}\n"
+                       "- {name: cpu-tier, kv_offloading_size: 0.001}\n")  # vLLM's GiB: the engine sizes the tier
     assert main(["validate", *common, "--mode", "policy", "--repeats", "1", "--configs", str(configs),
                  "--out", str(tmp_path / "val")]) == 0
     out = capsys.readouterr().out
-    assert out.count("token times identical") == 2 and "DIFFERENT" not in out
+    assert out.count("token times identical") == 3 and "DIFFERENT" not in out
+    tier = out[out.index("== cpu-tier"):]  # the tier's counters, live and simulated, are compared and shown
+    assert tier.count("kv_offload_cpu_demotions=") == 2 and "kv_offload_cpu_" not in out[:out.index("== cpu-tier")]
     report = (tmp_path / "val" / "report.md").read_text()
     assert "## prefill-first" in report and (tmp_path / "val" / "mixed" / "cdf.png").stat().st_size > 0
     configs.write_text("- {name: a, block_size: 0.5}\n")
@@ -147,3 +158,23 @@ def test_the_speed_probe_prices_its_steps_as_the_simulator_does(tiny_models):
     steps = [ProfiledStep(0, 8, items, 2, 1, 0.1)]
     expected = cost.step_times(step_features(steps[0].items, 8, 0)) + cost.transfer_time(2 * 8 / 16, 1 * 8 / 16)
     assert predicted_seconds(cost, steps)[0] == pytest.approx(expected)
+
+
+def test_a_step_whose_prefix_tier_moves_differ_is_caught():
+    """The same batch with other tier copies (the simulator promoting a block the live run recomputed) is a
+    policy difference too: the step profile records each step's promoted and demoted blocks."""
+    from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput
+    from kvplan.engine.core.request import make_request
+    from kvplan.engine.core.tier_transfers import GPU, TierTransfer
+    from kvplan.sim.cost.recorded import RecordedCost
+
+    live = ProfiledStep(0, 8, [ProfiledItem("a", 5, 0, False, True)], 0, 0, 0.1, 0.0, 0.1, tier_moves=(0, 1))
+    step = SchedulerOutput(0, [ScheduledRequest(make_request("a", prompt_token_ids=[1] * 5, max_tokens=1), 5, 0, 0,
+                                                [0], True, False)])
+    step.tier_transfers = [TierTransfer(GPU, 3, "cpu", 0)]
+    assert RecordedCost([live]).recorded_step_time(step) == pytest.approx(0.1)
+    step.tier_transfers.append(TierTransfer("cpu", 0, GPU, 4))
+    step.promotions = [("cpu", 4)]
+    with pytest.raises(PolicyDivergence, match=r"step 0 differs: the simulation promoted and demoted \(1, 1\) "
+                                               r"prefix-tier blocks, the live run \(0, 1\)"):
+        RecordedCost([live]).recorded_step_time(step)
