@@ -95,6 +95,7 @@ def sim_spec(options: EngineOptions, meta: dict, *, cost: str, profile: str | No
     every setting both sides read (engine.core.settings), by name."""
     shared = {s.name: getattr(options, s.name) for s in for_side("sim") if "engine" in s.sides}
     measured = {"num_blocks": int(meta["num_blocks"]), "num_cpu_blocks": int(meta["num_cpu_blocks"]),
-                "max_model_len": int(meta["max_model_len"])}
+                "max_model_len": int(meta["max_model_len"]),
+                **({"allocator": meta["allocator"]} if "allocator" in meta else {})}  # an endpoint's memory model
     return SimSpec(model=meta["model_path"], cost=cost, profile=profile, **{**shared, **measured},
                    sample_interval_s=interval, record_tokens=record_tokens)

@@ -34,6 +34,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     add_trace_arguments(p, model_required=False)
     add_engine_arguments(p)
     add_endpoint_arguments(p)
+    p.add_argument("--drift-probe", action="store_true", help="--endpoint: send the fixed drift-probe pattern "
+                   "before and after the replay and write probe.json; `calibrate --from-replay` keeps it in the "
+                   "profile, so that `validate --endpoint` can tell how much faster or slower the server runs")
     p.add_argument("--out", type=out_path, required=True, help="result directory (replaced whole on success)")
     p.add_argument("--format", choices=["parquet", "csv"], default="parquet", help="table format")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -85,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return run_endpoint(args)
     if args.model is None:
         raise UserError("--model: required (the model the in-process engine runs), unless --endpoint is given")
-    trace = load_trace(args)
+    trace = within_duration(load_trace(args), args.duration)
     options = options_from_args(args)
     with atomic_dir(args.out, {"command": "replay", "model": args.model, "trace": str(args.trace),
                                "options": asdict(options)}) as out:
