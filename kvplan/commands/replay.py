@@ -116,11 +116,15 @@ def run_endpoint(args: argparse.Namespace) -> int:
     options = endpoint_options(args)
     trace = within_duration(load_trace(args), options.duration_s)
     check_reachable(options.url)  # before the line announcing the replay: a dead server is then the only line
-    print(f"{args.trace}: replaying {len(trace)} requests against {options.url}", file=sys.stderr)
+    from kvplan.endpoint.servers import probe
+
+    server = probe(options.url, options.server)
+    print(f"{args.trace}: replaying {len(trace)} requests against {options.url}\n  {server.sentence()}",
+          file=sys.stderr)
     with atomic_dir(args.out, {"command": "replay", "endpoint": options.url, "model": options.model,
                                "trace": str(args.trace)}) as out:
         result, load = replay_endpoint(options, trace, seed=args.seed, temperature=args.temperature, out=out,
-                                       sample_interval_s=sample_interval(trace))
+                                       sample_interval_s=sample_interval(trace), server=server)
     if result.info["failed"] == len(trace):
         raise UserError(f"--endpoint: every request failed (first: {result.info['rejected_first'][0]}); each "
                          f"error is in {args.out}/failed.jsonl")
@@ -132,6 +136,9 @@ def run_endpoint(args: argparse.Namespace) -> int:
           f"{len(trace) - info['failed']} completed, {info['failed']} failed")
     for line in info["rejected_first"]:
         print(f"  failed: {line}")
+    if info["approximate_gap_requests"]:
+        print(f"  {info['approximate_gap_requests']} requests' per-token gaps are approximate (text chunks without "
+              "token ids that did not add up to the usage's count; --tokenizer counts them): left out of ITL")
     row = {**result.summary, **info}
     print(format_table([h for h, _ in ENDPOINT_TABLE], [[row[key] for _, key in ENDPOINT_TABLE]]))
     print(f"\nwrote {args.out}/: requests.parquet, series.parquet, summary.json, tokens.jsonl, failed.jsonl, "

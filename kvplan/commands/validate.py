@@ -170,7 +170,8 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
                 checks.append(check_policy(trace, live, options, meta, where / "steps.jsonl"))
     entry.update({"options": asdict(options), "num_blocks": int(meta["num_blocks"]) if meta else None,
                   "runs": runs, "busy_fraction": [_round(r.info["busy_fraction"]) for r in lives],
-                  "live_counters": [counters(r) for r in lives]})
+                  "live_counters": [counters(r) for r in lives],
+                  "approximate_gap_requests": [r.info.get("approximate_gap_requests", 0) for r in lives]})
     if checks:
         entry["policy"] = [{"identical": c.identical, "sequences": c.sequences, "max_token_diff_s": c.max_token_diff_s,
                             "differences": c.differences, "live_counters": a, "sim_counters": b}

@@ -91,6 +91,10 @@ def config_parts(c: dict) -> list:
                      f"exposed: {', '.join(s['not_exposed'])}")
     for run in c.get("runs", []):
         parts.append(f"repeat {run['repeat']}: {run['state']} ({run['why']})")
+    if any(c.get("approximate_gap_requests", [])):
+        parts.append(f"per-token gaps approximate for {', '.join(map(str, c['approximate_gap_requests']))} requests "
+                     "per repeat (the server streamed text without token ids and the chunks did not add up to its "
+                     "token count; give --tokenizer to count them): left out of the ITL rows, TTFT/TPOT/E2E exact")
     if c.get("stopped"):
         parts.append(f"STOPPED EARLY: {c['stopped']}")
     parts += [f"policy (live run {i + 1}): {policy_sentence(p)}" for i, p in enumerate(c.get("policy", []))]

@@ -66,7 +66,8 @@ class Fake:
         if cached:
             lines.append(f"{cached} {self.cached}")
         if self.kind == "vllm":
-            lines.append('vllm:cache_config_info{block_size="16",num_gpu_blocks="200",enable_prefix_caching="True"} 1')
+            lines.append('vllm:cache_config_info{block_size="16",num_gpu_blocks="200",'
+                         'enable_prefix_caching="True",max_model_len="1024"} 1')
         return "\n".join(lines) + "\n"
 
 

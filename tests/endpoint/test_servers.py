@@ -22,7 +22,7 @@ EXPECTED = {
                    allocator="paged", source="/get_server_info"),
     "tgi": dict(block_size=1, num_blocks=4096, max_model_len=1024, max_num_seqs=16, enable_prefix_caching=None,
                 allocator="paged", source="/info"),
-    "vllm": dict(block_size=16, num_blocks=200, max_model_len=None, max_num_seqs=None, enable_prefix_caching=True,
+    "vllm": dict(block_size=16, num_blocks=200, max_model_len=1024, max_num_seqs=None, enable_prefix_caching=True,
                  allocator="paged", source="/metrics vllm:cache_config_info"),
 }
 

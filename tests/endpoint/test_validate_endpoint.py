@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kvplan.cli import main
+from kvplan.output import verify_result_set
 from kvplan.validation import TARGETS
 from tests.endpoint.fakes import Fake, fake_server, profile, write_trace
 
@@ -48,3 +49,77 @@ def test_a_warm_repeat_never_widens_the_band_into_met(tmp_path, capsys):
     if not any(old_met):
         pytest.fail("the warm repeat never widened a band enough to hide the error: the test shows nothing")
     assert "warm" in (out / "report.md").read_text()
+
+
+def _one_line_exit_2(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+def test_a_missing_kv_capacity_fails_before_any_request(tmp_path, capsys):
+    fake = Fake("tgi")
+    with fake_server(fake) as url:  # forced to vLLM's adapter: no cache_config_info, so no KV capacity
+        assert main(_validate(url, tmp_path, "--server", "vllm", "--out", str(tmp_path / "v"))) == 2
+    assert "--num-blocks: the server does not expose its KV capacity" in _one_line_exit_2(capsys)
+    assert fake.completions == 0 and not (tmp_path / "v").exists()
+
+
+def test_requests_longer_than_a_slot_fail_before_any_request(tmp_path, capsys):
+    fake = Fake("llamacpp")  # 512 tokens per slot
+    long = {"lengths": {"prompt": {"dist": "fixed", "value": 600}, "output": {"dist": "fixed", "value": 4}}}
+    with fake_server(fake) as url:
+        assert main(_validate(url, tmp_path, "--out", str(tmp_path / "v"), trace=write_trace(tmp_path, **long))) == 2
+    line = _one_line_exit_2(capsys)
+    assert "need more context than the server gives one request (512 tokens)" in line
+    assert fake.completions == 0
+
+
+def test_duration_limits_what_validate_sends(tmp_path, capsys):
+    from kvplan import traces
+
+    path = write_trace(tmp_path)
+    arrivals = traces.load(path).arrival_s
+    within = int((arrivals - arrivals[0] <= 0.1).sum())
+    assert 0 < within < len(arrivals)
+    fake = Fake("sglang")
+    with fake_server(fake) as url:
+        assert main(_validate(url, tmp_path, "--repeats", "1", "--duration", "0.1", "--out", str(tmp_path / "v"),
+                              "--json", trace=path)) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["requests"] == within and doc["duration_s"] == 0.1
+    probes = 2 * 4 * 2  # before and after the one repeat: 2 rounds of 4 requests each
+    assert fake.completions == within + probes
+
+
+def test_a_failing_repeat_keeps_what_was_measured(tmp_path, capsys):
+    path = write_trace(tmp_path)
+    fake = Fake("sglang", fail_after=8 + 12 + 8)  # probe, the first repeat, probe; then everything fails
+    out = tmp_path / "v"
+    with fake_server(fake) as url:
+        assert main(_validate(url, tmp_path, "--repeats", "2", "--out", str(out), trace=path)) == 2
+    line = _one_line_exit_2(capsys)
+    assert "stopped early" in line and "repeat 2" in line and str(out) in line
+    verify_result_set(out)  # a complete result set, not a half-written one
+    doc = json.loads((out / "validation.json").read_text())
+    (config,) = doc["configs"]
+    assert doc["partial"] and [r["repeat"] for r in config["runs"]] == [1] and "timing" in config
+    assert "Partial" in (out / "report.md").read_text()
+
+
+def test_the_drift_probe_gives_the_speed_factor_against_calibration(tmp_path, capsys):
+    fake = Fake("vllm", step_s=0.002)
+    with fake_server(fake) as url:
+        assert main(["replay", "--endpoint", url, "--trace", write_trace(tmp_path), "--vocab-size", "500",
+                     "--drift-probe", "--out", str(tmp_path / "cal")]) == 0
+        reference = json.loads((tmp_path / "cal" / "probe.json").read_text())["seconds"]
+        assert reference > 0
+        fake.step_s = 0.006  # the machine got busy: three times slower per token
+        assert main(_validate(url, tmp_path, "--repeats", "1", "--out", str(tmp_path / "v"), "--json",
+                              prof=profile(tmp_path, probe_s=reference))) == 0
+    config = json.loads((tmp_path / "v" / "validation.json").read_text())["configs"][0]
+    assert config["drift"]["reference_probe_s"] == reference
+    factor = config["speed"]["factor"]
+    assert 1.8 < factor < 4.0, factor  # ~3x slower per token; the prompt's share is not scaled
+    assert "timing_speed_adjusted" in config and "timing_in_run_speed" not in config
+    assert f"x{factor:.3f}" in (tmp_path / "v" / "report.md").read_text()
