@@ -89,7 +89,7 @@ def run_state(adapter, reset: str | None, repeat: int) -> dict:
 
 
 def endpoint_repeats(args, trace, plan: EndpointPlan, out: Path, name: str) -> Repeats:
-    from kvplan.endpoint.drift import endpoint_probe
+    from kvplan.endpoint.drift import endpoint_probe, write_probe_file
     from kvplan.endpoint.session import endpoint_options, replay_endpoint
     from kvplan.live import sample_interval
 
@@ -120,6 +120,8 @@ def endpoint_repeats(args, trace, plan: EndpointPlan, out: Path, name: str) -> R
         done.lives.append(live)
         done.runs.append({"repeat": r + 1, **state})
         probe_now(f"after repeat {r + 1}")
+        # as `replay --drift-probe` writes it: a profile fitted from this run gets a reference
+        write_probe_file(where / "probe.json", done.probes[-2:])
     return done
 
 

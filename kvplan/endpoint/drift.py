@@ -74,6 +74,17 @@ def endpoint_probe(url: str, model: str | None, adapter: ServerAdapter, vocab_si
     return EndpointProbe(total)
 
 
+def write_probe_file(path, probes: list[EndpointProbe]) -> None:
+    """probe.json: the probes around one replay and their mean (null when one failed), which `calibrate
+    --from-replay` keeps as the profile's reference."""
+    from kvplan.output import json_text, write_atomic
+
+    seconds = [p.seconds for p in probes if p.error is None]
+    write_atomic(path, json_text({"probes": [p.to_json() for p in probes],
+                                  "seconds": sum(seconds) / len(seconds) if probes and len(seconds) == len(probes)
+                                  else None}))
+
+
 def speed_factors(probes: list[EndpointProbe], reference_s: float | None) -> list[SpeedProbe]:
     """Each probe as the in-process path's SpeedProbe (measured ÷ reference), so that the validation's
     probe-adjusted view is the same code; [] when there is no reference or a probe failed."""

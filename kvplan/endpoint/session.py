@@ -150,7 +150,7 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
                     sample_interval_s: float, server: ServerInfo | None = None):
     """Replay `trace` against the endpoint; writes the tables and client files under `out`. Returns the
     ServingResult and the load result. `server`: what `servers.probe` found (probed here when None)."""
-    from kvplan.endpoint.drift import endpoint_probe
+    from kvplan.endpoint.drift import endpoint_probe, write_probe_file
     from kvplan.endpoint.loadgen import LoadGenerator
     from kvplan.endpoint.prompts import endpoint_requests
     from kvplan.endpoint.result import to_result, write_client_files
@@ -171,10 +171,7 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
     load = generator.run(requests)
     if options.drift_probe:
         probes.append(endpoint_probe(options.url, options.model, server.adapter, vocab))
-        seconds = [p.seconds for p in probes if p.error is None]
-        write_atomic(out / "probe.json", json_text({
-            "probes": [p.to_json() for p in probes],
-            "seconds": float(np.mean(seconds)) if len(seconds) == len(probes) else None}))
+        write_probe_file(out / "probe.json", probes)
     result = to_result(load, trace, server.kv)
     write_tables(result, out, "parquet")
     write_client_files(load, out)

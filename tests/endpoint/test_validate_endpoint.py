@@ -123,3 +123,6 @@ def test_the_drift_probe_gives_the_speed_factor_against_calibration(tmp_path, ca
     assert 1.8 < factor < 4.0, factor  # ~3x slower per token; the prompt's share is not scaled
     assert "timing_speed_adjusted" in config and "timing_in_run_speed" not in config
     assert f"x{factor:.3f}" in (tmp_path / "v" / "report.md").read_text()
+    # each repeat keeps the probes around it, so a profile fitted from it has a reference too
+    around = json.loads((tmp_path / "v" / "default" / "live-1" / "probe.json").read_text())
+    assert around["seconds"] == pytest.approx(sum(config["drift"]["probe_s"]) / 2, rel=1e-4)
