@@ -33,6 +33,7 @@ class EndpointPlan:
     meta: dict  # kvplan.live.sim_spec's measured values
     vocab_size: int
     reference_probe_s: float | None  # the profile's calibration-time drift probe
+    to_text: object = None  # ids -> text for the drift probe where the replay sends text (--tokenizer)
 
 
 @dataclass(slots=True)
@@ -72,9 +73,11 @@ def endpoint_plan(args, trace, options, profile: str | None) -> EndpointPlan:
 
         provenance = load_profile(profile).meta.get("provenance") or {}
         reference = provenance.get("endpoint_probe_s")
+    from kvplan.endpoint.prompts import text_writer
+
     return EndpointPlan(server, options, meta, _vocab_size(endpoint, tokenizer),
                         float(reference) if isinstance(reference, int | float) and not isinstance(reference, bool)
-                        and reference > 0 else None)
+                        and reference > 0 else None, text_writer(tokenizer) if tokenizer is not None else None)
 
 
 def run_state(adapter, reset: str | None, repeat: int) -> dict:
@@ -98,7 +101,7 @@ def endpoint_repeats(args, trace, plan: EndpointPlan, out: Path, name: str) -> R
     done = Repeats()
 
     def probe_now(when: str) -> None:
-        result = endpoint_probe(endpoint.url, endpoint.model, adapter, plan.vocab_size)
+        result = endpoint_probe(endpoint.url, endpoint.model, adapter, plan.vocab_size, plan.to_text)
         done.probes.append(result)
         seconds = "failed: " + result.error if result.error else f"{result.seconds:.3f} s"
         print(f"  {name}: drift probe {when}: {seconds}", file=sys.stderr)

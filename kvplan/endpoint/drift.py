@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,23 +51,26 @@ class EndpointProbe:
                             "output_tokens": PROBE_OUTPUT, "rounds": PROBE_ROUNDS}}
 
 
-def probe_requests(vocab_size: int, nonce: int) -> list[EndpointRequest]:
+def probe_requests(vocab_size: int, nonce: int, to_text: Callable[[list[int]], str] | None = None,
+                   ) -> list[EndpointRequest]:
     """The fixed pattern of one round: distinct random prompts (ids below min(vocab, 32000), above the
-    special-token range) so that nothing is shared."""
+    special-token range) so that nothing is shared; as text through `to_text` where the replay sends text."""
     rng = np.random.default_rng([PROBE_SEED, nonce])
     high = max(200, min(vocab_size, 32_000))
-    return [EndpointRequest(i, 0.0, rng.integers(100, high, PROBE_PROMPT).tolist(), PROBE_PROMPT, PROBE_OUTPUT)
-            for i in range(PROBE_REQUESTS)]
+    prompts = [rng.integers(100, high, PROBE_PROMPT).tolist() for _ in range(PROBE_REQUESTS)]
+    return [EndpointRequest(i, 0.0, to_text(ids) if to_text else ids, PROBE_PROMPT, PROBE_OUTPUT)
+            for i, ids in enumerate(prompts)]
 
 
-def endpoint_probe(url: str, model: str | None, adapter: ServerAdapter, vocab_size: int) -> EndpointProbe:
+def endpoint_probe(url: str, model: str | None, adapter: ServerAdapter, vocab_size: int,
+                   to_text: Callable[[list[int]], str] | None = None) -> EndpointProbe:
     from kvplan.endpoint.loadgen import LoadGenerator
 
     generator = LoadGenerator(url, model, temperature=0.0, seed=PROBE_SEED, timeout_s=PROBE_TIMEOUT_S,
                               sample_interval_s=5.0, adapter=adapter, progress=lambda line: None)
     total = 0.0
     for _ in range(PROBE_ROUNDS):
-        load = generator.run(probe_requests(vocab_size, time.time_ns()))
+        load = generator.run(probe_requests(vocab_size, time.time_ns(), to_text))
         failed = [o.error for o in load.outcomes if o.error is not None]
         if failed:
             return EndpointProbe(math.nan, f"{len(failed)} of {PROBE_REQUESTS} probe requests failed: {failed[0]}")

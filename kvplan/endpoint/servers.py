@@ -29,7 +29,6 @@ Names, from each server's own source or documentation:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -275,6 +274,3 @@ def gauges(adapter: ServerAdapter, samples: list) -> dict[str, float]:
     names = dict(adapter.gauges)
     return {key: scrape.first(samples, names.get(key, ())) for key, _ in scrape.GAUGES}
 
-
-def known(value: float) -> float | None:
-    return None if value is None or math.isnan(value) else value

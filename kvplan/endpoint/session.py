@@ -152,7 +152,7 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
     ServingResult and the load result. `server`: what `servers.probe` found (probed here when None)."""
     from kvplan.endpoint.drift import endpoint_probe, write_probe_file
     from kvplan.endpoint.loadgen import LoadGenerator
-    from kvplan.endpoint.prompts import endpoint_requests
+    from kvplan.endpoint.prompts import endpoint_requests, text_writer
     from kvplan.endpoint.result import to_result, write_client_files
     from kvplan.output import json_text, write_atomic
     from kvplan.serving_result import write_tables
@@ -167,10 +167,12 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
                               sample_interval_s=max(0.1, min(sample_interval_s, 5.0)),
                               reset_prefix_cache=options.reset_prefix_cache, adapter=server.adapter,
                               tokenizer=tokenizer)
-    probes = [endpoint_probe(options.url, options.model, server.adapter, vocab)] if options.drift_probe else []
+    # the probe's prompts in the replay's form: text where the replay sends text
+    to_text = text_writer(tokenizer) if tokenizer is not None and options.drift_probe else None
+    probes = [endpoint_probe(options.url, options.model, server.adapter, vocab, to_text)] if options.drift_probe else []
     load = generator.run(requests)
     if options.drift_probe:
-        probes.append(endpoint_probe(options.url, options.model, server.adapter, vocab))
+        probes.append(endpoint_probe(options.url, options.model, server.adapter, vocab, to_text))
         write_probe_file(out / "probe.json", probes)
     result = to_result(load, trace, server.kv)
     write_tables(result, out, "parquet")

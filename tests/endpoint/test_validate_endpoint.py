@@ -126,3 +126,16 @@ def test_the_drift_probe_gives_the_speed_factor_against_calibration(tmp_path, ca
     # each repeat keeps the probes around it, so a profile fitted from it has a reference too
     around = json.loads((tmp_path / "v" / "default" / "live-1" / "probe.json").read_text())
     assert around["seconds"] == pytest.approx(sum(config["drift"]["probe_s"]) / 2, rel=1e-4)
+
+
+def test_the_probe_pattern_is_fixed_in_lengths_and_fresh_in_ids():
+    from kvplan.endpoint.drift import PROBE_OUTPUT, PROBE_PROMPT, PROBE_REQUESTS, probe_requests
+
+    first, second = probe_requests(49152, 1), probe_requests(49152, 2)
+    assert len(first) == PROBE_REQUESTS and all(len(r.prompt) == PROBE_PROMPT for r in first)
+    assert all(r.max_tokens == PROBE_OUTPUT for r in first)
+    # no prompt shares a first block with another, in one probe or the next: no probe hits an earlier one's cache
+    heads = {tuple(r.prompt[:16]) for r in first + second}
+    assert len(heads) == 2 * PROBE_REQUESTS
+    text = probe_requests(49152, 1, to_text=lambda ids: " ".join(f"w{i}" for i in ids))
+    assert all(isinstance(r.prompt, str) and len(r.prompt.split()) == PROBE_PROMPT for r in text)
