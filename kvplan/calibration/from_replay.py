@@ -100,11 +100,14 @@ def calibrate_from_replay(directory: str | Path, block_size: int | None = None, 
     coefficients = dict.fromkeys(COEFFICIENTS, 0.0)
     coefficients.update({COEFFICIENTS[j]: float(c) for j, c in zip(kept, fit.coefficients, strict=True)})
     unidentified.update(swap_seconds_per_block=NEVER_SEEN, copy_seconds_per_block=NEVER_SEEN)
-    doc = {"source": "endpoint replay", "token_clusters": len(end), "gap_threshold_ms": round(threshold * 1e3, 4)}
+    # the longest prompt the fit saw: beyond it the prefill price is an extrapolation (validate says so)
+    doc = {"source": "endpoint replay", "token_clusters": len(end), "gap_threshold_ms": round(threshold * 1e3, 4),
+           "longest_prompt_tokens": int(table["prompt_tokens"].max())}
+    kv_source = ((endpoint.get("server") or {}).get("kv_config") or {}).get("source") or "vllm:cache_config_info"
     if capacity is None:
-        unidentified["kv_capacity_blocks"] = "the server does not expose vllm:cache_config_info num_gpu_blocks"
+        unidentified["kv_capacity_blocks"] = "the server does not expose its KV capacity (endpoint.json)"
     else:
-        doc["kv_capacity_source"] = "server vllm:cache_config_info (endpoint.json)"
+        doc["kv_capacity_source"] = f"server {kv_source} (endpoint.json)"
     cost = CalibratedCost(coefficients, kv_capacity_blocks=capacity)
     predicted = x[:, kept] @ fit.coefficients
     cost.meta.update(block_size=block_size, block_sizes=[block_size], fit={

@@ -71,8 +71,13 @@ def endpoint_plan(args, trace, options, profile: str | None) -> EndpointPlan:
     if profile is not None:
         from kvplan.sim.cost.calibrated import load_profile
 
-        provenance = load_profile(profile).meta.get("provenance") or {}
-        reference = provenance.get("endpoint_probe_s")
+        meta_of = load_profile(profile).meta
+        reference = (meta_of.get("provenance") or {}).get("endpoint_probe_s")
+        seen = (meta_of.get("fit") or {}).get("longest_prompt_tokens")
+        longest = int(trace.prompt_tokens.max())
+        if isinstance(seen, int) and longest > seen:
+            print(f"  note: --profile {profile} was fitted on prompts up to {seen} tokens; this trace's reach "
+                  f"{longest}: their prefill price is extrapolated", file=sys.stderr)
     from kvplan.endpoint.prompts import text_writer
 
     return EndpointPlan(server, options, meta, _vocab_size(endpoint, tokenizer),

@@ -184,12 +184,14 @@ def write_trace(tmp_path, **changes) -> str:
     return str(path)
 
 
-def profile(tmp_path, scale: float = 1.0, probe_s: float | None = None) -> str:
-    """A calibrated profile for smollm2-135m; `probe_s`: its calibration-time drift probe."""
+def profile(tmp_path, scale: float = 1.0, probe_s: float | None = None, longest: int | None = None) -> str:
+    """A calibrated profile for smollm2-135m; `probe_s`: its calibration-time drift probe, `longest`: the longest
+    prompt it was fitted on."""
     from kvplan.sim.cost.calibrated import CalibratedCost, save_profile
 
     meta = {"model": "smollm2-135m", "device": "endpoint", "block_size": 16,
-            "provenance": {"endpoint_probe_s": probe_s} if probe_s else {}}
+            "provenance": {"endpoint_probe_s": probe_s} if probe_s else {},
+            "fit": {"longest_prompt_tokens": longest} if longest else {}}
     path = tmp_path / f"profile-{scale}.yaml"
     save_profile(CalibratedCost({"step": 0.002 * scale, "prefill_tokens": 2e-5 * scale}, meta=meta), path)
     return str(path)

@@ -85,8 +85,10 @@ def test_duration_limits_what_validate_sends(tmp_path, capsys):
     fake = Fake("sglang")
     with fake_server(fake) as url:
         assert main(_validate(url, tmp_path, "--repeats", "1", "--duration", "0.1", "--out", str(tmp_path / "v"),
-                              "--json", trace=path)) == 0
-    doc = json.loads(capsys.readouterr().out)
+                              "--json", trace=path, prof=profile(tmp_path, longest=10))) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert "was fitted on prompts up to 10 tokens" in captured.err  # beyond them the prefill price is extrapolated
     assert doc["requests"] == within and doc["duration_s"] == 0.1
     probes = 2 * 4 * 2  # before and after the one repeat: 2 rounds of 4 requests each
     assert fake.completions == within + probes
