@@ -18,6 +18,7 @@ ones only; a drift probe around each repeat gives the speed factor against calib
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import asdict
 from itertools import pairwise
@@ -149,8 +150,8 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
         options, meta = plan.options, plan.meta
         done = endpoint_repeats(args, trace, plan, out, name)
         lives, runs = done.lives, done.runs
-        entry.update({"server": plan.server.to_json(), "drift": speed_entry(plan, done)[0]})
-        probes = speed_entry(plan, done)[1]
+        drift, probes = speed_entry(plan, done)
+        entry.update({"server": plan.server.to_json(), "drift": drift})
         if done.stopped:
             entry["stopped"] = done.stopped
     else:
@@ -198,7 +199,7 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
 
 
 def _round(value: float) -> float | None:
-    return None if value != value else round(value, 3)  # NaN: a server without a running gauge
+    return None if math.isnan(value) else round(value, 3)  # NaN: a server without a running gauge
 
 
 def simulate_as(trace, options, meta: dict, profile: str):

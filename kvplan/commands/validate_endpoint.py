@@ -14,9 +14,12 @@ before it are kept in a complete result set marked partial.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvplan.endpoint.servers import ServerInfo
+from kvplan.engine.options import EngineOptions
 from kvplan.errors import UserError
 
 
@@ -28,12 +31,12 @@ class PartialValidation(UserError):
 class EndpointPlan:
     """What the server is and how the simulator copies it, settled before the first request."""
 
-    server: object  # servers.ServerInfo
-    options: object  # EngineOptions as the server runs
+    server: ServerInfo
+    options: EngineOptions  # as the server runs
     meta: dict  # kvplan.live.sim_spec's measured values
     vocab_size: int
     reference_probe_s: float | None  # the profile's calibration-time drift probe
-    to_text: object = None  # ids -> text for the drift probe where the replay sends text (--tokenizer)
+    to_text: Callable[[list[int]], str] | None = None  # the drift probe's text where the replay sends text
 
 
 @dataclass(slots=True)
@@ -147,8 +150,3 @@ def speed_entry(plan: EndpointPlan, done: Repeats) -> tuple[dict, list]:
                          "a replay that probed)" if plan.reference_probe_s is None else "a probe failed")
     return entry, factors
 
-
-def cold_and_warm(done: Repeats) -> tuple[list, list]:
-    cold = [live for live, run in zip(done.lives, done.runs, strict=True) if run["state"] == "cold"]
-    warm = [live for live, run in zip(done.lives, done.runs, strict=True) if run["state"] == "warm"]
-    return cold, warm
