@@ -153,6 +153,8 @@ def run_from_replay(args: argparse.Namespace) -> int:
     print("coefficients (s): " + ", ".join(f"{k}={v:.3g}" for k, v in cost.coefficients.items()))
     print(f"drift probe at calibration: {reference:.3f} s" if reference is not None else
           "drift probe at calibration: none (replay --endpoint --drift-probe records one)")
+    for note in fit.get("warnings", []):
+        print(f"warning: {note}")
     print("unidentified (fixed at 0):\n" + "\n".join(f"  {k}: {v}" for k, v in fit["unidentified"].items()))
     return 0
 
