@@ -124,16 +124,16 @@ def run(args: argparse.Namespace) -> int:
                     doc[key] = target_summary({r["name"]: [MetricRow(**m) for m in r[rows]] for r in results})
         (out / "validation.json").write_text(json_text(doc))
         (out / "report.md").write_text(report_markdown(doc))
-    if stopped:
-        from kvplan.commands.validate_endpoint import PartialValidation
-
-        raise PartialValidation(f"--endpoint: stopped early ({'; '.join(stopped)}); what was measured is in "
-                                f"{args.out} (validation.json: partial)")
     if args.json:
         print_json(doc)
     else:
         print(report_text(doc))
         print(f"\nwrote {args.out}/report.md, validation.json, and per configuration: live runs, simulations, cdf.png")
+    if stopped:  # what was measured is printed and kept; the exit status says it is not the whole validation
+        from kvplan.commands.validate_endpoint import PartialValidation
+
+        raise PartialValidation(f"--endpoint: stopped early ({'; '.join(stopped)}); what was measured is in "
+                                f"{args.out} (validation.json: partial)")
     return 0
 
 
