@@ -35,8 +35,11 @@ def counters(result: ServingResult) -> dict[str, int | None]:
     def known(value: float | None) -> int | None:
         return None if value is None or math.isnan(value) else round(value)
 
+    # cached_tokens_reported: an endpoint's per-request cached-token counts (usage cached_tokens, llama.cpp's
+    # timings.cache_n), summed; the simulator's (and the in-process engine's) own prefix hits beside them
+    reported = result.info.get("reported_cached_tokens", s["prefix_cache_hits"])
     out = {"num_preemptions": known(s["num_preemptions"]), "prefix_cache_hits": known(s["prefix_cache_hits"]),
-           "num_evicted_blocks": known(s["num_evicted_blocks"]),
+           "cached_tokens_reported": known(reported), "num_evicted_blocks": known(s["num_evicted_blocks"]),
            "peak_blocks": known(s["kv_usage_peak"] * blocks) if blocks is not None else None}
     # the prefix tiers' counters of the tiers the run had (kv_offload_cpu_promotions, ...)
     out.update((key, known(s[key])) for key in TIER_COUNTER_KEYS if s.get(key) is not None)

@@ -100,20 +100,22 @@ def calibrate_from_replay(directory: str | Path, block_size: int | None = None, 
     coefficients = dict.fromkeys(COEFFICIENTS, 0.0)
     coefficients.update({COEFFICIENTS[j]: float(c) for j, c in zip(kept, fit.coefficients, strict=True)})
     unidentified.update(swap_seconds_per_block=NEVER_SEEN, copy_seconds_per_block=NEVER_SEEN)
-    doc = {"source": "endpoint replay", "token_clusters": len(end), "gap_threshold_ms": round(threshold * 1e3, 4)}
+    # the longest prompt the fit saw: beyond it the prefill price is an extrapolation (validate says so)
+    doc = {"source": "endpoint replay", "token_clusters": len(end), "gap_threshold_ms": round(threshold * 1e3, 4),
+           "longest_prompt_tokens": int(table["prompt_tokens"].max())}
+    kv_source = ((endpoint.get("server") or {}).get("kv_config") or {}).get("source") or "vllm:cache_config_info"
     if capacity is None:
-        unidentified["kv_capacity_blocks"] = "the server does not expose vllm:cache_config_info num_gpu_blocks"
+        unidentified["kv_capacity_blocks"] = "the server does not expose its KV capacity (endpoint.json)"
     else:
-        doc["kv_capacity_source"] = "server vllm:cache_config_info (endpoint.json)"
+        doc["kv_capacity_source"] = f"server {kv_source} (endpoint.json)"
     cost = CalibratedCost(coefficients, kv_capacity_blocks=capacity)
     predicted = x[:, kept] @ fit.coefficients
     cost.meta.update(block_size=block_size, block_sizes=[block_size], fit={
         **fit_quality(fit, predicted, t, holdout), **doc, "unidentified": unidentified,
         "method": "steps reconstructed from token times; non-negative least squares on relative error, "
                   "Huber-reweighted; 20% of steps held out",
-        **_warnings(endpoint, table["cached_prompt_tokens"].to_numpy())})
-    kinds = ["decode" if all(i.is_decode for i in s) else "prefill" if not any(i.is_decode for i in s)
-             else "mixed" for s in steps]
+        **_warnings(endpoint, table["cached_prompt_tokens"].to_numpy(), coefficients, kinds_of(steps))})
+    kinds = kinds_of(steps)
     return ReplayCalibration(Calibration(cost, t, predicted, holdout, kinds), endpoint.get("url"), len(end))
 
 
@@ -229,10 +231,22 @@ def _identify(x: np.ndarray, t: np.ndarray) -> tuple[list[int], dict[str, str]]:
     return kept, why
 
 
-def _warnings(endpoint: dict, cached: np.ndarray) -> dict:
-    """Server counters that say the reconstruction missed work (listed in the fit, not fatal)."""
+def kinds_of(steps: list) -> list[str]:
+    return ["decode" if all(i.is_decode for i in s) else "prefill" if not any(i.is_decode for i in s) else "mixed"
+            for s in steps]
+
+
+def _warnings(endpoint: dict, cached: np.ndarray, coefficients: dict, kinds: list[str]) -> dict:
+    """Server counters that say the reconstruction missed work, and prices the fit could not give (listed in the
+    fit, printed by calibrate, not fatal)."""
     counters = {k: v for k, v in (endpoint.get("server_counters") or {}).items() if isinstance(v, int | float)}
     notes = []
+    with_prefill = sum(kind != "decode" for kind in kinds)
+    if not coefficients["prefill_tokens"] and not coefficients["prefill_attention"]:
+        # a few prefill-bearing steps among hundreds of decodes read as outliers to the robust fit: prompts
+        # would then cost nothing in the simulation (measured: TTFT 99% fast against llama-server)
+        notes.append(f"prompt tokens are priced at 0: only {with_prefill} of {len(kinds)} busy steps carried a "
+                     "prefill, too few for the robust fit; replay a trace with more (or longer) prompts")
     if counters.get("prefix_cache_hits", 0) > 0 and not cached.any():
         notes.append("the server counted prefix-cache hits but reported no cached tokens per request: prefill "
                      "is overstated by the tokens it reused")

@@ -39,6 +39,11 @@ def read_replay(directory: Path) -> Replay:
             raise UserError(f"{directory / name}: missing, so this is not an endpoint replay; allowed: {ALLOWED}")
     endpoint = _endpoint(directory / "endpoint.json")
     cache = endpoint.get("cache_config") or {}
+    server = endpoint.get("server") if isinstance(endpoint.get("server"), dict) else {}
+    kv = server.get("kv_config") if isinstance(server.get("kv_config"), dict) else {}
+    # vLLM's labels first; else the KV configuration another server's adapter read (llama.cpp's /props, ...)
+    cache = {**{k: kv[f] for k, f in (("block_size", "block_size"), ("num_gpu_blocks", "num_blocks"))
+                if kv.get(f) is not None}, **cache}
     table = _requests(directory / "requests.parquet")
     return Replay(endpoint, _cache_int(directory / "endpoint.json", cache, "block_size", MAX_BLOCK_SIZE),
                   _cache_int(directory / "endpoint.json", cache, "num_gpu_blocks", MAX_BLOCKS), table,

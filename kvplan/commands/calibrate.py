@@ -132,8 +132,11 @@ def run_from_replay(args: argparse.Namespace) -> int:
     cal = result.calibration
     cost = cal.cost
     device = args.device_name or f"endpoint {result.url or args.from_replay}"
+    # the drift probe's time at calibration (validate --endpoint divides by it): a fact of the conditions the
+    # profile was measured under, so in its provenance
+    reference = _probe_seconds(args.from_replay / "probe.json")
     cost.meta.update({"model": args.model, "device": device, **({"dtype": args.dtype} if args.dtype else {}),
-                      "provenance": {**provenance(None, args),
+                      "provenance": {**provenance(None, args), "endpoint_probe_s": reference,
                                      "source": f"endpoint replay {args.from_replay} (url {result.url})"}})
     save_profile(cost, args.out, f"kvplan calibrate profile: {args.model} on {device}, fitted from the token "
                  f"times of a replay\nRegenerate with the command under provenance.command.")
@@ -148,8 +151,30 @@ def run_from_replay(args: argparse.Namespace) -> int:
     print(json.dumps({k: v for k, v in fit.items() if k != "unidentified"}))
     print(format_table(HEADERS, table))
     print("coefficients (s): " + ", ".join(f"{k}={v:.3g}" for k, v in cost.coefficients.items()))
+    print(f"drift probe at calibration: {reference:.3f} s" if reference is not None else
+          "drift probe at calibration: none (replay --endpoint --drift-probe records one)")
+    for note in fit.get("warnings", []):
+        print(f"warning: {note}")
     print("unidentified (fixed at 0):\n" + "\n".join(f"  {k}: {v}" for k, v in fit["unidentified"].items()))
     return 0
+
+
+def _probe_seconds(path: Path) -> float | None:
+    """The replay's drift-probe seconds (probe.json of `replay --endpoint --drift-probe`), None without one."""
+    if not path.is_file():
+        return None
+    from kvplan.engine.core.strict_json import loads
+
+    try:
+        seconds = loads(path.read_text(errors="replace")).get("seconds")
+    except (ValueError, AttributeError) as exc:
+        raise UserError(f"{path}: not a drift probe ({exc}); allowed: the probe.json `replay --endpoint "
+                         "--drift-probe` writes") from None
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise UserError(f"{path}: seconds {short(seconds)}; allowed: a positive number or null")
+    return float(seconds)
 
 
 def measure(args: argparse.Namespace, block_size: int, phases: tuple[str, ...], path: Path, *,

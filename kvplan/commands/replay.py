@@ -34,6 +34,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     add_trace_arguments(p, model_required=False)
     add_engine_arguments(p)
     add_endpoint_arguments(p)
+    p.add_argument("--drift-probe", action="store_true", help="--endpoint: send the fixed drift-probe pattern "
+                   "before and after the replay and write probe.json; `calibrate --from-replay` keeps it in the "
+                   "profile, so that `validate --endpoint` can tell how much faster or slower the server runs")
     p.add_argument("--out", type=out_path, required=True, help="result directory (replaced whole on success)")
     p.add_argument("--format", choices=["parquet", "csv"], default="parquet", help="table format")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -85,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return run_endpoint(args)
     if args.model is None:
         raise UserError("--model: required (the model the in-process engine runs), unless --endpoint is given")
-    trace = load_trace(args)
+    trace = within_duration(load_trace(args), args.duration)
     options = options_from_args(args)
     with atomic_dir(args.out, {"command": "replay", "model": args.model, "trace": str(args.trace),
                                "options": asdict(options)}) as out:
@@ -113,11 +116,15 @@ def run_endpoint(args: argparse.Namespace) -> int:
     options = endpoint_options(args)
     trace = within_duration(load_trace(args), options.duration_s)
     check_reachable(options.url)  # before the line announcing the replay: a dead server is then the only line
-    print(f"{args.trace}: replaying {len(trace)} requests against {options.url}", file=sys.stderr)
+    from kvplan.endpoint.servers import probe
+
+    server = probe(options.url, options.server)
+    print(f"{args.trace}: replaying {len(trace)} requests against {options.url}\n  {server.sentence()}",
+          file=sys.stderr)
     with atomic_dir(args.out, {"command": "replay", "endpoint": options.url, "model": options.model,
                                "trace": str(args.trace)}) as out:
         result, load = replay_endpoint(options, trace, seed=args.seed, temperature=args.temperature, out=out,
-                                       sample_interval_s=sample_interval(trace))
+                                       sample_interval_s=sample_interval(trace), server=server)
     if result.info["failed"] == len(trace):
         raise UserError(f"--endpoint: every request failed (first: {result.info['rejected_first'][0]}); each "
                          f"error is in {args.out}/failed.jsonl")
@@ -129,6 +136,9 @@ def run_endpoint(args: argparse.Namespace) -> int:
           f"{len(trace) - info['failed']} completed, {info['failed']} failed")
     for line in info["rejected_first"]:
         print(f"  failed: {line}")
+    if info["approximate_gap_requests"]:
+        print(f"  {info['approximate_gap_requests']} requests' per-token gaps are approximate (text chunks without "
+              "token ids that did not add up to the usage's count; --tokenizer counts them): left out of ITL")
     row = {**result.summary, **info}
     print(format_table([h for h, _ in ENDPOINT_TABLE], [[row[key] for _, key in ENDPOINT_TABLE]]))
     print(f"\nwrote {args.out}/: requests.parquet, series.parquet, summary.json, tokens.jsonl, failed.jsonl, "

@@ -7,14 +7,18 @@ exactly (the proof that the simulator's policy layer is the engine's); `timing` 
 profile (the error a user gets); `both` (default).
 
 With --endpoint URL the live runs are replays against an OpenAI-compatible server (`kvplan replay --endpoint`)
-and the mode is timing: a black box shows no steps to price a policy check with. The simulator takes the
-server's KV configuration from its vllm:cache_config_info where exposed (else --block-size, --num-blocks, ...);
---model names the model the simulator prices (and the `model` sent, unless --served-model)."""
+and the mode is timing: a black box shows no steps to price a policy check with. The server's kind is detected
+(or --server) and the simulator takes the KV configuration it publishes (vLLM's cache_config_info, SGLang's
+/get_server_info, TGI's /info, llama.cpp's /props: slots and context per slot), else --block-size, --num-blocks,
+...; every check happens before the first request. Repeats are labelled cold or warm and the verdict uses cold
+ones only; a drift probe around each repeat gives the speed factor against calibration
+(kvplan.commands.validate_endpoint). --model names the model the simulator prices (and the `model` sent, unless
+--served-model)."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 from dataclasses import asdict
 from itertools import pairwise
@@ -24,21 +28,18 @@ import numpy as np
 
 from kvplan.arg_types import integer, out_path
 from kvplan.commands.replay import add_trace_arguments, load_trace
-from kvplan.endpoint.session import add_endpoint_arguments
+from kvplan.commands.validate_report import ADJUSTED, report_markdown, report_text
+from kvplan.endpoint.session import add_endpoint_arguments, within_duration
 from kvplan.engine_args import add_engine_arguments, load_configs, options_from_args
 from kvplan.errors import UserError
-from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json
+from kvplan.output import atomic_dir, check_out_dir, json_text, print_json
 from kvplan.serving_result import write_tables
 
 MODES = ("policy", "timing", "both")
 # The simulations a timing validation compares, beside the profile as calibrated: the profile scaled by a machine
 # speed factor measured independently around the live runs (the speed probe), and by the speed the live runs'
 # own steps show against the profile (an oracle for the machine's speed, not a prediction: what remains is
-# the model's error). (label, timing key, target key, column, title)
-ADJUSTED = (("speed-adjusted", "timing_speed_adjusted", "targets_speed_adjusted", "probe_adj",
-             "profile scaled by the speed probe"),
-            ("in-run-speed", "timing_in_run_speed", "targets_in_run_speed", "in_run_adj",
-             "profile scaled by the live runs' own step speed"))
+# the model's error): kvplan.commands.validate_report.ADJUSTED.
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -68,7 +69,7 @@ def check_endpoint_args(args: argparse.Namespace) -> None:
         raise UserError("--configs: an endpoint runs one configuration (the server's); allowed with --endpoint: "
                          "no --configs (validate each server separately)")
     args.mode = "timing"
-    args.speed_probe = False  # the probe measures this machine, not the server's
+    args.speed_probe = False  # the in-process probe measures this machine; the endpoint has its drift probe
     args.reset_prefix_cache = True  # every live run starts from a cold cache, as each simulation does
 
 
@@ -98,20 +99,28 @@ def run(args: argparse.Namespace) -> int:
     if args.endpoint is not None:
         check_endpoint_args(args)
     profile = resolve_profile(args)
-    trace = load_trace(args)
+    trace = within_duration(load_trace(args), args.duration)
     base = options_from_args(args)
     configs = load_configs(args.configs, base) if args.configs else [("default", base)]
+    plan = None
+    if args.endpoint is not None:
+        from kvplan.commands.validate_endpoint import endpoint_plan
+
+        plan = endpoint_plan(args, trace, base, profile)  # every configuration check, before any request
     results = []
     with atomic_dir(args.out) as out:
         for name, options in configs:
-            results.append(validate_config(args, trace, name, options, profile, out / name))
+            results.append(validate_config(args, trace, name, options, profile, out / name, plan))
         doc = {"trace": str(args.trace), "requests": len(trace), "model": args.model, "mode": args.mode,
-               "profile": profile, "repeats": args.repeats, "configs": results}
+               "profile": profile, "repeats": args.repeats, "duration_s": args.duration, "configs": results}
+        stopped = [f"{r['name']}: {r['stopped']}" for r in results if r.get("stopped")]
+        if stopped:
+            doc["partial"] = stopped
         if args.mode != "policy":
             from kvplan.validation import MetricRow, target_summary
 
             for key, rows in (("targets", "timing"), *((t, k) for _, k, t, _, _ in ADJUSTED)):
-                if all(rows in r for r in results):
+                if results and all(rows in r for r in results):
                     doc[key] = target_summary({r["name"]: [MetricRow(**m) for m in r[rows]] for r in results})
         (out / "validation.json").write_text(json_text(doc))
         (out / "report.md").write_text(report_markdown(doc))
@@ -120,82 +129,115 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(report_text(doc))
         print(f"\nwrote {args.out}/report.md, validation.json, and per configuration: live runs, simulations, cdf.png")
+    if stopped:  # what was measured is printed and kept; the exit status says it is not the whole validation
+        from kvplan.commands.validate_endpoint import PartialValidation
+
+        raise PartialValidation(f"--endpoint: stopped early ({'; '.join(stopped)}); what was measured is in "
+                                f"{args.out} (validation.json: partial)")
     return 0
 
 
-def validate_config(args, trace, name: str, options, profile: str | None, out: Path) -> dict:
-    from kvplan.live import replay, sample_interval, sim_spec
-    from kvplan.sim.cost.calibrated import load_profile, save_profile
-    from kvplan.sim.run import simulate
-    from kvplan.validation import cdf_plot, counters
+def validate_config(args, trace, name: str, options, profile: str | None, out: Path, plan=None) -> dict:
+    from kvplan.live import replay
+    from kvplan.sim.cost.calibrated import load_profile
+    from kvplan.validation import counters
 
-    cost = load_profile(profile) if profile is not None and args.speed_probe else None
-    probes = [probe(args, options, cost, name)] if cost is not None else []
-    lives, checks, meta = [], [], {}
-    for r in range(args.repeats):
-        print(f"  {name}: live run {r + 1}/{args.repeats}", file=sys.stderr)
-        where = out / f"live-{r + 1}"
-        if args.endpoint is not None:
-            live, options, meta = endpoint_run(args, trace, options, where)
-        else:
+    cost = load_profile(profile) if profile is not None and (args.speed_probe or plan is not None) else None
+    probes, checks, meta, entry = [], [], {}, {"name": name}
+    if plan is not None:
+        from kvplan.commands.validate_endpoint import endpoint_repeats, speed_entry
+
+        options, meta = plan.options, plan.meta
+        done = endpoint_repeats(args, trace, plan, out, name)
+        lives, runs = done.lives, done.runs
+        drift, probes = speed_entry(plan, done)
+        entry.update({"server": plan.server.to_json(), "drift": drift})
+        if done.stopped:
+            entry["stopped"] = done.stopped
+    else:
+        probes = [probe(args, options, cost, name)] if cost is not None else []
+        lives, runs = [], []
+        for r in range(args.repeats):
+            print(f"  {name}: live run {r + 1}/{args.repeats}", file=sys.stderr)
+            where = out / f"live-{r + 1}"
             live, meta = replay(args.model, trace, options, seed=args.seed, temperature=args.temperature,
                                 steps_path=where / "steps.jsonl")
             write_tables(live, where, "parquet")
-        lives.append(live)
-        if cost is not None:
-            probes.append(probe(args, options, cost, name))
-        if args.mode != "timing":
-            checks.append(check_policy(trace, live, options, meta, where / "steps.jsonl"))
-    entry = {"name": name, "options": asdict(options), "num_blocks": int(meta["num_blocks"]),
-             "busy_fraction": [round(r.info["busy_fraction"], 3) for r in lives],
-             "live_counters": [counters(r) for r in lives]}
-    sims = {}
+            lives.append(live)
+            runs.append({"repeat": r + 1, "state": "cold", "why": "a fresh engine", "reset": None})
+            if cost is not None:
+                probes.append(probe(args, options, cost, name))
+            if args.mode != "timing":
+                checks.append(check_policy(trace, live, options, meta, where / "steps.jsonl"))
+    entry.update({"options": asdict(options), "num_blocks": int(meta["num_blocks"]) if meta else None,
+                  "runs": runs, "busy_fraction": [_round(r.info["busy_fraction"]) for r in lives],
+                  "live_counters": [counters(r) for r in lives],
+                  "approximate_gap_requests": [r.info.get("approximate_gap_requests", 0) for r in lives]})
     if checks:
         entry["policy"] = [{"identical": c.identical, "sequences": c.sequences, "max_token_diff_s": c.max_token_diff_s,
                             "differences": c.differences, "live_counters": a, "sim_counters": b}
                            for c, a, b in checks]
-    if profile is not None:
+    cold = [live for live, run in zip(lives, runs, strict=True) if run["state"] == "cold"]
+    warm = [live for live, run in zip(lives, runs, strict=True) if run["state"] == "warm"]
+    sims = {}
+    if profile is not None and cold:
         simulations = [("calibrated", "timing", profile)]
         if probes:
-            # Each live run at the mean of the probes either side of it; the simulation at the runs' mean.
-            factors = [(a.factor + b.factor) / 2 for a, b in pairwise(probes)]
-            in_run = [in_run_factor(cost, out / f"live-{r + 1}" / "steps.jsonl") for r in range(len(lives))]
-            entry["speed"] = {"probe_factors": [round(p.factor, 4) for p in probes],
-                              "run_factors": [round(f, 4) for f in factors], "factor": float(np.mean(factors)),
-                              "in_run_factors": [round(f, 4) for f in in_run], "in_run_factor": float(np.mean(in_run))}
-            for (label, key, _, _, title), factor in zip(ADJUSTED, ("factor", "in_run_factor"), strict=True):
-                adjusted = out / f"profile-{label}.yaml"
-                save_profile(cost.scaled(entry["speed"][factor]), adjusted,
-                             f"{profile}, {title}: x{entry['speed'][factor]:.4f}")
-                simulations.append((label, key, str(adjusted)))
+            simulations += adjusted_profiles(entry, probes, runs, cost, profile, out,
+                                             in_run=plan is None and len(probes) > len(lives))
         for label, key, path in simulations:
-            sim = simulate(trace, sim_spec(options, meta, cost="calibrated", profile=path,
-                                           interval=sample_interval(trace)))
+            sim = simulate_as(trace, options, meta, path)
             write_tables(sim, out / f"sim-{label}", "parquet")
             sims[label] = sim
-            entry[key] = timing_entry(lives, sim)
+            entry[key] = timing_entry(cold, sim)  # the verdict's rows: cold repeats only
+        if warm:  # beside them, never in their band
+            entry["timing_warm"] = timing_entry(warm, sims["calibrated"])
         entry["sim_counters"] = counters(sims["calibrated"])
-    (out / "cdf.png").write_bytes(cdf_plot(lives, sims, f"{name}: {len(lives)} live run(s) vs simulation"))
+    if lives:
+        (out / "cdf.png").write_bytes(cdf_plot_of(lives, sims, f"{name}: {len(lives)} live run(s) vs simulation"))
     return entry
 
 
-def endpoint_run(args, trace, options, where: Path):
-    """One replay against the endpoint, and the simulator's configuration read from the server."""
-    from kvplan.endpoint.session import endpoint_options, replay_endpoint, simulator_config
-    from kvplan.live import sample_interval
+def _round(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 3)  # NaN: a server without a running gauge
 
-    where.mkdir(parents=True, exist_ok=True)
-    live, load = replay_endpoint(endpoint_options(args), trace, seed=args.seed, temperature=args.temperature,
-                                 out=where, sample_interval_s=sample_interval(trace))
-    if load.prefix_cache_reset != "reset":
-        print(f"  warning: prefix cache {load.prefix_cache_reset}", file=sys.stderr)
-    live.info["prefix_cache_reset"] = load.prefix_cache_reset
-    if live.info["failed"]:
-        raise UserError(f"--endpoint: {live.info['failed']} of {len(trace)} requests failed (first: "
-                         f"{live.info['rejected_first'][0]}); a timing comparison needs every request served")
-    options, meta = simulator_config(load.cache_config, options, args.model)
-    live.info["num_blocks"] = meta["num_blocks"]
-    return live, options, meta
+
+def simulate_as(trace, options, meta: dict, profile: str):
+    from kvplan.live import sample_interval, sim_spec
+    from kvplan.sim.run import simulate
+
+    return simulate(trace, sim_spec(options, meta, cost="calibrated", profile=profile,
+                                    interval=sample_interval(trace)))
+
+
+def cdf_plot_of(lives, sims, title: str) -> bytes:
+    from kvplan.validation import cdf_plot
+
+    return cdf_plot(lives, sims, title)
+
+
+def adjusted_profiles(entry: dict, probes: list, runs: list, cost, profile: str, out: Path, *,
+                      in_run: bool) -> list[tuple[str, str, str]]:
+    """The profile scaled by the speed probe (each run at the mean of the probes either side of it; the
+    simulation at the cold runs' mean) and, in-process, by the live runs' own step speed."""
+    from kvplan.sim.cost.calibrated import save_profile
+
+    factors = [(a.factor + b.factor) / 2 for a, b in pairwise(probes)]
+    cold = [f for f, run in zip(factors, runs, strict=False) if run["state"] == "cold"] or factors
+    speed = {"probe_factors": [round(p.factor, 4) for p in probes], "run_factors": [round(f, 4) for f in factors],
+             "factor": float(np.mean(cold))}
+    if in_run:
+        in_runs = [in_run_factor(cost, out / f"live-{r + 1}" / "steps.jsonl") for r in range(len(runs))]
+        speed.update({"in_run_factors": [round(f, 4) for f in in_runs], "in_run_factor": float(np.mean(in_runs))})
+    entry["speed"] = speed
+    out_list = []
+    for (label, key, _, _, title), factor in zip(ADJUSTED, ("factor", "in_run_factor"), strict=True):
+        if factor not in speed:
+            continue
+        adjusted = out / f"profile-{label}.yaml"
+        save_profile(cost.scaled(speed[factor]), adjusted, f"{profile}, {title}: x{speed[factor]:.4f}")
+        out_list.append((label, key, str(adjusted)))
+    return out_list
 
 
 def probe(args, options, cost, name: str):
@@ -237,96 +279,3 @@ def check_policy(trace, live, options, meta: dict, steps: Path) -> tuple:
     except PolicyDivergence as exc:
         return PolicyCheck(False, len(live.token_times), float("nan"), [str(exc)]), counters(live), {}
     return policy_check(live, recorded), counters(live), counters(recorded)
-
-
-def policy_sentence(p: dict) -> str:
-    verdict = "identical" if p["identical"] else "DIFFERENT: " + "; ".join(p["differences"])
-    counts = {side: ", ".join(f"{k}={v}" for k, v in p[f"{side}_counters"].items()) for side in ("live", "sim")}
-    return (f"{p['sequences']} sequences, token times {verdict} (max diff {p['max_token_diff_s']:.2g} s); "
-            f"counters live {counts['live']}, simulated {counts['sim']}")
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.4g}"
-
-
-def timing_table(c: dict) -> tuple[tuple[str, ...], list[list[str]]]:
-    """Per metric: live (median of runs), noise band, simulated and error; then the speed-adjusted pair."""
-    headers = ("metric", "live", "band_%", "simulated", "error_%")
-    rows = [[m["metric"], _fmt(m["live"]), f"±{m['band_pct']:.1f}", _fmt(m["simulated"]), f"{m['error_pct']:+.1f}"]
-            for m in c["timing"]]
-    for _, key, _, column, _ in ADJUSTED:
-        if key in c:
-            headers += (column, f"{column}_err_%")
-            for row, m in zip(rows, c[key], strict=True):
-                row += [_fmt(m["simulated"]), f"{m['error_pct']:+.1f}"]
-    return headers, rows
-
-
-def counter_table(c: dict) -> tuple[tuple[str, ...], list[list[object]]]:
-    keys = list(c["sim_counters"])
-    rows = [[f"live {i + 1}", *(lc.get(k) for k in keys)] for i, lc in enumerate(c["live_counters"])]
-    rows.append(["simulated", *(c["sim_counters"][k] for k in keys)])
-    return ("run", *keys), rows
-
-
-def target_tables(doc: dict) -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
-    titles = {"targets": "as calibrated", **{target: title for _, _, target, _, title in ADJUSTED}}
-    headers = ("metric", "median_|err|_%", "noise_band_%", "target_%", "met")
-    return [(f"across configurations, {title} (median |error| %)", headers,
-             [[t["metric"], f"{t['median_abs_error_pct']:.2f}", f"{t['median_noise_band_pct']:.2f}",
-               f"{t['target_pct']:.0f}", "yes" if t["met"] else "NO"] for t in doc[key]])
-            for key, title in titles.items() if key in doc]
-
-
-def speed_sentence(c: dict) -> str:
-    s = c["speed"]
-    return (f"machine speed vs profile (>1 = slower): speed probe {', '.join(f'{f:.3f}' for f in s['probe_factors'])}"
-            f" around the live runs (probe_adj at x{s['factor']:.3f}); the live runs' own steps "
-            f"{', '.join(f'{f:.3f}' for f in s['in_run_factors'])} (in_run_adj at x{s['in_run_factor']:.3f})")
-
-
-def report_text(doc: dict) -> str:
-    parts = [f"{doc['trace']}: {doc['requests']} requests, {doc['model']}, {doc['repeats']} live run(s) per "
-             f"configuration, mode {doc['mode']}"]
-    for c in doc["configs"]:
-        parts.append(f"\n== {c['name']} ({c['num_blocks']} KV blocks, engine busy "
-                     f"{', '.join(f'{b:.0%}' for b in c['busy_fraction'])})")
-        parts += [f"policy (live run {i + 1}): {policy_sentence(p)}" for i, p in enumerate(c.get("policy", []))]
-        if "speed" in c:
-            parts.append(speed_sentence(c))
-        if "timing" in c:
-            parts.append(format_table(*timing_table(c)))
-            parts.append(format_table(*counter_table(c)))
-    for title, headers, rows in target_tables(doc):
-        parts += [f"\n{title}:", format_table(headers, rows)]
-    return "\n".join(parts)
-
-
-def markdown_table(headers, rows) -> list[str]:
-    return ["| " + " | ".join(map(str, headers)) + " |", "|---" * len(headers) + "|",
-            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
-
-
-def report_markdown(doc: dict) -> str:
-    lines = ["# kvplan validate report", "",
-             f"Trace `{doc['trace']}` ({doc['requests']} requests), model `{doc['model']}`, {doc['repeats']} live "
-             f"run(s) per configuration, mode `{doc['mode']}`, profile `{doc['profile']}`.", "",
-             "Error = (simulated − live) / live, live = the median of the live runs; the noise band is half the "
-             "live runs' range. Policy: the simulator priced by each live run's own step durations. probe_adj: "
-             "the profile scaled by the speed probe's measure of how fast the machine ran around the live runs "
-             "(measured ÷ profile-predicted time of a fixed workload); in_run_adj: scaled by the live runs' own "
-             "steps (measured ÷ profile-predicted), an oracle for the machine's speed that leaves the model's "
-             "error.", ""]
-    for title, headers, rows in target_tables(doc):
-        lines += [f"## {title[0].upper()}{title[1:]}", "", *markdown_table(headers, rows), ""]
-    for c in doc["configs"]:
-        lines += [f"## {c['name']}", "", f"Options: `{json.dumps(c['options'])}`; {c['num_blocks']} KV blocks; "
-                  f"engine busy {', '.join(f'{b:.0%}' for b in c['busy_fraction'])}.", ""]
-        lines += [f"- Policy, live run {i + 1}: {policy_sentence(p)}." for i, p in enumerate(c.get("policy", []))]
-        if "speed" in c:
-            lines.append(f"- {speed_sentence(c)[0].upper()}{speed_sentence(c)[1:]}.")
-        if "timing" in c:
-            lines += ["", *markdown_table(*timing_table(c)), "", *markdown_table(*counter_table(c))]
-        lines += ["", f"![CDFs]({c['name']}/cdf.png)", ""]
-    return "\n".join(lines)

@@ -1,11 +1,17 @@
 """The async load generator of `kvplan replay --endpoint`: each trace request is sent at its arrival time to an
-OpenAI-compatible `/v1/completions`, streamed, and every token's arrival is stamped.
+OpenAI-compatible `/v1/completions`, streamed, and every token's arrival is stamped. What the server is (its
+metric names, reset call, extra request fields) comes from its `ServerAdapter` (kvplan.endpoint.servers).
 
 Clocks: everything is on the trace's clock (the first arrival = the trace's first arrival_s). TTFT and E2E count
 from the request's trace arrival, so a request held back by `--max-concurrency` includes that wait, as a user's
-request would. A token is stamped when the chunk that carries it is read; a chunk that carries k tokens (vLLM's
-`token_ids`, else one per non-empty chunk) stamps k tokens at once. A request that fails (connection error,
-HTTP error, an error event, a short answer) is kept with its error and whatever it received.
+request would. A token is stamped when the chunk that carries it is read; a chunk that carries k tokens stamps k
+tokens at once: k from the chunk's `token_ids` (vLLM's `return_token_ids`), else from re-tokenizing the chunk's text
+with the tokenizer given, else one per non-empty chunk. Without ids the count is checked against the usage's
+completion_tokens: when they differ, some chunks carried several tokens (or tokens with no text of their own), the
+missing ones are stamped at the finish, and the request's per-token gaps are marked approximate (excluded from the
+ITL distribution; TTFT, TPOT and E2E use only its first and last token times, which stay exact). A request that
+fails (connection error, HTTP error, an error event, a short answer) is kept with its error and whatever it
+received.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvplan.endpoint import scrape
+from kvplan.endpoint import scrape, servers
 from kvplan.endpoint.prompts import EndpointRequest
+from kvplan.endpoint.servers import ADAPTERS, ServerAdapter
 from kvplan.engine.core.strict_json import loads, short, whole
 from kvplan.errors import UserError
 
@@ -41,6 +48,8 @@ class Outcome:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    gaps_approximate: bool = False  # token counts per chunk were guessed and did not add up (see module doc)
+    server_timings: dict | None = None  # llama.cpp's per-response `timings`
 
 
 @dataclass(slots=True)
@@ -50,14 +59,18 @@ class LoadResult:
     counters: dict[str, float]  # vLLM counters over the replay (NaN: not exposed)
     cache_config: dict[str, str]  # vllm:cache_config_info labels, {} when not exposed
     wall_s: float
-    prefix_cache_reset: str | None = None  # what POST /reset_prefix_cache did before the replay (None: not asked)
+    prefix_cache_reset: str | None = None  # what the reset call did before the replay (None: not asked)
+    server: str = "vllm"  # the adapter's kind
 
 
 class LoadGenerator:
     def __init__(self, url: str, model: str | None, *, temperature: float = 1.0, seed: int = 0,
                  max_concurrency: int | None = None, timeout_s: float = 600.0, sample_interval_s: float = 1.0,
-                 reset_prefix_cache: bool = False, progress: Callable[[str], None] | None = None) -> None:
+                 reset_prefix_cache: bool = False, progress: Callable[[str], None] | None = None,
+                 adapter: ServerAdapter | None = None, tokenizer=None) -> None:
         self.base = url.rstrip("/").removesuffix("/v1")
+        self.adapter = adapter if adapter is not None else ADAPTERS["vllm"]
+        self.tokenizer = tokenizer  # counts a text chunk's tokens where the server sends no ids
         self.model, self.temperature, self.seed = model, temperature, seed
         self.max_concurrency, self.timeout_s = max_concurrency, timeout_s
         self.sample_interval_s = sample_interval_s
@@ -89,22 +102,28 @@ class LoadGenerator:
             monitor.cancel()
             after = await self._scrape(client)
             wall = time.perf_counter() - origin - t0
-        start, end = scrape.counters(before), scrape.counters(after)
+        start, end = servers.counters(self.adapter, before), servers.counters(self.adapter, after)
         counters, broken = scrape.difference(start, end), scrape.broken(start, end)
         if broken:
             self.progress(f"  warning: server counters went backwards or are not counts (a restart mid-replay?), "
                           f"reported as unknown: {', '.join(broken)}")
-        return LoadResult(outcomes, series, counters, scrape.cache_config(after or before), wall, reset)
+        return LoadResult(outcomes, series, counters, scrape.cache_config(after or before), wall, reset,
+                          self.adapter.kind)
 
     async def _reset(self, client: httpx.AsyncClient) -> str:
-        """POST /reset_prefix_cache (vLLM's, with VLLM_SERVER_DEV_MODE=1; `kvplan serve`'s): what happened."""
-        try:
-            response = await client.post(f"{self.base}/reset_prefix_cache", timeout=30.0)
-        except httpx.HTTPError as exc:
-            return f"failed: {type(exc).__name__}"
-        if response.status_code == 200:
-            return "reset"
-        return f"not supported (HTTP {response.status_code}): the replay starts from the server's warm cache"
+        """The adapter's reset calls (vLLM's POST /reset_prefix_cache, SGLang's /flush_cache): "reset" when every
+        one answered 200, else what happened."""
+        if not self.adapter.reset_paths:
+            return f"not supported: {self.adapter.kind} has no cache-reset call"
+        for path in self.adapter.reset_paths:
+            try:
+                response = await client.post(f"{self.base}{path}", timeout=30.0)
+            except httpx.HTTPError as exc:
+                return f"failed: POST {path}: {type(exc).__name__}"
+            if response.status_code != 200:
+                return (f"not supported (POST {path}: HTTP {response.status_code}): the replay starts from the "
+                        "server's warm cache")
+        return "reset"
 
     async def _scrape(self, client: httpx.AsyncClient) -> list:
         try:
@@ -119,7 +138,7 @@ class LoadGenerator:
             now = time.perf_counter()
             samples = await self._scrape(client)
             if samples:
-                series.append({"time_s": now - origin, **scrape.gauges(samples)})
+                series.append({"time_s": now - origin, **servers.gauges(self.adapter, samples)})
             if now - last_progress >= PROGRESS_EVERY_S:
                 last_progress = now
                 sent = sum(not math.isnan(o.sent_s) for o in outcomes)
@@ -132,7 +151,8 @@ class LoadGenerator:
     def body(self, request: EndpointRequest) -> dict:
         body = {"prompt": request.prompt, "max_tokens": request.max_tokens, "n": request.n,
                 "temperature": self.temperature, "seed": self.seed * 1_000_003 + request.row, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+                "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
+                **self.adapter.request_fields}
         return body if self.model is None else {"model": self.model, **body}
 
     async def _send(self, client: httpx.AsyncClient, request: EndpointRequest, outcome: Outcome, origin: float,
@@ -184,18 +204,31 @@ class LoadGenerator:
                     details = _mapping(usage.get("prompt_tokens_details") or {}, "usage.prompt_tokens_details")
                     outcome.cached_tokens = _count(details.get("cached_tokens"), "usage.cached_tokens")
                     completion = _count(usage.get("completion_tokens"), "usage.completion_tokens")
+                timings = event.get("timings")
+                if isinstance(timings, dict):  # llama.cpp: cache_n = prompt tokens its slot cache served
+                    outcome.server_timings = timings
+                    if not (usage and "prompt_tokens_details" in usage):
+                        outcome.cached_tokens = _count(timings.get("cache_n"), "timings.cache_n")
         times = outcome.token_times.setdefault(0, [])
+        if request.n == 1 and not outcome.token_ids:  # chunk counts were a guess: exact only if they add up
+            if completion and len(times) > completion:  # re-tokenized chunks over-counted: the last is the finish
+                times[completion - 1:] = [times[-1]]
+            outcome.gaps_approximate = len(times) != completion
         if request.n == 1 and times and completion > len(times):  # tokens that came without a chunk of their own
             times.extend([times[-1]] * (completion - len(times)))
         outcome.finish_s = max((t[-1] for t in outcome.token_times.values() if t), default=math.nan)
         if not outcome.prompt_tokens:
             outcome.prompt_tokens = request.prompt_tokens
 
-    @staticmethod
-    def _tokens(outcome: Outcome, choice: dict, now: float) -> None:
+    def _tokens(self, outcome: Outcome, choice: dict, now: float) -> None:
         index = _count(choice.get("index", 0), "choices[].index", MAX_CHOICES)
-        ids = choice.get("token_ids")
-        count = len(ids) if isinstance(ids, list) else int(bool(choice.get("text")))
+        ids, text = choice.get("token_ids"), choice.get("text")
+        if isinstance(ids, list):
+            count = len(ids)
+        elif text and self.tokenizer is not None:
+            count = max(1, len(self.tokenizer.encode(str(text), add_special_tokens=False)))
+        else:
+            count = int(bool(text))
         if isinstance(ids, list):
             outcome.token_ids.setdefault(index, []).extend(_count(t, "choices[].token_ids[]") for t in ids)
         outcome.token_times.setdefault(index, []).extend([now] * count)

@@ -43,16 +43,23 @@ def word_tokens(tokenizer) -> list[int]:
     return out
 
 
+def text_writer(tokenizer, words: list[int] | None = None):
+    """ids -> text of word tokens (each id mapped onto one), which re-tokenizes to as many tokens."""
+    words = words if words is not None else word_tokens(tokenizer)
+    return lambda ids: tokenizer.decode([words[i % len(words)] for i in ids])
+
+
 def endpoint_requests(trace: Trace, *, vocab_size: int, seed: int, tokenizer=None) -> list[EndpointRequest]:
     """The trace as endpoint requests; `tokenizer` given: text prompts, else token ids below `vocab_size`."""
     words = word_tokens(tokenizer) if tokenizer is not None else None
+    write = text_writer(tokenizer, words) if words is not None else None
     out = []
     for row, record in enumerate(trace.records()):
         if record.output_tokens < 1:
             raise UserError(f"--trace: {trace.reference(row)}: output_tokens {record.output_tokens}; a replay "
                              "needs >= 1")
         ids = prompt_token_ids(record, len(words) if words else vocab_size, seed)
-        prompt: list[int] | str = ids if words is None else tokenizer.decode([words[i] for i in ids])
+        prompt: list[int] | str = ids if write is None else write(ids)
         out.append(EndpointRequest(row, float(record.arrival_s), prompt, int(record.prompt_tokens),
                                    int(record.output_tokens), int(record.n)))
     return out

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.endpoint.loadgen import LoadResult
+from kvplan.endpoint.servers import KvConfig
 from kvplan.engine.core.metrics import TIER_SUMMARY_KEYS
 from kvplan.output import json_line, write_atomic
 from kvplan.serving_result import ServingResult
@@ -27,14 +28,17 @@ from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.traces import Trace
 
 
-def to_result(load: LoadResult, trace: Trace) -> ServingResult:
+def to_result(load: LoadResult, trace: Trace, kv: KvConfig | None = None) -> ServingResult:
+    """The tables of one replay. A request whose per-token gaps are approximate (a server streaming text without
+    token ids, counts that did not add up) keeps its row but adds no gaps to the ITL distribution."""
     table, itl, tokens = RequestLog(), ItlLog(), {}
     for o in load.outcomes:
         if o.error is not None:
             continue
         for sample, times in sorted(o.token_times.items()):
             gaps = np.diff(times) if len(times) > 1 else np.empty(0)
-            itl.add_many(gaps.tolist(), [1] * len(gaps))
+            if not o.gaps_approximate:
+                itl.add_many(gaps.tolist(), [1] * len(gaps))
             table.add(o.row, sample, 0, o.arrival_s, o.sent_s, times[0], times[-1], o.prompt_tokens, len(times),
                       o.cached_tokens, 0, float(gaps.max()) if len(gaps) else 0.0)
             tokens[(o.row, sample)] = times
@@ -44,11 +48,15 @@ def to_result(load: LoadResult, trace: Trace) -> ServingResult:
     summary = {**latency_summary(frame, itl), **_kv(load, series), **dict.fromkeys(TIER_SUMMARY_KEYS)}
     failed = [o for o in load.outcomes if o.error is not None]
     busy = float(frame["finish_s"].max() - frame["arrival_s"].min()) if len(frame) else 0.0
-    info = {"num_blocks": _int(load.cache_config.get("num_gpu_blocks")),
-            "block_size": _int(load.cache_config.get("block_size")), "replicas": 1, "steps": None,
+    done = [o for o in load.outcomes if o.error is None]
+    kv = kv if kv is not None else KvConfig()
+    info = {"num_blocks": kv.num_blocks or _int(load.cache_config.get("num_gpu_blocks")),
+            "block_size": kv.block_size or _int(load.cache_config.get("block_size")), "replicas": 1, "steps": None,
             "busy_fraction": _busy(series), "failed": len(failed), "rejected": len(failed),
             "rejected_first": references(trace, [(o.row, o.error) for o in failed]), "wall_s": load.wall_s,
-            "duration_s": busy, "server_counters": load.counters, "cache_config": load.cache_config}
+            "duration_s": busy, "server_counters": load.counters, "cache_config": load.cache_config,
+            "server": load.server, "reported_cached_tokens": sum(o.cached_tokens for o in done),
+            "approximate_gap_requests": sum(o.gaps_approximate for o in done)}
     return ServingResult({key: summary[key] for key in SUMMARY_KEYS}, frame, series, info, tokens,
                      rejected_rows(trace, [(o.row, o.error) for o in failed]))
 
@@ -94,7 +102,8 @@ def write_client_files(load: LoadResult, out: Path) -> None:
         for sample, times in sorted(o.token_times.items()):
             if o.error is None:
                 lines.append(json_line({"row": o.row, "sample": sample, "times_s": times,
-                                        "token_ids": o.token_ids.get(sample)}))
+                                        "token_ids": o.token_ids.get(sample), "gaps_approximate": o.gaps_approximate,
+                                        "cached_tokens": o.cached_tokens, "server_timings": o.server_timings}))
     write_atomic(out / "tokens.jsonl", "".join(f"{line}\n" for line in lines).encode())
     failed = [json_line({"row": o.row, "arrival_s": o.arrival_s, "sent_s": o.sent_s, "error": o.error,
                          "tokens_received": sum(len(t) for t in o.token_times.values())})

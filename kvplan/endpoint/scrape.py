@@ -52,17 +52,17 @@ def _sum(samples: list, name: str) -> float:
     return math.fsum(values) if values else math.nan
 
 
-def _first(samples: list, names: tuple[str, ...]) -> float:
+def first(samples: list, names: tuple[str, ...]) -> float:
     """The sum of the first of `names` the server exposes, NaN when it exposes none."""
     return next((v for v in (_sum(samples, n) for n in names) if not math.isnan(v)), math.nan)
 
 
 def counters(samples: list) -> dict[str, float]:
-    return {key: _first(samples, names) for key, names in COUNTERS}
+    return {key: first(samples, names) for key, names in COUNTERS}
 
 
 def gauges(samples: list) -> dict[str, float]:
-    return {key: _first(samples, names) for key, names in GAUGES}
+    return {key: first(samples, names) for key, names in GAUGES}
 
 
 def cache_config(samples: list) -> dict[str, str]:

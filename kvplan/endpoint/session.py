@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from kvplan.arg_types import POSITIVE, integer, number
+from kvplan.endpoint.servers import SERVER_KINDS, KvConfig, ServerInfo, probe
 from kvplan.errors import UserError
 from kvplan.traces import Trace
 from kvplan.traces.schema import short_repr as short
@@ -26,6 +27,8 @@ class EndpointOptions:
     duration_s: float | None
     timeout_s: float
     reset_prefix_cache: bool
+    server: str = "auto"  # the adapter kind, or auto: detected (kvplan.endpoint.servers)
+    drift_probe: bool = False  # probe the endpoint's speed before and after the replay (probe.json)
 
 
 def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,12 +42,16 @@ def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=integer(1, 100_000), default=None,
                    help="--endpoint: at most this many requests in flight (later ones wait; their TTFT counts it)")
     p.add_argument("--duration", type=POSITIVE, default=None,
-                   help="--endpoint: send only the requests arriving in the first S seconds of the trace")
+                   help="replay only the requests arriving in the first S seconds of the trace (replay and "
+                        "validate, in-process or --endpoint)")
     p.add_argument("--timeout", type=number(above=0, high=86400), default=600.0,
                    help="--endpoint: seconds a request may take before it is recorded as failed")
     p.add_argument("--reset-prefix-cache", action="store_true", help="--endpoint: POST /reset_prefix_cache before "
                    "each replay (vLLM with VLLM_SERVER_DEV_MODE=1, kvplan serve), so it starts cold like a "
                    "simulation; validate does this by default")
+    p.add_argument("--server", choices=("auto", *SERVER_KINDS), default="auto",
+                   help="--endpoint: the server's kind (its metric names, KV configuration, cache reset); default: "
+                        "detected from what the endpoint answers (/props, /get_server_info, /info, /metrics)")
 
 
 def endpoint_options(args: argparse.Namespace) -> EndpointOptions:
@@ -60,7 +67,8 @@ def endpoint_options(args: argparse.Namespace) -> EndpointOptions:
     except httpx.InvalidURL as exc:  # 'http://[::1' and the like: httpx refuses it at the first request
         raise UserError(f"--endpoint: {short(url)}: {str(exc).lower()}; {allowed}") from None
     return EndpointOptions(url, args.served_model or args.model, args.vocab_size, args.tokenizer,
-                           args.max_concurrency, args.duration, args.timeout, args.reset_prefix_cache)
+                           args.max_concurrency, args.duration, args.timeout, args.reset_prefix_cache, args.server,
+                           getattr(args, "drift_probe", False))
 
 
 def within_duration(trace: Trace, duration_s: float | None) -> Trace:
@@ -139,62 +147,89 @@ def served_vocab_size(url: str, model: str | None) -> int | None:
 
 
 def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temperature: float, out: Path,
-                    sample_interval_s: float):
+                    sample_interval_s: float, server: ServerInfo | None = None):
     """Replay `trace` against the endpoint; writes the tables and client files under `out`. Returns the
-    ServingResult and the load result."""
+    ServingResult and the load result. `server`: what `servers.probe` found (probed here when None)."""
+    from kvplan.endpoint.drift import endpoint_probe, write_probe_file
     from kvplan.endpoint.loadgen import LoadGenerator
-    from kvplan.endpoint.prompts import endpoint_requests
+    from kvplan.endpoint.prompts import endpoint_requests, text_writer
     from kvplan.endpoint.result import to_result, write_client_files
     from kvplan.output import json_text, write_atomic
     from kvplan.serving_result import write_tables
 
     check_reachable(options.url)
+    server = server if server is not None else probe(options.url, options.server)
     tokenizer = _tokenizer(options.tokenizer) if options.tokenizer else None
-    requests = endpoint_requests(trace, vocab_size=_vocab_size(options, tokenizer), seed=seed, tokenizer=tokenizer)
+    vocab = _vocab_size(options, tokenizer)
+    requests = endpoint_requests(trace, vocab_size=vocab, seed=seed, tokenizer=tokenizer)
     generator = LoadGenerator(options.url, options.model, temperature=temperature, seed=seed,
                               max_concurrency=options.max_concurrency, timeout_s=options.timeout_s,
                               sample_interval_s=max(0.1, min(sample_interval_s, 5.0)),
-                              reset_prefix_cache=options.reset_prefix_cache)
+                              reset_prefix_cache=options.reset_prefix_cache, adapter=server.adapter,
+                              tokenizer=tokenizer)
+    # the probe's prompts in the replay's form: text where the replay sends text
+    to_text = text_writer(tokenizer) if tokenizer is not None and options.drift_probe else None
+    probes = [endpoint_probe(options.url, options.model, server.adapter, vocab, to_text)] if options.drift_probe else []
     load = generator.run(requests)
-    result = to_result(load, trace)
+    if options.drift_probe:
+        probes.append(endpoint_probe(options.url, options.model, server.adapter, vocab, to_text))
+        write_probe_file(out / "probe.json", probes)
+    result = to_result(load, trace, server.kv)
     write_tables(result, out, "parquet")
     write_client_files(load, out)
     write_atomic(out / "endpoint.json", json_text({
         "url": options.url, "model": options.model, "prompts": "text" if tokenizer is not None else "token ids",
         "max_concurrency": options.max_concurrency, "prefix_cache_reset": load.prefix_cache_reset,
-        "cache_config": load.cache_config,
+        "cache_config": load.cache_config, "server": server.to_json(),
+        "approximate_gap_requests": result.info["approximate_gap_requests"],
         "server_counters": {k: (None if math.isnan(v) else v) for k, v in load.counters.items()},
         "wall_s": load.wall_s}))
     return result, load
 
 
 
-def simulator_config(cache_config: dict[str, str], options, model: str):
-    """The simulator configured as the server runs: the KV facts the server exposes (vLLM's
-    `vllm:cache_config_info`: block size, KV blocks, prefix caching, context) override `options`; what it does
-    not expose comes from `options`, and a KV capacity known from neither is an error (a guessed one would be
-    silently wrong). Returns (options, meta) for `kvplan.live.sim_spec`."""
+def simulator_config(kv: KvConfig, options, model: str):
+    """The simulator configured as the server runs: the KV facts the server publishes (`servers.KvConfig`: vLLM's
+    cache_config_info, SGLang's /get_server_info, TGI's /info, llama.cpp's /props) override `options`; what it
+    does not publish comes from `options`, and a KV capacity known from neither is an error (a guessed one would
+    be silently wrong). llama.cpp's memory model: `max_num_seqs` = its slots, each a contiguous reservation of the
+    per-slot context (the reservation allocator `max`), no prefix caching (kvplan sends cache_prompt false, and
+    the reservation allocator caches nothing). Returns (options, meta) for `kvplan.live.sim_spec`."""
     from dataclasses import replace
 
     from kvplan.sim.specs.models import get_model
 
-    def given(key: str) -> int | None:
-        text = cache_config.get(key)
-        return int(text) if text is not None and text.isdigit() else None
-
-    changes = {}
-    if given("block_size"):
-        changes["block_size"] = given("block_size")
-    if cache_config.get("enable_prefix_caching") in ("True", "False"):
-        changes["enable_prefix_caching"] = cache_config["enable_prefix_caching"] == "True"
+    changes: dict = {}
+    if kv.block_size:
+        changes["block_size"] = kv.block_size
+    if kv.enable_prefix_caching is not None:
+        changes["enable_prefix_caching"] = kv.enable_prefix_caching
+    if kv.max_num_seqs:
+        changes["max_num_seqs"] = kv.max_num_seqs
     options = replace(options, **changes)
-    blocks = given("num_gpu_blocks") or options.num_blocks
+    blocks = kv.num_blocks or options.num_blocks
     if blocks is None:
-        raise UserError("--num-blocks: the server does not expose its KV capacity (vllm:cache_config_info); "
+        raise UserError(f"--num-blocks: the server does not expose its KV capacity ({kv.source or 'nothing read'}); "
                          "allowed: give the server's number of KV blocks")
-    context = given("max_model_len") or options.max_model_len or get_model(model).context_len
+    try:
+        spec_context = get_model(model).context_len
+    except ValueError:
+        spec_context = None  # a label (a profile's model name): the server or the option must say
+    context = kv.max_model_len or options.max_model_len or spec_context
     if context is None:
         raise UserError("--max-model-len: the server does not expose its context length and the model spec has "
                          "none; allowed: give the server's max_model_len")
-    return options, {"model_path": model, "num_blocks": blocks, "num_cpu_blocks": given("num_cpu_blocks") or 0,
-                     "max_model_len": context}
+    return options, {"model_path": model, "num_blocks": blocks, "num_cpu_blocks": 0, "max_model_len": context,
+                     "allocator": kv.allocator}
+
+
+def check_fits(trace: Trace, meta: dict) -> None:
+    """Before the first request: every request of the trace fits the server's context per request (a longer one
+    would fail on the server, after the whole replay's real time)."""
+    need = trace.prompt_tokens + trace.output_tokens
+    over = np.flatnonzero(need > meta["max_model_len"])
+    if len(over):
+        row = int(over[0])
+        raise UserError(f"--trace: {len(over)} request(s) need more context than the server gives one request "
+                         f"({meta['max_model_len']} tokens), first {trace.reference(row)} ({int(need[row])} tokens: "
+                         "prompt + output); allowed: a trace whose requests fit, or --duration to replay fewer")

@@ -202,3 +202,13 @@ def test_bad_input_exits_2_with_one_line_naming_the_file(served, tmp_path, capsy
     assert main(["calibrate", "--from-replay", str(tmp_path / "good"), "--model", "m", "--out",
                  str(tmp_path / "p.yaml"), "--steps-out", str(tmp_path / "s.jsonl")]) == 2
     assert "--steps-out" in capsys.readouterr().err
+
+
+def test_a_fit_that_prices_prompts_at_zero_says_so():
+    from kvplan.calibration.from_replay import _warnings
+
+    unpriced = _warnings({}, np.zeros(3), {"prefill_tokens": 0.0, "prefill_attention": 0.0},
+                         ["decode", "mixed", "decode", "prefill"])
+    assert unpriced["warnings"] == ["prompt tokens are priced at 0: only 2 of 4 busy steps carried a prefill, too "
+                                    "few for the robust fit; replay a trace with more (or longer) prompts"]
+    assert _warnings({}, np.zeros(3), {"prefill_tokens": 1e-3, "prefill_attention": 0.0}, ["mixed"]) == {}

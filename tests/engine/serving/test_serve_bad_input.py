@@ -11,7 +11,7 @@ import logging
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -21,6 +21,7 @@ import pytest
 from kvplan.cli import main
 from kvplan.endpoint.local_server import server_process
 from kvplan.output import verify_result_set
+from tests.endpoint.fakes import QuietHandler
 from tests.engine.serving.servers import TINY, thread_server
 from tests.engine.serving.test_serve import tiny_llm
 
@@ -123,32 +124,23 @@ EVENTS = {  # trace row -> the data lines the garbage server streams, and the fa
 }
 
 
-class _Garbage(BaseHTTPRequestHandler):
-    scrapes = 0
+class _Garbage(QuietHandler):
+    posts = 0
 
     def do_GET(self) -> None:
         if self.path != "/metrics":
             self.send_error(404)
             return
-        _Garbage.scrapes += 1  # the counters "restart" after the first scrape: they go backwards
-        queries = 100 if _Garbage.scrapes == 1 else 40
+        # the counters "restart" once requests came (however often /metrics was read before): they go backwards
+        queries = 100 if _Garbage.posts == 0 else 40
         self._send(200, f"vllm:prefix_cache_queries_total {queries}\nvllm:num_preemptions_total -3\n".encode(),
                    "text/plain")
 
     def do_POST(self) -> None:
+        _Garbage.posts += 1
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         lines, _ = EVENTS[body["seed"] % 1_000_003]  # the load generator's per-row seed (seed 0)
         self._send(200, b"".join(f"data: {line}\n\n".encode() for line in [*lines, "[DONE]"]), "text/event-stream")
-
-    def _send(self, code: int, data: bytes, kind: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 def test_a_garbage_server_fails_requests_one_by_one(tmp_path, capsys):

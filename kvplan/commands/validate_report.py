@@ -1,0 +1,159 @@
+"""The text and markdown reports of `kvplan validate`: one list of parts per configuration (sentences and
+tables), printed as text or written as markdown, so that both say the same."""
+
+from __future__ import annotations
+
+import json
+
+from kvplan.output import format_table
+
+# The simulations a timing validation compares beside the profile as calibrated: the profile scaled by a machine
+# speed factor measured independently around the live runs (the speed probe; for an endpoint, the drift probe),
+# and by the speed the live runs' own steps show against the profile (in-process only: an oracle for the
+# machine's speed, not a prediction). (label, timing key, target key, column, title)
+ADJUSTED = (("speed-adjusted", "timing_speed_adjusted", "targets_speed_adjusted", "probe_adj",
+             "profile scaled by the speed probe"),
+            ("in-run-speed", "timing_in_run_speed", "targets_in_run_speed", "in_run_adj",
+             "profile scaled by the live runs' own step speed"))
+
+
+def policy_sentence(p: dict) -> str:
+    verdict = "identical" if p["identical"] else "DIFFERENT: " + "; ".join(p["differences"])
+    counts = {side: ", ".join(f"{k}={v}" for k, v in p[f"{side}_counters"].items()) for side in ("live", "sim")}
+    return (f"{p['sequences']} sequences, token times {verdict} (max diff {p['max_token_diff_s']:.2g} s); "
+            f"counters live {counts['live']}, simulated {counts['sim']}")
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def timing_table(c: dict, key: str = "timing") -> tuple[tuple[str, ...], list[list[str]]]:
+    """Per metric: live (median of runs), noise band, simulated and error; then the speed-adjusted pairs (cold
+    repeats only: `timing_warm` has none)."""
+    headers = ("metric", "live", "band_%", "simulated", "error_%")
+    rows = [[m["metric"], _fmt(m["live"]), f"±{m['band_pct']:.1f}", _fmt(m["simulated"]), f"{m['error_pct']:+.1f}"]
+            for m in c[key]]
+    for _, adjusted, _, column, _ in ADJUSTED if key == "timing" else ():
+        if adjusted in c:
+            headers += (column, f"{column}_err_%")
+            for row, m in zip(rows, c[adjusted], strict=True):
+                row += [_fmt(m["simulated"]), f"{m['error_pct']:+.1f}"]
+    return headers, rows
+
+
+def counter_table(c: dict) -> tuple[tuple[str, ...], list[list[object]]]:
+    """Live runs (with their cold/warm label) and the simulation; `cached_tokens_reported` is, live, the
+    per-request cached-token counts the server returned, summed, and, simulated, its prefix hits."""
+    keys = list(c["sim_counters"])
+    runs = c.get("runs") or [{} for _ in c["live_counters"]]
+    rows = [[f"live {i + 1}" + (f" ({run['state']})" if run.get("state") else ""), *(lc.get(k) for k in keys)]
+            for i, (lc, run) in enumerate(zip(c["live_counters"], runs, strict=True))]
+    rows.append(["simulated", *(c["sim_counters"][k] for k in keys)])
+    return ("run", *keys), rows
+
+
+def target_tables(doc: dict) -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
+    titles = {"targets": "as calibrated", **{target: title for _, _, target, _, title in ADJUSTED}}
+    headers = ("metric", "median_|err|_%", "noise_band_%", "target_%", "met")
+    return [(f"across configurations, {title} (median |error| %, cold repeats)", headers,
+             [[t["metric"], f"{t['median_abs_error_pct']:.2f}", f"{t['median_noise_band_pct']:.2f}",
+               f"{t['target_pct']:.0f}", "yes" if t["met"] else "NO"] for t in doc[key]])
+            for key, title in titles.items() if key in doc]
+
+
+def speed_sentence(c: dict) -> str:
+    s = c["speed"]
+    text = (f"machine speed vs profile (>1 = slower): speed probe {', '.join(f'{f:.3f}' for f in s['probe_factors'])}"
+            f" around the live runs (probe_adj at x{s['factor']:.3f})")
+    if "in_run_factors" in s:
+        text += (f"; the live runs' own steps {', '.join(f'{f:.3f}' for f in s['in_run_factors'])} (in_run_adj at "
+                 f"x{s['in_run_factor']:.3f})")
+    return text
+
+
+def drift_sentence(c: dict) -> str:
+    d = c["drift"]
+    seconds = ", ".join("failed" if v is None else f"{v:.3f}" for v in d["probe_s"])
+    reference = f"{d['reference_probe_s']:.3f} s at calibration" if d["reference_probe_s"] else "no reference"
+    note = f"; {d['note']}" if "note" in d else ""
+    return f"drift probe before and after each repeat: {seconds} s ({reference}){note}"
+
+
+def config_parts(c: dict) -> list:
+    """A configuration's report: sentences (str) and tables ((title, headers, rows))."""
+    parts: list = []
+    if "server" in c:
+        s = c["server"]
+        kv = ", ".join(f"{k}={v}" for k, v in s["kv_config"].items() if v is not None and k != "source")
+        source = s["kv_config"]["source"] or "nowhere"
+        parts.append(f"server {s['kind']} ({s['chosen']}); KV configuration from {source}: {kv or 'none'}; not "
+                     f"exposed: {', '.join(s['not_exposed'])}")
+    for run in c.get("runs", []):
+        parts.append(f"repeat {run['repeat']}: {run['state']} ({run['why']})")
+    if any(c.get("approximate_gap_requests", [])):
+        parts.append(f"per-token gaps approximate for {', '.join(map(str, c['approximate_gap_requests']))} requests "
+                     "per repeat (the server streamed text without token ids and the chunks did not add up to its "
+                     "token count; give --tokenizer to count them): left out of the ITL rows, TTFT/TPOT/E2E exact")
+    if c.get("stopped"):
+        parts.append(f"STOPPED EARLY: {c['stopped']}")
+    parts += [f"policy (live run {i + 1}): {policy_sentence(p)}" for i, p in enumerate(c.get("policy", []))]
+    if "drift" in c:
+        parts.append(drift_sentence(c))
+    if "speed" in c:
+        parts.append(speed_sentence(c))
+    if "timing" in c:
+        parts.append(("timing, cold repeats (the verdict)", *timing_table(c)))
+    if "timing_warm" in c:
+        parts.append(("timing, warm repeats (reported, not in the band or the verdict)",
+                      *timing_table(c, "timing_warm")))
+    if "sim_counters" in c:
+        parts.append(("counters", *counter_table(c)))
+    return parts
+
+
+def _busy(c: dict) -> str:
+    return ", ".join("unknown" if b is None else f"{b:.0%}" for b in c["busy_fraction"])
+
+
+def report_text(doc: dict) -> str:
+    parts = [f"{doc['trace']}: {doc['requests']} requests, {doc['model']}, {doc['repeats']} live run(s) per "
+             f"configuration, mode {doc['mode']}"]
+    for c in doc["configs"]:
+        parts.append(f"\n== {c['name']} ({c['num_blocks']} KV blocks, engine busy {_busy(c)})")
+        for part in config_parts(c):
+            parts.append(part if isinstance(part, str) else f"{part[0]}:\n{format_table(*part[1:])}")
+    for title, headers, rows in target_tables(doc):
+        parts += [f"\n{title}:", format_table(headers, rows)]
+    if doc.get("partial"):
+        parts.append(f"\nPARTIAL: {'; '.join(doc['partial'])}")
+    return "\n".join(parts)
+
+
+def markdown_table(headers, rows) -> list[str]:
+    return ["| " + " | ".join(map(str, headers)) + " |", "|---" * len(headers) + "|",
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
+
+
+def report_markdown(doc: dict) -> str:
+    lines = ["# kvplan validate report", "",
+             f"Trace `{doc['trace']}` ({doc['requests']} requests), model `{doc['model']}`, {doc['repeats']} live "
+             f"run(s) per configuration, mode `{doc['mode']}`, profile `{doc['profile']}`.", "",
+             "Error = (simulated − live) / live, live = the median of the cold live runs; the noise band is half "
+             "the cold runs' range (a warm repeat is reported apart and never widens it). Policy: the simulator "
+             "priced by each live run's own step durations. probe_adj: the profile scaled by the speed probe's "
+             "measure of how fast the machine (or the endpoint: the drift probe) ran around the live runs; "
+             "in_run_adj: scaled by the live runs' own steps (measured ÷ profile-predicted), an oracle for the "
+             "machine's speed that leaves the model's error.", ""]
+    if doc.get("partial"):
+        lines += [f"**Partial**: {'; '.join(doc['partial'])}", ""]
+    for title, headers, rows in target_tables(doc):
+        lines += [f"## {title[0].upper()}{title[1:]}", "", *markdown_table(headers, rows), ""]
+    for c in doc["configs"]:
+        lines += [f"## {c['name']}", "", f"Options: `{json.dumps(c['options'])}`; {c['num_blocks']} KV blocks; "
+                  f"engine busy {_busy(c)}.", ""]
+        for part in config_parts(c):
+            lines += [f"- {part[0].upper()}{part[1:]}."] if isinstance(part, str) else \
+                ["", f"{part[0][0].upper()}{part[0][1:]}:", "", *markdown_table(*part[1:]), ""]
+        lines += ["", f"![CDFs]({c['name']}/cdf.png)", ""]
+    return "\n".join(lines)
