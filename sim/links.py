@@ -14,9 +14,10 @@ after another, so its promotions never overlap there and cost blocks x bytes / b
 before this module). The node's network is one FIFO `Link` with a busy-until clock: a replica's fetch starts when
 the link is free of the fetches other replicas of the node asked for earlier, so replicas that fetch at once
 queue behind each other (together they get the link's bandwidth, as a fair split would give them in total).
-Stores (a demotion, or write-through) are asynchronous, as LMCache's and vLLM's offloading stores are: their
-bytes are counted (`kv_offload_<tier>_bytes`) but they hold no link - the figures are a lower bound on fetch
-times when the network is busy with stores.
+Stores (a demotion, or write-through) are asynchronous, as LMCache's and vLLM's offloading stores are: they
+never delay the step that made them, but a store into the shared store holds the node's link for its bytes from
+the time its step starts (`Link.reserve`), so a fetch asked for while the link carries stores waits behind them.
+The local tiers' stores hold nothing: their links are the replica's own, and its steps never wait on them.
 
 Layer-wise loading (`kv_offloading_layerwise`, LMCache's layer-wise KV connector): a promotion's copy overlaps
 the step's compute layer by layer, so the step costs max(copy, compute) + one layer's copy instead of the sum.
@@ -59,6 +60,12 @@ class Link:
         self.busy_until = end
         self.blocks += blocks
         return end - now
+
+    def reserve(self, when: float, blocks: int) -> None:
+        """Hold the link for an asynchronous store of `blocks` made at `when`: nobody waits for it, but what is
+        asked for later queues behind it (stores are pipelined: no per-store latency)."""
+        self.busy_until = max(when, self.busy_until) + blocks * self.seconds_per_block
+        self.blocks += blocks
 
 
 @dataclass(slots=True)
@@ -136,7 +143,8 @@ def wire_tiers(replicas: list, cache: CacheConfig, cost: CostModel, layerwise: b
         replica.block_bytes = size
         if shared is not None:
             env = replica.env
-            replica.shared_view = SharedView(shared, queue, lambda env=env: env.now)
+            replica.shared_view = SharedView(shared, queue, lambda env=env: env.now,
+                                             links[replica.index // per_node])
             replica.sched.kv.share_tier(replica.shared_view)
         if shared is not None or (layers and getattr(replica.sched.kv, "tiers", None)):
             replica.pricing = TierPricing(links[replica.index // per_node] if links else None, layers)

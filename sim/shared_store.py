@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.prefix_tiers import PrefixTier, TierView
 from kvplan.engine.core.tier_transfers import GPU
+
+if TYPE_CHECKING:
+    from kvplan.sim.links import Link
 
 
 class StoreQueue:
@@ -43,18 +47,20 @@ class StoreQueue:
     def flush(self, now: float) -> None:
         items = self.items
         while items and items[0][0] <= now:
-            _, _, view, key = heapq.heappop(items)
-            TierView.store(view, key)
+            when, _, view, key = heapq.heappop(items)
+            view.apply(key, when)
 
 
 class SharedView(TierView):
     """A replica's view of the shared store that defers the stores of a fast-path stretch (see the module)."""
 
-    __slots__ = ("clock", "queue", "stretch", "usage")
+    __slots__ = ("clock", "link", "queue", "stretch", "usage")
 
-    def __init__(self, tier: PrefixTier, queue: StoreQueue, clock: Callable[[], float]) -> None:
+    def __init__(self, tier: PrefixTier, queue: StoreQueue, clock: Callable[[], float],
+                 link: Link | None = None) -> None:
         TierView.__init__(self, tier)
         self.queue, self.clock = queue, clock
+        self.link = link  # the node's network: a store that copies a block holds it (`sim.links`)
         self.stretch: list[tuple[int, int]] | None = None  # (step in the stretch, key) while one is applied
         self.usage: list[float] = []
 
@@ -72,8 +78,17 @@ class SharedView(TierView):
         if self.stretch is not None:
             self.stretch.append((len(self.usage), key))
             return
-        self.queue.flush(self.clock())
+        now = self.clock()
+        self.queue.flush(now)
+        self.apply(key, now)
+
+    def apply(self, key: int, when: float) -> None:
+        """Store `key` now, as made at `when` (its step's start): a store that copies a block (not a refresh of a
+        key the store has, nor one dropped with every slot pinned) holds the node's link for it from `when`."""
+        stored = self.stats.demotions
         TierView.store(self, key)
+        if self.link is not None and self.stats.demotions > stored:
+            self.link.reserve(when, 1)
 
     def __contains__(self, key: int) -> bool:
         self.queue.flush(self.clock())

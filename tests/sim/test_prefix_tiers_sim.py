@@ -99,6 +99,27 @@ def test_fetches_on_one_node_queue_on_its_network_link():
     assert link.fetch(5.0, 1) == pytest.approx(0.0011) and link.blocks == 21
 
 
+def test_a_store_into_the_shared_store_holds_the_node_link_and_a_fetch_waits_behind_it():
+    from kvplan.engine.core.prefix_tiers import PrefixTier
+    from kvplan.sim.links import Link
+    from kvplan.sim.shared_store import SharedView, StoreQueue
+
+    link, clock = Link(seconds_per_block=0.001, latency_s=0.0001), [2.0]
+    queue = StoreQueue()
+    view = SharedView(PrefixTier("shared", 2, 16), queue, lambda: clock[0], link)
+    view.store(7)
+    view.store(8)
+    view.store(7)  # a key the store has: refreshed, nothing crosses
+    assert link.busy_until == pytest.approx(2.002) and link.blocks == 2
+    assert link.fetch(2.0, 1) == pytest.approx(0.0031)  # asked for at once: queued behind the two stores
+    # a fast-path stretch's store holds the link from its step's start, applied when the store is next read
+    view.begin_stretch([])
+    view.store(9)  # evicts a key (dropped: the store is the last tier) and takes its slot
+    view.end_stretch([5.0])
+    clock[0] = 6.0
+    assert 9 in view and link.busy_until == pytest.approx(5.001) and link.blocks == 4
+
+
 def test_a_shared_store_keeps_a_run_in_one_process():
     from kvplan.sim.parallel import why_not_parallel
 
