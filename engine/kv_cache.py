@@ -21,8 +21,7 @@ import torch
 
 from kvplan.engine.core.tier_transfers import GPU, TierTransfer, copy_batches
 from kvplan.engine.forward_context import LayerKV
-from kvplan.errors import ConfigError, UserError
-from kvplan.limits import MAX_BLOCKS
+from kvplan.errors import UserError
 
 SCALE_BYTES = 4  # one float32 scale per token per KV head, for K and for V
 # the quantized cache dtypes (kernels.checks.QUANT_DTYPES; named here so that the CPU engine never imports the
@@ -137,25 +136,3 @@ def check_host_memory(layout: KVLayout, num_blocks: int, num_cpu_blocks: int, de
     if need > physical:
         raise UserError(f"KV cache of {host_blocks} blocks x {layout.bytes_per_block} bytes = {need} bytes; "
                          f"allowed: at most this machine's memory, {physical} bytes (fewer num_blocks)")
-
-
-GIB = 1 << 30  # vLLM's kv_offloading_size is in GiB
-
-
-def offload_blocks(layout: KVLayout, blocks: int, size_gib: float | None) -> int:
-    """The CPU prefix tier's blocks: `kv_offloading_blocks`, or what `kv_offloading_size` GiB hold at this model's
-    KV bytes per block (as the KV cache and swap space convert bytes: whole blocks); both given must agree."""
-    if size_gib is None:
-        return blocks
-    per_block = layout.bytes_per_block
-    held = layout.blocks_in(int(size_gib * GIB))
-    where = f"kv_offloading_size: {size_gib:g} GiB"
-    if held == 0:
-        raise ConfigError(f"{where} holds no KV block of {per_block} bytes; allowed: at least {per_block / GIB:.3g}")
-    if held > MAX_BLOCKS:
-        raise ConfigError(f"{where} is {held} blocks of {per_block} bytes; allowed: at most {MAX_BLOCKS} blocks "
-                          f"({MAX_BLOCKS * per_block / GIB:.3g} GiB)")
-    if blocks and blocks != held:
-        raise ConfigError(f"{where} holds {held} blocks of {per_block} bytes but kv_offloading_blocks is {blocks}; "
-                          "allowed: one of the two, or both naming the same number of blocks")
-    return held

@@ -21,10 +21,11 @@ from kvplan.engine.backends import default_backend, make_backend
 from kvplan.engine.beam_search import BeamSearch
 from kvplan.engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
 from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
+from kvplan.engine.core.prefix_tiers import offloading_blocks
 from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.settings import SETTINGS, core_config
 from kvplan.engine.cpu_linear import can_pack, pack_linears
-from kvplan.engine.kv_cache import KVLayout, PagedKVCache, check_host_memory, offload_blocks
+from kvplan.engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
 from kvplan.engine.model_runner import ModelRunner
 from kvplan.engine.models import load_model
 from kvplan.engine.options import engine_options
@@ -96,7 +97,7 @@ class LLM:
         num_blocks = o.num_blocks or self._num_blocks(layout, o.kv_cache_memory, o.gpu_memory_utilization, backend,
                                                       o.max_num_batched_tokens)
         num_cpu_blocks = layout.blocks_in(o.swap_space) if o.preemption_mode == "swap" else 0
-        tier_blocks = offload_blocks(layout, o.kv_offloading_blocks, o.kv_offloading_size)
+        tier_blocks = offloading_blocks(o.kv_offloading_size, layout.bytes_per_block, o.kv_offloading_blocks)
         check_host_memory(layout, num_blocks, num_cpu_blocks + tier_blocks, self.device)
         try:
             cache = core_config(CacheConfig, o, num_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,

@@ -98,6 +98,7 @@ def sim_spec(options: EngineOptions, meta: dict, *, cost: str, profile: str | No
                 "max_model_len": int(meta["max_model_len"]),
                 # the CPU tier in blocks, as the engine sized it (from kv_offloading_size, if given in GiB)
                 "kv_offloading_blocks": int(meta.get("kv_offloading_blocks", options.kv_offloading_blocks)),
+                "kv_offloading_size": None,  # (given in GiB: already the blocks above)
                 **({"allocator": meta["allocator"]} if "allocator" in meta else {})}  # an endpoint's memory model
     return SimSpec(model=meta["model_path"], cost=cost, profile=profile, **{**shared, **measured},
                    sample_interval_s=interval, record_tokens=record_tokens)

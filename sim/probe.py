@@ -134,7 +134,7 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
         loop = ClosedLoop(pop, probe.concurrency, probe.think_s, duration, seed)
         trace = pop.trace
     cost, num_blocks = build_cost(spec)
-    cache, config = build_configs(spec, pop.trace, num_blocks)  # the population's lengths: the same per probe
+    cache, config = build_configs(spec, pop.trace, num_blocks, cost)  # the population's lengths: the same per probe
     interval = spec.sample_interval_s or duration / SAMPLES_PER_PROBE
     cluster = Cluster(trace, spec.replicas, make_router(spec.router), cache, config, cost,
                       sample_interval_s=interval, fast_path=spec.fast_path, closed_loop=loop,

@@ -12,6 +12,7 @@ import pandas as pd
 from kvplan.engine.core import CacheConfig, ConfigError, Scheduler, SchedulerConfig, make_request
 from kvplan.engine.core.config import HybridCacheConfig
 from kvplan.engine.core.kv_layout import KVLayout
+from kvplan.engine.core.prefix_tiers import offloading_blocks
 from kvplan.engine.core.settings import core_config, options_class
 from kvplan.errors import UserError
 from kvplan.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
@@ -22,6 +23,7 @@ from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from kvplan.sim.cost.calibrated import load_profile
 from kvplan.sim.cost.parallel import Shape, check_shape, tp_choices, weight_bytes_per_rank
 from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
+from kvplan.sim.links import block_bytes
 from kvplan.sim.metrics import kv_summary, summarize
 from kvplan.sim.parallel import MergedCluster, run_parallel, worth_parallel
 from kvplan.sim.rejections import references, rejected_rows
@@ -208,7 +210,9 @@ def over_length(trace: Trace, max_len: int) -> int:
     return int(np.count_nonzero(trace.servable & (trace.prompt_tokens + trace.output_tokens > max_len)))
 
 
-def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheConfig, SchedulerConfig]:
+def build_configs(spec: SimSpec, trace: Trace, num_blocks: int, cost: CostModel
+                  ) -> tuple[CacheConfig, SchedulerConfig]:
+    tier = offloading_tier(spec, cost)
     check_sizes(spec, num_blocks, float(trace.arrival_s[-1] - trace.arrival_s[0]))  # before any pool is built
     max_len = resolve_max_model_len(spec, trace)
     granularity = trace.hash_granularity if trace.has_prefix else 0
@@ -224,10 +228,11 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
     layout = model_layout(spec.model)
     try:
         if layout is None:
-            cache = core_config(CacheConfig, spec, num_blocks=num_blocks, max_model_len=max_len)
+            cache = core_config(CacheConfig, spec, num_blocks=num_blocks, max_model_len=max_len,
+                                kv_offloading_blocks=tier)
         else:
             cache = core_config(HybridCacheConfig, spec, num_blocks=num_blocks, max_model_len=max_len,
-                                kv_layout=layout)
+                                kv_offloading_blocks=tier, kv_layout=layout)
     except ConfigError as exc:
         if str(exc).startswith("cache.num_blocks"):
             raise ConfigError(f"KV capacity of {num_blocks} blocks ({spec.model} on {spec.hardware}, block size "
@@ -243,6 +248,18 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int) -> tuple[CacheCo
     if reason is not None:
         raise UserError(f"the trace's longest prompt can never be scheduled with this configuration: {reason}")
     return cache, sched
+
+
+def offloading_tier(spec: SimSpec, cost: CostModel) -> int:
+    """The CPU tier's blocks: `kv_offloading_blocks`, or what `kv_offloading_size` GiB hold at the model's KV bytes
+    per block on this replica (every rank's share), as the engine sizes its host pool."""
+    if spec.kv_offloading_size is None:
+        return spec.kv_offloading_blocks
+    per_block = block_bytes(cost, spec.block_size)
+    if per_block is None:
+        raise UserError(f"--kv-offloading-size: the cost model ({spec.cost}) does not say the model's KV bytes per "
+                        "block; allowed: --kv-offloading-blocks")
+    return offloading_blocks(spec.kv_offloading_size, per_block, spec.kv_offloading_blocks)
 
 
 def check_sizes(spec: SimSpec, num_blocks: int, span_s: float) -> None:
@@ -291,7 +308,7 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     check_trace(trace)
     router = make_router(spec.router)
     cost, num_blocks = build_cost(spec)
-    cache, config = build_configs(spec, trace, num_blocks)
+    cache, config = build_configs(spec, trace, num_blocks, cost)
     interval = sample_interval(spec, trace, cost)
     # A recorded cost prices steps one by one, by id; token times are recorded step by step.
     fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens

@@ -35,6 +35,9 @@ from itertools import pairwise
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import ConfigError
 from kvplan.engine.core.tier_transfers import GPU, TierTransfer
+from kvplan.limits import MAX_BLOCKS
+
+GIB = 1 << 30  # vLLM's kv_offloading_size is in GiB
 
 
 @dataclass(slots=True)
@@ -201,3 +204,24 @@ def connect(pool: BlockPool, tiers: list[PrefixTier | TierView], write_through: 
     else:
         pool.on_register = None
         pool.spill = tiers[0].store
+
+
+def offloading_blocks(size_gib: float | None, bytes_per_block: float, blocks: int) -> int:
+    """The CPU prefix tier's blocks: `kv_offloading_blocks` (`blocks`), or the whole blocks `kv_offloading_size`
+    GiB hold at `bytes_per_block` (the model's KV bytes per block, every rank's share: vLLM's size is the sum over
+    its TP ranks); both given must name the same number. The engine sizes its host pool with it, the simulator
+    its tier, from the same two settings."""
+    if size_gib is None:
+        return blocks
+    held = int(size_gib * GIB // bytes_per_block)
+    where = f"kv_offloading_size: {size_gib:g} GiB"
+    if held == 0:
+        raise ConfigError(f"{where} holds no KV block of {bytes_per_block:.0f} bytes; allowed: at least "
+                          f"{bytes_per_block / GIB:.3g}")
+    if held > MAX_BLOCKS:
+        raise ConfigError(f"{where} is {held} blocks of {bytes_per_block:.0f} bytes; allowed: at most {MAX_BLOCKS} "
+                          f"blocks ({MAX_BLOCKS * bytes_per_block / GIB:.3g} GiB)")
+    if blocks and blocks != held:
+        raise ConfigError(f"{where} holds {held} blocks of {bytes_per_block:.0f} bytes but kv_offloading_blocks is "
+                          f"{blocks}; allowed: one of the two, or both naming the same number of blocks")
+    return held

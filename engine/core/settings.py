@@ -232,9 +232,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        "local_cpu): prefix blocks the GPU evicts are kept there and copied back on a hit (live engine: pinned host "
        "memory, copied on a side CUDA stream); 0: no CPU tier", config="cache", minimum=0, maximum=MAX_BLOCKS,
        why=PER_BLOCK),
-    _s("kv_offloading_size", "float", None, "the CPU prefix tier as GiB of host memory (vLLM's name), converted "
-       "to blocks of the model's KV bytes per block; instead of kv_offloading_blocks (both: the same number of "
-       "blocks)", sides=ENGINE, nullable=True, above=0, maximum=MAX_OFFLOAD_GIB, why="GiB"),
+    _s("kv_offloading_size", "float", None, "the CPU prefix tier as GiB of host memory (vLLM's name: the sum over "
+       "a replica's TP ranks), converted to whole blocks of the model's KV bytes per block; instead of "
+       "kv_offloading_blocks (both: the same number of blocks)",
+       sides=ENGINE_SIM, nullable=True, above=0, maximum=MAX_OFFLOAD_GIB, why="GiB"),
     _s("kv_offloading_backend", "choice", "native", "what keeps the CPU prefix tier (vLLM's name): native, "
        "vLLM's own CPU offloading, the one kvplan has (its tier stores a block when the GPU evicts it)",
        sides=ENGINE, choices=("native",),

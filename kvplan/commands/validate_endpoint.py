@@ -67,8 +67,8 @@ def endpoint_plan(args, trace, options, profile: str | None) -> EndpointPlan:
     options, meta = simulator_config(server.kv, options, args.model)
     check_fits(trace, meta)
     spec = sim_spec(options, meta, cost="calibrated", profile=profile, interval=sample_interval(trace))
-    _, capacity = build_cost(spec)  # the simulator's own checks: a configuration it would refuse fails now
-    build_configs(spec, trace, spec.num_blocks or capacity)
+    cost, capacity = build_cost(spec)  # the simulator's own checks: a configuration it would refuse fails now
+    build_configs(spec, trace, spec.num_blocks or capacity, cost)
     tokenizer = _tokenizer(endpoint.tokenizer) if endpoint.tokenizer else None
     reference = None
     if profile is not None:

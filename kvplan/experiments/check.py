@@ -139,8 +139,8 @@ def check_point(exp: Experiment, point: Point) -> None:
             trace = build_trace(config)
             check_trace(trace, "the workload")
             spec = build_spec(config)
-            _, num_blocks = build_cost(spec)
-            build_configs(spec, trace, num_blocks)
+            cost, num_blocks = build_cost(spec)
+            build_configs(spec, trace, num_blocks, cost)
             if config["workload"]["mode"] != "burst":  # a rate to offer, a window to measure, room for both
                 build_probe(config).check(population(trace))
     except (ValueError, FileNotFoundError) as exc:

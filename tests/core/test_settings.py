@@ -28,8 +28,8 @@ CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "kv_offload
 # `allocator` keeps its default above (a reservation allocator has no prefix cache, window or swap); its other
 # values are covered by the simulator's reservation tests. `kv_offloading_backend` has one value kvplan models.
 UNCHANGED = {"allocator", "kv_offloading_backend"}
-# Given together with kv_offloading_blocks, a size must name the same blocks (tests/engine/test_cpu_tier.py): the
-# engine is given the blocks alone here, and reads the size either way.
+# Given together with kv_offloading_blocks, a size must name the same blocks (tests/engine/test_cpu_tier.py and
+# tests/sim/test_prefix_tiers_sim.py): the engine and the simulator are given the blocks alone here.
 ALTERNATIVES = {"kv_offloading_size"}
 
 
@@ -97,14 +97,16 @@ def test_the_simulator_reads_every_sim_setting():
     from kvplan.traces import Trace
 
     trace = Trace.build([0.0, 0.5], [40, 60], [5, 6])
-    spec = SimSpec(model="llama-3-8b", hardware="a100-40gb", **{s.name: CHANGED[s.name] for s in for_side("sim")})
-    cache, sched = build_configs(spec, trace, spec.num_blocks)
+    spec = SimSpec(model="llama-3-8b", hardware="a100-40gb",
+                   **{s.name: CHANGED[s.name] for s in for_side("sim") if s.name not in ALTERNATIVES})
+    cache, sched = build_configs(spec, trace, spec.num_blocks, build_cost(spec)[0])
     for s in for_side("sim"):
         if s.config is not None:
             assert getattr({"cache": cache, "scheduler": sched}[s.config], s.name) == CHANGED[s.name], s.name
     default = SimSpec(model="llama-3-8b", hardware="a100-40gb")
     for name in [s.name for s in for_side("sim")
-                 if s.config is None and s.name not in STEP_TIME_ONLY and s.name not in PROMOTION_ONLY]:
+                 if s.config is None and s.name not in STEP_TIME_ONLY and s.name not in PROMOTION_ONLY
+                 and s.name not in ALTERNATIVES]:
         # the device's and the deployment shape's: they change the capacity
         assert build_cost(SimSpec(model="llama-3-8b", hardware="a100-40gb", **{name: CHANGED[name]}))[1] != \
             build_cost(default)[1], name

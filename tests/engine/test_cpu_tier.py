@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvplan.engine.kv_cache import GIB, PagedKVCache
+from kvplan.engine.core.prefix_tiers import GIB
+from kvplan.engine.kv_cache import PagedKVCache
 from kvplan.engine.llm import LLM
 from kvplan.engine.sampling import SamplingParams
 from kvplan.errors import ConfigError

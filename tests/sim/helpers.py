@@ -37,7 +37,7 @@ def build(trace: Trace, spec: SimSpec, router: Router | None = None) -> Cluster:
     """The cluster `simulate` would run, returned so that a test can look at each replica's core."""
     check_trace(trace)
     cost, blocks = build_cost(spec)
-    cache, config = build_configs(spec, trace, blocks)
+    cache, config = build_configs(spec, trace, blocks, cost)
     return Cluster(trace, spec.replicas, router or make_router(spec.router), cache, config, cost,
                    sample_interval_s=spec.sample_interval_s or 0.5, fast_path=spec.fast_path,
                    layerwise=spec.kv_offloading_layerwise)

@@ -46,7 +46,7 @@ def test_simulate_reports_both_budgets(gemma_like):
     hybrid, uniform = gemma_like
     trace = random_trace(1, 60, rate=4.0, prompt=(200, 3000), output=(20, 200))
     spec = SimSpec(model=hybrid, hardware="h200", num_blocks=3000)
-    cache, _ = build_configs(spec, trace, 3000)
+    cache, _ = build_configs(spec, trace, 3000, build_cost(spec)[0])
     assert cache.hybrid and cache.kv_layout.group_size == 10
     result = simulate(trace, spec)
     groups = result.info["kv_groups"]

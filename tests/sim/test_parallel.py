@@ -29,7 +29,7 @@ def test_processes_equal_one_process(seed, spec):
     spec = dataclasses.replace(spec, sample_interval_s=0.5)
     whole, _ = run(trace, spec)
     cost, blocks = build_cost(spec)
-    cache, config = build_configs(spec, trace, blocks)
+    cache, config = build_configs(spec, trace, blocks, cost)
     merged = run_parallel(trace, spec.replicas, cache, config, cost, sample_interval(spec, trace, cost),
                           spec.fast_path, processes=2)
     split = collect(merged, blocks)

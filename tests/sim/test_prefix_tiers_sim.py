@@ -120,6 +120,17 @@ def test_a_store_into_the_shared_store_holds_the_node_link_and_a_fetch_waits_beh
     assert 9 in view and link.busy_until == pytest.approx(5.001) and link.blocks == 4
 
 
+def test_a_cpu_tier_sized_in_gib_is_the_blocks_that_many_bytes_hold():
+    from kvplan.errors import ConfigError
+
+    # Llama-3-8B in bfloat16: 32 layers x 8 KV heads x 128 x (K, V) x 2 bytes = 128 KiB a token, 2 MiB a 16-token
+    # block, so vLLM's --kv-offloading-size 0.08 GiB (83.9 MB) holds 40 whole blocks
+    assert run(kv_offloading_size=0.08) == run(kv_offloading_blocks=40)
+    assert run(kv_offloading_size=0.08, kv_offloading_blocks=40) == run(kv_offloading_blocks=40)
+    with pytest.raises(ConfigError, match="holds 40 blocks of 2097152 bytes but kv_offloading_blocks is 41"):
+        run(kv_offloading_size=0.08, kv_offloading_blocks=41)
+
+
 def test_a_shared_store_keeps_a_run_in_one_process():
     from kvplan.sim.parallel import why_not_parallel
 
