@@ -214,7 +214,7 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         budget = self.config.max_num_batched_tokens
         self._cap = self._long_prefill if len(self.running) + len(self.waiting) + len(self.swapped) > 1 else INF
         if self._prefill_first and not self.swapped and self._schedule_prefills(out, budget):
-            self._collect_promotions(out)
+            self._collect_tier_transfers(out)
             return out
         budget = self._schedule_running(out, budget)
         if not out.preempted:
@@ -225,10 +225,10 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
             raise RuntimeError(f"scheduler bug: an empty step with {len(self.running)} running, {len(self.swapped)} "
                                f"swapped and {len(self.waiting)} waiting requests ({self.kv.num_free_blocks} of "
                                f"{self.cache_config.num_blocks} blocks free)")
-        self._collect_promotions(out)
+        self._collect_tier_transfers(out)
         return out
 
-    def _collect_promotions(self, out: SchedulerOutput) -> None:
+    def _collect_tier_transfers(self, out: SchedulerOutput) -> None:
         """The tier copies this step made (demotions of evicted GPU blocks, promotions of lower-tier prefix hits),
         in order: the runner performs them, the cost model prices the promotions. Only a paged manager with tiers
         has any."""

@@ -17,13 +17,14 @@ import time
 import httpx
 import numpy as np
 
-from kvplan.endpoint import scrape
+from kvplan.endpoint import scrape, servers
 from kvplan.endpoint.loadgen import LoadGenerator
 from kvplan.endpoint.local_server import server_process
 from kvplan.endpoint.prompts import EndpointRequest
 
 PLATEAU = 0.05  # a level within 5% of the best throughput is saturated
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
+VLLM = servers.ADAPTERS["vllm"]  # `kvplan serve` exports vLLM's metric names
 
 
 def workload(count: int, prompt_tokens: int, output_tokens: int, vocab: int, rng: np.random.Generator,
@@ -51,7 +52,7 @@ def settle(url: str, timeout_s: float = 30.0) -> list:
     deadline = time.monotonic() + timeout_s
     while True:
         samples = scrape.parse(httpx.get(f"{url}/metrics", timeout=10).text)
-        g = scrape.gauges(samples)
+        g = servers.gauges(VLLM, samples)
         if (g["running"] == 0 and g["waiting"] == 0 and g["kv_usage"] == 0) or time.monotonic() > deadline:
             return samples
         time.sleep(0.2)
@@ -63,7 +64,7 @@ def run(model: str, *, hold_s: float = 60.0, levels: tuple[int, ...] = LEVELS, r
     rng = np.random.default_rng(seed)
     rows = 0
     with server_process(model, engine_args or []) as url:
-        before = scrape.counters(scrape.parse(httpx.get(f"{url}/metrics", timeout=10).text))
+        before = servers.counters(VLLM, scrape.parse(httpx.get(f"{url}/metrics", timeout=10).text))
         ramp, rate = [], None
         for level in levels:
             # enough requests for ~ramp_s at the last level's rate (at least 4 rounds of `level`)
@@ -82,8 +83,8 @@ def run(model: str, *, hold_s: float = 60.0, levels: tuple[int, ...] = LEVELS, r
                        saturation["concurrency"])
         rows += count
         after_samples = settle(url)
-    served = scrape.difference(before, scrape.counters(after_samples))
-    gauges, info = scrape.gauges(after_samples), scrape.cache_config(after_samples)
+    served = scrape.difference(before, servers.counters(VLLM, after_samples))
+    gauges, info = servers.gauges(VLLM, after_samples), scrape.cache_config(after_samples)
     blocks = int(info.get("num_gpu_blocks", 0))
     leaked = round(gauges["kv_usage"] * blocks)
     failed = sum(r["failed"] for r in ramp) + hold["failed"]

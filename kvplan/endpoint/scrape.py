@@ -1,5 +1,6 @@
-"""Read a server's Prometheus `/metrics` (text exposition format) under vLLM's or llama.cpp's metric names: gauges
-sampled during a replay, counters differenced over it, and the KV facts of `vllm:cache_config_info`.
+"""Read a server's Prometheus `/metrics` (text exposition format) under the metric names of its kind
+(`servers.ADAPTERS`): gauges sampled during a replay, counters differenced over it, and the KV facts of
+`vllm:cache_config_info`.
 
 Servers that expose none of these (a plain OpenAI-compatible proxy) still replay; what could not be read is
 reported as unknown (null), never as 0.
@@ -10,22 +11,12 @@ from __future__ import annotations
 import math
 import re
 
-# (summary key, counters to try): vLLM's name first, then llama.cpp's (names read from the vendored llama.cpp
-# server source, tools/server/server-task.cpp, which prefixes each with "llamacpp:"); each summed over label sets,
-# differenced between the start and the end of a replay. llama.cpp counts cached prompt tokens but not lookups, so
-# its prefix_cache_queries stays unknown rather than borrowed from another counter.
-COUNTERS = (("prefix_cache_queries", ("vllm:prefix_cache_queries_total",)),
-            ("prefix_cache_hits", ("vllm:prefix_cache_hits_total", "llamacpp:prompt_tokens_cached_total")),
-            ("num_preemptions", ("vllm:num_preemptions_total",)),
-            ("generation_tokens", ("vllm:generation_tokens_total", "llamacpp:tokens_predicted_total")),
-            ("prompt_tokens", ("vllm:prompt_tokens_total", "llamacpp:prompt_tokens_total")),
-            ("request_success", ("vllm:request_success_total",)))
-# series column -> gauges to try, newest vLLM name first, then llama.cpp's (busy slots, requests deferred for
-# want of a free slot); llama.cpp exports no KV-usage gauge, so kv_usage stays unknown against it
-GAUGES = (("running", ("vllm:num_requests_running", "llamacpp:requests_processing")),
-          ("waiting", ("vllm:num_requests_waiting", "llamacpp:requests_deferred")),
-          ("swapped", ("vllm:num_requests_swapped",)),
-          ("kv_usage", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")))
+# The summary keys read from counters (differenced between the start and the end of a replay) and the series
+# columns read from gauges; which metric names fill each is the server's (`servers.ADAPTERS`), and a key the
+# server has no metric for stays unknown.
+COUNTER_KEYS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "generation_tokens",
+                "prompt_tokens", "request_success")
+GAUGE_KEYS = ("running", "waiting", "swapped", "kv_usage")
 
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -57,12 +48,9 @@ def first(samples: list, names: tuple[str, ...]) -> float:
     return next((v for v in (_sum(samples, n) for n in names) if not math.isnan(v)), math.nan)
 
 
-def counters(samples: list) -> dict[str, float]:
-    return {key: first(samples, names) for key, names in COUNTERS}
-
-
-def gauges(samples: list) -> dict[str, float]:
-    return {key: first(samples, names) for key, names in GAUGES}
+def read(samples: list, keys: tuple[str, ...], names: dict[str, tuple[str, ...]]) -> dict[str, float]:
+    """Each of `keys` from the first of its metric `names` the server exposes; NaN where it has none."""
+    return {key: first(samples, names.get(key, ())) for key in keys}
 
 
 def cache_config(samples: list) -> dict[str, str]:

@@ -80,12 +80,16 @@ def _vllm_kv(info: dict, samples: list) -> KvConfig:
                     source="/metrics vllm:cache_config_info")
 
 
-def _sglang_kv(info: dict, samples: list) -> KvConfig:
+def _sglang_state(info: dict) -> dict:
+    """`/get_server_info` with the scheduler's first internal state folded in (newer SGLang reports
+    max_total_num_tokens there); the top level wins."""
     states = info.get("internal_states")
     inner = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    return {**inner, **info}
 
-    def get(key: str) -> object:
-        return info.get(key, inner.get(key))
+
+def _sglang_kv(info: dict, samples: list) -> KvConfig:
+    get = _sglang_state(info).get
 
     page = _int(get("page_size")) or 1
     tokens = _int(get("max_total_num_tokens"))
@@ -139,9 +143,7 @@ def _has(*keys: str) -> Callable[[dict], bool]:
 
 
 def _sglang_info(doc: dict) -> bool:
-    states = doc.get("internal_states")
-    inner = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
-    return "max_total_num_tokens" in doc or "max_total_num_tokens" in inner
+    return "max_total_num_tokens" in _sglang_state(doc)
 
 
 ADAPTERS = {
@@ -255,22 +257,20 @@ def probe(url: str, server: str = "auto") -> ServerInfo:
             info = _get_json(client, base + adapter.info_path)
             if info is not None and adapter.identifies(info):
                 return ServerInfo(adapter, f"detected from {adapter.info_path}", adapter.read_kv(info, samples), info)
-    prefixes = {a.kind: a.metric_prefix for a in ADAPTERS.values()}
-    for kind, prefix in prefixes.items():
-        if any(name.startswith(prefix) for name, _, _ in samples):
-            adapter = ADAPTERS[kind]
-            return ServerInfo(adapter, f"detected from /metrics ({prefix}*)", adapter.read_kv({}, samples))
+    for adapter in ADAPTERS.values():
+        if any(name.startswith(adapter.metric_prefix) for name, _, _ in samples):
+            return ServerInfo(adapter, f"detected from /metrics ({adapter.metric_prefix}*)",
+                              adapter.read_kv({}, samples))
     adapter = ADAPTERS["vllm"]
     return ServerInfo(adapter, "nothing identifies it: treated as vLLM-compatible", adapter.read_kv({}, samples))
 
 
 def counters(adapter: ServerAdapter, samples: list) -> dict[str, float]:
     """Every summary counter key, NaN where this server has no such counter."""
-    names = dict(adapter.counters)
-    return {key: scrape.first(samples, names.get(key, ())) for key, _ in scrape.COUNTERS}
+    return scrape.read(samples, scrape.COUNTER_KEYS, dict(adapter.counters))
 
 
 def gauges(adapter: ServerAdapter, samples: list) -> dict[str, float]:
-    names = dict(adapter.gauges)
-    return {key: scrape.first(samples, names.get(key, ())) for key, _ in scrape.GAUGES}
+    """Every series gauge column, NaN where this server has no such gauge."""
+    return scrape.read(samples, scrape.GAUGE_KEYS, dict(adapter.gauges))
 

@@ -3,7 +3,9 @@ writes them: `# HELP`, `# TYPE`, then `llamacpp:<name> <value>`), and what it do
 
 import math
 
-from kvplan.endpoint import scrape
+from kvplan.endpoint import scrape, servers
+
+LLAMACPP, VLLM = servers.ADAPTERS["llamacpp"], servers.ADAPTERS["vllm"]
 
 _BEFORE = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
 # TYPE llamacpp:prompt_tokens_total counter
@@ -21,8 +23,8 @@ _AFTER = _BEFORE.replace(" 100", " 350").replace(" 10\n", " 70\n").replace(" 40\
 
 
 def test_llamacpp_counters_are_read_and_differenced():
-    start = scrape.counters(scrape.parse(_BEFORE))
-    end = scrape.counters(scrape.parse(_AFTER))
+    start = servers.counters(LLAMACPP, scrape.parse(_BEFORE))
+    end = servers.counters(LLAMACPP, scrape.parse(_AFTER))
     delta = scrape.difference(start, end)
     assert delta["prompt_tokens"] == 250.0
     assert delta["generation_tokens"] == 55.0
@@ -33,11 +35,11 @@ def test_llamacpp_counters_are_read_and_differenced():
 
 
 def test_llamacpp_gauges_fill_running_and_waiting_but_not_kv_usage():
-    values = scrape.gauges(scrape.parse(_BEFORE))
+    values = servers.gauges(LLAMACPP, scrape.parse(_BEFORE))
     assert values["running"] == 3.0 and values["waiting"] == 2.0
     assert math.isnan(values["kv_usage"]) and math.isnan(values["swapped"])
 
 
 def test_vllm_name_wins_when_both_are_exposed():
     text = "vllm:prompt_tokens_total 7\nllamacpp:prompt_tokens_total 9\n"
-    assert scrape.counters(scrape.parse(text))["prompt_tokens"] == 7.0
+    assert servers.counters(VLLM, scrape.parse(text))["prompt_tokens"] == 7.0
