@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvplan.endpoint.servers import ServerInfo
+from kvplan.endpoint.session import EndpointOptions
 from kvplan.engine.options import EngineOptions
 from kvplan.errors import UserError
 
@@ -31,6 +32,7 @@ class PartialValidation(UserError):
 class EndpointPlan:
     """What the server is and how the simulator copies it, settled before the first request."""
 
+    endpoint: EndpointOptions  # the URL, model name, tokenizer and --server, read from the arguments once
     server: ServerInfo
     options: EngineOptions  # as the server runs
     meta: dict  # kvplan.live.sim_spec's measured values
@@ -83,7 +85,7 @@ def endpoint_plan(args, trace, options, profile: str | None) -> EndpointPlan:
                   f"{longest}: their prefill price is extrapolated", file=sys.stderr)
     from kvplan.endpoint.prompts import text_writer
 
-    return EndpointPlan(server, options, meta, _vocab_size(endpoint, tokenizer),
+    return EndpointPlan(endpoint, server, options, meta, _vocab_size(endpoint, tokenizer),
                         float(reference) if isinstance(reference, int | float) and not isinstance(reference, bool)
                         and reference > 0 else None, text_writer(tokenizer) if tokenizer is not None else None)
 
@@ -101,10 +103,10 @@ def run_state(adapter, reset: str | None, repeat: int) -> dict:
 
 def endpoint_repeats(args, trace, plan: EndpointPlan, out: Path, name: str) -> Repeats:
     from kvplan.endpoint.drift import endpoint_probe, write_probe_file
-    from kvplan.endpoint.session import endpoint_options, replay_endpoint
+    from kvplan.endpoint.session import replay_endpoint
     from kvplan.live import sample_interval
 
-    endpoint = endpoint_options(args)
+    endpoint = plan.endpoint
     adapter = plan.server.adapter
     done = Repeats()
 
