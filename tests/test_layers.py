@@ -1,26 +1,29 @@
-"""The layers import downward only: leaves (`kvplan.errors`, `kvplan.limits`, `kvplan.output`) <- traces <- the
-core (`kvplan.engine.core`) <- the simulator and the engine <- the application (`kvplan.live`, experiments,
-calibration, endpoint replay, commands, the CLI). Checked on the source, late imports included."""
+"""The layers import downward only: leaves (`kvplan.errors`, `kvplan.limits`, `kvplan.output`, `kvplan.shipped`)
+<- traces <- the core (`kvplan.engine.core`) <- the simulator and the engine <- the application (`kvplan.live`,
+experiments, calibration, endpoint replay, commands, the CLI). Checked on the source, late imports included.
+Modules are found the plain way: every module's name is its path under `kvplan/`."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).resolve().parents[1]
 APP = ("kvplan.cli", "kvplan.commands", "kvplan.experiments", "kvplan.live", "kvplan.calibration",
        "kvplan.endpoint", "kvplan.bench", "kvplan.engine_args", "kvplan.settings_cli", "kvplan.trace_options",
        "kvplan.validation", "kvplan.arg_types")
 # a package -> what it must not import
 RULES = {
-    "traces": ("kvplan.engine", "kvplan.sim", "kvplan.kernels", "kvplan.serving_result", *APP),
-    "engine/core": ("kvplan.engine.llm", "kvplan.engine.models", "kvplan.engine.serving", "kvplan.sim",
+    "kvplan/traces": ("kvplan.engine", "kvplan.sim", "kvplan.kernels", "kvplan.serving_result", *APP),
+    "kvplan/engine/core": ("kvplan.engine.llm", "kvplan.engine.models", "kvplan.engine.serving", "kvplan.sim",
                     "kvplan.kernels", "kvplan.traces", "kvplan.serving_result", "torch", *APP),
-    "kernels": ("kvplan.engine", "kvplan.sim", "kvplan.traces", *APP),
-    "sim": ("kvplan.engine.llm", "kvplan.engine.models", "kvplan.engine.serving", "torch", *APP),
-    "engine": ("kvplan.sim", *APP),
+    "kvplan/kernels": ("kvplan.engine", "kvplan.sim", "kvplan.traces", *APP),
+    "kvplan/sim": ("kvplan.engine.llm", "kvplan.engine.models", "kvplan.engine.serving", "torch", *APP),
+    "kvplan/engine": ("kvplan.sim", *APP),
 }
 
 
@@ -45,10 +48,34 @@ def test_a_layer_imports_nothing_above_it(package):
 
 
 def test_nothing_imports_the_subsystems_by_their_folder_names():
-    """Installed, there is no top-level `engine`/`sim`/`traces`/`kernels`: only `kvplan.<name>`."""
+    """There is no top-level `engine`/`sim`/`traces`/`kernels` module: only `kvplan.<name>`."""
     bad = []
-    for folder in ("engine", "sim", "traces", "kernels", "kvplan", "tests", "scripts"):
+    for folder in ("kvplan", "tests", "scripts"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             bad += [f"{path.relative_to(ROOT)}: {name}" for name in imports(path)
                     if name.split(".")[0] in ("engine", "sim", "traces", "kernels")]
     assert not bad, bad
+
+
+def test_code_lives_only_in_the_kvplan_package():
+    """The top-level folders beside `kvplan/` hold what is not code (samples, profiles, C++ source, docs): no
+    Python module there could shadow an installed package of the same name (PyPI's `traces`, HF's `kernels`)."""
+    stray = [str(p.relative_to(ROOT)) for folder in ("engine", "sim", "traces", "kernels", "experiments")
+             for p in (ROOT / folder).rglob("*.py")]
+    assert not stray, stray
+
+
+def test_no_import_hooks():
+    """Modules resolve by their paths alone: nothing edits the import machinery at run time."""
+    hooks = [f"{path.relative_to(ROOT)}" for path in sorted((ROOT / "kvplan").rglob("*.py"))
+             if "meta_path" in path.read_text() or "path_hooks" in path.read_text()]
+    assert not hooks, hooks
+
+
+def test_a_module_resolves_from_any_directory_to_its_path():
+    """From `/` (the installed package: here the editable install's one path entry) and from the checkout, the
+    core's scheduler is the file its name says."""
+    code = "import kvplan.engine.core.scheduler as m; print(m.__file__)"
+    for cwd in ("/", ROOT):
+        found = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=True)
+        assert Path(found.stdout.strip()) == ROOT / "kvplan" / "engine" / "core" / "scheduler.py"

@@ -1,30 +1,19 @@
 """The example experiments: `experiments/*.yaml` in a source checkout, `<prefix>/share/kvplan/experiments` in an
-installed wheel. `kvplan run example:NAME` runs one from wherever it is."""
+installed wheel (`kvplan.shipped`). `kvplan run example:NAME` runs one from wherever it is."""
 
 from __future__ import annotations
 
-import sys
-import sysconfig
 from pathlib import Path
 
 from kvplan.errors import UserError
+from kvplan.shipped import shipped_dir
 from kvplan.traces.schema import listed, short_repr
 
 EXAMPLE_PREFIX = "example:"
 
 
-def example_dirs() -> list[Path]:
-    share = Path("share") / "kvplan" / "experiments"
-    return [Path(__file__).resolve().parents[2] / "experiments", Path(sys.prefix) / share,
-            Path(sysconfig.get_path("data")) / share]
-
-
 def bundled_experiments() -> dict[str, Path]:
-    for directory in example_dirs():
-        found = sorted(directory.glob("*.yaml"))
-        if found:
-            return {p.stem: p for p in found}
-    return {}
+    return {p.stem: p for p in sorted(shipped_dir("experiments").glob("*.yaml"))}
 
 
 def experiment_path(value: str) -> Path:

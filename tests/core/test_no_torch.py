@@ -6,12 +6,9 @@ import subprocess
 import sys
 
 BLOCK_TORCH = """
-import importlib.abc, sys
-class NoTorch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith(("torch.", "triton", "transformers")):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked for this test)", name=name)
-sys.meta_path.insert(0, NoTorch())
+import sys
+for name in ("torch", "triton", "transformers"):  # a None entry makes `import name` (and its submodules) fail
+    sys.modules[name] = None
 """
 
 IMPORT_ALL = """
@@ -24,7 +21,7 @@ s = Scheduler()
 s.add_request(make_request("r", prompt_len=20, max_tokens=3))
 while s.has_unfinished():
     s.update(s.schedule())
-assert "torch" not in sys.modules
+assert sys.modules["torch"] is None  # still the blocking entry: nothing imported torch
 print(len(names))
 """
 
@@ -37,4 +34,4 @@ def test_engine_core_imports_and_runs_without_torch():
 
 def test_the_blocker_really_blocks_torch():
     result = subprocess.run([sys.executable, "-c", BLOCK_TORCH + "import torch"], capture_output=True, text=True)
-    assert result.returncode != 0 and "blocked for this test" in result.stderr
+    assert result.returncode != 0 and "import of torch halted" in result.stderr

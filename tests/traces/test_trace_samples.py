@@ -7,7 +7,8 @@ import pytest
 
 from kvplan import traces
 from kvplan.traces.io import render_layout
-from kvplan.traces.samples.generate import HERE, SAMPLES, generate
+from kvplan.traces.sample_generator import SAMPLES, generate
+from kvplan.traces.samples import SAMPLES_DIR as HERE
 from kvplan.traces.synth import synthesize_file
 
 

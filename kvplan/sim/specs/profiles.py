@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvplan.errors import UserError
+from kvplan.shipped import shipped_dir
 
-PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
+PROFILES_DIR = shipped_dir("sim/profiles")  # the repository's sim/profiles/, installed as data files
 PROFILED_DEVICES = ("cpu-local",)
 
 

@@ -105,7 +105,7 @@ def build_in_child(name: str, module: str, folder: Path, lock_fd: int, timeout_s
     """Run `python -m module --build` (which calls torch's loader) in a child holding our lock, with a message,
     progress and a time bound; raises BuildError when it fails or runs out of time."""
     say(f"building {what} (once per machine, ~1-2 min) in {folder}")
-    root = str(Path(__file__).resolve().parents[2])  # the `engine` package's parent, for the child's imports
+    root = str(Path(__file__).resolve().parents[3])  # the `kvplan` package's parent, for the child's imports
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     start = last = time.monotonic()
     child = subprocess.Popen([sys.executable, "-m", module, "--build-only"], env=env, pass_fds=(lock_fd,),

@@ -21,8 +21,9 @@ import torch
 
 from kvplan.engine.backends.torch_backend import TorchAttentionBackend
 from kvplan.engine.forward_context import AttentionMetadata, LayerKV
+from kvplan.shipped import shipped_dir
 
-SOURCE = Path(__file__).with_name("cpu_decode.cpp")
+SOURCE = shipped_dir("engine/csrc") / "cpu_decode.cpp"  # the repository's engine/csrc/, installed as data
 
 
 def _build_tag() -> str:

@@ -35,9 +35,9 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     _spec("mistral-7b", 32, 4096, 32, 8, 14336, 32000, context_len=32768),
     _spec("opt-13b", 40, 5120, 40, 40, 20480, 50272, gated_mlp=False, tied_embeddings=True, context_len=2048),
     _spec("smollm2-135m", 30, 576, 9, 3, 1536, 49152, tied_embeddings=True, context_len=8192),
-    # the engine's random benchmark model (engine/models.py)
+    # the engine's random benchmark model (kvplan/engine/models.py)
     _spec("llama-100m", 12, 768, 12, 4, 2048, 32000, tied_embeddings=True, context_len=2048),
-    # the engine's tiny random models (engine/models.py), so that `serve tiny-llama` + `replay --endpoint
+    # the engine's tiny random models (kvplan/engine/models.py), so that `serve tiny-llama` + `replay --endpoint
     # --model tiny-llama` and `simulate --model tiny-llama` find the model where `serve` does
     _spec("tiny-llama", 2, 64, 4, 2, 128, 512, context_len=512),
     _spec("tiny-qwen2", 2, 64, 4, 2, 128, 512, context_len=512),
@@ -92,7 +92,7 @@ _KV_CACHE_DTYPES = {"auto": None, "fp8": "float8", "fp8_e4m3": "float8"}
 
 def sim_kv_dtype(kv_cache_dtype: str) -> str | None:
     return _KV_CACHE_DTYPES.get(kv_cache_dtype, kv_cache_dtype)
-# kvplan's engine keeps one float32 scale per token per KV head beside a quantized row (kernels/quant.py); vLLM's
+# kvplan's engine keeps one float32 scale per token per KV head beside a quantized row (kvplan/kernels/quant.py); vLLM's
 # GPU fp8 cache uses per-tensor scales, so the analytic (GPU) model counts the 1-byte values alone
 ENGINE_SCALE_BYTES = 4
 QUANTIZED_KV = ("float8", "int8")
