@@ -16,6 +16,7 @@ from kvplan.engine.core.settings import (  # noqa: F401 (the names the core's us
     PREEMPTION_MODES,
     QUEUE_POLICIES,
     SCHEDULES,
+    SETTING,
     Field,
     check_settings,
     config_fields,
@@ -39,6 +40,23 @@ class CacheConfig:
     recent window of each request (StreamingLLM); `window_tokens=0` means full attention. A model mixing
     sliding-window and full-attention layers gets a `HybridCacheConfig`, which adds its KV cache groups.
     """
+
+    block_size: int = SETTING
+    num_blocks: int = SETTING
+    num_cpu_blocks: int = SETTING
+    enable_prefix_caching: bool = SETTING
+    eviction_policy: str = SETTING
+    kv_offloading_blocks: int = SETTING
+    kv_offloading_eviction: str = SETTING
+    kv_disk_blocks: int = SETTING
+    kv_shared_blocks: int = SETTING
+    kv_shared_eviction: str = SETTING
+    kv_offloading_write_through: bool = SETTING
+    allocator: str = SETTING
+    max_model_len: int = SETTING
+    sink_tokens: int = SETTING
+    window_tokens: int = SETTING
+    watermark: float = SETTING
 
     def __post_init__(self) -> None:
         check_settings(self, "cache", "cache")
@@ -194,6 +212,16 @@ class SchedulerConfig:
     only when its whole prompt fits in the free blocks (vLLM's default since its PR #37307); off, a first chunk
     that fits is enough (vLLM <= 0.10).
     """
+
+    max_num_batched_tokens: int = SETTING
+    max_num_seqs: int = SETTING
+    long_prefill_token_threshold: int = SETTING
+    enable_chunked_prefill: bool = SETTING
+    policy: str = SETTING
+    preemption_mode: str = SETTING
+    victim_policy: str = SETTING
+    schedule: str = SETTING
+    scheduler_reserve_full_isl: bool = SETTING
 
     def __post_init__(self) -> None:
         check_settings(self, "scheduler", "scheduler")
