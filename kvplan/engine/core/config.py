@@ -85,15 +85,21 @@ class CacheConfig:
                 "smaller cache.max_model_len")
 
     @property
+    def hybrid_layout(self) -> KVLayout | None:
+        """The KV cache groups when they mix sliding-window and full attention (vLLM's hybrid allocator), else None."""
+        layout: KVLayout | None = getattr(self, "kv_layout", None)  # only a HybridCacheConfig has one
+        return layout if layout is not None and layout.hybrid else None
+
+    @property
     def hybrid(self) -> bool:
-        layout = getattr(self, "kv_layout", None)  # only a HybridCacheConfig has one
-        return layout is not None and layout.hybrid
+        return self.hybrid_layout is not None
 
     def blocks_per_request(self, num_tokens: int) -> int:
         """Blocks one request of `num_tokens` tokens holds once its window has slid (decode steady state); for a
         hybrid layout, summed over its groups."""
-        if self.hybrid:
-            return sum(group_blocks(num_tokens, g.kept_tokens, self.block_size) for g in self.kv_layout.groups)
+        layout = self.hybrid_layout
+        if layout is not None:
+            return sum(group_blocks(num_tokens, g.kept_tokens, self.block_size) for g in layout.groups)
         blocks = -(-num_tokens // self.block_size)
         if self.window_tokens:
             sink = -(-self.sink_tokens // self.block_size)
@@ -115,8 +121,9 @@ class CacheConfig:
         * s >= s0, clipped (e = n): largest at the first such s (fewer blocks released).
         """
         bs, n = self.block_size, num_positions
-        if self.hybrid:
-            return hybrid_peak_blocks(self.kv_layout, n, chunk, bs)
+        layout = self.hybrid_layout
+        if layout is not None:
+            return hybrid_peak_blocks(layout, n, chunk, bs)
         if not self.window_tokens or n <= 0:
             return -(-max(n, 0) // bs)
         sink = -(-self.sink_tokens // bs)

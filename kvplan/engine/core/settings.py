@@ -24,12 +24,15 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvplan.engine.core.eviction import EVICTION_POLICIES
 from kvplan.engine.core.victims import VICTIM_POLICIES
 from kvplan.errors import ConfigError, listed, short_repr
 from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 SIDES = ("core", "engine", "sim")
 ALL = frozenset(SIDES)
@@ -126,12 +129,11 @@ class Field:
 
     def _number(self, value: object) -> tuple[object, str | None]:
         # bool is an int in Python; `block_size: true` is a mistake, not 1.
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        if ok and self.kind == "int":
-            ok = float(value).is_integer()
-        ok = ok and (self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
-        ok = ok and (self.maximum is None or value <= self.maximum)
-        if not ok:
+        if (not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value)
+                or (self.kind == "int" and not float(value).is_integer())
+                or (self.minimum is not None and value < self.minimum)
+                or (self.above is not None and value <= self.above)
+                or (self.maximum is not None and value > self.maximum)):
             return value, f"must be {self.allowed()}, got {short_repr(value)}"
         return (int(value) if self.kind == "int" else float(value)), None
 
@@ -210,8 +212,9 @@ class Setting(Field):
                      self.nullable or bool(self.unset), self.help, self.values, self.why, derived=bool(self.unset))
 
 
-def _s(name: str, kind: str, default: object, help: str, **kw: object) -> Setting:
-    return Setting(kind, default, name=name, help=help, flag=kw.pop("flag", "--" + name.replace("_", "-")), **kw)
+def _s(name: str, kind: str, default: object, help: str, flag: str = "", **kw: Any) -> Setting:
+    """A `Setting`; `kw` are its other fields by name, `flag` defaults to the name's spelling (`--block-size`)."""
+    return Setting(kind, default, name=name, help=help, flag=flag or "--" + name.replace("_", "-"), **kw)
 
 
 CORE_SIM, ENGINE, ENGINE_SIM = frozenset({"core", "sim"}), frozenset({"engine"}), frozenset({"engine", "sim"})
@@ -353,6 +356,7 @@ class _SettingField:
 # replace it by the setting's default before @dataclass reads it. Typed Any so that it stands for any field's type.
 SETTING: Any = _SettingField()
 T = TypeVar("T")
+D = TypeVar("D", bound="DataclassInstance")
 
 
 def _declare(cls: type, settings: list[tuple[str, str, object]], what: str) -> None:
@@ -422,7 +426,7 @@ def options_class(name: str, side: str, extra: tuple = (), doc: str = "", namesp
     return cls
 
 
-def core_config(cls: type[T], source: object, **derived: object) -> T:
+def core_config(cls: type[D], source: object, **derived: object) -> D:
     """A core config (`CacheConfig`, `SchedulerConfig`) from any object holding its settings (`EngineOptions`,
     `SimSpec`), by name - never by position; `derived` are the values the side worked out itself (num_blocks from
     memory, max_model_len from the model). A setting the side does not hold keeps the core's default."""
