@@ -172,7 +172,7 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
     kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)
     kv_bytes = DTYPE_BYTES[kv_dtype] if kv_dtype is not None else None
     layout = model_layout(spec.model)
-    capacity_bytes = kv_bytes
+    capacity_bytes: float | None = kv_bytes
     if layout is not None:
         # vLLM's hybrid rule: a block id holds one page of `group_size` layers (one layer of every group), so the
         # same memory is divided by group_size layers' bytes per token instead of all the model's layers'
@@ -354,8 +354,8 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens
     if worth_parallel(spec.router, spec.replicas, processes, spec.record_tokens, len(trace),
                       bool(cache.kv_shared_blocks)):
-        cluster = run_parallel(trace, spec.replicas, cache, config, cost, interval, fast_path, processes,
-                               spec.kv_offloading_layerwise)
+        cluster: Cluster | MergedCluster = run_parallel(trace, spec.replicas, cache, config, cost, interval,
+                                                        fast_path, processes, spec.kv_offloading_layerwise)
     else:
         cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,
                           fast_path=fast_path, record_tokens=spec.record_tokens,
@@ -384,8 +384,8 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
     if groups is not None:
         info["kv_groups"] = groups
     tokens = None
-    if replicas[0].token_times is not None:
-        tokens = {key: times for r in replicas for key, times in r.token_times.items()}
+    if replicas[0].token_times is not None:  # (then every replica's)
+        tokens = {key: times for r in replicas if r.token_times is not None for key, times in r.token_times.items()}
     return ServingResult(summarize(table, cluster.itl(), kv, goodput), table, series, info, tokens,
                      rejected_rows(cluster.trace, rejected))
 
