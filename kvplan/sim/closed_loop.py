@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
+from simpy.events import EventPriority
 
 from kvplan.engine.core import make_request
 from kvplan.errors import UserError
@@ -35,7 +36,7 @@ from kvplan.traces.steady import Population, SessionDraws
 if TYPE_CHECKING:
     from kvplan.sim.cluster import Cluster
 
-LATE = 2  # event priority after SimPy's URGENT (0) and NORMAL (1)
+LATE = EventPriority(2)  # event priority after SimPy's URGENT (0) and NORMAL (1)
 MAX_UNSERVABLE_DRAWS = 10_000  # consecutive failed requests (0 tokens) drawn before giving up
 
 
@@ -67,7 +68,7 @@ class ClosedLoop:
         self.sent_at: list[float] = []
         self.user_of_row: list[int] = []
         self.samples_left: list[int] = []
-        self.cluster: Cluster | None = None
+        self.cluster: Cluster  # set by `start`, before any send
 
     def start(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -113,10 +114,12 @@ class ClosedLoop:
         self.user_of_row.append(user)
         self.samples_left.append(int(trace.n[source]))
         hashes = None
-        if trace.has_prefix:
-            lo, hi = trace.hash_offsets[source], trace.hash_offsets[source + 1]
-            ids = trace.hash_ids[lo:hi]
-            hashes = np.where(pop.private[lo:hi], ids + (copy + 1) * pop.stride, ids).tolist() or None
+        # all three or none: a trace with prefix identity (Trace.has_prefix) and its population's private ids
+        trace_hashes, offsets, private = trace.hash_ids, trace.hash_offsets, pop.private
+        if trace_hashes is not None and offsets is not None and private is not None:
+            lo, hi = offsets[source], offsets[source + 1]
+            ids = trace_hashes[lo:hi]
+            hashes = np.where(private[lo:hi], ids + (copy + 1) * pop.stride, ids).tolist() or None
         request = make_request(str(row), max_tokens=int(trace.output_tokens[source]),
                                prompt_len=int(trace.prompt_tokens[source]), prefix_hashes=hashes,
                                hash_granularity=trace.hash_granularity if hashes else 0, arrival_s=at,

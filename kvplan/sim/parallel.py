@@ -27,6 +27,7 @@ from multiprocessing import get_all_start_methods, get_context
 import numpy as np
 
 from kvplan.engine.core import CacheConfig, SchedulerConfig
+from kvplan.engine.core.kv_layout import KVLayout
 from kvplan.sim.cluster import UNSERVABLE, Cluster
 from kvplan.sim.cost import CostModel
 from kvplan.sim.metrics import ItlLog, RequestLog
@@ -52,7 +53,7 @@ class ReplicaPart:
     num_steps: int
     num_fast_steps: int
     token_times: None = None  # recording token times is step by step, in one process
-    kv_layout: object = None  # a hybrid model's KV cache groups (`Replica.kv_layout`), and its per-kind usage
+    kv_layout: KVLayout | None = None  # a hybrid model's KV cache groups (`Replica.kv_layout`), and its per-kind usage
     kind_block_seconds: list[float] | None = None
     kind_peak_blocks: list[int] | None = None
 
@@ -80,11 +81,13 @@ class MergedCluster:
     def series_rows(self) -> list[tuple]:
         return [row for r in self.replicas for row in r.series]
 
+    # The same sums over replicas. (Cluster's methods read only `replicas` and `unservable`, which a MergedCluster
+    # has too; their `self` is typed Cluster until kvplan.sim.cluster types it by those two attributes.)
     def counters(self) -> dict[str, int]:
-        return Cluster.counters(self)  # the same sums over replicas
+        return Cluster.counters(self)  # type: ignore[arg-type]
 
     def rejected(self) -> list[tuple[int, str]]:
-        return Cluster.rejected(self)
+        return Cluster.rejected(self)  # type: ignore[arg-type]
 
 
 def shares(trace: Trace, num_replicas: int) -> tuple[list[np.ndarray], list[tuple[int, str]]]:

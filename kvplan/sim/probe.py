@@ -107,8 +107,8 @@ def run_probe(pop: Population, spec: SimSpec, probe: Probe, seed: int) -> Servin
     """Simulate one probe, lengthening it while its window is too short (see the module docstring)."""
     if probe.mode not in MODES:
         raise UserError(f"unknown probe mode {probe.mode!r}; allowed: {', '.join(MODES)}")
-    duration = probe.first_duration(pop)
-    for extension in range(MAX_EXTENSIONS + 1):
+    duration, extension = probe.first_duration(pop), 0
+    while True:
         result = _run(pop, spec, probe, seed, duration)
         info = result.info["probe"]
         info["extensions"] = extension
@@ -116,10 +116,10 @@ def run_probe(pop: Population, spec: SimSpec, probe: Probe, seed: int) -> Servin
         w0, w1 = info["window_s"]
         short = measured < probe.min_requests or (p99 is not None and math.isfinite(p99)
                                                   and (w1 - w0) < E2E_MULTIPLE * p99 / 1e3)
-        if info["verdict"] == "overloaded" or not short:
-            break
+        if info["verdict"] == "overloaded" or not short or extension == MAX_EXTENSIONS:
+            return result
         duration *= 2
-    return result
+        extension += 1
 
 
 def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: float) -> ServingResult:
@@ -164,7 +164,7 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
     sent = len(trace) if cluster.closed_loop is not None else cluster.next_row
     arrival = trace.arrival_s[:sent]
     table = cluster.log.to_frame(trace.request_id)
-    table.insert(table.columns.get_loc("arrival_s"), "phase", _phase(table["arrival_s"].to_numpy(), w0, w1))
+    table.insert(list(table.columns).index("arrival_s"), "phase", _phase(table["arrival_s"].to_numpy(), w0, w1))
     finished = np.zeros(sent, dtype=bool)
     if len(table):
         samples = table.groupby("request").size()
@@ -218,7 +218,7 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
                   "duration_s": duration, **signals.as_dict(), "verdict": verdict, "reasons": reasons}
     rejected_list = cluster.rejected()
     never_served = rejected_rows(trace, rejected_list)
-    never_served.insert(never_served.columns.get_loc("arrival_s"), "phase",
+    never_served.insert(list(never_served.columns).index("arrival_s"), "phase",
                         _phase(never_served["arrival_s"].to_numpy(), w0, w1))
     info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
             "steps": sum(r.sched.stats.num_steps for r in replicas),

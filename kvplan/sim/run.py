@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,7 @@ from kvplan.engine.core import CacheConfig, ConfigError, Scheduler, SchedulerCon
 from kvplan.engine.core.config import HybridCacheConfig
 from kvplan.engine.core.kv_layout import KVLayout
 from kvplan.engine.core.prefix_tiers import offloading_blocks
-from kvplan.engine.core.settings import core_config, options_class
+from kvplan.engine.core.settings import SETTING, check_side, core_config, side_fields
 from kvplan.errors import UserError
 from kvplan.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
 from kvplan.serving_result import ServingResult
@@ -38,21 +39,60 @@ from kvplan.traces.schema import short_repr
 COST_MODELS = ("analytic", "calibrated", "recorded")
 
 
-# What a simulation is besides the serving settings: the model, the device, the cost model, the deployment and
-# the output; the settings themselves are every `sim` setting of engine.core.settings, with their side defaults.
-SimSpec = options_class("SimSpec", "sim", extra=(
-    ("model", "str", field(default="llama-3-8b")),
-    ("hardware", "str", field(default="h100-sxm")),
-    ("cost", "str", field(default="analytic")),
-    ("profile", "str | None", field(default=None)),  # calibrated: the profile YAML; recorded: a replay's steps.jsonl
-    ("replicas", "int", field(default=1)),
-    ("router", "str", field(default="round_robin")),
-    ("sample_interval_s", "float | None", field(default=None)),  # default: see `sample_interval`
-    ("fast_path", "bool", field(default=True)),
-    ("record_tokens", "bool", field(default=False)),  # keep every token time (ServingResult.token_times); step by step
-    ("cost_options", "dict", field(default_factory=dict)),  # AnalyticCost efficiency / overhead overrides
-), doc="One simulation: the model, device, cost model and deployment, and every serving setting the simulator "
-       "reads (engine.core.settings).")
+@dataclass(slots=True)
+@side_fields("sim")
+class SimSpec:
+    """One simulation: the model, device, cost model and deployment, and every serving setting the simulator
+    reads (engine.core.settings)."""
+
+    # What a simulation is besides the serving settings: the model, the device, the cost model, the deployment and
+    # the output.
+    model: str = "llama-3-8b"
+    hardware: str = "h100-sxm"
+    cost: str = "analytic"
+    profile: str | None = None  # calibrated: the profile YAML; recorded: a replay's steps.jsonl
+    replicas: int = 1
+    router: str = "round_robin"
+    sample_interval_s: float | None = None  # default: see `sample_interval`
+    fast_path: bool = True
+    record_tokens: bool = False  # keep every token time (ServingResult.token_times); step by step
+    cost_options: dict[str, Any] = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
+    # Every `sim` setting of engine.core.settings, with its side default (checked there on import).
+    block_size: int = SETTING
+    num_blocks: int | None = SETTING
+    num_cpu_blocks: int = SETTING
+    enable_prefix_caching: bool = SETTING
+    eviction_policy: str = SETTING
+    kv_offloading_blocks: int = SETTING
+    kv_offloading_size: float | None = SETTING
+    kv_offloading_eviction: str = SETTING
+    kv_disk_blocks: int = SETTING
+    kv_shared_blocks: int = SETTING
+    kv_shared_eviction: str = SETTING
+    kv_offloading_write_through: bool = SETTING
+    kv_offloading_layerwise: bool = SETTING
+    allocator: str = SETTING
+    max_model_len: int | None = SETTING
+    sink_tokens: int = SETTING
+    window_tokens: int = SETTING
+    watermark: float = SETTING
+    max_num_batched_tokens: int = SETTING
+    max_num_seqs: int = SETTING
+    long_prefill_token_threshold: int = SETTING
+    enable_chunked_prefill: bool = SETTING
+    policy: str = SETTING
+    preemption_mode: str = SETTING
+    victim_policy: str = SETTING
+    schedule: str = SETTING
+    scheduler_reserve_full_isl: bool = SETTING
+    kv_cache_dtype: str = SETTING
+    gpu_memory_utilization: float = SETTING
+    tensor_parallel_size: int = SETTING
+    pipeline_parallel_size: int = SETTING
+    enable_expert_parallel: bool = SETTING
+
+    def __post_init__(self) -> None:
+        check_side(self, "sim")
 
 
 def check_trace(trace: Trace, name: str = "trace") -> None:
@@ -132,7 +172,7 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
     kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)
     kv_bytes = DTYPE_BYTES[kv_dtype] if kv_dtype is not None else None
     layout = model_layout(spec.model)
-    capacity_bytes = kv_bytes
+    capacity_bytes: float | None = kv_bytes
     if layout is not None:
         # vLLM's hybrid rule: a block id holds one page of `group_size` layers (one layer of every group), so the
         # same memory is divided by group_size layers' bytes per token instead of all the model's layers'
@@ -314,8 +354,8 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens
     if worth_parallel(spec.router, spec.replicas, processes, spec.record_tokens, len(trace),
                       bool(cache.kv_shared_blocks)):
-        cluster = run_parallel(trace, spec.replicas, cache, config, cost, interval, fast_path, processes,
-                               spec.kv_offloading_layerwise)
+        cluster: Cluster | MergedCluster = run_parallel(trace, spec.replicas, cache, config, cost, interval,
+                                                        fast_path, processes, spec.kv_offloading_layerwise)
     else:
         cluster = Cluster(trace, spec.replicas, router, cache, config, cost, sample_interval_s=interval,
                           fast_path=fast_path, record_tokens=spec.record_tokens,
@@ -344,8 +384,8 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
     if groups is not None:
         info["kv_groups"] = groups
     tokens = None
-    if replicas[0].token_times is not None:
-        tokens = {key: times for r in replicas for key, times in r.token_times.items()}
+    if replicas[0].token_times is not None:  # (then every replica's)
+        tokens = {key: times for r in replicas if r.token_times is not None for key, times in r.token_times.items()}
     return ServingResult(summarize(table, cluster.itl(), kv, goodput), table, series, info, tokens,
                      rejected_rows(cluster.trace, rejected))
 

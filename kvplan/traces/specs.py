@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TypeGuard
 
 import yaml
 
@@ -125,7 +126,7 @@ def numeric_hint(value: object) -> str:
     return ""
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """A real, finite number: not a bool, not NaN or infinity, not an integer beyond the float range."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False

@@ -49,6 +49,28 @@ def test_the_core_configs_are_exactly_the_core_settings():
         assert all(getattr(made, n) == CHANGED[n] for n in declared)
 
 
+def test_a_settings_class_declares_exactly_its_settings_in_order_with_their_types():
+    from kvplan.engine.core.settings import SETTING, config_fields, side_fields
+    from kvplan.sim.run import SimSpec
+
+    wanted = [s.name for s in SETTINGS.values() if s.config == "scheduler"]
+    body = {name: SETTING for name in wanted}
+    right = {name: f.type for name, f in zip(wanted, fields(SchedulerConfig), strict=True)}
+    wrong = {"missing": {k: v for k, v in right.items() if k != "policy"},
+             "reordered": dict(reversed(right.items())),
+             "mistyped": {**right, "max_num_seqs": "float"}}
+    for why, declared in wrong.items():
+        with pytest.raises(TypeError, match="must declare the scheduler settings"):
+            config_fields("scheduler")(type(why, (), {**body, "__annotations__": declared}))
+    made = config_fields("scheduler")(type("Right", (), {**body, "__annotations__": right}))
+    assert all(getattr(made, n) == SETTINGS[n].default for n in wanted)
+    # the simulator's side: None where the setting's `unset` gives it a meaning, and the side's default
+    assert {f.name: f.type for f in fields(SimSpec)}["num_blocks"] == "int | None"
+    assert SimSpec().num_blocks is None and SimSpec().block_size == SETTINGS["block_size"].default
+    with pytest.raises(TypeError, match="must declare the sim settings"):
+        side_fields("sim")(type("Bare", (), {"__annotations__": {"block_size": "int"}, "block_size": SETTING}))
+
+
 class Reads:
     """An options object that records which settings were read."""
 

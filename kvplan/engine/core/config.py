@@ -16,6 +16,7 @@ from kvplan.engine.core.settings import (  # noqa: F401 (the names the core's us
     PREEMPTION_MODES,
     QUEUE_POLICIES,
     SCHEDULES,
+    SETTING,
     Field,
     check_settings,
     config_fields,
@@ -39,6 +40,23 @@ class CacheConfig:
     recent window of each request (StreamingLLM); `window_tokens=0` means full attention. A model mixing
     sliding-window and full-attention layers gets a `HybridCacheConfig`, which adds its KV cache groups.
     """
+
+    block_size: int = SETTING
+    num_blocks: int = SETTING
+    num_cpu_blocks: int = SETTING
+    enable_prefix_caching: bool = SETTING
+    eviction_policy: str = SETTING
+    kv_offloading_blocks: int = SETTING
+    kv_offloading_eviction: str = SETTING
+    kv_disk_blocks: int = SETTING
+    kv_shared_blocks: int = SETTING
+    kv_shared_eviction: str = SETTING
+    kv_offloading_write_through: bool = SETTING
+    allocator: str = SETTING
+    max_model_len: int = SETTING
+    sink_tokens: int = SETTING
+    window_tokens: int = SETTING
+    watermark: float = SETTING
 
     def __post_init__(self) -> None:
         check_settings(self, "cache", "cache")
@@ -67,15 +85,21 @@ class CacheConfig:
                 "smaller cache.max_model_len")
 
     @property
+    def hybrid_layout(self) -> KVLayout | None:
+        """The KV cache groups when they mix sliding-window and full attention (vLLM's hybrid allocator), else None."""
+        layout: KVLayout | None = getattr(self, "kv_layout", None)  # only a HybridCacheConfig has one
+        return layout if layout is not None and layout.hybrid else None
+
+    @property
     def hybrid(self) -> bool:
-        layout = getattr(self, "kv_layout", None)  # only a HybridCacheConfig has one
-        return layout is not None and layout.hybrid
+        return self.hybrid_layout is not None
 
     def blocks_per_request(self, num_tokens: int) -> int:
         """Blocks one request of `num_tokens` tokens holds once its window has slid (decode steady state); for a
         hybrid layout, summed over its groups."""
-        if self.hybrid:
-            return sum(group_blocks(num_tokens, g.kept_tokens, self.block_size) for g in self.kv_layout.groups)
+        layout = self.hybrid_layout
+        if layout is not None:
+            return sum(group_blocks(num_tokens, g.kept_tokens, self.block_size) for g in layout.groups)
         blocks = -(-num_tokens // self.block_size)
         if self.window_tokens:
             sink = -(-self.sink_tokens // self.block_size)
@@ -97,8 +121,9 @@ class CacheConfig:
         * s >= s0, clipped (e = n): largest at the first such s (fewer blocks released).
         """
         bs, n = self.block_size, num_positions
-        if self.hybrid:
-            return hybrid_peak_blocks(self.kv_layout, n, chunk, bs)
+        layout = self.hybrid_layout
+        if layout is not None:
+            return hybrid_peak_blocks(layout, n, chunk, bs)
         if not self.window_tokens or n <= 0:
             return -(-max(n, 0) // bs)
         sink = -(-self.sink_tokens // bs)
@@ -194,6 +219,16 @@ class SchedulerConfig:
     only when its whole prompt fits in the free blocks (vLLM's default since its PR #37307); off, a first chunk
     that fits is enough (vLLM <= 0.10).
     """
+
+    max_num_batched_tokens: int = SETTING
+    max_num_seqs: int = SETTING
+    long_prefill_token_threshold: int = SETTING
+    enable_chunked_prefill: bool = SETTING
+    policy: str = SETTING
+    preemption_mode: str = SETTING
+    victim_policy: str = SETTING
+    schedule: str = SETTING
+    scheduler_reserve_full_isl: bool = SETTING
 
     def __post_init__(self) -> None:
         check_settings(self, "scheduler", "scheduler")

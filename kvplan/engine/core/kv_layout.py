@@ -72,16 +72,19 @@ class KVLayout:
             if kind not in LAYER_KINDS:
                 raise ConfigError(f"model.layer_types[{i}]: {kind!r}; allowed: {', '.join(LAYER_KINDS)}")
             buckets[kind] = buckets.get(kind, 0) + 1  # dicts keep first-appearance order, as vLLM's buckets
-        if SLIDING in buckets and (not isinstance(sliding_window, int) or sliding_window < 2):
-            raise ConfigError(f"model.sliding_window: {sliding_window!r} with sliding_attention layers; allowed: an "
-                              "integer >= 2 (tokens each sliding layer attends to, itself included)")
+        sliding = 0
+        if SLIDING in buckets:
+            if not isinstance(sliding_window, int) or sliding_window < 2:
+                raise ConfigError(f"model.sliding_window: {sliding_window!r} with sliding_attention layers; allowed: "
+                                  "an integer >= 2 (tokens each sliding layer attends to, itself included)")
+            sliding = sliding_window
         smallest, largest = min(buckets.values()), max(buckets.values())
         # vLLM's heuristic: the "1" of an n:1 pattern, unless the kinds are nearly balanced (then pad the smaller)
         size = largest if largest < smallest * 1.5 else smallest
         groups: list[KVGroup] = []
         for kind, n in buckets.items():
             k = cdiv(n, size)
-            window = sliding_window if kind == SLIDING else 0
+            window = sliding if kind == SLIDING else 0
             # group i takes layers i, i + k, ...: len(range(i, n, k)) of them
             groups.extend(KVGroup(kind, len(range(i, n, k)), window) for i in range(k))
         return cls(tuple(groups), size)
@@ -106,7 +109,7 @@ class KVLayout:
         return uniform_blocks * self.num_layers // self.group_size
 
     def describe(self) -> str:
-        kinds = {}
+        kinds: dict[str, list[int]] = {}
         for g in self.groups:
             kinds.setdefault(g.kind, []).append(g.num_layers)
         parts = [f"{len(v)} {k.split('_')[0]} group{'s' if len(v) > 1 else ''}" for k, v in kinds.items()]

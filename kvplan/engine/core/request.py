@@ -122,7 +122,9 @@ class Request:
         self.block_keys = None
         if other.block_keys is not None:
             keep = other.num_computed_tokens // other.block_keys.block_size
-            self.block_keys = other.block_keys.fork(self.token_ids, self.request_id, keep)
+            # Token keys are only ever attached to a request with token ids (attach_block_keys), so for them
+            # token_ids is a list; no check on this path (beam search calls it every step).
+            self.block_keys = other.block_keys.fork(self.token_ids, self.request_id, keep)  # type: ignore[arg-type]
 
 
 # A parallel-sampling child is its parent's id, "#" and its sample index (vLLM names them the same way): the one

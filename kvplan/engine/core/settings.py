@@ -4,12 +4,16 @@ A `Setting` is a name (vLLM's spelling where vLLM has the knob), a kind, a defau
 and the sides that use it: `core` (the scheduler and the KV manager: a field of `CacheConfig` or
 `SchedulerConfig`), `engine` (the live engine: `EngineOptions`, `LLM(**settings)`, the engine commands' flags)
 and `sim` (the simulator: `SimSpec`, `kvplan simulate`'s flags, an experiment's `engine:` section). Everything
-else is derived from `SETTINGS`: the config dataclasses' fields, `EngineOptions`, `SimSpec`, the YAML schema and
-every command's flags. A bad value gets the same message on every side, after a prefix naming where it was
-written (`cache.block_size:`, `engine.block_size:`, `argument --block-size:`).
+else is derived from `SETTINGS`: the defaults and checks of the config dataclasses' and `SimSpec`'s fields,
+`EngineOptions`, the YAML schema and every command's flags. A bad value gets the same message on every side, after
+a prefix naming where it was written (`cache.block_size:`, `engine.block_size:`, `argument --block-size:`).
 
-Adding a knob is one `Setting` here plus its use in the core; `tests/core/test_settings.py` fails when a side
-that claims a setting never reads it.
+The config dataclasses and `SimSpec` declare each of their settings as a typed field, `block_size: int = SETTING`,
+so that a type checker sees them; `config_fields` / `side_fields` fill in the default from here and refuse, on
+import, a class whose fields are not exactly its settings, in their order, with their types.
+
+Adding a knob is one `Setting` here, its field in the classes of the sides that use it, and its use in the core;
+`tests/core/test_settings.py` fails when a side that claims a setting never reads it.
 """
 
 from __future__ import annotations
@@ -18,12 +22,17 @@ import inspect
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, make_dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvplan.engine.core.eviction import EVICTION_POLICIES
 from kvplan.engine.core.victims import VICTIM_POLICIES
 from kvplan.errors import ConfigError, listed, short_repr
 from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 SIDES = ("core", "engine", "sim")
 ALL = frozenset(SIDES)
@@ -120,12 +129,11 @@ class Field:
 
     def _number(self, value: object) -> tuple[object, str | None]:
         # bool is an int in Python; `block_size: true` is a mistake, not 1.
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        if ok and self.kind == "int":
-            ok = float(value).is_integer()
-        ok = ok and (self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
-        ok = ok and (self.maximum is None or value <= self.maximum)
-        if not ok:
+        if (not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value)
+                or (self.kind == "int" and not float(value).is_integer())
+                or (self.minimum is not None and value < self.minimum)
+                or (self.above is not None and value <= self.above)
+                or (self.maximum is not None and value > self.maximum)):
             return value, f"must be {self.allowed()}, got {short_repr(value)}"
         return (int(value) if self.kind == "int" else float(value)), None
 
@@ -204,8 +212,9 @@ class Setting(Field):
                      self.nullable or bool(self.unset), self.help, self.values, self.why, derived=bool(self.unset))
 
 
-def _s(name: str, kind: str, default: object, help: str, **kw: object) -> Setting:
-    return Setting(kind, default, name=name, help=help, flag=kw.pop("flag", "--" + name.replace("_", "-")), **kw)
+def _s(name: str, kind: str, default: object, help: str, flag: str = "", **kw: Any) -> Setting:
+    """A `Setting`; `kw` are its other fields by name, `flag` defaults to the name's spelling (`--block-size`)."""
+    return Setting(kind, default, name=name, help=help, flag=flag or "--" + name.replace("_", "-"), **kw)
 
 
 CORE_SIM, ENGINE, ENGINE_SIM = frozenset({"core", "sim"}), frozenset({"engine"}), frozenset({"engine", "sim"})
@@ -338,17 +347,52 @@ def canonical(name: str) -> str:
     return KEY_ALIASES.get(name, name)
 
 
-def config_fields(config: str):
-    """Give a core config class one field per `config` setting of the core, in declaration order (apply before
-    @dataclass)."""
+class _SettingField:
+    def __repr__(self) -> str:
+        return "SETTING"
 
-    def add(cls: type) -> type:
-        annotations = dict(inspect.get_annotations(cls))
-        for s in SETTINGS.values():
-            if s.config == config and "core" in s.sides:
-                annotations[s.name] = s.annotation.replace(" | None", "")
-                setattr(cls, s.name, s.default)
-        cls.__annotations__ = annotations
+
+# The default of a settings field in a class body (`block_size: int = SETTING`): `config_fields` / `side_fields`
+# replace it by the setting's default before @dataclass reads it. Typed Any so that it stands for any field's type.
+SETTING: Any = _SettingField()
+T = TypeVar("T")
+D = TypeVar("D", bound="DataclassInstance")
+
+
+def _declare(cls: type, settings: list[tuple[str, str, object]], what: str) -> None:
+    """Check that `cls`'s SETTING fields are exactly `settings` ((name, annotation, default) in declaration order)
+    and give each its default."""
+    declared = [(name, annotation) for name, annotation in inspect.get_annotations(cls).items()
+                if cls.__dict__.get(name) is SETTING]
+    wanted = [(name, annotation) for name, annotation, _ in settings]
+    if declared != wanted:
+        raise TypeError(f"{cls.__name__} must declare {what} as `name: type = SETTING` fields, in this order: "
+                        f"{', '.join(f'{n}: {a}' for n, a in wanted)}; it declares "
+                        f"{', '.join(f'{n}: {a}' for n, a in declared) or 'none'}")
+    for name, _, default in settings:
+        setattr(cls, name, default)
+
+
+def config_fields(config: str) -> Callable[[type[T]], type[T]]:
+    """Check a core config class's fields against the `config` settings of the core (apply before @dataclass): each
+    is declared `name: type = SETTING`, in declaration order, and gets the setting's default."""
+
+    def add(cls: type[T]) -> type[T]:
+        _declare(cls, [(s.name, s.annotation.replace(" | None", ""), s.default)
+                       for s in SETTINGS.values() if s.config == config and "core" in s.sides],
+                 f"the {config} settings of the core")
+        return cls
+
+    return add
+
+
+def side_fields(side: str) -> Callable[[type[T]], type[T]]:
+    """Check a side's options class (`SimSpec`) against every setting `side` uses (apply before @dataclass): each
+    is declared `name: type = SETTING`, in declaration order, with the side's type (None allowed where `unset` or
+    `nullable` gives it a meaning), and gets the side's default. `check_side` checks the values."""
+
+    def add(cls: type[T]) -> type[T]:
+        _declare(cls, [(s.name, s.annotation, s.side_default) for s in for_side(side)], f"the {side} settings")
         return cls
 
     return add
@@ -361,14 +405,20 @@ def check_settings(obj: object, config: str, prefix: str) -> None:
             object.__setattr__(obj, s.name, s.check(getattr(obj, s.name), f"{prefix}.{s.name}"))
 
 
+def check_side(obj: object, side: str) -> None:
+    """Check (and canonicalise) in place every setting `side` uses, as that side takes it; a problem raises after
+    the setting's name."""
+    for s in for_side(side):
+        object.__setattr__(obj, s.name, s.side_field().check(getattr(obj, s.name), s.name))
+
+
 def options_class(name: str, side: str, extra: tuple = (), doc: str = "", namespace: dict | None = None) -> type:
     """A dataclass of every setting `side` uses (with its side default), after `extra` (name, type, field)
     fields of its own; the values are checked on construction."""
     knobs = [(s.name, s.annotation, field(default=s.side_default)) for s in for_side(side)]
 
     def __post_init__(self: object) -> None:
-        for s in for_side(side):
-            object.__setattr__(self, s.name, s.side_field().check(getattr(self, s.name), s.name))
+        check_side(self, side)
 
     cls = make_dataclass(name, [*extra, *knobs], slots=True, namespace={"__post_init__": __post_init__,
                                                                    **(namespace or {})})
@@ -376,7 +426,7 @@ def options_class(name: str, side: str, extra: tuple = (), doc: str = "", namesp
     return cls
 
 
-def core_config(cls: type, source: object, **derived: object) -> object:
+def core_config(cls: type[D], source: object, **derived: object) -> D:
     """A core config (`CacheConfig`, `SchedulerConfig`) from any object holding its settings (`EngineOptions`,
     `SimSpec`), by name - never by position; `derived` are the values the side worked out itself (num_blocks from
     memory, max_model_len from the model). A setting the side does not hold keeps the core's default."""

@@ -134,7 +134,8 @@ class AnalyticCost:
         for key in ("step_overhead_s", "request_overhead_s"):
             if getattr(self, key) < 0:
                 raise UserError(f"cost.{key}: must be >= 0, got {getattr(self, key)!r}")
-        if not (isinstance(self.gemm_tile_rows, int) and self.gemm_tile_rows >= 1):
+        tile: object = self.gemm_tile_rows  # cost options come from a file: whatever was written there
+        if not (isinstance(tile, int) and tile >= 1):
             raise UserError(f"cost.gemm_tile_rows: must be an integer >= 1, got {self.gemm_tile_rows!r}")
         m, tp, pp = self.model, self.shape.tp, self.shape.pp
         self._flop_rate = self.hardware.peak_flops * self.compute_efficiency
@@ -163,7 +164,8 @@ class AnalyticCost:
     def sliding_window(self) -> int:
         """The window of the model's sliding layers, 0 when every layer attends to the whole context: the replica
         asks for the window features with it."""
-        return int(self.model.sliding_window) if self._sliding_share else 0
+        window = self.model.sliding_window
+        return int(window) if window and self._sliding_share else 0
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -198,7 +200,9 @@ class AnalyticCost:
         head_rows = -(-f.sampled // tile) * tile
         layers = _max(self._layer_flops * gemm_rows / self._flop_rate, self._layer_read_s)
         head = _max(self._head_flops * head_rows / self._flop_rate, self._head_read_s) * (f.sampled > 0)
-        attention2, context, blocks = f.prefill_attention2, f.decode_context, f.blocks_touched
+        attention2: np.ndarray | float = f.prefill_attention2
+        context: np.ndarray | float = f.decode_context
+        blocks: np.ndarray | float = f.blocks_touched
         if self._sliding_share:  # full layers read every key, sliding layers the window's
             full, sliding = 1.0 - self._sliding_share, self._sliding_share
             attention2 = full * attention2 + sliding * f.window_attention2

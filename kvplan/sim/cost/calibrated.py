@@ -172,6 +172,6 @@ def load_profile(path: str | Path) -> CalibratedCost:
                         "the simulator keeps over 100 bytes per block: 2^24 blocks are ~2 GB per replica")
     _integer(path, doc, "block_size", MAX_BLOCK_SIZE, "the engine's largest block size")
     _check_meta(path, doc)
-    transfers = [_seconds(path, k, doc.get(k, 0.0)) for k in TRANSFERS]
+    swap_s, copy_s = (_seconds(path, k, doc.get(k, 0.0)) for k in TRANSFERS)
     meta = {k: v for k, v in doc.items() if k not in ("coefficients", "kv_capacity_blocks", *TRANSFERS)}
-    return CalibratedCost(coefficients, *transfers, capacity, meta)
+    return CalibratedCost(coefficients, swap_s, copy_s, capacity, meta)

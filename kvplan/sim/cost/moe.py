@@ -36,7 +36,7 @@ def expected_touched(experts: int, per_token: int, tokens):
 class ExpertCost:
     experts: int
     per_token: int
-    layers: int  # MoE layers on the busiest pipeline stage
+    layers: float  # MoE layers on the busiest pipeline stage (a share of them: pp need not divide the layers)
     expert_params: int
     bytes_per_param: float
     tp: int

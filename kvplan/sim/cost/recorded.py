@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class ProfiledStep:
     @property
     def duration_s(self) -> float:
         """The time a simulator must charge for this step: the replay's start-to-end when known."""
-        return self.end_s - self.start_s if self.end_s is not None else self.wall_s
+        return self.end_s - self.start_s if self.end_s is not None and self.start_s is not None else self.wall_s
 
 
 def _flag(value: object, what: str) -> bool:
@@ -60,13 +61,16 @@ def _flag(value: object, what: str) -> bool:
     return value
 
 
-def _seconds(value: object, what: str) -> float | None:
-    """A time of the step profile: a finite number >= 0 (None where the field is optional and absent)."""
-    if value is None and what != "wall_s":
-        return None
+def _seconds(value: object, what: str) -> float:
+    """A time of the step profile: a finite number >= 0."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise UserError(f"{what}: {short(value)}; allowed: a finite number of seconds >= 0")
     return float(value)
+
+
+def _optional_seconds(value: object, what: str) -> float | None:
+    """An optional time of the step profile: None where it is absent."""
+    return None if value is None else _seconds(value, what)
 
 
 def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
@@ -81,7 +85,8 @@ def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
     with path.open("rb") as f:
         for number, line in enumerate(f, 1):
             try:
-                record = loads(line)  # strict: NaN, Infinity, 1e400 and bytes that are not UTF-8 are refused
+                # any JSON value: a record of another shape raises below and is reported with its line
+                record: Any = loads(line)  # strict: NaN, Infinity, 1e400 and bytes that are not UTF-8 are refused
                 if number == 1:
                     meta = record["meta"]
                     continue
@@ -92,8 +97,8 @@ def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
                 steps.append(ProfiledStep(count["step"], count["block_size"], items,
                                           count["num_swap_out"] + count["num_swap_in"], count["num_copies"],
                                           _seconds(record["wall_s"], "wall_s"),
-                                          _seconds(record.get("start_s"), "start_s"),
-                                          _seconds(record.get("end_s"), "end_s"),
+                                          _optional_seconds(record.get("start_s"), "start_s"),
+                                          _optional_seconds(record.get("end_s"), "end_s"),
                                           _tier_moves(record)))
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 what = "a {'meta': {...}} header" if number == 1 else "a step record"

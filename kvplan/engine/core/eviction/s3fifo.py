@@ -34,7 +34,7 @@ class S3FIFOPolicy(EvictionPolicy):
         super().__init__(capacity)
         self._small: OrderedDict[int, KVBlock] = OrderedDict()
         self._main: OrderedDict[int, KVBlock] = OrderedDict()
-        self._ghost: OrderedDict[int, None] = OrderedDict()
+        self._ghost: OrderedDict[int | None, None] = OrderedDict()  # keys of evicted blocks (KVBlock.key's type)
         self._freq: dict[int, int] = {}
         self._in_main: set[int] = set()
 
