@@ -27,9 +27,10 @@ from multiprocessing import get_all_start_methods, get_context
 import numpy as np
 
 from kvplan.engine.core import CacheConfig, SchedulerConfig
+from kvplan.results.itl import ItlLog
+from kvplan.results.request_table import RequestLog
 from kvplan.sim.cluster import UNSERVABLE, Cluster
 from kvplan.sim.cost import CostModel
-from kvplan.sim.metrics import ItlLog, RequestLog
 from kvplan.sim.routers import RoundRobin
 from kvplan.traces import Trace
 
