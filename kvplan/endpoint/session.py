@@ -128,7 +128,7 @@ def served_vocab_size(url: str, model: str | None) -> int | None:
     """The `vocab_size` the server's /v1/models states for `model` (or its only model), if it states one."""
     import httpx
 
-    from kvplan.engine.core.strict_json import loads, whole
+    from kvplan.strict_json import loads, whole
 
     try:
         response = httpx.get(f"{url.rstrip('/').removesuffix('/v1')}/v1/models", timeout=10.0)

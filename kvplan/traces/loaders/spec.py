@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kvplan.limits import MAX_TOKENS
 from kvplan.traces.loaders.rows import LoadOptions, MissingHeader, Rows, finish, read_csv, read_jsonl
-from kvplan.traces.schema import MAX_ARRIVAL_S, MAX_TOKENS, LoadReport, Trace, TraceFormatError
+from kvplan.traces.schema import MAX_ARRIVAL_S, LoadReport, Trace, TraceFormatError
 
 
 @dataclass(slots=True, frozen=True)
