@@ -17,9 +17,11 @@ import pandas as pd
 from kvplan.engine.core.settings import for_side
 from kvplan.engine.options import EngineOptions
 from kvplan.errors import UserError
-from kvplan.serving_result import ServingResult
-from kvplan.sim.metrics import ItlLog, RequestLog, kv_summary, summarize
-from kvplan.sim.rejections import references, rejected_rows
+from kvplan.results.itl import ItlLog
+from kvplan.results.rejected import references, rejected_rows
+from kvplan.results.request_table import RequestLog
+from kvplan.results.serving_result import ServingResult
+from kvplan.results.summary import kv_summary, summarize
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.run import SimSpec
 from kvplan.traces import Trace

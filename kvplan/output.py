@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvplan.errors import UserError
-from kvplan.traces.schema import short_repr as short
+from kvplan.errors import short_repr as short
 
 
 def strict(obj: object) -> object:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvplan.engine.core.metrics import TIER_COUNTER_KEYS
-from kvplan.serving_result import ServingResult
+from kvplan.results.serving_result import ServingResult
 
 TOKEN_TIME_TOLERANCE_S = 1e-9
 LATENCY_KEYS = tuple(f"{stat}_{lat}_ms" for lat in ("ttft", "tpot", "itl", "e2el") for stat in ("median", "p90",

@@ -163,7 +163,7 @@ def _probe_seconds(path: Path) -> float | None:
     """The replay's drift-probe seconds (probe.json of `replay --endpoint --drift-probe`), None without one."""
     if not path.is_file():
         return None
-    from kvplan.engine.core.strict_json import loads
+    from kvplan.strict_json import loads
 
     try:
         seconds = loads(path.read_text(errors="replace")).get("seconds")

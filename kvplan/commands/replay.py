@@ -26,7 +26,7 @@ from kvplan.engine_args import add_engine_arguments, options_from_args
 from kvplan.errors import UserError
 from kvplan.live import EngineOptions
 from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json
-from kvplan.serving_result import write_tables
+from kvplan.results.serving_result import write_tables
 
 
 def register(verbs: argparse._SubParsersAction) -> None:

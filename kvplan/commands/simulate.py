@@ -17,7 +17,7 @@ from kvplan.arg_types import (
 )
 from kvplan.errors import UserError
 from kvplan.output import atomic_dir, check_out_dir, format_table, print_json
-from kvplan.serving_result import write_tables
+from kvplan.results.serving_result import write_tables
 from kvplan.settings_cli import add_setting_flags, settings_from_args
 from kvplan.trace_options import UNTIMED_NOTE, add_arrival_options, add_load_options, load_trace, retime_spec
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvplan.arg_types import BLOCK_SIZE, FRACTION, MAX_TOKENS, POSITIVE, SECONDS, SEED, integer
+from kvplan.arg_types import BLOCK_SIZE, FRACTION, POSITIVE, SECONDS, SEED, integer
+from kvplan.limits import MAX_TOKENS
 from kvplan.output import check_out_file, format_table, print_json, write_atomic
 from kvplan.trace_options import add_load_options, load_trace, retime_spec
 from kvplan.traces.io import KINDS

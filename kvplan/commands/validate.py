@@ -33,7 +33,7 @@ from kvplan.endpoint.session import add_endpoint_arguments, within_duration
 from kvplan.engine_args import add_engine_arguments, load_configs, options_from_args
 from kvplan.errors import UserError
 from kvplan.output import atomic_dir, check_out_dir, json_text, print_json
-from kvplan.serving_result import write_tables
+from kvplan.results.serving_result import write_tables
 
 MODES = ("policy", "timing", "both")
 # The simulations a timing validation compares, beside the profile as calibrated: the profile scaled by a machine

@@ -29,8 +29,8 @@ import httpx
 from kvplan.endpoint import scrape, servers
 from kvplan.endpoint.prompts import EndpointRequest
 from kvplan.endpoint.servers import ADAPTERS, ServerAdapter
-from kvplan.engine.core.strict_json import loads, short, whole
 from kvplan.errors import UserError
+from kvplan.strict_json import loads, short, whole
 
 PROGRESS_EVERY_S = 5.0
 

@@ -21,9 +21,11 @@ from kvplan.endpoint.loadgen import LoadResult
 from kvplan.endpoint.servers import KvConfig
 from kvplan.engine.core.metrics import TIER_SUMMARY_KEYS
 from kvplan.output import json_line, write_atomic
-from kvplan.serving_result import ServingResult
-from kvplan.sim.metrics import MEMORY_KEYS, SUMMARY_KEYS, ItlLog, RequestLog, latency_summary
-from kvplan.sim.rejections import references, rejected_rows
+from kvplan.results.itl import ItlLog
+from kvplan.results.rejected import references, rejected_rows
+from kvplan.results.request_table import RequestLog
+from kvplan.results.serving_result import ServingResult
+from kvplan.results.summary import MEMORY_KEYS, SUMMARY_KEYS, latency_summary
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.traces import Trace
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from kvplan.endpoint import scrape
-from kvplan.engine.core.strict_json import loads
+from kvplan.strict_json import loads
 
 SERVER_KINDS = ("vllm", "sglang", "tgi", "llamacpp")
 PROBE_TIMEOUT_S = 10.0

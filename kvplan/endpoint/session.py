@@ -128,7 +128,7 @@ def served_vocab_size(url: str, model: str | None) -> int | None:
     """The `vocab_size` the server's /v1/models states for `model` (or its only model), if it states one."""
     import httpx
 
-    from kvplan.engine.core.strict_json import loads, whole
+    from kvplan.strict_json import loads, whole
 
     try:
         response = httpx.get(f"{url.rstrip('/').removesuffix('/v1')}/v1/models", timeout=10.0)
@@ -155,7 +155,7 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
     from kvplan.endpoint.prompts import endpoint_requests, text_writer
     from kvplan.endpoint.result import to_result, write_client_files
     from kvplan.output import json_text, write_atomic
-    from kvplan.serving_result import write_tables
+    from kvplan.results.serving_result import write_tables
 
     check_reachable(options.url)
     server = server if server is not None else probe(options.url, options.server)

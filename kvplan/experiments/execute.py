@@ -99,7 +99,7 @@ def build_spec(config: dict):  # -> SimSpec
 def attainment_share(requests, bounds: dict | None) -> float | None:
     """The share of requests (samples included) within every per-request bound; None without bounds. A probe's
     table counts only its measured requests (arriving inside the window)."""
-    from kvplan.sim.metrics import within_bounds
+    from kvplan.results.goodput import within_bounds
 
     if not bounds:
         return None
@@ -111,7 +111,7 @@ def attainment_share(requests, bounds: dict | None) -> float | None:
 
 def execute_run(config: dict, run_dir: str, tables: bool) -> dict:
     """Simulate one run and store it under `run_dir`; returns what summary.json holds."""
-    from kvplan.serving_result import write_tables
+    from kvplan.results.serving_result import write_tables
     from kvplan.sim.probe import run_probe
     from kvplan.sim.run import simulate
 

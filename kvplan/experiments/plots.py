@@ -13,7 +13,7 @@ import io
 import numpy as np
 import pandas as pd
 
-from kvplan.sim.metrics import MEMORY_KEYS
+from kvplan.results.summary import MEMORY_KEYS
 
 MEMORY_COLORS = {"token_states": "C2", "internal_fragmentation": "C1", "reserved_unused": "C3",
                  "external_fragmentation": "C4", "free": "0.85"}

@@ -20,7 +20,7 @@ import pandas as pd
 from kvplan.experiments.runner import Outcome
 from kvplan.experiments.schema import SEARCH_TARGETS, Experiment
 from kvplan.experiments.search import PointTask
-from kvplan.sim.metrics import SUMMARY_KEYS
+from kvplan.results.summary import SUMMARY_KEYS
 
 HEADLINE = ("request_throughput", "request_goodput", "p99_ttft_ms", "p90_tpot_ms", "p90_e2el_ms", "kv_usage_mean",
             "kv_token_utilization", "prefix_cache_hit_rate", "num_preemptions")

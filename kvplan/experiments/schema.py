@@ -56,7 +56,8 @@ from pathlib import Path
 from kvplan.engine.core.settings import canonical, for_side
 from kvplan.errors import ConfigError
 from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
-from kvplan.sim.metrics import REQUEST_BOUNDS, SUMMARY_KEYS
+from kvplan.results.goodput import REQUEST_BOUNDS
+from kvplan.results.summary import SUMMARY_KEYS
 from kvplan.sim.probe import Probe
 from kvplan.sim.routers import ROUTERS
 from kvplan.traces.arrivals import MAX_RATE

@@ -14,10 +14,11 @@ import numpy as np
 import simpy
 
 from kvplan.engine.core import CacheConfig, Request, SchedulerConfig, make_request
+from kvplan.results.itl import ItlLog
+from kvplan.results.request_table import RequestLog
 from kvplan.sim.closed_loop import ClosedLoop
 from kvplan.sim.cost import CostModel
 from kvplan.sim.links import wire_tiers, without_shared
-from kvplan.sim.metrics import ItlLog, RequestLog
 from kvplan.sim.replica import Replica
 from kvplan.sim.routers import Router
 from kvplan.traces import Trace

@@ -28,9 +28,10 @@ import numpy as np
 
 from kvplan.engine.core import CacheConfig, SchedulerConfig
 from kvplan.engine.core.kv_layout import KVLayout
+from kvplan.results.itl import ItlLog
+from kvplan.results.request_table import RequestLog
 from kvplan.sim.cluster import UNSERVABLE, Cluster
 from kvplan.sim.cost import CostModel
-from kvplan.sim.metrics import ItlLog, RequestLog
 from kvplan.sim.routers import RoundRobin
 from kvplan.traces import Trace
 

@@ -30,11 +30,11 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import UserError
-from kvplan.serving_result import ServingResult
+from kvplan.results.rejected import references, rejected_rows
+from kvplan.results.serving_result import ServingResult
+from kvplan.results.summary import kv_summary, latency_summary
 from kvplan.sim.closed_loop import ClosedLoop
 from kvplan.sim.cluster import Cluster
-from kvplan.sim.metrics import kv_summary, latency_summary
-from kvplan.sim.rejections import references, rejected_rows
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
 from kvplan.sim.run import SimSpec, build_configs, build_cost, check_trace
@@ -64,7 +64,7 @@ class Probe:
     grace_s: float | None = None  # default: 20%
     overload_wait_s: float = 30.0
     max_queue_delay_s: float = 5.0  # a stable probe's p99 scheduling delay (sim.stability)
-    goodput: dict[str, float | None] | None = None  # per-request bounds (sim.metrics.REQUEST_BOUNDS keys)
+    goodput: dict[str, float | None] | None = None  # per-request bounds (results.goodput.REQUEST_BOUNDS keys)
 
     def offered_rate(self, pop: Population) -> float:
         rate = self.rate if self.rate is not None else pop.mean_rate

@@ -29,10 +29,11 @@ from kvplan.engine.core.fast_forward import advance_decode, decode_horizon, wait
 from kvplan.engine.core.metrics import TIER_COUNTER_KEYS, TIER_NAMES
 from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.timing import SequenceTiming
+from kvplan.results.itl import ItlLog
+from kvplan.results.request_table import RequestLog
 from kvplan.sim.cost import CostModel, sliding_window, step_time
 from kvplan.sim.cost.features import decode_stretch_features, first_decode_features
 from kvplan.sim.links import TierPricing
-from kvplan.sim.metrics import ItlLog, RequestLog
 from kvplan.sim.shared_store import SharedView
 
 NAN = math.nan

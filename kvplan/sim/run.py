@@ -17,7 +17,9 @@ from kvplan.engine.core.prefix_tiers import offloading_blocks
 from kvplan.engine.core.settings import SETTING, check_side, core_config, side_fields
 from kvplan.errors import UserError
 from kvplan.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
-from kvplan.serving_result import ServingResult
+from kvplan.results.rejected import references, rejected_rows
+from kvplan.results.serving_result import ServingResult
+from kvplan.results.summary import kv_summary, summarize
 from kvplan.sim.cluster import Cluster
 from kvplan.sim.cost import CostModel, StepFeatures
 from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks
@@ -25,9 +27,7 @@ from kvplan.sim.cost.calibrated import load_profile
 from kvplan.sim.cost.parallel import Shape, check_shape, tp_choices, weight_bytes_per_rank
 from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
 from kvplan.sim.links import block_bytes
-from kvplan.sim.metrics import kv_summary, summarize
 from kvplan.sim.parallel import MergedCluster, run_parallel, worth_parallel
-from kvplan.sim.rejections import references, rejected_rows
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
 from kvplan.sim.specs.hardware import GIB, get_hardware

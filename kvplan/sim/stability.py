@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-VERDICTS = ("stable", "backlogged", "overloaded")
 OVERLOADED_UNFINISHED = 0.05
 BACKLOGGED_UNFINISHED = 0.01
 QUEUE_GROWTH, QUEUE_MARGIN_S = 1.5, 2.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kvplan.traces.compression import compression_of, open_binary, read_bytes
 from kvplan.traces.loaders import FORMATS, Format
-from kvplan.traces.loaders.rows import MissingHeader, check_header, is_value
+from kvplan.traces.loaders.csv_rows import MissingHeader, check_header, is_value
 from kvplan.traces.schema import TraceFormatError, short_repr
 
 PARQUET_MAGIC = b"PAR1"

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kvplan.errors import SHOWN_CHARS, UserError, listed, short_repr  # noqa: F401 (re-exported)
-from kvplan.limits import MAX_TOKENS  # noqa: F401 (re-exported)
 
 NO_VALUE = -1  # session_id / turn when the source has none
 MAX_ARRIVAL_S = 1e10  # ~300 years of trace: float64 seconds still resolve microseconds

@@ -253,7 +253,7 @@ def test_the_last_guard_keeps_any_message_one_bounded_line():
     assert one_line(f"model directory '{path}' has no config.json") == f"model directory '{path}' has no config.json"
     assert len(one_line("x" * 5000)) == 60
     assert listed(["a", "b"]) == "a, b"
-    from kvplan.engine.core.strict_json import why
+    from kvplan.strict_json import why
 
     assert why(KeyError("meta")) == "no key 'meta'"  # not KeyError('meta')
     assert why(ValueError("x; allowed: y")) == "x" and len(why(ValueError("v" * 5000))) == 100

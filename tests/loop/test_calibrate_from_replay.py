@@ -15,8 +15,8 @@ import pytest
 
 from kvplan.calibration.from_replay import calibrate_from_replay
 from kvplan.cli import main
+from kvplan.results.request_table import RequestLog
 from kvplan.sim.cost.calibrated import COEFFICIENTS, load_profile
-from kvplan.sim.metrics import RequestLog
 from kvplan.traces import Trace
 from kvplan.traces.io import render
 from tests.core.test_no_torch import BLOCK_TORCH

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvplan.serving_result import ServingResult
+from kvplan.results.serving_result import ServingResult
 from kvplan.sim.cluster import Cluster
 from kvplan.sim.routers import Router, make_router
 from kvplan.sim.run import SimSpec, build_configs, build_cost, check_trace, collect

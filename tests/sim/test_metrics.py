@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvplan.sim.metrics import SUMMARY_KEYS, ItlLog, weighted_percentile
+from kvplan.results.itl import ItlLog
+from kvplan.results.summary import SUMMARY_KEYS, weighted_percentile
 from kvplan.sim.run import SimSpec, simulate
 from tests.sim.helpers import random_trace
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvplan.sim.metrics import goodput_count
+from kvplan.results.goodput import goodput_count
 from kvplan.sim.probe import Probe, run_probe
 from kvplan.sim.run import SimSpec
 from kvplan.traces import Trace

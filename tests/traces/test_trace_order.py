@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvplan.traces.loaders.rows import _earliest_longest_ordered
+from kvplan.traces.loaders.arrival_order import earliest_longest_ordered
 
 
 def _brute_force(times: list[float]) -> tuple[int, ...]:
@@ -25,5 +25,5 @@ def _brute_force(times: list[float]) -> tuple[int, ...]:
 @given(st.lists(st.integers(0, 6), min_size=1, max_size=9))
 def test_the_kept_rows_are_the_earliest_longest_ordered_run(values):
     times = np.array(values, dtype=np.float64)
-    kept = tuple(np.flatnonzero(_earliest_longest_ordered(times)).tolist())
+    kept = tuple(np.flatnonzero(earliest_longest_ordered(times)).tolist())
     assert kept == _brute_force(values)

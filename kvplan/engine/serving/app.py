@@ -17,9 +17,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from kvplan.engine.core.strict_json import loads
 from kvplan.engine.serving.async_engine import AsyncEngine, EngineDied, QueueFull, RequestStream, TokenDelta
 from kvplan.engine.serving.protocol import BadRequest, ParsedRequest, chat_prompt, completion_prompts, parse_common
+from kvplan.strict_json import loads
 
 DISCONNECT_POLL_S = 0.25  # how often a whole-answer request checks that its client is still there
 RETRY_AFTER_S = 1

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from kvplan.engine.core.strict_json import loads, short, whole, why
 from kvplan.engine.core.tier_transfers import num_demotions
 from kvplan.errors import UserError
 from kvplan.sim.cost.features import StepFeatures
+from kvplan.strict_json import loads, short, whole, why
 
 
 class PolicyDivergence(UserError):

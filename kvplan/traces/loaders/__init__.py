@@ -4,7 +4,7 @@ from kvplan.traces.loaders.azure import AZURE, AZURE_MULTIMODAL
 from kvplan.traces.loaders.burstgpt import BURSTGPT
 from kvplan.traces.loaders.hashed import MOONCAKE, QWEN_BAILIAN
 from kvplan.traces.loaders.native import KVPLAN_CSV, KVPLAN_JSONL, KVPLAN_PARQUET
-from kvplan.traces.loaders.rows import LoadOptions
+from kvplan.traces.loaders.options import LoadOptions
 from kvplan.traces.loaders.spec import Format
 from kvplan.traces.loaders.vidur import LENGTHS, SPLITWISE, VIDUR
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvplan.traces.loaders.rows import LoadOptions, Rows
+from kvplan.traces.loaders.options import LoadOptions
+from kvplan.traces.loaders.rows import Rows
 from kvplan.traces.loaders.spec import Field, csv_format
 from kvplan.traces.schema import LoadReport
 

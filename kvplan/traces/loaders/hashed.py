@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvplan.traces.loaders.rows import LoadOptions, Rows
+from kvplan.traces.loaders.options import LoadOptions
+from kvplan.traces.loaders.rows import Rows
 from kvplan.traces.loaders.spec import Field, jsonl_format
 from kvplan.traces.schema import LoadReport
 

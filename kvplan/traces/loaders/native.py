@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from kvplan.traces.compression import compression_of, read_bytes
-from kvplan.traces.loaders.rows import Rows, object_column, read_csv
+from kvplan.traces.loaders.csv_rows import read_csv
+from kvplan.traces.loaders.rows import Rows, object_column
 from kvplan.traces.loaders.spec import Field, Format, jsonl_format
 from kvplan.traces.schema import NO_VALUE, TraceFormatError, short_repr
 

@@ -12,8 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kvplan.traces.loaders.rows import LoadOptions, MissingHeader, Rows, finish, read_csv, read_jsonl
-from kvplan.traces.schema import MAX_ARRIVAL_S, MAX_TOKENS, LoadReport, Trace, TraceFormatError
+from kvplan.limits import MAX_TOKENS
+from kvplan.traces.loaders.csv_rows import MissingHeader, read_csv
+from kvplan.traces.loaders.finish import finish
+from kvplan.traces.loaders.jsonl_rows import read_jsonl
+from kvplan.traces.loaders.options import LoadOptions
+from kvplan.traces.loaders.rows import Rows
+from kvplan.traces.schema import MAX_ARRIVAL_S, LoadReport, Trace, TraceFormatError
 
 
 @dataclass(slots=True, frozen=True)

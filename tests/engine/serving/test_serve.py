@@ -20,7 +20,7 @@ from kvplan.endpoint.prompts import endpoint_requests
 from kvplan.engine.llm import LLM
 from kvplan.engine.sampling import SamplingParams
 from kvplan.output import verify_result_set
-from kvplan.sim.metrics import RequestLog
+from kvplan.results.request_table import RequestLog
 from kvplan.traces.io import render
 from kvplan.traces.synth import synthesize
 from tests.engine.serving.servers import thread_server

@@ -4,8 +4,9 @@ a config.json, and the numbers in it.
 Python's `json` accepts `NaN`, `Infinity` and `1e400` (which it reads as inf) although RFC 8259 has none of them,
 and nests until the interpreter's recursion limit; `int()` turns 16.7 into 16 and `true` into 1. Each of those
 reached kvplan as a traceback or as a silently wrong number; every reader of foreign JSON goes through here.
-(Trace rows have their own, faster checks in `traces.loaders.rows`.) Pure Python in engine.core, so that the
-simulator, the server and the CLI share it.
+(Trace rows have their own, faster checks in `traces.loaders`.) A leaf beside `kvplan.errors`, importing only
+it and the standard library: its readers are the serving app, the simulator's recorded cost model, the endpoint
+client and calibration, on different layers.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxoth
 
 
 def short(value: object, limit: int = 60) -> str:
-    """A value as a message quotes it: about `limit` characters however large it is (traces.schema.short_repr
-    for the layers above; the core cannot import traces)."""
+    """A value as a message quotes it: about `limit` characters however large it is. Not `errors.short_repr`:
+    that one bounds tuples and long integers differently, and these messages stay as they were."""
     text = _SHORT.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvplan.output import json_text, write_atomic
-from kvplan.sim.rejections import with_rejected
+from kvplan.results.rejected import with_rejected
 
 
 @dataclass(slots=True)
@@ -22,7 +22,7 @@ class ServingResult:
     series: pd.DataFrame
     info: dict
     token_times: dict[tuple[int, int], list[float]] | None = None  # (row, sample) -> every token's time
-    rejected: pd.DataFrame | None = None  # never-served requests as table rows (sim.rejections), not in `requests`
+    rejected: pd.DataFrame | None = None  # never-served requests as table rows (results.rejected), not in `requests`
 
 
 def write_tables(result: ServingResult, out: Path, fmt: str) -> None:

@@ -1,0 +1,53 @@
+"""The per-request table: one row per generated sequence (an n > 1 request gives n rows, `sample` 0..n-1), as
+whoever served a trace records it - the simulator's replicas, the live engine's replay, an endpoint's load
+generator - and its derived latency columns (TTFT, TPOT, worst inter-token gap, E2E latency, queueing delay)."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pandas as pd
+
+RAW_COLUMNS = ("request", "sample", "replica", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
+               "prompt_tokens", "output_tokens", "cached_prompt_tokens", "preemptions", "itl_max_s")
+_INT_COLUMNS = {"request", "sample", "replica", "prompt_tokens", "output_tokens", "cached_prompt_tokens",
+                "preemptions"}
+
+
+class RequestLog:
+    """Finished sequences, appended column by column into typed arrays (8 bytes per cell)."""
+
+    def __init__(self) -> None:
+        self.columns = {name: array("q" if name in _INT_COLUMNS else "d") for name in RAW_COLUMNS}
+
+    def add(self, *values: float) -> None:
+        for column, value in zip(self.columns.values(), values, strict=True):
+            column.append(value)
+
+    def __len__(self) -> int:
+        return len(self.columns["request"])
+
+    def to_frame(self, request_ids: np.ndarray | None = None) -> pd.DataFrame:
+        """The per-request table, ordered by (request, sample), with the derived latency columns."""
+        frame = pd.DataFrame({name: np.frombuffer(col, dtype=np.int64 if name in _INT_COLUMNS else np.float64)
+                              for name, col in self.columns.items()})
+        frame = frame.sort_values(["request", "sample"], kind="stable").reset_index(drop=True)
+        if request_ids is not None:
+            frame.insert(0, "request_id", np.asarray(request_ids)[frame["request"].to_numpy()])
+        return add_latency_columns(frame)
+
+
+def add_latency_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """TTFT, TPOT (mean gap after the first token, vLLM's definition), E2E latency and queueing delay."""
+    out = frame["output_tokens"].to_numpy()
+    ttft = frame["first_token_s"] - frame["arrival_s"]
+    e2el = frame["finish_s"] - frame["arrival_s"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
+    frame["ttft_ms"] = ttft * 1e3
+    frame["tpot_ms"] = tpot * 1e3
+    frame["itl_max_ms"] = np.where(out > 1, frame["itl_max_s"] * 1e3, np.nan)
+    frame["e2el_ms"] = e2el * 1e3
+    frame["queueing_ms"] = (frame["first_scheduled_s"] - frame["arrival_s"]) * 1e3
+    return frame.drop(columns=["itl_max_s"])
