@@ -5,6 +5,7 @@ generator - and its derived latency columns (TTFT, TPOT, worst inter-token gap, 
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,9 @@ class RequestLog:
     """Finished sequences, appended column by column into typed arrays (8 bytes per cell)."""
 
     def __init__(self) -> None:
-        self.columns = {name: array("q" if name in _INT_COLUMNS else "d") for name in RAW_COLUMNS}
+        # "q" columns take ints, "d" columns floats: one array type per column, so the element type is Any here
+        self.columns: dict[str, array[Any]] = {name: array("q" if name in _INT_COLUMNS else "d")
+                                               for name in RAW_COLUMNS}
 
     def add(self, *values: float) -> None:
         for column, value in zip(self.columns.values(), values, strict=True):

@@ -50,7 +50,7 @@ def _stats(name: str, values: np.ndarray, weights: np.ndarray | None = None) -> 
 
 
 def latency_summary(table: pd.DataFrame, itl: ItlLog, goodput: dict[str, float | None] | None = None,
-                    duration_s: float | None = None) -> dict[str, float]:
+                    duration_s: float | None = None) -> dict[str, float | None]:
     """vLLM serving-benchmark keys from the per-request table and the inter-token gaps. `request_goodput` (vLLM's
     name; DistServe's sense) is the rate of requests meeting every bound in `goodput`, None without bounds.
     `duration_s` overrides the span from the first arrival to the last finish (a measurement window)."""
@@ -69,7 +69,7 @@ def latency_summary(table: pd.DataFrame, itl: ItlLog, goodput: dict[str, float |
 
 
 def kv_summary(usage_integral_blocks_s: float, total_blocks_s: float, peak: float, series: pd.DataFrame,
-               counters: dict[str, int]) -> dict[str, float]:
+               counters: dict[str, int]) -> dict[str, float | None]:
     """KV keys: time-weighted and peak block usage, token utilization and memory breakdown averaged over the
     sampled series, and the prefix-cache / preemption / eviction counters summed over replicas."""
     queries, hits = counters["prefix_cache_queries"], counters["prefix_cache_hits"]
@@ -85,7 +85,7 @@ def kv_summary(usage_integral_blocks_s: float, total_blocks_s: float, peak: floa
             **{key: counters.get(key) for key in TIER_SUMMARY_KEYS}}  # null where the run had no such tier
 
 
-def summarize(table: pd.DataFrame, itl: ItlLog, kv: dict[str, float],
-              goodput: dict[str, float | None] | None = None) -> dict[str, float]:
+def summarize(table: pd.DataFrame, itl: ItlLog, kv: dict[str, float | None],
+              goodput: dict[str, float | None] | None = None) -> dict[str, float | None]:
     summary = {**latency_summary(table, itl, goodput), **kv}
     return {key: summary[key] for key in SUMMARY_KEYS}
