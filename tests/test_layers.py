@@ -29,9 +29,9 @@ RULES = {
     "kvplan/engine": ("kvplan.sim", *APP),
 }
 
-# a package -> what it may import although a rule above bans a prefix of it: the results' summary names the tier
-# counters as the core fills them (the names are defined beside the counters, in the core)
-EXCEPT = {"kvplan/results": ("kvplan.engine.core.metrics",)}
+# a package -> the prefixes it may import although a rule above bans a shorter one: the core sits below the
+# results (their summary names the tier counters as the core fills them), the rest of the engine above them
+EXCEPT = {"kvplan/results": ("kvplan.engine.core",)}
 
 
 def imports(path: Path) -> set[str]:
@@ -48,7 +48,9 @@ def imports(path: Path) -> set[str]:
 def test_a_layer_imports_nothing_above_it(package):
     bad = []
     for path in sorted((ROOT / package).rglob("*.py")):
-        for name in imports(path) - set(EXCEPT.get(package, ())):
+        for name in imports(path):
+            if any(name == allowed or name.startswith(allowed + ".") for allowed in EXCEPT.get(package, ())):
+                continue
             if any(name == banned or name.startswith(banned + ".") for banned in RULES[package]):
                 bad.append(f"{path.relative_to(ROOT)}: {name}")
     assert not bad, bad
