@@ -146,6 +146,6 @@ def wire_tiers(replicas: list, cache: CacheConfig, cost: CostModel, layerwise: b
             replica.shared_view = SharedView(shared, queue, lambda env=env: env.now,
                                              links[replica.index // per_node])
             replica.sched.kv.share_tier(replica.shared_view)
-        if shared is not None or (layers and getattr(replica.sched.kv, "tiers", None)):
+        if shared is not None or (layers and replica.sched.kv.tiers):
             replica.pricing = TierPricing(links[replica.index // per_node] if links else None, layers)
     return shared

@@ -4,15 +4,15 @@ Each loop iteration is one scheduler step and one SimPy event: `schedule()`, pri
 stamp the sampled tokens with the step's end time. Requests are added to the scheduler the moment the router
 hands them over (mid-step, exactly as a live engine's queue) and are first scheduled at the next step.
 
-Decode fast path: when `decode_horizon` says the next k steps are pure decode with nothing else happening (cached
-blocks may be evicted inside them, and requests may wait as long as the head cannot be admitted before the first
-completion - a backlog), the replica prices all k steps in one vectorised call, keeps those that start before the
-next arrival this replica may receive (any arrival, as a router may send it here; under round robin, its own next
-one) and before the next time-series sample, applies them with `advance_decode`, and stamps tokens and completions
-with the same step-end times that k single steps produce. Requests that reach their output budget finish inside the
-stretch. The step running across an arrival may join the stretch unless a request finishes in it (the completion
-would show before the arrival); its prefix-cache registrations and evictions happen when it is scheduled, before
-the arrival either way, so a cache-aware router sees the same cache.
+Decode fast path: when `Scheduler.decode_horizon` says the next k steps are pure decode with nothing else happening
+(cached blocks may be evicted inside them, and requests may wait as long as the head cannot be admitted before the
+first completion - a backlog), the replica prices all k steps in one vectorised call, keeps those that start before
+the next arrival this replica may receive (any arrival, as a router may send it here; under round robin, its own
+next one) and before the next time-series sample, applies them with `Scheduler.advance_decodes`, and stamps tokens
+and completions with the same step-end times that k single steps produce. Requests that reach their output budget
+finish inside the stretch. The step running across an arrival may join the stretch unless a request finishes in it
+(the completion would show before the arrival); its prefix-cache registrations and evictions happen when it is
+scheduled, before the arrival either way, so a cache-aware router sees the same cache.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import numpy as np
 import simpy
 
 from kvplan.engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
-from kvplan.engine.core.fast_forward import advance_decode, decode_horizon, waiting_head_blocked
+from kvplan.engine.core.decode_steps import DecodeMode
+from kvplan.engine.core.kv_groups import HybridKVCacheManager
 from kvplan.engine.core.metrics import TIER_COUNTER_KEYS, TIER_NAMES
 from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.timing import SequenceTiming
@@ -47,8 +48,8 @@ class Replica:
                  cost: CostModel, log: RequestLog, next_arrival: Callable[[int], float], *,
                  sample_interval_s: float = 1.0, fast_path: bool = True, record_tokens: bool = False) -> None:
         self.env, self.index, self.cost, self.log = env, index, cost, log
-        self.sched = Scheduler(cache, config)
-        self.sched.bulk_decodes = fast_path  # off when stepping one step at a time: the reference path
+        # count-only: bulk decodes, unless stepping one step at a time (the reference path)
+        self.sched = Scheduler(cache, config, decode_mode=DecodeMode.BULK if fast_path else DecodeMode.PER_REQUEST)
         self.block_size = cache.block_size
         self.attended_limit = cache.sink_tokens + cache.window_tokens if cache.windowed else 0
         self.sliding_window = sliding_window(cost)
@@ -74,6 +75,8 @@ class Replica:
         kinds = [] if self.kv_layout is None else list(dict.fromkeys(g.kind for g in layout.groups))
         self._kind_of_group = [] if self.kv_layout is None else [kinds.index(g.kind) for g in layout.groups]
         self.kind_block_seconds = [0.0] * len(kinds)
+        kv = self.sched.kv  # the hybrid allocator's blocks in use per group (updated in place)
+        self._group_used = kv.group_used if isinstance(kv, HybridKVCacheManager) else []
         self.kind_peak_blocks = [0] * len(kinds)
         self.num_fast_steps = 0
         self._common_gaps, self._common_gap = 0, 0.0  # see `_gap`
@@ -160,7 +163,7 @@ class Replica:
             self.peak_usage = usage
         if self.kv_layout is not None:  # (never on the fast path: a sliding window keeps a model off it)
             used = [0] * len(self.kind_peak_blocks)
-            for kind, blocks in zip(self._kind_of_group, self.sched.kv.group_used, strict=True):
+            for kind, blocks in zip(self._kind_of_group, self._group_used, strict=True):
                 used[kind] += blocks
             for kind, blocks in enumerate(used):
                 self.kind_block_seconds[kind] += blocks * dt
@@ -242,7 +245,7 @@ class Replica:
         times (empty when none applies)."""
         sched = self.sched
         running = sched.running
-        if not running or sched.swapped or sched._windowed or (len(sched.waiting) and not waiting_head_blocked(sched)):
+        if not running or sched.swapped or sched.windowed or (len(sched.waiting) and not sched.waiting_head_blocked()):
             return []  # cheap exits first: an admission or swap-in is due, or windows release blocks
         last = running[-1]  # the latest admitted, the likeliest to be still in its prompt
         if last.num_computed_tokens < last.prompt_len + last.num_output_tokens - 1:
@@ -261,7 +264,7 @@ class Replica:
             first = self.cost.step_times(first_decode_features(contexts, self.block_size, self.sliding_window))
             # Completions make later steps shorter than the first: ask for a quarter more.
             limit = min(limit, int((bound - self.clock) / first * 1.25) + 2)
-        k = decode_horizon(sched, limit)
+        k = sched.decode_horizon(limit)
         if k <= 0:
             return []
         features = decode_stretch_features(np.array(contexts, dtype=np.int64), np.array(remaining, dtype=np.int64),
@@ -288,7 +291,7 @@ class Replica:
         shared = self.shared_view
         if shared is not None:  # the stretch's stores into the shared store take effect at their steps' times
             shared.begin_stretch(usage)
-        finished = advance_decode(sched, k, usage)
+        finished = sched.advance_decodes(k, usage)
         if shared is not None:
             shared.end_stretch([self.clock, *ends[:-1]])
         seconds, peak = self.usage_seconds, self.peak_usage  # `_account` per step, inlined (same sum order)

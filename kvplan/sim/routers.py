@@ -83,9 +83,8 @@ class PrefixAware:
         sched = replica.sched
         if request.block_keys is None and sched.cache_config.enable_prefix_caching:
             attach_block_keys(request, sched.block_size)  # same block size on every replica: keys are shared
-        kv = sched.kv
-        probe = getattr(kv, "cached_prefix_blocks", None)  # a paged manager counts its lower tiers, moving nothing
-        return (probe(request) if probe is not None else len(kv.find_cached_prefix(request))) * sched.block_size
+        # a paged manager counts its lower tiers too; the probe moves nothing
+        return sched.kv.cached_prefix_blocks(request) * sched.block_size
 
 
 ROUTERS = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding, "least_kv_usage": LeastKvUsage,

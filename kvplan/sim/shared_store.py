@@ -4,9 +4,9 @@ made inside a decode fast-path stretch take effect at the time their step starts
 Why: a stretch applies k decode steps of one replica at once, at its start, and the blocks its steps evict (or,
 write-through, register) are stored in the shared store - which other replicas read at their own steps, in the
 middle of that stretch. Applied at once, a store would be visible to them too early (and its evictions too early),
-and the fast path would no longer give exactly the step-by-step results. So a view records the stretch's stores
-with their step (the length of the stretch's usage list when each is made: `advance_decode` extends it to step t
-before step t's allocations and registrations), the replica stamps them with the steps' start times, and every
+and the fast path would no longer give exactly the step-by-step results. So a view records the stretch's stores with
+their step (the length of the stretch's usage list when each is made: `Scheduler.advance_decodes` extends it to step
+t before step t's allocations and registrations), the replica stamps them with the steps' start times, and every
 access to the store from any replica first applies the stamped stores due by then, in time order::
 
     replica A  |==== stretch: steps t0 t1 t2 t3 ====|    stores stamped t1, t3 -> queue

@@ -7,7 +7,8 @@ from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig
 
 def make_scheduler(block_size: int = 4, num_blocks: int = 64, budget: int = 64, max_seqs: int = 16,
                    **cache_kwargs) -> Scheduler:
-    sched_keys = {"enable_chunked_prefill", "policy", "preemption_mode", "victim_policy", "schedule"}
+    sched_keys = {"enable_chunked_prefill", "policy", "preemption_mode", "victim_policy", "schedule",
+                  "scheduler_reserve_full_isl"}
     sched_kwargs = {k: cache_kwargs.pop(k) for k in list(cache_kwargs) if k in sched_keys}
     cache_kwargs.setdefault("watermark", 0.0)
     cache_kwargs.setdefault("max_model_len", min(num_blocks * block_size, 4096))

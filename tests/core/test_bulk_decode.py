@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvplan.engine.core import make_request
+from kvplan.engine.core.decode_steps import DecodeMode
 from kvplan.engine.core.eviction import EVICTION_POLICIES
 from tests.core.helpers import make_scheduler
 from tests.core.test_fast_forward import add_random_requests, snapshot
@@ -24,7 +25,7 @@ def drive(seed: int, steps: int, **kwargs) -> int:
     decodes went through the bulk path."""
     rng = random.Random(seed)
     bulk, general = make_scheduler(**kwargs), make_scheduler(**kwargs)
-    bulk.bulk_decodes = True
+    bulk.decode_mode = DecodeMode.BULK
     counter = bulked = 0
     for step in range(steps):
         if rng.random() < 0.25 or not bulk.has_unfinished():
@@ -68,7 +69,7 @@ def test_bulk_path_carries_most_decodes_under_load_and_memory_pressure():
 
 def test_only_the_leading_plain_decodes_go_in_bulk():
     sched = make_scheduler(block_size=4, num_blocks=64, budget=64, max_model_len=64)
-    sched.bulk_decodes = True
+    sched.decode_mode = DecodeMode.BULK
     sched.add_request(make_request("a", prompt_len=3, max_tokens=10))
     sched.add_request(make_request("b", prompt_len=3, max_tokens=10))
     sched.update(sched.schedule())  # both prefilled

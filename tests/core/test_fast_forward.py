@@ -9,7 +9,6 @@ import pytest
 
 from kvplan.engine.core import make_request
 from kvplan.engine.core.eviction import EVICTION_POLICIES
-from kvplan.engine.core.fast_forward import advance_decode, decode_horizon
 from tests.core.helpers import make_scheduler
 
 
@@ -55,9 +54,9 @@ def test_fast_path_equals_step_by_step(seed, block_size):
             counter = add_random_requests(rng, (fast, slow), counter, shared_roots=3)
             if fast.num_unfinished > 10:  # let the batch drain now and then so blocks run short less often
                 continue
-        k = decode_horizon(fast, rng.randint(1, 40))
+        k = fast.decode_horizon(rng.randint(1, 40))
         if k:
-            advance_decode(fast, k)
+            fast.advance_decodes(k)
             fast_steps += k
             for _ in range(k):
                 slow.update(slow.schedule())
@@ -75,19 +74,19 @@ def test_stretch_runs_through_completions_and_reports_their_steps():
     sched.add_request(make_request("b", prompt_len=3, max_tokens=5))
     sched.update(sched.schedule())  # both prefilled, one token each: a has 9 tokens to go, b 4
     # 2 blocks used, 6 empty; a writes positions 3..11 (2 new blocks), b positions 3..6 (1 new block)
-    assert decode_horizon(sched, 100) == 9  # nobody is left after a's last token
-    assert decode_horizon(sched, 2) == 2
+    assert sched.decode_horizon(100) == 9  # nobody is left after a's last token
+    assert sched.decode_horizon(2) == 2
     usage: list[float] = []
-    finished = advance_decode(sched, 6, usage)
+    finished = sched.advance_decodes(6, usage)
     assert [(step, r.request_id) for step, r in finished] == [(3, "b")]  # b's 5th token, in step 3
     assert finished[0][1].finish_reason == "length"
     assert [r.request_id for r in sched.running] == ["a"] and "b" not in sched.kv.tables
     # step 0 writes position 3 into the first blocks; step 1 opens both second blocks; b's 2 blocks go free
     # after step 3; step 5 opens a's third block (position 8)
     assert usage == [2 / 8, 4 / 8, 4 / 8, 4 / 8, 2 / 8, 3 / 8]
-    assert sched.running[0].num_output_tokens == 7 and decode_horizon(sched, 100) == 3
+    assert sched.running[0].num_output_tokens == 7 and sched.decode_horizon(100) == 3
     sched.add_request(make_request("c", prompt_len=3, max_tokens=5))
-    assert decode_horizon(sched, 100) == 0  # someone is waiting: admissions are events
+    assert sched.decode_horizon(100) == 0  # someone is waiting: admissions are events
 
 
 def test_horizon_is_bounded_by_the_empty_blocks():
@@ -96,7 +95,7 @@ def test_horizon_is_bounded_by_the_empty_blocks():
         sched.add_request(make_request(rid, prompt_len=4, max_tokens=30))
     sched.update(sched.schedule())  # 3 blocks used (4 tokens each, all full): 6 empty blocks
     # every request needs a new block at each of its next steps 0, 4, 8: 6 blocks last exactly 8 steps
-    assert decode_horizon(sched, 100) == 8
+    assert sched.decode_horizon(100) == 8
 
 
 @pytest.mark.parametrize("policy", sorted(EVICTION_POLICIES))
@@ -113,10 +112,10 @@ def test_stretches_with_evictions_and_a_backlog_equal_single_steps(policy, sched
     for iteration in range(400):
         if rng.random() < 0.2 or not fast.has_unfinished():
             counter = add_random_requests(rng, (fast, slow), counter, shared_roots=2)
-        k = decode_horizon(fast, rng.randint(1, 60))
+        k = fast.decode_horizon(rng.randint(1, 60))
         if k:
             evictions, waiting = fast.kv.pool.num_evictions, len(fast.waiting)
-            advance_decode(fast, k)
+            fast.advance_decodes(k)
             evicting += fast.kv.pool.num_evictions > evictions
             backlogged += waiting > 0
             for _ in range(k):
@@ -134,10 +133,10 @@ def test_backlog_stretch_ends_at_the_first_completion():
         sched.add_request(make_request(rid, prompt_len=3, max_tokens=out))
     sched.update(sched.schedule())  # a and b prefilled; c waits for a sequence slot
     assert [r.request_id for r in sched.running] == ["a", "b"] and len(sched.waiting) == 1
-    assert decode_horizon(sched, 100) == 3  # b's last token (its 4th) comes in step 2; c may enter at step 3
-    finished = advance_decode(sched, 3)
+    assert sched.decode_horizon(100) == 3  # b's last token (its 4th) comes in step 2; c may enter at step 3
+    finished = sched.advance_decodes(3)
     assert [(step, r.request_id) for step, r in finished] == [(2, "b")]
-    assert decode_horizon(sched, 100) == 0  # c's admission is due
+    assert sched.decode_horizon(100) == 0  # c's admission is due
     sched.update(sched.schedule())
     assert [r.request_id for r in sched.running] == ["a", "c"]
 
@@ -150,6 +149,6 @@ def test_horizon_counts_cached_free_blocks_as_room():
     sched.add_request(make_request("new", prompt_len=4, max_tokens=20))
     sched.update(sched.schedule())  # 1 block held, 3 empty, 2 cached
     # writes positions 4.. open a block every 4 steps: 5 free blocks (3 empty + 2 evictable) cover 20 steps
-    assert decode_horizon(sched, 100) == 19
-    advance_decode(sched, 19)
+    assert sched.decode_horizon(100) == 19
+    sched.advance_decodes(19)
     assert sched.kv.pool.num_evictions == 2 and not sched.has_unfinished()

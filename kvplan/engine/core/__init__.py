@@ -7,13 +7,18 @@ Layout (one concept per module):
 * `request`       - request state and lifecycle
 * `block_pool`    - blocks, ref counts, prefix-cache map, empty/cached free lists
 * `eviction/`     - pluggable eviction policies for cached free blocks (lru, fifo, lfu, s3fifo)
+* `kv_interface`  - the KV manager protocol every manager implements (what the scheduler, metrics and sim ask)
 * `kv_manager`    - paged block tables: prefix hits, copy-on-write forks, swap, sink+window
+* `kv_groups`     - the hybrid allocator: one pool under sliding-window and full-attention groups
 * `reservation`   - contiguous reservation baselines (max, pow2, oracle) behind the same interface
 * `victims`, `request_queue` - preemption victim policies and waiting queues
-* `preemption`    - preempting and swapping sequence groups all or nothing
 * `scheduler`     - continuous batching (mixed or prefill-first) with chunked prefill, preemption and the
-                    admission rule that keeps it live
-* `fast_forward`  - batched advance of pure-decode stretches (the simulator's fast path)
+                    admission rule that keeps it live; one class owning its components:
+* `admission`     - the waiting queue's head entering the running set
+* `preemption`    - preempting and swapping sequence groups all or nothing
+* `beam_group`    - beam-search groups advancing in lockstep
+* `step_update`   - applying a step's results
+* `decode_steps`  - one decode step applied to one or k steps at once (the simulator's fast paths)
 * `metrics`       - counters, gauges and the memory breakdown
 """
 

@@ -30,27 +30,29 @@ from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
 from kvplan.engine.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from kvplan.engine.core.config import CacheConfig
+    from kvplan.engine.core.scheduler import Scheduler
 
 
 class BeamGroups:
-    """Mixed into `Scheduler`, whose state it works on."""
+    """The scheduler's beam-search groups (see the module), owned by one `Scheduler` and working on its public
+    state. Invariant kept: no member of a group runs a token ahead of another."""
 
-    cache_config: CacheConfig
-    running: list[Request]
-    requests: dict[str, Request]
-    num_running_seqs: int
+    __slots__ = ("sched",)
 
-    def advance_beams(self, members: list[Request], plan: list[tuple[int, int]]) -> UpdateOutput:
-        """One beam-search step for a group whose members have all computed their tokens (see the module doc).
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+
+    def advance(self, members: list[Request], plan: list[tuple[int, int]]) -> UpdateOutput:
+        """One beam-search step for a group whose members have all computed their tokens (see the module).
         Before the first step the group is its head alone, and every beam's source is 0: it forks then."""
         self._check_waiting_group(members)
+        sched = self.sched
         result = UpdateOutput()
         head = members[0]
         if not head.forked:
             if any(source != 0 for source, _ in plan):
                 raise ValueError(f"beam group {head.request_id}: its first step can only continue the prompt")
-            self._fork_after_prompt(head, [token for _, token in plan], result)
+            sched.updates.fork_after_prompt(head, [token for _, token in plan], result)
             return self._drop_finished(result)
         if len(plan) != len(members):
             raise ValueError(f"beam group {head.request_id}: {len(plan)} beams planned for {len(members)} members")
@@ -59,28 +61,29 @@ class BeamGroups:
             if plan[source][0] != source:
                 raise ValueError(f"beam group {head.request_id}: member {j} continues member {source}, which "
                                  "itself continues another (a parent keeps its own sequence)")
-            self.kv.free(members[j])  # the pruned beam's blocks go back (shared ones lose a reference)
+            sched.kv.free(members[j])  # the pruned beam's blocks go back (shared ones lose a reference)
         for j, source in moved:
             members[j].continue_from(members[source])
-            self.kv.fork(members[source], members[j])
+            sched.kv.fork(members[source], members[j])
         for member, (_, token) in zip(members, plan, strict=True):
-            self._append(member, token, result)
+            sched.updates.append(member, token, result)
         return self._drop_finished(result)
 
-    def finish_beams(self, members: list[Request], reason: str) -> UpdateOutput:
+    def finish(self, members: list[Request], reason: str) -> UpdateOutput:
         """End a beam group whose search is over (its hypotheses are the caller's), releasing every block."""
         self._check_waiting_group(members)
         result = UpdateOutput()
         for member in members:
-            self._finish(member, reason, result)
+            self.sched.finish(member, reason, result)
         return self._drop_finished(result)
 
     @staticmethod
-    def beams_ready(members: list[Request]) -> bool:
+    def ready(members: list[Request]) -> bool:
         """Whether every member of a beam group has computed all its tokens: the group's step can be decided."""
         return all(_waiting_for_step(member) for member in members)
 
-    def _check_waiting_group(self, members: list[Request]) -> None:
+    @staticmethod
+    def _check_waiting_group(members: list[Request]) -> None:
         for member in members:
             if not _waiting_for_step(member):
                 raise ValueError(f"beam member {member.request_id} is not waiting for its group's step "
@@ -88,27 +91,28 @@ class BeamGroups:
 
     def _drop_finished(self, result: UpdateOutput) -> UpdateOutput:
         if result.finished:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.sched.drop_finished()
         return result
 
-    def _admit_beam_group(self, head: Request, out: SchedulerOutput, budget: int) -> int | None:
+    def admit_group(self, head: Request, out: SchedulerOutput, budget: int) -> int | None:
         """Re-admit a beam group preempted by recompute, all of it or none: the budget left, or None when the
         sequence slots or the free blocks (every member's whole recompute, no sharing assumed) are not there."""
-        members = [r for r in self.waiting if r.group == head.group]
-        bs, kv = self.block_size, self.kv
+        sched = self.sched
+        members = [r for r in sched.waiting if r.group == head.group]
+        bs, kv = sched.block_size, sched.kv
         need = sum(cdiv(r.num_tokens, bs) for r in members)
-        if not self._has_seq_room(len(members)) or kv.num_free_blocks - need < self._reserve():
+        if not sched.has_seq_room(len(members)) or kv.num_free_blocks - need < sched.admission_reserve():
             return None
         for request in members:
             hits = kv.find_cached_prefix(request)
-            n = self._chunk(request.num_tokens - len(hits) * bs, budget)  # may be 0: computed in later steps
+            n = sched.chunk(request.num_tokens - len(hits) * bs, budget)  # may be 0: computed in later steps
             copies = kv.allocate(request, n, hits)
-            self.waiting.remove(request)
+            sched.waiting.remove(request)
             kv.record_admission(request, len(hits))
-            self._start_running(request)
+            sched.start_running(request)
             if n:
                 budget -= n
-                self._emit(out, request, n, copies, len(hits) * bs)
+                sched.emit(out, request, n, copies, len(hits) * bs)
         return budget
 
 

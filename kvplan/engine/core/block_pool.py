@@ -119,6 +119,28 @@ class BlockPool:
                     spill(key, block.block_id)
         return blocks
 
+    def insert_free(self, key: int) -> KVBlock | None:
+        """Key a free block under `key` (which no block holds) as a cached free block - what `allocate`,
+        `register` and `release` would do to it, in one call (a lower prefix tier's store, one per block the GPU
+        evicts: the tiers' hottest path). An empty block first, else the policy's victim, whose key goes to
+        `spill` first; None when every block is in use (nothing changes)."""
+        empty, policy = self._empty, self.policy
+        if empty:
+            block = empty.pop()
+        elif len(policy):
+            block = policy.evict()
+            victim = block.key
+            self._drop_key(block)
+            if self.spill is not None and victim not in self.cached:
+                self.spill(victim, block.block_id)
+        else:
+            return None
+        block.key = key
+        self.cached[key] = block
+        policy.on_cached(block)
+        policy.insert(block)
+        return block
+
     def _drop_key(self, block: KVBlock) -> None:
         """Forget `block`'s key (it is being evicted or unregistered); its earliest duplicate, if any, becomes
         the copy a lookup finds."""

@@ -32,13 +32,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
 from kvplan.engine.core.block_keys import stable_id_hash
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
-from kvplan.engine.core.config import CacheConfig
+from kvplan.engine.core.config import CacheConfig, ConfigError
 from kvplan.engine.core.kv_layout import cdiv
 from kvplan.engine.core.kv_manager import NO_COPIES, KVCacheManager
 from kvplan.engine.core.request import Request
+
+if TYPE_CHECKING:
+    from kvplan.engine.core.prefix_tiers import TierView
+    from kvplan.engine.core.tier_transfers import TierTransfer
 
 
 class GroupHits:
@@ -77,6 +82,7 @@ class HybridKVCacheManager:
         self.block_size = bs = config.block_size
         self.pool = BlockPool(config.num_blocks, bs, config.eviction_policy, config.enable_prefix_caching)
         self.cpu_pool = None
+        self.tiers: tuple[()] = ()  # no prefix tiers below the GPU (the config refuses them with a hybrid layout)
         self.managers = [
             KVCacheManager(CacheConfig(**{**{f.name: getattr(config, f.name) for f in fields(CacheConfig)},
                                           "window_tokens": g.kept_tokens, "sink_tokens": 0}), self.pool,
@@ -95,6 +101,11 @@ class HybridKVCacheManager:
 
     # -- capacity ------------------------------------------------------------------------------------------
     @property
+    def groups(self) -> list[KVCacheManager]:
+        """One manager per KV cache group, in the layout's order (`KVManager.groups`)."""
+        return self.managers
+
+    @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
@@ -105,9 +116,9 @@ class HybridKVCacheManager:
         """Run a group manager's operation, crediting the change in blocks in use to group g: a block changes
         hands between 0 and 1 references only inside its own group's operation (hits are keyed per group)."""
         pool = self.pool
-        before = len(pool._empty) + len(pool.policy)  # free blocks (`num_free`, inlined: once per group per step)
+        before = pool.num_free
         result = op(*args)
-        self.group_used[g] += before - len(pool._empty) - len(pool.policy)
+        self.group_used[g] += before - pool.num_free
         return result
 
     def admission_error(self, request: Request, chunk: int) -> str | None:
@@ -158,6 +169,10 @@ class HybridKVCacheManager:
             else:
                 blocks.append([cached[key ^ salt] for key in keys[:end]])
         return GroupHits(blocks)
+
+    def cached_prefix_blocks(self, request: Request) -> int:
+        """The prefix hit's length in blocks (the lookup moves nothing: there are no tiers to promote from)."""
+        return len(self.find_cached_prefix(request))
 
     def commit(self, request: Request, num_tokens: int) -> None:
         """Register the full blocks within `num_tokens` in every group. `request.num_hashed_blocks` is the same
@@ -211,8 +226,8 @@ class HybridKVCacheManager:
         need = 0
         for g, m in enumerate(self.managers):
             table = m.tables.get(request.request_id)
-            if not m._has_room(request, table, num_new_tokens):
-                need += self.pool.num_free - m._plan(request, table, num_new_tokens, self._hits(hits, g))[3]
+            if not m.has_room(request, table, num_new_tokens):
+                need += self.pool.num_free - m.plan(request, table, num_new_tokens, self._hits(hits, g))[3]
         return need
 
     def allocate(self, request: Request, num_new_tokens: int, hits: GroupHits | None = None,
@@ -222,7 +237,7 @@ class HybridKVCacheManager:
         tables = self.managers[0].tables.get(request.request_id)
         if tables is not None:
             self._trim(request)
-            if all(m._has_room(request, m.tables[request.request_id], num_new_tokens) for m in self.managers):
+            if all(m.has_room(request, m.tables[request.request_id], num_new_tokens) for m in self.managers):
                 return NO_COPIES  # the common decode step: room left in every group's private last block
         if self.pool.num_free - self._need(request, num_new_tokens, hits) < reserve:
             return None
@@ -232,7 +247,7 @@ class HybridKVCacheManager:
             for g, m in enumerate(self.managers):
                 table = m.tables[request.request_id] = []
                 ids = m.block_ids[request.request_id] = []
-                self._tracked(g, m._take_hits, request, hits.blocks[g], table, ids)
+                self._tracked(g, m.take_hits, request, hits.blocks[g], table, ids)
         copies = NO_COPIES
         for g, m in enumerate(self.managers):
             done = self._tracked(g, m.allocate, request, num_new_tokens, None, 0)
@@ -245,7 +260,7 @@ class HybridKVCacheManager:
         """Whether `allocate` would succeed (nothing changes here): the window's release counted as free."""
         released = 0
         if request.request_id in self.managers[0].tables:
-            if all(m._has_room(request, m.tables[request.request_id], num_new_tokens) for m in self.managers):
+            if all(m.has_room(request, m.tables[request.request_id], num_new_tokens) for m in self.managers):
                 return True  # `allocate`'s decode step: nothing to allocate, whatever the reserve
             for m in self.sliding:
                 first_visible = max(0, request.num_computed_tokens - m.config.window_tokens) // self.block_size
@@ -273,3 +288,17 @@ class HybridKVCacheManager:
     def swap_out(self, group: list[Request]) -> None:
         """No CPU pool (vLLM V1 has no swap): the caller recomputes."""
         return None
+
+    def swap_in_cost(self, group: list[Request], num_new_tokens: list[int]) -> int:
+        raise RuntimeError("the hybrid allocator swaps nothing out (`swap_out` is None), so nothing swaps in")
+
+    def swap_in(self, group: list[Request]) -> list[tuple[int, int]]:
+        raise RuntimeError("the hybrid allocator swaps nothing out (`swap_out` is None), so nothing swaps in")
+
+    def take_transfers(self) -> list[TierTransfer]:
+        """No tiers, so no tier copies."""
+        return []
+
+    def share_tier(self, view: TierView) -> None:
+        raise ConfigError("a shared prefix store needs the single-group paged cache; the hybrid allocator has no "
+                          "prefix tiers")

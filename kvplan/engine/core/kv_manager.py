@@ -60,6 +60,11 @@ class KVCacheManager(TieredPrefix):
 
     # -- capacity ------------------------------------------------------------------------------------------
     @property
+    def groups(self) -> tuple[KVCacheManager]:
+        """The one group whose tables make up this cache: itself (`KVManager.groups`)."""
+        return (self,)
+
+    @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
@@ -151,10 +156,10 @@ class KVCacheManager(TieredPrefix):
         rid, bs, pool = request.request_id, self.block_size, self.pool
         table = self.tables.get(rid)
         start = request.num_computed_tokens
-        # `_has_room`, inlined: this is the common decode step (room left in a private last block)
+        # `has_room`, inlined: this is the common decode step (room left in a private last block)
         if table is not None and start + num_new_tokens <= len(table) * bs and table[start // bs].ref_cnt == 1:
             return NO_COPIES
-        start, new_blocks, shared_tail, left = self._plan(request, table, num_new_tokens, hits)
+        start, new_blocks, shared_tail, left = self.plan(request, table, num_new_tokens, hits)
         if left < reserve:
             return None
         if table is None:
@@ -162,7 +167,7 @@ class KVCacheManager(TieredPrefix):
             self.block_ids[rid] = []
         ids = self.block_ids[rid]
         if hits:
-            self._take_hits(request, hits, table, ids)
+            self.take_hits(request, hits, table, ids)
         copies = NO_COPIES
         if shared_tail is not None:
             copy = pool.allocate()
@@ -180,18 +185,20 @@ class KVCacheManager(TieredPrefix):
                      reserve: int = 0) -> bool:
         """Whether `allocate` with these arguments would succeed (it changes nothing here)."""
         table = self.tables.get(request.request_id)
-        return self._has_room(request, table, num_new_tokens) or self._plan(
+        return self.has_room(request, table, num_new_tokens) or self.plan(
             request, table, num_new_tokens, hits)[3] >= reserve
 
-    def _has_room(self, request: Request, table: list[KVBlock | None] | None, num_new_tokens: int) -> bool:
+    def has_room(self, request: Request, table: list[KVBlock | None] | None, num_new_tokens: int) -> bool:
+        """Whether `table` already holds `num_new_tokens` more tokens of `request`, writing into no shared block:
+        the step allocates nothing."""
         start = request.num_computed_tokens
         return (table is not None and start + num_new_tokens <= len(table) * self.block_size
                 and table[start // self.block_size].ref_cnt == 1)
 
-    def _plan(self, request: Request, table: list[KVBlock | None] | None, num_new_tokens: int,
+    def plan(self, request: Request, table: list[KVBlock | None] | None, num_new_tokens: int,
               hits: list[KVBlock] | None) -> tuple[int, int, KVBlock | None, int]:
         """(first position written, new blocks, the shared partial tail to copy first or None, blocks left
-        free afterwards) for an allocation that `_has_room` does not cover."""
+        free afterwards) for an allocation that `has_room` does not cover."""
         bs = self.block_size
         start = request.num_computed_tokens
         held = 0 if table is None else len(table)
@@ -209,7 +216,9 @@ class KVCacheManager(TieredPrefix):
         left = self.pool.num_free - taken_free - max(new_blocks, 0) - (shared_tail is not None)
         return start, new_blocks, shared_tail, left
 
-    def _take_hits(self, request: Request, hits: list[KVBlock], table: list, ids: list[int]) -> None:
+    def take_hits(self, request: Request, hits: list[KVBlock], table: list, ids: list[int]) -> None:
+        """Put the prefix `hits` (holes as `HOLE`) at the head of the request's new `table` and `ids`, one
+        reference each; the request's computed and registered counts start after them."""
         for block in hits:
             if block is None:  # outside a sliding group's window: a hole, as the window leaves it
                 table.append(None)

@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvplan.engine.core.kv_manager import HOLE
+from kvplan.engine.core.reservation import ReservationAllocator
 
 if TYPE_CHECKING:
+    from kvplan.engine.core.kv_interface import KVManager
     from kvplan.engine.core.kv_manager import KVCacheManager
     from kvplan.engine.core.request import Request
-    from kvplan.engine.core.reservation import ReservationAllocator
 
 
 @dataclass(slots=True)
@@ -59,26 +60,25 @@ class MemoryBreakdown:
         return asdict(self)
 
 
-def memory_breakdown(kv: KVCacheManager | ReservationAllocator, requests: Iterable[Request]
-                     ) -> MemoryBreakdown:
-    if hasattr(kv, "extents"):
+def memory_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakdown:
+    if isinstance(kv, ReservationAllocator):
         return _reservation_breakdown(kv, requests)
     return _paged_breakdown(kv, requests)
 
 
-def _paged_breakdown(kv: KVCacheManager, requests: Iterable[Request]) -> MemoryBreakdown:
+def _paged_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakdown:
     """One pass over every live table, vectorised: a sample of 256 requests holding 170 blocks each is 43k
     (block, holder) pairs, which a Python loop took 40 ms over. A hybrid layout's groups hold distinct blocks of
     the one pool: their slots add up."""
     bs = kv.block_size
     requests = list(requests)
     tokens = needed_slots = 0
-    for group in getattr(kv, "managers", (kv,)):
+    for group in kv.groups:
         group_tokens, group_needed = _table_slots(group.block_ids, requests, bs)
         tokens += group_tokens
         needed_slots += group_needed
     total = kv.config.num_blocks * bs
-    used_slots = kv.pool.num_used * bs
+    used_slots = kv.pool.num_used * bs if kv.pool is not None else 0
     reserved = needed_slots - tokens
     return MemoryBreakdown(tokens / total, reserved / total, (used_slots - tokens - reserved) / total, 0.0,
                            (total - used_slots) / total)
@@ -132,9 +132,9 @@ def _reservation_breakdown(kv: ReservationAllocator, requests: Iterable[Request]
                            largest / total)
 
 
-def kv_snapshot(kv: KVCacheManager | ReservationAllocator, stats: SchedulerStats) -> dict[str, float | int]:
+def kv_snapshot(kv: KVManager, stats: SchedulerStats) -> dict[str, float | int | None]:
     """Instantaneous gauges and cumulative counters under vLLM's metric names."""
-    pool = getattr(kv, "pool", None)
+    pool = kv.pool
     return {
         "kv_usage": kv.usage(),
         "num_blocks_used": pool.num_used if pool else 0,
@@ -159,10 +159,10 @@ TIER_BYTES_KEYS = tuple(f"kv_offload_{name}_bytes" for name in TIER_NAMES)
 TIER_SUMMARY_KEYS = TIER_COUNTER_KEYS + TIER_BYTES_KEYS
 
 
-def tier_counters(kv: object) -> dict[str, int | None]:
+def tier_counters(kv: KVManager) -> dict[str, int | None]:
     """`kv_offload_<tier>_<counter>` in blocks for every tier the core knows, None where the tier is absent (a
     summary names the same keys whether or not a run had the tier); `_blocks` is what the tier holds now."""
-    present = {tier.name: tier for tier in getattr(kv, "tiers", ())}
+    present = {tier.name: tier for tier in kv.tiers}
     out: dict[str, int | None] = {}
     for name in TIER_NAMES:
         tier = present.get(name)

@@ -51,7 +51,7 @@ class SchedulerOutput:
     preempted: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (request id, reason)
     # Plain count-only decodes scheduled in bulk (one token each, ahead of `scheduled` in running order); only
-    # when the scheduler's `bulk_decodes` is on - the simulator's fast path (see `bulk_decode`).
+    # under the scheduler's `DecodeMode.BULK` - the simulator's fast path (see `decode_steps`).
     decodes: list[Request] = field(default_factory=list)
 
     @property

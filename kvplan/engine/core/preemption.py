@@ -17,71 +17,70 @@ copy-on-write copies on top of what they held) drops its CPU copy and is recompu
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 from kvplan.engine.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from kvplan.engine.core.config import SchedulerConfig
-    from kvplan.engine.core.kv_manager import KVCacheManager
-    from kvplan.engine.core.metrics import SchedulerStats
     from kvplan.engine.core.outputs import SchedulerOutput
-    from kvplan.engine.core.request_queue import FCFSQueue, PriorityQueue
-    from kvplan.engine.core.reservation import ReservationAllocator
+    from kvplan.engine.core.scheduler import Scheduler
 
 
 class GroupPreemption:
-    """Mixed into `Scheduler`, whose state it works on."""
+    """The scheduler's preemption (see the module), owned by one `Scheduler` and working on its public state.
+    Invariant kept: a sequence group is resident all together or not at all, and members of a swapped group are
+    adjacent in `swapped`, in group order."""
 
-    config: SchedulerConfig
-    kv: KVCacheManager | ReservationAllocator
-    running: list[Request]
-    swapped: deque[Request]
-    waiting: FCFSQueue | PriorityQueue
-    stats: SchedulerStats
+    __slots__ = ("sched",)
 
-    def _group_of(self, request: Request, members: list[Request]) -> list[Request]:
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+
+    @staticmethod
+    def group_of(request: Request, members: list[Request]) -> list[Request]:
         """`request`'s sequence group among `members` (in their order); a lone request is its own group."""
         if not request.grouped:
             return [request]
         key = request.group
         return [r for r in members if r.group == key]
 
-    def _swapped_head_group(self) -> list[Request]:
-        head = self.swapped[0]
+    def swapped_head_group(self) -> list[Request]:
+        """The group at the head of `swapped` (its members are adjacent)."""
+        swapped = self.sched.swapped
+        head = swapped[0]
         if not head.grouped:
             return [head]
         group = []
-        for request in self.swapped:  # a group's members are adjacent
+        for request in swapped:
             if request.group != head.group:
                 break
             group.append(request)
         return group
 
-    def _preempt(self, victim: Request, out: SchedulerOutput) -> int:
+    def preempt(self, victim: Request, out: SchedulerOutput) -> int:
         """Preempt `victim` with its whole sequence group; returns the budget they give back if they were
         already scheduled in this step."""
-        group = self._group_of(victim, self.running)
-        refund, undone = 0, set()
+        sched = self.sched
+        group = self.group_of(victim, sched.running)
+        refund, undone = 0, set[tuple[int, int]]()
         for request in group:
-            self._stop_running(request)
+            sched.stop_running(request)
             request.num_preemptions += 1
-            self.stats.num_preemptions += 1
+            sched.stats.num_preemptions += 1
             out.preempted.append(request.request_id)
             refund += self._unschedule(request, out, undone)
-        if self.config.preemption_mode == "swap":
-            copies = self.kv.swap_out(group)
+        if sched.config.preemption_mode == "swap":
+            copies = sched.kv.swap_out(group)
             if copies is not None:
                 source = {dst: src for src, dst in undone}  # their copy-on-write never ran: read the source
                 out.swap_out.extend((source.get(gpu, gpu), cpu) for gpu, cpu in copies)
                 for request in group:
                     request.status = RequestStatus.SWAPPED
-                    self.swapped.append(request)
-                self.stats.num_swap_outs += len(group)
+                    sched.swapped.append(request)
+                sched.stats.num_swap_outs += len(group)
                 return refund
         for request in group:
-            self.kv.free(request)
+            sched.kv.free(request)
         self._requeue_group(group)
         return refund
 
@@ -90,9 +89,10 @@ class GroupPreemption:
         registered in the prefix cache lose their keys again: this step will not compute them. (vLLM's FCFS
         victim is the last running request, never one already scheduled in the step; other victim policies can
         pick one.)"""
+        kv = self.sched.kv
         for i, item in enumerate(out.scheduled):
             if item.request is request:
-                self.kv.unregister_since(request, item.start_pos // self.kv.block_size)
+                kv.unregister_since(request, item.start_pos // kv.block_size)
                 out.num_batched_tokens -= item.num_new_tokens
                 if item.copies:
                     undone.update(item.copies)
@@ -101,10 +101,43 @@ class GroupPreemption:
                 return item.num_new_tokens
         return 0
 
-    def _recompute_swapped(self, group: list[Request]) -> None:
+    def schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        """Swap groups back in, first come first served, while their sequences, budget and blocks (with the
+        watermark while anything runs) fit; returns the budget left. A group that could not come back even into
+        an empty cache is recomputed instead."""
+        sched = self.sched
+        kv, swapped = sched.kv, sched.swapped
+        while swapped and budget > 0:
+            group = self.swapped_head_group()
+            if not sched.has_seq_room(sum(r.seq_slots for r in group)):
+                break
+            chunks, left = [], budget
+            for request in group:
+                chunks.append(sched.chunk(request.num_tokens_to_compute, left))
+                left -= chunks[-1]
+            if not any(chunks):
+                break
+            if kv.num_free_blocks - kv.swap_in_cost(group, chunks) < sched.admission_reserve():
+                if sched.running:
+                    break  # room comes back as running requests finish
+                self.recompute_swapped(group)  # could never come back, even into an empty cache
+                continue
+            for _ in group:
+                swapped.popleft()
+            out.swap_in.extend(kv.swap_in(group))
+            for request, n in zip(group, chunks, strict=True):
+                sched.start_running(request)
+                if n:
+                    sched.emit(out, request, n, kv.allocate(request, n), 0)
+            budget = left
+        return budget
+
+    def recompute_swapped(self, group: list[Request]) -> None:
+        """Drop a swapped group's CPU copy and queue its members for recompute."""
+        sched = self.sched
         for request in group:
-            self.swapped.remove(request)
-            self.kv.free(request)  # its CPU copy
+            sched.swapped.remove(request)
+            sched.kv.free(request)  # its CPU copy
         self._requeue_group(group)
 
     def _requeue_group(self, group: list[Request]) -> None:
@@ -113,10 +146,12 @@ class GroupPreemption:
         for request in reversed(group):
             if len(group) > 1 and not request.beam:  # beams advance together: they stay one group
                 request.group_id = request.request_id
-            self._requeue_for_recompute(request)
+            self.requeue_for_recompute(request)
 
-    def _requeue_for_recompute(self, request: Request) -> None:
+    def requeue_for_recompute(self, request: Request) -> None:
+        """Put a request that holds no blocks back at the head of the waiting queue, to compute from scratch."""
+        sched = self.sched
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
-        self.waiting.push_front(request)
-        self.stats.num_recomputes += 1
+        sched.waiting.push_front(request)
+        sched.stats.num_recomputes += 1

@@ -72,32 +72,22 @@ class PrefixTier:
 
     def store(self, key: int, src: int, src_tier: str = GPU) -> None:
         """Keep `key` (block `src` of the pool `src_tier` above, which evicted it, or wrote it through): a key
-        already here is refreshed, not copied again. What the pool's allocate, register and release would do to a
-        slot, inlined (one call per block the GPU evicts: the tiers' hottest path): the slot goes from free to
-        keyed and cached free with the same calls to the eviction policy, in the same order; the copy into it is
-        logged after the demotion its own eviction caused."""
+        already here is refreshed, not copied again. A new key takes a slot from free to keyed and cached free in
+        one pool call (`BlockPool.insert_free`); the copy into it is logged after the demotion its own eviction
+        caused."""
         pool = self.pool
         held = pool.cached.get(key)
         if held is not None:
             pool.acquire(held)
             pool.release(held)
             return
-        empty, policy = pool._empty, pool.policy
-        if empty:
-            slot = empty.pop()
-        elif len(policy):
-            slot = policy.evict()  # this tier's victim: demoted further (or dropped) below
-            victim = slot.key
-            pool._drop_key(slot)
-            self._evicted(victim, slot.block_id)  # (one slot per key: the victim's contents are gone from here)
-        else:  # every slot is pinned by a promotion in flight: nowhere to put it
+        # An empty slot, or this tier's victim, demoted further (or dropped) below by the pool's `spill` first
+        # (one slot per key: the victim's contents are gone from here).
+        slot = pool.insert_free(key)
+        if slot is None:  # every slot is pinned by a promotion in flight: nowhere to put it
             self.stats.dropped += 1
             return
         self.stats.demotions += 1
-        slot.key = key
-        pool.cached[key] = slot
-        policy.on_cached(slot)
-        policy.insert(slot)
         if self.log is not None:
             self.log.append(TierTransfer(src_tier, src, self.name, slot.block_id))
 

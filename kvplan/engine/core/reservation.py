@@ -15,10 +15,15 @@ prefix caching, swap or sliding window.
 from __future__ import annotations
 
 import bisect
+from typing import TYPE_CHECKING
 
-from kvplan.engine.core.config import CacheConfig
+from kvplan.engine.core.config import CacheConfig, ConfigError
 from kvplan.engine.core.kv_manager import NO_COPIES
 from kvplan.engine.core.request import Request
+
+if TYPE_CHECKING:
+    from kvplan.engine.core.prefix_tiers import TierView
+    from kvplan.engine.core.tier_transfers import TierTransfer
 
 
 def next_pow2(n: int) -> int:
@@ -38,6 +43,10 @@ class ReservationAllocator:
         self.reserved_slots = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        # No blocks, no prefix cache and no tiers (`KVManager`): the config refuses tiers with this allocator.
+        self.pool: None = None
+        self.tiers: tuple[()] = ()
+        self.groups: tuple[()] = ()
 
     def reservation(self, request: Request) -> int:
         mode, need = self.config.allocator, min(request.final_len, self.config.max_model_len)
@@ -68,6 +77,9 @@ class ReservationAllocator:
     # -- the KVCacheManager interface ----------------------------------------------------------------------
     def find_cached_prefix(self, request: Request) -> list:
         return []
+
+    def cached_prefix_blocks(self, request: Request) -> int:
+        return 0
 
     def commit(self, request: Request, num_tokens: int) -> None:
         return None
@@ -142,6 +154,19 @@ class ReservationAllocator:
 
     def swap_out(self, group: list[Request]) -> None:
         return None  # not supported: the scheduler falls back to recompute
+
+    def swap_in_cost(self, group: list[Request], num_new_tokens: list[int]) -> int:
+        raise RuntimeError("a reservation allocator swaps nothing out (`swap_out` is None), so nothing swaps in")
+
+    def swap_in(self, group: list[Request]) -> list[tuple[int, int]]:
+        raise RuntimeError("a reservation allocator swaps nothing out (`swap_out` is None), so nothing swaps in")
+
+    def take_transfers(self) -> list[TierTransfer]:
+        """No tiers, so no tier copies."""
+        return []
+
+    def share_tier(self, view: TierView) -> None:
+        raise ConfigError(f"a shared prefix store needs the paged allocator, not {self.config.allocator!r}")
 
     def release_outside_window(self, request: Request) -> list[int]:
         return []

@@ -25,7 +25,7 @@ over any step of at most the token budget, see `CacheConfig.peak_blocks`), so:
 
 Hence every `schedule()` with unfinished requests schedules work, preempts, or reports rejections.
 
-Prefix-cache registration happens when a request is scheduled (`_emit`), as in vLLM V1: the full blocks its step
+Prefix-cache registration happens when a request is scheduled (`emit`), as in vLLM V1: the full blocks its step
 computes are keyed at once, so a request admitted later in the same step hits them (the engine writes a step's KV
 before attending). A victim preempted after it was scheduled in the step loses those keys again.
 
@@ -33,7 +33,8 @@ Admission gate (`scheduler_reserve_full_isl`, vLLM's name and default): a waitin
 the blocks for its whole prompt (and output to recompute) beyond its prefix hits fit in the free blocks with the
 watermark to spare, not just its first chunk; off, the first chunk decides (vLLM <= 0.10).
 
-`update(step, sampled)` (`step_update`) applies the step's results. Requests that could never run are rejected at
+`update(step, sampled)` (`step_update`) applies the step's results. Decodes can be stepped in bulk, one step or
+k at once, in count-only runs (`decode_steps`). Requests that could never run are rejected at
 `add_request` and reported in the next step.
 """
 
@@ -42,13 +43,15 @@ from __future__ import annotations
 from collections import deque
 from itertools import count
 
+from kvplan.engine.core.admission import Admission
 from kvplan.engine.core.beam_group import BeamGroups
-from kvplan.engine.core.bulk_decode import schedule_decode_prefix
 from kvplan.engine.core.config import CacheConfig, ConfigError, SchedulerConfig
+from kvplan.engine.core.decode_steps import DecodeMode, DecodeSteps
 from kvplan.engine.core.kv_groups import HybridKVCacheManager
+from kvplan.engine.core.kv_interface import KVManager
 from kvplan.engine.core.kv_manager import KVCacheManager
 from kvplan.engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
-from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput
+from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput, UpdateOutput
 from kvplan.engine.core.preemption import GroupPreemption
 from kvplan.engine.core.request import Request, RequestStatus, attach_block_keys
 from kvplan.engine.core.request_queue import make_queue
@@ -61,8 +64,7 @@ RUNNING = RequestStatus.RUNNING
 INF = float("inf")  # no cap
 
 
-def make_kv_manager(config: CacheConfig, max_num_batched_tokens: int = 2048
-                    ) -> KVCacheManager | HybridKVCacheManager | ReservationAllocator:
+def make_kv_manager(config: CacheConfig, max_num_batched_tokens: int = 2048) -> KVManager:
     """The cache's manager: paged (one group, or vLLM's hybrid allocator over several), or a reservation one.
     The token budget bounds what a sliding group holds beyond its window in one step (its admission cap)."""
     if config.hybrid:
@@ -70,11 +72,37 @@ def make_kv_manager(config: CacheConfig, max_num_batched_tokens: int = 2048
     return KVCacheManager(config) if config.allocator == "paged" else ReservationAllocator(config)
 
 
-class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
-    def __init__(self, cache: CacheConfig | None = None, config: SchedulerConfig | None = None) -> None:
+class Scheduler:
+    """The continuous-batching scheduler (see the module). It owns the request sets and the KV manager; its
+    parts are components it owns, each working through this class's public members: `admissions` (waiting ->
+    running), `preemption` (groups preempted and swapped back all or nothing), `beams` (beam-search groups),
+    `updates` (`update`) and `decode_steps` (decodes stepped in bulk or k steps at once).
+
+    Invariants between calls:
+
+    * every live request (`requests`) is in exactly one of `waiting` (WAITING or PREEMPTED, holding no KV),
+      `running` (RUNNING, its KV for every computed token in `kv`) or `swapped` (SWAPPED, its KV on the CPU);
+      members of a sequence group are adjacent in `swapped`, in group order, and resident all or none;
+    * `num_running_seqs` is the running requests' `seq_slots`, at most `max_num_seqs`;
+    * the prefix cache keys exactly the full blocks of steps already scheduled (a step's blocks are keyed when it is
+      scheduled and unkeyed again if its request is preempted before it runs);
+    * `step_id` and `stats.num_steps` count the steps scheduled, a fast-forwarded stretch's included.
+
+    Extension points - what differs between the live engine and the simulator:
+
+    * `decode_mode`: `DecodeMode.PER_REQUEST` (the default: every request through the general loop, as a run
+      that samples real tokens needs) or `DecodeMode.BULK` (count-only runs: the leading plain decodes of a step
+      as one list, `SchedulerOutput.decodes`); set it before the first `schedule()`;
+    * `update(out, sampled)`: `sampled` None runs count-only;
+    * `decode_horizon(limit)`, `advance_decodes(k, usage)` and `waiting_head_blocked()`: the decode fast path,
+      k pure-decode cycles applied at once, exactly as k `schedule()` + `update()` cycles would.
+    """
+
+    def __init__(self, cache: CacheConfig | None = None, config: SchedulerConfig | None = None, *,
+                 decode_mode: DecodeMode = DecodeMode.PER_REQUEST) -> None:
         self.cache_config = cache or CacheConfig()
         self.config = config or SchedulerConfig()
-        self.kv = make_kv_manager(self.cache_config, self.config.max_num_batched_tokens)
+        self.kv: KVManager = make_kv_manager(self.cache_config, self.config.max_num_batched_tokens)
         self.block_size = self.cache_config.block_size
         self.waiting = make_queue(self.config.policy)
         self.running: list[Request] = []
@@ -83,9 +111,9 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         self.num_running_seqs = 0  # sequences the running requests count for under max_num_seqs
         self.stats = SchedulerStats()
         self.step_id = 0
+        self.decode_mode = decode_mode
         self._seq = count()
         self._rejected: list[tuple[str, str]] = []
-        self._keys_wanted = self.cache_config.enable_prefix_caching and self.cache_config.allocator == "paged"
         if self.config.long_prefill_token_threshold > self.cache_config.max_model_len:  # vLLM refuses it too
             raise ConfigError(f"scheduler.long_prefill_token_threshold: {self.config.long_prefill_token_threshold} "
                               f"exceeds cache.max_model_len {self.cache_config.max_model_len}; allowed: at most "
@@ -94,12 +122,18 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         # in steps that start with more than one request (alone, a prefill starves nobody)
         self._long_prefill = self.config.long_prefill_token_threshold or INF
         self._cap = INF
-        # only then can a request's blocks be released mid-request (and no fast path applies)
-        self._windowed = self.cache_config.windowed or self.cache_config.hybrid
-        self._prefill_first = self.config.schedule == "prefill_first"
-        self._full_isl = self.config.scheduler_reserve_full_isl
-        # Count-only runs (the simulator) may schedule the leading plain decodes in bulk (`bulk_decode`).
-        self.bulk_decodes = False
+        # Constants of the configuration, public for the components:
+        #: whether blocks are keyed for the prefix cache as steps are scheduled
+        self.keys_wanted = self.cache_config.enable_prefix_caching and self.cache_config.allocator == "paged"
+        #: whether a request's blocks can be released mid-request (sink+window, sliding groups): no fast path then
+        self.windowed = self.cache_config.windowed or self.cache_config.hybrid
+        self.prefill_first = self.config.schedule == "prefill_first"
+        self.reserve_full_isl = self.config.scheduler_reserve_full_isl
+        self.admissions = Admission(self)
+        self.preemption = GroupPreemption(self)
+        self.beams = BeamGroups(self)
+        self.updates = StepUpdate(self)
+        self.decode_steps = DecodeSteps(self)
 
     # -- requests ------------------------------------------------------------------------------------------
     def add_request(self, request: Request) -> bool:
@@ -107,7 +141,7 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already live")
         request.seq = next(self._seq)
-        if self._keys_wanted and request.block_keys is None:
+        if self.keys_wanted and request.block_keys is None:
             attach_block_keys(request, self.block_size)
         reason = self.rejection_reason(request)
         if reason is not None:
@@ -129,7 +163,7 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
                     f"exceeds max_model_len {limit}")
         if request.n > self.config.max_num_seqs:
             return f"n = {request.n} parallel sequences exceed max_num_seqs {self.config.max_num_seqs}"
-        if request.beam and (self._windowed or self.cache_config.allocator != "paged"):
+        if request.beam and (self.windowed or self.cache_config.allocator != "paged"):
             return ("beam search shares blocks copy-on-write and keeps every beam's whole history: it needs the "
                     "paged allocator without a sink+window cache or sliding-window layers")
         if not self.config.enable_chunked_prefill and request.prompt_len > budget:
@@ -137,12 +171,17 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
                     "prefill is off")
         return self.kv.admission_error(request, budget)
 
+    @property
+    def has_rejections(self) -> bool:
+        """Whether requests rejected by `add_request` wait to be reported by the next step."""
+        return bool(self._rejected)
+
     def abort(self, request_id: str) -> bool:
         request = self.requests.pop(request_id, None)
         if request is None:
             return False
         if request.status is RUNNING:
-            self._stop_running(request)
+            self.stop_running(request)
         elif request.status is RequestStatus.SWAPPED:
             self.swapped.remove(request)
         else:
@@ -157,7 +196,7 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         search). Call between `update()` and the next `schedule()`."""
         if child_id in self.requests:
             raise ValueError(f"request id {child_id!r} is already live")
-        if not self._has_seq_room(1):
+        if not self.has_seq_room(1):
             raise ValueError(f"fork: {self.num_running_seqs} running sequences leave no room under max_num_seqs "
                              f"{self.config.max_num_seqs}")
         child = parent.spawn(child_id)
@@ -165,9 +204,9 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         parent.children_ids.append(child_id)
         self.requests[child_id] = child
         if self.kv.fork(parent, child):
-            self._start_running(child)
+            self.start_running(child)
         else:  # a reservation allocator found no room for the child: it recomputes later
-            self._requeue_for_recompute(child)
+            self.preemption.requeue_for_recompute(child)
             self.stats.num_preemptions += 1
         return child
 
@@ -178,24 +217,44 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
     def num_unfinished(self) -> int:
         return len(self.running) + len(self.swapped) + len(self.waiting)
 
-    # -- running set ---------------------------------------------------------------------------------------
-    def _start_running(self, request: Request) -> None:
+    # -- lifecycle transitions and admission rules (the components' API) ------------------------------------
+    def start_running(self, request: Request) -> None:
         request.status = RUNNING
         self.running.append(request)
         self.num_running_seqs += request.seq_slots
 
-    def _stop_running(self, request: Request) -> None:
+    def stop_running(self, request: Request) -> None:
         self.running.remove(request)
         self.num_running_seqs -= request.seq_slots
 
-    def _has_seq_room(self, slots: int) -> bool:
+    def finish(self, request: Request, reason: str, result: UpdateOutput | None) -> None:
+        """End a running request, freeing its blocks; the caller drops it from `running` (`drop_finished`)."""
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        del self.requests[request.request_id]
+        self.num_running_seqs -= request.seq_slots
+        self.stats.num_finished += 1
+        if result is not None:
+            result.finished.append(request)
+
+    def drop_finished(self) -> None:
+        """Drop the requests that are no longer RUNNING from `running`, keeping its order."""
+        self.running = [r for r in self.running if r.status is RUNNING]
+
+    def count_steps(self, k: int) -> None:
+        """Count k steps run without `schedule()` (a fast-forwarded stretch)."""
+        self.step_id += k
+        self.stats.num_steps += k
+
+    def has_seq_room(self, slots: int) -> bool:
         return self.num_running_seqs + slots <= self.config.max_num_seqs
 
-    def _reserve(self) -> int:
+    def admission_reserve(self) -> int:
         """Blocks an admission or swap-in must leave free: the watermark, only while something runs."""
         return self.cache_config.watermark_blocks if self.running else 0
 
-    def _chunk(self, pending: int, budget: int) -> int:
+    def chunk(self, pending: int, budget: int) -> int:
         """Tokens to compute now out of `pending` within `budget`; 0: wait for a step with room."""
         pending = min(pending, self._cap)
         if pending <= budget or self.config.enable_chunked_prefill:
@@ -203,6 +262,20 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         # Chunked prefill off: a prefill runs whole - except a recompute of prompt + generated tokens longer than
         # the whole budget, which no step could hold.
         return budget if pending > self.config.max_num_batched_tokens else 0
+
+    def emit(self, out: SchedulerOutput, request: Request, n: int, copies: tuple, cached_tokens: int) -> None:
+        """Put `n` tokens of `request` into the step, keying the blocks the step fills (vLLM's timing)."""
+        start = request.num_computed_tokens
+        end = start + n
+        if self.keys_wanted and end >= (request.num_hashed_blocks + 1) * self.block_size:
+            self.kv.commit(request, end)  # a block fills in this step: key it now
+        samples = end == request.prompt_len + request.num_output_tokens  # all of num_tokens
+        out.scheduled.append(ScheduledRequest(
+            request, n, start, cached_tokens, self.kv.block_ids[request.request_id], samples,
+            samples and n == 1 and start >= request.prompt_len, copies))
+        out.num_batched_tokens += n
+        if copies:
+            out.copies.extend(copies)
 
     # -- schedule ------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -213,14 +286,14 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
             out.rejected, self._rejected = self._rejected, []
         budget = self.config.max_num_batched_tokens
         self._cap = self._long_prefill if len(self.running) + len(self.waiting) + len(self.swapped) > 1 else INF
-        if self._prefill_first and not self.swapped and self._schedule_prefills(out, budget):
+        if self.prefill_first and not self.swapped and self._schedule_prefills(out, budget):
             self._collect_tier_transfers(out)
             return out
         budget = self._schedule_running(out, budget)
         if not out.preempted:
-            budget = self._schedule_swapped(out, budget)
-            if not self.swapped and not (self._prefill_first and not out.is_empty):
-                self._schedule_waiting(out, budget)
+            budget = self.preemption.schedule_swapped(out, budget)
+            if not self.swapped and not (self.prefill_first and not out.is_empty):
+                self.admissions.schedule_waiting(out, budget)
         if out.is_empty and not out.preempted and self.has_unfinished():
             raise RuntimeError(f"scheduler bug: an empty step with {len(self.running)} running, {len(self.swapped)} "
                                f"swapped and {len(self.waiting)} waiting requests ({self.kv.num_free_blocks} of "
@@ -232,8 +305,7 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
         """The tier copies this step made (demotions of evicted GPU blocks, promotions of lower-tier prefix hits),
         in order: the runner performs them, the cost model prices the promotions. Only a paged manager with tiers
         has any."""
-        tiers = getattr(self.kv, "tiers", None)
-        if tiers:
+        if self.kv.tiers:
             out.tier_transfers = self.kv.take_transfers()
             out.promotions = promotions_of(out.tier_transfers)
 
@@ -246,17 +318,17 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
                 break
             if request.num_computed_tokens >= request.prompt_len and request.num_tokens_to_compute == 1:
                 continue  # decoding: waits for a step without prefills
-            n = self._chunk(request.num_tokens_to_compute, budget)
+            n = self.chunk(request.num_tokens_to_compute, budget)
             copies = kv.allocate(request, n) if n else None
             if copies is not None:
                 budget -= n
-                self._emit(out, request, n, copies, 0)
-        self._schedule_waiting(out, budget)
+                self.emit(out, request, n, copies, 0)
+        self.admissions.schedule_waiting(out, budget)
         return bool(out.scheduled)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         kv = self.kv
-        first = schedule_decode_prefix(self, out, budget) if self.bulk_decodes else 0
+        first = self.decode_steps.schedule_leading(out, budget) if self.decode_mode is DecodeMode.BULK else 0
         budget -= first
         for request in self.running[first:]:  # a copy: preemption edits the list
             if budget <= 0:
@@ -265,107 +337,57 @@ class Scheduler(GroupPreemption, BeamGroups, StepUpdate):
                 continue  # preempted as a victim earlier in this loop
             # num_tokens_to_compute, inlined (this loop runs once per running request per step)
             pending = request.prompt_len + request.num_output_tokens - request.num_computed_tokens
-            n = pending if pending <= budget and pending <= self._cap else self._chunk(pending, budget)
+            n = pending if pending <= budget and pending <= self._cap else self.chunk(pending, budget)
             if n == 0:
                 continue
             copies = kv.allocate(request, n)
             while copies is None and request.status is RUNNING:
-                budget += self._preempt(pick_victim(self.config.victim_policy, self.running), out)
+                budget += self.preemption.preempt(pick_victim(self.config.victim_policy, self.running), out)
                 if request.status is RUNNING:
                     copies = kv.allocate(request, n)
             if copies is None:
                 continue
             budget -= n
-            self._emit(out, request, n, copies, 0)
+            self.emit(out, request, n, copies, 0)
         return budget
 
-    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
-        kv = self.kv
-        while self.swapped and budget > 0:
-            group = self._swapped_head_group()
-            if not self._has_seq_room(sum(r.seq_slots for r in group)):
-                break
-            chunks, left = [], budget
-            for request in group:
-                chunks.append(self._chunk(request.num_tokens_to_compute, left))
-                left -= chunks[-1]
-            if not any(chunks):
-                break
-            if kv.num_free_blocks - kv.swap_in_cost(group, chunks) < self._reserve():
-                if self.running:
-                    break  # room comes back as running requests finish
-                self._recompute_swapped(group)  # could never come back, even into an empty cache
-                continue
-            for _ in group:
-                self.swapped.popleft()
-            out.swap_in.extend(kv.swap_in(group))
-            for request, n in zip(group, chunks, strict=True):
-                self._start_running(request)
-                if n:
-                    self._emit(out, request, n, kv.allocate(request, n), 0)
-            budget = left
-        return budget
+    # -- update, beams and the decode fast path (the components' entry points) ------------------------------
+    def update(self, out: SchedulerOutput, sampled: list | None = None) -> UpdateOutput:
+        """Apply a step's results. `sampled[i]` is the token for `out.scheduled[i]` (ignored where it samples
+        nothing; a list of n tokens for an n > 1 request finishing its prompt); None runs count-only."""
+        return self.updates.update(out, sampled)
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        kv = self.kv
-        while len(self.waiting) and budget > 0:
-            request = self.waiting.peek()
-            if request.beam and request.grouped:  # a beam group back from recompute: all of it or none
-                left = self._admit_beam_group(request, out, budget)
-                if left is None:
-                    break
-                budget = left
-                continue
-            plan = self._admission(request, budget)
-            if plan is None:
-                break
-            hits, n = plan
-            cached_tokens = len(hits) * self.block_size
-            reserve = self._reserve()
-            if self._full_isl and not kv.fits_whole(request, hits, reserve):
-                break
-            copies = kv.allocate(request, n, hits, reserve)
-            if copies is None:
-                break
-            self.waiting.pop()
-            kv.record_admission(request, len(hits))
-            if request.status is RequestStatus.WAITING:
-                request.num_cached_tokens = cached_tokens
-            self._start_running(request)
-            budget -= n
-            self._emit(out, request, n, copies, cached_tokens)
+    def advance_beams(self, members: list[Request], plan: list[tuple[int, int]]) -> UpdateOutput:
+        """One beam-search step of a group: member j continues member plan[j][0] with token plan[j][1]."""
+        return self.beams.advance(members, plan)
 
-    def _admission(self, request: Request, budget: int) -> tuple[list, int] | None:
-        """(prefix hits, tokens to compute now) for admitting waiting `request` within `budget`, or None when
-        sequence room or budget stops it (block room is `allocate`'s to decide)."""
-        if not self._has_seq_room(request.seq_slots):
-            return None
-        hits = self.kv.find_cached_prefix(request)
-        n = self._chunk(request.num_tokens - len(hits) * self.block_size, budget)
-        return (hits, n) if n else None
+    def finish_beams(self, members: list[Request], reason: str) -> UpdateOutput:
+        """End a beam group whose search is over, releasing every block."""
+        return self.beams.finish(members, reason)
 
-    def _emit(self, out: SchedulerOutput, request: Request, n: int, copies: tuple, cached_tokens: int) -> None:
-        start = request.num_computed_tokens
-        end = start + n
-        if self._keys_wanted and end >= (request.num_hashed_blocks + 1) * self.block_size:
-            self.kv.commit(request, end)  # a block fills in this step: key it now (vLLM's timing)
-        samples = end == request.prompt_len + request.num_output_tokens  # all of num_tokens
-        out.scheduled.append(ScheduledRequest(
-            request, n, start, cached_tokens, self.kv.block_ids[request.request_id], samples,
-            samples and n == 1 and start >= request.prompt_len, copies))
-        out.num_batched_tokens += n
-        if copies:
-            out.copies.extend(copies)
+    beams_ready = staticmethod(BeamGroups.ready)
 
-    def kv_metrics(self) -> dict[str, float | int]:
+    def decode_horizon(self, limit: int) -> int:
+        """Largest k <= limit for which `advance_decodes(k)` equals k `schedule()` + `update()` cycles (0: none)."""
+        return self.decode_steps.horizon(limit)
+
+    def advance_decodes(self, k: int, usage: list[float] | None = None) -> list[tuple[int, Request]]:
+        """Apply k pure-decode cycles at once; the (step, request) completions in update order (`decode_steps`)."""
+        return self.decode_steps.advance(k, usage)
+
+    def waiting_head_blocked(self) -> bool:
+        """Whether the waiting queue's head stays waiting until a running request finishes (`admission`)."""
+        return self.admissions.head_blocked()
+
+    # -- metrics and cache control -------------------------------------------------------------------------
+    def kv_metrics(self) -> dict[str, float | int | None]:
         """vLLM-named gauges and counters plus the memory breakdown at this instant."""
         live = [*self.running, *self.swapped]
         breakdown = memory_breakdown(self.kv, live)
         return {**kv_snapshot(self.kv, self.stats), **breakdown.as_dict(),
                 "kv_token_utilization": breakdown.kv_token_utilization}
 
-    # -- cache control -------------------------------------------------------------------------------------
     def reset_prefix_cache(self) -> int:
         """Forget every cached free block; returns how many were dropped."""
-        pool = getattr(self.kv, "pool", None)
+        pool = self.kv.pool
         return pool.drop_cache() if pool is not None else 0

@@ -60,7 +60,7 @@ class TieredPrefix:
 
     def _promote(self, keys: list[int], hits: list[KVBlock]) -> list[KVBlock]:
         """Copy the leading run of `keys` that lower tiers (or, for a later block, the GPU) hold into GPU
-        blocks, registered and cached free (so the admission takes them as ordinary hits; `_plan` counts them as
+        blocks, registered and cached free (so the admission takes them as ordinary hits; `plan` counts them as
         free blocks it takes). Stops at the first key nobody has, or when no GPU block is free. The GPU `hits`
         are pinned meanwhile: a promotion's allocation must not evict the prefix it extends."""
         pool, promoted = self.pool, []

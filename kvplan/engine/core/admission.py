@@ -1,0 +1,107 @@
+"""Admission: whether, and with how many tokens, the waiting queue's head enters the running set.
+
+The rule, in order (the scheduler's module describes why it keeps the scheduler live): a sequence slot for all of
+its sequences; a prefix-cache lookup (`KVManager.find_cached_prefix`), then the tokens to compute now within the
+budget (`Scheduler.chunk`); under `scheduler_reserve_full_isl`, blocks for its whole prompt beyond the hits
+(`fits_whole`); then the blocks for this step with the watermark to spare while anything runs (`allocate`). The
+queue is served in order: the first head refused ends the step's admissions. A beam group back from recompute is
+admitted all at once or not at all (`beam_group`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvplan.engine.core.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from kvplan.engine.core.kv_interface import PrefixHits
+    from kvplan.engine.core.outputs import SchedulerOutput
+    from kvplan.engine.core.scheduler import Scheduler
+
+
+class Admission:
+    """The scheduler's admissions (see the module), owned by one `Scheduler` and working on its public state.
+    Invariant kept: a request leaves `waiting` only with the blocks for its step allocated and its prefix hits
+    taken."""
+
+    __slots__ = ("sched",)
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+
+    def plan(self, request: Request, budget: int) -> tuple[PrefixHits, int] | None:
+        """(prefix hits, tokens to compute now) for admitting waiting `request` within `budget`, or None when
+        sequence room or budget stops it (block room is `allocate`'s to decide)."""
+        sched = self.sched
+        if not sched.has_seq_room(request.seq_slots):
+            return None
+        hits = sched.kv.find_cached_prefix(request)
+        n = sched.chunk(request.num_tokens - len(hits) * sched.block_size, budget)
+        return (hits, n) if n else None
+
+    def schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Admit waiting requests in queue order while the rule lets the head in (see the module)."""
+        sched = self.sched
+        kv, waiting = sched.kv, sched.waiting
+        while len(waiting) and budget > 0:
+            request = waiting.peek()
+            if request.beam and request.grouped:  # a beam group back from recompute: all of it or none
+                left = sched.beams.admit_group(request, out, budget)
+                if left is None:
+                    break
+                budget = left
+                continue
+            plan = self.plan(request, budget)
+            if plan is None:
+                break
+            hits, n = plan
+            cached_tokens = len(hits) * sched.block_size
+            reserve = sched.admission_reserve()
+            if sched.reserve_full_isl and not kv.fits_whole(request, hits, reserve):
+                break
+            copies = kv.allocate(request, n, hits, reserve)
+            if copies is None:
+                break
+            waiting.pop()
+            kv.record_admission(request, len(hits))
+            if request.status is RequestStatus.WAITING:
+                request.num_cached_tokens = cached_tokens
+            sched.start_running(request)
+            budget -= n
+            sched.emit(out, request, n, copies, cached_tokens)
+
+    def head_blocked(self) -> bool:
+        """Whether the head of the waiting queue stays waiting through every step in which each running request
+        decodes one token, until one of them finishes (or a request arrives, or anything is swapped): what lets
+        the decode fast path run with a backlog (`decode_steps`).
+
+        What admission needs - a sequence slot, token budget, free blocks above the watermark (for the whole
+        prompt under `scheduler_reserve_full_isl`), prefix hits - only shrinks while decodes allocate and evict and
+        nobody finishes, so the head refused now is refused then. (The blocks decodes register hold generated
+        tokens, keyed per request in count-only runs, so they never become the head's hits.) The budget it would
+        get is what the decodes leave (`mixed`) or the whole budget (`prefill_first`: its prefill step is tried
+        first, and waiting requests are not tried again after decodes are scheduled). The check is the rule's own
+        (`plan`, the gate's `fits_whole`, then the KV manager's `can_allocate`). The caller checks that something
+        waits and nothing is swapped out.
+
+        With prefix tiers below the GPU the argument fails - a decode's eviction demotes a block the head's lookup
+        then promotes back (touching its GPU hits), so each step's lookup moves blocks - and the head never counts
+        as blocked: the fast path still runs the stretches in which nothing waits."""
+        sched = self.sched
+        kv = sched.kv
+        if kv.tiers:
+            return False
+        request = sched.waiting.peek()
+        budget = sched.config.max_num_batched_tokens
+        if not sched.prefill_first:
+            budget -= len(sched.running)
+        if budget <= 0:
+            return True
+        plan = self.plan(request, budget)
+        if plan is None:
+            return True
+        reserve = sched.admission_reserve()
+        if sched.reserve_full_isl and not kv.fits_whole(request, plan[0], reserve):
+            return True
+        return not kv.can_allocate(request, plan[1], plan[0], reserve)

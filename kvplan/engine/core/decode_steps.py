@@ -1,0 +1,296 @@
+"""One decode step, applied to one step or to k at once: the scheduler's decode fast paths for count-only runs.
+
+A *plain decode* is a running request generating its next token: count-only (no token ids, so no stop token), one
+token pending past its prompt, n = 1 or already forked, its next write into no shared block. Its step has three
+effects, made here in one place (`_block_events`, `_replay`) whether one step or k are applied:
+
+* when the step is scheduled, in running order, per request: a new block when its position starts one
+  (`ALLOCATE`: an empty block, or the eviction policy's victim, as `kv.allocate` takes it), then the keys of the
+  block the step fills (`REGISTER`: a step's full blocks are keyed when it is scheduled, vLLM's timing, as
+  `Scheduler.emit` does);
+* when it is updated, in running order: one more computed and output token, and the request finishes at its
+  output budget (`FINISH`).
+
+Events sort by (step, schedule before update, running order, allocation before registration): the order the
+general loop makes them in, so a replay leaves the same block ids, eviction order, registrations and completion
+order as stepping. Two entry points use it:
+
+* bulk (`DecodeMode.BULK`: `schedule_leading`, then `update`) - in a step that also prefills or admits (the step
+  after every arrival under load) the *leading* run of plain decodes in `running` is scheduled as one list,
+  `SchedulerOutput.decodes`, ahead of the general loop, so their allocations, registrations and completions keep
+  their places before everything else in the step::
+
+      running:  [d d d d d d d | p d d]       d: plain decode, p: anything else (a prefill chunk, a recompute, a
+                 └── bulk ───┘  └ general loop ┘      copy-on-write, an n > 1 prompt about to fork)
+
+  The run is taken only when the free blocks cover its new blocks *and* whatever the rest of the step could ask
+  for, so the general loop never preempts in such a step (a victim could otherwise be one of the bulk decodes).
+* fast-forward (`horizon`, then `advance`) - k whole cycles of `schedule()` + `update()` at once, when every running
+  request is a plain decode in its steady shape (table of cdiv(pos, b) blocks, every full block keyed) and nothing
+  else can happen: no arrival (the caller bounds k by the next one), nothing swapped out, no rejection to report, no
+  allocation failure (the free blocks, empty plus cached, cover every allocation of the stretch; blocks a completion
+  frees only add to them), and either nobody waiting or a waiting head that cannot be admitted before the first
+  completion (a backlog: `Admission.head_blocked`). Nothing in a stretch reads the prefix cache (admissions are
+  excluded), so evicting inside it changes nothing but the blocks' fate, which the replay reproduces. A step's
+  registrations and evictions all precede its end, so a cache-aware router reading the cache at an arrival during
+  the stretch's last step sees what it would see step by step::
+
+      step        0    1    2    3    4
+      request a   ▪    ▪    ▪    ▪    ▪      allocate (maybe evict) / register / finish events, replayed sorted
+      request b   ▪    ▪    ✓
+
+Sink+window and hybrid caches use neither (their requests release blocks mid-request).
+"""
+
+from __future__ import annotations
+
+import enum
+from itertools import islice
+from typing import TYPE_CHECKING
+
+from kvplan.engine.core.kv_manager import cdiv
+from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
+from kvplan.engine.core.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from kvplan.engine.core.scheduler import Scheduler
+
+RUNNING = RequestStatus.RUNNING
+SCHEDULE, UPDATE = 0, 1  # within a step, schedule() allocates and registers before update() finishes
+ALLOCATE, REGISTER, FINISH = 0, 1, 2  # schedule() handles one request at a time: its allocation, then its keys
+Event = tuple[int, int, int, int, int]  # (step, phase, running index, kind, logical block)
+
+
+class DecodeMode(enum.Enum):
+    """How `Scheduler.schedule` steps decodes - what differs between a token-sampling and a count-only run."""
+
+    PER_REQUEST = "per_request"  # every request through the general loop (the live engine samples real tokens)
+    BULK = "bulk"  # count-only runs (the simulator): the leading plain decodes as one list (see the module)
+
+
+class DecodeSteps:
+    """The scheduler's decode stepping (see the module), owned by one `Scheduler` and working on its public
+    state; it keeps only the cache's constants (its pool, and the one group's block tables of a paged cache)."""
+
+    __slots__ = ("group", "pool", "sched")
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        kv = sched.kv
+        self.pool = kv.pool  # None: a reservation cache, whose decodes never allocate
+        self.group = kv.groups[0] if len(kv.groups) == 1 else None  # the tables a paged cache's decodes extend
+
+    # -- one step: the leading plain decodes of a mixed step -----------------------------------------------
+    def schedule_leading(self, out: SchedulerOutput, budget: int) -> int:
+        """Schedule the leading plain decodes of `running` (at most `budget`) into `out.decodes`, allocating
+        and registering their blocks in running order; returns how many (0: the general loop schedules all)."""
+        sched = self.sched
+        if sched.windowed:
+            return 0
+        running, pool, bs = sched.running, self.pool, sched.block_size
+        tables = self.group.tables if self.group is not None else {}
+        registering = sched.keys_wanted
+        count = new = 0
+        events: list[Event] = []  # of the few that open a block or fill one in this step
+        for request in running if len(running) <= budget else islice(running, max(budget, 0)):
+            pos = request.num_computed_tokens
+            output = request.num_output_tokens
+            # A decode has one token pending past its prompt: pos == prompt + output - 1 with output >= 1 (output 0
+            # would be the prompt's last token)
+            if (output == 0 or pos != request.prompt_len + output - 1 or request.token_ids is not None
+                    or (request.n > 1 and not request.forked)):
+                break
+            if pool is not None:
+                table = tables[request.request_id]
+                held = len(table) * bs
+                # `_block_events(events, count, pos, 1, held, request.num_hashed_blocks, bs, registering)`, inlined
+                # (once per running request per step): its one step's allocation, then its registration
+                if pos < held:
+                    if table[pos // bs].ref_cnt != 1:
+                        break  # copy-on-write first: the general loop's case
+                elif pos == held:
+                    new += 1
+                    events.append((0, SCHEDULE, count, ALLOCATE, pos // bs))
+                else:
+                    break
+                if registering and pos + 1 >= (request.num_hashed_blocks + 1) * bs:
+                    events.append((0, SCHEDULE, count, REGISTER, (pos + 1) // bs - 1))
+            count += 1
+        if count == 0 or (pool is not None and pool.num_free - new < self._rest_need(count)):
+            return 0
+        if events:
+            self._replay(events, None, 0, None)
+        out.decodes = running[:count]
+        out.num_batched_tokens += count
+        return count
+
+    def _rest_need(self, first: int) -> int:
+        """Most blocks the running requests after the bulk decodes could allocate in this step (every pending
+        token, plus a copy of a shared tail): with that many free, none of them has to preempt."""
+        sched = self.sched
+        bs, need = sched.block_size, 0
+        tables = self.group.tables if self.group is not None else {}
+        for request in sched.running[first:]:
+            table = tables.get(request.request_id)
+            held = 0 if table is None else len(table)
+            need += max(cdiv(request.num_tokens, bs) - held, 0) + 1
+        return need
+
+    def update(self, out: SchedulerOutput, result: UpdateOutput) -> None:
+        """`update()` for `out.decodes`: one token each, output budgets finished (their full blocks were
+        registered when they were scheduled)."""
+        finish = self.sched.finish
+        for request in out.decodes:
+            if request.status is not RUNNING:
+                continue  # aborted after schedule()
+            request.num_computed_tokens += 1
+            request.num_output_tokens += 1
+            if request.num_output_tokens >= request.max_tokens:
+                finish(request, "length", result)
+
+    # -- k steps: a pure-decode stretch ----------------------------------------------------------------------
+    def horizon(self, limit: int) -> int:
+        """Largest k <= limit for which `advance(k)` is exact (0 when no fast path applies)."""
+        sched = self.sched
+        if limit <= 0 or not sched.running or sched.swapped or sched.has_rejections:
+            return 0
+        backlog = len(sched.waiting) > 0
+        if backlog and not sched.admissions.head_blocked():
+            return 0  # an admission is due
+        if sched.windowed or len(sched.running) > sched.config.max_num_batched_tokens:  # windows release
+            return 0
+        pool = self.pool
+        bs = sched.block_size
+        tables = self.group.tables if self.group is not None else {}
+        registering = pool is not None and pool.enable_caching
+        longest, shortest = 0, limit
+        needed = 0  # new blocks for `limit` steps (the same as for k, as no request runs longer)
+        for request in sched.running:  # once per running request per stretch: properties and helpers inlined
+            pos = request.num_computed_tokens
+            output = request.num_output_tokens
+            # a plain decode, as `schedule_leading` takes one (output 0: the prompt's last token, a prefill)
+            if output == 0 or request.token_ids is not None or request.prompt_len + output - pos != 1:
+                return 0  # the engine samples real tokens (stop tokens possible); only count-only runs qualify
+            if request.n > 1 and not request.forked:
+                return 0
+            remaining = request.max_tokens - output
+            if remaining > longest:
+                longest = remaining
+            if remaining < shortest:
+                shortest = remaining
+            if pool is None:
+                continue  # contiguous reservation: decode never allocates
+            table = tables[request.request_id]
+            if len(table) != -(-pos // bs) or (pos % bs and table[pos // bs].ref_cnt > 1):
+                return 0  # the next write needs copy-on-write (or the table is not in its steady decode shape)
+            if registering and request.block_keys is not None and request.num_hashed_blocks != pos // bs:
+                return 0
+            # `_new_blocks(pos, min(limit, remaining), bs)`
+            needed += (pos + (limit if limit < remaining else remaining) - 1) // bs - (pos - 1) // bs
+        k = min(limit, longest)  # past the longest remaining output nobody is left to step
+        if backlog:
+            k = min(k, shortest)  # the first completion frees a slot and blocks: the head may then be admitted
+        if pool is None or needed <= pool.num_free:
+            return k  # the common case: free blocks are plentiful
+        lo, hi = 0, k  # new blocks needed grows with k: find the largest k served by the free blocks
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._blocks_needed(mid) <= pool.num_free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _blocks_needed(self, k: int) -> int:
+        bs = self.sched.block_size
+        return sum(_new_blocks(r.num_computed_tokens, min(k, r.max_tokens - r.num_output_tokens), bs)
+                   for r in self.sched.running)
+
+    def advance(self, k: int, usage: list[float] | None = None) -> list[tuple[int, Request]]:
+        """Apply k pure-decode cycles at once (k from `horizon`). Returns the requests that finished, each with
+        the step (0-based) it finished in, in the order `update()` would have finished them. `usage`, when given,
+        receives the KV usage while each step runs (after its allocations, before its completions)."""
+        if k <= 0:
+            return []
+        sched = self.sched
+        running = sched.running
+        pool = self.pool
+        bs = sched.block_size
+        caching = pool is not None and pool.enable_caching
+        events: list[Event] = []
+        for idx, request in enumerate(running):
+            n = min(k, request.max_tokens - request.num_output_tokens)  # its steps in the stretch
+            pos = request.num_computed_tokens  # before the stretch
+            request.num_computed_tokens = pos + n
+            request.num_output_tokens += n
+            # `_block_events` only for a request whose stretch opens or fills a block (a short stretch often neither)
+            if pool is not None and ((pos - 1) // bs != (pos + n - 1) // bs or (pos + n) // bs != pos // bs):
+                _block_events(events, idx, pos, n, -(-pos // bs) * bs, request.num_hashed_blocks, bs,
+                              caching and request.block_keys is not None)
+            if request.num_output_tokens >= request.max_tokens:
+                events.append((n - 1, UPDATE, idx, FINISH, 0))
+        finished = self._replay(events, usage, k, UpdateOutput())
+        if finished:
+            sched.drop_finished()
+        sched.count_steps(k)
+        return finished
+
+    # -- the one replay of decode steps' effects ---------------------------------------------------------------
+    def _replay(self, events: list[Event], usage: list[float] | None, steps: int,
+                result: UpdateOutput | None) -> list[tuple[int, Request]]:
+        """Apply `events` in their sorted order (see the module); returns the (step, request) completions.
+        `usage` (when given) gets the KV usage of each of `steps` steps while it runs."""
+        events.sort()
+        sched, pool = self.sched, self.pool
+        running, kv, finish = sched.running, sched.kv, sched.finish
+        group = self.group
+        tables, ids = (group.tables, group.block_ids) if group is not None else ({}, {})
+        bs = sched.block_size
+        finished = []
+        # Usage changes only at events: count allocations (all from the empty stack), re-read it after completions.
+        now, recorded = kv.usage() if usage is not None else 0.0, 0  # `recorded`: steps whose usage is in `usage`
+        used, total = (pool.num_used, pool.num_blocks) if pool is not None else (0, 1)
+        for t, phase, idx, kind, j in events:
+            # A schedule-time event in step t closes steps < t; an update closes step t (SCHEDULE = 0, UPDATE = 1).
+            if usage is not None and recorded < t + phase:
+                usage.extend([now] * (t + phase - recorded))
+                recorded = t + phase
+            request = running[idx]
+            if kind == ALLOCATE:
+                block = pool.allocate()  # type: ignore[union-attr]  # block events exist only with a pool
+                tables[request.request_id].append(block)
+                ids[request.request_id].append(block.block_id)
+                used += 1
+                now = used / total  # as BlockPool.usage() computes it
+            elif kind == REGISTER:
+                kv.commit(request, (j + 1) * bs)  # block j fills: keyed (with any full block not yet keyed)
+            else:
+                finish(request, "length", result)
+                finished.append((t, request))
+                now = kv.usage()
+                used = pool.num_used if pool is not None else 0
+        if usage is not None and recorded < steps:
+            usage.extend([now] * (steps - recorded))
+        return finished
+
+
+def _block_events(events: list[Event], idx: int, pos: int, n: int, held: int, hashed: int, bs: int,
+                  registering: bool) -> None:
+    """Append (step, SCHEDULE, idx, kind, logical block) for every allocation and registration of running request
+    `idx` over n decode steps: it had `pos` tokens computed, block slots for `held` tokens (held >= pos, or
+    == pos when its next write opens a block) and `hashed` blocks keyed."""
+    # Step t writes position pos + t; a new block is allocated whenever that position is the first not held.
+    for start in range(held, pos + n, bs):
+        events.append((start - pos, SCHEDULE, idx, ALLOCATE, start // bs))
+    if registering:
+        # Step t computes up to pos + t + 1 tokens; block e // bs - 1 (and any full one before it not yet keyed)
+        # is keyed when the step is scheduled, for the first e = pos + t + 1 past the keyed blocks and at every
+        # block end after it.
+        for end in range(max((hashed + 1) * bs, pos + 1), pos + n + 1, bs):
+            events.append((end - pos - 1, SCHEDULE, idx, REGISTER, end // bs - 1))
+
+
+def _new_blocks(pos: int, n: int, bs: int) -> int:
+    """Blocks a request with `pos` tokens computed opens while writing positions pos .. pos+n-1: one at every
+    multiple of bs among them."""
+    return (pos + n - 1) // bs - (pos - 1) // bs
