@@ -226,7 +226,7 @@ def test_the_triton_interpreter_caches_nothing(tmp_path):
     """What kvplan relies on for CPU runs: under TRITON_INTERPRET=1 a kernel launch writes no cache at all."""
     cache, home = tmp_path / "cache", tmp_path / "home"
     home.mkdir()
-    code = ("import torch, kernels; "
+    code = ("import torch; from kvplan import kernels; "
             "from kvplan.caches import prepare_triton; assert prepare_triton() is None; "
             "k = torch.zeros(2, 4, 2, 8); kernels.copy_blocks(k, k.clone(), torch.tensor([[0, 1]]))")
     done = subprocess.run([sys.executable, "-c", code], env=_env(TRITON_INTERPRET="1", TRITON_CACHE_DIR=str(cache),
