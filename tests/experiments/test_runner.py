@@ -209,6 +209,7 @@ def reduced_quickstart(tmp_path: Path) -> Path:
     return write_yaml(tmp_path / "quickstart.yaml", doc)
 
 
+@pytest.mark.slow
 def test_quickstart_end_to_end_outputs_agree(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["run", str(reduced_quickstart(tmp_path)), "--out", str(out), "--workers", "2"]) == 0
