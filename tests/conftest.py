@@ -13,6 +13,7 @@ TESTS = Path(__file__).resolve().parent
 ENGINE_FOLDERS = (TESTS / "engine", TESTS / "kernels")  # every test there runs torch; elsewhere a test is marked
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(folder in item.path.parents for folder in ENGINE_FOLDERS):

@@ -39,6 +39,7 @@ def test_greedy_tokens_equal_hf_generate_on_real_prompts(smollm2_path):
     assert llm.scheduler.kv.prefix_hits > 0  # the chat template's system prompt is shared
 
 
+@pytest.mark.slow
 def test_generate_cli_answers_the_capital_of_france(capsys):
     assert main(["generate", "--model", SMOLLM2, "--prompt", "What is the capital of France?", "--max-tokens", "24",
                  "--json"]) == 0

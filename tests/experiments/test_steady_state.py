@@ -133,6 +133,7 @@ def test_concurrency_and_burst_searches_answer_their_own_questions(tmp_path, cap
     assert (runs["completed"] == len(trace)).all()  # every request served to its end: nothing trimmed
 
 
+@pytest.mark.slow
 def test_goodput_is_in_every_summary_and_can_be_searched(tmp_path, capsys):
     """max_goodput: the highest sustained rate at which the attainment SLO holds; request_goodput counts the
     measured requests within every per-request bound, per second of window."""
