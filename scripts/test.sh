@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install (idempotent) and run the whole test suite plus the linter and the type checker.
+# Install (idempotent) and run the linter, the type checker and the test suite. Arguments go to pytest:
+# `bash scripts/test.sh -m "not slow"` is the everyday lane (CI runs everything).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh

@@ -1,11 +1,28 @@
-"""Test-wide setup. TRITON_INTERPRET must be set before any @triton.jit function is defined, so it goes first."""
+"""Test-wide setup: the `engine` marker. Nothing here imports torch: the core's, the simulator's and the traces' tests
+collect and run without it (tests/test_no_torch_collection.py)."""
 
-import os
+from __future__ import annotations
 
-try:  # without a GPU, Triton kernels run in the interpreter
-    import torch
+from pathlib import Path
 
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-except ImportError:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+
+from tests.triton_env import interpret_without_gpu
+
+TESTS = Path(__file__).resolve().parent
+ENGINE_FOLDERS = (TESTS / "engine", TESTS / "kernels")  # every test there runs torch; elsewhere a test is marked
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(folder in item.path.parents for folder in ENGINE_FOLDERS):
+            item.add_marker(pytest.mark.engine)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("engine") is not None:
+        try:  # TRITON_INTERPRET before the test's first import of kvplan.kernels
+            interpret_without_gpu()
+        except ImportError:
+            pytest.skip("needs torch: the engine extra (pip install 'kvplan[engine]')")

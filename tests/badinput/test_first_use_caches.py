@@ -86,6 +86,7 @@ def _built(cache: Path, name: str = "tiny-llama") -> Path:
     return resolve_model(name, cache)
 
 
+@pytest.mark.engine
 def test_a_truncated_cached_model_is_removed_and_rebuilt(tmp_path, capsys):
     cache = tmp_path / "models"
     entry = _built(cache)
@@ -99,6 +100,7 @@ def test_a_truncated_cached_model_is_removed_and_rebuilt(tmp_path, capsys):
     assert not list(cache.glob(".*tmp"))
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("damage", ["no weights", "cut json", "garbage header"])
 def test_every_kind_of_damaged_entry_is_rebuilt(tmp_path, capsys, damage):
     cache = tmp_path / "models"
@@ -117,6 +119,7 @@ def test_every_kind_of_damaged_entry_is_rebuilt(tmp_path, capsys, damage):
     assert model_files.problem(entry) is None
 
 
+@pytest.mark.engine
 def test_a_model_build_into_an_unwritable_cache_goes_to_the_private_one(tmp_path, private_tmp, capsys):
     entry = _built(_unwritable(tmp_path))
     assert entry.parent.parent == private_tmp and (entry / "config.json").is_file()
@@ -125,6 +128,7 @@ def test_a_model_build_into_an_unwritable_cache_goes_to_the_private_one(tmp_path
     assert _built(_unwritable(tmp_path)) == entry  # the next run finds the fallback's entry: built once
 
 
+@pytest.mark.engine
 def test_an_old_unfinished_build_is_removed_and_a_fresh_one_kept(tmp_path, capsys):
     cache = tmp_path / "models"
     cache.mkdir()
@@ -138,6 +142,7 @@ def test_an_old_unfinished_build_is_removed_and_a_fresh_one_kept(tmp_path, capsy
     assert "removed an unfinished model build" in capsys.readouterr().err
 
 
+@pytest.mark.engine
 def test_two_concurrent_first_uses_both_succeed_with_one_entry(tmp_path):
     cache = tmp_path / "models"
     code = ("import sys; from pathlib import Path; from kvplan.engine.models import resolve_model; "
@@ -150,6 +155,7 @@ def test_two_concurrent_first_uses_both_succeed_with_one_entry(tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == ["tiny-qwen2"]  # no leftover build
 
 
+@pytest.mark.engine
 def test_a_damaged_model_directory_of_the_user_is_refused_in_one_line(tmp_path, capsys):
     from kvplan.cli import main
 
@@ -173,6 +179,7 @@ def test_an_unwritable_extensions_dir_falls_back(tmp_path, private_tmp, monkeypa
     assert "the torch extension cache" in capsys.readouterr().err
 
 
+@pytest.mark.engine
 def test_a_built_library_that_does_not_load_is_rebuilt_once(tmp_path, capsys):
     from kvplan.engine.backends.kernel_build import load_built
 
@@ -192,6 +199,7 @@ def test_a_built_library_that_does_not_load_is_rebuilt_once(tmp_path, capsys):
         capsys.readouterr().err
 
 
+@pytest.mark.engine
 def test_a_load_failure_without_a_library_is_not_hidden(tmp_path):
     from kvplan.engine.backends.kernel_build import load_built
 
@@ -222,11 +230,12 @@ def test_triton_gets_a_writable_cache_and_old_unfinished_entries_go(tmp_path, pr
     assert "removed an unfinished Triton cache entry" in capsys.readouterr().err
 
 
+@pytest.mark.engine
 def test_the_triton_interpreter_caches_nothing(tmp_path):
     """What kvplan relies on for CPU runs: under TRITON_INTERPRET=1 a kernel launch writes no cache at all."""
     cache, home = tmp_path / "cache", tmp_path / "home"
     home.mkdir()
-    code = ("import torch, kernels; "
+    code = ("import torch; from kvplan import kernels; "
             "from kvplan.caches import prepare_triton; assert prepare_triton() is None; "
             "k = torch.zeros(2, 4, 2, 8); kernels.copy_blocks(k, k.clone(), torch.tensor([[0, 1]]))")
     done = subprocess.run([sys.executable, "-c", code], env=_env(TRITON_INTERPRET="1", TRITON_CACHE_DIR=str(cache),

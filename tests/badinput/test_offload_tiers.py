@@ -17,8 +17,8 @@ REPLAY = ["replay", "--model", "tiny-llama", "--trace", SAMPLE, "--out", "o"]
     (["--kv-offloading-blocks", "4", "--kv-offloading-write-through"], "--kv-offloading-write-through",
      "simulator-only"),
     (["--kv-offloading-size", "-1"], "--kv-offloading-size", "> 0"),
-    (["--kv-offloading-size", "0.01", "--kv-offloading-blocks", "3"], "kv_offloading_size",
-     "kv_offloading_blocks is 3"),
+    pytest.param(["--kv-offloading-size", "0.01", "--kv-offloading-blocks", "3"], "kv_offloading_size",
+                 "kv_offloading_blocks is 3", marks=pytest.mark.engine),
     (["--kv-offloading-backend", "lmcache"], "--kv-offloading-backend", "not modelled"),
 ], ids=["disk-tier", "shared-tier", "write-through", "negative-size", "size-vs-blocks", "lmcache"])
 def test_replay_refuses_a_tier_it_cannot_run(capsys, tmp_path, monkeypatch, extra, where, says):

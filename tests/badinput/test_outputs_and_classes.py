@@ -168,6 +168,7 @@ def test_every_dtype_flag_refuses_an_unknown_dtype(tmp_path, capsys, monkeypatch
     one_line(capsys, [*argv, "--dtype", "float7"], "argument --dtype: ")
 
 
+@pytest.mark.engine
 def test_the_engine_refuses_an_unknown_dtype_and_a_cache_beyond_memory():
     from kvplan.engine.llm import LLM
 

@@ -33,6 +33,7 @@ def _block_sizes(manifest: dict) -> list[int]:
     return manifest["config"]["options"]["block_size"]
 
 
+@pytest.mark.slow
 def test_a_killed_simulate_never_leaves_a_mixed_set(tmp_path):
     out = tmp_path / "result"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -11,6 +11,7 @@ taking an empty step, with `max_num_seqs` counting sequences, and without leakin
 from __future__ import annotations
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 
 from kvplan.engine.core import CacheConfig, RequestStatus, Scheduler, SchedulerConfig, make_request
@@ -88,6 +89,7 @@ SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCh
                                                                           HealthCheck.data_too_large])
 
 
+@pytest.mark.slow
 @settings(max_examples=2000, **SETTINGS)
 @given(config=configs(), specs=request_specs())
 def test_every_run_drains(config, specs):

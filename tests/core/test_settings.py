@@ -83,6 +83,7 @@ class Reads:
         return getattr(self._options, name)
 
 
+@pytest.mark.engine
 def test_the_live_engine_reads_every_engine_setting(monkeypatch):
     from kvplan.engine import llm as llm_module
     from kvplan.engine.options import engine_options

@@ -10,6 +10,7 @@ runner's order) end to end - not just the bookkeeping.
 from __future__ import annotations
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -166,4 +167,4 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 SchedulerMachine.TestCase.settings = settings(max_examples=1500, stateful_step_count=60, deadline=None,
                                               suppress_health_check=[HealthCheck.too_slow])
-TestScheduler = SchedulerMachine.TestCase
+TestScheduler = pytest.mark.slow(SchedulerMachine.TestCase)

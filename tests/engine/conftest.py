@@ -1,9 +1,14 @@
-"""Tiny random HF models, built once per session into a temporary directory (never downloaded)."""
+"""TRITON_INTERPRET without a GPU; tiny random HF models, built once per session into a temporary directory (never
+downloaded)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from tests.triton_env import interpret_without_gpu
+
+interpret_without_gpu()  # before this folder's modules import the engine (and through it kvplan.kernels)
 
 ARCHS = ("tiny-llama", "tiny-qwen2", "tiny-gpt2")
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvplan.cli import main
 
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm afternoon sun. " * 4
 
 
+@pytest.mark.slow
 def test_bench_beam_reports_the_saving_of_each_width(tiny_models, tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text(TEXT)

@@ -47,6 +47,7 @@ def tiered(path: str, **settings) -> LLM:
                **settings)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_prefix_hits_promoted_from_the_cpu_tier_decode_exactly_hf_generate(arch, tiny_models, hf_greedy):
     path = tiny_models[arch]

@@ -30,6 +30,7 @@ def _build_folder(extensions: Path) -> Path:
     return extensions / f"kvplan_cpu_decode_{_build_tag()}"
 
 
+@pytest.mark.slow
 def test_an_interrupted_first_build_is_recovered_from_within_a_bound(tmp_path):
     extensions = tmp_path / "ext"
     folder = _build_folder(extensions)

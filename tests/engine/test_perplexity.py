@@ -85,6 +85,7 @@ def reference_nll(model: str, tokens: list[int], policy: CachePolicy) -> float:
 TOKENS = np.random.default_rng(7).integers(1, 500, 90).tolist()
 
 
+@pytest.mark.slow  # 11 cases, 47 s together
 @pytest.mark.parametrize("arch,spec", [
     *(("tiny-llama", spec) for spec in ("dense", "window=24", "sinks=4,window=20", "sinks=3,window=17",
                                         "dense,kv=int8", "sinks=4,window=20,kv=fp8_e4m3")),
@@ -146,6 +147,7 @@ def test_bad_policies_are_refused(bad, message):
         parse_policy(bad)
 
 
+@pytest.mark.slow
 def test_eval_ppl_cli_on_the_real_small_model(tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 12)
@@ -161,6 +163,7 @@ def test_eval_ppl_cli_on_the_real_small_model(tmp_path, capsys):
     assert "not UTF-8" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["original", "shifted"])
 def test_a_long_sink_window_generation_never_holds_more_than_its_bound(tiny_models, mode):
     """400 generated tokens (sampled, not teacher-forced) over a 4 + 20 token cache of 8-token blocks: after every

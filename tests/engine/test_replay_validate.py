@@ -84,6 +84,7 @@ def test_a_different_policy_is_caught_at_the_first_differing_step(tiny_models, t
                                  interval=sample_interval(trace)))
 
 
+@pytest.mark.slow
 def test_replay_and_validate_cli(tiny_models, tmp_path, capsys):
     trace_path = tmp_path / "trace.jsonl"
     trace_path.write_bytes(render(synthesize({**SHARED, "requests": 30}), "jsonl"))
@@ -114,6 +115,7 @@ def test_replay_and_validate_cli(tiny_models, tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_calibrate_cli_writes_a_profile_the_simulator_runs(tiny_models, tmp_path, capsys):
     profile = tmp_path / "tiny.yaml"
     assert main(["calibrate", "--model", tiny_models["tiny-llama"], "--dtype", "float32", "--block-sizes", "8",
@@ -141,6 +143,7 @@ def test_calibrate_cli_writes_a_profile_the_simulator_runs(tiny_models, tmp_path
     assert "## Across configurations, profile scaled by the speed probe" in (tmp_path / "val" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_the_speed_probe_prices_its_steps_as_the_simulator_does(tiny_models):
     from kvplan.calibration.probe import predicted_seconds, speed_probe
     from kvplan.sim.cost.calibrated import COEFFICIENTS, CalibratedCost

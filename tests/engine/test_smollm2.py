@@ -21,6 +21,7 @@ def smollm2_path() -> str:
     return str(resolve_model(SMOLLM2))
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_hf_generate_on_real_prompts(smollm2_path):
     from transformers import AutoModelForCausalLM
 
@@ -38,6 +39,7 @@ def test_greedy_tokens_equal_hf_generate_on_real_prompts(smollm2_path):
     assert llm.scheduler.kv.prefix_hits > 0  # the chat template's system prompt is shared
 
 
+@pytest.mark.slow
 def test_generate_cli_answers_the_capital_of_france(capsys):
     assert main(["generate", "--model", SMOLLM2, "--prompt", "What is the capital of France?", "--max-tokens", "24",
                  "--json"]) == 0
@@ -46,6 +48,7 @@ def test_generate_cli_answers_the_capital_of_france(capsys):
     assert "Paris" in answer
 
 
+@pytest.mark.slow
 def test_beam_search_equals_hf_generate_num_beams(smollm2_path):
     from tests.engine.test_beam_search import assert_equal_to_hf
 

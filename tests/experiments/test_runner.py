@@ -172,6 +172,7 @@ def finished_runs(runs_dir: Path) -> int:
     return sum(1 for p in runs_dir.glob("*/summary.json") if not p.parent.name.startswith("."))
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_with_only_the_missing_runs(tmp_path):
     path = write_yaml(tmp_path / "sweep.yaml", sweep_doc("sweep"))
     out = tmp_path / "out"
@@ -209,6 +210,7 @@ def reduced_quickstart(tmp_path: Path) -> Path:
     return write_yaml(tmp_path / "quickstart.yaml", doc)
 
 
+@pytest.mark.slow
 def test_quickstart_end_to_end_outputs_agree(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["run", str(reduced_quickstart(tmp_path)), "--out", str(out), "--workers", "2"]) == 0
@@ -245,6 +247,7 @@ def test_quickstart_end_to_end_outputs_agree(tmp_path, capsys):
         assert (out / "runs" / key / "summary.json").is_file() and (out / "runs" / key / "requests.parquet").is_file()
 
 
+@pytest.mark.slow
 def test_ray_backend_runs_the_same_points(tmp_path, capsys):
     pytest.importorskip("ray")
     doc = sweep_doc("ray")

@@ -42,6 +42,7 @@ def capacity(tmp_path, capsys, name: str, requests: int, duration: float, min_re
                slo={"p90_ttft_ms": 1000, "p90_tpot_ms": 50})
 
 
+@pytest.mark.slow
 def test_capacity_does_not_depend_on_the_traces_length_or_the_probes(tmp_path, capsys):
     """The same workload spec generated at N and 10N requests gives the same sustained capacity within the
     seeds' range and within 5%; doubling the probe duration moves it by less than the range's width."""
@@ -57,6 +58,7 @@ def test_capacity_does_not_depend_on_the_traces_length_or_the_probes(tmp_path, c
     assert abs(longer["answer"] - small["answer"]) <= width
 
 
+@pytest.mark.slow
 def test_the_gate_fails_a_probe_past_capacity_that_its_percentiles_would_pass(tmp_path, capsys):
     """With an SLO too loose to bind (p99 TTFT <= 60 s), capacity is where the server stops being stable (found to
     2%): a probe at 1.05x is backlogged or overloaded although its p99 TTFT is under the SLO, and one at 0.9x is
@@ -107,6 +109,7 @@ def test_warm_up_cool_down_and_unfinished_requests_are_counted(tmp_path, capsys)
     assert "measured_requests" in (tmp_path / "counts" / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_concurrency_and_burst_searches_answer_their_own_questions(tmp_path, capsys):
     """max_concurrency bisects on users in a closed loop; max_burst_scale replays the recorded trace time-scaled
     and served to its end."""
@@ -130,6 +133,7 @@ def test_concurrency_and_burst_searches_answer_their_own_questions(tmp_path, cap
     assert (runs["completed"] == len(trace)).all()  # every request served to its end: nothing trimmed
 
 
+@pytest.mark.slow
 def test_goodput_is_in_every_summary_and_can_be_searched(tmp_path, capsys):
     """max_goodput: the highest sustained rate at which the attainment SLO holds; request_goodput counts the
     measured requests within every per-request bound, per second of window."""

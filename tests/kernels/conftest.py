@@ -1,12 +1,9 @@
 """Kernel tests run on the CPU through the Triton interpreter unless a GPU is present.
 
-TRITON_INTERPRET must be set before any `@triton.jit` function is defined, i.e. before the `kernels`
-package is imported; pytest imports this conftest before the test modules, so setting it here is in time.
+TRITON_INTERPRET must be set before any `@triton.jit` function is defined, i.e. before `kvplan.kernels`
+is imported; pytest imports this conftest before the test modules, so setting it here is in time.
 """
 
-import os
+from tests.triton_env import interpret_without_gpu
 
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+interpret_without_gpu()

@@ -26,6 +26,7 @@ def test_missing_shared_data_is_reported_not_fatal(tmp_path, name):
     assert result["skipped"] and "not found" in result["reason"] and "shared data" in result["reason"]
 
 
+@pytest.mark.slow
 def test_cli_runs_each_regime_in_its_own_process_and_prints_json(tmp_path):
     out = subprocess.run([sys.executable, "-m", "kvplan", "bench", "sim", "--regimes", "burst", "synthetic",
                           "--requests", "200", "--replicas", "2", "--data", str(tmp_path), "--json"],

@@ -93,8 +93,9 @@ def test_every_arrival_process_keeps_the_rate(arrivals):
 
 PROBES = [
     (Probe(rate=12.0, duration_s=60, min_requests=10), SimSpec(num_blocks=400, block_size=16)),
-    (Probe(rate=40.0, duration_s=60, min_requests=10), SimSpec(num_blocks=150, block_size=8, replicas=2,
-                                                             router="least_outstanding")),
+    pytest.param(Probe(rate=40.0, duration_s=60, min_requests=10), SimSpec(num_blocks=150, block_size=8, replicas=2,
+                                                                         router="least_outstanding"),
+                 marks=pytest.mark.slow),
     (Probe(mode="concurrency", concurrency=6, duration_s=60, min_requests=10),
      SimSpec(num_blocks=300, block_size=16)),
     (Probe(mode="concurrency", concurrency=9, think_s=0.5, duration_s=60, min_requests=10),

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
+
 from kvplan.cli import main
 from tests.engine.serving.servers import TINY
 
 
+@pytest.mark.slow
 def test_bench_serve_ramps_holds_and_finds_no_leak(tiny_models, capsys):
     assert main(["bench", "serve", "--model", tiny_models["tiny-llama"], "--hold", "1", "--ramp", "0.5",
                  "--max-concurrency", "4", "--prompt-tokens", "40", "--output-tokens", "8",

@@ -16,6 +16,8 @@ from kvplan.engine.models import SMOLLM2
 from kvplan.traces.io import render
 from kvplan.traces.synth import synthesize
 
+pytestmark = pytest.mark.slow  # the server's start on the real model (its first use converts it) is the long part
+
 
 @pytest.fixture(scope="module")
 def smollm2_server():
