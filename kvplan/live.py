@@ -23,7 +23,7 @@ from kvplan.results.request_table import RequestLog
 from kvplan.results.serving_result import ServingResult
 from kvplan.results.summary import kv_summary, summarize
 from kvplan.sim.replica import SERIES_COLUMNS
-from kvplan.sim.run import SimSpec
+from kvplan.sim.spec import SimSpec
 from kvplan.traces import Trace
 
 

@@ -93,7 +93,7 @@ def _regime(name: str, data_dir: str, synthetic_requests: int, replicas: int, pe
         return {**result, "prefix_caching": "both", "target": "speedup", "rejected": 0,
                 "target_met": result["speedup"] >= SPEEDUP_TARGET, "peak_rss_mb": peak_rss_mb()}
     from kvplan import traces
-    from kvplan.sim.run import SimSpec
+    from kvplan.sim.spec import SimSpec
     from kvplan.traces.transforms import clip_to_context, scale_rate
 
     file, options = {"azure_conv_off": (AZURE_CONV, {"enable_prefix_caching": False}),
@@ -147,7 +147,7 @@ def synthetic_trace(count: int, rate: float, seed: int):
 
 
 def synthetic(count: int, replicas: int, per_replica_rate: float, seed: int) -> dict:
-    from kvplan.sim.run import SimSpec
+    from kvplan.sim.spec import SimSpec
 
     trace = synthetic_trace(count, per_replica_rate * replicas, seed)
     spec = SimSpec(model="llama-3-8b", hardware="h100-sxm", replicas=replicas, router="round_robin",

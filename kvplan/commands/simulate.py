@@ -66,7 +66,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def spec_from_args(args: argparse.Namespace, block_size: int):
-    from kvplan.sim.run import SimSpec
+    from kvplan.sim.spec import SimSpec
 
     settings = settings_from_args(args, "sim")
     if settings["enable_prefix_caching"] is None:  # not given: on, except for a reservation allocator (none to use)

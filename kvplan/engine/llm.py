@@ -23,7 +23,8 @@ from kvplan.engine.core import CacheConfig, ConfigError, Scheduler, SchedulerCon
 from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
 from kvplan.engine.core.prefix_tiers import offloading_blocks
 from kvplan.engine.core.request import sample_index
-from kvplan.engine.core.settings import SETTINGS, core_config
+from kvplan.engine.core.setting_classes import core_config
+from kvplan.engine.core.settings import SETTINGS
 from kvplan.engine.cpu_linear import can_pack, pack_linears
 from kvplan.engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
 from kvplan.engine.model_runner import ModelRunner

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from kvplan.engine.core.settings import SETTINGS, SHAPE_SETTINGS, SIM_ONLY_TIERS, canonical, options_class
+from kvplan.engine.core.setting_classes import options_class
+from kvplan.engine.core.settings import SETTINGS, SHAPE_SETTINGS, SIM_ONLY_TIERS, canonical
 from kvplan.errors import ConfigError
 
 

@@ -87,7 +87,7 @@ def build_probe(config: dict):  # -> Probe
 
 def build_spec(config: dict):  # -> SimSpec
     """The simulator configured as the run says: a profile path as hardware means its calibrated cost."""
-    from kvplan.sim.run import SimSpec
+    from kvplan.sim.spec import SimSpec
 
     hardware, cost, profile = config["hardware"], "analytic", None
     if hardware.endswith((".yaml", ".yml")):

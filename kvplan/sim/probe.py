@@ -37,7 +37,8 @@ from kvplan.sim.closed_loop import ClosedLoop
 from kvplan.sim.cluster import Cluster
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
-from kvplan.sim.run import SimSpec, build_configs, build_cost, check_trace
+from kvplan.sim.run import build_configs, build_cost, check_trace
+from kvplan.sim.spec import SimSpec
 from kvplan.sim.stability import ProbeSignals, judge
 from kvplan.traces.steady import MAX_PROBE_REQUESTS, Population, open_loop
 

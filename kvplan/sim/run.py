@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -14,7 +12,7 @@ from kvplan.engine.core import CacheConfig, ConfigError, Scheduler, SchedulerCon
 from kvplan.engine.core.config import HybridCacheConfig
 from kvplan.engine.core.kv_layout import KVLayout
 from kvplan.engine.core.prefix_tiers import offloading_blocks
-from kvplan.engine.core.settings import SETTING, check_side, core_config, side_fields
+from kvplan.engine.core.setting_classes import core_config
 from kvplan.errors import UserError
 from kvplan.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
 from kvplan.results.rejected import references, rejected_rows
@@ -30,69 +28,12 @@ from kvplan.sim.links import block_bytes
 from kvplan.sim.parallel import MergedCluster, run_parallel, worth_parallel
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
+from kvplan.sim.spec import COST_MODELS, SimSpec
 from kvplan.sim.specs.hardware import GIB, get_hardware
 from kvplan.sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model, sim_kv_dtype
 from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
 from kvplan.traces import Trace
 from kvplan.traces.schema import short_repr
-
-COST_MODELS = ("analytic", "calibrated", "recorded")
-
-
-@dataclass(slots=True)
-@side_fields("sim")
-class SimSpec:
-    """One simulation: the model, device, cost model and deployment, and every serving setting the simulator
-    reads (engine.core.settings)."""
-
-    # What a simulation is besides the serving settings: the model, the device, the cost model, the deployment and
-    # the output.
-    model: str = "llama-3-8b"
-    hardware: str = "h100-sxm"
-    cost: str = "analytic"
-    profile: str | None = None  # calibrated: the profile YAML; recorded: a replay's steps.jsonl
-    replicas: int = 1
-    router: str = "round_robin"
-    sample_interval_s: float | None = None  # default: see `sample_interval`
-    fast_path: bool = True
-    record_tokens: bool = False  # keep every token time (ServingResult.token_times); step by step
-    cost_options: dict[str, Any] = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
-    # Every `sim` setting of engine.core.settings, with its side default (checked there on import).
-    block_size: int = SETTING
-    num_blocks: int | None = SETTING
-    num_cpu_blocks: int = SETTING
-    enable_prefix_caching: bool = SETTING
-    eviction_policy: str = SETTING
-    kv_offloading_blocks: int = SETTING
-    kv_offloading_size: float | None = SETTING
-    kv_offloading_eviction: str = SETTING
-    kv_disk_blocks: int = SETTING
-    kv_shared_blocks: int = SETTING
-    kv_shared_eviction: str = SETTING
-    kv_offloading_write_through: bool = SETTING
-    kv_offloading_layerwise: bool = SETTING
-    allocator: str = SETTING
-    max_model_len: int | None = SETTING
-    sink_tokens: int = SETTING
-    window_tokens: int = SETTING
-    watermark: float = SETTING
-    max_num_batched_tokens: int = SETTING
-    max_num_seqs: int = SETTING
-    long_prefill_token_threshold: int = SETTING
-    enable_chunked_prefill: bool = SETTING
-    policy: str = SETTING
-    preemption_mode: str = SETTING
-    victim_policy: str = SETTING
-    schedule: str = SETTING
-    scheduler_reserve_full_isl: bool = SETTING
-    kv_cache_dtype: str = SETTING
-    gpu_memory_utilization: float = SETTING
-    tensor_parallel_size: int = SETTING
-    pipeline_parallel_size: int = SETTING
-    enable_expert_parallel: bool = SETTING
-
-    def __post_init__(self) -> None:
-        check_side(self, "sim")
 
 
 def check_trace(trace: Trace, name: str = "trace") -> None:

@@ -50,8 +50,8 @@ def test_the_core_configs_are_exactly_the_core_settings():
 
 
 def test_a_settings_class_declares_exactly_its_settings_in_order_with_their_types():
-    from kvplan.engine.core.settings import SETTING, config_fields, side_fields
-    from kvplan.sim.run import SimSpec
+    from kvplan.engine.core.setting_classes import SETTING, config_fields, side_fields
+    from kvplan.sim.spec import SimSpec
 
     wanted = [s.name for s in SETTINGS.values() if s.config == "scheduler"]
     body = {name: SETTING for name in wanted}
@@ -116,7 +116,8 @@ PROMOTION_ONLY = {"kv_offloading_layerwise": {"kv_offloading_blocks": 40}}
 
 def test_the_simulator_reads_every_sim_setting():
     from kvplan.sim.cost import StepFeatures
-    from kvplan.sim.run import SimSpec, build_configs, build_cost
+    from kvplan.sim.run import build_configs, build_cost
+    from kvplan.sim.spec import SimSpec
     from kvplan.traces import Trace
 
     trace = Trace.build([0.0, 0.5], [40, 60], [5, 6])

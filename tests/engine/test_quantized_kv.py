@@ -115,7 +115,8 @@ def test_the_simulators_capacity_for_a_quantized_cache_agrees_with_the_engines(t
     """A profile measured with a bf16 cache, simulated with a quantized one: the same bytes, re-cut into the
     engine's quantized rows (1-byte values plus a float32 scale per token per head)."""
     from kvplan.sim.cost.calibrated import CalibratedCost, save_profile
-    from kvplan.sim.run import SimSpec, build_cost
+    from kvplan.sim.run import build_cost
+    from kvplan.sim.spec import SimSpec
 
     model = tiny_models["tiny-llama"]
     measured = LLM(model, dtype="bfloat16", kv_cache_memory=4 << 20, block_size=16).num_kv_blocks

@@ -129,7 +129,8 @@ def test_min_replicas_matches_hand_arithmetic(tmp_path, capsys):
     replicas, replica j serves its k-th request at k * s (s: the analytic price of one 512-token prefill step),
     so the TTFTs are {1..ceil(12/R)} * s and p90 TTFT <= 3.5 s first holds at R = 4 (R = 3: p90 = 4 s)."""
     from kvplan.sim.cost.features import step_features
-    from kvplan.sim.run import SimSpec, analytic_cost
+    from kvplan.sim.run import analytic_cost
+    from kvplan.sim.spec import SimSpec
 
     n, prompt = 12, 512
     trace = Trace.build(np.zeros(n), np.full(n, prompt), np.ones(n, dtype=np.int64))

@@ -13,7 +13,7 @@ import yaml
 
 from kvplan.cli import main
 from kvplan.sim.probe import Probe, run_probe
-from kvplan.sim.run import SimSpec
+from kvplan.sim.spec import SimSpec
 from kvplan.traces.steady import population
 from kvplan.traces.synth import synthesize
 

@@ -13,7 +13,8 @@ from kvplan.engine.options import EngineOptions
 from kvplan.engine_args import load_configs, parse_bytes
 from kvplan.output import atomic_dir
 from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
-from kvplan.sim.run import SimSpec, build_cost, simulate
+from kvplan.sim.run import build_cost, simulate
+from kvplan.sim.spec import SimSpec
 from kvplan.traces.io import render
 from tests.sim.helpers import random_trace
 

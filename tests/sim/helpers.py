@@ -7,7 +7,8 @@ import numpy as np
 from kvplan.results.serving_result import ServingResult
 from kvplan.sim.cluster import Cluster
 from kvplan.sim.routers import Router, make_router
-from kvplan.sim.run import SimSpec, build_configs, build_cost, check_trace, collect
+from kvplan.sim.run import build_configs, build_cost, check_trace, collect
+from kvplan.sim.spec import SimSpec
 from kvplan.traces import Trace
 
 

@@ -12,7 +12,8 @@ from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig, make_req
 from kvplan.sim.cost.analytic import AnalyticCost, elementwise_bytes_per_token, kv_capacity_blocks
 from kvplan.sim.cost.calibrated import load_profile
 from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures, decode_stretch_features, step_features
-from kvplan.sim.run import SimSpec, build_cost
+from kvplan.sim.run import build_cost
+from kvplan.sim.spec import SimSpec
 from kvplan.sim.specs.hardware import HardwareSpec, get_hardware
 from kvplan.sim.specs.models import MODELS, get_model
 

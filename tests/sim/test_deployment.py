@@ -14,7 +14,8 @@ from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from kvplan.sim.cost.features import decode_stretch_features
 from kvplan.sim.cost.moe import expected_touched
 from kvplan.sim.cost.parallel import Shape, allreduce_time, send_recv_time
-from kvplan.sim.run import SimSpec, build_cost
+from kvplan.sim.run import build_cost
+from kvplan.sim.spec import SimSpec
 from kvplan.sim.specs.hardware import get_hardware
 from kvplan.sim.specs.models import MODELS, get_model
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvplan.sim.run import SimSpec
+from kvplan.sim.spec import SimSpec
 from tests.sim.helpers import random_trace, run
 
 CASES = [

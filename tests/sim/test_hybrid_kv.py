@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvplan.sim.cost.analytic import kv_capacity_blocks
-from kvplan.sim.run import SimSpec, build_configs, build_cost, model_layout, simulate
+from kvplan.sim.run import build_configs, build_cost, model_layout, simulate
+from kvplan.sim.spec import SimSpec
 from kvplan.sim.specs.hardware import get_hardware
 from kvplan.sim.specs.models import MODELS, ModelSpec
 from tests.sim.helpers import random_trace

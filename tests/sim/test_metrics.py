@@ -7,7 +7,8 @@ import pytest
 
 from kvplan.results.itl import ItlLog
 from kvplan.results.summary import SUMMARY_KEYS, weighted_percentile
-from kvplan.sim.run import SimSpec, simulate
+from kvplan.sim.run import simulate
+from kvplan.sim.spec import SimSpec
 from tests.sim.helpers import random_trace
 
 

@@ -13,7 +13,8 @@ import pkgutil, importlib, kvplan.sim
 for m in pkgutil.walk_packages(kvplan.sim.__path__, "kvplan.sim."):
     importlib.import_module(m.name)
 import kvplan.commands.simulate
-from kvplan.sim.run import SimSpec, simulate
+from kvplan.sim.run import simulate
+from kvplan.sim.spec import SimSpec
 from kvplan.traces import Trace
 trace = Trace.build([0.0, 0.1, 0.2], [30, 50, 70], [5, 6, 7])
 result = simulate(trace, SimSpec(num_blocks=64))

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from kvplan.sim.parallel import run_parallel, shares, worth_parallel
-from kvplan.sim.run import SimSpec, build_configs, build_cost, collect, sample_interval
+from kvplan.sim.run import build_configs, build_cost, collect, sample_interval
+from kvplan.sim.spec import SimSpec
 from tests.sim.helpers import random_trace, run
 
 CASES = [

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvplan.sim.run import SimSpec, simulate
+from kvplan.sim.run import simulate
+from kvplan.sim.spec import SimSpec
 from kvplan.traces import Trace
 
 GROUPS, BLOCKS = 8, 4  # 8 distinct 4-block prompts, cycled: 32 blocks of prefix, more than the GPU holds

@@ -10,7 +10,8 @@ from kvplan.engine.core import CacheConfig, SchedulerConfig
 from kvplan.sim.cluster import Cluster
 from kvplan.sim.cost.analytic import AnalyticCost
 from kvplan.sim.routers import make_router
-from kvplan.sim.run import SimSpec, collect, simulate
+from kvplan.sim.run import collect, simulate
+from kvplan.sim.spec import SimSpec
 from kvplan.sim.specs.hardware import HardwareSpec
 from kvplan.sim.specs.models import ModelSpec
 from kvplan.traces import Trace

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvplan.sim.routers import PrefixAware
-from kvplan.sim.run import SimSpec
+from kvplan.sim.spec import SimSpec
 from kvplan.traces import Trace
 from tests.sim.helpers import run
 

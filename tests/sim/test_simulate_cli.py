@@ -11,7 +11,8 @@ import pytest
 from kvplan import traces
 from kvplan.cli import main
 from kvplan.sim.parallel import run_parallel
-from kvplan.sim.run import SimSpec, simulate
+from kvplan.sim.run import simulate
+from kvplan.sim.spec import SimSpec
 from kvplan.traces import Trace
 
 SAMPLE = "traces/samples/mooncake_style.jsonl"

@@ -14,7 +14,7 @@ import pytest
 
 from kvplan.results.goodput import goodput_count
 from kvplan.sim.probe import Probe, run_probe
-from kvplan.sim.run import SimSpec
+from kvplan.sim.spec import SimSpec
 from kvplan.traces import Trace
 from kvplan.traces.schema import NO_VALUE
 from kvplan.traces.steady import open_loop, population

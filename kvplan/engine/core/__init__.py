@@ -2,6 +2,8 @@
 
 Layout (one concept per module):
 
+* `settings`      - every serving setting, declared once (name, kind, default, range, help, sides)
+* `setting_classes` - config and option classes whose fields come from the settings
 * `config`        - validated cache and scheduler settings
 * `block_keys`    - process-stable chained block hashes (token ids or trace prefix hashes)
 * `request`       - request state and lifecycle

@@ -11,15 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvplan.engine.core.kv_layout import KVLayout, cdiv
+from kvplan.engine.core.setting_classes import SETTING, check_settings, config_fields
 from kvplan.engine.core.settings import (  # noqa: F401 (the names the core's users import from here)
     ALLOCATORS,
     PREEMPTION_MODES,
     QUEUE_POLICIES,
     SCHEDULES,
-    SETTING,
     Field,
-    check_settings,
-    config_fields,
 )
 from kvplan.errors import ConfigError
 
