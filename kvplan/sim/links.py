@@ -25,7 +25,9 @@ the step's compute layer by layer, so the step costs max(copy, compute) + one la
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, cast
 
 from kvplan.engine.core.config import CacheConfig
 from kvplan.engine.core.prefix_tiers import PrefixTier
@@ -34,6 +36,12 @@ from kvplan.sim.cost import CostModel, step_parts
 from kvplan.sim.shared_store import SharedView, StoreQueue
 from kvplan.sim.specs.arch import ModelSpec
 from kvplan.sim.specs.models import get_model
+
+if TYPE_CHECKING:
+    import simpy
+
+    from kvplan.sim.cost.analytic import AnalyticCost
+    from kvplan.sim.replica import Replica
 
 # Per fetch from the shared store: an RDMA READ is ~2-5 us on ConnectX NICs (perftest's ib_read_lat), and
 # Mooncake's transfer engine first looks the keys up in its metadata service and submits a batch; 20 us in all,
@@ -81,6 +89,7 @@ class TierPricing:
         compute, transfers, copy = step_parts(cost, step, block_size, attended_limit, window)
         shared = sum(1 for tier, _ in step.promotions if tier == "shared")
         if shared:
+            assert self.network is not None  # `wire_tiers` gives a link to every replica with a shared tier
             copy += self.network.fetch(start, shared)
         if self.layers and copy and compute:
             return transfers + max(compute, copy) + copy / self.layers
@@ -95,7 +104,8 @@ def network_link(cost: CostModel, replicas: int) -> tuple[Link, int]:
     if hardware is None or shape is None:  # (a recorded cost prices steps by id: a live run has no shared store)
         return Link(getattr(cost, "swap_seconds_per_block", 0.0)), replicas
     node = hardware.internode_bandwidth * hardware.gpus_per_node or UNLISTED_NIC_BANDWIDTH
-    per_block = cost.bytes_per_block * shape.gpus  # every rank fetches its share over the node's NICs
+    # every rank fetches its share over the node's NICs (a cost model naming its hardware and shape is analytic)
+    per_block = cast("AnalyticCost", cost).bytes_per_block * shape.gpus
     return Link(per_block / node, NETWORK_LATENCY_S), max(hardware.gpus_per_node // shape.gpus, 1)
 
 
@@ -128,7 +138,12 @@ def without_shared(cache: CacheConfig) -> CacheConfig:
     return replace(cache, kv_shared_blocks=0) if cache.kv_shared_blocks else cache
 
 
-def wire_tiers(replicas: list, cache: CacheConfig, cost: CostModel, layerwise: bool) -> PrefixTier | None:
+def clock_of(env: simpy.Environment) -> Callable[[], float]:
+    """The simulated time of `env`, as a function of nothing (a shared view's clock)."""
+    return lambda: env.now
+
+
+def wire_tiers(replicas: list[Replica], cache: CacheConfig, cost: CostModel, layerwise: bool) -> PrefixTier | None:
     """Build the cluster's one shared store (when `cache.kv_shared_blocks`), put a view of it under each
     replica's local tiers, give the replicas of a node one network link to it, and set each replica's step
     pricing and block bytes. Returns the store (None without one)."""
@@ -142,9 +157,7 @@ def wire_tiers(replicas: list, cache: CacheConfig, cost: CostModel, layerwise: b
     for replica in replicas:
         replica.block_bytes = size
         if shared is not None:
-            env = replica.env
-            replica.shared_view = SharedView(shared, queue, lambda env=env: env.now,
-                                             links[replica.index // per_node])
+            replica.shared_view = SharedView(shared, queue, clock_of(replica.env), links[replica.index // per_node])
             replica.sched.kv.share_tier(replica.shared_view)
         if shared is not None or (layers and replica.sched.kv.tiers):
             replica.pricing = TierPricing(links[replica.index // per_node] if links else None, layers)

@@ -70,10 +70,9 @@ class Replica:
         self.usage_seconds = 0.0  # ∫ KV block usage dt over busy time
         self.peak_usage = 0.0
         # A hybrid model's blocks in use per attention kind (its groups' tables): ∫ blocks dt and the peak
-        layout = getattr(cache, "kv_layout", None)
-        self.kv_layout = layout if layout is not None and layout.hybrid else None
-        kinds = [] if self.kv_layout is None else list(dict.fromkeys(g.kind for g in layout.groups))
-        self._kind_of_group = [] if self.kv_layout is None else [kinds.index(g.kind) for g in layout.groups]
+        self.kv_layout = layout = cache.hybrid_layout
+        kinds = [] if layout is None else list(dict.fromkeys(g.kind for g in layout.groups))
+        self._kind_of_group = [] if layout is None else [kinds.index(g.kind) for g in layout.groups]
         self.kind_block_seconds = [0.0] * len(kinds)
         kv = self.sched.kv  # the hybrid allocator's blocks in use per group (updated in place)
         self._group_used = kv.group_used if isinstance(kv, HybridKVCacheManager) else []
@@ -232,6 +231,7 @@ class Replica:
     def _close(self, request: Request, end: float) -> None:
         t = self.tracks.pop(request.request_id)
         if t.token_times_s is not None:
+            assert self.token_times is not None  # a track records its token times only when the replica does
             self.token_times[(t.row, t.sample)] = t.token_times_s
         self.log.add(t.row, t.sample, self.index, t.arrival_s, t.first_scheduled_s, t.first_token_s, end,
                      request.prompt_len, request.num_output_tokens, request.num_cached_tokens,
@@ -363,10 +363,16 @@ class Replica:
         if self.shared_view is not None:  # its stores stamped by now are counted by now
             self.shared_view.queue.flush(self.env.now)
         m = self.sched.kv_metrics()
-        out = {key: int(m[key]) for key in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
-                                            "num_evicted_blocks")}
+        out: dict[str, int] = {}
+        for key in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_evicted_blocks"):
+            value = m[key]
+            assert value is not None  # counters every cache keeps
+            out[key] = int(value)
         # the prefix tiers' counters, only for the tiers this replica has (a summary shows the others as null)
-        out.update((key, m[key]) for key in TIER_COUNTER_KEYS if m[key] is not None)
+        for key in TIER_COUNTER_KEYS:
+            value = m[key]
+            if value is not None:
+                out[key] = int(value)  # (an int already: a tier's counter)
         for name in TIER_NAMES:  # bytes over each tier's link: its promotions out and its stores in
             if f"kv_offload_{name}_hits" in out and self.block_bytes is not None:
                 moved = out[f"kv_offload_{name}_promotions"] + out[f"kv_offload_{name}_demotions"]

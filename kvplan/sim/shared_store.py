@@ -69,6 +69,7 @@ class SharedView(TierView):
 
     def end_stretch(self, starts: list[float]) -> None:
         """Stamp the stretch's stores with the start time of their step (`starts[t]`) and queue them."""
+        assert self.stretch is not None  # after `begin_stretch`
         for step, key in self.stretch:
             self.queue.push(starts[step], self, key)
         self.stretch = None

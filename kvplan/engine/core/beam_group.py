@@ -111,6 +111,7 @@ class BeamGroups:
             kv.record_admission(request, len(hits))
             sched.start_running(request)
             if n:
+                assert copies is not None  # `need` counted every member's whole recompute, nothing shared
                 budget -= n
                 sched.emit(out, request, n, copies, len(hits) * bs)
         return budget

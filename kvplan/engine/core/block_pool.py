@@ -19,7 +19,7 @@ left, so cached contents are never thrown away while empty memory remains::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvplan.engine.core.config import ConfigError, check_int
@@ -89,7 +89,7 @@ class BlockPool:
             block = self._empty.pop()
         else:
             block = self.policy.evict()
-            key = block.key
+            key: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
             self._drop_key(block)
             if self.spill is not None and key not in self.cached:
                 self.spill(key, block.block_id)
@@ -107,7 +107,7 @@ class BlockPool:
         if n > take:  # the rest evicts, as `allocate` does once the empty stack is gone
             cached, duplicates, spill = self.cached, self.duplicates, self.spill
             for block in self.policy.evict_many(n - take):
-                key = block.key
+                key: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
                 if key not in duplicates and cached.get(key) is block:
                     del cached[key]  # `_drop_key`, inlined for the common case: the only copy of its contents
                     block.key = None
@@ -129,7 +129,7 @@ class BlockPool:
             block = empty.pop()
         elif len(policy):
             block = policy.evict()
-            victim = block.key
+            victim: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
             self._drop_key(block)
             if self.spill is not None and victim not in self.cached:
                 self.spill(victim, block.block_id)
@@ -144,7 +144,7 @@ class BlockPool:
     def _drop_key(self, block: KVBlock) -> None:
         """Forget `block`'s key (it is being evicted or unregistered); its earliest duplicate, if any, becomes
         the copy a lookup finds."""
-        key = block.key
+        key: int = block.key  # type: ignore[assignment]  # every caller passes a keyed block (evicted or checked)
         block.key = None
         if self.cached.get(key) is block:
             copies = self.duplicates.get(key)
@@ -160,7 +160,7 @@ class BlockPool:
             if not copies:
                 del self.duplicates[key]
 
-    def release_all(self, blocks: list[KVBlock | None] | tuple[KVBlock, ...]) -> None:
+    def release_all(self, blocks: Sequence[KVBlock | None]) -> None:
         """Drop one reference to each of `blocks`, last to first (a request's table: tail first), skipping
         holes. A block whose last reference goes becomes cached free when keyed, else empty."""
         empty, insert = self._empty, self.policy.insert

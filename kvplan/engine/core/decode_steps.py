@@ -106,7 +106,8 @@ class DecodeSteps:
                 # `_block_events(events, count, pos, 1, held, request.num_hashed_blocks, bs, registering)`, inlined
                 # (once per running request per step): its one step's allocation, then its registration
                 if pos < held:
-                    if table[pos // bs].ref_cnt != 1:
+                    # (no holes: a cache that releases blocks mid-request never takes the decode fast path)
+                    if table[pos // bs].ref_cnt != 1:  # type: ignore[union-attr]
                         break  # copy-on-write first: the general loop's case
                 elif pos == held:
                     new += 1
@@ -181,7 +182,8 @@ class DecodeSteps:
             if pool is None:
                 continue  # contiguous reservation: decode never allocates
             table = tables[request.request_id]
-            if len(table) != -(-pos // bs) or (pos % bs and table[pos // bs].ref_cnt > 1):
+            # (no holes: a cache that releases blocks mid-request never takes the decode fast path)
+            if len(table) != -(-pos // bs) or (pos % bs and table[pos // bs].ref_cnt > 1):  # type: ignore[union-attr]
                 return 0  # the next write needs copy-on-write (or the table is not in its steady decode shape)
             if registering and request.block_keys is not None and request.num_hashed_blocks != pos // bs:
                 return 0

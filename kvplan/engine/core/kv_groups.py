@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from kvplan.engine.core.block_keys import stable_id_hash
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
-from kvplan.engine.core.config import CacheConfig, ConfigError
+from kvplan.engine.core.config import CacheConfig, ConfigError, HybridCacheConfig
 from kvplan.engine.core.kv_layout import cdiv
 from kvplan.engine.core.kv_manager import NO_COPIES, KVCacheManager
 from kvplan.engine.core.request import Request
@@ -76,9 +76,11 @@ class GroupBlockIds(Mapping):
 
 
 class HybridKVCacheManager:
-    def __init__(self, config: CacheConfig, max_in_flight_tokens: int) -> None:
+    def __init__(self, config: HybridCacheConfig, max_in_flight_tokens: int) -> None:
         self.config = config
-        self.layout = layout = config.kv_layout
+        layout = config.kv_layout
+        assert layout is not None  # built for a hybrid layout only (`make_kv_manager`)
+        self.layout = layout
         self.block_size = bs = config.block_size
         self.pool = BlockPool(config.num_blocks, bs, config.eviction_policy, config.enable_prefix_caching)
         self.cpu_pool = None
@@ -133,12 +135,12 @@ class HybridKVCacheManager:
     # -- prefix cache --------------------------------------------------------------------------------------
     def find_cached_prefix(self, request: Request) -> GroupHits:
         """The longest prefix hit valid for every group; never covers the last token to compute."""
-        keys = request.block_keys
+        block_keys = request.block_keys
         limit = (request.num_tokens - 1) // self.block_size
-        if keys is None or not self.pool.enable_caching or limit <= 0:
+        if block_keys is None or not self.pool.enable_caching or limit <= 0:
             return GroupHits([[] for _ in self.managers])
-        keys.key(limit - 1)
-        keys = keys.keys[:limit]  # a token-keyed request stops at its first block that is not full
+        block_keys.key(limit - 1)
+        keys = block_keys.keys[:limit]  # a token-keyed request stops at its first block that is not full
         cached = self.pool.cached
         full_salts = [m.key_salt for m in self.full]
         n = 0
@@ -161,7 +163,7 @@ class HybridKVCacheManager:
                 run = 0
         if end is None:
             end = run  # no full run: the leading blocks that are cached still hit
-        blocks = []
+        blocks: list[list[KVBlock | None]] = []
         for m in self.managers:
             salt = m.key_salt
             if m in self.sliding:
@@ -266,8 +268,11 @@ class HybridKVCacheManager:
                 first_visible = max(0, request.num_computed_tokens - m.config.window_tokens) // self.block_size
                 table = m.tables[request.request_id]
                 i = first_visible - 1
-                while i >= 0 and table[i] is not None:
-                    released += table[i].ref_cnt == 1
+                while i >= 0:
+                    block = table[i]
+                    if block is None:
+                        break
+                    released += block.ref_cnt == 1
                     i -= 1
         return self.pool.num_free + released - self._need(request, num_new_tokens, hits) >= reserve
 

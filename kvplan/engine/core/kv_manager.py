@@ -23,6 +23,8 @@ reference count: a prefix-cache hit or a fork puts the same physical block into 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import CacheConfig
 from kvplan.engine.core.request import Request
@@ -157,7 +159,8 @@ class KVCacheManager(TieredPrefix):
         table = self.tables.get(rid)
         start = request.num_computed_tokens
         # `has_room`, inlined: this is the common decode step (room left in a private last block)
-        if table is not None and start + num_new_tokens <= len(table) * bs and table[start // bs].ref_cnt == 1:
+        # (the block written next is never a hole: only blocks wholly before the window are released)
+        if table is not None and start + num_new_tokens <= len(table) * bs and table[start // bs].ref_cnt == 1:  # type: ignore[union-attr]
             return NO_COPIES
         start, new_blocks, shared_tail, left = self.plan(request, table, num_new_tokens, hits)
         if left < reserve:
@@ -193,10 +196,10 @@ class KVCacheManager(TieredPrefix):
         the step allocates nothing."""
         start = request.num_computed_tokens
         return (table is not None and start + num_new_tokens <= len(table) * self.block_size
-                and table[start // self.block_size].ref_cnt == 1)
+                and table[start // self.block_size].ref_cnt == 1)  # type: ignore[union-attr]  # (as in `allocate`)
 
     def plan(self, request: Request, table: list[KVBlock | None] | None, num_new_tokens: int,
-              hits: list[KVBlock] | None) -> tuple[int, int, KVBlock | None, int]:
+              hits: Sequence[KVBlock | None] | None) -> tuple[int, int, KVBlock | None, int]:
         """(first position written, new blocks, the shared partial tail to copy first or None, blocks left
         free afterwards) for an allocation that `has_room` does not cover."""
         bs = self.block_size
@@ -216,7 +219,8 @@ class KVCacheManager(TieredPrefix):
         left = self.pool.num_free - taken_free - max(new_blocks, 0) - (shared_tail is not None)
         return start, new_blocks, shared_tail, left
 
-    def take_hits(self, request: Request, hits: list[KVBlock], table: list, ids: list[int]) -> None:
+    def take_hits(self, request: Request, hits: Sequence[KVBlock | None], table: list[KVBlock | None],
+                  ids: list[int]) -> None:
         """Put the prefix `hits` (holes as `HOLE`) at the head of the request's new `table` and `ids`, one
         reference each; the request's computed and registered counts start after them."""
         for block in hits:
@@ -243,6 +247,7 @@ class KVCacheManager(TieredPrefix):
             self.pool.release_all(table)
         cpu_table = self.cpu_tables.pop(rid, None)
         if cpu_table is not None:
+            assert self.cpu_pool is not None  # only `swap_out` fills cpu_tables, and only with a CPU pool
             self.cpu_pool.release_all(cpu_table)
         request.num_hashed_blocks = 0
 
@@ -291,10 +296,12 @@ class KVCacheManager(TieredPrefix):
     def swap_in(self, group: list[Request]) -> list[tuple[int, int]]:
         """Move a group's blocks back from the CPU pool: (cpu, gpu) copies, shared blocks shared again. The caller
         checked room with `swap_in_cost`."""
+        cpu_pool = self.cpu_pool
+        assert cpu_pool is not None  # a group is swapped out only into a CPU pool
         cpu_tables = [self.cpu_tables.pop(r.request_id) for r in group]
         tables, copies = self._copy_tables(cpu_tables, self.pool)
         for request, table, cpu_table in zip(group, tables, cpu_tables, strict=True):
-            self.cpu_pool.release_all(cpu_table)
+            cpu_pool.release_all(cpu_table)
             self.tables[request.request_id] = table
             self.block_ids[request.request_id] = [HOLE if b is None else b.block_id for b in table]
             request.num_hashed_blocks = 0  # the copies are new blocks: register them again
@@ -339,8 +346,10 @@ class KVCacheManager(TieredPrefix):
         ids = self.block_ids[request.request_id]
         released: list[int] = []
         i = first_visible - 1
-        while i >= self.sink_blocks and table[i] is not None:
+        while i >= self.sink_blocks:
             block = table[i]
+            if block is None:
+                break
             table[i] = None
             ids[i] = HOLE
             released.append(block.block_id)

@@ -128,7 +128,9 @@ class GroupPreemption:
             for request, n in zip(group, chunks, strict=True):
                 sched.start_running(request)
                 if n:
-                    sched.emit(out, request, n, kv.allocate(request, n), 0)
+                    copies = kv.allocate(request, n)
+                    assert copies is not None  # `swap_in_cost` counted the blocks of every member's chunk
+                    sched.emit(out, request, n, copies, 0)
             budget = left
         return budget
 

@@ -102,6 +102,7 @@ class ReservationAllocator:
             return None
         size = self.reservation(request)
         start = self._first_fit(size)
+        assert start is not None  # `can_allocate` saw a free extent at least this large
         self.extents[rid] = (start, size)
         self.tables[rid] = []
         self.block_ids[rid] = []

@@ -45,7 +45,7 @@ from itertools import count
 
 from kvplan.engine.core.admission import Admission
 from kvplan.engine.core.beam_group import BeamGroups
-from kvplan.engine.core.config import CacheConfig, ConfigError, SchedulerConfig
+from kvplan.engine.core.config import CacheConfig, ConfigError, HybridCacheConfig, SchedulerConfig
 from kvplan.engine.core.decode_steps import DecodeMode, DecodeSteps
 from kvplan.engine.core.kv_groups import HybridKVCacheManager
 from kvplan.engine.core.kv_interface import KVManager
@@ -67,7 +67,7 @@ INF = float("inf")  # no cap
 def make_kv_manager(config: CacheConfig, max_num_batched_tokens: int = 2048) -> KVManager:
     """The cache's manager: paged (one group, or vLLM's hybrid allocator over several), or a reservation one.
     The token budget bounds what a sliding group holds beyond its window in one step (its admission cap)."""
-    if config.hybrid:
+    if isinstance(config, HybridCacheConfig) and config.hybrid:  # (only a HybridCacheConfig has a layout)
         return HybridKVCacheManager(config, max_num_batched_tokens)
     return KVCacheManager(config) if config.allocator == "paged" else ReservationAllocator(config)
 
@@ -256,14 +256,16 @@ class Scheduler:
 
     def chunk(self, pending: int, budget: int) -> int:
         """Tokens to compute now out of `pending` within `budget`; 0: wait for a step with room."""
-        pending = min(pending, self._cap)
+        # an int: min() returns one of its arguments, and the cap is an int or INF (which never wins over an int)
+        pending = min(pending, self._cap)  # type: ignore[assignment]
         if pending <= budget or self.config.enable_chunked_prefill:
             return min(pending, budget)
         # Chunked prefill off: a prefill runs whole - except a recompute of prompt + generated tokens longer than
         # the whole budget, which no step could hold.
         return budget if pending > self.config.max_num_batched_tokens else 0
 
-    def emit(self, out: SchedulerOutput, request: Request, n: int, copies: tuple, cached_tokens: int) -> None:
+    def emit(self, out: SchedulerOutput, request: Request, n: int, copies: tuple[tuple[int, int], ...],
+             cached_tokens: int) -> None:
         """Put `n` tokens of `request` into the step, keying the blocks the step fills (vLLM's timing)."""
         start = request.num_computed_tokens
         end = start + n

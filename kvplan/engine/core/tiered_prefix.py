@@ -29,14 +29,18 @@ class TieredPrefix:
     tiers: list[PrefixTier | TierView]
     transfers: list[TierTransfer]
 
+    if TYPE_CHECKING:  # the manager's own (a declaration only: the mixin defines nothing it does not own)
+        def find_cached_prefix(self, request: Request) -> list[KVBlock]: ...
+
     def _init_tiers(self, config: CacheConfig, own_pool: bool) -> None:
         """Build the chain from the settings; hook it to the pool only when this manager owns the pool (a hybrid
         model's groups share the coordinator's, which has no tiers)."""
         self.transfers = []
-        self.tiers = build_tiers([TierSpec("cpu", config.kv_offloading_blocks, config.kv_offloading_eviction),
-                                  TierSpec("disk", config.kv_disk_blocks),
-                                  TierSpec("shared", config.kv_shared_blocks, config.kv_shared_eviction)],
-                                 config.block_size, config.kv_offloading_write_through, self.transfers)
+        # a list of its own type: `share_tier` may put a view of the shared store at its bottom
+        self.tiers = list(build_tiers([TierSpec("cpu", config.kv_offloading_blocks, config.kv_offloading_eviction),
+                                       TierSpec("disk", config.kv_disk_blocks),
+                                       TierSpec("shared", config.kv_shared_blocks, config.kv_shared_eviction)],
+                                      config.block_size, config.kv_offloading_write_through, self.transfers))
         if self.tiers and own_pool:
             connect(self.pool, self.tiers, config.kv_offloading_write_through)
 
@@ -64,8 +68,8 @@ class TieredPrefix:
         free blocks it takes). Stops at the first key nobody has, or when no GPU block is free. The GPU `hits`
         are pinned meanwhile: a promotion's allocation must not evict the prefix it extends."""
         pool, promoted = self.pool, []
-        for block in hits:
-            pool.acquire(block)
+        for hit in hits:
+            pool.acquire(hit)
         for key in keys:
             block = pool.cached.get(key)
             if block is not None:  # past the first tier hit the GPU may hold a later block: a plain hit
@@ -76,6 +80,7 @@ class TieredPrefix:
             if tier is None or pool.num_free == 0:
                 break
             slot = tier.pin(key)  # a demotion this allocation causes must not evict the slot being copied
+            assert slot is not None  # the tier holds `key`
             block = pool.allocate()  # its eviction's demotion is logged before this copy into the block
             pool.register(block, key)
             tier.unpin(slot)

@@ -8,7 +8,7 @@ traffic.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, overload
 
 import numpy as np
 
@@ -16,7 +16,10 @@ from kvplan.sim.cost.features import StepFeatures, step_features
 
 
 class CostModel(Protocol):
-    def step_times(self, f: StepFeatures) -> np.ndarray | float: ...
+    @overload
+    def step_times(self, f: StepFeatures[int]) -> float: ...
+    @overload
+    def step_times(self, f: StepFeatures[np.ndarray]) -> np.ndarray: ...
 
     def transfer_time(self, swapped_blocks: int, copied_blocks: int, disk_blocks: int = 0) -> float: ...
 

@@ -21,6 +21,7 @@ calibrated model only; on a GPU the tile quantization above already makes one ro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 
@@ -176,6 +177,10 @@ class AnalyticCost:
     def bytes_per_block(self) -> float:
         return self.kv_bytes_per_token * self.block_size
 
+    @overload
+    def step_times(self, f: StepFeatures[int]) -> float: ...
+    @overload
+    def step_times(self, f: StepFeatures[np.ndarray]) -> np.ndarray: ...
     def step_times(self, f: StepFeatures) -> np.ndarray | float:
         """Seconds per step: plain ints give a float, a stretch's int64 arrays an array (bit-identical entries).
         With PP the batch runs as `micro_batches` micro-batches through the stages: in steady state a stage is

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import yaml
@@ -74,6 +75,10 @@ class CalibratedCost:
         self._terms = [(i, self.coefficients[name]) for i, name in enumerate(COEFFICIENTS)
                        if self.coefficients.get(name, 0.0)]
 
+    @overload
+    def step_times(self, f: StepFeatures[int]) -> float: ...
+    @overload
+    def step_times(self, f: StepFeatures[np.ndarray]) -> np.ndarray: ...
     def step_times(self, f: StepFeatures) -> np.ndarray | float:
         columns = feature_columns(f)
         # Start from the batch's shape (a stretch of steps is an array): a profile with only the constant `step`

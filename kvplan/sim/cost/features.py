@@ -22,28 +22,33 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
+from typing import Generic, TypeVar
 
 import numpy as np
 
+# What a feature is: `int` for one step, `np.ndarray` (int64, one entry per step) for a stretch of steps.
+N = TypeVar("N", int, np.ndarray)
+
 
 @dataclass(slots=True)
-class StepFeatures:
-    """Integer features: plain ints for one step, int64 arrays (one entry per step) for a stretch. The cost
+class StepFeatures(Generic[N]):
+    """Integer features: plain ints for one step (`StepFeatures[int]`), int64 arrays (one entry per step) for a
+    stretch (`StepFeatures[np.ndarray]`; a feature that is 0 in every step of it may stay a plain 0). The cost
     models apply the same IEEE operations to either, so a step is priced bit-identically both ways."""
 
-    num_requests: np.ndarray | int
-    prefill_tokens: np.ndarray | int
-    prefill_attention2: np.ndarray | int  # 2 × Σ chunk × (start + chunk/2) = Σ chunk × (2 start + chunk)
-    decode_requests: np.ndarray | int
-    decode_context: np.ndarray | int
-    decode_context_max: np.ndarray | int
-    blocks_touched: np.ndarray | int
-    sampled: np.ndarray | int  # rows that reach the LM head (every decode; a prefill's last chunk)
-    batched: np.ndarray | int  # 1 if the step computes >= 2 token rows (matrix-matrix, not matrix-vector)
+    num_requests: N
+    prefill_tokens: N | int
+    prefill_attention2: N | int  # 2 × Σ chunk × (start + chunk/2) = Σ chunk × (2 start + chunk)
+    decode_requests: N
+    decode_context: N
+    decode_context_max: N
+    blocks_touched: N
+    sampled: N  # rows that reach the LM head (every decode; a prefill's last chunk)
+    batched: N  # 1 if the step computes >= 2 token rows (matrix-matrix, not matrix-vector)
     # The attention features of sliding-window layers (keys capped at the window); 0 without a window.
-    window_attention2: np.ndarray | int = 0
-    window_context: np.ndarray | int = 0
-    window_blocks: np.ndarray | int = 0
+    window_attention2: N | int = 0
+    window_context: N | int = 0
+    window_blocks: N | int = 0
 
 
 FEATURE_NAMES = tuple(f.name for f in fields(StepFeatures))
@@ -58,7 +63,7 @@ def windowed_attention2(start: int, end: int, window: int) -> int:
 
 
 def step_features(items: Iterable, block_size: int, attended_limit: int = 0, bulk: Sequence = (),
-                  sliding_window: int = 0) -> StepFeatures:
+                  sliding_window: int = 0) -> StepFeatures[int]:
     """Features of one step's scheduled items, plus the core's bulk-scheduled plain decodes `bulk` (requests
     about to compute one token each, never sink+window). `attended_limit` > 0 caps the tokens attention reads
     (sink+window); `sliding_window` > 0 adds the window features of sliding layers."""
@@ -105,7 +110,7 @@ def window_decode_sums(ends: Sequence[int], block_size: int, window: int) -> tup
 
 
 def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int, block_size: int,
-                            sliding_window: int = 0) -> StepFeatures:
+                            sliding_window: int = 0) -> StepFeatures[np.ndarray]:
     """Features of k pure-decode steps where request i attends contexts[i] + j tokens in step j (0-based) and
     runs remaining[i] steps: a request that finishes drops out of the later steps. Cost O(len(contexts) × k)."""
     steps = np.arange(k, dtype=np.int64)
@@ -121,7 +126,7 @@ def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int,
                         blocks, count, (count >= 2).astype(np.int64), *window)
 
 
-def first_decode_features(contexts: list[int], block_size: int, sliding_window: int = 0) -> StepFeatures:
+def first_decode_features(contexts: list[int], block_size: int, sliding_window: int = 0) -> StepFeatures[int]:
     """The first step of `decode_stretch_features` as plain ints (a cheap estimate of the step time)."""
     window = (0, *window_decode_sums(contexts, block_size, sliding_window)) if sliding_window else (0, 0, 0)
     return StepFeatures(len(contexts), 0, 0, len(contexts), sum(contexts), max(contexts),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -147,6 +147,10 @@ class RecordedCost:
                                        "allowed: the options the replay ran with (its engine.json)")
         return live.duration_s
 
+    @overload
+    def step_times(self, f: StepFeatures[int]) -> float: ...
+    @overload
+    def step_times(self, f: StepFeatures[np.ndarray]) -> np.ndarray: ...
     def step_times(self, f: StepFeatures) -> np.ndarray | float:
         raise TypeError("a recorded cost prices steps by their id, not their features: run without the fast path")
 
