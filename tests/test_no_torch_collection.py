@@ -23,6 +23,7 @@ sys.exit(int(code) or bool(loaded))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocked", [True, False], ids=["torch-blocked", "torch-installed"])
 def test_core_sim_and_traces_tests_collect_without_importing_torch(blocked):
     """Blocked: collection works without torch. Installed: nothing even tries (a guarded import would load it)."""

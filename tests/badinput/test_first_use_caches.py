@@ -142,6 +142,7 @@ def test_an_old_unfinished_build_is_removed_and_a_fresh_one_kept(tmp_path, capsy
     assert "removed an unfinished model build" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.engine
 def test_two_concurrent_first_uses_both_succeed_with_one_entry(tmp_path):
     cache = tmp_path / "models"

@@ -94,6 +94,7 @@ def drive(seed: int, iterations: int, backlog: bool = True, **kwargs) -> int:
     return fast_steps
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 4, 8]), blocks=st.integers(30, 160),
        policy=st.sampled_from(sorted(EVICTION_POLICIES)), schedule=st.sampled_from(["mixed", "prefill_first"]),

@@ -96,6 +96,7 @@ def test_every_run_drains(config, specs):
     drain(config, specs)
 
 
+@pytest.mark.slow
 @settings(max_examples=600, **SETTINGS)
 @given(config=configs(pressure=True), specs=request_specs(pressure=True))
 def test_every_run_under_memory_pressure_drains(config, specs):

@@ -21,6 +21,7 @@ def _validate(url: str, tmp_path, *extra: str, trace: str | None = None, prof: s
             "--temperature", "0", *extra]
 
 
+@pytest.mark.slow
 def test_a_warm_repeat_never_widens_the_band_into_met(tmp_path, capsys):
     # TGI cannot reset its cache: the second repeat runs warm, here 6x faster. Folded into the band it would
     # cover a large error; the verdict uses the cold repeat only, so the error reads NO.
@@ -94,6 +95,7 @@ def test_duration_limits_what_validate_sends(tmp_path, capsys):
     assert fake.completions == within + probes
 
 
+@pytest.mark.slow
 def test_a_failing_repeat_keeps_what_was_measured(tmp_path, capsys):
     path = write_trace(tmp_path)
     fake = Fake("sglang", fail_after=8 + 12 + 8)  # probe, the first repeat, probe; then everything fails
@@ -112,6 +114,7 @@ def test_a_failing_repeat_keeps_what_was_measured(tmp_path, capsys):
     assert "Partial" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_the_drift_probe_gives_the_speed_factor_against_calibration(tmp_path, capsys):
     fake = Fake("vllm", step_s=0.002)
     with fake_server(fake) as url:

@@ -26,7 +26,8 @@ def greedy(llm: LLM) -> tuple[list[list[int]], bool]:
     return [done[i] for i in ids], saw_hole
 
 
-@pytest.mark.parametrize("backend", [pytest.param("cpu", marks=needs_cpu_kernel), "triton"])
+@pytest.mark.parametrize("backend", [pytest.param("cpu", marks=needs_cpu_kernel),
+                                     pytest.param("triton", marks=pytest.mark.slow)])  # the interpreter: 2.7-4.2 s
 @pytest.mark.parametrize("window", [{}, {"sink_tokens": 2, "window_tokens": 8}], ids=["full", "sink_window"])
 def test_backend_matches_torch_backend(tiny_models, backend, window):
     results = {}
@@ -38,7 +39,8 @@ def test_backend_matches_torch_backend(tiny_models, backend, window):
     assert results["torch"][1] == bool(window)  # the window case really released blocks mid-request
 
 
-@pytest.mark.parametrize("backend", [pytest.param("cpu", marks=needs_cpu_kernel), "triton"])
+@pytest.mark.parametrize("backend", [pytest.param("cpu", marks=needs_cpu_kernel),
+                                     pytest.param("triton", marks=pytest.mark.slow)])  # the interpreter: 2.7-4.2 s
 @pytest.mark.parametrize("kv", ["int8", "fp8_e4m3"])
 def test_quantized_caches_give_the_torch_backends_tokens(tiny_models, backend, kv):
     """The Triton kernels quantize on store and dequantize in attention with the scheme the torch backend

@@ -30,6 +30,7 @@ def browser():
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
 
 
+@pytest.mark.slow
 def test_report_loads_with_every_image_and_no_console_error(tmp_path, capsys):
     doc = {"name": "browser", "model": "llama-3-8b", "hardware": "a100-40gb",
            "workload": {"trace": "sample:chat"}, "engine": {"block_size": 16},

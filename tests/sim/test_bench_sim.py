@@ -44,6 +44,7 @@ def test_reference_workload_is_fixed_and_reports_a_speed():
     assert reference_mops(repeats=1, ops=6400) > 0
 
 
+@pytest.mark.slow
 def test_steady_search_row_sums_the_probes_of_a_search(tmp_path):
     from kvplan.bench.steady_search import steady_search
 

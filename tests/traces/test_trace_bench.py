@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvplan.cli import main
 
 
+@pytest.mark.slow
 def test_bench_traces_reports_both_loads(capsys):
     assert main(["bench", "traces", "--rows", "40", "--seed", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

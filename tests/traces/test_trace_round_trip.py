@@ -91,6 +91,7 @@ def _convert(source: Path, out: Path) -> None:
         assert main(["trace", "convert", str(source), str(out), "--json"]) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 @settings(max_examples=25, deadline=None)
 @given(reqs=requests(), granularity=st.sampled_from([0, 16, 512]), fraction_s=st.floats(0, 1, allow_nan=False))

@@ -88,6 +88,7 @@ def test_a_client_leaving_mid_body_leaves_no_traceback(tiny_models):
     assert not [r for r in records if r.exc_info], [r.getMessage() for r in records]
 
 
+@pytest.mark.slow
 def test_serve_a_bundled_model_and_replay_it_by_name(tmp_path, capsys):
     """`kvplan serve --model tiny-llama`, then `kvplan replay --endpoint URL --model tiny-llama` as written: the
     vocabulary comes from the registry serve uses, no --vocab-size needed."""
