@@ -52,7 +52,8 @@ def test_builtin_specs_and_hf_config(tmp_path):
     with pytest.raises(ValueError, match=r"allowed: a built-in model \(.*26 in all: `kvplan simulate --help` "
                                          r"lists them\)"):
         get_model("gpt-5")
-    with pytest.raises(ValueError, match="allowed: a100-40gb, a100-80gb, a10g, h100-sxm, h200, l4, l40s, rtx-4090"):
+    with pytest.raises(ValueError, match="allowed: a100-40gb, a100-80gb, a10g, a40, b200, h100-sxm, h200, l4, "
+                                         "l40s, rtx-4090, rtx-pro-6000"):
         get_hardware("tpu")
 
 

@@ -37,6 +37,7 @@ from kvplan.sim.cost.parallel import (
     send_recv_time,
     weight_bytes_per_rank,
 )
+from kvplan.sim.gpu.attention import AttentionCost
 from kvplan.sim.specs.arch import ModelSpec, stage_layers
 from kvplan.sim.specs.hardware import HardwareSpec
 
@@ -93,9 +94,7 @@ class AnalyticCost:
     step_overhead_s: float = 2e-3
     # Per scheduled request (metadata, sampling): hand-set planner default.
     request_overhead_s: float = 2e-5
-    # Fraction of peak FLOP/s FlashAttention achieves: FlashAttention-2 (Dao 2023, arXiv:2307.08691) reports its
-    # forward pass at 50-73% of the A100's theoretical maximum, the top at long sequences; causal masking and
-    # inference-sized chunks (a few thousand queries at most) run toward the low end, so the low end: 0.5.
+    # Fraction of peak FLOP/s the attention kernels achieve (`sim.gpu.attention` says where 0.5 comes from).
     attention_efficiency: float = 0.5
     # GEMM rows computed in whole tiles: NVIDIA "Matrix Multiplication Background User's Guide" (tile
     # quantization): a GEMM computes whole output tiles, so M rows cost ceil(M / tile) × tile rows of work;
@@ -113,18 +112,14 @@ class AnalyticCost:
     _head_flops: float = field(init=False, repr=False)
     _layer_read_s: float = field(init=False, repr=False)
     _head_read_s: float = field(init=False, repr=False)
-    _attn_unit: float = field(init=False, repr=False)
     _elementwise: float = field(init=False, repr=False)
-    _kv_block: float = field(init=False, repr=False)
     _flop_rate: float = field(init=False, repr=False)
-    _attn_rate: float = field(init=False, repr=False)
     _byte_rate: float = field(init=False, repr=False)
-    _decode_unit: float = field(init=False, repr=False)
+    _attention: AttentionCost = field(init=False, repr=False)
     _experts: ExpertCost | None = field(init=False, repr=False)
     _hidden_bytes: float = field(init=False, repr=False)
     _stage_moe_layers: float = field(init=False, repr=False)
     _stage_dense_layers: float = field(init=False, repr=False)
-    _sliding_share: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency", "link_efficiency",
@@ -140,33 +135,26 @@ class AnalyticCost:
             raise UserError(f"cost.gemm_tile_rows: must be an integer >= 1, got {self.gemm_tile_rows!r}")
         m, tp, pp = self.model, self.shape.tp, self.shape.pp
         self._flop_rate = self.hardware.peak_flops * self.compute_efficiency
-        self._attn_rate = self.hardware.peak_flops * self.attention_efficiency
         self._byte_rate = self.hardware.hbm_bandwidth * self.memory_efficiency
         share = stage_layers(m.num_layers, pp) / m.num_layers / tp  # this rank's part of the layers (1.0 alone)
         self._layer_flops = 2.0 * m.dense_part_params * share
         self._head_flops = 2.0 * m.lm_head_params / tp
         self._layer_read_s = m.layer_weight_bytes * share / self._byte_rate
         self._head_read_s = m.lm_head_params * m.dtype_bytes / tp / self._byte_rate
-        self._attn_unit = m.prefill_pair_flops * share
-        self._decode_unit = m.decode_pair_flops * share
         self._elementwise = elementwise_bytes_per_token(m, self.kv_dtype_bytes, tp, pp)
-        self._kv_block = self.bytes_per_block
+        self._attention = AttentionCost(m, self.hardware, self.block_size, self.kv_dtype_bytes, tp, pp,
+                                        self.attention_efficiency, self.memory_efficiency)
         self._experts = ExpertCost.of(m, tp, pp, self.gemm_tile_rows, self._flop_rate, self._byte_rate) \
             if m.is_moe else None
         self._hidden_bytes = m.hidden_size * m.dtype_bytes
         self._stage_moe_layers = m.num_moe_layers * tp * share
         self._stage_dense_layers = (m.num_layers - m.num_moe_layers) * tp * share
-        # Sliding-window layers attend to at most `sliding_window` keys: their share of the attention work and
-        # of the KV bytes read is priced on the step's window features (every stage holds the same mix).
-        kinds = m.layer_types or ()
-        self._sliding_share = kinds.count("sliding_attention") / m.num_layers if m.sliding_window else 0.0
 
     @property
     def sliding_window(self) -> int:
         """The window of the model's sliding layers, 0 when every layer attends to the whole context: the replica
         asks for the window features with it."""
-        window = self.model.sliding_window
-        return int(window) if window and self._sliding_share else 0
+        return self._attention.sliding_window
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -205,19 +193,8 @@ class AnalyticCost:
         head_rows = -(-f.sampled // tile) * tile
         layers = _max(self._layer_flops * gemm_rows / self._flop_rate, self._layer_read_s)
         head = _max(self._head_flops * head_rows / self._flop_rate, self._head_read_s) * (f.sampled > 0)
-        attention2: np.ndarray | float = f.prefill_attention2
-        context: np.ndarray | float = f.decode_context
-        blocks: np.ndarray | float = f.blocks_touched
-        if self._sliding_share:  # full layers read every key, sliding layers the window's
-            full, sliding = 1.0 - self._sliding_share, self._sliding_share
-            attention2 = full * attention2 + sliding * f.window_attention2
-            context = full * context + sliding * f.window_context
-            blocks = full * blocks + sliding * f.window_blocks
-        prefill_attn = self._attn_unit * (attention2 / 2.0) / self._attn_rate
-        decode_attn = _max(self._decode_unit * context / self._attn_rate,
-                           self._kv_block * blocks / self._byte_rate)
         elementwise = self._elementwise * tokens / self._byte_rate
-        compute = layers + head + prefill_attn + decode_attn + elementwise
+        compute = layers + head + self._attention.time(f) + elementwise
         if self._experts is not None:
             compute = compute + self._experts.time(tokens)
         if self.shape.tp > 1:

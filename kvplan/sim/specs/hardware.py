@@ -14,6 +14,12 @@ SHARP, "NVLS"), and the per-GPU network bandwidth between nodes. Sources:
   box as AWS g6e.48xlarge (L40S), g6.48xlarge (L4) and g5.48xlarge (A10G) sell them, with 400 Gb/s (g6e),
   100 Gb/s (g6) and 100 Gb/s (g5) of network per instance, shared by its 8 GPUs.
 - RTX 4090: one per box (NVIDIA disabled peer-to-peer on it: no practical tensor parallelism).
+- A40 (PCIe Gen4, 84 SMs, 149.7 TFLOP/s BF16 dense, 696 GB/s GDDR6, 48 GB: NVIDIA A40 datasheet); RTX PRO 6000
+  Blackwell Server Edition (PCIe Gen5 x16, 64 GB/s per direction, 188 SMs, 96 GB GDDR7 at 1.792 TB/s: NVIDIA
+  datasheet; BF16 dense with FP32 accumulation 503.8 TFLOP/s, a quarter of its dense FP4 rate); B200 (HGX B200:
+  148 SMs, 180 GB HBM3e at 8 TB/s, 2.25 PFLOP/s BF16 dense, NVLink 5 at 900 GB/s per direction with NVLS).
+SM counts (GEMM wave quantization) are from the architecture whitepapers (A100 108, H100/H200 SXM 132, A40 84,
+L4 58, L40S 142, A10G 80, RTX 4090 128).
 Latencies, NVLink: 50 µs per all-reduce and 8 µs per send/recv, fitted (with the link efficiencies of
 `AnalyticCost`) to Vidur's A100 DGX profiles (docs/parallel_validation.md: 2048-byte to 66 MB messages); PCIe:
 80 µs and 15 µs, hand-set (messages cross the host's PCIe switch and root complex; no published per-collective
@@ -47,27 +53,31 @@ class HardwareSpec:
     internode_bandwidth: float = 0.0  # bytes/s per GPU between nodes (pipeline stages on different nodes)
     # bytes/s a local NVMe reads (a PCIe 4.0 x4 data-centre drive, ~6.5 GB/s sequential): the disk prefix tier
     disk_bandwidth: float = 6.5e9
+    sm_count: int = 0  # streaming multiprocessors (GEMM wave quantization); datasheet / whitepaper figure
 
 
-def _nvlink(name, flops, hbm, memory, host, link, nvls, internode) -> HardwareSpec:
+def _nvlink(name, flops, hbm, memory, host, link, nvls, internode, sms) -> HardwareSpec:
     return HardwareSpec(name, flops, hbm, memory, host, 8, "nvlink", link, NVLINK_LATENCY_S, NVLINK_P2P_LATENCY_S,
-                        nvls, internode)
+                        nvls, internode, sm_count=sms)
 
 
-def _pcie(name, flops, hbm, memory, host, internode) -> HardwareSpec:
-    return HardwareSpec(name, flops, hbm, memory, host, 8, "pcie4", 32e9, PCIE_LATENCY_S, PCIE_P2P_LATENCY_S, False,
-                        internode)
+def _pcie(name, flops, hbm, memory, host, internode, sms, link=32e9, kind="pcie4") -> HardwareSpec:
+    return HardwareSpec(name, flops, hbm, memory, host, 8, kind, link, PCIE_LATENCY_S, PCIE_P2P_LATENCY_S, False,
+                        internode, sm_count=sms)
 
 
 HARDWARE: dict[str, HardwareSpec] = {spec.name: spec for spec in (
-    _nvlink("a100-40gb", 312e12, 1.555e12, 40 * GIB, 25e9, 300e9, False, 25e9),
-    _nvlink("a100-80gb", 312e12, 2.039e12, 80 * GIB, 25e9, 300e9, False, 25e9),
-    _nvlink("h100-sxm", 989e12, 3.35e12, 80 * GIB, 50e9, 450e9, True, 50e9),
-    _nvlink("h200", 989e12, 4.8e12, 141e9, 50e9, 450e9, True, 50e9),
-    _pcie("l4", 121e12, 0.3e12, 24 * GIB, 25e9, 100e9 / 8 / 8),
-    _pcie("l40s", 362e12, 0.864e12, 48 * GIB, 25e9, 400e9 / 8 / 8),
-    _pcie("a10g", 125e12, 0.6e12, 24 * GIB, 25e9, 100e9 / 8 / 8),
-    HardwareSpec("rtx-4090", 165e12, 1.008e12, 24 * GIB, 25e9),
+    _nvlink("a100-40gb", 312e12, 1.555e12, 40 * GIB, 25e9, 300e9, False, 25e9, 108),
+    _nvlink("a100-80gb", 312e12, 2.039e12, 80 * GIB, 25e9, 300e9, False, 25e9, 108),
+    _nvlink("h100-sxm", 989e12, 3.35e12, 80 * GIB, 50e9, 450e9, True, 50e9, 132),
+    _nvlink("h200", 989e12, 4.8e12, 141e9, 50e9, 450e9, True, 50e9, 132),
+    _nvlink("b200", 2.25e15, 8.0e12, 180e9, 50e9, 900e9, True, 50e9, 148),
+    _pcie("a40", 149.7e12, 0.696e12, 48 * GIB, 25e9, 100e9 / 8 / 8, 84),
+    _pcie("l4", 121e12, 0.3e12, 24 * GIB, 25e9, 100e9 / 8 / 8, 58),
+    _pcie("l40s", 362e12, 0.864e12, 48 * GIB, 25e9, 400e9 / 8 / 8, 142),
+    _pcie("a10g", 125e12, 0.6e12, 24 * GIB, 25e9, 100e9 / 8 / 8, 80),
+    _pcie("rtx-pro-6000", 503.8e12, 1.792e12, 96e9, 50e9, 400e9 / 8 / 8, 188, link=64e9, kind="pcie5"),
+    HardwareSpec("rtx-4090", 165e12, 1.008e12, 24 * GIB, 25e9, sm_count=128),
 )}
 
 
