@@ -85,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     check_trace(trace, str(args.trace))
     notes += profile_notes(args)
     runs, results = [], []
+    from kvplan.sim.vllm_defaults import explain
+
+    derived = explain(spec_from_args(args, args.block_size[0]))
+    notes += [derived] if derived is not None else []
     for block_size in args.block_size:
         start = time.perf_counter()
         result = simulate(trace, spec_from_args(args, block_size), processes=args.workers)

@@ -28,10 +28,11 @@ from kvplan.sim.links import block_bytes
 from kvplan.sim.parallel import MergedCluster, run_parallel, worth_parallel
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
-from kvplan.sim.spec import COST_MODELS, SimSpec
+from kvplan.sim.spec import COST_MODELS, SimSpec, batch_table
 from kvplan.sim.specs.hardware import GIB, get_hardware
 from kvplan.sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model, sim_kv_dtype
 from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
+from kvplan.sim.vllm_defaults import vllm_batch_defaults
 from kvplan.traces import Trace
 from kvplan.traces.schema import short_repr
 
@@ -205,7 +206,7 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int, cost: CostModel
         raise UserError(f"{spec.model} on {spec.hardware}: no memory left for the KV cache after the weights and "
                          "activations; allowed: a larger --hardware, a higher --gpu-memory-utilization, or "
                          "--num-blocks")
-    sched = core_config(SchedulerConfig, spec)
+    sched = core_config(SchedulerConfig, spec, **batch_settings(spec, max_len))
     layout = model_layout(spec.model)
     try:
         if layout is None:
@@ -229,6 +230,20 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int, cost: CostModel
     if reason is not None:
         raise UserError(f"the trace's longest prompt can never be scheduled with this configuration: {reason}")
     return cache, sched
+
+
+def batch_settings(spec: SimSpec, max_len: int) -> dict[str, int]:
+    """The token budget and sequence cap the simulated vLLM runs with once max_model_len is known: where vLLM's
+    default filled them (`SimSpec.batch_defaults`), its adjustments (without chunked prefill the budget is at least
+    max_model_len; at most max_num_seqs x max_model_len); the spec's values otherwise."""
+    table = batch_table(spec)
+    if not spec.batch_defaults or table is None:
+        return {}
+    given = {name: None if name in spec.batch_defaults else getattr(spec, name)
+             for name in ("max_num_batched_tokens", "max_num_seqs")}
+    chosen = vllm_batch_defaults(*table, max_model_len=max_len, enable_chunked_prefill=spec.enable_chunked_prefill,
+                                 **given)
+    return {"max_num_batched_tokens": chosen.max_num_batched_tokens, "max_num_seqs": chosen.max_num_seqs}
 
 
 def offloading_tier(spec: SimSpec, cost: CostModel) -> int:
@@ -305,7 +320,8 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     result = collect(cluster, num_blocks, goodput)
     failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))
     result.info.update(max_model_len=cache.max_model_len, rejected_failed=failed,
-                       rejected_over_length=over_length(trace, cache.max_model_len))
+                       rejected_over_length=over_length(trace, cache.max_model_len),
+                       max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs)
     return result
 
 
