@@ -137,7 +137,8 @@ def api_request_points(rounds: int) -> dict:
     from vllm.tokenizers.registry import get_tokenizer
 
     tokenizer = get_tokenizer(str(TOKENIZER))
-    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly bankers".split()
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards",
+             "quietly", "hex", "jolly", "bankers"]
     texts = {}
     for n in PROMPTS:
         text, i = "", 0

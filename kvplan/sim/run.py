@@ -122,7 +122,7 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
         capacity_bytes = width * layout.group_size / model.num_layers
     blocks = kv_capacity_blocks(model, hardware, spec.block_size, kv_dtype_bytes=capacity_bytes,
                                 gpu_memory_utilization=spec.gpu_memory_utilization,
-                                max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs,
+                                max_num_batched_tokens=spec.batch[0], max_num_seqs=spec.batch[1],
                                 shape=shape)
     if blocks < 1 and spec.num_blocks is None:
         raise UserError(no_fit_message(spec, model, hardware, shape, kv_bytes))
@@ -157,7 +157,7 @@ def no_fit_message(spec: SimSpec, model, hardware, shape: Shape, kv_bytes: float
         if weights >= usable else "after the weights and activations")
     fits = [tp for tp in tp_choices(model, hardware) if tp > shape.tp and kv_capacity_blocks(
         model, hardware, spec.block_size, kv_dtype_bytes=kv_bytes, gpu_memory_utilization=spec.gpu_memory_utilization,
-        max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.batch[0], max_num_seqs=spec.batch[1],
         shape=Shape(tp, shape.pp, shape.expert_parallel)) >= 1]
     hint = (f"it fits at --tensor-parallel-size {fits[0]} ({fits[0] * shape.pp} GPUs per replica)" if fits else
             f"no tensor-parallel degree of one {hardware.gpus_per_node}-GPU node fits it at PP {shape.pp}")
@@ -239,10 +239,10 @@ def batch_settings(spec: SimSpec, max_len: int) -> dict[str, int]:
     table = batch_table(spec)
     if not spec.batch_defaults or table is None:
         return {}
-    given = {name: None if name in spec.batch_defaults else getattr(spec, name)
-             for name in ("max_num_batched_tokens", "max_num_seqs")}
+    tokens, seqs = spec.batch
     chosen = vllm_batch_defaults(*table, max_model_len=max_len, enable_chunked_prefill=spec.enable_chunked_prefill,
-                                 **given)
+                                 max_num_batched_tokens=None if "max_num_batched_tokens" in spec.batch_defaults
+                                 else tokens, max_num_seqs=None if "max_num_seqs" in spec.batch_defaults else seqs)
     return {"max_num_batched_tokens": chosen.max_num_batched_tokens, "max_num_seqs": chosen.max_num_seqs}
 
 
@@ -290,7 +290,7 @@ def prefill_bound_s(trace: Trace, spec: SimSpec, cost: CostModel) -> float:
     the replicas, each priced as a chunk starting at position 0 (the cheapest a chunk of that size can be)."""
     if getattr(cost, "recorded_step_time", None) is not None:
         return 0.0  # a recorded cost prices steps by id, not by shape
-    budget = spec.max_num_batched_tokens
+    budget = spec.batch[0]
     chunk = StepFeatures(1, budget, budget * budget, 0, 0, 0, -(-budget // spec.block_size), 1, int(budget >= 2))
     steps = int(np.sum(trace.prompt_tokens, dtype=np.int64)) / (budget * spec.replicas)
     return steps * float(cost.step_times(chunk))

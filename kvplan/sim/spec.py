@@ -90,6 +90,12 @@ class SimSpec:
         self.max_num_batched_tokens, self.max_num_seqs = chosen.max_num_batched_tokens, chosen.max_num_seqs
         self.batch_defaults = unset
 
+    @property
+    def batch(self) -> tuple[int, int]:
+        """(max_num_batched_tokens, max_num_seqs): set on construction, from the user or vLLM's rule."""
+        assert self.max_num_batched_tokens is not None and self.max_num_seqs is not None
+        return self.max_num_batched_tokens, self.max_num_seqs
+
 
 def batch_table(spec: SimSpec) -> tuple[float, str, str] | None:
     """(device memory, device name, entry point) for vLLM's default rule, or None when the hardware is no GPU of

@@ -34,14 +34,26 @@ GIB = 1 << 30
 VLLM_VERSION = "0.34.0"
 # kvplan's name of each entry point -> vLLM's UsageContext member
 ENTRY_POINTS = {"openai_server": "OPENAI_API_SERVER", "llm": "LLM_CLASS", "engine": "ENGINE_CONTEXT"}
-# (min memory in GiB, excludes A100 and GB10, {context: tokens}, {context: seqs}, the tier's name); first match wins
-_TIERS = (
-    (160, False, {"OPENAI_API_SERVER": 16384, "LLM_CLASS": 16384}, {"OPENAI_API_SERVER": 1024, "LLM_CLASS": 1024},
-     ">= 160 GiB"),
-    (70, True, {"OPENAI_API_SERVER": 8192, "LLM_CLASS": 16384}, {"OPENAI_API_SERVER": 1024, "LLM_CLASS": 1024},
-     ">= 70 GiB (not an A100 or GB10)"),
-    (0, False, {"OPENAI_API_SERVER": 2048, "LLM_CLASS": 8192}, {"OPENAI_API_SERVER": 256, "LLM_CLASS": 256},
-     "< 70 GiB, or an A100"),
+
+
+@dataclass(slots=True, frozen=True)
+class _Tier:
+    """One row of vLLM's table: from `min_gib` of device memory (A100s and GB10s excluded where `excludes`)."""
+
+    min_gib: int
+    excludes: bool
+    tokens: dict[str, int]  # UsageContext name -> max_num_batched_tokens
+    seqs: dict[str, int]  # UsageContext name -> max_num_seqs
+    label: str
+
+
+_TIERS = (  # the first that matches wins, as vLLM's if/elif/else
+    _Tier(160, False, {"OPENAI_API_SERVER": 16384, "LLM_CLASS": 16384}, {"OPENAI_API_SERVER": 1024, "LLM_CLASS": 1024},
+          ">= 160 GiB"),
+    _Tier(70, True, {"OPENAI_API_SERVER": 8192, "LLM_CLASS": 16384}, {"OPENAI_API_SERVER": 1024, "LLM_CLASS": 1024},
+          ">= 70 GiB (not an A100 or GB10)"),
+    _Tier(0, False, {"OPENAI_API_SERVER": 2048, "LLM_CLASS": 8192}, {"OPENAI_API_SERVER": 256, "LLM_CLASS": 256},
+          "< 70 GiB, or an A100"),
 )
 # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS / DEFAULT_MAX_NUM_SEQS: any context the table does not name
 _CLASS_DEFAULTS = (2048, 128)
@@ -66,12 +78,12 @@ def table_defaults(memory_bytes: float, device_name: str, entry_point: str, *, c
         scale = world_size if context in _CPU else 1
         return BatchDefaults(tokens * scale, seqs * scale, f"the CPU platform, world size {world_size}")
     name = device_name.lower()
-    for min_gib, excludes, tokens, seqs, label in _TIERS:
-        if memory_bytes >= min_gib * GIB and not (excludes and ("a100" in name or "gb10" in name)):
-            break
-    if context not in tokens:
+    tier = next(t for t in _TIERS
+                if memory_bytes >= t.min_gib * GIB and not (t.excludes and ("a100" in name or "gb10" in name)))
+    if context not in tier.tokens:
         return BatchDefaults(*_CLASS_DEFAULTS, "SchedulerConfig's class defaults (no row for this entry point)")
-    return BatchDefaults(tokens[context], seqs[context], f"a GPU of {memory_bytes / GIB:.0f} GiB: {label}")
+    return BatchDefaults(tier.tokens[context], tier.seqs[context], f"a GPU of {memory_bytes / GIB:.0f} GiB: "
+                         f"{tier.label}")
 
 
 def vllm_batch_defaults(memory_bytes: float, device_name: str, entry_point: str, *, max_model_len: int | None,
