@@ -24,6 +24,7 @@ from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from kvplan.sim.cost.calibrated import load_profile
 from kvplan.sim.cost.parallel import Shape, check_shape, tp_choices, weight_bytes_per_rank
 from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
+from kvplan.sim.frontend import FrontendRun, frontend_for
 from kvplan.sim.links import block_bytes
 from kvplan.sim.parallel import MergedCluster, run_parallel, worth_parallel
 from kvplan.sim.replica import SERIES_COLUMNS
@@ -306,6 +307,7 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     cost, num_blocks = build_cost(spec)
     cache, config = build_configs(spec, trace, num_blocks, cost)
     interval = sample_interval(spec, trace, cost)
+    trace, front = through_frontend(spec, trace)
     # A recorded cost prices steps one by one, by id; token times are recorded step by step.
     fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens
     if worth_parallel(spec.router, spec.replicas, processes, spec.record_tokens, len(trace),
@@ -317,7 +319,7 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
                           fast_path=fast_path, record_tokens=spec.record_tokens,
                           layerwise=spec.kv_offloading_layerwise)
         cluster.run()
-    result = collect(cluster, num_blocks, goodput)
+    result = collect(cluster, num_blocks, goodput, front)
     failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))
     result.info.update(max_model_len=cache.max_model_len, rejected_failed=failed,
                        rejected_over_length=over_length(trace, cache.max_model_len),
@@ -325,10 +327,31 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     return result
 
 
+def through_frontend(spec: SimSpec, trace: Trace) -> tuple[Trace, FrontendRun | None]:
+    """The trace as the engine receives it (each request after the API server's latency, queue and work) and the
+    front end's run, for an OpenAI-server simulation; the trace unchanged and None otherwise (sim.frontend)."""
+    cost = frontend_for(spec.entry_point, spec.frontend_options)
+    if cost is None:
+        return trace, None
+    front = FrontendRun.start(cost, trace.arrival_s, trace.prompt_tokens, trace.output_tokens)
+    return trace.with_columns(arrival_s=front.engine_arrival_s), front
+
+
+def client_view(table: pd.DataFrame, series: pd.DataFrame, front: FrontendRun | None
+                ) -> tuple[pd.DataFrame, dict | None]:
+    """The per-request table as clients see it, and the front end's info (None without an API server)."""
+    if front is None:
+        return table, None
+    busy = series[series["running"] > 0]["running"] if len(series) else series.get("running", pd.Series(dtype=float))
+    per_replica = float(busy.mean()) if len(busy) else 1.0  # the batch a step's outputs come in
+    table = front.client_table(table, per_replica)
+    return table, front.info(table, per_replica)
+
+
 def collect(cluster: Cluster | MergedCluster, num_blocks: int,
-            goodput: dict[str, float | None] | None = None) -> ServingResult:
-    table = cluster.log.to_frame(cluster.trace.request_id)
+            goodput: dict[str, float | None] | None = None, front: FrontendRun | None = None) -> ServingResult:
     series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
+    table, front_info = client_view(cluster.log.to_frame(cluster.trace.request_id), series, front)
     duration = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
     replicas = cluster.replicas
     kv = kv_summary(sum(r.usage_seconds for r in replicas), duration * len(replicas),
@@ -337,6 +360,8 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
     info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
             "steps": sum(r.num_steps for r in replicas), "fast_steps": sum(r.num_fast_steps for r in replicas),
             "rejected": len(rejected), "rejected_first": references(cluster.trace, rejected)}
+    if front_info is not None:
+        info["frontend"] = front_info
     groups = kv_groups_info(replicas, num_blocks, duration)
     if groups is not None:
         info["kv_groups"] = groups
