@@ -245,7 +245,8 @@ def serve_fit(model: str) -> dict:
     from kvplan.traces.synth import synthesize
 
     trace = synthesize(SERVE_TRACE)
-    with server_process(model, ["--max-num-seqs", "8", "--max-model-len", "1024"]) as url, tempfile.TemporaryDirectory() as out:
+    engine = ["--max-num-seqs", "8", "--max-model-len", "1024"]
+    with server_process(model, engine) as url, tempfile.TemporaryDirectory() as out:
         options = EndpointOptions(url=url, model=None, vocab_size=None, tokenizer=None, max_concurrency=None,
                                   duration_s=None, timeout_s=120.0, reset_prefix_cache=False)
         live, _ = replay_endpoint(options, trace, seed=0, temperature=0.0, out=Path(out), sample_interval_s=1.0)
@@ -321,7 +322,8 @@ def write_docs(measured: dict) -> None:
              f"{measured['vllm_version']}'s own code timed on this machine's CPU (Python {measured['python']}, "
              f"the least-contended of {measured['rounds']} interleaved rounds), fitted to `a + b * x`. The constants "
              "are in `kvplan/sim/gpu/host_overhead.py`; the method and the CPU caveat are in its docstring.", "",
-             "| what is timed | x | points (x: µs) | a (µs) | b (µs per x) | worst residual |", "|---|---|---|---|---|---|"]
+             "| what is timed | x | points (x: µs) | a (µs) | b (µs per x) | worst residual |",
+             "|---|---|---|---|---|---|"]
     for key, what, x in DOC_FITS:
         f = measured["fits"][key]
         points = ", ".join(f"{k}: {v:g}" for k, v in f["points"].items())
