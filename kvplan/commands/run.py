@@ -55,19 +55,22 @@ def explain(exp, points) -> dict:
 
 
 def derived_lines(points) -> list[str]:
-    """What the simulator fills in that the experiment left unset (vLLM's per-GPU batch defaults), once per
-    distinct line, naming the points it applies to when they differ."""
+    """What the simulator fills in that the experiment left unset (vLLM's per-GPU batch defaults) and what its
+    latencies include (the API server or not), once per distinct line, naming the points each applies to when
+    they are not all of them."""
     from kvplan.experiments.execute import build_spec
+    from kvplan.sim.frontend import explain as explain_frontend
     from kvplan.sim.vllm_defaults import explain as explain_defaults
 
     lines: dict[str, list[int]] = {}
     for p in points:
-        line = explain_defaults(build_spec(p.config))
-        if line is not None:
-            lines.setdefault(line, []).append(p.index)
-    if len(lines) <= 1:
-        return list(lines)
-    return [f"points {', '.join(map(str, where))}: {line}" for line, where in lines.items()]
+        spec = build_spec(p.config)
+        for line in (explain_defaults(spec), explain_frontend(spec.entry_point, spec.frontend_options)):
+            if line is not None:
+                lines.setdefault(line, []).append(p.index)
+    every = [p.index for p in points]
+    return [line if where == every else f"points {', '.join(map(str, where))}: {line}"
+            for line, where in lines.items()]
 
 
 def run(args: argparse.Namespace) -> int:

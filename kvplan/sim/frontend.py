@@ -158,3 +158,16 @@ def frontend_for(entry_point: str, options: dict[str, Any]) -> FrontendCost | No
                             "allowed: entry_point openai_server, or no frontend_options")
         return None
     return FrontendCost.with_options(options)
+
+
+def explain(entry_point: str, options: dict[str, Any]) -> str:
+    """The --explain line: what the reported latencies include."""
+    cost = frontend_for(entry_point, options)
+    if cost is None:
+        return (f"entry_point {entry_point}: latencies are the engine's own (no API server in front); "
+                "*_engine_ms equal them")
+    return (f"entry_point openai_server: latencies as a client of vLLM's API server sees them - the engine's plus "
+            f"{cost.latency_s * 1e3:.1f} ms of transport, {cost.request_s * 1e6:.0f} us + "
+            f"{cost.prompt_token_s * 1e6:.2f} us per prompt token of parsing and tokenizing (one process, first come "
+            f"first served) and {cost.output_token_s * 1e6:.1f} us per token of detokenizing and streaming "
+            "(sim.frontend); the engine's own are the *_engine_ms columns")

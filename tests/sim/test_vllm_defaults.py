@@ -121,3 +121,16 @@ def test_budget_follows_max_model_len_without_chunked_prefill() -> None:
     assert batch_settings(SimSpec(hardware="l4", enable_chunked_prefill=False, max_num_batched_tokens=512,
                                   max_num_seqs=8), 6000) == {}
     assert SchedulerConfig(**batch_settings(spec, 6000)).max_num_batched_tokens == 6000
+
+
+def test_run_explain_says_which_values_are_vllms(capsys) -> None:
+    import json
+
+    from kvplan.cli import main
+
+    assert main(["run", "example:quickstart", "--explain", "--json"]) == 0
+    derived = json.loads(capsys.readouterr().out)["derived"]
+    # the quickstart compares an A100-40GB (< 70 GiB) with an H100 (80 GiB): one line for each, naming its points
+    assert any(line.startswith("points 0, 1: max_num_batched_tokens 2048 and max_num_seqs 256") for line in derived)
+    assert any(line.startswith("points 2, 3: max_num_batched_tokens 8192 and max_num_seqs 1024") for line in derived)
+    assert any(line.startswith("entry_point openai_server: latencies as a client") for line in derived)
