@@ -156,7 +156,7 @@ def speed_entry(plan: EndpointPlan, done: Repeats) -> tuple[dict, list]:
 
 def frontend_entry(done: Repeats) -> dict:
     """The API server's latency fitted on each repeat (client TTFT against the server's own histograms,
-    endpoint.frontend_fit), and their median as `frontend_options` a simulation of this server can take; the
+    endpoint.frontend_fit), and their median as the api_server_latency_ms a simulation of this server takes; the
     reason instead where the server exposes no engine-side TTFT."""
     import statistics
 
@@ -172,4 +172,4 @@ def frontend_entry(done: Repeats) -> dict:
         return {"note": "no fit: the server exposes no TTFT histogram (vllm:request_queue_time_seconds and "
                         "vllm:request_prefill_time_seconds, or vllm:time_to_first_token_seconds)"}
     return {"repeats": [fit.to_json() for fit in fits],
-            "frontend_options": {"latency_s": statistics.median(fit.latency_s for fit in fits)}}
+            "api_server_latency_ms": statistics.median(fit.latency_s for fit in fits) * 1e3}

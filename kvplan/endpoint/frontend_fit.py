@@ -8,7 +8,7 @@ The engine's TTFT, best first:
   (after HTTP parsing), kvplan serve from its hand-off to the engine loop (after parsing and tokenizing): the
   difference is then the transport and what the server did before that stamp.
 
-What the fit returns: `latency_s` for `sim.frontend.FrontendCost` (a simulation's `frontend_options`), i.e. the
+What the fit returns: `latency_s` for `sim.frontend.FrontendCost` (a simulation's api_server_latency_ms), i.e. the
 mean added TTFT less the API-server work `base` prices for these requests (parsing and tokenizing their prompts,
 delivering their first token). Negative differences (a server whose histogram includes more than the client saw)
 are reported, and give 0.

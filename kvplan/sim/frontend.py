@@ -29,8 +29,8 @@ scripts/measure_host_overhead.py); `latency_s` from a published client-vs-server
 (vLLM PR #54628, Qwen2.5-0.5B on an RTX 4070 Laptop, vLLM 0.28.1, 512-token prompts, 8 concurrent streams:
 client TTFT minus the server's own `vllm:time_to_first_token_seconds` = +8.4 and +12.0 ms for the completions
 backend, mean 10.2 ms), less the measured API-server work of such a request. `validate --endpoint` fits
-`latency_s` for a real server (`kvplan.endpoint.frontend_fit`), and `frontend_options` carries the fit into a
-simulation.
+`latency_s` for a real server (`kvplan.endpoint.frontend_fit`), and the api_server_latency_ms setting carries the
+fit into a simulation.
 """
 
 from __future__ import annotations
@@ -63,15 +63,7 @@ class FrontendCost:
         for f in fields(self):
             value = getattr(self, f.name)
             if not (isinstance(value, int | float) and np.isfinite(value) and value >= 0):
-                raise UserError(f"frontend_options.{f.name}: {value!r}; allowed: a number of seconds >= 0")
-
-    @classmethod
-    def with_options(cls, options: dict[str, Any]) -> FrontendCost:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise UserError(f"frontend_options: unknown {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
-        return cls(**options)
+                raise ValueError(f"FrontendCost.{f.name}: {value!r}; allowed: a number of seconds >= 0")
 
     def inbound_s(self, prompt_tokens: np.ndarray) -> np.ndarray:
         return self.request_s + self.prompt_token_s * np.asarray(prompt_tokens, dtype=np.float64)
@@ -148,21 +140,22 @@ class FrontendRun:
                 "source": host.SOURCE + "; latency_s: vLLM PR #54628 (client vs server TTFT), less that work"}
 
 
-def frontend_for(entry_point: str, options: dict[str, Any]) -> FrontendCost | None:
-    """The API server's cost for a simulated vLLM run from `entry_point`: the OpenAI server has one; the offline
-    LLM class and the bare engine core report engine times (a client of the LLM class pays its tokenization,
-    about a microsecond per prompt token, which is left out)."""
+def frontend_for(entry_point: str, latency_ms: float | None = None) -> FrontendCost | None:
+    """The API server's cost for a simulated vLLM run from `entry_point` (`latency_ms`: the api_server_latency_ms
+    setting, None for the default): the OpenAI server has one; the offline LLM class and the bare engine core
+    report engine times (a client of the LLM class pays its tokenization, about a microsecond per prompt token,
+    which is left out)."""
     if entry_point != "openai_server":
-        if options:
-            raise UserError(f"frontend_options: given with entry_point {entry_point}, which has no API server; "
-                            "allowed: entry_point openai_server, or no frontend_options")
+        if latency_ms is not None:
+            raise UserError(f"--api-server-latency-ms: {latency_ms:g} given with entry_point {entry_point}, which has "
+                            "no API server; allowed: --entry-point openai_server, or no --api-server-latency-ms")
         return None
-    return FrontendCost.with_options(options)
+    return FrontendCost() if latency_ms is None else FrontendCost(latency_s=latency_ms / 1e3)
 
 
-def explain(entry_point: str, options: dict[str, Any]) -> str:
+def explain(entry_point: str, latency_ms: float | None) -> str:
     """The --explain line: what the reported latencies include."""
-    cost = frontend_for(entry_point, options)
+    cost = frontend_for(entry_point, latency_ms)
     if cost is None:
         return (f"entry_point {entry_point}: latencies are the engine's own (no API server in front); "
                 "*_engine_ms equal them")

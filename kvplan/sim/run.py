@@ -330,7 +330,7 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
 def through_frontend(spec: SimSpec, trace: Trace) -> tuple[Trace, FrontendRun | None]:
     """The trace as the engine receives it (each request after the API server's latency, queue and work) and the
     front end's run, for an OpenAI-server simulation; the trace unchanged and None otherwise (sim.frontend)."""
-    cost = frontend_for(spec.entry_point, spec.frontend_options)
+    cost = frontend_for(spec.entry_point, spec.api_server_latency_ms)
     if cost is None:
         return trace, None
     front = FrontendRun.start(cost, trace.arrival_s, trace.prompt_tokens, trace.output_tokens)

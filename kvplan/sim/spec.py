@@ -34,8 +34,6 @@ class SimSpec:
     fast_path: bool = True
     record_tokens: bool = False  # keep every token time (ServingResult.token_times); step by step
     cost_options: dict[str, Any] = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
-    # sim.frontend.FrontendCost overrides (a fit of `validate --endpoint`); used with entry_point openai_server
-    frontend_options: dict[str, Any] = field(default_factory=dict)
     batch_defaults: tuple[str, ...] = ()  # the settings vLLM's own default filled in (set on construction)
     # Every `sim` setting of engine.core.settings, with its side default (checked there on import).
     block_size: int = SETTING
@@ -71,6 +69,7 @@ class SimSpec:
     pipeline_parallel_size: int = SETTING
     enable_expert_parallel: bool = SETTING
     entry_point: str = SETTING
+    api_server_latency_ms: float | None = SETTING
 
     def __post_init__(self) -> None:
         check_side(self, "sim")

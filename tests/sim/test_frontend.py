@@ -94,20 +94,20 @@ def test_engine_entry_point_reports_engine_times() -> None:
     # the API server adds to what a client measures; a larger fitted latency adds that much more
     served = simulate(trace, SimSpec(model="llama-3-8b", hardware="h100-sxm", num_blocks=4000))
     slower = simulate(trace, SimSpec(model="llama-3-8b", hardware="h100-sxm", num_blocks=4000,
-                                     frontend_options={"latency_s": 0.05}))
+                                     api_server_latency_ms=50.0))
     assert served.summary["mean_ttft_ms"] > engine.summary["mean_ttft_ms"]
     gain = slower.summary["mean_ttft_ms"] - served.summary["mean_ttft_ms"]
     assert gain == pytest.approx((0.05 - FrontendCost().latency_s) * 1e3, rel=0.02)
 
 
-def test_bad_frontend_options_are_refused() -> None:
-    with pytest.raises(UserError, match="frontend_options: unknown latency; allowed"):
-        frontend_for("openai_server", {"latency": 1.0})
-    with pytest.raises(UserError, match=r"frontend_options.latency_s: -1.0; allowed: a number of seconds >= 0"):
-        frontend_for("openai_server", {"latency_s": -1.0})
-    with pytest.raises(UserError, match="entry_point llm, which has no API server"):
-        frontend_for("llm", {"latency_s": 0.01})
-    assert frontend_for("engine", {}) is None
+def test_a_latency_needs_an_api_server() -> None:
+    assert frontend_for("openai_server", 20.0) == FrontendCost(latency_s=0.02)
+    assert frontend_for("openai_server") == FrontendCost()
+    with pytest.raises(UserError, match="--api-server-latency-ms: 10 given with entry_point llm, which has no API"):
+        frontend_for("llm", 10.0)
+    assert frontend_for("engine") is None
+    with pytest.raises(ValueError, match=r"FrontendCost\.latency_s: -1\.0"):
+        FrontendCost(latency_s=-1.0)
 
 
 def _counters(name: str) -> dict[str, float]:

@@ -333,6 +333,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        "latencies as its clients see them, the API server's work on every request and token included, and "
        "vLLM's server defaults), llm (the offline LLM class) or engine (the engine core alone); the engine-internal "
        "times are reported beside the client's either way", sides=SIM, choices=ENTRY_POINTS),
+    _s("api_server_latency_ms", "float", None, "with entry_point openai_server: what a client waits per request that "
+       "occupies no API-server time (HTTP transport both ways, the server's and the client's stacks); `kvplan "
+       "validate --endpoint` fits it for a real server", sides=SIM, minimum=0, maximum=60_000, why="milliseconds",
+       unset="vLLM PR #54628's client-minus-server TTFT of `vllm serve` less the measured API-server work "
+             "(sim.frontend)", unset_sides=SIM),
     _s("position_mode", "choice", "original", "with a window: retained tokens keep their positions (original), or "
        "take their positions within the cache (shifted, StreamingLLM; RoPE models, torch/cpu attention)",
        sides=ENGINE, choices=POSITION_MODES),
