@@ -2,9 +2,9 @@
 engine's own times.
 
 Where it sits in time (vLLM 0.34: entrypoints/openai/*, v1/engine/async_llm.py, v1/engine/output_processor.py).
-One API-server process (`--api-server-count` defaults to 1) runs one asyncio event loop; the engine core runs in
-its own process and steps on while the API server works, so the API server never slows a step - but its own work
-is serial:
+Each replica (one `vllm serve`) has one API-server process (`--api-server-count` defaults to 1) running one
+asyncio event loop; the engine core runs in its own process and steps on while the API server works, so the API
+server never slows a step - but its own work is serial:
 
 * on the way in, each request is parsed (HTTP, the JSON body into `CompletionRequest`) and its prompt tokenized,
   then handed to the engine core: `request_s + prompt_token_s * prompt_tokens` of API-server time, served first
@@ -68,20 +68,26 @@ class FrontendCost:
     def inbound_s(self, prompt_tokens: np.ndarray) -> np.ndarray:
         return self.request_s + self.prompt_token_s * np.asarray(prompt_tokens, dtype=np.float64)
 
-    def engine_arrivals(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray
-                        ) -> tuple[np.ndarray, float]:
-        """When the engine sees each request (the arrivals sorted), and the outbound utilization the inbound
-        queue was slowed by. First come first served on one process: d_i = max(a_i + latency, d_{i-1}) + s_i, in
-        closed form d_i = S_i + max_{k <= i}(a_k + latency - S_{k-1}) with S the running sum of services."""
+    def engine_arrivals(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                        servers: int = 1) -> tuple[np.ndarray, float]:
+        """When the engine sees each request (the arrivals sorted), and the outbound utilization of one API
+        server that the inbound queue was slowed by. Each replica has its own API server (one `vllm serve` each);
+        requests are dealt to them in turn (what a round-robin balancer does). On each, first come first served:
+        d_i = max(a_i + latency, d_{i-1}) + s_i, in closed form d_i = S_i + max_{k <= i}(a_k + latency - S_{k-1})
+        with S the running sum of services. The result is kept in the clients' order (the cluster hands requests
+        over in trace order): a request that finished its API work before an earlier one waits for it."""
         arrival = np.asarray(arrival_s, dtype=np.float64)
         if len(arrival) == 0:
             return arrival.copy(), 0.0
         span = float(arrival[-1] - arrival[0])
-        background = self.outbound_utilization(float(np.sum(output_tokens, dtype=np.float64)), span)
+        background = self.outbound_utilization(float(np.sum(output_tokens, dtype=np.float64)) / servers, span)
         service = self.inbound_s(prompt_tokens) / (1.0 - min(background, MAX_BACKGROUND))
-        done = np.cumsum(service)
-        before = done - service
-        return done + np.maximum.accumulate(arrival + self.latency_s - before), background
+        engine = np.empty_like(arrival)
+        for k in range(min(servers, len(arrival))):
+            mine = slice(k, None, servers)
+            done = np.cumsum(service[mine])
+            engine[mine] = done + np.maximum.accumulate(arrival[mine] + self.latency_s - (done - service[mine]))
+        return np.maximum.accumulate(engine), background
 
     def outbound_utilization(self, output_tokens: float, span_s: float) -> float:
         """The API server's share of time spent sending tokens, at `output_tokens` over `span_s` seconds."""
@@ -101,11 +107,13 @@ class FrontendRun:
     engine_arrival_s: np.ndarray  # by trace row
     outbound_share: float  # the outbound utilization the inbound queue was slowed by (from the trace's lengths)
 
+    servers: int = 1  # API servers: one per replica
+
     @classmethod
     def start(cls, cost: FrontendCost, arrival_s: np.ndarray, prompt_tokens: np.ndarray,
-              output_tokens: np.ndarray) -> FrontendRun:
-        engine, share = cost.engine_arrivals(arrival_s, prompt_tokens, output_tokens)
-        return cls(cost, np.asarray(arrival_s, dtype=np.float64), engine, share)
+              output_tokens: np.ndarray, servers: int = 1) -> FrontendRun:
+        engine, share = cost.engine_arrivals(arrival_s, prompt_tokens, output_tokens, servers)
+        return cls(cost, np.asarray(arrival_s, dtype=np.float64), engine, share, servers)
 
     def client_table(self, table: pd.DataFrame, mean_batch: float) -> pd.DataFrame:
         """The per-request table as clients see it: `arrival_s`, `first_token_s`, `finish_s` become the client's,
@@ -126,14 +134,15 @@ class FrontendRun:
         return add_latency_columns(out)
 
     def info(self, table: pd.DataFrame, mean_batch: float) -> dict[str, Any]:
-        """What the API server did over the run: its utilization (>= 1: it could not keep up, the client latencies
-        are a lower bound), the mean added TTFT, and its constants."""
+        """What the API servers did over the run: the utilization of one (>= 1: it could not keep up, the client
+        latencies are a lower bound), the mean added TTFT, and the constants."""
         span = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
         first = table["sample"] == 0
         work = float(self.cost.inbound_s(table.loc[first, "prompt_tokens"].to_numpy()).sum()
                      + self.cost.output_token_s * table["output_tokens"].sum())
         added = (table["ttft_ms"] - table["ttft_engine_ms"]).to_numpy()
-        return {"entry_point": "openai_server", "utilization": work / span if span > 0 else 0.0,
+        return {"entry_point": "openai_server", "api_servers": self.servers,
+                "utilization": work / span / self.servers if span > 0 else 0.0,
                 "mean_added_ttft_ms": float(np.nanmean(added)) if len(added) else 0.0,
                 "delivery_ms": self.cost.delivery_s(mean_batch) * 1e3, "mean_batch": mean_batch,
                 "constants": {f.name: getattr(self.cost, f.name) for f in fields(self.cost)},

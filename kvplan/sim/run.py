@@ -333,7 +333,7 @@ def through_frontend(spec: SimSpec, trace: Trace) -> tuple[Trace, FrontendRun | 
     cost = frontend_for(spec.entry_point, spec.api_server_latency_ms)
     if cost is None:
         return trace, None
-    front = FrontendRun.start(cost, trace.arrival_s, trace.prompt_tokens, trace.output_tokens)
+    front = FrontendRun.start(cost, trace.arrival_s, trace.prompt_tokens, trace.output_tokens, spec.replicas)
     return trace.with_columns(arrival_s=front.engine_arrival_s), front
 
 

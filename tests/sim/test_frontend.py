@@ -43,6 +43,20 @@ def test_inbound_queue_is_one_server_first_come_first_served() -> None:
     assert waits[-50:].mean() > waits[:50].mean() > -1e-12
 
 
+def test_each_replica_has_its_own_api_server() -> None:
+    rng = np.random.default_rng(11)
+    arrival = np.sort(rng.uniform(0, 1.0, 300))
+    prompts = rng.integers(1, 4000, 300)
+    cost = FrontendCost(request_s=2e-3, prompt_token_s=1e-6, output_token_s=0.0, latency_s=0.0)
+    three, _ = cost.engine_arrivals(arrival, prompts, np.zeros(300), servers=3)
+    by_hand = np.empty(300)
+    for k in range(3):  # dealt in turn, each its own queue
+        by_hand[k::3] = _fifo(arrival[k::3], cost.inbound_s(prompts[k::3]), 0.0)
+    np.testing.assert_allclose(three, np.maximum.accumulate(by_hand))
+    one, _ = cost.engine_arrivals(arrival, prompts, np.zeros(300))
+    assert (three - arrival).mean() < (one - arrival).mean()  # 300 requests of ~4 ms in 1 s: one server queues
+
+
 def test_outbound_work_slows_the_inbound_queue() -> None:
     arrival = np.linspace(0, 10, 101)
     quiet = FrontendCost(request_s=1e-3, prompt_token_s=0, output_token_s=0, latency_s=0)
