@@ -420,15 +420,15 @@ def page(results: list[RunResult], diagnosis: dict[str, dict]) -> str:
            "## Headline", "",
            f"**Median |error| of the means over the 12 (run x metric) means: kvplan {kv_median:.1f}%** "
            f"(LLMServingSim {lss_median:.1f}%). Goal: <= 10%.", "",
-           "| run | parallelism | TTFT mean | TPOT mean | E2E mean | KV blocks (kvplan / vLLM) | preemptions | "
-           "sim wall |", "|---|---|---:|---:|---:|---|---:|---:|"]
+           "| run | parallelism | TTFT mean | TPOT mean | E2E mean | KV blocks (kvplan / vLLM) | preemptions |",
+           "|---|---|---:|---:|---:|---|---:|"]
     for r in results:
         means = {row["metric"]: row["kvplan_err_pct"] for row in r.rows if row["stat"] == "mean"}
         blocks = f"{r.info['num_blocks']:,} / " + (f"{r.run.measured_blocks:,}" if r.run.measured_blocks else
                                                    "not reported")
         out.append(f"| {r.run.name} | {r.run.representation} | {format_pct(means['ttft'])} | "
                    f"{format_pct(means['tpot'])} | {format_pct(means['e2e'])} | {blocks} | "
-                   f"{r.summary['num_preemptions']} | {r.wall_s:.2f} s |")
+                   f"{r.summary['num_preemptions']} |")
     out += ["", "The vLLM column is recomputed here from `requests.jsonl`; it reproduces `summary.txt`'s vLLM "
             "column to within " + f"{max(reproduces(r.measured, r.reported_vllm) for r in results) * 100:.2f}% "
             "(summary.txt prints 0.1 ms).", ""]
@@ -541,6 +541,14 @@ def prose(results: list[RunResult], diagnosis: dict[str, dict]) -> list[str]:
     for r in results:
         note = capacity_note(r)
         if note:
+            means = {row["metric"]: row["kvplan_err_pct"] for row in r.rows if row["stat"] == "mean"}
+            at_vllm = next((e for label, e in r.what_ifs if "KV capacity" in label), None)
+            if at_vllm is not None:
+                note += (f" At vLLM's block count the errors are TTFT {at_vllm['ttft']:+.1f}%, TPOT "
+                         f"{at_vllm['tpot']:+.1f}%, E2E {at_vllm['e2e']:+.1f}% (derived capacity: "
+                         f"{means['ttft']:+.1f}%, {means['tpot']:+.1f}%, {means['e2e']:+.1f}%): fewer blocks run "
+                         "fewer requests at once, so TPOT improves, but the slow step then drains the queue "
+                         "slower - the extra capacity was partly hiding the step-time error in TTFT and E2E.")
             out += [note, ""]
     steps = {r.run.name: float(np.median([signed_error_pct(t.model_ms, t.measured_ms)
                                           for t in diagnosis[r.run.name]["ticks"]]))
@@ -548,13 +556,18 @@ def prose(results: list[RunResult], diagnosis: dict[str, dict]) -> list[str]:
     firsts = {name: signed_error_pct(d["first"][2], d["first"][1]) for name, d in diagnosis.items()}
     means = {r.run.name: {row["metric"]: row["kvplan_err_pct"] for row in r.rows if row["stat"] == "mean"}
              for r in results}
+    floors = {name: d["parts"]["floor_ms"] / d["parts"]["measured_ms"] for name, d in diagnosis.items()
+              if d["parts"] is not None and not math.isnan(d["parts"]["floor_ms"])}
     out += ["**Decode step.** At the measured batch sizes the model's pure-decode step is off by "
-            + ", ".join(f"{v:+.1f}% ({k})" for k, v in steps.items()) + ". On the dense single-GPU runs the "
-            "measured step sits close to the datasheet floor (weights and KV read once at the full datasheet "
-            "bandwidth): vLLM with CUDA graphs reaches most of the bandwidth and pays little per step, where the "
-            "model assumes a fixed memory efficiency and a fixed per-step overhead (the constants above). "
-            "With TP 2 over PCIe the model's step is faster than measured: its all-reduce (link efficiency and a "
-            "hand-set PCIe latency) is cheaper than what vLLM pays between two PCIe GPUs.", "",
+            + ", ".join(f"{v:+.1f}% ({k})" for k, v in steps.items()) + ". The datasheet floor (weights and KV "
+            "read once at the full datasheet bandwidth) is "
+            + ", ".join(f"{v:.0%} of the measured step ({k})" for k, v in floors.items()) + ": on one GPU vLLM "
+            "(CUDA graphs) reaches most of the datasheet bandwidth and pays little per step, where the model "
+            "derates the bandwidth by a fixed memory efficiency and adds a fixed per-step overhead (the constants "
+            "above) - too slow on the RTX 4090, closer on the RTX PRO 6000, whose step at 128 requests carries "
+            "more per-request work. With TP 2 over PCIe the model's step is a little fast; the PCIe all-reduce "
+            "(a hand-set latency, the link efficiency fitted on NVLink) is the part of it no datasheet entry "
+            "fixes. On the MoE run the expert GEMMs dominate the step (the '+ batch' column).", "",
             "**Prefill.** The first requests' TTFT (the engine starts idle; the same arrivals are replayed) is off "
             "by " + ", ".join(f"{v:+.1f}% ({k})" for k, v in firsts.items()) + ": on one GPU the model's "
             "2048-token chunks run faster than measured (its large-GEMM efficiency is not what these GPUs reach "
@@ -602,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args.out.write_text(text)
         tables = {r.run.name: r.rows for r in results}
+        walls = ", ".join(f"{r.run.name} {r.wall_s:.2f} s" for r in results)
+        print(f"simulations: {walls}")
         print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s: median |error| of the means "
               f"{median_abs_mean_error(tables):.1f}% (LLMServingSim "
               f"{median_abs_mean_error(tables, 'llmservingsim_err_pct'):.1f}%)")
