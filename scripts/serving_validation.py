@@ -242,6 +242,7 @@ class RunResult:
     wall_s: float
     requests: pd.DataFrame
     what_ifs: list[tuple[str, dict[str, float]]]  # (alternative, signed error of each metric's mean, %)
+    concurrency: dict[str, float]  # median running requests while busy; the run's length (s)
 
 
 def evaluate(run: Run) -> RunResult:
@@ -258,16 +259,46 @@ def evaluate(run: Run) -> RunResult:
     result = simulate(trace, sim_spec(run))
     wall = time.perf_counter() - start
     table = result.requests
+    measured_series = pd.read_csv(run.folder / "vllm" / "timeseries.csv")
+    measured_series = measured_series[measured_series["running"] > 0]
+    concurrency = {"running_sim": median_running(result.series),
+                   "running_vllm": float(measured_series["running"].median()),
+                   "span_sim": float(table["finish_s"].max() - table["arrival_s"].min()),
+                   "span_vllm": float(timings_span(timings))}
     kvplan = per_request_stats(table["ttft_ms"].to_numpy(), table["tpot_ms"].to_numpy(), table["e2el_ms"].to_numpy())
     rows = comparison_rows(measured, kvplan, llmservingsim)
     what_ifs = []
     for label, overrides in run.alternatives:
-        other = simulate(trace, sim_spec(run, **overrides)).requests
+        variant = simulate(trace, sim_spec(run, **overrides))
+        other, series = variant.requests, variant.series
         stats = per_request_stats(other["ttft_ms"].to_numpy(), other["tpot_ms"].to_numpy(),
                                   other["e2el_ms"].to_numpy())
-        what_ifs.append((label, {m: signed_error_pct(stats[m]["mean"], measured[m]["mean"]) for m in METRICS}))
+        errors = {m: signed_error_pct(stats[m]["mean"], measured[m]["mean"]) for m in METRICS}
+        errors.update(running=median_running(series),
+                      span=float(other["finish_s"].max() - other["arrival_s"].min()))
+        what_ifs.append((label, errors))
     return RunResult(run, measured, reported_vllm, llmservingsim, kvplan, rows, result.info, result.summary, wall,
-                     table, what_ifs)
+                     table, what_ifs, concurrency)
+
+
+def median_running(series: pd.DataFrame, tick_s: float = 1.0) -> float:
+    """The median number of running requests on a 1 s grid (vLLM's timeseries ticks), every replica's together
+    (as vLLM's timeseries counts every DP rank's), over the ticks at which any request runs. Each replica samples
+    at its own step ends: its count at a tick is its last sample at or before it."""
+    end = float(series["time_s"].max())
+    grid = np.arange(0.0, end + tick_s, tick_s)
+    total = np.zeros(len(grid))
+    for _, replica in series.sort_values("time_s", kind="stable").groupby("replica"):
+        times, running = replica["time_s"].to_numpy(), replica["running"].to_numpy()
+        index = np.searchsorted(times, grid, side="right") - 1
+        total += np.where(index >= 0, running[np.maximum(index, 0)], 0)
+    busy = total[total > 0]
+    return float(np.median(busy)) if len(busy) else 0.0
+
+
+def timings_span(timings) -> float:
+    """From the first request queued to the last token: the run's length on the engine's clock."""
+    return float(np.max(timings.queued_s + timings.e2e_s) - np.min(timings.queued_s))
 
 
 def reproduces(measured: dict, reported: dict) -> float:
@@ -361,7 +392,27 @@ def step_parts(run: Run, requests: int, context: float) -> dict[str, float]:
         kv = model.kv_bytes_per_token(None, tp, 1) * requests * context
         floor = (model.weight_bytes / tp + kv) / hardware.hbm_bandwidth
     return {"fixed_ms": one * 1e3, "batch_ms": (batch - one) * 1e3, "attention_ms": (full - batch) * 1e3,
-            "model_ms": full * 1e3, "floor_ms": floor * 1e3}
+            "model_ms": full * 1e3, "floor_ms": floor * 1e3,
+            "collectives_ms": tp_collectives_s(cost, model, hardware, tp, requests) * 1e3}
+
+
+def tp_collectives_s(cost, model, hardware, tp: int, tokens: int) -> float:
+    """What the step's TP all-reduces cost in the model: two per layer of the step's hidden states, priced by
+    `sim.cost.parallel.allreduce_time` at the cost's link efficiency. NaN where the law's interface is not this
+    one (another helper may be rewriting it): the column then says '-' rather than stopping the page."""
+    if tp == 1:
+        return 0.0
+    from kvplan.sim.cost import parallel
+
+    efficiency = getattr(cost, "link_efficiency", None)
+    law = getattr(parallel, "allreduce_time", None)
+    if efficiency is None or law is None:
+        return math.nan
+    try:
+        one = float(law(tokens * model.hidden_size * model.dtype_bytes, tp, hardware, efficiency))
+    except TypeError:
+        return math.nan
+    return 2 * model.num_layers * one
 
 
 def first_request_ttft(run: Run, result: RunResult) -> tuple[int, float, float]:
@@ -397,6 +448,23 @@ def cost_constants(run: Run) -> str:
     return ", ".join(found) if found else "(none of the known names)"
 
 
+def hardware_rows(results: list[RunResult]) -> list[str]:
+    """The datasheet entries the replays used, and the device memory a run reports where it does."""
+    from kvplan.sim.specs.hardware import get_hardware
+
+    out = ["| hardware | BF16 dense TFLOP/s | memory bandwidth GB/s | memory GB (entry / device as torch saw it) "
+           "| SMs | GPU-GPU link GB/s |", "|---|---:|---:|---|---:|---:|"]
+    for name in dict.fromkeys(r.run.hardware for r in results):
+        hw = get_hardware(name)
+        reported = {r.run.meta.get("hardware", {}).get("device_total_memory_bytes") for r in results
+                    if r.run.hardware == name} - {None}
+        device = f"{min(reported) / 1e9:.2f}" if reported else "not reported"
+        link = f"{hw.link_bandwidth / 1e9:.0f}" if hw.link_bandwidth else "none"
+        out.append(f"| {name} | {hw.peak_flops / 1e12:.1f} | {hw.hbm_bandwidth / 1e9:.0f} | "
+                   f"{hw.memory_bytes / 1e9:.2f} / {device} | {hw.sm_count} | {link} |")
+    return out
+
+
 def page(results: list[RunResult], diagnosis: dict[str, dict]) -> str:
     tables = {r.run.name: r.rows for r in results}
     kv_median = median_abs_mean_error(tables)
@@ -416,19 +484,23 @@ def page(results: list[RunResult], diagnosis: dict[str, dict]) -> str:
            "analytic cost model as this commit has it. **Nothing is fitted on these runs.** LLMServingSim's "
            "column is its own simulation of the same runs (`validation/summary.txt`), priced from per-layer "
            "profiles measured on these very GPUs - a measured-table simulator, not a transferred one.", "",
-           f"Cost constants in this commit: {cost_constants(results[0].run)}.", "",
+           f"Cost constants in this commit: {cost_constants(results[0].run)}. Hardware entries used:", "",
+           *hardware_rows(results), "",
            "## Headline", "",
            f"**Median |error| of the means over the 12 (run x metric) means: kvplan {kv_median:.1f}%** "
            f"(LLMServingSim {lss_median:.1f}%). Goal: <= 10%.", "",
-           "| run | parallelism | TTFT mean | TPOT mean | E2E mean | KV blocks (kvplan / vLLM) | preemptions |",
-           "|---|---|---:|---:|---:|---|---:|"]
+           "| run | parallelism | TTFT mean | TPOT mean | E2E mean | KV blocks (kvplan / vLLM) | kvplan "
+           "preemptions | running, median (kvplan / vLLM) | run length s (kvplan / vLLM) |",
+           "|---|---|---:|---:|---:|---|---:|---|---|"]
     for r in results:
         means = {row["metric"]: row["kvplan_err_pct"] for row in r.rows if row["stat"] == "mean"}
         blocks = f"{r.info['num_blocks']:,} / " + (f"{r.run.measured_blocks:,}" if r.run.measured_blocks else
                                                    "not reported")
         out.append(f"| {r.run.name} | {r.run.representation} | {format_pct(means['ttft'])} | "
                    f"{format_pct(means['tpot'])} | {format_pct(means['e2e'])} | {blocks} | "
-                   f"{r.summary['num_preemptions']} |")
+                   f"{r.summary['num_preemptions']} | {r.concurrency['running_sim']:.0f} / "
+                   f"{r.concurrency['running_vllm']:.0f} | {r.concurrency['span_sim']:.1f} / "
+                   f"{r.concurrency['span_vllm']:.1f} |")
     out += ["", "The vLLM column is recomputed here from `requests.jsonl`; it reproduces `summary.txt`'s vLLM "
             "column to within " + f"{max(reproduces(r.measured, r.reported_vllm) for r in results) * 100:.2f}% "
             "(summary.txt prints 0.1 ms).", ""]
@@ -467,15 +539,16 @@ def diagnosis_section(results: list[RunResult], diagnosis: dict[str, dict]) -> l
             "context 1: the weights streamed once plus the fixed per-step cost; what the batch adds at context 1; "
             "what the context adds: attention's KV reads), beside the datasheet floor (weights + KV bytes at 100% "
             "of the datasheet bandwidth; dense models only):", "",
-            "| run | batch (one step) | context | fixed + weights | + batch | + attention | model step | measured | "
-            "datasheet floor |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "| run | batch (one step) | context | fixed + weights | + batch | + attention | model step | of which TP "
+            "all-reduces | measured | datasheet floor |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         parts = diagnosis[r.run.name]["parts"]
         if parts is None:
             continue
         out.append(f"| {r.run.name} | {parts['requests']} | {parts['context']:.0f} | {parts['fixed_ms']:.1f} | "
                    f"{parts['batch_ms']:.1f} | {parts['attention_ms']:.1f} | {parts['model_ms']:.1f} | "
-                   f"{parts['measured_ms']:.1f} | {format_ms(parts['floor_ms'])} |")
+                   f"{format_ms(parts['collectives_ms'])} | {parts['measured_ms']:.1f} | "
+                   f"{format_ms(parts['floor_ms'])} |")
     out += ["", "### Prefill of an idle engine", "",
             "The first request of each run (2358 or 2361 prompt tokens) arrives at an idle engine; the next ones "
             "arrive 0.2-0.4 s later and may share its second chunk's step. The replay has the same arrivals, so "
@@ -486,12 +559,14 @@ def diagnosis_section(results: list[RunResult], diagnosis: dict[str, dict]) -> l
         out.append(f"| {r.run.name} | {tokens} | {measured:.1f} | {predicted:.1f} | "
                    f"{format_pct(signed_error_pct(predicted, measured))} |")
     out += ["", "### What-ifs and other representations", "",
-            "The same replay with one thing changed; signed error of each mean against vLLM:", "",
-            "| run | variant | TTFT mean | TPOT mean | E2E mean |", "|---|---|---:|---:|---:|"]
+            "The same replay with one thing changed; signed error of each mean against vLLM, and the simulated "
+            "concurrency and run length (vLLM's are in the headline table):", "",
+            "| run | variant | TTFT mean | TPOT mean | E2E mean | running, median | run length s |",
+            "|---|---|---:|---:|---:|---:|---:|"]
     for r in results:
         for label, errors in r.what_ifs:
             out.append(f"| {r.run.name} | {label} | {format_pct(errors['ttft'])} | {format_pct(errors['tpot'])} | "
-                       f"{format_pct(errors['e2e'])} |")
+                       f"{format_pct(errors['e2e'])} | {errors['running']:.0f} | {errors['span']:.1f} |")
     out += ["", *diagnosis[results[0].run.name]["prose"]]
     return out
 

@@ -129,3 +129,14 @@ def test_summary_txt_columns(tmp_path):
     path.write_text("\n".join(lines[:4]) + "\n")
     with pytest.raises(SystemExit, match="missing rows"):
         sv.read_summary(path)
+
+
+def test_running_counts_every_replica_on_one_clock():
+    """Replicas sample at their own step ends; the count at a tick adds each one's last sample before it."""
+    import pandas as pd
+
+    sv = _script()
+    series = pd.DataFrame({"replica": [0, 0, 0, 1, 1], "time_s": [0.0, 0.9, 2.5, 0.4, 1.6],
+                           "running": [2, 4, 0, 3, 1]})
+    # ticks 0, 1, 2, 3: replica 0 has 2, 4, 4, 0; replica 1 has 0, 3, 1, 1 -> 2, 7, 5, 1
+    assert sv.median_running(series) == pytest.approx(3.5)

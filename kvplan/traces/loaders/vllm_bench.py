@@ -60,6 +60,7 @@ class Timings:
     request_id: tuple[str, ...]
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
+    queued_s: np.ndarray  # queued_ts as recorded (the engine's monotonic clock)
     ttft_s: np.ndarray
     tpot_s: np.ndarray
     e2e_s: np.ndarray
@@ -76,4 +77,4 @@ def read_timings(path: str | Path) -> Timings:
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (last_token - first_token) / (output - 1), np.nan)
     return Timings(tuple(str(v) for v in rows.fields["request_id"]), columns["prompt_tokens"].astype(np.int64),
-                   output.astype(np.int64), first_token - queued, tpot, last_token - queued)
+                   output.astype(np.int64), queued, first_token - queued, tpot, last_token - queued)
