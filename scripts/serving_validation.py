@@ -296,6 +296,14 @@ def median_running(series: pd.DataFrame, tick_s: float = 1.0) -> float:
     return float(np.median(busy)) if len(busy) else 0.0
 
 
+def queue_lag_ms(run: Run) -> float:
+    """Mean delay from arrival to queued_ts, the two clocks tied by the smallest (queued - arrival) of the run."""
+    stamps = pd.DataFrame([json.loads(line) for line in
+                           (run.folder / "vllm" / "requests.jsonl").read_text().splitlines() if line])
+    offset = stamps["queued_ts"] - stamps["arrival_time"]
+    return float((offset - offset.min()).mean() * 1e3)
+
+
 def timings_span(timings) -> float:
     """From the first request queued to the last token: the run's length on the engine's clock."""
     return float(np.max(timings.queued_s + timings.e2e_s) - np.min(timings.queued_s))
@@ -696,6 +704,12 @@ def prose(results: list[RunResult], diagnosis: dict[str, dict]) -> list[str]:
             "(max_num_seqs) or for KV blocks, and a slot frees at the rate requests finish: a TPOT error becomes "
             "a larger TTFT error over the backlog (TPOT / TTFT mean errors: "
             + ", ".join(f"{k} {v['tpot']:+.1f}% / {v['ttft']:+.1f}%" for k, v in means.items()) + ").", "",
+            "**Where TTFT starts.** The replay starts a request's clock at its arrival (arrival_time); vLLM's "
+            "offline engine at queued_ts, when its loop takes the request in, at the end of the step in flight. "
+            "Against the earliest-queued request's clock offset, vLLM queued requests a mean of "
+            + ", ".join(f"{queue_lag_ms(r.run):.0f} ms ({r.run.name})" for r in results) + " after arrival: "
+            "that much of kvplan's TTFT (and E2E) is time vLLM's stamps leave out - negligible beside TTFTs of "
+            "seconds, a visible share of the DP x EP run's median TTFT.", "",
             "### The DP x EP run", "",
             "vLLM runs two engines in lockstep, each with its own scheduler (max_num_seqs 128, 2048 tokens), "
             "attention and KV cache for its own requests; the 128 experts are split 64 per GPU, and every MoE "
