@@ -364,8 +364,9 @@ def decode_features(requests: int, context: float, block_size: int):
     from kvplan.sim.cost import StepFeatures
 
     c = max(round(context), 1)
-    return StepFeatures(requests, 0, 0, requests, requests * c, c, requests * -(-c // block_size), requests,
-                        int(requests >= 2))
+    return StepFeatures(num_requests=requests, prefill_tokens=0, prefill_attention2=0, decode_requests=requests,
+                        decode_context=requests * c, decode_context_max=c,
+                        blocks_touched=requests * -(-c // block_size), sampled=requests, batched=int(requests >= 2))
 
 
 def price_ticks(run: Run, ticks: list[DecodeTick]) -> None:
