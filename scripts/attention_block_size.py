@@ -22,7 +22,16 @@ import numpy as np
 from kvplan.sim.cost.features import StepFeatures
 from kvplan.sim.gpu import attention
 from kvplan.sim.gpu.attention import AttentionCost
-from kvplan.sim.gpu.attention_reference import POINTS, error_summary, fit_constants, point_errors
+from kvplan.sim.gpu.attention_reference import (
+    FA3_CAUSAL_TFLOPS,
+    ORT_DECODE_US,
+    ORT_SEQLENS,
+    POINTS,
+    SEQLENS,
+    error_summary,
+    fit_constants,
+    point_errors,
+)
 from kvplan.sim.specs.arch import ModelSpec
 from kvplan.sim.specs.hardware import get_hardware
 
@@ -127,6 +136,11 @@ def write_doc(curves: dict, cpu: dict | None) -> str:
              "and the FA3 points together |\n"
              f"| g (per block, tokens' worth) | {attention.GATHER_TOKENS:.2f} | measured: this repository's fused CPU "
              "paged decode kernel (below); carried to GPUs unverified |\n"]
+    parts += ["\n## The published numbers used\n", SOURCES,
+              "\n" + table(["head dim", *(f"{n // 1024}k" if n >= 1024 else str(n) for n in SEQLENS)],
+                            [[str(d), *map(str, v)] for d, v in FA3_CAUSAL_TFLOPS.items()]),
+              "\n\n" + table(["sequences, query/KV heads", *map(str, ORT_SEQLENS)],
+                             [[f"{b}, {h}/{kv}", *(f"{t:.3f}" for t in v)] for (b, h, kv), v in ORT_DECODE_US.items()])]
     parts += ["\n## Error on the published points (in sample, h100-sxm)\n",
               table(["points", "rows", "median abs err %", "p90 abs err %", "bias %"],
                     [[k, str(s["rows"]), f"{s['median_abs_err_pct']:.1f}", f"{s['p90_abs_err_pct']:.1f}",
@@ -190,6 +204,14 @@ amortized over more keys. `blocks` counts whole blocks (vLLM's paged kernels loa
 the scores), so a block costs b tokens of bytes plus g tokens' worth of gather overhead: per token (b + g) / b.
 GQA enters through B (a decode reads each KV head once for its query group); no published prefill figure separates
 GQA, so prefill does not model it."""
+
+SOURCES = """Prefill: Shah et al., "FlashAttention-3: Fast and Accurate Attention with Asynchrony and Low-precision"
+(arXiv:2407.08608), Fig. 5, forward speed in TFLOP/s on an H100 80GB SXM5, FP16/BF16, the causal panels, the
+FlashAttention-3 bars, as labelled on each bar (read from a text transcription of the figure). The paper's setup:
+batch × sequence length = 16k tokens, hidden dimension 2048 (heads = 2048 / head dim), FLOPs = 4 × batch ×
+seqlen² × heads × head dim / 2. Decode: microsoft/onnxruntime pull request #21414 "[CUDA] Page Attention",
+comment of 2024-08-27 ("batch decode, H100 SMX"), nvbench "GPU Time" in µs, page_size 16, fp16, head size 128,
+one layer; the 64-sequence rows are Llama-3-70B's shape, the 1-sequence rows Llama-3-8B's."""
 
 ERRORS_NOTE = """The fit leaves out the five one-request decode rows, and they are the model's weak spot (20-40% fast):
 with 8 KV heads and no other request, too few thread blocks run to pull the GPU's bandwidth, so the time grows
