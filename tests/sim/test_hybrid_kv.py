@@ -94,8 +94,10 @@ def test_sliding_layers_pay_attention_over_the_window_only(gemma_like):
     assert [c.sliding_window for c in costs] == [1024, 0]
     f = decode_stretch_features(np.array([3000]), np.array([1]), 1, 16, sliding_window=1024)
     assert (int(f.window_context[0]), int(f.window_blocks[0]), int(f.blocks_touched[0])) == (1024, 64, 188)
-    pair, block = 4 * 32 * 128, 2 * 16 * 128 * 2 * 16  # FLOPs per (query, key) per layer; bytes per layer-block
-    attn, byte = hw.peak_flops * 0.5, hw.hbm_bandwidth * 0.8
+    from kvplan.sim.gpu import attention as law  # docs/attention.md: a block costs its slots + the gather overhead
+
+    pair, block = 4 * 32 * 128, 2 * 16 * 128 * 2 * (16 + law.GATHER_TOKENS)  # per (query, key) / layer-block
+    attn, byte = hw.peak_flops * law.PREFILL_LAW[128][0], hw.hbm_bandwidth * law.DECODE_ETA
     full = max(pair * 62 * 3000 / attn, block * 62 * 188 / byte)
     windowed = max(pair * (10 * 3000 + 52 * 1024) / attn, block * (10 * 188 + 52 * 64) / byte)
     saved = costs[1].step_times(f)[0] - costs[0].step_times(f)[0]
