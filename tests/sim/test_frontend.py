@@ -142,3 +142,20 @@ def test_latency_fitted_from_a_servers_histograms() -> None:
     only_api = {k: v for k, v in delta.items() if not k.startswith(("queue", "prefill"))}
     assert engine_mean_ttft_s(only_api) == (pytest.approx(0.053), "API server (time_to_first_token)")
     assert fit_latency(np.array([70.0]), np.array([500]), {}) is None
+
+
+def test_host_overhead_prices_steps_and_scales() -> None:
+    from kvplan.sim.gpu.host_overhead import HOST, HostOverhead
+
+    running = np.array([1, 64, 256])
+    got = HOST.engine_step_s(running, admitted=np.array([0, 2, 0]))
+    np.testing.assert_allclose(got, HOST.step_s + HOST.step_per_seq_s * running + HOST.admit_per_request_s
+                               * np.array([0, 2, 0]))
+    assert np.all(np.diff(HOST.engine_step_s(running)) > 0)  # more sequences, more scheduler time
+    slower = HOST.scaled(1.5)
+    assert slower.api_output_token_s == pytest.approx(1.5 * HOST.api_output_token_s)
+    assert isinstance(slower, HostOverhead)
+    with pytest.raises(ValueError, match="slowdown must be > 0"):
+        HOST.scaled(0.0)
+    # the API server's defaults are these measured constants
+    assert FrontendCost().output_token_s == HOST.api_output_token_s
