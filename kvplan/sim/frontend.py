@@ -173,3 +173,12 @@ def explain(entry_point: str, latency_ms: float | None) -> str:
             f"{cost.prompt_token_s * 1e6:.2f} us per prompt token of parsing and tokenizing (one process, first come "
             f"first served) and {cost.output_token_s * 1e6:.1f} us per token of detokenizing and streaming "
             "(sim.frontend); the engine's own are the *_engine_ms columns")
+
+
+def saturation_note(info: dict[str, Any] | None) -> str | None:
+    """A note when an API server was busy all the time: its clients' latencies are then a lower bound."""
+    if info is None or info["utilization"] < 1.0:
+        return None
+    return (f"the API server was {info['utilization']:.0%} busy (one per replica: parsing, tokenizing, "
+            "detokenizing and streaming): it cannot keep up with this load, and the client latencies reported are "
+            "a lower bound; more replicas (or vLLM's --api-server-count) spread it")

@@ -159,3 +159,11 @@ def test_host_overhead_prices_steps_and_scales() -> None:
         HOST.scaled(0.0)
     # the API server's defaults are these measured constants
     assert FrontendCost().output_token_s == HOST.api_output_token_s
+
+
+def test_a_saturated_api_server_is_said() -> None:
+    from kvplan.sim.frontend import saturation_note
+
+    assert saturation_note(None) is None and saturation_note({"utilization": 0.4}) is None
+    note = saturation_note({"utilization": 1.3})
+    assert note is not None and "130% busy" in note and "lower bound" in note
