@@ -24,7 +24,7 @@ Run (vLLM's wheel and its pure-Python imports on the path, as scripts/vllm_parit
     PYTHONPATH=.:/path/to/vllm-site .venv/bin/python scripts/measure_host_overhead.py [--rounds 7] [--write]
 
 `--write` rewrites the MEASURED block of kvplan/sim/gpu/host_overhead.py; prints one JSON object either way.
-`--serve MODEL` instead replays a small trace against `kvplan serve --model MODEL` on this CPU and fits the API
+`--serve MODEL` also replays a small trace against `kvplan serve --model MODEL` on this CPU and fits the API
 server's transport latency from its clients' TTFT against its own /metrics (endpoint.frontend_fit).
 """
 
@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from kvplan.sim.frontend import PUBLISHED_OVERHEAD_S, PUBLISHED_PROMPT_TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "core"))  # vLLM's scheduler, built the way the parity harness builds it
@@ -274,11 +276,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median over them)")
     parser.add_argument("--write", action="store_true", help="rewrite the MEASURED block of host_overhead.py")
     parser.add_argument("--serve", metavar="MODEL", default=None,
-                        help="instead: fit the HTTP transport latency on `kvplan serve --model MODEL` (no vLLM needed)")
+                        help="also fit the API server's transport latency on `kvplan serve --model MODEL`")
     args = parser.parse_args()
-    if args.serve is not None:
-        print(json.dumps(serve_fit(args.serve), indent=1))
-        return 0
     import vllm
 
     core = engine_core_points(args.rounds)
@@ -300,6 +299,7 @@ def main() -> int:
         "fits": {"engine_decode_step_vs_batch": decode, "engine_admit_vs_requests": admit,
                  "api_request_vs_prompt_tokens": request, "api_process_outputs_vs_batch": detok,
                  "api_sse_vs_batch": sse},
+        "serve_fit": serve_fit(args.serve) if args.serve is not None else None,
     }
     print(json.dumps(measured, indent=1))
     if args.write:
@@ -313,6 +313,12 @@ DOC_FITS = (("engine_decode_step_vs_batch", "engine core: schedule + update of a
             ("api_request_vs_prompt_tokens", "API server: parse the request, tokenize the prompt", "prompt tokens"),
             ("api_process_outputs_vs_batch", "API server: detokenize a step's outputs (OutputProcessor)", "batch"),
             ("api_sse_vs_batch", "API server: one SSE chunk per token", "batch"))
+
+
+def default_latency_s(measured: dict) -> float:
+    """sim.frontend's default transport latency with these constants: the published overhead less the work."""
+    return (PUBLISHED_OVERHEAD_S - measured["api_request_s"] - measured["api_prompt_token_s"] * PUBLISHED_PROMPT_TOKENS
+            - measured["api_output_token_s"])
 
 
 def write_docs(measured: dict) -> None:
@@ -336,6 +342,16 @@ def write_docs(measured: dict) -> None:
               "- the engine core's per-step and per-request CPU time (`HostOverhead.engine_step_s`): vLLM 0.34 "
               "schedules asynchronously by default (`async_scheduling` None -> True), so this CPU time overlaps the "
               "GPU's forward pass and a step takes the longer of the two.", ""]
+    fit = measured.get("serve_fit")
+    if fit is not None:
+        lines += ["The same fit `validate --endpoint` makes (`kvplan.endpoint.frontend_fit`), on `kvplan serve --model "
+                  f"{fit['model']}` on this CPU ({fit['requests']} requests at a low rate): clients' mean TTFT "
+                  f"{fit['client_mean_ttft_ms']:.1f} ms against the server's {fit['engine_mean_ttft_ms']:.1f} ms "
+                  f"({fit['engine_source']}): {fit['added_ttft_ms']:.1f} ms added, of which "
+                  f"{fit['work_ms']:.2f} ms is the priced API-server work, so a transport latency of "
+                  f"{fit['latency_s'] * 1e3:.1f} ms (the simulator's default for vLLM: "
+                  f"{default_latency_s(measured) * 1e3:.1f} ms). kvplan serve's engine loop shares its process with "
+                  "the HTTP server, so this also holds the engine loop's interference.", ""]
     (ROOT / "docs" / "host_overhead.md").write_text("\n".join(lines))
 
 
