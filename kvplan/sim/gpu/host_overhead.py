@@ -32,14 +32,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # MEASURED (begin)
-# vLLM 0.34.0, Python 3.11.7, 9 rounds (scripts/measure_host_overhead.py --write)
-STEP_S = 1.675e-05
-STEP_PER_SEQ_S = 7.372e-06
-ADMIT_PER_REQUEST_S = 2.765e-05
-API_REQUEST_S = 2.431e-05
-API_PROMPT_TOKEN_S = 7.93e-07
-API_STEP_S = 1.299e-06
-API_OUTPUT_TOKEN_S = 8.458e-06
+# vLLM 0.34.0, Python 3.11.7, 15 rounds (scripts/measure_host_overhead.py --write)
+STEP_S = 1.837e-05
+STEP_PER_SEQ_S = 8.264e-06
+ADMIT_PER_REQUEST_S = 3.232e-05
+API_REQUEST_S = 2.593e-05
+API_PROMPT_TOKEN_S = 1.144e-06
+API_STEP_S = 1.193e-06
+API_OUTPUT_TOKEN_S = 9.737e-06
 # MEASURED (end)
 SOURCE = ("measured: vLLM's own scheduler, output processor, request parsing and tokenizer on this machine's CPU "
           "(scripts/measure_host_overhead.py, kvplan/sim/gpu/host_overhead.py)")
