@@ -46,8 +46,10 @@ RUNS = ("RTX4090/Llama-3.1-8B", "RTXPRO6000/Llama-3.1-8B", "RTXPRO6000/Qwen3-32B
         "RTXPRO6000/Qwen3-30B-A3B-Instruct-2507")
 # vLLM 0.19 defaults the runs did not override (meta.json's resolved_config states them for the RTX 4090 run:
 # block 16, prefix caching and chunked prefill on, gpu_memory_utilization 0.9, FCFS).
+# entry_point llm: the runs drive vLLM's offline LLM engine (`python -m bench run`), timed by the engine core's own
+# timestamps, so no API server is in front of the latencies compared.
 VLLM_DEFAULTS = {"block_size": 16, "gpu_memory_utilization": 0.9, "enable_prefix_caching": True,
-                 "enable_chunked_prefill": True}
+                 "enable_chunked_prefill": True, "entry_point": "llm"}
 
 
 # -- statistics and the comparison table (tested on a fixture: tests/traces/test_vllm_bench.py) -----------------------
