@@ -1,6 +1,7 @@
 """Fit the per-op laws on Vidur's A100 and A40 profiles, measure how they transfer, and write what ships.
 
-    python scripts/gpu_fidelity.py
+    python scripts/gpu_fidelity.py              # fit, measure, write the files below
+    python scripts/gpu_fidelity.py --fixtures   # first re-copy the test fixture rows from ../shared
 
 Reads ../shared/data/vidur-profiles (Vidur's measured per-op times: github.com/microsoft/vidur, MIT; never
 committed) and writes
@@ -139,10 +140,34 @@ def extrapolators(rows) -> list[dict]:
 SHIPPED_BASE: list[GpuLaws] = []
 
 
-def main() -> int:
+FIXTURE = ROOT / "tests" / "sim" / "data" / "vidur_profiles"
+# The fixture: a few rows of each kind, copied whole (every column) from the shared files.
+FIXTURE_FILES = {"compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv": (1, 7, 64, 512, 4096, 32768),
+                 "compute/a40/meta-llama/Llama-2-7b-hf/mlp.csv": (1, 64, 4096),
+                 "network/a100_dgx/all_reduce.csv": (2048, 1048576, 67108864),
+                 "network/a100_dgx/send_recv.csv": (2048, 67108864)}
+
+
+def write_fixtures() -> None:
+    """Copy the fixture rows (the first row at each listed token count or message size, per TP degree or GPU
+    count and node layout) and Vidur's license into tests/sim/data/vidur_profiles."""
+    for name, xs in FIXTURE_FILES.items():
+        frame = pd.read_csv(SHARED / name)
+        column, group = ("num_tokens", ["num_tensor_parallel_workers"]) if name.endswith("mlp.csv") else \
+            ("size", ["num_workers", "devices_per_node"])
+        part = frame[frame[column].isin(xs)].drop_duplicates([column, *group])
+        target = FIXTURE / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part.to_csv(target, index=False)
+    (FIXTURE / "LICENSE").write_text((SHARED / "LICENSE").read_text())
+
+
+def main(argv: list[str]) -> int:
     if not SHARED.is_dir():
         print(f"{SHARED}: not found (the shared Vidur profiles)", file=sys.stderr)
         return 2
+    if "--fixtures" in argv:
+        write_fixtures()
     rows = load()
     base, gemm_forms = choose_gemm(rows)
     hops, reduce_forms = choose_allreduce(rows)
@@ -277,4 +302,4 @@ all-reduce = α + β (n − 1) + S × 2(n − 1)/n / (η × link) (NVLS: S / (η
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

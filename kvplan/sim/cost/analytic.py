@@ -71,14 +71,14 @@ def step_ops(model: ModelSpec, tp: int = 1, pp: int = 1, kv_dtype_bytes: float |
     attn_params = m.attention_params  # q, k, v, o of one layer (MLA: its projections)
     out_k = (m.v_head_dim or d) * heads
     qkv_n = max((attn_params - out_k * tp * h) // (h * tp), 1)
-    gemms = [_Op("attn_pre_proj", layers, h, qkv_n), _Op("attn_post_proj", layers, out_k, h)]
+    gemms = [_Op("attn_pre_proj", layers, k=h, n=qkv_n), _Op("attn_post_proj", layers, k=out_k, n=h)]
     width = (2 if m.gated_mlp else 1) * m.intermediate_size // tp
     if dense > 0:
-        gemms += [_Op("mlp_up_proj", dense, h, width), _Op("mlp_down_proj", dense, m.intermediate_size // tp, h)]
+        gemms += [_Op("mlp_up_proj", dense, k=h, n=width), _Op("mlp_down_proj", dense, k=m.intermediate_size // tp, n=h)]
     if moe_layers > 0:
         fixed = (m.moe_fixed_params - attn_params) // (h * tp)  # router and shared experts, as one GEMM
         if fixed > 0:
-            gemms.append(_Op("moe_fixed", moe_layers, h, fixed))
+            gemms.append(_Op("moe_fixed", moe_layers, k=h, n=fixed))
     act = 2.0 * m.dtype_bytes
     moe_act = 3 * (m.experts_per_token + m.shared_experts) * m.moe_intermediate_size / tp
     kv_layer = (m.kv_bytes_per_token(None, tp, pp) + m.kv_bytes_per_token(kv_dtype_bytes, tp, pp)) / layers
@@ -90,7 +90,8 @@ def step_ops(model: ModelSpec, tp: int = 1, pp: int = 1, kv_dtype_bytes: float |
         _Op("kv_cache_write", layers, "add", bytes_per_token=kv_layer),  # a copy kernel, priced as one
         _Op("emb", 1.0, bytes_per_token=h * act)]
     if dense > 0:
-        elementwise.append(_Op("mlp_act", dense, bytes_per_token=(1.5 if m.gated_mlp else 1.0) * width * act))
+        # SwiGLU reads gate and up (width) and writes half of it; a plain activation reads and writes width
+        elementwise.append(_Op("mlp_act", dense, bytes_per_token=(0.75 if m.gated_mlp else 1.0) * width * act))
     if moe_layers > 0:
         elementwise.append(_Op("moe_act", moe_layers, "mlp_act", bytes_per_token=moe_act * m.dtype_bytes))
     weight = m.dtype_bytes if m.weight_dtype_bytes is None else m.weight_dtype_bytes
