@@ -13,20 +13,19 @@ Every figure is over ALL rows of the profiles. Deterministic (Nelder-Mead from f
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from kvplan.sim.gpu.fit import (fit_allreduce, fit_elementwise, fit_gemm, fit_send_recv, law_rows, predict)
+from kvplan.output import json_text
+from kvplan.sim.gpu.fit import fit_allreduce, fit_elementwise, fit_gemm, fit_send_recv, law_rows, predict
 from kvplan.sim.gpu.laws import GpuLaws
 from kvplan.sim.gpu.profiles import read_profiles
 from kvplan.sim.gpu.table import MeasuredTable
 from kvplan.sim.gpu.validation import family_stats, markdown, step_band
 from kvplan.sim.specs.hardware import get_hardware
-from kvplan.output import json_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "vidur-profiles"
@@ -133,7 +132,8 @@ def extrapolators(rows) -> list[dict]:
             table = MeasuredTable.from_rows(train, hw(gpu), laws, name)
             stats = family_stats(test, table.predict(test))
             out += [{"gpu": gpu, "extrapolator": f"table + {name}", **s} for s in stats]
-        out += [{"gpu": gpu, "extrapolator": "law alone", **s} for s in family_stats(test, predict(test, laws, hw(gpu)))]
+        alone = family_stats(test, predict(test, laws, hw(gpu)))
+        out += [{"gpu": gpu, "extrapolator": "law alone", **s} for s in alone]
     return out
 
 
@@ -206,7 +206,8 @@ def main(argv: list[str]) -> int:
     sources["analytic"] = {"kind": "analytic, transferred",
                            "basis": "laws fitted on A100 + A40; errors from leave-one-GPU-out (GEMM, element-wise), "
                                     "leave-one-GPU-count-out (all-reduce), in-sample (send/recv), all rows",
-                           "families": [{k: s[k] for k in keep} for s in analytic], "step_band_pct": step_band(analytic)}
+                           "families": [{k: s[k] for k in keep} for s in analytic],
+                           "step_band_pct": step_band(analytic)}
     ERROR_JSON.write_text(json_text({"generated_by": "python scripts/gpu_fidelity.py", "sources": sources})
                           + "\n")
     DOC.write_text(render(held, in_sample, table_stats, analytic, gemm_forms, reduce_forms, extrapolators(rows),
@@ -252,32 +253,65 @@ def render(held, in_sample, table_stats, analytic, gemm_forms, reduce_forms, ext
                "scikit-learn (and scipy) are not installed in the project's environment, and a tree ensemble "
                "cannot extrapolate past its largest training x anyway (it predicts a constant there).\n\n"
                + _table(frame, ["gpu", "extrapolator", "family", "rows", "median", "p90"]) + "\n")
+    out.append(bench_section())
     out.append(constants(laws))
     return "\n".join(out)
 
 
-def constants(laws: GpuLaws) -> str:
-    ew = "; ".join(f"{op} {laws.elementwise_floor_s[op] * 1e6:.2f} µs, {laws.elementwise_sm_rate[op] / 1e9:.1f} GB/s"
-                   for op in laws.elementwise_floor_s)
-    return f"""## Every constant of the step model, with its source
+def bench_section() -> str:
+    """`kvplan bench fidelity` on the test fixture (checked by tests/sim/test_fidelity.py) and on the shared
+    profiles of each GPU."""
+    from kvplan.bench.fidelity import run
 
-| constant | value | source |
-|---|---|---|
-| peak dense BF16 FLOP/s, HBM bandwidth, SM count, memory | per GPU | datasheet (`kvplan/sim/specs/hardware.py`) |
-| NVLink / PCIe / network bandwidth, NVLS | per GPU | datasheet |
-| GEMM tile_m × tile_n, wave quantization | {laws.gemm_tile_m} × {laws.gemm_tile_n}, {laws.gemm_waves} | chosen by held-out error (above) |
-| GEMM compute efficiency | {laws.gemm_compute_efficiency:.3f} | fitted (A100 + A40) |
-| GEMM memory efficiency | {laws.gemm_memory_efficiency:.3f} | fitted (A100 + A40) |
-| GEMM kernel floor | {laws.gemm_floor_s * 1e6:.2f} µs | fitted (A100 + A40) |
-| element-wise bandwidth efficiency | {laws.elementwise_bandwidth_efficiency:.3f} | fitted (A100 + A40) |
-| element-wise floor and per-SM rate per op | {ew} | fitted (A100 + A40) |
-| all-reduce latency, per further GPU, link efficiency | {laws.allreduce_latency_s * 1e6:.1f} µs, {laws.allreduce_hop_latency_s * 1e6:.2f} µs, {laws.allreduce_efficiency:.3f} | fitted (DGX A100, one node) |
-| send/recv in a node: latency, efficiency | {laws.p2p_latency_s * 1e6:.1f} µs, {laws.p2p_efficiency:.3f} | fitted (DGX A100) |
-| send/recv across nodes: latency, efficiency | {laws.network_latency_s * 1e6:.1f} µs, {laws.network_efficiency:.3f} | fitted (DGX A100, two nodes) |
-| attention (prefill efficiency, KV read) | see `kvplan/sim/gpu/attention.py` | its own page |
-| step overhead, request overhead | `AnalyticCost.step_overhead_s`, `request_overhead_s` | measured separately (not from these profiles) |
-| MoE routed experts, all-to-all | GEMM law's efficiencies; all-reduce latency and efficiency | transferred (no MoE or all-to-all profile) |
-"""
+    fixture = run(FIXTURE, "a100-80gb")
+    lines = ["## `kvplan bench fidelity`: the shipped model on a profile directory, nothing fitted on it\n",
+             "On the project's fixture rows (`kvplan bench fidelity --profiles tests/sim/data/vidur_profiles "
+             "--hardware a100-80gb`; its A100 rows, a few per file):\n",
+             "<!-- fidelity-table: generated by scripts/gpu_fidelity.py; checked by tests/sim/test_fidelity.py -->",
+             markdown(fixture["families"]), "<!-- /fidelity-table -->\n"]
+    for gpu, hardware in HARDWARE.items():
+        result = run(SHARED, hardware)
+        note = "; the all-reduce rows include the pairwise-NVLink box, which the DGX law does not describe" if \
+            any(f["family"] == "allreduce" for f in result["families"]) else ""
+        lines += [f"On every {gpu.upper()} row of the shared profiles (`--profiles ../shared/data/vidur-profiles "
+                  f"--hardware {hardware}`; the shipped constants were fitted on these rows, so this is "
+                  f"in-sample{note}):\n",
+                  markdown(result["families"]) + "\n"]
+    return "\n".join(lines)
+
+
+def constants(laws: GpuLaws) -> str:
+    us = 1e6
+    ew = "; ".join(f"{op} {laws.elementwise_floor_s[op] * us:.2f} µs, {laws.elementwise_sm_rate[op] / 1e9:.1f} GB/s"
+                   for op in laws.elementwise_floor_s)
+    fitted = "fitted (A100 + A40)"
+    rows = [
+        ("peak dense BF16 FLOP/s, HBM bandwidth, SM count, memory", "per GPU",
+         "datasheet (`kvplan/sim/specs/hardware.py`)"),
+        ("NVLink / PCIe / network bandwidth, NVLS", "per GPU", "datasheet"),
+        ("GEMM tile_m × tile_n, wave quantization", f"{laws.gemm_tile_m} × {laws.gemm_tile_n}, {laws.gemm_waves}",
+         "chosen by held-out error (above)"),
+        ("GEMM compute efficiency", f"{laws.gemm_compute_efficiency:.3f}", fitted),
+        ("GEMM memory efficiency (also the KV reads of attention)", f"{laws.gemm_memory_efficiency:.3f}", fitted),
+        ("GEMM kernel floor", f"{laws.gemm_floor_s * us:.2f} µs", fitted),
+        ("element-wise bandwidth efficiency", f"{laws.elementwise_bandwidth_efficiency:.3f}", fitted),
+        ("element-wise floor and per-SM rate per op", ew, fitted),
+        ("all-reduce latency, per further GPU, link efficiency",
+         f"{laws.allreduce_latency_s * us:.1f} µs, {laws.allreduce_hop_latency_s * us:.2f} µs, "
+         f"{laws.allreduce_efficiency:.3f}", "fitted (DGX A100, one node)"),
+        ("send/recv in a node: latency, efficiency", f"{laws.p2p_latency_s * us:.1f} µs, {laws.p2p_efficiency:.3f}",
+         "fitted (DGX A100)"),
+        ("send/recv across nodes: latency, efficiency",
+         f"{laws.network_latency_s * us:.1f} µs, {laws.network_efficiency:.3f}", "fitted (DGX A100, two nodes)"),
+        ("attention (prefill efficiency)", "see `kvplan/sim/gpu/attention.py`", "its own page"),
+        ("step overhead, request overhead", "`AnalyticCost.step_overhead_s`, `request_overhead_s`",
+         "planner defaults until measured (not from these profiles)"),
+        ("MoE routed experts, all-to-all", "the GEMM law's efficiencies; the all-reduce's latency and efficiency",
+         "transferred (no MoE or all-to-all profile)"),
+    ]
+    lines = ["## Every constant of the step model, with its source\n", "| constant | value | source |",
+             "|---|---|---|"]
+    return "\n".join(lines + [f"| {a} | {b} | {c} |" for a, b, c in rows]) + "\n"
 
 
 PAGE_HEAD = """# GPU per-op fidelity: measured tables and transferable laws

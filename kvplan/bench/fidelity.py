@@ -21,7 +21,7 @@ from kvplan.sim.cost.features import StepFeatures
 from kvplan.sim.gpu.attention import AttentionCost
 from kvplan.sim.gpu.fit import predict
 from kvplan.sim.gpu.laws import shipped_laws
-from kvplan.sim.gpu.profiles import read_profiles
+from kvplan.sim.gpu.profiles import read_profiles, rows_for_hardware
 from kvplan.sim.gpu.validation import family_stats
 from kvplan.sim.specs.arch import ModelSpec
 from kvplan.sim.specs.hardware import HARDWARE, HardwareSpec, get_hardware
@@ -32,13 +32,7 @@ def run(profiles: Path | str, hardware: str) -> dict:
     if hardware not in HARDWARE:
         raise UserError(f"--hardware: unknown GPU {hardware!r}; known GPUs: {', '.join(sorted(HARDWARE))}")
     hw = get_hardware(hardware)
-    rows = read_profiles(profiles)
-    labels = sorted(rows["gpu"].unique())
-    if len(labels) > 1:
-        rows = rows[[hardware.startswith(label) for label in rows["gpu"]]]
-        if rows.empty:
-            raise UserError(f"--profiles: {profiles} holds profiles of {', '.join(labels)}, none of them for "
-                            f"{hardware}; point --profiles at one GPU's folder or pass a matching --hardware")
+    rows = rows_for_hardware(read_profiles(profiles), hardware, f"--profiles: {profiles}")
     predicted = predict(rows, shipped_laws(), hw)
     attention = (rows["family"] == "attention").to_numpy()
     if attention.any():

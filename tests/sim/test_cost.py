@@ -11,8 +11,8 @@ import pytest
 from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
 from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks, step_ops
 from kvplan.sim.cost.calibrated import load_profile
-from kvplan.sim.gpu.laws import GpuLaws
 from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures, decode_stretch_features, step_features
+from kvplan.sim.gpu.laws import GpuLaws
 from kvplan.sim.run import build_cost
 from kvplan.sim.spec import SimSpec
 from kvplan.sim.specs.hardware import HardwareSpec, get_hardware

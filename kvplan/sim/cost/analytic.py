@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 
@@ -74,7 +74,8 @@ def step_ops(model: ModelSpec, tp: int = 1, pp: int = 1, kv_dtype_bytes: float |
     gemms = [_Op("attn_pre_proj", layers, k=h, n=qkv_n), _Op("attn_post_proj", layers, k=out_k, n=h)]
     width = (2 if m.gated_mlp else 1) * m.intermediate_size // tp
     if dense > 0:
-        gemms += [_Op("mlp_up_proj", dense, k=h, n=width), _Op("mlp_down_proj", dense, k=m.intermediate_size // tp, n=h)]
+        gemms += [_Op("mlp_up_proj", dense, k=h, n=width),
+                  _Op("mlp_down_proj", dense, k=m.intermediate_size // tp, n=h)]
     if moe_layers > 0:
         fixed = (m.moe_fixed_params - attn_params) // (h * tp)  # router and shared experts, as one GEMM
         if fixed > 0:
@@ -147,18 +148,20 @@ class AnalyticCost:
         if tile is not None and not (isinstance(tile, int) and tile >= 1):
             raise UserError(f"cost.gemm_tile_rows: must be an integer >= 1, got {self.gemm_tile_rows!r}")
         laws = self.laws if self.laws is not None else shipped_laws()
-        overrides = {"gemm_compute_efficiency": self.compute_efficiency,
+        overrides: dict[str, Any] = {"gemm_compute_efficiency": self.compute_efficiency,
                      "gemm_memory_efficiency": self.memory_efficiency, "gemm_tile_m": self.gemm_tile_rows,
                      "allreduce_efficiency": self.link_efficiency, "p2p_efficiency": self.p2p_efficiency}
         self._laws = laws = replace(laws, **{k: v for k, v in overrides.items() if v is not None})
         m, hw, tp, pp = self.model, self.hardware, self.shape.tp, self.shape.pp
         gemms, elementwise, self._weight_bytes = step_ops(m, tp, pp, self.kv_dtype_bytes)
-        key = (m.hidden_size, m.num_heads, m.num_kv_heads, m.intermediate_size, m.gated_mlp, tp)
+        shape_key = (m.hidden_size, m.num_heads, m.num_kv_heads, m.intermediate_size, m.gated_mlp, tp)
         measured = self.table.series if self.table is not None else {}
-        self._table_gemms = [(op, ("op", op.name, *key)) for op in gemms if ("op", op.name, *key) in measured]
-        self._gemms = [op for op in gemms if ("op", op.name, *key) not in measured]
-        self._table_ew = [(op, ("op", op.name, *key)) for op in elementwise if ("op", op.name, *key) in measured]
-        rest = [op for op in elementwise if ("op", op.name, *key) not in measured]
+        self._table_gemms = [(op, ("op", op.name, *shape_key)) for op in gemms
+                             if ("op", op.name, *shape_key) in measured]
+        self._gemms = [op for op in gemms if ("op", op.name, *shape_key) not in measured]
+        self._table_ew = [(op, ("op", op.name, *shape_key)) for op in elementwise
+                          if ("op", op.name, *shape_key) in measured]
+        rest = [op for op in elementwise if ("op", op.name, *shape_key) not in measured]
         self._ew_floor = sum(op.count * laws.elementwise_floor_s.get(op.law or op.name, 0.0) for op in rest)
         self._ew_per_token = sum(op.count * op.bytes_per_token * laws.elementwise_rate(op.law or op.name, hw)
                                  for op in rest)

@@ -23,8 +23,8 @@ LAW_FAMILIES = ("gemm", "elementwise", "allreduce", "send_recv")
 
 
 def _shape(part: pd.DataFrame) -> tuple:
-    return tuple(part[c].to_numpy(np.int64) for c in ("hidden", "heads", "kv_heads", "intermediate")) + (
-        part["gated"].to_numpy(bool), part["tp"].to_numpy(np.int64))
+    ints = (part[c].to_numpy(np.int64) for c in ("hidden", "heads", "kv_heads", "intermediate"))
+    return (*ints, part["gated"].to_numpy(bool), part["tp"].to_numpy(np.int64))
 
 
 def prepare(rows: pd.DataFrame) -> tuple[int, list[tuple[str, np.ndarray, dict]]]:
@@ -72,7 +72,7 @@ def predict(rows: pd.DataFrame, laws: GpuLaws, hw: HardwareSpec) -> np.ndarray:
     return predict_prepared(prepare(rows), laws, hw)
 
 
-def nelder_mead(objective: Callable[[np.ndarray], float], x0: Sequence[float], iterations: int = 2000,
+def nelder_mead(objective: Callable[[np.ndarray], float], x0: Sequence[float] | np.ndarray, iterations: int = 2000,
                 step: float = 0.3) -> np.ndarray:
     """Minimise `objective` from `x0` (deterministic: the simplex starts at x0 and x0 + step along each axis)."""
     n = len(x0)
@@ -121,7 +121,8 @@ def fit_gemm(groups, base: GpuLaws, warm: bool = False) -> GpuLaws:
     the search from `base`'s values)."""
     def make(p):
         e = np.exp(p)
-        return replace(base, gemm_compute_efficiency=min(float(e[0]), 1.0), gemm_memory_efficiency=min(float(e[1]), 1.0),
+        return replace(base, gemm_compute_efficiency=min(float(e[0]), 1.0),
+                       gemm_memory_efficiency=min(float(e[1]), 1.0),
                        gemm_floor_s=float(e[2]) * 1e-6)
     start = [base.gemm_compute_efficiency, base.gemm_memory_efficiency, base.gemm_floor_s * 1e6] if warm else \
         [0.7, 0.8, 5.0]

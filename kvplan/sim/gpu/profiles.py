@@ -62,6 +62,19 @@ def read_profiles(root: Path | str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def rows_for_hardware(rows: pd.DataFrame, hardware: str, where: str) -> pd.DataFrame:
+    """The rows of the GPU `hardware` names: all of them when the directory holds one GPU's profiles, else those
+    whose GPU folder the hardware's name starts with (`compute/a100` for a100-80gb)."""
+    labels = sorted(rows["gpu"].unique())
+    if len(labels) <= 1:
+        return rows
+    mine = rows[[hardware.startswith(label) for label in rows["gpu"]]]
+    if mine.empty:
+        raise UserError(f"{where} holds profiles of {', '.join(labels)}, none of them for {hardware}; point it at "
+                        "one GPU's folder or choose a matching hardware")
+    return mine
+
+
 def read_file(path: Path, root: Path) -> pd.DataFrame:
     """One Vidur CSV as tidy rows; its gpu and source labels come from where it sits under `root`."""
     try:
@@ -110,7 +123,7 @@ def _check_positive(path: Path, raw: pd.DataFrame, column: str, mask: np.ndarray
     if bad.any():
         i = int(np.argmax(bad))
         what = "a number >= 0" if allow_zero else "a number > 0"
-        raise UserError(f"{path}: line {i + 2}: column {column!r}: {raw[column].iloc[i]!r} is not {what}")
+        raise UserError(f"{path}: line {i + 2}: column {column!r}: {raw[column].iloc[i]} is not {what}")
 
 
 def _int(raw: pd.DataFrame, column: str, default: int = 0) -> np.ndarray:
@@ -149,9 +162,11 @@ def _op_rows(path: Path, raw: pd.DataFrame, kind: str, op: str, labels: tuple[st
         out["message_bytes"] = pd.to_numeric(raw["size"]).to_numpy(float)
     out["measured_ms"] = pd.to_numeric(raw[column], errors="coerce").to_numpy(float)
     out["file"], out["line"] = str(path), np.arange(n) + 2
-    out = out[mask].reindex(columns=list(COLUMNS))
     defaults = {"tokens": 0, "hidden": 0, "heads": 0, "kv_heads": 0, "intermediate": 0, "gated": True, "tp": 1,
                 "devices_per_node": 0, "message_bytes": 0.0, "batch": 0, "context": 0, "block_size": 0,
                 "prefill": False}
-    out = out.fillna(defaults)
+    for column, value in defaults.items():
+        if column not in out.columns:
+            out[column] = value
+    out = out[mask].reindex(columns=list(COLUMNS))
     return out.astype({c: np.int64 for c in INT_COLUMNS} | {"gated": bool, "prefill": bool, "line": np.int64})

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from kvplan.sim.gpu.fit import predict
-from kvplan.sim.gpu.laws import GpuLaws
+from kvplan.sim.gpu.laws import GpuLaws, shipped_laws
+from kvplan.sim.gpu.profiles import read_profiles, rows_for_hardware
 from kvplan.sim.specs.hardware import HardwareSpec
 
 SHAPE_KEY = ("op", "hidden", "heads", "kv_heads", "intermediate", "gated", "tp")
@@ -53,7 +55,8 @@ class MeasuredTable:
         rows = rows[rows["family"] != "attention"]
         frame = pd.DataFrame({"key": _keys(rows), "x": _x(rows), "t": rows["measured_ms"].to_numpy()})
         table = cls(hardware, laws, extrapolate)
-        for key, part in frame.groupby("key", sort=False):
+        for group, part in frame.groupby("key", sort=False):
+            key: tuple = group  # type: ignore[assignment]  # the groups are the tuples of `_keys`
             med = part.groupby("x")["t"].median().sort_index()
             table.series[key] = (np.log(med.index.to_numpy(float)), np.log(np.maximum.accumulate(med.to_numpy())))
         return table
@@ -64,7 +67,8 @@ class MeasuredTable:
         out = law.copy()
         x = np.log(np.maximum(_x(rows).astype(float), 1.0))
         frame = pd.DataFrame({"key": _keys(rows), "i": np.arange(len(rows))})
-        for key, part in frame.groupby("key", sort=False):
+        for group, part in frame.groupby("key", sort=False):
+            key: tuple = group  # type: ignore[assignment]  # the groups are the tuples of `_keys`
             if key not in self.series:
                 continue
             idx = part["i"].to_numpy()
@@ -99,5 +103,13 @@ class MeasuredTable:
         """The law's ms for the first of `rows`' shape at x = exp(lx) (the series' end)."""
         row = rows.iloc[:1].copy()
         column = "message_bytes" if row["family"].iloc[0] in ("allreduce", "send_recv") else "tokens"
-        row[column] = np.round(np.exp(lx)).astype(row[column].dtype)
+        row[column] = row[column].astype(float) * 0.0 + float(np.round(np.exp(lx)))
+        if column == "tokens":
+            row[column] = row[column].astype(np.int64)
         return float(predict(row, self.laws, self.hardware)[0])
+
+
+def load_table(path: Path | str, hardware: HardwareSpec, where: str = "gpu_profile") -> MeasuredTable:
+    """The measured table of `hardware` from a Vidur-format directory (its extrapolation: the shipped laws)."""
+    rows = rows_for_hardware(read_profiles(path), hardware.name, f"{where}: {path}")
+    return MeasuredTable.from_rows(rows, hardware, shipped_laws())

@@ -26,7 +26,7 @@ def family_stats(rows: pd.DataFrame, predicted_ms: np.ndarray) -> list[dict]:
         if part.empty:
             continue
         err = part["pred"].to_numpy() / part["measured_ms"].to_numpy() - 1.0
-        out.append({"family": family, "rows": int(len(err)),
+        out.append({"family": family, "rows": len(err),
                     "median_abs_err_pct": _pct(np.median(np.abs(err))),
                     "p90_abs_err_pct": _pct(np.quantile(np.abs(err), 0.9)),
                     "bias_pct": _pct(np.mean(err)), "median_signed_err_pct": _pct(np.median(err)),
