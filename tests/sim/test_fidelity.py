@@ -194,3 +194,24 @@ def test_the_gpu_profile_setting_prices_with_the_table_and_refuses_a_missing_dir
         analytic_cost(SimSpec(model="llama-3-8b", hardware="a100-80gb", gpu_profile=str(tmp_path / "none")))
     with pytest.raises(UserError, match="holds profiles of a100, a40, none of them for h100-sxm"):
         analytic_cost(SimSpec(model="llama-3-8b", hardware="h100-sxm", gpu_profile=str(FIXTURE)))
+
+
+def test_an_attention_profile_is_read_and_priced_by_the_attention_cost(tmp_path):
+    # two made-up rows in Vidur's attention.csv layout (not measurements): a prefill and a decode
+    folder = tmp_path / "compute" / "a100" / "org" / "model"
+    folder.mkdir(parents=True)
+    (folder / "attention.csv").write_text(
+        "n_embd,n_q_head,n_kv_head,block_size,num_tensor_parallel_workers,max_model_len,batch_size,"
+        "prefill_chunk_size,kv_cache_size,is_prefill,time_stats.attn_prefill.median,time_stats.attn_decode.median\n"
+        "4096,32,8,16,1,4096,1,512,0,True,0.2,\n"
+        "4096,32,8,16,1,4096,32,0,1024,False,,0.15\n")
+    rows = read_profiles(tmp_path)
+    assert list(rows["op"]) == ["attn_decode", "attn_prefill"] or list(rows["op"]) == ["attn_prefill", "attn_decode"]
+    from kvplan.bench.fidelity import run
+
+    result = run(tmp_path, "a100-80gb")
+    assert [f["family"] for f in result["families"]] == ["attention"] and result["families"][0]["rows"] == 2
+    bad = folder / "attention.csv"
+    bad.write_text(bad.read_text().replace(",0.15", ",-1"))
+    with pytest.raises(UserError, match=r"attention\.csv: line 3: column 'time_stats\.attn_decode\.median'"):
+        read_profiles(tmp_path)
