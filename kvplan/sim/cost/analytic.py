@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -32,9 +32,11 @@ from kvplan.sim.cost.moe import ExpertCost
 from kvplan.sim.cost.parallel import Shape, micro_batches, moe_activation_width, weight_bytes_per_rank
 from kvplan.sim.gpu.attention import AttentionCost
 from kvplan.sim.gpu.laws import GpuLaws, shipped_laws
-from kvplan.sim.gpu.table import MeasuredTable
 from kvplan.sim.specs.arch import ModelSpec, stage_layers
 from kvplan.sim.specs.hardware import HardwareSpec
+
+if TYPE_CHECKING:  # the table (pandas) is loaded only when a GPU profile is given
+    from kvplan.sim.gpu.table import MeasuredTable
 
 
 @dataclass(slots=True, frozen=True)

@@ -28,10 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from kvplan.errors import UserError
+from kvplan.shipped import shipped_dir
 from kvplan.sim.specs.hardware import HardwareSpec
 
 ELEMENTWISE_LAW_OPS = ("emb", "input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add")
-SHIPPED = Path(__file__).resolve().parents[3] / "sim" / "profiles" / "gpu_laws.json"
+GPU_LAWS = "gpu_laws.json"  # in the shipped sim/profiles folder (kvplan.shipped)
 
 
 def _max(a, b):
@@ -119,9 +120,9 @@ class GpuLaws:
         return cls(**data)
 
 
-def load_laws(path: Path | str = SHIPPED) -> GpuLaws:
+def load_laws(path: Path | str | None = None) -> GpuLaws:
     """The shipped fitted constants (written by scripts/gpu_fidelity.py), or those of another such file."""
-    path = Path(path)
+    path = Path(path) if path is not None else shipped_dir("sim/profiles") / GPU_LAWS
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
