@@ -109,7 +109,7 @@ class AnalyticCost:
     kv_dtype_bytes: float | None = None
     # Overrides of the laws' fitted constants (None: the law's, `sim.gpu.laws` / docs/gpu_fidelity.md).
     compute_efficiency: float | None = None  # GEMM: achieved fraction of peak dense FLOP/s
-    memory_efficiency: float | None = None  # GEMM and KV reads: achieved fraction of HBM bandwidth
+    memory_efficiency: float | None = None  # GEMMs (and, when set, attention's KV reads): fraction of HBM bandwidth
     # Scheduling, input preparation per step: planner default until measured (docs/gpu_fidelity.md).
     step_overhead_s: float = 2e-3
     # Per scheduled request (metadata, sampling): planner default until measured.
@@ -169,8 +169,10 @@ class AnalyticCost:
                                  for op in rest)
         self._byte_rate = hw.hbm_bandwidth * laws.gemm_memory_efficiency
         flop_rate = hw.peak_flops * laws.gemm_compute_efficiency
+        # the attention kernels keep their own KV-read efficiency (sim.gpu.attention) unless the user sets one
+        kv_read = {} if self.memory_efficiency is None else {"memory_efficiency": self.memory_efficiency}
         self._attention = AttentionCost(m, hw, self.block_size, self.kv_dtype_bytes, tp, pp,
-                                        self.attention_efficiency, laws.gemm_memory_efficiency)
+                                        self.attention_efficiency, **kv_read)
         self._experts = ExpertCost.of(m, tp, pp, laws.gemm_tile_m, flop_rate, self._byte_rate) if m.is_moe else None
         self._hidden_bytes = m.hidden_size * m.dtype_bytes
         share = stage_layers(m.num_layers, pp) / m.num_layers
