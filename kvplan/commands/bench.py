@@ -139,7 +139,7 @@ def _bench_fidelity(args: argparse.Namespace) -> int:
 
 
 def _show_fidelity(result: dict) -> None:
-    print(f"{result['profiles']} on {result['hardware']} (shipped model, nothing fitted on these rows): "
+    print(f"{result['profiles']} on {result['hardware']} (the shipped model; this command fits nothing): "
           f"{result['rows']} rows\n")
     print(format_table(["family", "rows", "median_abs_%", "p90_abs_%", "mean_signed_%", "median_signed_%"],
                        [[f["family"], f["rows"], f["median_abs_err_pct"], f["p90_abs_err_pct"], f["bias_pct"],
