@@ -96,6 +96,18 @@ def register(verbs: argparse._SubParsersAction) -> None:
     beam.add_argument("--seed", type=SEED, default=0)
 
 
+    fidelity = _target(
+        targets, _bench_fidelity, "fidelity", help="the shipped per-op GPU model against a Vidur-format profile",
+        description="Evaluates the shipped per-op model (sim/profiles/gpu_laws.json, on the --hardware datasheet) on "
+                    "every row of a Vidur-format profile directory, without fitting on it: per op family (gemm, "
+                    "elementwise, attention, allreduce, send_recv) the rows, median and p90 |error|, mean and "
+                    "median signed error.")
+    fidelity.add_argument("--profiles", type=Path, required=True, metavar="DIR",
+                          help="a Vidur-format profile directory (compute/<gpu>/<org>/<model>/mlp.csv, "
+                               "network/<name>/all_reduce.csv, ...)")
+    fidelity.add_argument("--hardware", required=True, metavar="NAME", help="the GPU the profile was measured on")
+
+
 def sim_regimes() -> tuple[str, ...]:
     from kvplan.bench.sim import REGIMES  # numpy only: the CLI still starts without torch
 
@@ -118,6 +130,20 @@ def _report(args: argparse.Namespace, result: dict, show: Callable[[dict], None]
     else:
         show(result)
     return 0
+
+
+def _bench_fidelity(args: argparse.Namespace) -> int:
+    from kvplan.bench import fidelity
+
+    return _report(args, fidelity.run(args.profiles, args.hardware), _show_fidelity)
+
+
+def _show_fidelity(result: dict) -> None:
+    print(f"{result['profiles']} on {result['hardware']} (the shipped model; this command fits nothing): "
+          f"{result['rows']} rows\n")
+    print(format_table(["family", "rows", "median_abs_%", "p90_abs_%", "mean_signed_%", "median_signed_%"],
+                       [[f["family"], f["rows"], f["median_abs_err_pct"], f["p90_abs_err_pct"], f["bias_pct"],
+                         f["median_signed_err_pct"]] for f in result["families"]]))
 
 
 def _bench_core(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from kvplan.sim.cost.calibrated import load_profile
 from kvplan.sim.cost.parallel import Shape, check_shape, tp_choices, weight_bytes_per_rank
 from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
 from kvplan.sim.frontend import FrontendRun, frontend_for
+from kvplan.sim.gpu.table import load_table
 from kvplan.sim.links import block_bytes
 from kvplan.sim.parallel import MergedCluster, run_parallel, worth_parallel
 from kvplan.sim.replica import SERIES_COLUMNS
@@ -127,7 +128,8 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
                                 shape=shape)
     if blocks < 1 and spec.num_blocks is None:
         raise UserError(no_fit_message(spec, model, hardware, shape, kv_bytes))
-    cost = AnalyticCost(model, hardware, spec.block_size, kv_bytes, **spec.cost_options, shape=shape)
+    table = load_table(spec.gpu_profile, hardware) if spec.gpu_profile else None
+    cost = AnalyticCost(model, hardware, spec.block_size, kv_bytes, **spec.cost_options, shape=shape, table=table)
     return cost, spec.num_blocks if spec.num_blocks is not None else blocks
 
 

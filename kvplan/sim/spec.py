@@ -28,6 +28,9 @@ class SimSpec:
     hardware: str = "h100-sxm"
     cost: str = "analytic"
     profile: str | None = None  # calibrated: the profile YAML; recorded: a replay's steps.jsonl
+    # analytic: a Vidur-format per-op profile directory of this GPU; its measured table then prices the ops it
+    # covers (sim.gpu.table), the laws the rest
+    gpu_profile: str | None = None
     replicas: int = 1
     router: str = "round_robin"
     sample_interval_s: float | None = None  # default: see `sample_interval`

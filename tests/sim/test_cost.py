@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
-from kvplan.sim.cost.analytic import AnalyticCost, elementwise_bytes_per_token, kv_capacity_blocks
+from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks, step_ops
 from kvplan.sim.cost.calibrated import load_profile
 from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures, decode_stretch_features, step_features
 from kvplan.sim.gpu import attention as attn
+from kvplan.sim.gpu.laws import GpuLaws
 from kvplan.sim.run import build_cost
 from kvplan.sim.spec import SimSpec
 from kvplan.sim.specs.hardware import HardwareSpec, get_hardware
@@ -58,20 +59,22 @@ def test_builtin_specs_and_hf_config(tmp_path):
         get_hardware("tpu")
 
 
-def _attention_by_hand(pair_flops, kv_token, layers, rate, pairs, queries, context, blocks, requests, peak_bytes):
-    """`sim.gpu.attention`'s law (docs/attention.md) at head dim 128 with the attention rate `rate`."""
+def _attention_by_hand(pair_flops, kv_token, layers, rate, pairs, queries, context, blocks, requests, kv_rate):
+    """`sim.gpu.attention`'s law (docs/attention.md) at head dim 128 with the attention rate `rate` and the KV read
+    at `kv_rate` bytes/s (a set `memory_efficiency` applies to the KV reads too)."""
     _, k0 = attn.PREFILL_LAW[128]
     compute = pair_flops * (pairs + k0 * queries + context) / rate
-    read = kv_token * (blocks * (16 + attn.GATHER_TOKENS) + attn.REQUEST_TOKENS * requests) / (
-        peak_bytes * attn.DECODE_ETA)
+    read = kv_token * (blocks * (16 + attn.GATHER_TOKENS) + attn.REQUEST_TOKENS * requests) / kv_rate
     return max(compute, read) + layers * attn.KERNEL_S
 
 
 def test_analytic_decode_step_is_the_roofline_by_hand():
     # Llama-2-7B (untied): the step streams the layers and the LM head, not the input embedding table.
     model, hw = get_model("llama-2-7b"), get_hardware("a100-80gb")
+    # the pure roofline laws with 128-row GEMM tiles and no kernel floors, at 0.5 of both peaks
+    roofline = GpuLaws(gemm_tile_m=128, elementwise_bandwidth_efficiency=0.5)
     cost = AnalyticCost(model, hw, 16, compute_efficiency=0.5, memory_efficiency=0.5, step_overhead_s=1e-3,
-                        request_overhead_s=1e-4)
+                        request_overhead_s=1e-4, laws=roofline)
     f = decode_stretch_features(np.array([100, 200]), np.array([5, 5]), 1, 16)  # decodes attending 100 and 200
     layers = 32 * (4096 * 128 * (32 + 32 + 32 + 32) + 3 * 4096 * 11008)
     head = 32000 * 4096
@@ -79,11 +82,17 @@ def test_analytic_decode_step_is_the_roofline_by_hand():
     assert model.weight_bytes == 2 * (layers + 2 * head)  # resident; only layers + head are read per step
     kv_token = 524_288
     flop_rate, byte_rate = 312e12 * 0.5, 2.039e12 * 0.5
-    elementwise = (32 * (10 * 4096 + 2 * 64 * 128 + 3 * 11008) + 4 * 4096) * 2 + 2 * kv_token
-    expected = (max(2 * layers * 128 / flop_rate, 2 * layers / byte_rate)  # 2 rows cost one 128-row tile
-                + max(2 * head * 128 / flop_rate, 2 * head / byte_rate)  # both rows are sampled
+
+    def gemm(m, k, n):  # 2 rows cost one 128-row tile; the weight is read once, the activations in and out
+        return max(2 * k * n * 128 / flop_rate, (k * n + m * (k + n)) * 2 / byte_rate)
+
+    gemms = 32 * (gemm(2, 4096, 3 * 4096) + gemm(2, 4096, 4096) + gemm(2, 4096, 2 * 11008) + gemm(2, 11008, 4096))
+    # norms 2h (twice per layer and once at the end), RoPE on q and k, the residual add 3h, SwiGLU 3i, the
+    # embedding gather 2h; the KV write reads K and V and stores them
+    elementwise = (65 * 2 * 4096 + 32 * (2 * 64 * 128 + 3 * 4096 + 3 * 11008) + 2 * 4096) * 2 + 2 * kv_token
+    expected = (gemms + gemm(2, 4096, 32000)  # both rows are sampled
                 + _attention_by_hand(4 * 32 * 32 * 128, kv_token, 32, 312e12 * attn.PREFILL_LAW[128][0], 0, 0, 300,
-                                     7 + 13, 2, hw.hbm_bandwidth)
+                                     7 + 13, 2, byte_rate)
                 + 2 * elementwise / byte_rate + 1e-3 + 2e-4)
     assert cost.step_times(f)[0] == pytest.approx(expected, rel=1e-12)
     assert cost.transfer_time(4, 0) == pytest.approx(4 * 16 * 524_288 / hw.host_link_bandwidth)
@@ -96,16 +105,31 @@ L, HID, HEADS, KV_HEADS, HD, INTER, VOCAB = 32, 4096, 32, 8, 128, 14336, 128256
 LAYER_PARAMS = L * (HID * HD * (2 * HEADS + 2 * KV_HEADS) + 3 * HID * INTER)  # q, o + k, v; gate, up, down
 HEAD_PARAMS = VOCAB * HID
 KV_TOKEN = 2 * L * KV_HEADS * HD * 2
-# norms 4h + residual adds 6h + RoPE on q, k + SwiGLU 3i per layer; embedding gather + final norm 4h; KV write
-ELEMENTWISE_TOKEN = (L * (10 * HID + 2 * (HEADS + KV_HEADS) * HD + 3 * INTER) + 4 * HID) * 2 + 2 * KV_TOKEN
+# per layer two norms (2h each), RoPE on q and k, the residual add (3h), SwiGLU (3i); the final norm and the
+# embedding gather (2h each) once; the KV write reads K and V and stores them
+ELEMENTWISE_TOKEN = ((2 * L + 1) * 2 * HID + L * (2 * (HEADS + KV_HEADS) * HD + 3 * HID + 3 * INTER) + 2 * HID) * 2 \
+    + 2 * KV_TOKEN
+# the pure roofline laws with 128-row GEMM tiles and no kernel floors; element-wise ops at 0.8 of HBM
+ROOFLINE = GpuLaws(gemm_tile_m=128, elementwise_bandwidth_efficiency=0.8)
 PAIR_FLOPS = 4 * L * HEADS * HD  # QK^T and PV per (query, key) pair
 FLOP_RATE, ATTN_RATE, BYTE_RATE = 312e12 * 0.5, 312e12 * 0.4, 2.039e12 * 0.8
+
+
+def _gemm(m, k, n):
+    """The GEMM law at ROOFLINE: M rows in whole 128-row tiles vs the weight read once plus the activations."""
+    return max(2 * k * n * 128 * -(-m // 128) / FLOP_RATE, (k * n + m * (k + n)) * 2 / BYTE_RATE)
+
+
+def _layers(m):
+    """Every layer's qkv, o, gate+up and down projections over m rows."""
+    return L * (_gemm(m, HID, (HEADS + 2 * KV_HEADS) * HD) + _gemm(m, HEADS * HD, HID) + _gemm(m, HID, 2 * INTER)
+                + _gemm(m, INTER, HID))
 
 
 def _llama3_cost():
     return AnalyticCost(get_model("llama-3-8b"), get_hardware("a100-80gb"), 16, compute_efficiency=0.5,
                         memory_efficiency=0.8, attention_efficiency=0.4, step_overhead_s=1e-3,
-                        request_overhead_s=1e-4)
+                        request_overhead_s=1e-4, laws=ROOFLINE)
 
 
 def _item(n, start, decode=False, samples=True):
@@ -118,16 +142,21 @@ def test_llama3_shapes_by_hand():
     assert (model.layer_matmul_params, model.lm_head_params, model.kv_bytes_per_token()) == (
         LAYER_PARAMS, HEAD_PARAMS, KV_TOKEN)
     assert model.matmul_params == LAYER_PARAMS + HEAD_PARAMS
-    assert elementwise_bytes_per_token(model) == ELEMENTWISE_TOKEN == 6_324_224
+    gemms, elementwise, weight = step_ops(model)
+    assert [(op.name, op.count, op.k, op.n) for op in gemms] == [
+        ("attn_pre_proj", L, HID, (HEADS + 2 * KV_HEADS) * HD), ("attn_post_proj", L, HEADS * HD, HID),
+        ("mlp_up_proj", L, HID, 2 * INTER), ("mlp_down_proj", L, INTER, HID)]
+    assert sum(op.count * op.bytes_per_token for op in elementwise) == ELEMENTWISE_TOKEN == 5_537_792
+    assert weight == 2
 
 
 def test_analytic_pure_decode_batch_by_hand():
     # 64 decodes each attending 1000 tokens (63 blocks of 16): 64 rows cost a whole 128-row tile.
     f = step_features([_item(1, 999, decode=True) for _ in range(64)], 16)
-    layers = max(2 * LAYER_PARAMS * 128 / FLOP_RATE, 2 * LAYER_PARAMS / BYTE_RATE)
-    assert layers == 2 * LAYER_PARAMS * 128 / FLOP_RATE  # 11.5 ms: the padded tile outweighs the 8.6 ms read
-    head = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
-    attention = _attention_by_hand(PAIR_FLOPS, KV_TOKEN, L, ATTN_RATE, 0, 0, 64 * 1000, 64 * 63, 64, 2.039e12)
+    layers = _layers(64)
+    assert layers == pytest.approx(2 * LAYER_PARAMS * 128 / FLOP_RATE)  # 11.5 ms: the tile outweighs the read
+    head = _gemm(64, HID, VOCAB)
+    attention = _attention_by_hand(PAIR_FLOPS, KV_TOKEN, L, ATTN_RATE, 0, 0, 64 * 1000, 64 * 63, 64, BYTE_RATE)
     expected = layers + head + attention + 64 * ELEMENTWISE_TOKEN / BYTE_RATE + 1e-3 + 64 * 1e-4
     assert _llama3_cost().step_times(f) == pytest.approx(expected, rel=1e-12)
     assert 0.024 < expected < 0.027  # 11.4 + 0.9 + 5.6 + 0.2 ms + 7.4 ms of overheads
@@ -137,10 +166,10 @@ def test_analytic_long_prefill_with_cached_prefix_by_hand():
     # The last 2048-token chunk of a prompt whose first 4096 tokens are cached: 2048 × (4096 + 1024) causal pairs,
     # attention reads 6144 / 16 = 384 blocks; one sampled row.
     f = step_features([_item(2048, 4096)], 16)
-    layers = max(2 * LAYER_PARAMS * 2048 / FLOP_RATE, 2 * LAYER_PARAMS / BYTE_RATE)
-    head = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
+    layers = _layers(2048)
+    head = _gemm(1, HID, VOCAB)
     attention = _attention_by_hand(PAIR_FLOPS, KV_TOKEN, L, ATTN_RATE, 2048 * (4096 + 1024), 2048, 0, 384, 0,
-                                   2.039e12)
+                                   BYTE_RATE)
     expected = layers + head + attention + 2048 * ELEMENTWISE_TOKEN / BYTE_RATE + 1e-3 + 1e-4
     assert _llama3_cost().step_times(f) == pytest.approx(expected, rel=1e-12)
     assert 0.23 < expected < 0.25
@@ -151,10 +180,10 @@ def test_analytic_mixed_step_by_hand():
     # sampled): 310 rows cost 3 tiles (384 rows), the 10 sampled rows one tile.
     items = [_item(1, 499, decode=True) for _ in range(10)] + [_item(300, 0, samples=False)]
     f = step_features(items, 16)
-    layers = max(2 * LAYER_PARAMS * 384 / FLOP_RATE, 2 * LAYER_PARAMS / BYTE_RATE)
-    head = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
+    layers = _layers(310)  # 310 rows: 3 tiles
+    head = _gemm(10, HID, VOCAB)
     attention = _attention_by_hand(PAIR_FLOPS, KV_TOKEN, L, ATTN_RATE, 300 * 150, 300, 10 * 500, 10 * 32 + 19, 10,
-                                   2.039e12)
+                                   BYTE_RATE)
     elementwise = 310 * ELEMENTWISE_TOKEN / BYTE_RATE
     expected = layers + head + attention + elementwise + 1e-3 + 11 * 1e-4
     assert _llama3_cost().step_times(f) == pytest.approx(expected, rel=1e-12)
@@ -167,7 +196,8 @@ def test_lm_head_grows_with_sampled_rows_not_prefill_tokens():
         return cost.step_times(StepFeatures(1, prefill, prefill * prefill, 0, 0, 0, -(-prefill // 16), sampled,
                                                int(prefill >= 2)))
 
-    head_tile = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
+    head_tile = 2 * HEAD_PARAMS * 128 / FLOP_RATE
+    assert head_tile == _gemm(128, HID, VOCAB)  # compute bound: a whole tile whatever its rows
     for prefill in (128, 2048, 8192):  # a chunk that samples pays one head tile, however long it is
         assert price(prefill, 1) - price(prefill, 0) == pytest.approx(head_tile, rel=1e-9)
     assert price(2048, 128) == price(2048, 1)  # one tile holds up to 128 sampled rows
@@ -178,10 +208,12 @@ def test_lm_head_grows_with_sampled_rows_not_prefill_tokens():
 
 def test_elementwise_share_of_a_long_prefill():
     model, hw = get_model("llama-3-8b"), get_hardware("a100-80gb")
-    cost = AnalyticCost(model, hw, 16)  # the defaults
+    cost = AnalyticCost(model, hw, 16)  # the defaults: the shipped laws
     step = cost.step_times(step_features([_item(2048, 0)], 16))
-    share = 2048 * ELEMENTWISE_TOKEN / (hw.hbm_bandwidth * cost.memory_efficiency) / step
-    assert 0.03 < share < 0.08
+    law = cost.resolved_laws
+    _, ops, _ = step_ops(model)
+    elementwise = sum(op.count * law.elementwise_time(op.law or op.name, 2048 * op.bytes_per_token, hw) for op in ops)
+    assert 0.03 < elementwise / step < 0.12
 
 
 @pytest.mark.parametrize("model_name,hardware", [("llama-3-8b", "a100-80gb"), ("llama-100m", "h100-sxm")])

@@ -10,6 +10,7 @@ from kvplan.engine.core import CacheConfig, SchedulerConfig
 from kvplan.sim.cluster import Cluster
 from kvplan.sim.cost.analytic import AnalyticCost
 from kvplan.sim.gpu import attention as attention_law
+from kvplan.sim.gpu.laws import GpuLaws
 from kvplan.sim.routers import make_router
 from kvplan.sim.run import collect, simulate
 from kvplan.sim.spec import SimSpec
@@ -50,27 +51,31 @@ def test_same_seed_same_results():
 def test_two_requests_by_hand():
     # 1 layer, 1 head of dim 4, hidden 4, MLP 4, vocab 4, 1-byte weights: 144 weight bytes, of which a step reads
     # 128 (the layers and the LM head; the input embedding is only gathered row by row), 8 KV bytes per token,
-    # 32 bytes per block of 4, 100 element-wise bytes per token (norms, residuals, RoPE, activation, embedding
-    # gather, KV write). Memory-bound at 1000 bytes/s; 10 ms per step plus 1 ms per request.
+    # 32 bytes per block of 4. Priced with the pure roofline laws (`GpuLaws()`: no kernel floors, whole-row
+    # tiles), memory-bound at 1000 bytes/s; 10 ms per step plus 1 ms per request. Per token the GEMMs move 44
+    # activation bytes (qkv 4 in + 12 out, o 4 + 4, up 4 + 8, down 4 + 4), a sampled row 8 through the LM
+    # head; element-wise 88 bytes (two norms of 8 and the final one, RoPE 16, residual add 12, KV write 16,
+    # SwiGLU 12, embedding gather 8).
     model = ModelSpec("tiny", 1, 4, 1, 1, 4, 4, 4, dtype_bytes=1)
     assert (model.weight_bytes, model.kv_bytes_per_token()) == (144, 8)
     cost = AnalyticCost(model, HardwareSpec("slow", 1e30, 1000.0, 1e6, 1000.0), 4, compute_efficiency=1.0,
-                        memory_efficiency=1.0, step_overhead_s=0.01, request_overhead_s=0.001)
+                        memory_efficiency=1.0, step_overhead_s=0.01, request_overhead_s=0.001, laws=GpuLaws())
     trace = Trace.build([0.0, 0.05], [4, 4], [2, 1])
     cache = CacheConfig(block_size=4, num_blocks=16, enable_prefix_caching=False, max_model_len=6)
     cluster = Cluster(trace, 1, make_router("round_robin"), cache, SchedulerConfig(), cost, sample_interval_s=1.0)
     cluster.run()
     table = collect(cluster, 16).requests.set_index("request")
     # Attention (sim.gpu.attention, docs/attention.md): a block reads its 4 slots plus the gather overhead, at the
-    # law's fitted bandwidth fraction, plus one kernel floor per layer; compute is free at 1e30 FLOP/s.
+    # set memory efficiency (1.0), plus one kernel floor per layer; compute is free at 1e30 FLOP/s.
     def attention(blocks, decodes):
         read = 8 * (blocks * (4 + attention_law.GATHER_TOKENS) + attention_law.REQUEST_TOKENS * decodes)
-        return read / (1000.0 * attention_law.DECODE_ETA) + attention_law.KERNEL_S
+        return read / 1000.0 + attention_law.KERNEL_S
 
-    # Step 1 at 0: A prefills 4 tokens (1 block): 128 + 4 x 100 = 528 bytes, attention, + 0.010 + 0.001 s.
-    step1 = 0.528 + attention(1, 0) + 0.011
-    # Step 2: A decodes (attends 5 tokens: 2 blocks) and B prefills 4 (1 block): 128 + 5 x 100 = 628 bytes.
-    step2 = 0.628 + attention(3, 1) + 0.010 + 0.002
+    # Step 1 at 0: A prefills 4 tokens (1 block), 1 sampled row: 128 + 4 x 44 + 8 + 4 x 88 = 664 bytes, attention.
+    step1 = 0.664 + attention(1, 0) + 0.010 + 0.001
+    # Step 2: A decodes (attends 5 tokens: 2 blocks), B prefills 4 (1 block), 2 sampled rows:
+    # 128 + 5 x 44 + 2 x 8 + 5 x 88 = 804 bytes, attention over 3 blocks and 1 decode.
+    step2 = 0.804 + attention(3, 1) + 0.010 + 0.002
     a, b = table.loc[0], table.loc[1]
     assert a["first_token_s"] == pytest.approx(step1, abs=1e-12)
     assert a["finish_s"] == pytest.approx(step1 + step2, abs=1e-12)

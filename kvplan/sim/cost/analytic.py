@@ -1,84 +1,106 @@
-"""Analytic roofline cost: a step's time is the sum of its operator groups, each at efficiency-derated peaks
-(the longer of its compute time and its memory-traffic time where both matter), plus a fixed per-step overhead
-(scheduling, launch) and a per-request overhead (input preparation, sampling) - the BLIS/inference-sim recipe
-with hand-set instead of fitted coefficients.
+"""Analytic step cost: a step's time is the sum of its ops, each priced by its per-op law (`sim.gpu.laws`:
+datasheet numbers and constants fitted on measured GPUs), or by the GPU's measured table when it has a profile
+(`sim.gpu.table`, SimSpec `gpu_profile`), plus a per-step overhead (scheduling, input preparation) and a
+per-request overhead (metadata, sampling).
 
-With M = the step's tokens (prefill tokens + decodes) and S = its sampled rows (`StepFeatures.sampled`):
-- layer GEMMs: max(2 × layer matmul params × M' FLOPs, the layers' weights read once), where M' is M rounded up
-  to whole GEMM tiles (tile quantization: a small-M GEMM runs well below the large-GEMM efficiency);
-- LM head: the same for vocab × hidden over S' (S in whole tiles) - only sampled rows reach it - and nothing
-  when S = 0. Its weight (the embedding table when tied) is read once here; an untied input embedding is only
-  gathered row by row (element-wise below), so the step streams layers + head, not `weight_bytes`;
+With M = the step's tokens (prefill tokens + decodes) and S = its sampled rows (`StepFeatures.sampled`), on one
+rank of the busiest pipeline stage:
+- layer GEMMs, per op shape (`sim.gpu.shapes`): qkv (h × (heads + 2 kv heads) × d / t), out, up+gate, down over
+  M rows, each with the GEMM law (tile and wave quantization, roofline of FLOPs vs weight + activation bytes,
+  a kernel floor); an MoE layer's router and shared experts as one more GEMM, its routed experts by
+  `sim.cost.moe` at the GEMM law's efficiencies;
+- LM head: vocab / t × hidden over S rows, nothing when S = 0 (only sampled rows reach it);
 - attention: `sim.gpu.attention.AttentionCost` (docs/attention.md): the larger of its FLOPs (prefill pairs at a
   FlashAttention-class efficiency that depends on the head dim and the keys per query, plus decode pairs) and the
-  KV blocks it reads (whole blocks, each with a gather overhead, so the block size shows; every request's blocks,
-  a prefill's cached prefix included), plus a floor per layer's kernel;
-- element-wise (memory-bound): RMSNorms, RoPE, the MLP activation, residual adds, the embedding gather and the
-  KV-cache write, bytes per token at memory bandwidth.
-`StepFeatures.batched` (a CPU BLAS effect: one token row runs a cheaper matrix-vector kernel) is priced by the
-calibrated model only; on a GPU the tile quantization above already makes one row cost a whole tile.
+  KV blocks it reads (whole blocks, each with a gather overhead, so the block size shows), plus a floor per layer;
+- element-wise, per op with its law (a floor per kernel plus bytes): per layer the two norms, RoPE, the MLP
+  activation, the residual add and the KV-cache write; per step the embedding gather and the final norm;
+- TP collectives: two all-reduces of the hidden states per layer with the per-GPU-count law (EP: an all-to-all
+  dispatch and combine instead of an MoE layer's second all-reduce); PP: a send/recv between stages.
+`StepFeatures.batched` (a CPU BLAS effect) is priced by the calibrated model only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import overload
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 from kvplan.errors import UserError
 from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures
 from kvplan.sim.cost.moe import ExpertCost
-from kvplan.sim.cost.parallel import (
-    Shape,
-    all_to_all_time,
-    allreduce_time,
-    micro_batches,
-    moe_activation_width,
-    send_recv_time,
-    weight_bytes_per_rank,
-)
+from kvplan.sim.cost.parallel import Shape, micro_batches, moe_activation_width, weight_bytes_per_rank
 from kvplan.sim.gpu.attention import AttentionCost
+from kvplan.sim.gpu.laws import GpuLaws, shipped_laws
 from kvplan.sim.specs.arch import ModelSpec, stage_layers
 from kvplan.sim.specs.hardware import HardwareSpec
 
+if TYPE_CHECKING:  # the table (pandas) is loaded only when a GPU profile is given
+    from kvplan.sim.gpu.table import MeasuredTable
 
-def elementwise_bytes_per_token(model: ModelSpec, kv_dtype_bytes: float | None = None, tp: int = 1,
-                                pp: int = 1) -> float:
-    """HBM bytes one token's memory-bound (non-GEMM, non-attention) kernels read and write on one rank, all layers
-    of its pipeline stage.
 
-    Per layer, in elements of the model dtype (h hidden, i intermediate, q/k widths heads × head_dim):
-      2 RMSNorms (before attention and MLP), each reads and writes h:     4h
-      2 residual adds, each reads 2h and writes h:                        6h
-      RoPE on q and k, read and written:                                  2 × (heads + kv_heads) × head_dim
-      MLP activation: SwiGLU SiLU(gate) × up reads 2i, writes i:          3i (a plain MLP's reads, writes i: 2i)
-    Once per token: the embedding row gather (read + write h) and the final RMSNorm (4h in all). The KV-cache
-    write reads the fresh K and V (model dtype) and stores them in the cache (KV dtype). Norm weights, the
-    attention's q/output and the logits are left out (a few hidden vectors, or per sampled row only). OPT
-    (LayerNorm, learned positions instead of RoPE) is counted the same way. With TP the norms and residual adds
-    run whole on every rank, RoPE and the activation on the rank's heads and MLP share; an MoE layer's activation
-    runs over its routed and shared experts' widths.
-    Llama-3-8B bf16: 94,208 elements per layer, 6.3 MB per token with the KV write - ~4.7% of a 2048-token
-    A100-80GB prefill at the defaults.
-    """
-    h, heads = model.hidden_size, model.num_heads // tp + model.kv_heads_per_rank(tp)
-    per_layer = 4 * h + 6 * h + 2 * heads * model.head_dim + (3 if model.gated_mlp else 2) * \
-        model.intermediate_size / tp
-    moe_layer = 4 * h + 6 * h + 2 * heads * model.head_dim + 3 * (model.experts_per_token + model.shared_experts) * \
-        model.moe_intermediate_size / tp
-    dense = model.num_layers - model.num_moe_layers
-    layers = dense * per_layer + model.num_moe_layers * moe_layer
-    if pp > 1:
-        layers = layers * stage_layers(model.num_layers, pp) / model.num_layers
-    elements = layers + 4 * h
-    return elements * model.dtype_bytes + model.kv_bytes_per_token(None, tp, pp) + \
-        model.kv_bytes_per_token(kv_dtype_bytes, tp, pp)
+@dataclass(slots=True, frozen=True)
+class _Op:
+    """One kind of kernel of the step: `count` of them (layers on this rank's stage), priced on M rows."""
+
+    name: str  # the Vidur op name (a measured table's series)
+    count: float
+    law: str = ""  # the element-wise law it is priced with ("": its own name)
+    k: int = 0  # GEMM: one rank's weight is k × n
+    n: int = 0
+    bytes_per_token: float = 0.0  # element-wise: bytes read + written per token
 
 
 def _max(a, b):
     """max of plain numbers, or element-wise when either is a stretch's array (the same IEEE result per entry)."""
     return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
+
+
+def step_ops(model: ModelSpec, tp: int = 1, pp: int = 1, kv_dtype_bytes: float | None = None) -> tuple[
+        list[_Op], list[_Op], float]:
+    """(GEMMs over the step's tokens, element-wise ops, the weight bytes per GEMM parameter) of one rank of the
+    busiest stage. Per-rank shapes as `sim.gpu.shapes`; element-wise bytes per token in the model dtype (h
+    hidden, i intermediate): norms 2h, residual add 3h, RoPE 2 × (heads + kv heads) / t × d, SwiGLU 3i / t (a
+    plain MLP 2i / t; an MoE layer its routed and shared experts' widths), the KV-cache write reads the fresh K
+    and V and stores them in the cache dtype; the embedding gather 2h and the final norm 2h once per step."""
+    m, h = model, model.hidden_size
+    share = stage_layers(m.num_layers, pp) / m.num_layers
+    layers = m.num_layers * share
+    moe_layers = m.num_moe_layers * share
+    dense = layers - moe_layers
+    d = m.head_dim
+    heads, kv = m.num_heads // tp, m.kv_heads_per_rank(tp)
+    attn_params = m.attention_params  # q, k, v, o of one layer (MLA: its projections)
+    out_k = (m.v_head_dim or d) * heads
+    qkv_n = max((attn_params - out_k * tp * h) // (h * tp), 1)
+    gemms = [_Op("attn_pre_proj", layers, k=h, n=qkv_n), _Op("attn_post_proj", layers, k=out_k, n=h)]
+    width = (2 if m.gated_mlp else 1) * m.intermediate_size // tp
+    if dense > 0:
+        gemms += [_Op("mlp_up_proj", dense, k=h, n=width),
+                  _Op("mlp_down_proj", dense, k=m.intermediate_size // tp, n=h)]
+    if moe_layers > 0:
+        fixed = (m.moe_fixed_params - attn_params) // (h * tp)  # router and shared experts, as one GEMM
+        if fixed > 0:
+            gemms.append(_Op("moe_fixed", moe_layers, k=h, n=fixed))
+    act = 2.0 * m.dtype_bytes
+    moe_act = 3 * (m.experts_per_token + m.shared_experts) * m.moe_intermediate_size / tp
+    kv_layer = (m.kv_bytes_per_token(None, tp, pp) + m.kv_bytes_per_token(kv_dtype_bytes, tp, pp)) / layers
+    elementwise = [
+        _Op("input_layernorm", layers + 1, bytes_per_token=h * act),  # + the final norm
+        _Op("post_attention_layernorm", layers, bytes_per_token=h * act),
+        _Op("attn_rope", layers, bytes_per_token=(heads + kv) * d * act),
+        _Op("add", layers, bytes_per_token=1.5 * h * act),
+        _Op("kv_cache_write", layers, "add", bytes_per_token=kv_layer),  # a copy kernel, priced as one
+        _Op("emb", 1.0, bytes_per_token=h * act)]
+    if dense > 0:
+        # SwiGLU reads gate and up (width) and writes half of it; a plain activation reads and writes width
+        elementwise.append(_Op("mlp_act", dense, bytes_per_token=(0.75 if m.gated_mlp else 1.0) * width * act))
+    if moe_layers > 0:
+        elementwise.append(_Op("moe_act", moe_layers, "mlp_act", bytes_per_token=moe_act * m.dtype_bytes))
+    weight = m.dtype_bytes if m.weight_dtype_bytes is None else m.weight_dtype_bytes
+    return gemms, elementwise, weight
 
 
 @dataclass(slots=True)
@@ -87,35 +109,30 @@ class AnalyticCost:
     hardware: HardwareSpec
     block_size: int
     kv_dtype_bytes: float | None = None
-    # Achieved fraction of peak dense FLOP/s for large GEMMs: hand-set planner default (not a measurement).
-    compute_efficiency: float = 0.6
-    # Achieved fraction of peak HBM bandwidth: hand-set planner default (not a measurement).
-    memory_efficiency: float = 0.8
-    # Scheduling, input preparation and kernel launches per step: hand-set planner default.
+    # Overrides of the laws' fitted constants (None: the law's, `sim.gpu.laws` / docs/gpu_fidelity.md).
+    compute_efficiency: float | None = None  # GEMM: achieved fraction of peak dense FLOP/s
+    memory_efficiency: float | None = None  # GEMMs (and, when set, attention's KV reads): fraction of HBM bandwidth
+    # Scheduling, input preparation per step: planner default until measured (docs/gpu_fidelity.md).
     step_overhead_s: float = 2e-3
-    # Per scheduled request (metadata, sampling): hand-set planner default.
+    # Per scheduled request (metadata, sampling): planner default until measured.
     request_overhead_s: float = 2e-5
     # Fraction of peak FLOP/s the attention kernels achieve; None: the shape-aware law fitted on FlashAttention-3's
     # published speeds (`sim.gpu.attention`, docs/attention.md). A number replaces that law's e(head_dim).
     attention_efficiency: float | None = None
-    # GEMM rows computed in whole tiles: NVIDIA "Matrix Multiplication Background User's Guide" (tile
-    # quantization): a GEMM computes whole output tiles, so M rows cost ceil(M / tile) × tile rows of work;
-    # 128-row tiles on A100/H100 tensor cores (the guide's efficient tile sizes are 128 or 256 on a side).
-    gemm_tile_rows: int = 128
-    # Achieved fraction of the GPU-to-GPU link bandwidth in all-reduce / all-to-all (0.6) and in a send/recv
-    # (0.8): fitted, with the node's latencies, to Vidur's A100 DGX profiles (large all-reduces reach ~170 GB/s
-    # bus bandwidth on the 300 GB/s NVLink, a send/recv ~230 GB/s; docs/parallel_validation.md).
-    link_efficiency: float = 0.6
-    p2p_efficiency: float = 0.8
+    gemm_tile_rows: int | None = None  # GEMM tile rows (None: the law's)
+    link_efficiency: float | None = None  # all-reduce / all-to-all: achieved fraction of the link bandwidth
+    p2p_efficiency: float | None = None  # send/recv inside a node
     # The replica's GPUs (tensor, pipeline and expert parallelism); one GPU by default.
     shape: Shape = field(default_factory=Shape)
-    # Derived once (the model's sizes are properties computed on every access).
-    _layer_flops: float = field(init=False, repr=False)
-    _head_flops: float = field(init=False, repr=False)
-    _layer_read_s: float = field(init=False, repr=False)
-    _head_read_s: float = field(init=False, repr=False)
-    _elementwise: float = field(init=False, repr=False)
-    _flop_rate: float = field(init=False, repr=False)
+    laws: GpuLaws | None = None  # None: the shipped fitted constants
+    table: MeasuredTable | None = None  # this GPU's measured per-op table (a profile), if any
+    _laws: GpuLaws = field(init=False, repr=False)
+    _gemms: list[_Op] = field(init=False, repr=False)
+    _table_gemms: list[tuple[_Op, tuple]] = field(init=False, repr=False)
+    _ew_floor: float = field(init=False, repr=False)
+    _ew_per_token: float = field(init=False, repr=False)
+    _table_ew: list[tuple[_Op, tuple]] = field(init=False, repr=False)
+    _weight_bytes: float = field(init=False, repr=False)
     _byte_rate: float = field(init=False, repr=False)
     _attention: AttentionCost = field(init=False, repr=False)
     _experts: ExpertCost | None = field(init=False, repr=False)
@@ -127,33 +144,48 @@ class AnalyticCost:
         for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency", "link_efficiency",
                     "p2p_efficiency"):
             value = getattr(self, key)
-            if value is None and key == "attention_efficiency":  # the fitted law
-                continue
-            if not 0.0 < value <= 1.0:
+            if value is not None and not 0.0 < value <= 1.0:
                 raise UserError(f"cost.{key}: must be a fraction in (0, 1], got {value!r}")
         for key in ("step_overhead_s", "request_overhead_s"):
             if getattr(self, key) < 0:
                 raise UserError(f"cost.{key}: must be >= 0, got {getattr(self, key)!r}")
         tile: object = self.gemm_tile_rows  # cost options come from a file: whatever was written there
-        if not (isinstance(tile, int) and tile >= 1):
+        if tile is not None and not (isinstance(tile, int) and tile >= 1):
             raise UserError(f"cost.gemm_tile_rows: must be an integer >= 1, got {self.gemm_tile_rows!r}")
-        m, tp, pp = self.model, self.shape.tp, self.shape.pp
-        self._flop_rate = self.hardware.peak_flops * self.compute_efficiency
-        self._byte_rate = self.hardware.hbm_bandwidth * self.memory_efficiency
-        share = stage_layers(m.num_layers, pp) / m.num_layers / tp  # this rank's part of the layers (1.0 alone)
-        self._layer_flops = 2.0 * m.dense_part_params * share
-        self._head_flops = 2.0 * m.lm_head_params / tp
-        self._layer_read_s = m.layer_weight_bytes * share / self._byte_rate
-        self._head_read_s = m.lm_head_params * m.dtype_bytes / tp / self._byte_rate
-        self._elementwise = elementwise_bytes_per_token(m, self.kv_dtype_bytes, tp, pp)
-        # The KV read runs at the attention law's fitted bandwidth fraction, not the weights' `memory_efficiency`.
-        self._attention = AttentionCost(m, self.hardware, self.block_size, self.kv_dtype_bytes, tp, pp,
-                                        self.attention_efficiency)
-        self._experts = ExpertCost.of(m, tp, pp, self.gemm_tile_rows, self._flop_rate, self._byte_rate) \
-            if m.is_moe else None
+        laws = self.laws if self.laws is not None else shipped_laws()
+        overrides: dict[str, Any] = {"gemm_compute_efficiency": self.compute_efficiency,
+                     "gemm_memory_efficiency": self.memory_efficiency, "gemm_tile_m": self.gemm_tile_rows,
+                     "allreduce_efficiency": self.link_efficiency, "p2p_efficiency": self.p2p_efficiency}
+        self._laws = laws = replace(laws, **{k: v for k, v in overrides.items() if v is not None})
+        m, hw, tp, pp = self.model, self.hardware, self.shape.tp, self.shape.pp
+        gemms, elementwise, self._weight_bytes = step_ops(m, tp, pp, self.kv_dtype_bytes)
+        shape_key = (m.hidden_size, m.num_heads, m.num_kv_heads, m.intermediate_size, m.gated_mlp, tp)
+        measured = self.table.series if self.table is not None else {}
+        self._table_gemms = [(op, ("op", op.name, *shape_key)) for op in gemms
+                             if ("op", op.name, *shape_key) in measured]
+        self._gemms = [op for op in gemms if ("op", op.name, *shape_key) not in measured]
+        self._table_ew = [(op, ("op", op.name, *shape_key)) for op in elementwise
+                          if ("op", op.name, *shape_key) in measured]
+        rest = [op for op in elementwise if ("op", op.name, *shape_key) not in measured]
+        self._ew_floor = sum(op.count * laws.elementwise_floor_s.get(op.law or op.name, 0.0) for op in rest)
+        self._ew_per_token = sum(op.count * op.bytes_per_token * laws.elementwise_rate(op.law or op.name, hw)
+                                 for op in rest)
+        self._byte_rate = hw.hbm_bandwidth * laws.gemm_memory_efficiency
+        flop_rate = hw.peak_flops * laws.gemm_compute_efficiency
+        # the attention kernels keep their own KV-read efficiency (sim.gpu.attention) unless the user sets one
+        kv_read = {} if self.memory_efficiency is None else {"memory_efficiency": self.memory_efficiency}
+        self._attention = AttentionCost(m, hw, self.block_size, self.kv_dtype_bytes, tp, pp,
+                                        self.attention_efficiency, **kv_read)
+        self._experts = ExpertCost.of(m, tp, pp, laws.gemm_tile_m, flop_rate, self._byte_rate) if m.is_moe else None
         self._hidden_bytes = m.hidden_size * m.dtype_bytes
-        self._stage_moe_layers = m.num_moe_layers * tp * share
-        self._stage_dense_layers = (m.num_layers - m.num_moe_layers) * tp * share
+        share = stage_layers(m.num_layers, pp) / m.num_layers
+        self._stage_moe_layers = m.num_moe_layers * share
+        self._stage_dense_layers = (m.num_layers - m.num_moe_layers) * share
+
+    @property
+    def resolved_laws(self) -> GpuLaws:
+        """The constants this cost prices with (the laws with this cost's overrides)."""
+        return self._laws
 
     @property
     def sliding_window(self) -> int:
@@ -185,21 +217,38 @@ class AnalyticCost:
             pp, m = self.shape.pp, micro_batches(f.num_requests, self.shape.pp)
             part = StepFeatures(*(getattr(f, name) / m for name in FEATURE_NAMES))
             tokens = part.prefill_tokens + part.decode_requests
-            hop = send_recv_time(tokens * self._hidden_bytes, self.hardware, self.p2p_efficiency,
-                                 self.shape.crosses_nodes(self.hardware))
+            hop = self._laws.send_recv_time(tokens * self._hidden_bytes, self.hardware,
+                                            self.shape.crosses_nodes(self.hardware))
             compute = pp * self._stage_time(part) + (pp - 1) * hop
         return compute + self.step_overhead_s + self.request_overhead_s * f.num_requests
 
+    def _gemm(self, rows, k: int, n: int):
+        return self._laws.gemm_time(rows, k, n, self.hardware, self._weight_bytes, self.model.dtype_bytes)
+
+    def _gemm_law(self, op: _Op) -> Callable:
+        return lambda rows: self._gemm(rows, op.k, op.n)
+
+    def _elementwise_law(self, op: _Op) -> Callable:
+        return lambda tokens: self._laws.elementwise_time(op.name, op.bytes_per_token * tokens, self.hardware)
+
+    def _measured(self, key: tuple, x, law: Callable):
+        """The table's seconds for series `key` at x (`law`, the op's law, where the table extrapolates)."""
+        assert self.table is not None
+        return self.table.op_seconds(key, x, law)
+
     def _stage_time(self, f: StepFeatures) -> np.ndarray | float:
         """One rank's compute for the features `f` on the busiest pipeline stage (the whole model without PP)."""
-        tile = self.gemm_tile_rows
         tokens = f.prefill_tokens + f.decode_requests
-        gemm_rows = -(-tokens // tile) * tile  # integer ceil division, on ints and arrays alike
-        head_rows = -(-f.sampled // tile) * tile
-        layers = _max(self._layer_flops * gemm_rows / self._flop_rate, self._layer_read_s)
-        head = _max(self._head_flops * head_rows / self._flop_rate, self._head_read_s) * (f.sampled > 0)
-        elementwise = self._elementwise * tokens / self._byte_rate
-        compute = layers + head + self._attention.time(f) + elementwise
+        compute = self._ew_floor + self._ew_per_token * tokens
+        for op in self._gemms:
+            compute = compute + op.count * self._gemm(tokens, op.k, op.n)
+        for op, key in self._table_gemms:
+            compute = compute + op.count * self._measured(key, tokens, self._gemm_law(op))
+        for op, key in self._table_ew:
+            compute = compute + op.count * self._measured(key, tokens, self._elementwise_law(op))
+        m = self.model
+        head = self._gemm(f.sampled, m.hidden_size, m.vocab_size // self.shape.tp) * (f.sampled > 0)
+        compute = compute + head + self._attention.time(f)
         if self._experts is not None:
             compute = compute + self._experts.time(tokens)
         if self.shape.tp > 1:
@@ -209,12 +258,15 @@ class AnalyticCost:
     def _collectives(self, tokens) -> np.ndarray | float:
         """The stage's TP collectives: two all-reduces of the hidden states per layer; with EP an MoE layer's
         second one is an all-to-all dispatch of each token to its k experts' ranks and a combine back."""
-        tp, hw, eff = self.shape.tp, self.hardware, self.link_efficiency
+        tp, hw, laws = self.shape.tp, self.hardware, self._laws
         hidden = tokens * self._hidden_bytes
-        reduce = allreduce_time(hidden, tp, hw, eff)
+        reduce = laws.allreduce_time(hidden, tp, hw)
+        key = ("net", "all_reduce", tp, False)
+        if self.table is not None and key in self.table.series:
+            reduce = self._measured(key, hidden, lambda nbytes: laws.allreduce_time(nbytes, tp, hw))
         if not (self.shape.expert_parallel and self._experts is not None):
             return 2 * (self._stage_dense_layers + self._stage_moe_layers) * reduce
-        dispatch = all_to_all_time(hidden * self._experts.per_token, tp, hw, eff)
+        dispatch = laws.all_to_all_time(hidden * self._experts.per_token, tp, hw)
         return 2 * self._stage_dense_layers * reduce + self._stage_moe_layers * (reduce + 2 * dispatch)
 
     def transfer_time(self, swapped_blocks: int, copied_blocks: int, disk_blocks: int = 0) -> float:

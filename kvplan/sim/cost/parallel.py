@@ -10,13 +10,8 @@ collectives it pays for and what each rank's memory holds.
   ranks instead of each being sharded; the MoE layer's all-reduce becomes an all-to-all dispatch of each token's
   hidden state to its experts' ranks and a combine back.
 
-Collective times (bytes S, n ranks, link bandwidth B per GPU one direction, efficiency η, latency α):
-- ring all-reduce (NCCL on NVSwitch without SHARP, PCIe): 2(n−1)/n × S / (η B) + α (reduce-scatter then
-  all-gather, each moving (n−1)/n of the data through every GPU's link);
-- NVLink SHARP all-reduce (H100/H200 NVSwitch reduces in the switch, NCCL's NVLS): S / (η B) + α (each byte
-  goes up once and the result comes down once, both directions of the link at the same time);
-- all-to-all: (n−1)/n × S / (η B) + α; send/recv between stages: S / (η B) + α.
-The per-op times are compared with Vidur's A100 measurements in docs/parallel_validation.md.
+Collective times are the per-op laws of `sim.gpu.laws` (all-reduce per GPU count, ring or NVLink SHARP;
+all-to-all; send/recv), fitted on Vidur's DGX A100 profiles (docs/gpu_fidelity.md).
 """
 
 from __future__ import annotations
@@ -76,28 +71,6 @@ def check_shape(model: ModelSpec, hardware: HardwareSpec, shape: Shape) -> None:
         raise UserError(f"--pipeline-parallel-size: {shape.tp} x {shape.pp} GPUs exceed one {hardware.name} box "
                          f"({hardware.gpus_per_node} GPU) and it states no network between boxes; allowed: at most "
                          f"{hardware.gpus_per_node} GPU(s) per replica")
-
-
-def allreduce_time(nbytes, n: int, hardware: HardwareSpec, efficiency: float):
-    """Seconds for an all-reduce of `nbytes` (a number or an array) over n ranks of one node."""
-    if n == 1:
-        return 0.0 * nbytes
-    rate = hardware.link_bandwidth * efficiency
-    moved = nbytes if hardware.nvls else 2.0 * (n - 1) / n * nbytes
-    return moved / rate + hardware.link_latency_s
-
-
-def all_to_all_time(nbytes, n: int, hardware: HardwareSpec, efficiency: float):
-    """Seconds for an all-to-all in which each rank holds `nbytes` to scatter over n ranks."""
-    if n == 1:
-        return 0.0 * nbytes
-    return (n - 1) / n * nbytes / (hardware.link_bandwidth * efficiency) + hardware.link_latency_s
-
-
-def send_recv_time(nbytes, hardware: HardwareSpec, efficiency: float, across_nodes: bool):
-    """Seconds to send `nbytes` from one pipeline stage to the next (inside the node, or over the network)."""
-    rate = hardware.internode_bandwidth if across_nodes else hardware.link_bandwidth
-    return nbytes / (rate * efficiency) + hardware.p2p_latency_s
 
 
 def weight_bytes_per_rank(model: ModelSpec, shape: Shape) -> float:

@@ -3,9 +3,10 @@
 Device figures are vendor datasheet values: dense (no sparsity) BF16/FP16 tensor throughput, HBM/GDDR bandwidth,
 device memory, and the host link (PCIe or NVLink-C2C) bandwidth one direction, used for swap transfers.
 
-Node figures (what tensor and pipeline parallelism cost, `sim.cost.parallel`): GPUs per node, the GPU-to-GPU link
-bandwidth per GPU one direction, its per-collective latency, whether the switch reduces in the network (NVLink
-SHARP, "NVLS"), and the per-GPU network bandwidth between nodes. Sources:
+Node figures (what tensor and pipeline parallelism cost, `sim.gpu.laws`): GPUs per node, the GPU-to-GPU link
+bandwidth per GPU one direction, whether the switch reduces in the network (NVLink SHARP, "NVLS"), and the per-GPU
+network bandwidth between nodes. Latencies and achieved fractions of these bandwidths are not datasheet figures:
+they are the laws' fitted constants (docs/gpu_fidelity.md). Sources:
 - A100 SXM (HGX/DGX A100, 8 GPUs on NVSwitch): NVLink 3, 12 links x 25 GB/s = 300 GB/s per direction (NVIDIA A100
   datasheet: 600 GB/s bidirectional); one 200 Gb/s HDR InfiniBand adapter per GPU (DGX A100 user guide): 25 GB/s.
 - H100 SXM / H200 (HGX H100/H200, 8 GPUs on third-generation NVSwitch with SHARP): NVLink 4, 18 links = 450 GB/s
@@ -20,10 +21,6 @@ SHARP, "NVLS"), and the per-GPU network bandwidth between nodes. Sources:
   148 SMs, 180 GB HBM3e at 8 TB/s, 2.25 PFLOP/s BF16 dense, NVLink 5 at 900 GB/s per direction with NVLS).
 SM counts (GEMM wave quantization) are from the architecture whitepapers (A100 108, H100/H200 SXM 132, A40 84,
 L4 58, L40S 142, A10G 80, RTX 4090 128).
-Latencies, NVLink: 50 µs per all-reduce and 8 µs per send/recv, fitted (with the link efficiencies of
-`AnalyticCost`) to Vidur's A100 DGX profiles (docs/parallel_validation.md: 2048-byte to 66 MB messages); PCIe:
-80 µs and 15 µs, hand-set (messages cross the host's PCIe switch and root complex; no published per-collective
-figure for these boxes).
 """
 
 from __future__ import annotations
@@ -33,8 +30,6 @@ from dataclasses import dataclass
 from kvplan.errors import UserError
 
 GIB = 1024**3
-NVLINK_LATENCY_S, NVLINK_P2P_LATENCY_S = 50e-6, 8e-6
-PCIE_LATENCY_S, PCIE_P2P_LATENCY_S = 80e-6, 15e-6
 
 
 @dataclass(slots=True, frozen=True)
@@ -47,8 +42,6 @@ class HardwareSpec:
     gpus_per_node: int = 1
     interconnect: str = "none"  # the GPU-to-GPU link inside a node
     link_bandwidth: float = 0.0  # bytes/s per GPU, one direction, inside a node
-    link_latency_s: float = 0.0  # per all-reduce / all-to-all (launch, synchronisation, small-message protocol)
-    p2p_latency_s: float = 0.0  # per send/recv between two GPUs
     nvls: bool = False  # the switch reduces in the network (NVLink SHARP): an all-reduce moves each byte once
     internode_bandwidth: float = 0.0  # bytes/s per GPU between nodes (pipeline stages on different nodes)
     # bytes/s a local NVMe reads (a PCIe 4.0 x4 data-centre drive, ~6.5 GB/s sequential): the disk prefix tier
@@ -57,13 +50,11 @@ class HardwareSpec:
 
 
 def _nvlink(name, flops, hbm, memory, host, link, nvls, internode, sms) -> HardwareSpec:
-    return HardwareSpec(name, flops, hbm, memory, host, 8, "nvlink", link, NVLINK_LATENCY_S, NVLINK_P2P_LATENCY_S,
-                        nvls, internode, sm_count=sms)
+    return HardwareSpec(name, flops, hbm, memory, host, 8, "nvlink", link, nvls, internode, sm_count=sms)
 
 
 def _pcie(name, flops, hbm, memory, host, internode, sms, link=32e9, kind="pcie4") -> HardwareSpec:
-    return HardwareSpec(name, flops, hbm, memory, host, 8, kind, link, PCIE_LATENCY_S, PCIE_P2P_LATENCY_S, False,
-                        internode, sm_count=sms)
+    return HardwareSpec(name, flops, hbm, memory, host, 8, kind, link, False, internode, sm_count=sms)
 
 
 HARDWARE: dict[str, HardwareSpec] = {spec.name: spec for spec in (
