@@ -22,10 +22,12 @@ from pathlib import Path
 
 from kvplan.errors import UserError
 from kvplan.experiments.execute import execute_run, read_run
+from kvplan.experiments.model_range import edge_scales, point_errors
 from kvplan.experiments.points import run_key
 from kvplan.experiments.schema import Experiment
 from kvplan.experiments.search import PointTask, make_tasks, slo_verdict
 from kvplan.output import check_replaceable, publish, write_manifest
+from kvplan.sim.gpu.model_error import ModelError
 
 
 class Finished:
@@ -131,6 +133,7 @@ class Outcome:
     runs: dict[str, dict]  # run key -> {config, doc (summary.json), met, broken (SLO lines), points (task indices)}
     made: int = 0  # runs simulated now
     reused: int = 0  # finished runs found in the staging directory (--resume)
+    model_errors: dict[int, ModelError] = field(default_factory=dict)  # point index -> its cost model's error
 
 
 def prepare_staging(out: Path, resume: bool) -> Path:
@@ -145,9 +148,11 @@ def prepare_staging(out: Path, resume: bool) -> Path:
     return staging
 
 
-def run_points(exp: Experiment, staging: Path, backend, progress: Progress) -> Outcome:
-    """Drive every task to its end: submit a round, feed back verdicts, reuse finished runs."""
-    tasks = make_tasks(exp)
+def run_points(exp: Experiment, staging: Path, backend, progress: Progress,
+               scales: dict[int, tuple[float, float]] | None = None) -> Outcome:
+    """Drive every task to its end: submit a round, feed back verdicts, reuse finished runs. `scales`: the
+    model-error band's step-time factors per point, searched at too (`search.make_tasks`)."""
+    tasks = make_tasks(exp, scales)
     runs: dict[str, dict] = {}
     waiting: dict[int, dict[str, dict | None]] = {}  # task index -> its round's run keys -> doc (None: pending)
     inflight: dict[object, str] = {}  # backend handle -> run key
@@ -214,14 +219,17 @@ def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str
                    ray_address: str | None = None, resume: bool = False, progress: bool = True,
                    write: Callable[[Experiment, Outcome, Path], None] | None = None) -> Outcome:
     """Run every point into OUT.partial, write the aggregate result there, then swap it in as OUT."""
+    errors = point_errors(exp)  # read before any run: a malformed profile or data file fails fast
+    scales = edge_scales(errors)
     staging = prepare_staging(out, resume)
     pool = LocalBackend(workers) if backend == "local" else RayBackend(ray_address, workers)
     try:
-        tasks = len(make_tasks(exp))
-        noun = "searches" if exp.search and exp.search["combine"] == "median" else "points"
-        outcome = run_points(exp, staging, pool, Progress(tasks, noun, enabled=progress))
+        tasks = len(make_tasks(exp, scales))
+        noun = "searches" if exp.search and (exp.search["combine"] == "median" or scales) else "points"
+        outcome = run_points(exp, staging, pool, Progress(tasks, noun, enabled=progress), scales)
     finally:
         pool.close()
+    outcome.model_errors = errors
     if progress and sys.stderr.isatty():
         print(file=sys.stderr)
     for stale in (staging / "runs").iterdir():  # runs of an earlier version of the experiment, temp dirs
