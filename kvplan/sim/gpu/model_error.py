@@ -201,7 +201,8 @@ def load_model_errors(path: Path, *, user_supplied: bool = False) -> dict[str, M
     if not isinstance(doc, dict) or set(doc) != {"generated_by", "sources"} or not isinstance(doc["sources"], dict):
         raise fail(f"{path}: allowed: an object with exactly generated_by and sources (a mapping)")
     if "analytic" not in doc["sources"]:
-        raise fail(f"{path}: sources: no \"analytic\" entry (the source of every GPU without a table)")
+        raise fail(f"{path}: sources: no \"analytic\" entry; allowed: sources with an \"analytic\" entry (the "
+                   "source of every GPU without a table of its own)")
     out = {}
     for name, source in doc["sources"].items():
         at = f"{path}: sources.{name}"

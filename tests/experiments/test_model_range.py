@@ -1,0 +1,110 @@
+"""The model range of a capacity answer: the edge searches start where the answer should move and bracket it,
+and end to end a wider step-time band gives a wider range (each computed, then compared), carried by every
+output of `kvplan run`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvplan.cli import main
+from kvplan.experiments.search import make_tasks
+from kvplan.sim.gpu import model_error as me
+from tests.experiments.test_runner import TINY_WORKLOAD, drive_one, experiment, write_yaml
+
+FIXTURE = Path(__file__).resolve().parents[1] / "sim" / "data" / "model_error.json"
+
+
+@pytest.mark.parametrize(("target", "low", "high", "central", "factor", "edge"),
+                         [("max_rate", 0.25, 16, 3.7, 1.25, 2.9), ("max_rate", 0.25, 16, 3.7, 0.8, 4.7),
+                          ("min_replicas", 1, 16, 6, 1.5, 9), ("max_concurrency", 1, 64, 20, 0.8, 25)])
+def test_an_edge_search_starts_where_the_answer_moves(target, low, high, central, factor, edge):
+    exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": target, "low": low, "high": high,
+                                                     "tolerance": 0.05}, seeds=[0, 1])
+    tasks = make_tasks(exp, {0: (factor, factor)})
+    leader, guided, first_edge = tasks[0], tasks[1], tasks[2]
+    assert len(tasks) == 4 and not guided.edge and first_edge.edge and first_edge.leader is leader
+    upward = target != "min_replicas"
+
+    def meets(threshold):
+        return (lambda v: v <= threshold) if upward else (lambda v: v >= threshold)
+
+    drive_one(leader, meets(central))
+    probed = drive_one(first_edge, meets(edge))
+    moved = leader.lo / factor if upward else leader.hi * factor
+    assert probed[0] == pytest.approx(round(moved) if isinstance(low, int) else moved)
+    assert first_edge.answer == pytest.approx(edge, rel=0.05) if upward else first_edge.answer == edge
+    assert len(probed) <= 4  # a guess near the answer: one step out, then done (the full search takes ~8)
+
+
+def test_no_edges_without_a_band_or_for_a_burst_replay():
+    exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "max_rate", "low": 0.25, "high": 16})
+    assert len(make_tasks(exp, {})) == len(make_tasks(exp)) == len(exp.seeds)
+    assert not any(t.edge for t in make_tasks(exp, {1: (0.9, 1.1)}))  # another point's band
+    burst = experiment(slo={"p99_ttft_ms": 1}, workload={**TINY_WORKLOAD, "mode": "burst"},
+                       search={"target": "max_burst_scale", "low": 0.25, "high": 16})
+    assert not any(t.edge for t in make_tasks(burst, {0: (0.9, 1.1)}))
+
+
+def band_file(tmp_path: Path, band: list[float]) -> Path:
+    doc = json.loads(FIXTURE.read_text())
+    doc["sources"]["a100-40gb"]["step_band_pct"] = band  # the experiment's GPU: a measured table there
+    path = tmp_path / f"band{band[0]:g}_{band[1]:g}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def run_with_band(tmp_path: Path, monkeypatch, band: list[float]) -> tuple[pd.Series, pd.DataFrame, Path]:
+    """The experiment with its GPU's band set to `band`; a second call resumes from the first's runs
+    (the central search's are the same configurations: only the edge searches run again)."""
+    monkeypatch.setattr(me, "MODEL_ERROR_FILE", band_file(tmp_path, band))
+    doc = {"name": "band", "model": "llama-3-8b", "hardware": "a100-40gb", "workload": TINY_WORKLOAD,
+           "probe": {"duration_s": 60, "min_requests": 100}, "seeds": [0],
+           "search": {"target": "max_rate", "low": 1, "high": 64, "tolerance": 0.05},
+           "slo": {"p99_ttft_ms": 500, "p90_tpot_ms": 25}, "outputs": {"plots": False}}
+    out = tmp_path / "out"
+    resume = ["--resume"] if out.exists() else []
+    assert main(["run", str(write_yaml(tmp_path / "band.yaml", doc)), "--out", str(out), "--quiet", *resume]) == 0
+    return pd.read_parquet(out / "points.parquet").iloc[0], pd.read_parquet(out / "runs.parquet"), out
+
+
+def edge_answer(runs: pd.DataFrame, factor: float) -> float:
+    """An edge search's answer from its runs alone: its highest probe that met, every probe above it failed."""
+    mine = runs[np.isclose(runs["step_scale"], factor, rtol=1e-12)]
+    assert len(mine)
+    best = mine.loc[mine["slo_met"], "probe"].max()
+    assert not mine.loc[mine["probe"] > best, "slo_met"].any()
+    return float(best)
+
+
+@pytest.mark.slow
+def test_a_wider_band_gives_a_wider_capacity_range(tmp_path, monkeypatch, capsys):
+    narrow, narrow_runs, _ = run_with_band(tmp_path, monkeypatch, [-5.0, 5.0])
+    wide, wide_runs, out = run_with_band(tmp_path, monkeypatch, [-25.0, 30.0])
+    printed = capsys.readouterr().out
+    assert narrow["answer"] == wide["answer"]  # the same central search (its runs are the same configurations)
+    for point, runs, (fast, slow) in ((narrow, narrow_runs, (0.95, 1.05)), (wide, wide_runs, (0.75, 1.3))):
+        assert point["capacity_model_lo"] <= point["answer"] <= point["capacity_model_hi"]
+        # one seed: the range is the edge searches' own answers
+        assert point["capacity_model_lo"] == pytest.approx(min(edge_answer(runs, slow), point["answer"]))
+        assert point["capacity_model_hi"] == pytest.approx(max(edge_answer(runs, fast), point["answer"]))
+        assert sorted(set(runs["step_scale"])) == pytest.approx([fast, 1.0, slow])
+    assert wide["capacity_model_lo"] < narrow["capacity_model_lo"]
+    assert wide["capacity_model_hi"] > narrow["capacity_model_hi"]
+    assert (wide["model_error_source"], wide["model_error_band_lo_pct"]) == (me.MEASURED, -25.0)
+    assert (wide_runs["capacity_model_hi"] == wide["capacity_model_hi"]).all()
+    shown = f"model range {wide['capacity_model_lo']:.4g}-{wide['capacity_model_hi']:.4g}"
+    assert shown in printed and shown in (out / "summary.md").read_text()  # the terminal answer
+    summary = (out / "summary.md").read_text()
+    assert "## Model error" in summary and "measured table" in summary and "| gemm | 40 |" in summary
+    report = (out / "report.html").read_text()
+    assert "<h2>Model error</h2>" in report and shown in report
+    block = json.loads((out / "result.json").read_text())["model_error"][0]
+    assert block["step_band_pct"] == [-25.0, 30.0] and block["hardware"] == "a100-40gb"
+    assert block["capacity"]["model_lo"] == pytest.approx(wide["capacity_model_lo"])
+    assert not math.isnan(block["capacity"]["model_hi"])
