@@ -63,15 +63,26 @@ def capacity_range(exp: Experiment, tasks: list[PointTask], answer: float | None
     return float(low), float(high)
 
 
-def range_clause(exp: Experiment, row: pd.Series) -> str:
-    """The answer's model range for a capacity sentence: `model range 16.8-21.1`, or why there is none."""
-    if row.get("model_error_source") == UNKNOWN:
+def missing_range(exp: Experiment, tasks: list[PointTask], error: ModelError | None) -> str:
+    """Why a point's answer has no model range ("" when its edge searches ran)."""
+    if any(t.edge for t in tasks):
+        return ""
+    if error is None or error.band_pct is None:
         return "model error unknown"
+    if tasks[0].point.config["workload"]["mode"] == "burst":
+        return "model range not computed for a burst replay"
+    if exp.search["model_range"] == "none":
+        return "model range not searched (search.model_range: none)"
+    return "model range searched for the recommended point only (search.model_range: every_point for all)"
+
+
+def range_clause(row: pd.Series) -> str:
+    """The answer's model range for a capacity sentence, `model range 16.8-21.1`, or why there is none."""
+    if row.get("model_range_note"):
+        return row["model_range_note"]
     low, high = row.get("capacity_model_lo", math.nan), row.get("capacity_model_hi", math.nan)
-    if not (math.isfinite(low) or math.isfinite(high)):
-        if exp.base["workload"]["mode"] == "burst":
-            return "model range not computed for a burst replay"
-        return "no model range: no answer to move" if math.isfinite(row["answer"]) else ""
+    if not (math.isfinite(low) or math.isfinite(high)):  # its first seed, the edges' guide, found no answer
+        return "no model range: the first seed found no answer to move" if math.isfinite(row["answer"]) else ""
     shown = [f"{v:.4g}" if math.isfinite(v) else "outside the range searched" for v in (low, high)]
     return f"model range {shown[0]}-{shown[1]}"
 

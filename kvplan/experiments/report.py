@@ -69,9 +69,10 @@ def figures(exp: Experiment, outcome: Outcome, runs: pd.DataFrame, points: pd.Da
         out["prefix_hit_rate"] = plots.per_point(points, swept, "prefix_cache_hit_rate", "Prefix-cache hit rate",
                                                  "hit rate")
     shown = rec.point if rec.point is not None else 0
-    run = answer_runs(outcome.tasks[shown], runs).iloc[0]["run"]
+    task = next(t for t in outcome.tasks if t.point.index == shown and not t.edge)  # the point's first search
+    run = answer_runs(task, runs).iloc[0]["run"]
     series = pd.read_parquet(staging / "runs" / run / "series.parquet")
-    out["kv_over_time"] = plots.kv_over_time(series, f"{outcome.tasks[shown].point.label} (run {run})")
+    out["kv_over_time"] = plots.kv_over_time(series, f"{task.point.label} (run {run})")
     return {name: png for name, png in out.items() if png is not None}
 
 

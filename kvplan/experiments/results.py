@@ -124,6 +124,7 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
             row["answer_low"] = float(min(found)) if len(found) == len(answers) else math.nan
             row["answer_high"] = float(max(found)) if found else math.nan
             row["capacity_model_lo"], row["capacity_model_hi"] = model_range.capacity_range(exp, every, median)
+            row["model_range_note"] = model_range.missing_range(exp, every, outcome.model_errors.get(point))
             row["answers"] = ", ".join("n/a" if a is None else f"{a:.4g}" for a in answers)
             outcomes = sorted({t.outcome for t in tasks if t.outcome})
             row["search_outcome"] = "; ".join(outcomes) if outcomes else "found"
@@ -190,7 +191,7 @@ def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
     """A point's search answer in the user's units: the median over seeds, its range, req/s and tok/s."""
     target, value = exp.search["target"], row["answer"]
     served = f"{row['capacity_rps']:.4g} req/s, {row['capacity_tok_s']:,.0f} tok/s"
-    spread = "; ".join(part for part in (model_range.range_clause(exp, row), interval_text(exp, row)) if part)
+    spread = "; ".join(part for part in (model_range.range_clause(row), interval_text(exp, row)) if part)
     if target == "max_rate":
         return f"the highest sustained rate that is stable and meets the SLOs: {value:.4g} req/s ({spread}; " \
                f"served {served})"

@@ -18,12 +18,14 @@ doubling each time, clamped to [low, high] - until their own answer is bracketed
 tolerance. Each seed still finds its own answer; it only needs fewer probes to do so.
 
 The model range (`sim.gpu.model_error`): when the source that priced a point's GPU states a step-time band, two
-more searches per point re-find its answer with every step's compute time scaled to the band's edges
-(`sim.cost.scaled`). They are kept cheap: one seed (the first seed's search's seeds: one with `combine:
-median`, all with `combine: all`), guided by that search's bracket moved to where the scaled answer is expected
-(a rate or user count divided by the factor, replicas multiplied by it), stepping out by that bracket's ratio and
-bisecting to the same tolerance - two probes when the guess holds. Their runs carry `step_scale` in their
-configuration; `results` turns their answers into the point's range.
+more searches re-find the point's answer with every step's compute time scaled to the band's edges
+(`sim.cost.scaled`) - for the recommended point once every point's answer is known (`search.model_range:
+recommended`, the default), for every point as its first search ends (`every_point`), or never (`none`); a burst
+replay has none (`sim.run.simulate` prices steps as the model does). They are kept cheap: one seed (the first
+seed's search's seeds: one with `combine: median`, all with `combine: all`), guided by that search's bracket
+moved to where the scaled answer is expected (a rate or user count divided by the factor, replicas multiplied by
+it), stepping out by that bracket's ratio and bisecting to the same tolerance - two probes when the guess holds.
+Their runs carry `step_scale` in their configuration; `results` turns their answers into the point's range.
 
 Both assume the SLOs hold below some load (above some replica count) and fail beyond it - true of a queueing
 system whose latency grows with load; a search whose `low` already fails (or `high` still meets) is reported as
@@ -209,19 +211,26 @@ class PointTask:
 
 def make_tasks(exp: Experiment, scales: dict[int, tuple[float, float]] | None = None) -> list[PointTask]:
     """One task per point and seed for a median-combined search (the first seed's leads the others), else one
-    per point over every seed; then, for a steady-state search, one per edge of the point's model-error band
-    (`scales`: point index -> the step-time factors at the edges; none for a point without a band), led by the
-    point's first search. (A burst run is `sim.run.simulate`, which prices steps as the model does: no edges.)"""
+    per point over every seed; then the edge searches of `scales`' points (`edge_tasks`)."""
     if exp.search is None:
         return [PointTask(exp, point, list(exp.seeds)) for point in expand(exp)]
     tasks = []
     for point in expand(exp):
         if exp.search["combine"] == "all":
-            leader = PointTask(exp, point, list(exp.seeds))
-            tasks.append(leader)
+            tasks.append(PointTask(exp, point, list(exp.seeds)))
         else:
             leader = PointTask(exp, point, [exp.seeds[0]])
             tasks += [leader, *(PointTask(exp, point, [seed], leader=leader) for seed in exp.seeds[1:])]
-        edges = (scales or {}).get(point.index) if point.config["workload"]["mode"] != "burst" else None
-        tasks += [PointTask(exp, point, list(leader.seeds), leader=leader, step_scale=f) for f in edges or ()]
-    return tasks
+    return tasks + edge_tasks(tasks, scales or {})
+
+
+def edge_tasks(tasks: list[PointTask], scales: dict[int, tuple[float, float]]) -> list[PointTask]:
+    """For each point of `scales` (point index -> the step-time factors at its band's edges) whose load is steady,
+    one search per edge, led by the point's first search in `tasks`."""
+    out = []
+    for index, factors in scales.items():
+        leader = next(t for t in tasks if t.point.index == index and not t.edge)
+        if leader.point.config["workload"]["mode"] != "burst":
+            out += [PointTask(leader.exp, leader.point, list(leader.seeds), leader=leader, step_scale=f)
+                    for f in factors]
+    return out

@@ -23,10 +23,10 @@ Errors are signed as (predicted - measured) / measured everywhere (a positive bi
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from kvplan.errors import UserError
 from kvplan.shipped import shipped_dir
 from kvplan.strict_json import short
 from kvplan.traces.specs import is_number
+
+if TYPE_CHECKING:
+    from kvplan.sim.spec import SimSpec
 
 # The shipped data file (tests point this at a fixture; `model_error_for(spec, path)` takes another).
 MODEL_ERROR_FILE = shipped_dir("sim/profiles") / "model_error.json"
@@ -244,7 +247,7 @@ def profile_error(path: str | Path, hardware: str) -> ModelError:
                       "from the median", [FamilyError("all", rows, median, p90, None)], band_from_median(median))
 
 
-def model_error_for(spec, path: Path | None = None) -> ModelError:  # spec: sim.spec.SimSpec
+def model_error_for(spec: SimSpec, path: Path | None = None) -> ModelError:
     """The model error of the cost model `build_cost(spec)` builds: the same choice of source, read from the
     spec (a profiled device means its shipped profile; `path`: another model_error.json than the shipped one)."""
     from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
@@ -266,10 +269,3 @@ def model_error_for(spec, path: Path | None = None) -> ModelError:  # spec: sim.
     analytic = sources["analytic"]  # said of the GPU it prices
     return ModelError(analytic.source, spec.hardware, analytic.basis, list(analytic.families), analytic.band_pct)
 
-
-def range_text(low: float, high: float, unit: str = "") -> str:
-    """`model range 16.8-21.1` (NaN edges: outside the searched range)."""
-    def edge(v: float) -> str:
-        return f"{v:.4g}" if math.isfinite(v) else "outside the range searched"
-
-    return f"model range {edge(low)}-{edge(high)}{unit}"
