@@ -12,6 +12,7 @@ leaves that end of the range open (NaN: "outside the range searched"). Its resol
 from __future__ import annotations
 
 import html
+import json
 import math
 
 import pandas as pd
@@ -73,7 +74,7 @@ def missing_range(exp: Experiment, tasks: list[PointTask], error: ModelError | N
         return "model range not computed for a burst replay"
     if exp.search["model_range"] == "none":
         return "model range not searched (search.model_range: none)"
-    return "model range searched for the recommended point only (search.model_range: every_point for all)"
+    return "model range searched for the recommended point only, or with search.model_range: every_point"
 
 
 def range_clause(row: pd.Series) -> str:
@@ -88,16 +89,23 @@ def range_clause(row: pd.Series) -> str:
 
 
 def sources(errors: dict[int, ModelError]) -> list[ModelError]:
-    """The distinct sources the points used (one per hardware), in point order."""
-    seen: dict[tuple[str, str], ModelError] = {}
+    """The distinct sources the points used, in point order; GPUs priced by the same figures (the analytic entry
+    for several GPUs) shown once, under all their names."""
+    groups: dict[str, list[ModelError]] = {}
     for error in errors.values():
-        seen.setdefault((error.hardware, error.source), error)
-    return list(seen.values())
+        same = {**error.to_json(), "hardware": None}
+        groups.setdefault(json.dumps(same, sort_keys=True), []).append(error)
+    out = []
+    for members in groups.values():
+        names = ", ".join(dict.fromkeys(e.hardware for e in members))
+        first = members[0]
+        out.append(ModelError(first.source, names, first.basis, first.families, first.band_pct))
+    return out
 
 
-METHOD = ("Each answer's model range re-runs its first seed's search with every step's compute time at the band's "
-          "edges (swaps and copies unchanged), started where the answer is expected to move and bisected to the "
-          "same tolerance; the point's answer moves by the same ratio (difference, for users or replicas).")
+METHOD = ("A model range re-runs the point's first seed's search with every step's compute time at the band's edges "
+          "(swaps and copies unchanged), started where the answer is expected to move and bisected to the same "
+          "tolerance; the point's answer moves by the same ratio (difference, for users or replicas).")
 
 
 def markdown(exp: Experiment, errors: dict[int, ModelError]) -> list[str]:

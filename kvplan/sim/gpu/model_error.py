@@ -15,8 +15,9 @@ bias; and the step band); `kvplan calibrate` stores a profile's held-out figures
 The band `step_band_pct = [lo, hi]` is in signed percent of the modelled step time: the real step time lies
 between modelled x (1 + lo/100) and x (1 + hi/100), lo <= 0 <= hi. For a calibrated profile it is the middle
 half of its held-out steps' corrections (measured / predicted - 1: the 25th to the 75th percentile, widened to
-hold 0); a profile written before that was stored states only its held-out median |error| m, which bounds the
-same middle half: a step predicted within m of its measurement needs a correction in [-m/(1+m), m/(1-m)].
+hold 0); a profile written before that was stored states only its held-out median |error| m, whose band holds
+the same share of the steps: the half predicted within m of their measurement, corrections in [-m/(1+m),
+m/(1-m)] (signs unknown: centred where the middle half would be only if the errors were symmetric).
 Errors are signed as (predicted - measured) / measured everywhere (a positive bias: the model is too slow).
 """
 
@@ -137,7 +138,7 @@ def step_band_pct(errors: np.ndarray) -> list[float]:
 
 
 def band_from_median(median_abs_pct: float) -> tuple[float, float] | None:
-    """The band an older profile's held-out median |error| bounds (the module docstring); None at 100% or more."""
+    """The band of an older profile, from its held-out median |error| (the module docstring); None at 100% or more."""
     m = median_abs_pct / 100.0
     if m >= 1.0:
         return None
