@@ -107,3 +107,38 @@ def test_a_wider_band_gives_a_wider_capacity_range(tmp_path, monkeypatch, capsys
     assert block["step_band_pct"] == [-25.0, 30.0] and block["hardware"] == "a100-40gb"
     assert block["capacity"]["model_lo"] == pytest.approx(wide["capacity_model_lo"])
     assert not math.isnan(block["capacity"]["model_hi"])
+
+
+def test_a_point_without_a_range_says_why():
+    from kvplan.experiments.model_range import missing_range, range_clause
+
+    band = me.ModelError(me.ANALYTIC, "h100-sxm", "fixture", [], (-10.0, 10.0))
+    exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "max_rate", "low": 0.25, "high": 16})
+    tasks = make_tasks(exp)
+    assert "recommended point only" in missing_range(exp, tasks, band)
+    assert missing_range(exp, tasks, me.ModelError(me.UNKNOWN, "h100-sxm", "no file")) == "model error unknown"
+    assert missing_range(exp, make_tasks(exp, {0: (0.9, 1.1)}), band) == ""
+    burst = experiment(slo={"p99_ttft_ms": 1}, workload={**TINY_WORKLOAD, "mode": "burst"},
+                       search={"target": "max_burst_scale", "low": 0.25, "high": 16})
+    assert "burst replay" in missing_range(burst, make_tasks(burst), band)
+    row = pd.Series({"answer": 5.0, "capacity_model_lo": math.nan, "capacity_model_hi": 6.5, "model_range_note": ""})
+    assert range_clause(row) == "model range outside the range searched-6.5"
+
+
+@pytest.mark.slow
+def test_every_point_gets_its_range_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setattr(me, "MODEL_ERROR_FILE", FIXTURE)
+    doc = {"name": "every", "model": "llama-3-8b", "hardware": "a100-40gb", "workload": TINY_WORKLOAD,
+           "probe": {"duration_s": 60, "min_requests": 100}, "seeds": [0],
+           "sweep": {"grid": {"hardware": ["a100-40gb", "h100-sxm"]}},
+           "search": {"target": "max_rate", "low": 1, "high": 64, "tolerance": 0.1, "model_range": "every_point"},
+           "slo": {"p99_ttft_ms": 500, "p90_tpot_ms": 25}, "outputs": {"plots": False, "report": False}}
+    out = tmp_path / "out"
+    assert main(["run", str(write_yaml(tmp_path / "every.yaml", doc)), "--out", str(out), "--quiet", "--json"]) == 0
+    points = pd.read_parquet(out / "points.parquet")
+    assert (points["capacity_model_lo"] <= points["answer"]).all()
+    assert (points["answer"] <= points["capacity_model_hi"]).all()
+    assert points["model_error_source"].tolist() == [me.MEASURED, me.ANALYTIC]  # the fixture's two sources
+    runs = pd.read_parquet(out / "runs.parquet")
+    scales = {p: sorted(set(g["step_scale"])) for p, g in runs.groupby("point")}
+    assert scales[0] == pytest.approx([0.96, 1.0, 1.06]) and scales[1] == pytest.approx([0.88, 1.0, 1.15])
