@@ -88,8 +88,9 @@ def calibrate_steps(steps: list[ProfiledStep], block_size: int, seed: int = 0) -
 def fit_quality(fit: Fit, predicted: np.ndarray, measured: np.ndarray, holdout: np.ndarray,
                 kinds: list[str]) -> dict:
     """The profile's `fit` numbers: steps, R² on the fitted and the held-out steps, held-out |error| % and bias
-    %, and the model error `--cost calibrated` states (`sim.gpu.model_error`): per step kind of the held-out
-    steps (and all of them) rows, median and p90 |error|, bias, and the step band of their corrections."""
+    % (the mean signed error), and the model error `--cost calibrated` states (`sim.gpu.model_error`): per step
+    kind of the held-out steps (and all of them) rows, median and p90 |error|, bias, and the step band (their
+    signed error's 10th-90th percentile)."""
     errors = fit.relative_errors  # (predicted - measured) / measured on the held-out steps
     held = np.abs(errors) * 100
     held_kinds = np.asarray(kinds)[holdout]
@@ -99,7 +100,7 @@ def fit_quality(fit: Fit, predicted: np.ndarray, measured: np.ndarray, holdout: 
             "heldout_r2": round(r_squared(predicted[holdout], measured[holdout]), 5),
             "heldout_median_abs_error_pct": round(float(np.median(held)), 3),
             "heldout_p90_abs_error_pct": round(float(np.percentile(held, 90)), 3),
-            "heldout_bias_pct": round(float(np.median(errors)) * 100, 3),
+            "heldout_bias_pct": round(float(np.mean(errors)) * 100, 3),
             "heldout_families": [*families, family_error("all", errors)],
             "step_band_pct": step_band_pct(errors)}
 

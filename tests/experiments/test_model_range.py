@@ -52,7 +52,7 @@ def test_no_edges_without_a_band_or_for_a_burst_replay():
 
 def band_file(tmp_path: Path, band: list[float]) -> Path:
     doc = json.loads(FIXTURE.read_text())
-    doc["sources"]["a100-40gb"]["step_band_pct"] = band  # the experiment's GPU: a measured table there
+    doc["sources"]["analytic"]["step_band_pct"] = band  # the source of the experiment's GPU (no table given)
     path = tmp_path / f"band{band[0]:g}_{band[1]:g}.json"
     path.write_text(json.dumps(doc))
     return path
@@ -87,7 +87,8 @@ def test_a_wider_band_gives_a_wider_capacity_range(tmp_path, monkeypatch, capsys
     wide, wide_runs, out = run_with_band(tmp_path, monkeypatch, [-25.0, 30.0])
     printed = capsys.readouterr().out
     assert narrow["answer"] == wide["answer"]  # the same central search (its runs are the same configurations)
-    for point, runs, (fast, slow) in ((narrow, narrow_runs, (0.95, 1.05)), (wide, wide_runs, (0.75, 1.3))):
+    for point, runs, band in ((narrow, narrow_runs, (-5.0, 5.0)), (wide, wide_runs, (-25.0, 30.0))):
+        fast, slow = 1 / (1 + band[1] / 100), 1 / (1 + band[0] / 100)  # a real step: modelled / (1 + error)
         assert point["capacity_model_lo"] <= point["answer"] <= point["capacity_model_hi"]
         # one seed: the range is the edge searches' own answers
         assert point["capacity_model_lo"] == pytest.approx(min(edge_answer(runs, slow), point["answer"]))
@@ -95,12 +96,12 @@ def test_a_wider_band_gives_a_wider_capacity_range(tmp_path, monkeypatch, capsys
         assert sorted(set(runs["step_scale"])) == pytest.approx([fast, 1.0, slow])
     assert wide["capacity_model_lo"] < narrow["capacity_model_lo"]
     assert wide["capacity_model_hi"] > narrow["capacity_model_hi"]
-    assert (wide["model_error_source"], wide["model_error_band_lo_pct"]) == (me.MEASURED, -25.0)
+    assert (wide["model_error_source"], wide["model_error_band_lo_pct"]) == (me.ANALYTIC, -25.0)
     assert (wide_runs["capacity_model_hi"] == wide["capacity_model_hi"]).all()
     shown = f"model range {wide['capacity_model_lo']:.4g}-{wide['capacity_model_hi']:.4g}"
     assert shown in printed and shown in (out / "summary.md").read_text()  # the terminal answer
     summary = (out / "summary.md").read_text()
-    assert "## Model error" in summary and "measured table" in summary and "| gemm | 40 |" in summary
+    assert "## Model error" in summary and "analytic, transferred" in summary and "| gemm | 80 |" in summary
     report = (out / "report.html").read_text()
     assert "<h2>Model error</h2>" in report and shown in report
     block = json.loads((out / "result.json").read_text())["model_error"][0]
@@ -138,7 +139,7 @@ def test_every_point_gets_its_range_when_asked(tmp_path, monkeypatch):
     points = pd.read_parquet(out / "points.parquet")
     assert (points["capacity_model_lo"] <= points["answer"]).all()
     assert (points["answer"] <= points["capacity_model_hi"]).all()
-    assert points["model_error_source"].tolist() == [me.MEASURED, me.ANALYTIC]  # the fixture's two sources
+    assert points["model_error_source"].tolist() == [me.ANALYTIC] * 2
     runs = pd.read_parquet(out / "runs.parquet")
     scales = {p: sorted(set(g["step_scale"])) for p, g in runs.groupby("point")}
-    assert scales[0] == pytest.approx([0.96, 1.0, 1.06]) and scales[1] == pytest.approx([0.88, 1.0, 1.15])
+    assert scales[0] == scales[1] == pytest.approx([1 / 1.15, 1.0, 1 / 0.88])  # the band [-12, 15]: steps / (1 + e)

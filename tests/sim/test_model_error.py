@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,23 +26,33 @@ from kvplan.sim.specs.profiles import shipped_profile
 FIXTURE = Path(__file__).parent / "data" / "model_error.json"
 
 
+def with_table(hardware: str) -> SimpleNamespace:
+    """A spec whose GPU is priced by a measured per-op profile (sim.gpu.table's SimSpec `gpu_profile`)."""
+    return SimpleNamespace(model="llama-3-8b", hardware=hardware, cost="analytic", profile=None,
+                           gpu_profile="profiles/a100")
+
+
 def test_a_gpu_with_a_table_uses_it_and_any_other_the_analytic_entry():
-    table = me.model_error_for(SimSpec(hardware="a100-40gb"), FIXTURE)
+    table = me.model_error_for(with_table("a100-40gb"), FIXTURE)
     assert (table.source, table.hardware, table.band_pct) == (me.MEASURED, "a100-40gb", (-4.0, 6.0))
     assert [f.family for f in table.families] == ["gemm", "allreduce"] and table.families[1].bias_pct is None
+    unlisted = me.model_error_for(with_table("l4"), FIXTURE)  # a table the file states no error for
+    assert (unlisted.source, unlisted.band_pct, unlisted.scales) == (me.MEASURED, None, None)
     other = me.model_error_for(SimSpec(hardware="h100-sxm"), FIXTURE)
     assert (other.source, other.hardware, other.band_pct) == (me.ANALYTIC, "h100-sxm", (-12.0, 15.0))
-    assert other.scales == (0.88, 1.15)
+    assert me.model_error_for(SimSpec(hardware="a100-40gb"), FIXTURE).source == me.ANALYTIC  # no table given
+    # a real step is the modelled one / (1 + error): a model 15% too slow means steps x 1/1.15
+    assert other.scales == pytest.approx((1 / 1.15, 1 / 0.88))
     block = json.loads(json.dumps(other.to_json(), allow_nan=False))  # strict JSON
     assert block["families"][1] == {"family": "elementwise", "rows": 60, "median_abs_err_pct": 12.0,
                                     "p90_abs_err_pct": 31.0, "bias_pct": -5.0}
     line = other.one_line()
-    assert "analytic, transferred" in line and "-12.0% to +15.0%" in line and "gemm 9%" in line
+    assert "analytic, transferred" in line and "-12.0% to +15.0% (p10 to p90)" in line and "gemm 9%" in line
 
 
 def test_the_shipped_file_is_the_default(monkeypatch):
     monkeypatch.setattr(me, "MODEL_ERROR_FILE", FIXTURE)
-    assert me.model_error_for(SimSpec(hardware="a100-40gb")).source == me.MEASURED
+    assert me.model_error_for(with_table("a100-40gb")).source == me.MEASURED
     monkeypatch.setattr(me, "MODEL_ERROR_FILE", FIXTURE.with_name("absent.json"))
     missing = me.model_error_for(SimSpec(hardware="a100-40gb"))
     assert missing.source == me.UNKNOWN and missing.band_pct is None and missing.scales is None
@@ -95,28 +106,26 @@ def test_non_finite_numbers_are_refused(tmp_path):
         me.load_model_errors(path, user_supplied=True)
 
 
-def test_the_band_is_the_middle_half_of_the_held_out_corrections():
-    errors = np.array([-0.5, -0.2, 0.0, 0.1, 0.25, 1.0, 0.05, -0.1])  # (predicted - measured) / measured
-    correction = 1 / (1 + errors) - 1  # measured / predicted - 1, by hand
-    lo, hi = me.step_band_pct(errors)
-    assert lo == pytest.approx(min(np.percentile(correction, 25) * 100, 0), abs=1e-3)
-    assert hi == pytest.approx(max(np.percentile(correction, 75) * 100, 0), abs=1e-3)
-    assert me.step_band_pct(np.full(9, 0.2))[1] == 0.0  # a model only ever too slow: the band still holds 0
+def test_the_band_is_the_10th_to_90th_percentile_of_the_held_out_errors():
+    errors = np.array([-0.5, -0.2, 0.0, 0.1, 0.25, 1.0, 0.05, -0.1, 0.3, -0.05, 0.15])  # predicted / measured - 1
+    ranked = np.sort(errors)  # 11 values: the 10th percentile is the 2nd, the 90th the 10th (linear method)
+    assert me.step_band_pct(errors) == pytest.approx([ranked[1] * 100, ranked[9] * 100], abs=1e-3)
+    assert me.step_band_pct(np.full(9, 0.2))[0] == 0.0  # a model only ever too slow: the band still holds 0
     row = me.family_error("decode", errors)
-    assert row["rows"] == 8 and row["bias_pct"] == pytest.approx(np.median(errors) * 100, abs=1e-3)
+    assert row["rows"] == 11 and row["bias_pct"] == pytest.approx(errors.mean() * 100, abs=1e-3)
     assert row["median_abs_err_pct"] == pytest.approx(np.median(np.abs(errors)) * 100, abs=1e-3)
 
 
-def test_an_older_profile_states_its_held_out_median_as_the_band():
-    """cpu-local's shipped profiles predate the stored band: half their held-out steps are within the median
-    |error| m, so the band is the corrections of +-m."""
+def test_an_older_profile_states_its_held_out_p90_as_the_band():
+    """cpu-local's shipped profiles predate the stored band: at most 10% of their held-out steps are off by more
+    than the p90 |error| y on either side, so [-y, y] holds the 10th-90th percentile."""
     path = shipped_profile("llama-100m", "cpu-local")
     fit = load_profile(path).meta["fit"]
     assert "step_band_pct" not in fit
     error = me.model_error_for(SimSpec(model="llama-100m", hardware="cpu-local"), FIXTURE)
-    m = fit["heldout_median_abs_error_pct"] / 100
+    y = fit["heldout_p90_abs_error_pct"]
     assert error.source == me.ENGINE_PROFILE and error.families[0].bias_pct is None
-    assert error.band_pct == pytest.approx((-m / (1 + m) * 100, m / (1 - m) * 100), abs=1e-3)
+    assert error.band_pct == (-y, y)
     assert "bias not recorded" in error.basis
 
 
@@ -141,7 +150,7 @@ def test_calibration_stores_the_held_out_error_a_profile_states(tmp_path):
     fit = cal.cost.meta["fit"]
     held = (cal.predicted[cal.holdout] - cal.measured[cal.holdout]) / cal.measured[cal.holdout]
     assert fit["step_band_pct"] == me.step_band_pct(held) and fit["step_band_pct"][0] < 0 < fit["step_band_pct"][1]
-    assert fit["heldout_bias_pct"] == pytest.approx(np.median(held) * 100, abs=1e-3)
+    assert fit["heldout_bias_pct"] == pytest.approx(np.mean(held) * 100, abs=1e-3)
     kinds = {row["family"]: row["rows"] for row in fit["heldout_families"]}
     assert kinds["all"] == fit["heldout_steps"] == sum(v for k, v in kinds.items() if k != "all")
     path = tmp_path / "p.yaml"

@@ -53,7 +53,7 @@ def test_every_answer_states_its_model_error(tmp_path, capsys, monkeypatch):
     assert [f["family"] for f in block["families"]] == ["gemm", "elementwise"]
     assert main(["simulate", "--trace", trace, "--hardware", "a100-40gb", "--block-size", "16", "32"]) == 0
     printed = capsys.readouterr().out
-    assert "model error (measured table, a100-40gb): step time -4.0% to +6.0%" in printed
+    assert "model error (analytic, transferred, a100-40gb): step time error -12.0% to +15.0%" in printed
 
 
 def test_parquet_tables_per_block_size(tmp_path, capsys):

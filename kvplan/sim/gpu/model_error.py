@@ -2,8 +2,9 @@
 
 Which source priced the step follows from the SimSpec, as `sim.run.build_cost` chooses it:
 
-    measured table              a GPU with per-op profiles of its own (an entry of sim/profiles/model_error.json)
-    analytic, transferred       any other GPU: the analytic laws fitted on the profiled GPUs (the file's "analytic")
+    measured table              a GPU priced by its own per-op profile (SimSpec `gpu_profile`): the file's entry
+                                for that hardware (sim/profiles/model_error.json), unknown for one it lacks
+    analytic, transferred       every other GPU: the analytic laws fitted on the profiled GPUs ("analytic")
     calibrated engine profile   --cost calibrated, or cpu-local's shipped profile: the profile's held-out steps
     calibrated endpoint         a profile fitted from an endpoint replay (`kvplan calibrate --from-replay`)
     recorded steps              --cost recorded: every step is the live run's measured duration (no model)
@@ -12,13 +13,14 @@ Which source priced the step follows from the SimSpec, as `sim.run.build_cost` c
 `scripts/gpu_fidelity.py` writes sim/profiles/model_error.json (per op family: rows, median and p90 |error|,
 bias; and the step band); `kvplan calibrate` stores a profile's held-out figures under its `fit` key.
 
-The band `step_band_pct = [lo, hi]` is in signed percent of the modelled step time: the real step time lies
-between modelled x (1 + lo/100) and x (1 + hi/100), lo <= 0 <= hi. For a calibrated profile it is the middle
-half of its held-out steps' corrections (measured / predicted - 1: the 25th to the 75th percentile, widened to
-hold 0); a profile written before that was stored states only its held-out median |error| m, whose band holds
-the same share of the steps: the half predicted within m of their measurement, corrections in [-m/(1+m),
-m/(1-m)] (signs unknown: centred where the middle half would be only if the errors were symmetric).
-Errors are signed as (predicted - measured) / measured everywhere (a positive bias: the model is too slow).
+Errors are signed as predicted / measured - 1 everywhere (a positive bias, the mean signed error: the model is
+too slow). The band `step_band_pct = [lo, hi]` (lo <= 0 <= hi, percent) is the step time's signed error at its
+10th and 90th percentile, as gpu_fidelity.py states it (per family, weighted by the family's share of the
+measured time): a real step takes the modelled time / (1 + e/100) for e in the band, so its edges simulate the
+steps x 1/(1 + hi/100) (the model too slow: faster steps) and x 1/(1 + lo/100). For a calibrated profile the
+band is the 10th-90th percentile of its held-out steps' errors, widened to hold 0; a profile written before that
+was stored states only its held-out p90 |error| y, and [-y, y] holds its 10th-90th percentile (at most 10% of
+the steps are off by more than y, on either side).
 """
 
 from __future__ import annotations
@@ -77,11 +79,13 @@ class ModelError:
 
     @property
     def scales(self) -> tuple[float, float] | None:
-        """The step-time factors at the band's edges (fast, slow); None without a band or with a zero one."""
+        """The factors on the modelled step time at the band's edges, (fast, slow) = (1 / (1 + hi/100),
+        1 / (1 + lo/100)): the real step is the modelled one / (1 + error); None without a band or with a zero
+        one."""
         if self.band_pct is None or self.band_pct == (0.0, 0.0):
             return None
         lo, hi = self.band_pct
-        return 1.0 + lo / 100.0, 1.0 + hi / 100.0
+        return 1.0 / (1.0 + hi / 100.0), 1.0 / (1.0 + lo / 100.0)
 
     def to_json(self) -> dict:
         return {"source": self.source, "hardware": self.hardware, "basis": self.basis,
@@ -92,11 +96,11 @@ class ModelError:
         if self.band_pct is None:
             return "step time error unknown"
         lo, hi = self.band_pct
-        return f"step time {lo:+.1f}% to {hi:+.1f}%"
+        return f"step time error {lo:+.1f}% to {hi:+.1f}% (p10 to p90)"
 
     def one_line(self) -> str:
-        """The terminal's line, e.g. `model error (analytic, transferred): step time -12.0% to +9.0%; held-out
-        |error| median (p90): gemm 6.1% (14%), ...`."""
+        """The terminal's line, e.g. `model error (analytic, transferred, h100-sxm): step time error -14.6% to
+        +15.5% (p10 to p90); |error| median (p90): gemm 5.92% (16.1%), ...`."""
         if self.source == RECORDED:
             return f"model error ({RECORDED}): none in the step times ({self.basis})"
         if self.source == UNKNOWN:
@@ -126,23 +130,20 @@ def family_error(family: str, errors: np.ndarray) -> dict:
     pct = np.asarray(errors, dtype=np.float64) * 100
     return {"family": family, "rows": len(pct), "median_abs_err_pct": round(float(np.median(np.abs(pct))), 3),
             "p90_abs_err_pct": round(float(np.percentile(np.abs(pct), 90)), 3),
-            "bias_pct": round(float(np.median(pct)), 3)}
+            "bias_pct": round(float(np.mean(pct)), 3)}
 
 
 def step_band_pct(errors: np.ndarray) -> list[float]:
-    """The band of held-out signed step errors (fractions): the 25th-75th percentile of the corrections
-    measured / predicted - 1, widened to hold 0 (the module docstring)."""
-    correction = 1.0 / (1.0 + np.asarray(errors, dtype=np.float64)) - 1.0
-    lo, hi = np.percentile(correction, [25, 75]) * 100
+    """The band of held-out signed step errors (fractions): their 10th and 90th percentile in percent, widened
+    to hold 0 (the module docstring)."""
+    lo, hi = np.percentile(np.asarray(errors, dtype=np.float64), [10, 90]) * 100
     return [round(min(float(lo), 0.0), 3), round(max(float(hi), 0.0), 3)]
 
 
-def band_from_median(median_abs_pct: float) -> tuple[float, float] | None:
-    """The band of an older profile, from its held-out median |error| (the module docstring); None at 100% or more."""
-    m = median_abs_pct / 100.0
-    if m >= 1.0:
-        return None
-    return round(-m / (1 + m) * 100, 3), round(m / (1 - m) * 100, 3)
+def band_from_p90(p90_abs_pct: float) -> tuple[float, float] | None:
+    """The band of an older profile, from its held-out p90 |error| (the module docstring); None at 100% or more
+    (a step predicted 100% fast would take forever)."""
+    return None if p90_abs_pct >= 100.0 else (-p90_abs_pct, p90_abs_pct)
 
 
 # -- reading: the shipped file (a malformed one is a bug) and profiles (a malformed one is the user's) ----------
@@ -245,7 +246,7 @@ def profile_error(path: str | Path, hardware: str) -> ModelError:
     p90 = _number(fit.get("heldout_p90_abs_error_pct"), f"{where}.heldout_p90_abs_error_pct", UserError, 0.0)
     rows = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1 else 1
     return ModelError(kind, hardware, basis + "; bias not recorded (a profile older than the stored band), band "
-                      "from the median", [FamilyError("all", rows, median, p90, None)], band_from_median(median))
+                      "from the p90 |error|", [FamilyError("all", rows, median, p90, None)], band_from_p90(p90))
 
 
 def model_error_for(spec: SimSpec, path: Path | None = None) -> ModelError:
@@ -265,8 +266,12 @@ def model_error_for(spec: SimSpec, path: Path | None = None) -> ModelError:
         return ModelError(UNKNOWN, spec.hardware, f"no {path} in this install (a packaging bug): nothing states "
                           "the analytic model's error")
     sources = load_model_errors(path)
-    if spec.hardware != "analytic" and spec.hardware in sources:
-        return sources[spec.hardware]
+    table = getattr(spec, "gpu_profile", None)  # a measured per-op profile directory (sim.gpu.table), if given
+    if table is not None:
+        if spec.hardware != "analytic" and spec.hardware in sources:
+            return sources[spec.hardware]
+        return ModelError(MEASURED, spec.hardware, f"the per-op profile {table}: model_error.json states no error "
+                          f"for {spec.hardware}'s table (`kvplan bench fidelity` measures one)")
     analytic = sources["analytic"]  # said of the GPU it prices
     return ModelError(analytic.source, spec.hardware, analytic.basis, list(analytic.families), analytic.band_pct)
 
