@@ -226,11 +226,12 @@ def make_tasks(exp: Experiment, scales: dict[int, tuple[float, float]] | None = 
 
 def edge_tasks(tasks: list[PointTask], scales: dict[int, tuple[float, float]]) -> list[PointTask]:
     """For each point of `scales` (point index -> the step-time factors at its band's edges) whose load is steady,
-    one search per edge, led by the point's first search in `tasks`."""
+    one search per edge away from 1 (a band [0, hi] has one: its other edge is the answer itself), led by the
+    point's first search in `tasks`."""
     out = []
     for index, factors in scales.items():
         leader = next(t for t in tasks if t.point.index == index and not t.edge)
         if leader.point.config["workload"]["mode"] != "burst":
             out += [PointTask(leader.exp, leader.point, list(leader.seeds), leader=leader, step_scale=f)
-                    for f in factors]
+                    for f in factors if f != 1.0]
     return out

@@ -42,6 +42,13 @@ def test_an_edge_search_starts_where_the_answer_moves(target, low, high, central
     assert len(probed) <= 4  # a guess near the answer: one step out, then done (the full search takes ~8)
 
 
+def test_a_one_sided_band_searches_one_edge():
+    exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "max_rate", "low": 0.25, "high": 16}, seeds=[0])
+    band = me.ModelError(me.MEASURED, "a100-80gb", "fixture", [], (0.0, 6.85))  # never too fast: x 1 at lo
+    edges = [t for t in make_tasks(exp, {0: band.scales}) if t.edge]
+    assert [t.step_scale for t in edges] == [pytest.approx(1 / 1.0685)]
+
+
 def test_no_edges_without_a_band_or_for_a_burst_replay():
     exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "max_rate", "low": 0.25, "high": 16})
     assert len(make_tasks(exp, {})) == len(make_tasks(exp)) == len(exp.seeds)
