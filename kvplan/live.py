@@ -102,5 +102,7 @@ def sim_spec(options: EngineOptions, meta: dict, *, cost: str, profile: str | No
                 "kv_offloading_blocks": int(meta.get("kv_offloading_blocks", options.kv_offloading_blocks)),
                 "kv_offloading_size": None,  # (given in GiB: already the blocks above)
                 **({"allocator": meta["allocator"]} if "allocator" in meta else {})}  # an endpoint's memory model
+    # entry_point engine: the replay's times are the engine's own (an in-process engine, or an endpoint whose
+    # calibrated profile was fitted on the client's times): no API server is added on top (sim.frontend)
     return SimSpec(model=meta["model_path"], cost=cost, profile=profile, **{**shared, **measured},
-                   sample_interval_s=interval, record_tokens=record_tokens)
+                   sample_interval_s=interval, record_tokens=record_tokens, entry_point="engine")

@@ -41,7 +41,7 @@ def add_setting_flags(parser: argparse.ArgumentParser, side: str, *, names: Iter
     for s in for_side(side):
         if wanted is not None and s.name not in wanted:
             continue
-        default = defaults.get(s.name, s.side_default)
+        default = defaults.get(s.name, s.default_on(side))
         if s.kind == "bool":
             parser.add_argument(s.flag, dest=s.name, action=argparse.BooleanOptionalAction, default=default,
                                 help=_help(s, default))

@@ -52,7 +52,26 @@ def explain(exp, points) -> dict:
     searched = f"{exp.search['target']} over [{exp.search['low']:g}, {exp.search['high']:g}]" if exp.search else None
     return {"name": exp.name, "base": exp.base, "seeds": exp.seeds, "search": searched, "slo": slo_lines(exp),
             "objective": exp.objective, "points": [{"point": p.index, "label": p.label, "values": p.values}
-                                                   for p in points]}
+                                                   for p in points], "derived": derived_lines(points)}
+
+
+def derived_lines(points) -> list[str]:
+    """What the simulator fills in that the experiment left unset (vLLM's per-GPU batch defaults) and what its
+    latencies include (the API server or not), once per distinct line, naming the points each applies to when
+    they are not all of them."""
+    from kvplan.experiments.execute import build_spec
+    from kvplan.sim.frontend import explain as explain_frontend
+    from kvplan.sim.vllm_defaults import explain as explain_defaults
+
+    lines: dict[str, list[int]] = {}
+    for p in points:
+        spec = build_spec(p.config)
+        for line in (explain_defaults(spec), explain_frontend(spec.entry_point, spec.api_server_latency_ms)):
+            if line is not None:
+                lines.setdefault(line, []).append(p.index)
+    every = [p.index for p in points]
+    return [line if where == every else f"points {', '.join(map(str, where))}: {line}"
+            for line, where in lines.items()]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,6 +130,8 @@ def print_explain(doc: dict) -> None:
     print("workload: " + ", ".join(f"{k}={v}" for k, v in base["workload"].items()))
     if doc["slo"]:
         print("slo: " + "; ".join(doc["slo"]))
+    for line in doc["derived"]:
+        print(f"default: {line}")
     print(f"objective: {doc['objective']['goal']} {doc['objective']['metric']}")
     rows = [[p["point"], p["label"]] for p in doc["points"]]
     print(format_table(("point", "values"), rows))

@@ -89,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     check_trace(trace, str(args.trace))
     notes += profile_notes(args)
     runs, results = [], []
+    from kvplan.sim.vllm_defaults import explain
+
+    derived = explain(spec_from_args(args, args.block_size[0]))
+    notes += [derived] if derived is not None else []
     for block_size in args.block_size:
         start = time.perf_counter()
         result = simulate(trace, spec_from_args(args, block_size), processes=args.workers)
@@ -105,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
             for block_size, result in zip(args.block_size, results, strict=True):
                 write_tables(result, tmp / f"block{block_size}" if len(results) > 1 else tmp, args.format)
     notes += rejection_notes(runs[0]["info"], len(trace))
+    from kvplan.sim.frontend import saturation_note
+
+    busy = saturation_note(runs[0]["info"].get("frontend"))
+    notes += [busy] if busy is not None else []
     if args.workers > 1:
         from kvplan.sim.parallel import why_not_parallel
 

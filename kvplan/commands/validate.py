@@ -145,13 +145,13 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
     cost = load_profile(profile) if profile is not None and (args.speed_probe or plan is not None) else None
     probes, checks, meta, entry = [], [], {}, {"name": name}
     if plan is not None:
-        from kvplan.commands.validate_endpoint import endpoint_repeats, speed_entry
+        from kvplan.commands.validate_endpoint import endpoint_repeats, frontend_entry, speed_entry
 
         options, meta = plan.options, plan.meta
         done = endpoint_repeats(args, trace, plan, out, name)
         lives, runs = done.lives, done.runs
         drift, probes = speed_entry(plan, done)
-        entry.update({"server": plan.server.to_json(), "drift": drift})
+        entry.update({"server": plan.server.to_json(), "drift": drift, "frontend": frontend_entry(done)})
         if done.stopped:
             entry["stopped"] = done.stopped
     else:

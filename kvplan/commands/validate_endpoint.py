@@ -152,3 +152,24 @@ def speed_entry(plan: EndpointPlan, done: Repeats) -> tuple[dict, list]:
                          "a replay that probed)" if plan.reference_probe_s is None else "a probe failed")
     return entry, factors
 
+
+
+def frontend_entry(done: Repeats) -> dict:
+    """The API server's latency fitted on each repeat (client TTFT against the server's own histograms,
+    endpoint.frontend_fit), and their median as the api_server_latency_ms a simulation of this server takes; the
+    reason instead where the server exposes no engine-side TTFT."""
+    import statistics
+
+    from kvplan.endpoint.frontend_fit import fit_latency
+
+    fits = []
+    for live in done.lives:
+        first = live.requests[live.requests["sample"] == 0]
+        fit = fit_latency(first["ttft_ms"].to_numpy(), first["prompt_tokens"].to_numpy(), live.info["server_counters"])
+        if fit is not None:
+            fits.append(fit)
+    if not fits:
+        return {"note": "no fit: the server exposes no TTFT histogram (vllm:request_queue_time_seconds and "
+                        "vllm:request_prefill_time_seconds, or vllm:time_to_first_token_seconds)"}
+    return {"repeats": [fit.to_json() for fit in fits],
+            "api_server_latency_ms": statistics.median(fit.latency_s for fit in fits) * 1e3}

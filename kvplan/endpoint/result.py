@@ -5,7 +5,8 @@ simulate` writes), plus what only a client sees: every token's time (tokens.json
 A black box hides some columns: `first_scheduled_s` is the time the request was sent (queueing inside the
 server is not visible), preemptions per request are unknown (0; the server-wide count is in the summary when it
 exposes vLLM's counter), and cached prompt tokens come from the usage's `prompt_tokens_details` when the server
-reports them. Summary values the server does not expose are null, never 0. Failed requests are not in the
+reports them. The engine-internal latencies (`*_engine_ms`) are unknown to a client: null. Summary values the
+server does not expose are null, never 0. Failed requests are not in the
 per-request table: they are counted in `num_rejected`, and each is in failed.jsonl with its error.
 """
 
@@ -23,7 +24,7 @@ from kvplan.engine.core.metrics import TIER_SUMMARY_KEYS
 from kvplan.output import json_line, write_atomic
 from kvplan.results.itl import ItlLog
 from kvplan.results.rejected import references, rejected_rows
-from kvplan.results.request_table import RequestLog
+from kvplan.results.request_table import ENGINE_LATENCY_COLUMNS, RequestLog
 from kvplan.results.serving_result import ServingResult
 from kvplan.results.summary import MEMORY_KEYS, SUMMARY_KEYS, latency_summary
 from kvplan.sim.replica import SERIES_COLUMNS
@@ -45,6 +46,7 @@ def to_result(load: LoadResult, trace: Trace, kv: KvConfig | None = None) -> Ser
                       o.cached_tokens, 0, float(gaps.max()) if len(gaps) else 0.0)
             tokens[(o.row, sample)] = times
     frame = table.to_frame(trace.request_id)
+    frame[list(ENGINE_LATENCY_COLUMNS)] = np.nan  # a client sees no engine-internal times (endpoint.frontend_fit)
     series = _series(load.series)
     # a server's own offload tiers are not read from it: their counters are null, as for a run without tiers
     summary = {**latency_summary(frame, itl), **_kv(load, series), **dict.fromkeys(TIER_SUMMARY_KEYS)}

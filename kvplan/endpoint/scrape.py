@@ -15,7 +15,11 @@ import re
 # columns read from gauges; which metric names fill each is the server's (`servers.ADAPTERS`), and a key the
 # server has no metric for stays unknown.
 COUNTER_KEYS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "generation_tokens",
-                "prompt_tokens", "request_success")
+                "prompt_tokens", "request_success",
+                # latency histograms' sums and counts (cumulative too): the engine's own TTFT, which the API
+                # server's latency is fitted against (endpoint.frontend_fit)
+                "queue_time_s_sum", "queue_time_count", "prefill_time_s_sum", "prefill_time_count",
+                "server_ttft_s_sum", "server_ttft_count")
 GAUGE_KEYS = ("running", "waiting", "swapped", "kv_usage")
 
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from kvplan.endpoint import scrape
+from kvplan.endpoint.frontend_fit import HISTOGRAM_KEYS
 from kvplan.strict_json import loads
 
 SERVER_KINDS = ("vllm", "sglang", "tgi", "llamacpp")
@@ -154,7 +155,7 @@ ADAPTERS = {
          ("num_preemptions", ("vllm:num_preemptions_total",)),
          ("generation_tokens", ("vllm:generation_tokens_total",)),
          ("prompt_tokens", ("vllm:prompt_tokens_total",)),
-         ("request_success", ("vllm:request_success_total",))),
+         ("request_success", ("vllm:request_success_total",)), *HISTOGRAM_KEYS.items()),
         (("running", ("vllm:num_requests_running",)), ("waiting", ("vllm:num_requests_waiting",)),
          ("swapped", ("vllm:num_requests_swapped",)),
          ("kv_usage", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"))),

@@ -70,7 +70,7 @@ TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "wo
             "slo", "objective", "seeds", "repeats", "outputs")
 
 # Every setting the simulator reads, as its declaration says (engine.core.settings): names, defaults, ranges.
-ENGINE: dict[str, Field] = {s.name: s.side_field() for s in for_side("sim")}
+ENGINE: dict[str, Field] = {s.name: s.side_field("sim") for s in for_side("sim")}
 CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=4096),
                              "router": Field("choice", "round_robin", tuple(ROUTERS))}
 TOP: dict[str, Field] = {"model": Field("str", "llama-3-8b"), "hardware": Field("str", "h100-sxm")}

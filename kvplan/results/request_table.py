@@ -1,6 +1,7 @@
 """The per-request table: one row per generated sequence (an n > 1 request gives n rows, `sample` 0..n-1), as
 whoever served a trace records it - the simulator's replicas, the live engine's replay, an endpoint's load
-generator - and its derived latency columns (TTFT, TPOT, worst inter-token gap, E2E latency, queueing delay)."""
+generator - and its derived latency columns (TTFT, TPOT, worst inter-token gap, E2E latency, queueing delay), as a
+client sees them, with the engine's own TTFT, TPOT and E2E beside them (`*_engine_ms`)."""
 
 from __future__ import annotations
 
@@ -41,16 +42,35 @@ class RequestLog:
         return add_latency_columns(frame)
 
 
-def add_latency_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """TTFT, TPOT (mean gap after the first token, vLLM's definition), E2E latency and queueing delay."""
-    out = frame["output_tokens"].to_numpy()
-    ttft = frame["first_token_s"] - frame["arrival_s"]
-    e2el = frame["finish_s"] - frame["arrival_s"]
+# The engine-internal view beside the client's (`sim.frontend`): where no API server stands in front (a live
+# engine's replay, the LLM class), the engine's times are the client's; a black-box endpoint's are unknown (NaN).
+ENGINE_TIME_COLUMNS = ("engine_arrival_s", "first_token_engine_s", "finish_engine_s")
+ENGINE_LATENCY_COLUMNS = ("ttft_engine_ms", "tpot_engine_ms", "e2el_engine_ms")
+
+
+def _ttft_tpot_e2el(out: np.ndarray, arrival: pd.Series, first: pd.Series, finish: pd.Series
+                    ) -> tuple[pd.Series, np.ndarray, pd.Series]:
+    ttft = first - arrival
+    e2el = finish - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), np.nan)
+    return ttft, tpot, e2el
+
+
+def add_latency_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """TTFT, TPOT (mean gap after the first token, vLLM's definition), E2E latency and queueing delay, as a client
+    sees them, and the engine's own TTFT, TPOT and E2E (`ENGINE_LATENCY_COLUMNS`) from the engine's timestamps
+    where the frame has them (`ENGINE_TIME_COLUMNS`), else equal to the client's."""
+    out = frame["output_tokens"].to_numpy()
+    ttft, tpot, e2el = _ttft_tpot_e2el(out, frame["arrival_s"], frame["first_token_s"], frame["finish_s"])
     frame["ttft_ms"] = ttft * 1e3
     frame["tpot_ms"] = tpot * 1e3
     frame["itl_max_ms"] = np.where(out > 1, frame["itl_max_s"] * 1e3, np.nan)
     frame["e2el_ms"] = e2el * 1e3
     frame["queueing_ms"] = (frame["first_scheduled_s"] - frame["arrival_s"]) * 1e3
+    if all(c in frame for c in ENGINE_TIME_COLUMNS):
+        ttft, tpot, e2el = _ttft_tpot_e2el(out, *(frame[c] for c in ENGINE_TIME_COLUMNS))
+    frame["ttft_engine_ms"] = ttft * 1e3
+    frame["tpot_engine_ms"] = tpot * 1e3
+    frame["e2el_engine_ms"] = e2el * 1e3
     return frame.drop(columns=["itl_max_s"])

@@ -13,11 +13,14 @@ from kvplan.results.goodput import goodput_count
 from kvplan.results.itl import ItlLog
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
+# The engine-internal view (request_table.ENGINE_LATENCY_COLUMNS): the client's latencies less the API server's
+ENGINE_LATENCIES = ("ttft_engine", "tpot_engine", "e2el_engine")
 MEMORY_KEYS = ("token_states", "internal_fragmentation", "reserved_unused", "external_fragmentation", "free")
 SUMMARY_KEYS = (
     "completed", "duration_s", "request_throughput", "output_throughput", "total_token_throughput",
     "request_goodput",
     *(f"{stat}_{lat}_ms" for lat in LATENCIES for stat in ("mean", "median", "p90", "p99")),
+    *(f"{stat}_{lat}_ms" for lat in ENGINE_LATENCIES for stat in ("mean", "median", "p90", "p99")),
     "kv_usage_mean", "kv_usage_peak", "kv_token_utilization", "prefix_cache_queries", "prefix_cache_hits",
     "prefix_cache_hit_rate", "num_preemptions", "num_evicted_blocks", "num_rejected", *MEMORY_KEYS,
     *TIER_SUMMARY_KEYS,
@@ -65,7 +68,9 @@ def latency_summary(table: pd.DataFrame, itl: ItlLog, goodput: dict[str, float |
             "output_throughput": rate(output), "total_token_throughput": rate(output + prompt),
             "request_goodput": None if goodput is None else rate(goodput_count(table, goodput)),
             **_stats("ttft", table["ttft_ms"].to_numpy()), **_stats("tpot", table["tpot_ms"].to_numpy()),
-            **_stats("itl", values * 1e3, counts), **_stats("e2el", table["e2el_ms"].to_numpy())}
+            **_stats("itl", values * 1e3, counts), **_stats("e2el", table["e2el_ms"].to_numpy()),
+            **{key: value for lat in ENGINE_LATENCIES for key, value in _stats(lat, table[f"{lat}_ms"].to_numpy()
+                                                                              ).items()}}
 
 
 def kv_summary(usage_integral_blocks_s: float, total_blocks_s: float, peak: float, series: pd.DataFrame,

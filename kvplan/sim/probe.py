@@ -36,9 +36,10 @@ from kvplan.results.summary import kv_summary, latency_summary
 from kvplan.sim.closed_loop import ClosedLoop
 from kvplan.sim.cluster import Cluster
 from kvplan.sim.cost.scaled import scaled
+from kvplan.sim.frontend import FrontendRun
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
-from kvplan.sim.run import build_configs, build_cost, check_trace
+from kvplan.sim.run import build_configs, build_cost, check_trace, client_view, through_frontend
 from kvplan.sim.spec import SimSpec
 from kvplan.sim.stability import ProbeSignals, judge
 from kvplan.traces.steady import MAX_PROBE_REQUESTS, Population, open_loop
@@ -133,10 +134,12 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
         rate = probe.offered_rate(pop)
         trace = open_loop(pop, rate, duration, seed, probe.arrivals)
         check_trace(trace, f"a {rate:g} req/s, {duration:g} s probe")
+        # the clients' arrivals through the API server: the engine sees each one later (sim.frontend)
+        trace, front = through_frontend(spec, trace)
     else:
         rate = math.nan
         loop = ClosedLoop(pop, probe.concurrency, probe.think_s, duration, seed)
-        trace = pop.trace
+        trace, front = pop.trace, None  # a closed loop's users see the engine's times (no API server modelled)
     cost, num_blocks = build_cost(spec)
     cost = scaled(cost, step_scale)
     cache, config = build_configs(spec, pop.trace, num_blocks, cost)  # the population's lengths: the same per probe
@@ -158,17 +161,19 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
     reason = cluster.run(until_s=duration + grace)
     stopped = cluster.env.now
     early = "" if reason.startswith("horizon") else reason
-    return _collect(cluster, num_blocks, probe, (w0, w1), stopped, early, duration, rate)
+    return _collect(cluster, num_blocks, probe, (w0, w1), stopped, early, duration, rate, front)
 
 
 def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[float, float], stopped: float,
-             early: str, duration: float, rate: float) -> ServingResult:
+             early: str, duration: float, rate: float, front: FrontendRun | None = None) -> ServingResult:
     trace = cluster.trace
     w0, w1 = window
     length = w1 - w0
     sent = len(trace) if cluster.closed_loop is not None else cluster.next_row
-    arrival = trace.arrival_s[:sent]
-    table = cluster.log.to_frame(trace.request_id)
+    # the clients' arrivals place a request in a phase (the engine's come later by the API server's time)
+    arrival = (trace.arrival_s if front is None else front.client_arrival_s)[:sent]
+    series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
+    table, front_info = client_view(cluster.log.to_frame(trace.request_id), series, front)
     table.insert(list(table.columns).index("arrival_s"), "phase", _phase(table["arrival_s"].to_numpy(), w0, w1))
     finished = np.zeros(sent, dtype=bool)
     if len(table):
@@ -185,7 +190,6 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
     loop_free = cluster.closed_loop is None
     first = frame[(frame["sample"] == 0) & (frame["arrival_s"] < mid)]["ttft_ms"]
     second = frame[(frame["sample"] == 0) & (frame["arrival_s"] >= mid)]["ttft_ms"]
-    series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
     inside = series[(series["time_s"] >= w0) & (series["time_s"] < w1)]
 
     def queue(lo: float, hi: float) -> float:
@@ -229,6 +233,8 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
             "steps": sum(r.sched.stats.num_steps for r in replicas),
             "fast_steps": sum(r.num_fast_steps for r in replicas), "rejected": len(rejected_list),
             "rejected_first": references(trace, rejected_list), "probe": probe_info}
+    if front_info is not None:
+        info["frontend"] = front_info
     return ServingResult(summary, table, series, info, rejected=never_served)
 
 

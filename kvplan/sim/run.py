@@ -24,14 +24,16 @@ from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from kvplan.sim.cost.calibrated import load_profile
 from kvplan.sim.cost.parallel import Shape, check_shape, tp_choices, weight_bytes_per_rank
 from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
+from kvplan.sim.frontend import FrontendRun, frontend_for
 from kvplan.sim.links import block_bytes
 from kvplan.sim.parallel import MergedCluster, run_parallel, worth_parallel
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
-from kvplan.sim.spec import COST_MODELS, SimSpec
+from kvplan.sim.spec import COST_MODELS, SimSpec, batch_table
 from kvplan.sim.specs.hardware import GIB, get_hardware
 from kvplan.sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model, sim_kv_dtype
 from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
+from kvplan.sim.vllm_defaults import vllm_batch_defaults
 from kvplan.traces import Trace
 from kvplan.traces.schema import short_repr
 
@@ -121,7 +123,7 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
         capacity_bytes = width * layout.group_size / model.num_layers
     blocks = kv_capacity_blocks(model, hardware, spec.block_size, kv_dtype_bytes=capacity_bytes,
                                 gpu_memory_utilization=spec.gpu_memory_utilization,
-                                max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs,
+                                max_num_batched_tokens=spec.batch[0], max_num_seqs=spec.batch[1],
                                 shape=shape)
     if blocks < 1 and spec.num_blocks is None:
         raise UserError(no_fit_message(spec, model, hardware, shape, kv_bytes))
@@ -156,7 +158,7 @@ def no_fit_message(spec: SimSpec, model, hardware, shape: Shape, kv_bytes: float
         if weights >= usable else "after the weights and activations")
     fits = [tp for tp in tp_choices(model, hardware) if tp > shape.tp and kv_capacity_blocks(
         model, hardware, spec.block_size, kv_dtype_bytes=kv_bytes, gpu_memory_utilization=spec.gpu_memory_utilization,
-        max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.batch[0], max_num_seqs=spec.batch[1],
         shape=Shape(tp, shape.pp, shape.expert_parallel)) >= 1]
     hint = (f"it fits at --tensor-parallel-size {fits[0]} ({fits[0] * shape.pp} GPUs per replica)" if fits else
             f"no tensor-parallel degree of one {hardware.gpus_per_node}-GPU node fits it at PP {shape.pp}")
@@ -205,7 +207,7 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int, cost: CostModel
         raise UserError(f"{spec.model} on {spec.hardware}: no memory left for the KV cache after the weights and "
                          "activations; allowed: a larger --hardware, a higher --gpu-memory-utilization, or "
                          "--num-blocks")
-    sched = core_config(SchedulerConfig, spec)
+    sched = core_config(SchedulerConfig, spec, **batch_settings(spec, max_len))
     layout = model_layout(spec.model)
     try:
         if layout is None:
@@ -229,6 +231,20 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int, cost: CostModel
     if reason is not None:
         raise UserError(f"the trace's longest prompt can never be scheduled with this configuration: {reason}")
     return cache, sched
+
+
+def batch_settings(spec: SimSpec, max_len: int) -> dict[str, int]:
+    """The token budget and sequence cap the simulated vLLM runs with once max_model_len is known: where vLLM's
+    default filled them (`SimSpec.batch_defaults`), its adjustments (without chunked prefill the budget is at least
+    max_model_len; at most max_num_seqs x max_model_len); the spec's values otherwise."""
+    table = batch_table(spec)
+    if not spec.batch_defaults or table is None:
+        return {}
+    tokens, seqs = spec.batch
+    chosen = vllm_batch_defaults(*table, max_model_len=max_len, enable_chunked_prefill=spec.enable_chunked_prefill,
+                                 max_num_batched_tokens=None if "max_num_batched_tokens" in spec.batch_defaults
+                                 else tokens, max_num_seqs=None if "max_num_seqs" in spec.batch_defaults else seqs)
+    return {"max_num_batched_tokens": chosen.max_num_batched_tokens, "max_num_seqs": chosen.max_num_seqs}
 
 
 def offloading_tier(spec: SimSpec, cost: CostModel) -> int:
@@ -275,7 +291,7 @@ def prefill_bound_s(trace: Trace, spec: SimSpec, cost: CostModel) -> float:
     the replicas, each priced as a chunk starting at position 0 (the cheapest a chunk of that size can be)."""
     if getattr(cost, "recorded_step_time", None) is not None:
         return 0.0  # a recorded cost prices steps by id, not by shape
-    budget = spec.max_num_batched_tokens
+    budget = spec.batch[0]
     chunk = StepFeatures(1, budget, budget * budget, 0, 0, 0, -(-budget // spec.block_size), 1, int(budget >= 2))
     steps = int(np.sum(trace.prompt_tokens, dtype=np.int64)) / (budget * spec.replicas)
     return steps * float(cost.step_times(chunk))
@@ -291,6 +307,7 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     cost, num_blocks = build_cost(spec)
     cache, config = build_configs(spec, trace, num_blocks, cost)
     interval = sample_interval(spec, trace, cost)
+    trace, front = through_frontend(spec, trace)
     # A recorded cost prices steps one by one, by id; token times are recorded step by step.
     fast_path = spec.fast_path and spec.cost != "recorded" and not spec.record_tokens
     if worth_parallel(spec.router, spec.replicas, processes, spec.record_tokens, len(trace),
@@ -302,17 +319,39 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
                           fast_path=fast_path, record_tokens=spec.record_tokens,
                           layerwise=spec.kv_offloading_layerwise)
         cluster.run()
-    result = collect(cluster, num_blocks, goodput)
+    result = collect(cluster, num_blocks, goodput, front)
     failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))
     result.info.update(max_model_len=cache.max_model_len, rejected_failed=failed,
-                       rejected_over_length=over_length(trace, cache.max_model_len))
+                       rejected_over_length=over_length(trace, cache.max_model_len),
+                       max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs)
     return result
 
 
+def through_frontend(spec: SimSpec, trace: Trace) -> tuple[Trace, FrontendRun | None]:
+    """The trace as the engine receives it (each request after the API server's latency, queue and work) and the
+    front end's run, for an OpenAI-server simulation; the trace unchanged and None otherwise (sim.frontend)."""
+    cost = frontend_for(spec.entry_point, spec.api_server_latency_ms)
+    if cost is None:
+        return trace, None
+    front = FrontendRun.start(cost, trace.arrival_s, trace.prompt_tokens, trace.output_tokens, spec.replicas)
+    return trace.with_columns(arrival_s=front.engine_arrival_s), front
+
+
+def client_view(table: pd.DataFrame, series: pd.DataFrame, front: FrontendRun | None
+                ) -> tuple[pd.DataFrame, dict | None]:
+    """The per-request table as clients see it, and the front end's info (None without an API server)."""
+    if front is None:
+        return table, None
+    busy = series[series["running"] > 0]["running"] if len(series) else series.get("running", pd.Series(dtype=float))
+    per_replica = float(busy.mean()) if len(busy) else 1.0  # the batch a step's outputs come in
+    table = front.client_table(table, per_replica)
+    return table, front.info(table, per_replica)
+
+
 def collect(cluster: Cluster | MergedCluster, num_blocks: int,
-            goodput: dict[str, float | None] | None = None) -> ServingResult:
-    table = cluster.log.to_frame(cluster.trace.request_id)
+            goodput: dict[str, float | None] | None = None, front: FrontendRun | None = None) -> ServingResult:
     series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
+    table, front_info = client_view(cluster.log.to_frame(cluster.trace.request_id), series, front)
     duration = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
     replicas = cluster.replicas
     kv = kv_summary(sum(r.usage_seconds for r in replicas), duration * len(replicas),
@@ -321,6 +360,8 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
     info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
             "steps": sum(r.num_steps for r in replicas), "fast_steps": sum(r.num_fast_steps for r in replicas),
             "rejected": len(rejected), "rejected_first": references(cluster.trace, rejected)}
+    if front_info is not None:
+        info["frontend"] = front_info
     groups = kv_groups_info(replicas, num_blocks, duration)
     if groups is not None:
         info["kv_groups"] = groups

@@ -1,5 +1,9 @@
 """What one simulation is: `SimSpec`, the model, device, cost model and deployment plus every serving setting the
-simulator reads, each declared once in `engine.core.settings` and checked there."""
+simulator reads, each declared once in `engine.core.settings` and checked there.
+
+Settings vLLM derives when they are left unset (`max_num_batched_tokens`, `max_num_seqs`) are filled in on
+construction with what vLLM would run on this hardware and entry point (`sim.vllm_defaults`); `batch_defaults`
+names the ones filled that way, so that --explain and the notes can say so."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvplan.engine.core.setting_classes import SETTING, check_side, side_fields
+from kvplan.engine.core.settings import SETTINGS
 
 COST_MODELS = ("analytic", "calibrated", "recorded")
 
@@ -29,6 +34,7 @@ class SimSpec:
     fast_path: bool = True
     record_tokens: bool = False  # keep every token time (ServingResult.token_times); step by step
     cost_options: dict[str, Any] = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
+    batch_defaults: tuple[str, ...] = ()  # the settings vLLM's own default filled in (set on construction)
     # Every `sim` setting of engine.core.settings, with its side default (checked there on import).
     block_size: int = SETTING
     num_blocks: int | None = SETTING
@@ -48,8 +54,8 @@ class SimSpec:
     sink_tokens: int = SETTING
     window_tokens: int = SETTING
     watermark: float = SETTING
-    max_num_batched_tokens: int = SETTING
-    max_num_seqs: int = SETTING
+    max_num_batched_tokens: int | None = SETTING
+    max_num_seqs: int | None = SETTING
     long_prefill_token_threshold: int = SETTING
     enable_chunked_prefill: bool = SETTING
     policy: str = SETTING
@@ -62,6 +68,38 @@ class SimSpec:
     tensor_parallel_size: int = SETTING
     pipeline_parallel_size: int = SETTING
     enable_expert_parallel: bool = SETTING
+    entry_point: str = SETTING
+    api_server_latency_ms: float | None = SETTING
 
     def __post_init__(self) -> None:
         check_side(self, "sim")
+        unset = tuple(name for name in ("max_num_batched_tokens", "max_num_seqs") if getattr(self, name) is None)
+        if not unset:
+            return
+        defaults = batch_table(self)
+        if defaults is None:  # not a GPU of the datasheet table: kvplan's own engine's defaults
+            for name in unset:
+                setattr(self, name, SETTINGS[name].default)
+            return
+        from kvplan.sim.vllm_defaults import vllm_batch_defaults
+
+        # the max_model_len adjustments wait for the trace (sim.run.build_configs); the table's values now
+        chosen = vllm_batch_defaults(*defaults, max_model_len=None, max_num_batched_tokens=self.max_num_batched_tokens,
+                                     max_num_seqs=self.max_num_seqs)
+        self.max_num_batched_tokens, self.max_num_seqs = chosen.max_num_batched_tokens, chosen.max_num_seqs
+        self.batch_defaults = unset
+
+    @property
+    def batch(self) -> tuple[int, int]:
+        """(max_num_batched_tokens, max_num_seqs): set on construction, from the user or vLLM's rule."""
+        assert self.max_num_batched_tokens is not None and self.max_num_seqs is not None
+        return self.max_num_batched_tokens, self.max_num_seqs
+
+
+def batch_table(spec: SimSpec) -> tuple[float, str, str] | None:
+    """(device memory, device name, entry point) for vLLM's default rule, or None when the hardware is no GPU of
+    the datasheet table (a profiled CPU, a label): the simulated engine is then kvplan's own."""
+    from kvplan.sim.specs.hardware import HARDWARE
+
+    hardware = HARDWARE.get(spec.hardware)
+    return None if hardware is None else (hardware.memory_bytes, hardware.name, spec.entry_point)

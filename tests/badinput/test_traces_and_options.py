@@ -43,6 +43,11 @@ def _native(rid: int, t: float = 0.0, **changes) -> dict:
     return {"request_id": rid, "arrival_s": t, "prompt_tokens": 20, "output_tokens": 3, **changes}
 
 
+def _bench(rid: str = "bench-0", **changes) -> dict:
+    return {"request_id": rid, "input_toks": 20, "output_toks": 3, "arrival_time": 1.7e9, "queued_ts": 10.0,
+            "scheduled_ts": 10.0, "first_token_ts": 10.1, "last_token_ts": 10.2, **changes}
+
+
 def _parquet(frame: pd.DataFrame) -> bytes:
     buffer = io.BytesIO()
     frame.to_parquet(buffer, index=False)
@@ -88,6 +93,10 @@ CASES = [
      "{f}:3: request_id 3 repeats the id of line 2"),
     ("lengths-fractional", "l.csv", LENGTHS + "74,9.5,992,0.08\n", [], "{f}:2: num_decode_tokens '9.5' is not an"),
     ("lengths-1e30", "l.csv", LENGTHS + "1e30,9,992,0.08\n", [], "{f}:2: num_prefill_tokens 1e30 is out of range"),
+    ("vllm-bench-stamps-out-of-order", "r.jsonl", _jsonl(_bench(), _bench("bench-1", last_token_ts=10.05)), [],
+     "{f}:2: last_token_ts 10.050000 is before first_token_ts 10.100000; allowed: queued_ts <= scheduled_ts"),
+    ("vllm-bench-duplicate-id", "r.jsonl", _jsonl(_bench(), _bench(arrival_time=1.7e9 + 1)), [],
+     "{f}:2: request_id 0 repeats the id of line 1; allowed: unique ids"),
     ("native-jsonl-duplicate-id", "n.jsonl", _jsonl(_native(4), _native(4, 1.0)), [],
      "{f}:2: request_id 4 repeats the id of line 1"),
     ("native-jsonl-zero-n", "n.jsonl", _jsonl(_native(4, n=0)), [], "{f}:1: n 0 is out of range; allowed: an"),
@@ -161,7 +170,8 @@ def test_every_loader_format_has_two_cases():
         path = Path("/nonexistent") / filename
         fmt = {"a.csv": "azure", "m.csv": "azure-multimodal", "m.jsonl": "mooncake", "q.jsonl": "qwen-bailian",
                "b.csv": "burstgpt", "v.csv": "vidur", "s.csv": "splitwise", "l.csv": "lengths",
-               "n.jsonl": "kvplan-jsonl", "n.csv": "kvplan-csv", "n.parquet": "kvplan-parquet"}[path.name]
+               "r.jsonl": "vllm-bench", "n.jsonl": "kvplan-jsonl", "n.csv": "kvplan-csv",
+               "n.parquet": "kvplan-parquet"}[path.name]
         counted[fmt] += 1
     assert all(n >= 2 for n in counted.values()), counted
 

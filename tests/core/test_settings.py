@@ -24,7 +24,8 @@ CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "kv_offload
            "preemption_mode": "swap", "victim_policy": "longest_remaining", "schedule": "prefill_first",
            "scheduler_reserve_full_isl": False, "kv_cache_dtype": "int8", "gpu_memory_utilization": 0.5,
            "kv_cache_memory": 3 << 20, "swap_space": 2 << 20, "dtype": "float32", "position_mode": "shifted",
-           "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "enable_expert_parallel": True}
+           "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "enable_expert_parallel": True,
+           "entry_point": "llm", "api_server_latency_ms": 12.5}
 # `allocator` keeps its default above (a reservation allocator has no prefix cache, window or swap); its other
 # values are covered by the simulator's reservation tests. `kv_offloading_backend` has one value kvplan models.
 UNCHANGED = {"allocator", "kv_offloading_backend"}
@@ -112,6 +113,8 @@ STEP_TIME_ONLY = {"enable_expert_parallel": {"model": "qwen3-30b-a3b", "hardware
                                              "tensor_parallel_size": 2}}
 # Simulator settings that change how promotions from a prefix tier are priced (sim.links), with the tiers they act on
 PROMOTION_ONLY = {"kv_offloading_layerwise": {"kv_offloading_blocks": 40}}
+# what only a client of the API server measures (sim.frontend): the mean TTFT, not the engine
+CLIENT_ONLY = {"api_server_latency_ms"}
 
 
 def test_the_simulator_reads_every_sim_setting():
@@ -130,7 +133,7 @@ def test_the_simulator_reads_every_sim_setting():
     default = SimSpec(model="llama-3-8b", hardware="a100-40gb")
     for name in [s.name for s in for_side("sim")
                  if s.config is None and s.name not in STEP_TIME_ONLY and s.name not in PROMOTION_ONLY
-                 and s.name not in ALTERNATIVES]:
+                 and s.name not in ALTERNATIVES and s.name not in CLIENT_ONLY]:
         # the device's and the deployment shape's: they change the capacity
         assert build_cost(SimSpec(model="llama-3-8b", hardware="a100-40gb", **{name: CHANGED[name]}))[1] != \
             build_cost(default)[1], name
@@ -149,6 +152,11 @@ def test_the_simulator_reads_every_sim_setting():
                                                   **{name: value})).summary["mean_ttft_ms"]
                 for value in (SETTINGS[name].default, CHANGED[name])]
         assert runs[0] != runs[1], name
+    for name in CLIENT_ONLY:
+        runs = [simulate(trace, SimSpec(num_blocks=64, **{name: value})).summary
+                for value in (SETTINGS[name].default, CHANGED[name])]
+        assert runs[0]["mean_ttft_ms"] != runs[1]["mean_ttft_ms"], name
+        assert runs[0]["mean_ttft_engine_ms"] == pytest.approx(runs[1]["mean_ttft_engine_ms"]), name
 
 
 def _flag_word(value: object) -> list[str]:

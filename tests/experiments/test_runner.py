@@ -136,7 +136,7 @@ def test_min_replicas_matches_hand_arithmetic(tmp_path, capsys):
     trace = Trace.build(np.zeros(n), np.full(n, prompt), np.ones(n, dtype=np.int64))
     (tmp_path / "burst.jsonl").write_bytes(render(trace, "jsonl"))
     engine = {"block_size": 16, "max_num_seqs": 1, "max_num_batched_tokens": prompt,
-              "enable_prefix_caching": False}
+              "enable_prefix_caching": False, "entry_point": "engine"}  # the engine's times: no API server
     cost, _ = analytic_cost(SimSpec(model="llama-3-8b", hardware="a100-40gb", block_size=16,
                                     max_num_batched_tokens=prompt, max_num_seqs=1))
 

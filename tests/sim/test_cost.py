@@ -12,6 +12,7 @@ from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig, make_req
 from kvplan.sim.cost.analytic import AnalyticCost, elementwise_bytes_per_token, kv_capacity_blocks
 from kvplan.sim.cost.calibrated import load_profile
 from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures, decode_stretch_features, step_features
+from kvplan.sim.gpu import attention as attn
 from kvplan.sim.run import build_cost
 from kvplan.sim.spec import SimSpec
 from kvplan.sim.specs.hardware import HardwareSpec, get_hardware
@@ -57,6 +58,15 @@ def test_builtin_specs_and_hf_config(tmp_path):
         get_hardware("tpu")
 
 
+def _attention_by_hand(pair_flops, kv_token, layers, rate, pairs, queries, context, blocks, requests, peak_bytes):
+    """`sim.gpu.attention`'s law (docs/attention.md) at head dim 128 with the attention rate `rate`."""
+    _, k0 = attn.PREFILL_LAW[128]
+    compute = pair_flops * (pairs + k0 * queries + context) / rate
+    read = kv_token * (blocks * (16 + attn.GATHER_TOKENS) + attn.REQUEST_TOKENS * requests) / (
+        peak_bytes * attn.DECODE_ETA)
+    return max(compute, read) + layers * attn.KERNEL_S
+
+
 def test_analytic_decode_step_is_the_roofline_by_hand():
     # Llama-2-7B (untied): the step streams the layers and the LM head, not the input embedding table.
     model, hw = get_model("llama-2-7b"), get_hardware("a100-80gb")
@@ -68,11 +78,12 @@ def test_analytic_decode_step_is_the_roofline_by_hand():
     assert (model.layer_matmul_params, model.lm_head_params) == (layers, head) == (6_476_005_376, 131_072_000)
     assert model.weight_bytes == 2 * (layers + 2 * head)  # resident; only layers + head are read per step
     kv_token = 524_288
-    flop_rate, byte_rate, attn_rate = 312e12 * 0.5, 2.039e12 * 0.5, 312e12 * 0.5
+    flop_rate, byte_rate = 312e12 * 0.5, 2.039e12 * 0.5
     elementwise = (32 * (10 * 4096 + 2 * 64 * 128 + 3 * 11008) + 4 * 4096) * 2 + 2 * kv_token
     expected = (max(2 * layers * 128 / flop_rate, 2 * layers / byte_rate)  # 2 rows cost one 128-row tile
                 + max(2 * head * 128 / flop_rate, 2 * head / byte_rate)  # both rows are sampled
-                + max(4 * 32 * 32 * 128 * 300 / attn_rate, (7 + 13) * 16 * kv_token / byte_rate)
+                + _attention_by_hand(4 * 32 * 32 * 128, kv_token, 32, 312e12 * attn.PREFILL_LAW[128][0], 0, 0, 300,
+                                     7 + 13, 2, hw.hbm_bandwidth)
                 + 2 * elementwise / byte_rate + 1e-3 + 2e-4)
     assert cost.step_times(f)[0] == pytest.approx(expected, rel=1e-12)
     assert cost.transfer_time(4, 0) == pytest.approx(4 * 16 * 524_288 / hw.host_link_bandwidth)
@@ -116,11 +127,10 @@ def test_analytic_pure_decode_batch_by_hand():
     layers = max(2 * LAYER_PARAMS * 128 / FLOP_RATE, 2 * LAYER_PARAMS / BYTE_RATE)
     assert layers == 2 * LAYER_PARAMS * 128 / FLOP_RATE  # 11.5 ms: the padded tile outweighs the 8.6 ms read
     head = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
-    attention = max(PAIR_FLOPS * 64 * 1000 / ATTN_RATE, 64 * 63 * 16 * KV_TOKEN / BYTE_RATE)
-    assert attention == 64 * 63 * 16 * KV_TOKEN / BYTE_RATE  # decode attention is KV-bandwidth bound
+    attention = _attention_by_hand(PAIR_FLOPS, KV_TOKEN, L, ATTN_RATE, 0, 0, 64 * 1000, 64 * 63, 64, 2.039e12)
     expected = layers + head + attention + 64 * ELEMENTWISE_TOKEN / BYTE_RATE + 1e-3 + 64 * 1e-4
     assert _llama3_cost().step_times(f) == pytest.approx(expected, rel=1e-12)
-    assert 0.024 < expected < 0.026  # 11.4 + 0.9 + 5.2 + 0.2 ms + 7.4 ms of overheads
+    assert 0.024 < expected < 0.027  # 11.4 + 0.9 + 5.6 + 0.2 ms + 7.4 ms of overheads
 
 
 def test_analytic_long_prefill_with_cached_prefix_by_hand():
@@ -129,9 +139,9 @@ def test_analytic_long_prefill_with_cached_prefix_by_hand():
     f = step_features([_item(2048, 4096)], 16)
     layers = max(2 * LAYER_PARAMS * 2048 / FLOP_RATE, 2 * LAYER_PARAMS / BYTE_RATE)
     head = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
-    prefill_attention = PAIR_FLOPS * 2048 * (4096 + 1024) / ATTN_RATE
-    kv_read = 384 * 16 * KV_TOKEN / BYTE_RATE
-    expected = layers + head + prefill_attention + kv_read + 2048 * ELEMENTWISE_TOKEN / BYTE_RATE + 1e-3 + 1e-4
+    attention = _attention_by_hand(PAIR_FLOPS, KV_TOKEN, L, ATTN_RATE, 2048 * (4096 + 1024), 2048, 0, 384, 0,
+                                   2.039e12)
+    expected = layers + head + attention + 2048 * ELEMENTWISE_TOKEN / BYTE_RATE + 1e-3 + 1e-4
     assert _llama3_cost().step_times(f) == pytest.approx(expected, rel=1e-12)
     assert 0.23 < expected < 0.25
 
@@ -143,10 +153,10 @@ def test_analytic_mixed_step_by_hand():
     f = step_features(items, 16)
     layers = max(2 * LAYER_PARAMS * 384 / FLOP_RATE, 2 * LAYER_PARAMS / BYTE_RATE)
     head = max(2 * HEAD_PARAMS * 128 / FLOP_RATE, 2 * HEAD_PARAMS / BYTE_RATE)
-    prefill_attention = PAIR_FLOPS * 300 * 150 / ATTN_RATE
-    decode_attention = max(PAIR_FLOPS * 10 * 500 / ATTN_RATE, (10 * 32 + 19) * 16 * KV_TOKEN / BYTE_RATE)
+    attention = _attention_by_hand(PAIR_FLOPS, KV_TOKEN, L, ATTN_RATE, 300 * 150, 300, 10 * 500, 10 * 32 + 19, 10,
+                                   2.039e12)
     elementwise = 310 * ELEMENTWISE_TOKEN / BYTE_RATE
-    expected = layers + head + prefill_attention + decode_attention + elementwise + 1e-3 + 11 * 1e-4
+    expected = layers + head + attention + elementwise + 1e-3 + 11 * 1e-4
     assert _llama3_cost().step_times(f) == pytest.approx(expected, rel=1e-12)
 
 

@@ -14,6 +14,7 @@ from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from kvplan.sim.cost.features import decode_stretch_features
 from kvplan.sim.cost.moe import expected_touched
 from kvplan.sim.cost.parallel import Shape, allreduce_time, send_recv_time
+from kvplan.sim.gpu import attention as attention_law
 from kvplan.sim.run import build_cost
 from kvplan.sim.spec import SimSpec
 from kvplan.sim.specs.hardware import get_hardware
@@ -87,7 +88,10 @@ def test_one_moe_step_by_hand():
     model, hw = get_model("qwen3-30b-a3b"), get_hardware("h100-sxm")
     cost = AnalyticCost(model, hw, 16, step_overhead_s=0.0, request_overhead_s=0.0)
     f = decode_stretch_features(np.array([100]), np.array([1]), 1, 16)
-    flop, byte, attn = 989e12 * 0.6, 3.35e12 * 0.8, 989e12 * 0.5
+    flop, byte = 989e12 * 0.6, 3.35e12 * 0.8
+    # attention: sim.gpu.attention's law (docs/attention.md) at head dim 128, one decode of 100 tokens in 7 blocks
+    attn = 989e12 * attention_law.PREFILL_LAW[128][0]
+    gather, eta, floor = attention_law.GATHER_TOKENS, attention_law.DECODE_ETA, attention_law.KERNEL_S
     attention = 2048 * 128 * (2 * 32 + 2 * 4)
     dense_part = 48 * (attention + 2048 * 128)  # attention and router per layer; no shared expert
     assert model.dense_part_params == dense_part
@@ -95,7 +99,7 @@ def test_one_moe_step_by_hand():
     elementwise = (48 * (10 * 2048 + 2 * 36 * 128 + 3 * 8 * 768) + 4 * 2048) * 2 + 2 * kv_token
     expected = (max(2 * dense_part * 128 / flop, 2 * dense_part / byte)
                 + max(2 * 151936 * 2048 * 128 / flop, 2 * 151936 * 2048 / byte)
-                + max(4 * 48 * 32 * 128 * 100 / attn, 7 * 16 * kv_token / byte)
+                + max(4 * 48 * 32 * 128 * 100 / attn, 7 * (16 + gather) * kv_token / (3.35e12 * eta)) + 48 * floor
                 + elementwise / byte
                 + 48 * max(2 * 3 * 2048 * 768 * 8 * 128 / flop, 8 * 3 * 2048 * 768 * 2 / byte))
     assert cost.step_times(f)[0] == pytest.approx(expected, rel=1e-12)

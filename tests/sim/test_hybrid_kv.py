@@ -32,8 +32,10 @@ def test_block_count_is_memory_over_ten_layer_blocks(gemma_like):
     assert model_layout(uniform) is None
     layout = model_layout(hybrid)
     assert layout.group_size == 10 and len(layout.groups) == 7
-    _, blocks = build_cost(SimSpec(model=hybrid, hardware="h200"))
-    _, uniform_blocks = build_cost(SimSpec(model=uniform, hardware="h200"))
+    # kv_capacity_blocks' own budget below (2048 tokens, 256 sequences), not vLLM's H200 default (8192 / 1024)
+    _, blocks = build_cost(SimSpec(model=hybrid, hardware="h200", max_num_batched_tokens=2048, max_num_seqs=256))
+    _, uniform_blocks = build_cost(SimSpec(model=uniform, hardware="h200", max_num_batched_tokens=2048,
+                                           max_num_seqs=256))
     # the same memory B: floor(B / (62 layers' bytes per block)) uniform, floor(B / (10 layers')) hybrid
     assert uniform_blocks * 62 // 10 <= blocks < (uniform_blocks + 1) * 62 / 10
     model, hardware = MODELS[uniform], get_hardware("h200")
@@ -71,7 +73,7 @@ def test_a_window_bounds_what_sliding_groups_hold(gemma_like):
     [4096, 6144): cdiv(4096, 16) - (2048 - 1023) // 16 = 256 - 64 = 192 blocks, so 6 x 192 for the six groups."""
     hybrid, _ = gemma_like
     trace = random_trace(2, 1, prompt=(8000, 8000), output=(100, 100))
-    result = simulate(trace, SimSpec(model=hybrid, hardware="h200", num_blocks=4000))
+    result = simulate(trace, SimSpec(model=hybrid, hardware="h200", num_blocks=4000, max_num_batched_tokens=2048))
     groups = result.info["kv_groups"]
     assert groups["full_attention"]["blocks_peak"] == -(-8100 // 16)  # 507: every block of 8,099 positions
     assert groups["sliding_attention"]["blocks_peak"] == 6 * 192
@@ -92,8 +94,10 @@ def test_sliding_layers_pay_attention_over_the_window_only(gemma_like):
     assert [c.sliding_window for c in costs] == [1024, 0]
     f = decode_stretch_features(np.array([3000]), np.array([1]), 1, 16, sliding_window=1024)
     assert (int(f.window_context[0]), int(f.window_blocks[0]), int(f.blocks_touched[0])) == (1024, 64, 188)
-    pair, block = 4 * 32 * 128, 2 * 16 * 128 * 2 * 16  # FLOPs per (query, key) per layer; bytes per layer-block
-    attn, byte = hw.peak_flops * 0.5, hw.hbm_bandwidth * 0.8
+    from kvplan.sim.gpu import attention as law  # docs/attention.md: a block costs its slots + the gather overhead
+
+    pair, block = 4 * 32 * 128, 2 * 16 * 128 * 2 * (16 + law.GATHER_TOKENS)  # per (query, key) / layer-block
+    attn, byte = hw.peak_flops * law.PREFILL_LAW[128][0], hw.hbm_bandwidth * law.DECODE_ETA
     full = max(pair * 62 * 3000 / attn, block * 62 * 188 / byte)
     windowed = max(pair * (10 * 3000 + 52 * 1024) / attn, block * (10 * 188 + 52 * 64) / byte)
     saved = costs[1].step_times(f)[0] - costs[0].step_times(f)[0]

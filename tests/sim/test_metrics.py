@@ -35,7 +35,8 @@ def test_summary_has_exactly_the_design_keys():
     result = simulate(random_trace(3, 20), SimSpec(num_blocks=200))
     assert tuple(result.summary) == SUMMARY_KEYS
     # request_goodput beside the throughputs; 4 counters and the bytes its link moved per prefix tier
-    assert len(SUMMARY_KEYS) == 6 + 16 + 9 + 5 + 3 * 5
+    # + the engine-internal TTFT, TPOT and E2E beside the client's (4 statistics each)
+    assert len(SUMMARY_KEYS) == 6 + 16 + 12 + 9 + 5 + 3 * 5
     assert result.summary["request_goodput"] is None  # no per-request bounds given
     for tier in ("cpu", "disk", "shared"):  # no tier: null
         assert result.summary[f"kv_offload_{tier}_hits"] is None and result.summary[f"kv_offload_{tier}_bytes"] is None

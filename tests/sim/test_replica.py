@@ -9,6 +9,7 @@ import pytest
 from kvplan.engine.core import CacheConfig, SchedulerConfig
 from kvplan.sim.cluster import Cluster
 from kvplan.sim.cost.analytic import AnalyticCost
+from kvplan.sim.gpu import attention as attention_law
 from kvplan.sim.routers import make_router
 from kvplan.sim.run import collect, simulate
 from kvplan.sim.spec import SimSpec
@@ -60,10 +61,16 @@ def test_two_requests_by_hand():
     cluster = Cluster(trace, 1, make_router("round_robin"), cache, SchedulerConfig(), cost, sample_interval_s=1.0)
     cluster.run()
     table = collect(cluster, 16).requests.set_index("request")
-    # Step 1 at 0: A prefills 4 tokens (1 block): 128 + 32 + 4 x 100 = 560 bytes -> 0.560 + 0.010 + 0.001 s.
-    step1 = 0.571
-    # Step 2: A decodes (attends 5 tokens: 2 blocks) and B prefills 4 (1 block): 128 + 96 + 5 x 100 = 724 bytes.
-    step2 = 0.724 + 0.010 + 0.002
+    # Attention (sim.gpu.attention, docs/attention.md): a block reads its 4 slots plus the gather overhead, at the
+    # law's fitted bandwidth fraction, plus one kernel floor per layer; compute is free at 1e30 FLOP/s.
+    def attention(blocks, decodes):
+        read = 8 * (blocks * (4 + attention_law.GATHER_TOKENS) + attention_law.REQUEST_TOKENS * decodes)
+        return read / (1000.0 * attention_law.DECODE_ETA) + attention_law.KERNEL_S
+
+    # Step 1 at 0: A prefills 4 tokens (1 block): 128 + 4 x 100 = 528 bytes, attention, + 0.010 + 0.001 s.
+    step1 = 0.528 + attention(1, 0) + 0.011
+    # Step 2: A decodes (attends 5 tokens: 2 blocks) and B prefills 4 (1 block): 128 + 5 x 100 = 628 bytes.
+    step2 = 0.628 + attention(3, 1) + 0.010 + 0.002
     a, b = table.loc[0], table.loc[1]
     assert a["first_token_s"] == pytest.approx(step1, abs=1e-12)
     assert a["finish_s"] == pytest.approx(step1 + step2, abs=1e-12)

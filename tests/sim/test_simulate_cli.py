@@ -119,7 +119,7 @@ def test_sink_window_peak_is_checked_against_every_chunk(capsys):
     """Used to preempt one request hundreds of times and end in a RuntimeError: each later chunk needs the sinks,
     the window and a whole budget-sized chunk, which 300 blocks cannot hold."""
     flags = ["simulate", "--trace", SAMPLE, "--clip-context", "--num-blocks", "300", "--sink-tokens", "4",
-             "--window-tokens", "4096", "--no-prefix-caching"]
+             "--window-tokens", "4096", "--no-prefix-caching", "--max-num-batched-tokens", "2048"]
     assert main(flags) == 2
     assert "needs 386 KV blocks at its peak" in capsys.readouterr().err
     assert main([*flags, "--max-num-batched-tokens", "512", "--json"]) == 0

@@ -59,7 +59,7 @@ def side_fields(side: str) -> Callable[[type[T]], type[T]]:
     `nullable` gives it a meaning), and gets the side's default. `check_side` checks the values."""
 
     def add(cls: type[T]) -> type[T]:
-        _declare(cls, [(s.name, s.annotation, s.side_default) for s in for_side(side)], f"the {side} settings")
+        _declare(cls, [(s.name, s.annotation, s.default_on(side)) for s in for_side(side)], f"the {side} settings")
         return cls
 
     return add
@@ -76,13 +76,13 @@ def check_side(obj: object, side: str) -> None:
     """Check (and canonicalise) in place every setting `side` uses, as that side takes it; a problem raises after
     the setting's name."""
     for s in for_side(side):
-        object.__setattr__(obj, s.name, s.side_field().check(getattr(obj, s.name), s.name))
+        object.__setattr__(obj, s.name, s.side_field(side).check(getattr(obj, s.name), s.name))
 
 
 def options_class(name: str, side: str, extra: tuple = (), doc: str = "", namespace: dict | None = None) -> type:
     """A dataclass of every setting `side` uses (with its side default), after `extra` (name, type, field)
     fields of its own; the values are checked on construction."""
-    knobs = [(s.name, s.annotation, field(default=s.side_default)) for s in for_side(side)]
+    knobs = [(s.name, s.annotation, field(default=s.default_on(side))) for s in for_side(side)]
 
     def __post_init__(self: object) -> None:
         check_side(self, side)

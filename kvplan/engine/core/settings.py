@@ -190,21 +190,31 @@ class Setting(Field):
     aliases: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
     unset: str = ""
+    unset_sides: frozenset[str] = frozenset({"engine", "sim"})  # the sides where None means `unset`
+
+    def derived_on(self, side: str) -> bool:
+        """Whether None on `side` means a value that side derives (`unset`) rather than the default."""
+        return bool(self.unset) and side in self.unset_sides
 
     @property
     def side_default(self) -> object:
-        """The default on the engine and simulator sides."""
-        return None if self.unset else self.default
+        """The default on the engine side (`default_on` names the side)."""
+        return self.default_on("engine")
+
+    def default_on(self, side: str) -> object:
+        """The default on the engine or the simulator side: None where that side derives the value."""
+        return None if self.derived_on(side) else self.default
 
     @property
     def annotation(self) -> str:
         kind = {"int": "int", "float": "float", "bool": "bool", "bytes": "int"}.get(self.kind, "str")
         return f"{kind} | None" if self.unset or self.nullable else kind
 
-    def side_field(self) -> Field:
-        """The field as the engine and the simulator take it (None allowed where `unset` gives it a meaning)."""
-        return Field(self.kind, self.side_default, self.choices, self.minimum, self.maximum, self.above,
-                     self.nullable or bool(self.unset), self.help, self.values, self.why, derived=bool(self.unset))
+    def side_field(self, side: str = "engine") -> Field:
+        """The field as the engine or the simulator takes it (None allowed where `unset` gives it a meaning)."""
+        derived = self.derived_on(side)
+        return Field(self.kind, self.default_on(side), self.choices, self.minimum, self.maximum, self.above,
+                     self.nullable or derived, self.help, self.values, self.why, derived=derived)
 
 
 def _s(name: str, kind: str, default: object, help: str, flag: str = "", **kw: Any) -> Setting:
@@ -217,6 +227,10 @@ SIM = frozenset({"sim"})
 MAX_PARALLEL = 64  # GPUs of one replica: 8 nodes of 8 (the largest single-model deployments published)
 
 PER_BLOCK = "one object per KV block: more would exhaust memory"
+VLLM_BATCH_DEFAULT = ("simulator: what vLLM picks for the hardware's memory and the entry point (sim.vllm_defaults: "
+                      "8192 tokens / 1024 sequences for the OpenAI server on a >= 70 GiB GPU, 2048 / 256 below); "
+                      "engine: 2048 / 256")
+ENTRY_POINTS = ("openai_server", "llm", "engine")  # vLLM's usage contexts OPENAI_API_SERVER, LLM_CLASS, ENGINE_CONTEXT
 MAX_OFFLOAD_GIB = 1 << 20  # a PiB of host memory: past any machine (the engine checks its own memory)
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # --- the KV cache (CacheConfig) ---
@@ -275,9 +289,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        config="cache", minimum=0, maximum=0.5),
     # --- continuous batching (SchedulerConfig) ---
     _s("max_num_batched_tokens", "int", 2048, "tokens one step may compute", config="scheduler", minimum=1,
-       maximum=MAX_TOKENS),
+       maximum=MAX_TOKENS, unset=VLLM_BATCH_DEFAULT, unset_sides=SIM),
     _s("max_num_seqs", "int", 256, "sequences one step may run", config="scheduler", minimum=1,
-       maximum=1_000_000),
+       maximum=1_000_000, unset=VLLM_BATCH_DEFAULT, unset_sides=SIM),
     _s("long_prefill_token_threshold", "int", 0, "a prompt computes at most this many tokens per step, so long "
        "prefills share steps with short ones (0: no cap; vLLM's knob of the same name)", config="scheduler",
        minimum=0, maximum=MAX_TOKENS),
@@ -315,6 +329,15 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        maximum=MAX_PARALLEL, why="GPUs of one replica"),
     _s("enable_expert_parallel", "bool", False, "MoE models: place whole experts on the tensor-parallel ranks "
        "(an all-to-all dispatch and combine per MoE layer) instead of sharding every expert", sides=SIM),
+    _s("entry_point", "choice", "openai_server", "how the simulated vLLM is run: openai_server (`vllm serve`: "
+       "latencies as its clients see them, the API server's work on every request and token included, and "
+       "vLLM's server defaults), llm (the offline LLM class) or engine (the engine core alone); the engine-internal "
+       "times are reported beside the client's either way", sides=SIM, choices=ENTRY_POINTS),
+    _s("api_server_latency_ms", "float", None, "with entry_point openai_server: what a client waits per request that "
+       "occupies no API-server time (HTTP transport both ways, the server's and the client's stacks); `kvplan "
+       "validate --endpoint` fits it for a real server", sides=SIM, minimum=0, maximum=60_000, why="milliseconds",
+       unset="vLLM PR #54628's client-minus-server TTFT of `vllm serve` less the measured API-server work "
+             "(sim.frontend)", unset_sides=SIM),
     _s("position_mode", "choice", "original", "with a window: retained tokens keep their positions (original), or "
        "take their positions within the cache (shifted, StreamingLLM; RoPE models, torch/cpu attention)",
        sides=ENGINE, choices=POSITION_MODES),

@@ -9,9 +9,10 @@ With M = the step's tokens (prefill tokens + decodes) and S = its sampled rows (
 - LM head: the same for vocab × hidden over S' (S in whole tiles) - only sampled rows reach it - and nothing
   when S = 0. Its weight (the embedding table when tied) is read once here; an untied input embedding is only
   gathered row by row (element-wise below), so the step streams layers + head, not `weight_bytes`;
-- attention: 4 × layers × heads × head_dim FLOPs per (query, key) pair; prefill pairs (causal, Σ chunk ×
-  (start + chunk/2)) at FlashAttention efficiency, plus decode attention = max(its FLOPs, the KV blocks attention
-  reads: whole blocks, so the block size shows; every request's blocks, a prefill's cached prefix included);
+- attention: `sim.gpu.attention.AttentionCost` (docs/attention.md): the larger of its FLOPs (prefill pairs at a
+  FlashAttention-class efficiency that depends on the head dim and the keys per query, plus decode pairs) and the
+  KV blocks it reads (whole blocks, each with a gather overhead, so the block size shows; every request's blocks,
+  a prefill's cached prefix included), plus a floor per layer's kernel;
 - element-wise (memory-bound): RMSNorms, RoPE, the MLP activation, residual adds, the embedding gather and the
   KV-cache write, bytes per token at memory bandwidth.
 `StepFeatures.batched` (a CPU BLAS effect: one token row runs a cheaper matrix-vector kernel) is priced by the
@@ -94,8 +95,9 @@ class AnalyticCost:
     step_overhead_s: float = 2e-3
     # Per scheduled request (metadata, sampling): hand-set planner default.
     request_overhead_s: float = 2e-5
-    # Fraction of peak FLOP/s the attention kernels achieve (`sim.gpu.attention` says where 0.5 comes from).
-    attention_efficiency: float = 0.5
+    # Fraction of peak FLOP/s the attention kernels achieve; None: the shape-aware law fitted on FlashAttention-3's
+    # published speeds (`sim.gpu.attention`, docs/attention.md). A number replaces that law's e(head_dim).
+    attention_efficiency: float | None = None
     # GEMM rows computed in whole tiles: NVIDIA "Matrix Multiplication Background User's Guide" (tile
     # quantization): a GEMM computes whole output tiles, so M rows cost ceil(M / tile) × tile rows of work;
     # 128-row tiles on A100/H100 tensor cores (the guide's efficient tile sizes are 128 or 256 on a side).
@@ -125,6 +127,8 @@ class AnalyticCost:
         for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency", "link_efficiency",
                     "p2p_efficiency"):
             value = getattr(self, key)
+            if value is None and key == "attention_efficiency":  # the fitted law
+                continue
             if not 0.0 < value <= 1.0:
                 raise UserError(f"cost.{key}: must be a fraction in (0, 1], got {value!r}")
         for key in ("step_overhead_s", "request_overhead_s"):
@@ -142,8 +146,9 @@ class AnalyticCost:
         self._layer_read_s = m.layer_weight_bytes * share / self._byte_rate
         self._head_read_s = m.lm_head_params * m.dtype_bytes / tp / self._byte_rate
         self._elementwise = elementwise_bytes_per_token(m, self.kv_dtype_bytes, tp, pp)
+        # The KV read runs at the attention law's fitted bandwidth fraction, not the weights' `memory_efficiency`.
         self._attention = AttentionCost(m, self.hardware, self.block_size, self.kv_dtype_bytes, tp, pp,
-                                        self.attention_efficiency, self.memory_efficiency)
+                                        self.attention_efficiency)
         self._experts = ExpertCost.of(m, tp, pp, self.gemm_tile_rows, self._flop_rate, self._byte_rate) \
             if m.is_moe else None
         self._hidden_bytes = m.hidden_size * m.dtype_bytes
