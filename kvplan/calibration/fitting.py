@@ -18,6 +18,7 @@ from kvplan.sim.cost.calibrated import COEFFICIENTS, CalibratedCost, feature_col
 from kvplan.sim.cost.features import step_features
 from kvplan.sim.cost.fit import Fit, fit_with_holdout, r_squared
 from kvplan.sim.cost.recorded import ProfiledStep
+from kvplan.sim.gpu.model_error import STEP_KINDS, family_error, step_band_pct
 
 TRANSFER_COLUMNS = ("swap_tokens", "copy_tokens")
 HOLDOUT_FRACTION = 0.2
@@ -77,19 +78,31 @@ def calibrate_steps(steps: list[ProfiledStep], block_size: int, seed: int = 0) -
                           swap_seconds_per_block=float(c[n] * block_size),
                           copy_seconds_per_block=float(c[n + 1] * block_size))
     predicted = x @ c
-    cost.meta["fit"] = {**fit_quality(fit, predicted, t, holdout),
+    kinds = [step_kind(s) for s in steps]
+    cost.meta["fit"] = {**fit_quality(fit, predicted, t, holdout, kinds),
                         "method": "non-negative least squares on relative error, Huber-reweighted; 20% of steps "
                                   "held out"}
-    return Calibration(cost, t, predicted, holdout, [step_kind(s) for s in steps])
+    return Calibration(cost, t, predicted, holdout, kinds)
 
 
-def fit_quality(fit: Fit, predicted: np.ndarray, measured: np.ndarray, holdout: np.ndarray) -> dict:
-    """The profile's `fit` numbers: steps, R² on the fitted and the held-out steps, held-out |error| %."""
-    held = np.abs(fit.relative_errors) * 100
+def fit_quality(fit: Fit, predicted: np.ndarray, measured: np.ndarray, holdout: np.ndarray,
+                kinds: list[str]) -> dict:
+    """The profile's `fit` numbers: steps, R² on the fitted and the held-out steps, held-out |error| % and bias
+    % (the mean signed error), and the model error `--cost calibrated` states (`sim.gpu.model_error`): per step
+    kind of the held-out steps (and all of them) rows, median and p90 |error|, bias, and the step band (their
+    signed error's 10th-90th percentile)."""
+    errors = fit.relative_errors  # (predicted - measured) / measured on the held-out steps
+    held = np.abs(errors) * 100
+    held_kinds = np.asarray(kinds)[holdout]
+    families = [family_error(kind, errors[held_kinds == kind]) for kind in STEP_KINDS[:-1]
+                if np.any(held_kinds == kind)]
     return {"steps": len(measured), "heldout_steps": int(holdout.sum()), "r2": round(fit.r2, 5),
             "heldout_r2": round(r_squared(predicted[holdout], measured[holdout]), 5),
             "heldout_median_abs_error_pct": round(float(np.median(held)), 3),
-            "heldout_p90_abs_error_pct": round(float(np.percentile(held, 90)), 3)}
+            "heldout_p90_abs_error_pct": round(float(np.percentile(held, 90)), 3),
+            "heldout_bias_pct": round(float(np.mean(errors)) * 100, 3),
+            "heldout_families": [*families, family_error("all", errors)],
+            "step_band_pct": step_band_pct(errors)}
 
 
 def residual_plot(cal: Calibration, title: str) -> bytes:

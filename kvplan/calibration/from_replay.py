@@ -110,12 +110,12 @@ def calibrate_from_replay(directory: str | Path, block_size: int | None = None, 
         doc["kv_capacity_source"] = f"server {kv_source} (endpoint.json)"
     cost = CalibratedCost(coefficients, kv_capacity_blocks=capacity)
     predicted = x[:, kept] @ fit.coefficients
+    kinds = kinds_of(steps)
     cost.meta.update(block_size=block_size, block_sizes=[block_size], fit={
-        **fit_quality(fit, predicted, t, holdout), **doc, "unidentified": unidentified,
+        **fit_quality(fit, predicted, t, holdout, kinds), **doc, "unidentified": unidentified,
         "method": "steps reconstructed from token times; non-negative least squares on relative error, "
                   "Huber-reweighted; 20% of steps held out",
-        **_warnings(endpoint, table["cached_prompt_tokens"].to_numpy(), coefficients, kinds_of(steps))})
-    kinds = kinds_of(steps)
+        **_warnings(endpoint, table["cached_prompt_tokens"].to_numpy(), coefficients, kinds)})
     return ReplayCalibration(Calibration(cost, t, predicted, holdout, kinds), endpoint.get("url"), len(end))
 
 

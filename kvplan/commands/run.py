@@ -1,6 +1,7 @@
 """`kvplan run EXPERIMENT.yaml`: every point of a capacity-planning experiment on the simulator, in parallel,
 resumable; writes runs.parquet, points.parquet, summary.md, plots and report.html, and prints the
-recommendation. `--explain` prints the resolved points and runs nothing."""
+recommendation with its model range (the answer re-searched at the edges of the step-time error band of the
+source that priced the GPU: `experiments.model_range`). `--explain` prints the resolved points and runs nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""`kvplan simulate`: replay a trace on simulated replicas (the shared scheduler, a cost model for time)."""
+"""`kvplan simulate`: replay a trace on simulated replicas (the shared scheduler, a cost model for time).
+
+Every answer states its model error (`sim.gpu.model_error`): which source priced the steps, its validation error
+per op family (or step kind) and the step-time band, as `model_error` in --json and one line after the table. A
+single replay reports the band itself (a capacity range needs a search: `kvplan run` with `search:`)."""
 
 from __future__ import annotations
 
@@ -96,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
         results.append(result)
         runs.append({"block_size": block_size, "summary": result.summary,
                      "info": {**result.info, "wall_s": round(wall, 3)}})
+    from kvplan.sim.gpu.model_error import model_error_for
+
+    model_error = model_error_for(spec_from_args(args, args.block_size[0]))  # the block size has no bearing
     if args.out is not None:  # one result set, swapped in whole: never half this run and half an earlier one
         options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "handler"}
         with atomic_dir(args.out, {"command": "simulate", "options": options}) as tmp:
@@ -114,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
             notes.append(f"--workers {args.workers}: ran in one process: {why}")
     if args.json:
         print_notes(notes)  # stderr: stdout stays one strict JSON object
-        print_json({**runs[0], "notes": notes} if len(runs) == 1 else {"runs": runs, "notes": notes})
+        print_json({**runs[0], "model_error": model_error.to_json(), "notes": notes} if len(runs) == 1 else
+                   {"runs": runs, "model_error": model_error.to_json(), "notes": notes})
         return 0
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
     shape = f" at TP {tp} x PP {pp} ({args.replicas * tp * pp} GPUs in all)" if tp * pp > 1 else ""
@@ -125,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_table([h for h, _ in TABLE], rows))
     print(f"\nsimulated {runs[0]['summary']['duration_s']:.1f} s per run; wall "
           + ", ".join(f"{r['info']['wall_s']:.2f} s" for r in runs))
+    print(model_error.one_line())
     sys.stdout.flush()
     print_notes(notes)
     return 0

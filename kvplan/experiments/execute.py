@@ -5,7 +5,8 @@ A sustained or concurrency run is a steady-state probe (`sim.probe`: the trace's
 for the probe's duration, measured over its window, with a stability verdict); a burst run replays the trace
 as recorded, time-scaled by `rate_scale` (`sim.run.simulate`).
 
-    runs/<key>/config.json      the resolved configuration (with the seed)
+    runs/<key>/config.json      the resolved configuration (with the seed; and `step_scale`, the factor on every
+                                step's compute time, for a search at an edge of the model-error band)
     runs/<key>/summary.json     {"summary": vLLM-style metrics, "info": ..., "attainment": share, "wall_s": ...,
                                  "probe": the window's counts, signals and verdict (null for a burst run)}
     runs/<key>/series.parquet   KV usage, queue lengths and the memory breakdown over time (per replica)
@@ -117,13 +118,17 @@ def execute_run(config: dict, run_dir: str, tables: bool) -> dict:
 
     start = time.perf_counter()
     spec = build_spec(config)
+    step_scale = config.get("step_scale", 1.0)  # an edge of the model-error band (search.PointTask.step_scale)
     if config["workload"]["mode"] == "burst":
+        if step_scale != 1.0:  # make_tasks never asks: `sim.run.simulate` prices steps as the model does
+            raise ValueError(f"a burst run cannot scale its step times (step_scale {step_scale})")
         trace = build_trace(config)
         result = simulate(trace, spec, config.get("goodput"))
         span = float(trace.arrival_s[-1] - trace.arrival_s[0]) if len(trace) > 1 else 0.0
         offered = len(trace) / span if span > 0 else None
     else:
-        result = run_probe(_population(*_workload_keys(config)), spec, build_probe(config), int(config["seed"]))
+        result = run_probe(_population(*_workload_keys(config)), spec, build_probe(config), int(config["seed"]),
+                           step_scale)
         offered = result.info["probe"]["offered_rps"]
     doc = {"summary": result.summary, "info": result.info, "wall_s": time.perf_counter() - start,
            "offered_rate_rps": offered, "attainment": attainment_share(result.requests, config.get("attainment")),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvplan.experiments import plots
+from kvplan.experiments import model_range, plots
 from kvplan.experiments.results import (
     COUNTS,
     Recommendation,
@@ -69,9 +69,10 @@ def figures(exp: Experiment, outcome: Outcome, runs: pd.DataFrame, points: pd.Da
         out["prefix_hit_rate"] = plots.per_point(points, swept, "prefix_cache_hit_rate", "Prefix-cache hit rate",
                                                  "hit rate")
     shown = rec.point if rec.point is not None else 0
-    run = answer_runs(outcome.tasks[shown], runs).iloc[0]["run"]
+    task = next(t for t in outcome.tasks if t.point.index == shown and not t.edge)  # the point's first search
+    run = answer_runs(task, runs).iloc[0]["run"]
     series = pd.read_parquet(staging / "runs" / run / "series.parquet")
-    out["kv_over_time"] = plots.kv_over_time(series, f"{outcome.tasks[shown].point.label} (run {run})")
+    out["kv_over_time"] = plots.kv_over_time(series, f"{task.point.label} (run {run})")
     return {name: png for name, png in out.items() if png is not None}
 
 
@@ -79,25 +80,30 @@ def write_results(exp: Experiment, outcome: Outcome, staging: Path) -> None:
     """Everything but the runs themselves, into the staging directory (swapped in whole afterwards)."""
     runs = runs_frame(exp, outcome)
     points = points_frame(exp, outcome, runs)
+    if exp.search:  # each run beside its point's range (the edge searches' runs included)
+        runs = runs.merge(points[["point", *model_range.RANGE_COLUMNS]], on="point", how="left")
     rec = recommend(exp, points)
     write_atomic(staging / "runs.parquet", _parquet(runs))
     write_atomic(staging / "points.parquet", _parquet(points))
     write_atomic(staging / "experiment.yaml", exp.text)
-    summary = summary_markdown(exp, points, rec, len(outcome.runs))
+    summary = summary_markdown(exp, points, rec, len(outcome.runs), outcome.model_errors)
     write_atomic(staging / "summary.md", summary)
     doc = {"name": exp.name, "recommendation": {"point": rec.point, "label": rec.label, "why": rec.why},
            "slo": slo_lines(exp), "runs": len(outcome.runs), "runs_made": outcome.made,
-           "runs_reused": outcome.reused, "points": points.to_dict(orient="records")}
+           "runs_reused": outcome.reused, "points": points.to_dict(orient="records"),
+           "model_error": model_range.json_blocks(exp, points, outcome.model_errors)}
     write_atomic(staging / "result.json", json_text(doc))
-    images = figures(exp, outcome, runs, points, rec, staging) if exp.outputs["plots"] else {}
+    central = runs[runs["step_scale"] == 1.0]  # the figures show the answer's runs, not the band's edges
+    images = figures(exp, outcome, central, points, rec, staging) if exp.outputs["plots"] else {}
     for name, png in images.items():
         write_atomic(staging / "plots" / f"{name}.png", png)
     if exp.outputs["report"]:
-        write_atomic(staging / "report.html", report_html(exp, points, rec, images, len(outcome.runs), runs))
+        write_atomic(staging / "report.html", report_html(exp, points, rec, images, len(outcome.runs), runs,
+                                                          model_range.html_section(exp, outcome.model_errors)))
 
 
-PROBE_TABLE = ("point", "label", "seed", "probe", "offered_rate_rps", "verdict", *COUNTS, "p99_ttft_ms", "p90_tpot_ms",
-               "slo_met", "slo_broken")
+PROBE_TABLE = ("point", "label", "seed", "probe", "step_scale", "offered_rate_rps", "verdict", *COUNTS, "p99_ttft_ms",
+               "p90_tpot_ms", "slo_met", "slo_broken")
 
 
 def _table(headers, rows, best: int | None = None) -> str:
@@ -109,7 +115,7 @@ def _table(headers, rows, best: int | None = None) -> str:
 
 
 def report_html(exp: Experiment, points: pd.DataFrame, rec: Recommendation, images: dict[str, bytes],
-                runs: int, run_table: pd.DataFrame) -> str:
+                runs: int, run_table: pd.DataFrame, model_error: str) -> str:
     """The report page. Every probe is listed with its stability verdict and its request counts (warm-up,
     measured, cool-down, unfinished), so that an answer can be traced to the runs behind it."""
     e = html.escape
@@ -140,11 +146,13 @@ pre {{ background: #f6f6f6; padding: 1em; }}
 {verdict}
 <p>{e(load_line(exp))}</p>
 {f"<h2>Capacity</h2><ul>{capacity}</ul>" if capacity else ""}
+{model_error}
 <h2>SLOs</h2><ul>{slo}</ul>
 <h2>Points</h2>{_table(headers, rows, rec.point)}
 <h2>Figures</h2>{figs}
 <h2>Runs</h2><p>Every run (search probe) with its stability verdict and request counts; a probe must be stable
-before its SLOs count.</p>{_table(PROBE_TABLE, probes)}
+before its SLOs count. A step_scale other than 1 marks a run of the model range's searches.</p>
+{_table(PROBE_TABLE, probes)}
 <h2>Experiment file</h2><pre>{e(exp.text)}</pre>
 </body></html>
 """

@@ -7,6 +7,11 @@ summary.json, so that the table depends only on the configurations (a resumed sw
 table an uninterrupted one writes). points.parquet has one row per point: its metrics at the answer (averaged
 over seeds), the SLO verdict, and for a search the capacity: the median of the seeds' answers with their range,
 in the search's unit and in requests and tokens per second.
+
+Both tables carry the model error (`model_range`): the source that priced the point's GPU and its step-time band
+(model_error_source, model_error_band_lo_pct, model_error_band_hi_pct), and for a search the answer's range over
+that band (capacity_model_lo, capacity_model_hi). runs.parquet also holds the edge searches' runs: their
+`step_scale` is the band edge's factor on every step's compute time (1 for every run of the answer itself).
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvplan.experiments import model_range
 from kvplan.experiments.runner import Outcome
 from kvplan.experiments.schema import SEARCH_TARGETS, Experiment
 from kvplan.experiments.search import PointTask
 from kvplan.results.summary import SUMMARY_KEYS
+from kvplan.sim.gpu.model_error import ModelError
 
 HEADLINE = ("request_throughput", "request_goodput", "p99_ttft_ms", "p90_tpot_ms", "p90_e2el_ms", "kv_usage_mean",
             "kv_token_utilization", "prefix_cache_hit_rate", "num_preemptions")
@@ -62,6 +69,8 @@ def runs_frame(exp: Experiment, outcome: Outcome) -> pd.DataFrame:
             flat = flatten(config)
             rows.append({"point": point.index, "label": point.label, "seed": config["seed"],
                          "probe": float(flat[probe_key]) if probe_key else math.nan, "run": key, **flat,
+                         "step_scale": float(config.get("step_scale", 1.0)),
+                         **model_range.error_columns(outcome.model_errors.get(point.index)),
                          **{k: doc["summary"][k] for k in SUMMARY_KEYS},
                          "offered_rate_rps": doc["offered_rate_rps"], "num_blocks": doc["info"]["num_blocks"],
                          "rejected": doc["info"]["rejected"], "attainment": doc["attainment"], **probe_row(doc),
@@ -75,7 +84,8 @@ def runs_frame(exp: Experiment, outcome: Outcome) -> pd.DataFrame:
 
 def answer_runs(task: PointTask, runs: pd.DataFrame) -> pd.DataFrame:
     """The runs that describe a task: all its runs, or for a search those at its answer (else its last probe)."""
-    mine = runs[(runs["point"] == task.point.index) & runs["seed"].isin(task.seeds)]
+    mine = runs[(runs["point"] == task.point.index) & runs["seed"].isin(task.seeds)
+                & (runs["step_scale"] == task.step_scale)]
     if not task.exp.search:
         return mine
     value = task.answer if task.answer is not None else task.probes[-1][0]
@@ -96,10 +106,12 @@ def median_answer(answers: list[float | None], missing_low: bool) -> float | Non
 def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for point in dict.fromkeys(task.point.index for task in outcome.tasks):
-        tasks = [t for t in outcome.tasks if t.point.index == point]
+        every = [t for t in outcome.tasks if t.point.index == point]
+        tasks = [t for t in every if not t.edge]  # the edge searches only give the model range
         at = pd.concat([answer_runs(t, runs) for t in tasks])
         first = tasks[0].point
         row = {"point": point, "label": first.label, **first.values,
+               **model_range.error_columns(outcome.model_errors.get(point)),
                "seeds": int(at["seed"].nunique()), "slo_met": bool(at["slo_met"].all()),
                **{k: float(pd.to_numeric(at[k], errors="coerce").mean()) for k in (*SUMMARY_KEYS, "offered_rate_rps")},
                "attainment": float(at["attainment"].mean()) if at["attainment"].notna().any() else math.nan,
@@ -111,6 +123,8 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
             row["answer"] = math.nan if median is None else float(median)
             row["answer_low"] = float(min(found)) if len(found) == len(answers) else math.nan
             row["answer_high"] = float(max(found)) if found else math.nan
+            row["capacity_model_lo"], row["capacity_model_hi"] = model_range.capacity_range(exp, every, median)
+            row["model_range_note"] = model_range.missing_range(exp, every, outcome.model_errors.get(point))
             row["answers"] = ", ".join("n/a" if a is None else f"{a:.4g}" for a in answers)
             outcomes = sorted({t.outcome for t in tasks if t.outcome})
             row["search_outcome"] = "; ".join(outcomes) if outcomes else "found"
@@ -177,7 +191,7 @@ def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
     """A point's search answer in the user's units: the median over seeds, its range, req/s and tok/s."""
     target, value = exp.search["target"], row["answer"]
     served = f"{row['capacity_rps']:.4g} req/s, {row['capacity_tok_s']:,.0f} tok/s"
-    spread = interval_text(exp, row)
+    spread = "; ".join(part for part in (model_range.range_clause(row), interval_text(exp, row)) if part)
     if target == "max_rate":
         return f"the highest sustained rate that is stable and meets the SLOs: {value:.4g} req/s ({spread}; " \
                f"served {served})"
@@ -203,7 +217,8 @@ def slo_lines(exp: Experiment) -> list[str]:
 
 
 def point_table(exp: Experiment, points: pd.DataFrame) -> tuple[list[str], list[list[object]]]:
-    search = ["answer", "answer_low", "answer_high", "capacity_rps", "capacity_tok_s", "search_outcome"]
+    search = ["answer", "answer_low", "answer_high", *model_range.RANGE_COLUMNS, "capacity_rps", "capacity_tok_s",
+              "search_outcome"]
     if exp.search and exp.search["target"] == "min_replicas":
         search[1:1] = ["gpus_per_replica", "gpus"]
     headers = ["point", "label", *(search if exp.search else []), "slo_met", "verdict",
@@ -220,7 +235,8 @@ def cell(value: object) -> object:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation, runs: int) -> str:
+def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation, runs: int,
+                     errors: dict[int, ModelError]) -> str:
     headers, rows = point_table(exp, points)
     lines = [f"# {exp.name}", ""]
     if exp.description:
@@ -243,7 +259,8 @@ def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation,
         lines += ["", "## Capacity", ""]
         lines += [f"- **{row['label']}**: " + (capacity_sentence(exp, row) if math.isfinite(row["answer"])
                                                 else row["search_outcome"]) for _, row in points.iterrows()]
-    return "\n".join(lines) + "\n"
+    lines += ["", *model_range.markdown(exp, errors)]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def load_line(exp: Experiment) -> str:

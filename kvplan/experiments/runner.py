@@ -22,10 +22,12 @@ from pathlib import Path
 
 from kvplan.errors import UserError
 from kvplan.experiments.execute import execute_run, read_run
+from kvplan.experiments.model_range import edge_scales, point_errors
 from kvplan.experiments.points import run_key
 from kvplan.experiments.schema import Experiment
-from kvplan.experiments.search import PointTask, make_tasks, slo_verdict
+from kvplan.experiments.search import PointTask, edge_tasks, make_tasks, slo_verdict
 from kvplan.output import check_replaceable, publish, write_manifest
+from kvplan.sim.gpu.model_error import ModelError
 
 
 class Finished:
@@ -131,6 +133,7 @@ class Outcome:
     runs: dict[str, dict]  # run key -> {config, doc (summary.json), met, broken (SLO lines), points (task indices)}
     made: int = 0  # runs simulated now
     reused: int = 0  # finished runs found in the staging directory (--resume)
+    model_errors: dict[int, ModelError] = field(default_factory=dict)  # point index -> its cost model's error
 
 
 def prepare_staging(out: Path, resume: bool) -> Path:
@@ -145,21 +148,20 @@ def prepare_staging(out: Path, resume: bool) -> Path:
     return staging
 
 
-def run_points(exp: Experiment, staging: Path, backend, progress: Progress) -> Outcome:
-    """Drive every task to its end: submit a round, feed back verdicts, reuse finished runs."""
-    tasks = make_tasks(exp)
-    runs: dict[str, dict] = {}
+def run_points(exp: Experiment, staging: Path, backend, progress: Progress, tasks: list[PointTask],
+               runs: dict[str, dict] | None = None) -> Outcome:
+    """Drive every task not yet done to its end: submit a round, feed back verdicts, reuse finished runs. `runs`:
+    those of tasks already driven (a second phase adds tasks led by finished ones)."""
+    runs = {} if runs is None else runs  # run key -> ..., "points": the tasks waiting for it (equal ones run once)
     waiting: dict[int, dict[str, dict | None]] = {}  # task index -> its round's run keys -> doc (None: pending)
     inflight: dict[object, str] = {}  # backend handle -> run key
-    issued: dict[str, list[int]] = {}  # run key -> tasks waiting for it (equal configurations run once)
 
     def issue(index: int, configs: list[dict]) -> None:
         keys = [run_key(c) for c in configs]
         waiting[index] = dict.fromkeys(keys)  # the whole round first: a round completes only when all of it has
         for key, config in zip(keys, configs, strict=True):
-            runs.setdefault(key, {"config": config})
-            issued.setdefault(key, []).append(index)
-            if len(issued[key]) > 1:  # another point asked for the same run: share it
+            runs.setdefault(key, {"config": config, "points": []})["points"].append(index)
+            if len(runs[key]["points"]) > 1:  # another point asked for the same run: share it
                 waiting[index][key] = runs[key].get("doc")
                 continue
             done = read_run(staging / "runs" / key)
@@ -177,7 +179,7 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress) -> O
 
     def deliver(key: str, doc: dict) -> None:
         record(key, doc)
-        for index in issued[key]:
+        for index in runs[key]["points"]:
             if key in waiting.get(index, {}):
                 waiting[index][key] = doc
                 maybe_advance(index)
@@ -198,28 +200,44 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress) -> O
                 issue(j, task.first())
 
     for i, task in enumerate(tasks):
-        if task.ready:
+        if task.ready and not task.done and task.current is None:
             issue(i, task.first())
     while inflight:
         for handle in backend.wait(list(inflight)):
             key = inflight.pop(handle)
             progress.update(run=True)
             deliver(key, backend.result(handle))
-    for key, run in runs.items():
-        run["points"] = issued[key]
     return Outcome(tasks, runs, progress.runs, progress.cached)
+
+
+def recommended_point(exp: Experiment, outcome: Outcome) -> int | None:
+    """The point the finished searches recommend (`results.recommend`, as the result set will say)."""
+    from kvplan.experiments.results import points_frame, recommend, runs_frame
+
+    return recommend(exp, points_frame(exp, outcome, runs_frame(exp, outcome))).point
 
 
 def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str = "local",
                    ray_address: str | None = None, resume: bool = False, progress: bool = True,
                    write: Callable[[Experiment, Outcome, Path], None] | None = None) -> Outcome:
     """Run every point into OUT.partial, write the aggregate result there, then swap it in as OUT."""
+    errors = point_errors(exp)  # read before any run: a malformed profile or data file fails fast
+    scales = edge_scales(errors)
+    mode = exp.search["model_range"] if exp.search else "none"
     staging = prepare_staging(out, resume)
     pool = LocalBackend(workers) if backend == "local" else RayBackend(ray_address, workers)
     try:
-        tasks = len(make_tasks(exp))
-        noun = "searches" if exp.search and exp.search["combine"] == "median" else "points"
-        outcome = run_points(exp, staging, pool, Progress(tasks, noun, enabled=progress))
+        tasks = make_tasks(exp, scales if mode == "every_point" else None)
+        noun = "searches" if exp.search and (exp.search["combine"] == "median" or scales) else "points"
+        meter = Progress(len(tasks), noun, enabled=progress)
+        outcome = run_points(exp, staging, pool, meter, tasks)
+        outcome.model_errors = errors
+        best = recommended_point(exp, outcome) if mode == "recommended" else None
+        more = edge_tasks(tasks, {best: scales[best]}) if best in scales else []
+        if more:  # the recommended point's model range, searched once every answer is known
+            meter.points += len(more)
+            outcome = run_points(exp, staging, pool, meter, tasks + more, outcome.runs)
+            outcome.model_errors = errors
     finally:
         pool.close()
     if progress and sys.stderr.isatty():

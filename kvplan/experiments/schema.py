@@ -36,6 +36,8 @@
       tolerance: 0.05                       #   users; max_burst_scale: the highest burst rate_scale;
       combine: median                       #   min_replicas: the fewest cluster.replicas. combine: median of
                                             #   the seeds' answers with their range, or all (every seed must pass)
+      model_range: recommended              # the answer re-searched at the model-error band's edges: for the
+                                            #   recommended point, every_point, or none (search.py)
     slo:                                    # a run meets its SLO when every line holds
       p99_ttft_ms: 2000                     # {p50,p90,p99}_{ttft,tpot,itl,e2el}_ms: upper bounds
       attainment: {ttft_ms: 1000, tpot_ms: 80, fraction: 0.95}  # share of requests within all the bounds
@@ -120,7 +122,8 @@ SEARCH: dict[str, Field] = {"target": Field("choice", None, tuple(SEARCH_TARGETS
                             "low": Field("float", None, above=0, nullable=True),
                             "high": Field("float", None, above=0, nullable=True),
                             "tolerance": Field("float", 0.05, above=0, maximum=0.5),
-                            "combine": Field("choice", "median", ("median", "all"))}
+                            "combine": Field("choice", "median", ("median", "all")),
+                            "model_range": Field("choice", "recommended", ("recommended", "every_point", "none"))}
 SEARCH_DEFAULTS = {"max_rate": (0.25, 256.0), "max_goodput": (0.25, 256.0), "max_concurrency": (1, 1024),
                    "max_burst_scale": (0.25, 16.0), "min_replicas": (1, 64)}
 SEARCH_SEEDS = [0, 1, 2]  # a search's default seeds: capacity is reported as a median with its range

@@ -17,6 +17,16 @@ The first seed of a point searches [low, high] as above; the point's other seeds
 doubling each time, clamped to [low, high] - until their own answer is bracketed, then bisect to the same
 tolerance. Each seed still finds its own answer; it only needs fewer probes to do so.
 
+The model range (`sim.gpu.model_error`): when the source that priced a point's GPU states a step-time band, two
+more searches re-find the point's answer with every step's compute time scaled to the band's edges
+(`sim.cost.scaled`) - for the recommended point once every point's answer is known (`search.model_range:
+recommended`, the default), for every point as its first search ends (`every_point`), or never (`none`); a burst
+replay has none (`sim.run.simulate` prices steps as the model does). They are kept cheap: one seed (the first
+seed's search's seeds: one with `combine: median`, all with `combine: all`), guided by that search's bracket
+moved to where the scaled answer is expected (a rate or user count divided by the factor, replicas multiplied by
+it), stepping out by that bracket's ratio and bisecting to the same tolerance - two probes when the guess holds.
+Their runs carry `step_scale` in their configuration; `results` turns their answers into the point's range.
+
 Both assume the SLOs hold below some load (above some replica count) and fail beyond it - true of a queueing
 system whose latency grows with load; a search whose `low` already fails (or `high` still meets) is reported as
 such instead of a number.
@@ -72,6 +82,12 @@ class PointTask:
     done: bool = False
     leader: PointTask | None = None  # a guided search starts from this (finished) search's bracket
     step: float = 0.0  # a guided search's current outward step (a ratio, or a width for integer targets)
+    step_scale: float = 1.0  # every step's compute time x this: 1, or an edge of the model-error band
+
+    @property
+    def edge(self) -> bool:
+        """A search at an edge of the model-error band (not part of the point's answer)."""
+        return self.step_scale != 1.0
 
     @property
     def target(self) -> str | None:
@@ -95,7 +111,12 @@ class PointTask:
             return self._round(self.exp.search["low"])
         integer = self.target in INTEGER_TARGETS
         self.step = max(lead.hi - lead.lo, 1) if integer else lead.hi / lead.lo
-        return self._round(lead.lo if self.target != "min_replicas" else lead.hi)
+        start = lead.lo if self.target != "min_replicas" else lead.hi
+        if self.edge:  # where the answer moves when every step takes step_scale times as long
+            moved = start * self.step_scale if self.target == "min_replicas" else start / self.step_scale
+            low, high = self.exp.search["low"], self.exp.search["high"]
+            start = min(max(round(moved) if integer else moved, low), high)
+        return self._round(start)
 
     def next(self, met: bool) -> list[dict]:
         """Record the pending round's verdict; returns the next round's runs, or [] when the point is done."""
@@ -172,6 +193,8 @@ class PointTask:
         extra = {"attainment": self.exp.attainment} if self.exp.attainment else {}
         if self.exp.goodput_bounds:
             extra["goodput"] = self.exp.goodput_bounds
+        if self.edge:
+            extra["step_scale"] = self.step_scale
         return [run_config(self.point.config, seed, probe) | extra for seed in self.seeds]
 
     def _finish(self, outcome: str) -> list[dict]:
@@ -186,13 +209,29 @@ class PointTask:
         return self.hi if self.target == "min_replicas" else self.lo
 
 
-def make_tasks(exp: Experiment) -> list[PointTask]:
+def make_tasks(exp: Experiment, scales: dict[int, tuple[float, float]] | None = None) -> list[PointTask]:
     """One task per point and seed for a median-combined search (the first seed's leads the others), else one
-    per point over every seed."""
-    if exp.search is None or exp.search["combine"] == "all":
+    per point over every seed; then the edge searches of `scales`' points (`edge_tasks`)."""
+    if exp.search is None:
         return [PointTask(exp, point, list(exp.seeds)) for point in expand(exp)]
     tasks = []
     for point in expand(exp):
-        leader = PointTask(exp, point, [exp.seeds[0]])
-        tasks += [leader, *(PointTask(exp, point, [seed], leader=leader) for seed in exp.seeds[1:])]
-    return tasks
+        if exp.search["combine"] == "all":
+            tasks.append(PointTask(exp, point, list(exp.seeds)))
+        else:
+            leader = PointTask(exp, point, [exp.seeds[0]])
+            tasks += [leader, *(PointTask(exp, point, [seed], leader=leader) for seed in exp.seeds[1:])]
+    return tasks + edge_tasks(tasks, scales or {})
+
+
+def edge_tasks(tasks: list[PointTask], scales: dict[int, tuple[float, float]]) -> list[PointTask]:
+    """For each point of `scales` (point index -> the step-time factors at its band's edges) whose load is steady,
+    one search per edge away from 1 (a band [0, hi] has one: its other edge is the answer itself), led by the
+    point's first search in `tasks`."""
+    out = []
+    for index, factors in scales.items():
+        leader = next(t for t in tasks if t.point.index == index and not t.edge)
+        if leader.point.config["workload"]["mode"] != "burst":
+            out += [PointTask(leader.exp, leader.point, list(leader.seeds), leader=leader, step_scale=f)
+                    for f in factors if f != 1.0]
+    return out

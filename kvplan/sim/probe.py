@@ -35,6 +35,7 @@ from kvplan.results.serving_result import ServingResult
 from kvplan.results.summary import kv_summary, latency_summary
 from kvplan.sim.closed_loop import ClosedLoop
 from kvplan.sim.cluster import Cluster
+from kvplan.sim.cost.scaled import scaled
 from kvplan.sim.frontend import FrontendRun
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
@@ -105,13 +106,14 @@ class Probe:
         return max(self.duration_s, self.min_requests / (self.offered_rate(pop) * share))
 
 
-def run_probe(pop: Population, spec: SimSpec, probe: Probe, seed: int) -> ServingResult:
-    """Simulate one probe, lengthening it while its window is too short (see the module docstring)."""
+def run_probe(pop: Population, spec: SimSpec, probe: Probe, seed: int, step_scale: float = 1.0) -> ServingResult:
+    """Simulate one probe, lengthening it while its window is too short (see the module docstring).
+    `step_scale` multiplies every step's compute time (`sim.cost.scaled`: an edge of the model-error band)."""
     if probe.mode not in MODES:
         raise UserError(f"unknown probe mode {probe.mode!r}; allowed: {', '.join(MODES)}")
     duration, extension = probe.first_duration(pop), 0
     while True:
-        result = _run(pop, spec, probe, seed, duration)
+        result = _run(pop, spec, probe, seed, duration, step_scale)
         info = result.info["probe"]
         info["extensions"] = extension
         measured, p99 = info["measured_requests"], result.summary["p99_e2el_ms"]
@@ -124,7 +126,8 @@ def run_probe(pop: Population, spec: SimSpec, probe: Probe, seed: int) -> Servin
         extension += 1
 
 
-def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: float) -> ServingResult:
+def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: float,
+         step_scale: float) -> ServingResult:
     w0, w1, grace = probe.edges(duration)
     loop = None
     if probe.mode == "sustained":
@@ -138,6 +141,7 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
         loop = ClosedLoop(pop, probe.concurrency, probe.think_s, duration, seed)
         trace, front = pop.trace, None  # a closed loop's users see the engine's times (no API server modelled)
     cost, num_blocks = build_cost(spec)
+    cost = scaled(cost, step_scale)
     cache, config = build_configs(spec, pop.trace, num_blocks, cost)  # the population's lengths: the same per probe
     interval = spec.sample_interval_s or duration / SAMPLES_PER_PROBE
     cluster = Cluster(trace, spec.replicas, make_router(spec.router), cache, config, cost,

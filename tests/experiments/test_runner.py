@@ -212,7 +212,10 @@ def reduced_quickstart(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_quickstart_end_to_end_outputs_agree(tmp_path, capsys):
+def test_quickstart_end_to_end_outputs_agree(tmp_path, capsys, monkeypatch):
+    from kvplan.sim.gpu import model_error
+
+    monkeypatch.setattr(model_error, "MODEL_ERROR_FILE", ROOT / "tests" / "sim" / "data" / "model_error.json")
     out = tmp_path / "out"
     assert main(["run", str(reduced_quickstart(tmp_path)), "--out", str(out), "--workers", "2"]) == 0
     printed = capsys.readouterr().out
@@ -223,7 +226,7 @@ def test_quickstart_end_to_end_outputs_agree(tmp_path, capsys):
     for _, point in points.iterrows():
         answers = []
         for seed in (0, 1):  # each seed's own answer: its highest stable, SLO-meeting probe, every probe above fails
-            mine = runs[(runs["point"] == point["point"]) & (runs["seed"] == seed)]
+            mine = runs[(runs["point"] == point["point"]) & (runs["seed"] == seed) & (runs["step_scale"] == 1)]
             met = mine[mine["slo_met"]]
             assert (met["verdict"] == "stable").all() and len(met)
             answers.append(met["probe"].max())
@@ -231,6 +234,11 @@ def test_quickstart_end_to_end_outputs_agree(tmp_path, capsys):
             assert point["search_outcome"] != "found" or (len(above) and not above["slo_met"].any())
         assert point["answer"] == pytest.approx(np.median(answers))
         assert (point["answer_low"], point["answer_high"]) == pytest.approx((min(answers), max(answers)))
+        if point["label"] == result["recommendation"]["label"]:  # its model range (search.model_range's default)
+            assert point["capacity_model_lo"] <= point["answer"] <= point["capacity_model_hi"]
+            assert f"model range {point['capacity_model_lo']:.4g}-{point['capacity_model_hi']:.4g}" in printed
+        else:
+            assert np.isnan(point["capacity_model_lo"]) and "for the recommended point only" in printed
     assert runs[["warmup_requests", "measured_requests", "cooldown_requests", "unfinished_requests"]].notna().all(
         axis=None)
     best = points.sort_values("answer", ascending=False).iloc[0]

@@ -37,6 +37,25 @@ def test_json_summary_and_tables(tmp_path, capsys):
     assert (out / "series.csv").is_file() and json.loads((out / "summary.json").read_text())["summary"]
 
 
+def test_every_answer_states_its_model_error(tmp_path, capsys, monkeypatch):
+    """--json carries the `model_error` block of the source that priced the GPU (strict JSON); the terminal
+    answer says it in one line."""
+    from pathlib import Path
+
+    from kvplan.sim.gpu import model_error
+
+    monkeypatch.setattr(model_error, "MODEL_ERROR_FILE", Path(__file__).parent / "data" / "model_error.json")
+    trace = _trace_file(tmp_path, ['{"timestamp": 0, "input_length": 40, "output_length": 5}'])
+    assert main(["simulate", "--trace", trace, "--hardware", "l4", "--json"]) == 0
+    block = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c))["model_error"]
+    assert (block["source"], block["hardware"], block["step_band_pct"]) == ("analytic, transferred", "l4",
+                                                                            [-12.0, 15.0])
+    assert [f["family"] for f in block["families"]] == ["gemm", "elementwise"]
+    assert main(["simulate", "--trace", trace, "--hardware", "a100-40gb", "--block-size", "16", "32"]) == 0
+    printed = capsys.readouterr().out
+    assert "model error (analytic, transferred, a100-40gb): step time error -12.0% to +15.0%" in printed
+
+
 def test_parquet_tables_per_block_size(tmp_path, capsys):
     out = tmp_path / "cmp"
     assert main(["simulate", "--trace", SAMPLE, "--block-size", "128", "256", "--num-blocks", "4000",
