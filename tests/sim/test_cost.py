@@ -74,7 +74,7 @@ def test_analytic_decode_step_is_the_roofline_by_hand():
     # the pure roofline laws with 128-row GEMM tiles and no kernel floors, at 0.5 of both peaks
     roofline = GpuLaws(gemm_tile_m=128, elementwise_bandwidth_efficiency=0.5)
     cost = AnalyticCost(model, hw, 16, compute_efficiency=0.5, memory_efficiency=0.5, step_overhead_s=1e-3,
-                        request_overhead_s=1e-4, laws=roofline)
+                        request_overhead_s=1e-4, admit_overhead_s=0.0, async_scheduling=False, laws=roofline)
     f = decode_stretch_features(np.array([100, 200]), np.array([5, 5]), 1, 16)  # decodes attending 100 and 200
     layers = 32 * (4096 * 128 * (32 + 32 + 32 + 32) + 3 * 4096 * 11008)
     head = 32000 * 4096
@@ -129,7 +129,7 @@ def _layers(m):
 def _llama3_cost():
     return AnalyticCost(get_model("llama-3-8b"), get_hardware("a100-80gb"), 16, compute_efficiency=0.5,
                         memory_efficiency=0.8, attention_efficiency=0.4, step_overhead_s=1e-3,
-                        request_overhead_s=1e-4, laws=ROOFLINE)
+                        request_overhead_s=1e-4, admit_overhead_s=0.0, async_scheduling=False, laws=ROOFLINE)
 
 
 def _item(n, start, decode=False, samples=True):

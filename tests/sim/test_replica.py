@@ -59,7 +59,8 @@ def test_two_requests_by_hand():
     model = ModelSpec("tiny", 1, 4, 1, 1, 4, 4, 4, dtype_bytes=1)
     assert (model.weight_bytes, model.kv_bytes_per_token()) == (144, 8)
     cost = AnalyticCost(model, HardwareSpec("slow", 1e30, 1000.0, 1e6, 1000.0), 4, compute_efficiency=1.0,
-                        memory_efficiency=1.0, step_overhead_s=0.01, request_overhead_s=0.001, laws=GpuLaws())
+                        memory_efficiency=1.0, step_overhead_s=0.01, request_overhead_s=0.001, admit_overhead_s=0.0,
+                        async_scheduling=False, laws=GpuLaws())
     trace = Trace.build([0.0, 0.05], [4, 4], [2, 1])
     cache = CacheConfig(block_size=4, num_blocks=16, enable_prefix_caching=False, max_model_len=6)
     cluster = Cluster(trace, 1, make_router("round_robin"), cache, SchedulerConfig(), cost, sample_interval_s=1.0)

@@ -1,7 +1,8 @@
 """Analytic step cost: a step's time is the sum of its ops, each priced by its per-op law (`sim.gpu.laws`:
 datasheet numbers and constants fitted on measured GPUs), or by the GPU's measured table when it has a profile
-(`sim.gpu.table`, SimSpec `gpu_profile`), plus a per-step overhead (scheduling, input preparation) and a
-per-request overhead (metadata, sampling).
+(`sim.gpu.table`, SimSpec `gpu_profile`); the engine core's CPU work (vLLM's scheduler: per step, per running
+request, per admitted prefill; measured, `sim.gpu.host_overhead`) overlaps it under async scheduling, so a step
+takes the longer of the two (their sum with `async_scheduling` off).
 
 With M = the step's tokens (prefill tokens + decodes) and S = its sampled rows (`StepFeatures.sampled`), on one
 rank of the busiest pipeline stage:
@@ -33,6 +34,7 @@ from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures
 from kvplan.sim.cost.moe import ExpertCost
 from kvplan.sim.cost.parallel import Shape, micro_batches, moe_activation_width, weight_bytes_per_rank
 from kvplan.sim.gpu.attention import AttentionCost
+from kvplan.sim.gpu.host_overhead import HOST
 from kvplan.sim.gpu.laws import GpuLaws, shipped_laws
 from kvplan.sim.specs.arch import ModelSpec, stage_layers
 from kvplan.sim.specs.hardware import HardwareSpec
@@ -112,10 +114,15 @@ class AnalyticCost:
     # Overrides of the laws' fitted constants (None: the law's, `sim.gpu.laws` / docs/gpu_fidelity.md).
     compute_efficiency: float | None = None  # GEMM: achieved fraction of peak dense FLOP/s
     memory_efficiency: float | None = None  # GEMMs (and, when set, attention's KV reads): fraction of HBM bandwidth
-    # Scheduling, input preparation per step: planner default until measured (docs/gpu_fidelity.md).
-    step_overhead_s: float = 2e-3
-    # Per scheduled request (metadata, sampling): planner default until measured.
-    request_overhead_s: float = 2e-5
+    # The engine core's CPU work per step (vLLM's scheduler and output update), per running request and per
+    # admitted prefill: measured on vLLM's own code (`sim.gpu.host_overhead`, docs/host_overhead.md).
+    step_overhead_s: float = HOST.step_s
+    request_overhead_s: float = HOST.step_per_seq_s
+    admit_overhead_s: float = HOST.admit_per_request_s
+    # vLLM's async scheduling (the default since it became one: `async_scheduling` None -> True in
+    # vllm/config/vllm.py) schedules step n + 1 while step n runs on the GPU, so a step takes the longer of the
+    # two, not their sum; False: the CPU work and the forward pass run one after the other.
+    async_scheduling: bool = True
     # Fraction of peak FLOP/s the attention kernels achieve; None: the shape-aware law fitted on FlashAttention-3's
     # published speeds (`sim.gpu.attention`, docs/attention.md). A number replaces that law's e(head_dim).
     attention_efficiency: float | None = None
@@ -146,7 +153,7 @@ class AnalyticCost:
             value = getattr(self, key)
             if value is not None and not 0.0 < value <= 1.0:
                 raise UserError(f"cost.{key}: must be a fraction in (0, 1], got {value!r}")
-        for key in ("step_overhead_s", "request_overhead_s"):
+        for key in ("step_overhead_s", "request_overhead_s", "admit_overhead_s"):
             if getattr(self, key) < 0:
                 raise UserError(f"cost.{key}: must be >= 0, got {getattr(self, key)!r}")
         tile: object = self.gemm_tile_rows  # cost options come from a file: whatever was written there
@@ -220,7 +227,10 @@ class AnalyticCost:
             hop = self._laws.send_recv_time(tokens * self._hidden_bytes, self.hardware,
                                             self.shape.crosses_nodes(self.hardware))
             compute = pp * self._stage_time(part) + (pp - 1) * hop
-        return compute + self.step_overhead_s + self.request_overhead_s * f.num_requests
+        # prefill chunks (every non-decode request in the step): an upper bound on the requests admitted in it
+        host = self.step_overhead_s + self.request_overhead_s * f.num_requests + \
+            self.admit_overhead_s * (f.num_requests - f.decode_requests)
+        return _max(compute, host) if self.async_scheduling else compute + host
 
     def _gemm(self, rows, k: int, n: int):
         return self._laws.gemm_time(rows, k, n, self.hardware, self._weight_bytes, self.model.dtype_bytes)
