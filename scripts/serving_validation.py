@@ -469,14 +469,23 @@ def kvplan_commit() -> str:
 
 
 def cost_constants(run: Run) -> str:
-    """The analytic cost's hand-set constants as this checkout has them (read by name; absent ones are skipped)."""
+    """The step model's main constants as this checkout has them: the per-op laws' fitted efficiencies and
+    latencies (sim/profiles/gpu_laws.json, docs/gpu_fidelity.md), the attention law (docs/attention.md) and the
+    engine core's measured CPU work (docs/host_overhead.md)."""
+    from kvplan.sim.cost.analytic import AnalyticCost
+    from kvplan.sim.gpu import attention
     from kvplan.sim.run import build_cost
 
     cost, _ = build_cost(sim_spec(run))
-    names = ("compute_efficiency", "memory_efficiency", "attention_efficiency", "step_overhead_s",
-             "request_overhead_s", "link_efficiency", "gemm_tile_rows")
-    found = [f"`{n}` {getattr(cost, n):g}" for n in names if isinstance(getattr(cost, n, None), (int, float))]
-    return ", ".join(found) if found else "(none of the known names)"
+    assert isinstance(cost, AnalyticCost)
+    laws = cost.resolved_laws
+    return (f"GEMM compute efficiency {laws.gemm_compute_efficiency:.3f}, GEMM memory efficiency "
+            f"{laws.gemm_memory_efficiency:.3f}, GEMM floor {laws.gemm_floor_s * 1e6:.2f} us, all-reduce latency "
+            f"{laws.allreduce_latency_s * 1e6:.1f} us at efficiency {laws.allreduce_efficiency:.3f} (fitted on "
+            f"Vidur's A100/A40 profiles); attention KV-read efficiency {attention.DECODE_ETA:.3f}, kernel floor "
+            f"{attention.KERNEL_S * 1e6:.2f} us per layer (fitted on published H100 timings); engine-core CPU work "
+            f"{cost.step_overhead_s * 1e6:.1f} us per step + {cost.request_overhead_s * 1e6:.2f} us per request "
+            f"(measured on vLLM's scheduler), async scheduling {'on' if cost.async_scheduling else 'off'}")
 
 
 def alternative_medians(results: list[RunResult]) -> str:
