@@ -266,7 +266,7 @@ def model_error_for(spec: SimSpec, path: Path | None = None) -> ModelError:
         return ModelError(UNKNOWN, spec.hardware, f"no {path} in this install (a packaging bug): nothing states "
                           "the analytic model's error")
     sources = load_model_errors(path)
-    table = getattr(spec, "gpu_profile", None)  # a measured per-op profile directory (sim.gpu.table), if given
+    table = spec.gpu_profile  # a measured per-op profile directory (sim.gpu.table), if given
     if table is not None:
         if spec.hardware != "analytic" and spec.hardware in sources:
             return sources[spec.hardware]
