@@ -58,7 +58,7 @@ def out_path(text: str) -> Path:
     return Path(text)
 
 
-SHOWN = 60  # characters of a refused value a message quotes
+SHOWN = 40  # characters of a refused value a message quotes (the allowed values must fit beside it)
 MAX_LINE = 300  # an error line, whatever it quotes
 BLOCK_SIZE = integer(1, 256)
 COUNT = integer(1)
@@ -79,14 +79,16 @@ class OneLineParser(argparse.ArgumentParser):
     usage text stays behind --help."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {bounded(message)}\n")
+        prefix = f"{self.prog}: error: "
+        self.exit(2, f"{prefix}{bounded(message, MAX_LINE - len(prefix))}\n")
 
 
 LONG_QUOTED = re.compile(rf"'([^'\n]{{{SHOWN + 1},}})'")
 
 
-def bounded(message: str) -> str:
+def bounded(message: str, limit: int = MAX_LINE) -> str:
     """argparse quotes a refused value whole (`invalid choice: '<5,000 characters>'`, `unrecognized arguments: ...`):
-    each quoted value shortened to about SHOWN characters, the line to MAX_LINE, on one line."""
+    each quoted value shortened to about SHOWN characters, the message to `limit` (what the line's prefix leaves of
+    MAX_LINE), on one line."""
     message = LONG_QUOTED.sub(lambda m: short_repr(m.group(1), SHOWN), " ".join(message.split()))
-    return message if len(message) <= MAX_LINE else message[:MAX_LINE - 3] + "..."
+    return message if len(message) <= limit else message[:limit - 3] + "..."
