@@ -51,6 +51,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--cost", default="analytic", help="cost model: analytic, calibrated (--profile P.yaml) or recorded "
                    "(--profile steps.jsonl of a live replay of this trace)")
     p.add_argument("--profile", default=None, help="calibrated profile YAML, or a replay's steps.jsonl")
+    p.add_argument("--gpu-profile", default=None, metavar="DIR",
+                   help="--cost analytic: a Vidur-format per-op profile directory measured on --hardware; its "
+                        "measured table prices the ops it covers, the fitted laws the rest (docs/gpu_fidelity.md)")
     p.add_argument("--replicas", type=REPLICAS, default=1)
     p.add_argument("--router", default="round_robin",
                    help="round_robin, least_outstanding, least_kv_usage or prefix_aware")
@@ -76,7 +79,8 @@ def spec_from_args(args: argparse.Namespace, block_size: int):
     if settings["enable_prefix_caching"] is None:  # not given: on, except for a reservation allocator (none to use)
         settings["enable_prefix_caching"] = settings["allocator"] == "paged"
     return SimSpec(model=args.model, hardware=args.hardware, cost=args.cost, profile=args.profile,
-                   replicas=args.replicas, router=args.router, **{**settings, "block_size": block_size},
+                   gpu_profile=args.gpu_profile, replicas=args.replicas, router=args.router,
+                   **{**settings, "block_size": block_size},
                    sample_interval_s=args.sample_interval, fast_path=not args.no_fast_path)
 
 

@@ -56,6 +56,30 @@ def test_every_answer_states_its_model_error(tmp_path, capsys, monkeypatch):
     assert "model error (analytic, transferred, a100-40gb): step time error -12.0% to +15.0%" in printed
 
 
+def test_a_gpu_profile_prices_its_gpu_from_the_measured_table(tmp_path, capsys, monkeypatch):
+    """--gpu-profile DIR (a Vidur-format directory): the measured table prices the GPU it was measured on, the
+    answer names that source, and a directory of other GPUs is refused in one line."""
+    from pathlib import Path
+
+    from kvplan.sim.gpu import model_error
+
+    data = Path(__file__).parent / "data"
+    monkeypatch.setattr(model_error, "MODEL_ERROR_FILE", data / "model_error.json")
+    trace = _trace_file(tmp_path, ['{"timestamp": 0, "input_length": 300, "output_length": 20}'])
+    base = ["simulate", "--trace", trace, "--hardware", "a100-40gb", "--num-blocks", "400", "--json"]
+    assert main(base) == 0
+    analytic = json.loads(capsys.readouterr().out)
+    assert main([*base, "--gpu-profile", str(data / "vidur_profiles")]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    assert (measured["model_error"]["source"], measured["model_error"]["step_band_pct"]) == ("measured table",
+                                                                                             [-4.0, 6.0])
+    assert analytic["model_error"]["source"] == "analytic, transferred"
+    assert measured["summary"]["mean_ttft_ms"] != analytic["summary"]["mean_ttft_ms"]  # the table priced it
+    assert main(["simulate", "--trace", trace, "--hardware", "h100-sxm", "--gpu-profile",
+                 str(data / "vidur_profiles")]) == 2
+    assert "none of them for h100-sxm" in capsys.readouterr().err
+
+
 def test_parquet_tables_per_block_size(tmp_path, capsys):
     out = tmp_path / "cmp"
     assert main(["simulate", "--trace", SAMPLE, "--block-size", "128", "256", "--num-blocks", "4000",
