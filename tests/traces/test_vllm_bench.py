@@ -1,6 +1,7 @@
 """The `vllm-bench` trace format (per-request timings of a vLLM offline bench run, LLMServingSim's
 requests.jsonl layout) on a made-up fixture, its bad input, and the comparison code of
-scripts/serving_validation.py on the fixture's rows (never on ../shared)."""
+scripts/serving_replay.py (which scripts/serving_validation.py writes its page from) on the fixture's rows (never
+on ../shared)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ FIXTURE = Path(__file__).resolve().parent / "data" / "vllm_bench_requests.jsonl"
 
 
 @functools.cache
-def _script():
-    """scripts/serving_validation.py as a module (registered first: its dataclasses resolve their annotations
-    through sys.modules)."""
-    spec = importlib.util.spec_from_file_location("serving_validation", ROOT / "scripts" / "serving_validation.py")
+def _script(name: str = "serving_replay"):
+    """scripts/<name>.py as a module, loaded by path as the page's tests always have (registered first: its
+    dataclasses resolve their annotations through sys.modules). A script already imported by a sibling (the
+    page imports serving_replay) is that module, not a second copy."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -140,3 +144,15 @@ def test_running_counts_every_replica_on_one_clock():
                            "running": [2, 4, 0, 3, 1]})
     # ticks 0, 1, 2, 3: replica 0 has 2, 4, 4, 0; replica 1 has 0, 3, 1, 1 -> 2, 7, 5, 1
     assert sv.median_running(series) == pytest.approx(3.5)
+
+
+def test_page_script_loads_by_path_with_its_siblings(tmp_path, capsys):
+    """The page's script imports serving_replay and serving_diagnosis from its own folder, run as a script or loaded
+    by path as here; a missing data folder is one line and exit 2 (the check before any run is read)."""
+    page = _script("serving_validation")
+    assert page.load_run is _script("serving_replay").load_run
+    assert page.diagnose is _script("serving_diagnosis").diagnose
+    missing = tmp_path / "no-such-folder"
+    assert page.main(["--data", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"{missing}: no such folder; allowed: the llmservingsim-rtx data folder (--data)\n"
