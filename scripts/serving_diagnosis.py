@@ -111,21 +111,11 @@ def step_parts(run: Run, requests: int, context: float) -> dict[str, float]:
 
 
 def tp_collectives_s(cost, model, hardware, tp: int, tokens: int) -> float:
-    """What the step's TP all-reduces cost in the model: two per layer of the step's hidden states, priced by
-    `sim.cost.parallel.allreduce_time` at the cost's link efficiency. NaN where the law's interface is not this
-    one (another helper may be rewriting it): the column then says '-' rather than stopping the page."""
+    """What the step's TP all-reduces cost in the model: two per layer of the step's hidden states, priced by the
+    cost's fitted all-reduce law (`sim.gpu.laws.GpuLaws.allreduce_time`)."""
     if tp == 1:
         return 0.0
-    from kvplan.sim.cost import parallel
-
-    efficiency = getattr(cost, "link_efficiency", None)
-    law = getattr(parallel, "allreduce_time", None)
-    if efficiency is None or law is None:
-        return math.nan
-    try:
-        one = float(law(tokens * model.hidden_size * model.dtype_bytes, tp, hardware, efficiency))
-    except TypeError:
-        return math.nan
+    one = float(cost.resolved_laws.allreduce_time(tokens * model.hidden_size * model.dtype_bytes, tp, hardware))
     return 2 * model.num_layers * one
 
 
