@@ -23,7 +23,7 @@ from kvplan.sim.gpu.laws import GpuLaws, shipped_laws
 from kvplan.sim.gpu.profiles import read_profiles
 from kvplan.sim.gpu.table import MeasuredTable
 from kvplan.sim.gpu.validation import markdown, step_band
-from kvplan.sim.specs.hardware import get_hardware
+from kvplan.sim.specs.hardware import HardwareSpec, get_hardware
 from kvplan.sim.specs.models import get_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,6 +122,33 @@ def test_gemm_law_is_its_definition():
     assert rows64.gemm_time(1, k, n, hw) == pytest.approx(5e-6 + (k * n + k + n) * 2 / (2.039e12 * 0.8), rel=1e-12)
     assert np.array_equal(law.gemm_time(np.array([1, 300]), k, n, hw),
                           [law.gemm_time(1, k, n, hw), law.gemm_time(300, k, n, hw)])
+
+
+def test_elementwise_law_is_its_definition():
+    a40 = get_hardware("a40")  # 84 SMs, 1740 MHz, 696 GB/s
+    law = GpuLaws(elementwise_bandwidth_efficiency=0.8, elementwise_power=2.0,
+                  elementwise_floor_cycles={"input_layernorm": 3480.0, "emb": 1740.0, "add": 870.0},
+                  elementwise_cycle_rate={"input_layernorm": 4.0, "emb": 200.0}, elementwise_whole_gpu=("emb",))
+    memory = 1 / (0.8 * 696e9)
+    norm_cores = 1 / (84 * 1.74e9 * 4.0)  # bytes per cycle per SM
+    assert law.elementwise_time("input_layernorm", 1e6, a40) == pytest.approx(
+        2e-6 + 1e6 * (memory**2 + norm_cores**2) ** 0.5, rel=1e-12)
+    emb_cores = 1 / (1.74e9 * 200.0)  # a whole-GPU rate: not multiplied by the SM count
+    assert law.elementwise_time("emb", 1e6, a40) == pytest.approx(1e-6 + 1e6 * (memory**2 + emb_cores**2) ** 0.5,
+                                                                  rel=1e-12)
+    # no core rate: bandwidth alone; the same floor in cycles is shorter at a higher clock
+    assert law.elementwise_time("add", 1e6, a40) == pytest.approx(0.5e-6 + 1e6 * memory, rel=1e-12)
+    assert law.elementwise_floor("add", get_hardware("l40s")) == pytest.approx(870 / 2.52e9, rel=1e-12)
+    # p = 1: the two limits' times add
+    summed = replace(law, elementwise_power=1.0)
+    assert summed.elementwise_rate("input_layernorm", a40) == pytest.approx(memory + norm_cores, rel=1e-12)
+    # a GPU with neither clock nor SM count: no floor, bandwidth alone
+    bare = HardwareSpec("bare", 1e14, 1e12, 24e9, 25e9)
+    assert law.elementwise_time("input_layernorm", 1e6, bare) == pytest.approx(1e6 / (0.8 * 1e12), rel=1e-12)
+    tokens = np.array([1, 300])
+    assert np.array_equal(law.elementwise_time("input_layernorm", tokens * 4096, a40),
+                          [law.elementwise_time("input_layernorm", 4096, a40),
+                           law.elementwise_time("input_layernorm", 300 * 4096, a40)])
 
 
 def test_collective_laws_are_their_definitions():

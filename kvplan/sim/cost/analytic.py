@@ -174,7 +174,7 @@ class AnalyticCost:
         self._table_ew = [(op, ("op", op.name, *shape_key)) for op in elementwise
                           if ("op", op.name, *shape_key) in measured]
         rest = [op for op in elementwise if ("op", op.name, *shape_key) not in measured]
-        self._ew_floor = sum(op.count * laws.elementwise_floor_s.get(op.law or op.name, 0.0) for op in rest)
+        self._ew_floor = sum(op.count * laws.elementwise_floor(op.law or op.name, hw) for op in rest)
         self._ew_per_token = sum(op.count * op.bytes_per_token * laws.elementwise_rate(op.law or op.name, hw)
                                  for op in rest)
         self._byte_rate = hw.hbm_bandwidth * laws.gemm_memory_efficiency

@@ -1,9 +1,12 @@
 """Pricing tidy profile rows with the per-op laws, and fitting the laws' constants on them.
 
-`predict(rows, laws, hw)` gives each row's law time in ms (rows of one GPU). The fits minimise the mean squared
-log error (so a 10% miss on a 5 µs norm weighs as much as one on a 50 ms GEMM) with a Nelder-Mead search in log
-parameter space (numpy only: neither scipy nor scikit-learn is installed in the project's environment); discrete
-choices (GEMM tiles, wave quantization, the all-reduce's hop term) are made by the caller on held-out error.
+`predict(rows, laws, hw)` gives each row's law time in ms (rows of one GPU). The fits minimise a log error (so a
+10% miss on a 5 µs norm weighs as much as one on a 50 ms GEMM): its mean square, or with `l1` its mean absolute
+value (the median's estimator: a few rows far off, such as small all-reduces that include the ranks' launch skew,
+pull it less), with a Nelder-Mead search in log parameter space (numpy only: neither scipy nor scikit-learn is
+installed in the project's environment); discrete choices (GEMM tiles, wave quantization, which element-wise
+ops have a core limit or a whole-GPU rate, the all-reduce's hop term and loss) are made by the caller on
+held-out error.
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ def nelder_mead(objective: Callable[[np.ndarray], float], x0: Sequence[float] | 
     return simplex[int(np.argmin(values))]
 
 
-def _log_loss(groups: list[tuple[pd.DataFrame, HardwareSpec]], make: Callable[[np.ndarray], GpuLaws]):
+def _log_loss(groups: list[tuple[pd.DataFrame, HardwareSpec]], make: Callable[[np.ndarray], GpuLaws],
+              l1: bool = False):
     measured = np.concatenate([np.log(rows["measured_ms"].to_numpy(float)) for rows, _ in groups])
     prepared = [(prepare(rows), hw) for rows, hw in groups]
 
@@ -112,7 +116,9 @@ def _log_loss(groups: list[tuple[pd.DataFrame, HardwareSpec]], make: Callable[[n
         pred = np.concatenate([predict_prepared(prep, laws, hw) for prep, hw in prepared])
         with np.errstate(all="ignore"):
             err = np.log(pred) - measured
-        return float(np.mean(err * err)) if np.all(np.isfinite(err)) else 1e9
+        if not np.all(np.isfinite(err)):
+            return 1e9
+        return float(np.mean(np.abs(err))) if l1 else float(np.mean(err * err))
     return loss
 
 
@@ -130,31 +136,44 @@ def fit_gemm(groups, base: GpuLaws, warm: bool = False) -> GpuLaws:
     return make(best)
 
 
-def fit_elementwise(groups, base: GpuLaws, warm: bool = False) -> GpuLaws:
-    """The bandwidth fraction, and per op its floor and per-SM byte rate."""
+def fit_elementwise(groups, base: GpuLaws, warm: bool = False, bandwidth_only: tuple[str, ...] = ("add",),
+                    fit_power: bool = True) -> GpuLaws:
+    """The bandwidth fraction, the p-norm's power (1 when not `fit_power`: the two limits add), and per op its
+    floor in cycles and its core rate in bytes per cycle (none for the ops in `bandwidth_only`); which ops have a
+    whole-GPU rate comes from `base`."""
     ops = ELEMENTWISE_LAW_OPS
+    rated = [op for op in ops if op not in bandwidth_only]
     n = len(ops)
 
     def make(p):
         e = np.exp(p)
-        # a fraction of the datasheet bandwidth: at most 1 (the per-SM term takes what the bandwidth cannot)
+        # a fraction of the datasheet bandwidth: at most 1 (the core term takes what the bandwidth cannot)
         return replace(base, elementwise_bandwidth_efficiency=min(float(e[0]), 1.0),
-                       elementwise_floor_s={op: float(e[1 + i]) * 1e-6 for i, op in enumerate(ops)},
-                       elementwise_sm_rate={op: float(e[1 + n + i]) * 1e9 for i, op in enumerate(ops)})
-    start = [base.elementwise_bandwidth_efficiency] + [base.elementwise_floor_s[op] * 1e6 for op in ops] + \
-        [base.elementwise_sm_rate[op] * 1e-9 for op in ops] if warm else [0.8] + [4.0] * n + [10.0] * n
-    best = nelder_mead(_log_loss(groups, make), np.log(start), 1500 if warm else 5000, 0.1 if warm else 0.3)
+                       elementwise_power=1.0 + float(e[1]) if fit_power else 1.0,
+                       elementwise_floor_cycles={op: float(e[2 + i]) * 1e3 for i, op in enumerate(ops)},
+                       elementwise_cycle_rate={op: float(e[2 + n + i]) for i, op in enumerate(rated)})
+    if warm:
+        start = [base.elementwise_bandwidth_efficiency, max(base.elementwise_power - 1.0, 0.05)] + \
+            [base.elementwise_floor_cycles[op] * 1e-3 for op in ops] + \
+            [base.elementwise_cycle_rate[op] for op in rated]
+    else:  # a whole-GPU rate starts at an SM's rate times a typical SM count
+        start = [0.85, 0.6] + [5.0] * n + [300.0 if op in base.elementwise_whole_gpu else 6.0 for op in rated]
+    loss = _log_loss(groups, make)
+    best = nelder_mead(loss, np.log(start), 1500 if warm else 6000, 0.1 if warm else 0.3)
+    if not warm:  # a second, finer simplex from the first's best (the first stalls with 13 parameters)
+        best = nelder_mead(loss, best, 3000, 0.1)
     return make(best)
 
 
-def fit_allreduce(groups, base: GpuLaws, hops: bool) -> GpuLaws:
-    """Latency (plus, with `hops`, a latency per further GPU) and link efficiency of the one-node all-reduce."""
+def fit_allreduce(groups, base: GpuLaws, hops: bool, l1: bool = True) -> GpuLaws:
+    """Latency (plus, with `hops`, a latency per further GPU) and link efficiency of the one-node all-reduce
+    (`l1`: minimising the mean absolute log error)."""
     def make(p):
         e = np.exp(p)
         return replace(base, allreduce_latency_s=float(e[0]) * 1e-6,
                        allreduce_hop_latency_s=float(e[2]) * 1e-6 if hops else 0.0,
                        allreduce_efficiency=min(float(e[1]), 1.0))
-    best = nelder_mead(_log_loss(groups, make), np.log([20.0, 0.6, 2.0] if hops else [20.0, 0.6]), 1500)
+    best = nelder_mead(_log_loss(groups, make, l1), np.log([20.0, 0.6, 2.0] if hops else [20.0, 0.6]), 1500)
     return make(best)
 
 

@@ -7,10 +7,15 @@ HBM bandwidth, SM count, the GPU-to-GPU link and the network) and a small set of
   and, with `waves`, in whole waves of tiles over the SMs (wave quantization: ceil(tiles / SMs) × SMs tiles of
   tile_m × tile_n); the bytes are the weight read once plus the activations in and out (the roofline's
   arithmetic intensity). The floor is a fixed kernel time (a few µs: launch-to-finish of the smallest GEMM).
-- element-wise op (norm, RoPE, activation, residual add, embedding gather, KV write): floor_op + bytes /
-  (HBM × η) + bytes / (SMs × r_op): a per-kernel floor, the bytes at an achieved bandwidth fraction, and a
-  per-SM throughput limit per op (the norms' reductions and RoPE's trigonometry leave them below the HBM
-  roofline on a GPU with many bytes/s per SM).
+- element-wise op (norm, RoPE, activation, residual add, embedding gather, KV write) moving B bytes:
+  c_op / clock + B × ((1 / (HBM × η))^p + (1 / (W × clock × r_op))^p)^(1/p). A kernel floor of c_op cycles;
+  two per-byte limits combined as a p-norm (p = 1 adds them, p → ∞ takes the slower): the memory system's (a
+  fraction η of the datasheet bandwidth) and the cores' (r_op bytes per clock cycle per SM, W = the SM count;
+  for the ops in `elementwise_whole_gpu`, whose measured rate follows the clock but not the SM count, r_op per
+  cycle for the whole GPU, W = 1). An op with no r_op (the residual add: no reduction, no trigonometry) is
+  bandwidth-bound alone. Cycles, not seconds or bytes/s per SM, because the A100 and the A40 (1410 vs 1740 MHz,
+  108 vs 84 SMs) agree on them (docs/gpu_fidelity.md); the law is linear in B, so a step prices it as a floor
+  plus a per-byte rate (`elementwise_floor`, `elementwise_rate`).
 - all-reduce of S bytes over n GPUs: α + β (n − 1) + S × f(n) / (η × link), f = 2 (n − 1) / n for a ring, 1 with
   NVLink SHARP (`HardwareSpec.nvls`: each byte goes up to the switch once and comes down reduced once).
 - send/recv of S bytes: α + S / (η × link) inside a node, α_net + S / (η_net × network) between nodes.
@@ -51,9 +56,12 @@ class GpuLaws:
     gemm_tile_n: int = 1
     gemm_waves: bool = False
     elementwise_bandwidth_efficiency: float = 1.0
-    # per op (`ELEMENTWISE_LAW_OPS`): kernel floor in seconds, and bytes/s one SM moves (0: no per-SM limit)
-    elementwise_floor_s: dict[str, float] = field(default_factory=dict)
-    elementwise_sm_rate: dict[str, float] = field(default_factory=dict)
+    # per op (`ELEMENTWISE_LAW_OPS`): kernel floor in clock cycles, and bytes per cycle per SM (per GPU for the
+    # ops in `elementwise_whole_gpu`; absent or 0: no core limit, bandwidth alone)
+    elementwise_floor_cycles: dict[str, float] = field(default_factory=dict)
+    elementwise_cycle_rate: dict[str, float] = field(default_factory=dict)
+    elementwise_whole_gpu: tuple[str, ...] = ()
+    elementwise_power: float = 1.0  # p of the p-norm that combines the two per-byte limits
     allreduce_latency_s: float = 0.0
     allreduce_hop_latency_s: float = 0.0
     allreduce_efficiency: float = 1.0
@@ -76,15 +84,26 @@ class GpuLaws:
         compute = flops / (hw.peak_flops * self.gemm_compute_efficiency)
         return self.gemm_floor_s + _max(compute, moved / (hw.hbm_bandwidth * self.gemm_memory_efficiency))
 
+    def elementwise_floor(self, op: str, hw: HardwareSpec) -> float:
+        """Seconds of element-wise op `op`'s kernel floor (0 on a GPU whose clock is not known)."""
+        cycles = self.elementwise_floor_cycles.get(op, 0.0)
+        return cycles / hw.clock_hz if hw.clock_hz > 0 else 0.0
+
     def elementwise_rate(self, op: str, hw: HardwareSpec) -> float:
-        """Seconds per byte of element-wise op `op` (the bandwidth term plus the per-SM throughput term)."""
-        per_sm = self.elementwise_sm_rate.get(op, 0.0)
-        sm_term = 1.0 / (hw.sm_count * per_sm) if per_sm > 0 and hw.sm_count > 0 else 0.0
-        return 1.0 / (hw.hbm_bandwidth * self.elementwise_bandwidth_efficiency) + sm_term
+        """Seconds per byte of element-wise op `op`: the bandwidth limit and the core limit, p-norm combined (the
+        bandwidth limit alone for an op without a core rate, or a GPU whose SM count or clock is not known)."""
+        memory = 1.0 / (hw.hbm_bandwidth * self.elementwise_bandwidth_efficiency)
+        rate = self.elementwise_cycle_rate.get(op, 0.0)
+        width = 1 if op in self.elementwise_whole_gpu else hw.sm_count
+        if rate <= 0 or width <= 0 or hw.clock_hz <= 0:
+            return memory
+        cores = 1.0 / (width * hw.clock_hz * rate)
+        p = self.elementwise_power
+        return (memory**p + cores**p) ** (1.0 / p)
 
     def elementwise_time(self, op: str, nbytes, hw: HardwareSpec):
         """Seconds of element-wise op `op` moving `nbytes` (read + written)."""
-        return self.elementwise_floor_s.get(op, 0.0) + nbytes * self.elementwise_rate(op, hw)
+        return self.elementwise_floor(op, hw) + nbytes * self.elementwise_rate(op, hw)
 
     def allreduce_time(self, nbytes, n: int, hw: HardwareSpec):
         """Seconds of an all-reduce of `nbytes` over n GPUs of one node (0 for one GPU)."""
@@ -117,7 +136,8 @@ class GpuLaws:
         unknown = sorted(set(data) - names)
         if unknown:
             raise UserError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(names))}")
-        return cls(**data)
+        whole = data.get("elementwise_whole_gpu", ())
+        return cls(**{**data, "elementwise_whole_gpu": tuple(whole)})
 
 
 def load_laws(path: Path | str | None = None) -> GpuLaws:

@@ -20,7 +20,10 @@ they are the laws' fitted constants (docs/gpu_fidelity.md). Sources:
   datasheet; BF16 dense with FP32 accumulation 503.8 TFLOP/s, a quarter of its dense FP4 rate); B200 (HGX B200:
   148 SMs, 180 GB HBM3e at 8 TB/s, 2.25 PFLOP/s BF16 dense, NVLink 5 at 900 GB/s per direction with NVLS).
 SM counts (GEMM wave quantization) are from the architecture whitepapers (A100 108, H100/H200 SXM 132, A40 84,
-L4 58, L40S 142, A10G 80, RTX 4090 128).
+L4 58, L40S 142, A10G 80, RTX 4090 128). Boost clocks (the element-wise law counts kernel floors and per-SM byte
+rates in cycles) are the datasheet / whitepaper "boost clock": A100 SXM 1410 MHz (A100 whitepaper), H100 SXM and
+H200 1980 MHz, B200 1965 MHz, A40 1740 MHz (A40 datasheet), L4 2040 MHz, L40S 2520 MHz, A10G 1710 MHz, RTX PRO
+6000 Blackwell Server Edition 2617 MHz, RTX 4090 2520 MHz.
 """
 
 from __future__ import annotations
@@ -47,28 +50,32 @@ class HardwareSpec:
     # bytes/s a local NVMe reads (a PCIe 4.0 x4 data-centre drive, ~6.5 GB/s sequential): the disk prefix tier
     disk_bandwidth: float = 6.5e9
     sm_count: int = 0  # streaming multiprocessors (GEMM wave quantization); datasheet / whitepaper figure
+    clock_hz: float = 0.0  # boost clock (element-wise floors and per-SM rates in cycles); 0: unknown
 
 
-def _nvlink(name, flops, hbm, memory, host, link, nvls, internode, sms) -> HardwareSpec:
-    return HardwareSpec(name, flops, hbm, memory, host, 8, "nvlink", link, nvls, internode, sm_count=sms)
+def _nvlink(name, flops, hbm, memory, host, link, nvls, internode, sms, clock) -> HardwareSpec:
+    return HardwareSpec(name, flops, hbm, memory, host, 8, "nvlink", link, nvls, internode, sm_count=sms,
+                        clock_hz=clock)
 
 
-def _pcie(name, flops, hbm, memory, host, internode, sms, link=32e9, kind="pcie4") -> HardwareSpec:
-    return HardwareSpec(name, flops, hbm, memory, host, 8, kind, link, False, internode, sm_count=sms)
+def _pcie(name, flops, hbm, memory, host, internode, sms, clock, link=32e9, kind="pcie4") -> HardwareSpec:
+    return HardwareSpec(name, flops, hbm, memory, host, 8, kind, link, False, internode, sm_count=sms,
+                        clock_hz=clock)
 
 
 HARDWARE: dict[str, HardwareSpec] = {spec.name: spec for spec in (
-    _nvlink("a100-40gb", 312e12, 1.555e12, 40 * GIB, 25e9, 300e9, False, 25e9, 108),
-    _nvlink("a100-80gb", 312e12, 2.039e12, 80 * GIB, 25e9, 300e9, False, 25e9, 108),
-    _nvlink("h100-sxm", 989e12, 3.35e12, 80 * GIB, 50e9, 450e9, True, 50e9, 132),
-    _nvlink("h200", 989e12, 4.8e12, 141e9, 50e9, 450e9, True, 50e9, 132),
-    _nvlink("b200", 2.25e15, 8.0e12, 180e9, 50e9, 900e9, True, 50e9, 148),
-    _pcie("a40", 149.7e12, 0.696e12, 48 * GIB, 25e9, 100e9 / 8 / 8, 84),
-    _pcie("l4", 121e12, 0.3e12, 24 * GIB, 25e9, 100e9 / 8 / 8, 58),
-    _pcie("l40s", 362e12, 0.864e12, 48 * GIB, 25e9, 400e9 / 8 / 8, 142),
-    _pcie("a10g", 125e12, 0.6e12, 24 * GIB, 25e9, 100e9 / 8 / 8, 80),
-    _pcie("rtx-pro-6000", 503.8e12, 1.792e12, 96e9, 50e9, 400e9 / 8 / 8, 188, link=64e9, kind="pcie5"),
-    HardwareSpec("rtx-4090", 165e12, 1.008e12, 24 * GIB, 25e9, sm_count=128),
+    _nvlink("a100-40gb", 312e12, 1.555e12, 40 * GIB, 25e9, 300e9, False, 25e9, 108, 1.41e9),
+    _nvlink("a100-80gb", 312e12, 2.039e12, 80 * GIB, 25e9, 300e9, False, 25e9, 108, 1.41e9),
+    _nvlink("h100-sxm", 989e12, 3.35e12, 80 * GIB, 50e9, 450e9, True, 50e9, 132, 1.98e9),
+    _nvlink("h200", 989e12, 4.8e12, 141e9, 50e9, 450e9, True, 50e9, 132, 1.98e9),
+    _nvlink("b200", 2.25e15, 8.0e12, 180e9, 50e9, 900e9, True, 50e9, 148, 1.965e9),
+    _pcie("a40", 149.7e12, 0.696e12, 48 * GIB, 25e9, 100e9 / 8 / 8, 84, 1.74e9),
+    _pcie("l4", 121e12, 0.3e12, 24 * GIB, 25e9, 100e9 / 8 / 8, 58, 2.04e9),
+    _pcie("l40s", 362e12, 0.864e12, 48 * GIB, 25e9, 400e9 / 8 / 8, 142, 2.52e9),
+    _pcie("a10g", 125e12, 0.6e12, 24 * GIB, 25e9, 100e9 / 8 / 8, 80, 1.71e9),
+    _pcie("rtx-pro-6000", 503.8e12, 1.792e12, 96e9, 50e9, 400e9 / 8 / 8, 188, 2.617e9, link=64e9,
+          kind="pcie5"),
+    HardwareSpec("rtx-4090", 165e12, 1.008e12, 24 * GIB, 25e9, sm_count=128, clock_hz=2.52e9),
 )}
 
 
