@@ -21,7 +21,11 @@ import numpy as np
 import pandas as pd
 
 from kvplan.output import json_text
+from kvplan.sim.gpu import custom_allreduce
+from kvplan.sim.gpu.attention_reference import error_summary, point_errors
+from kvplan.sim.gpu.custom_allreduce import LAW as CUSTOM_AR
 from kvplan.sim.gpu.fit import fit_allreduce, fit_elementwise, fit_gemm, fit_send_recv, law_rows, predict
+from kvplan.sim.gpu.host_overhead import HOST
 from kvplan.sim.gpu.laws import GpuLaws
 from kvplan.sim.gpu.profiles import read_profiles
 from kvplan.sim.gpu.table import MeasuredTable
@@ -241,10 +245,12 @@ def main(argv: list[str]) -> int:
                              "basis": f"Vidur {g.upper()} profiles, every row, in-sample (the table's own rows)",
                              "families": [{k: s[k] for k in keep} for s in table_stats[g]],
                              "step_band_pct": step_band(table_stats[g])} for g in ("a100", "a40")}
+    attention = attention_stats()
     sources["analytic"] = {"kind": "analytic, transferred",
                            "basis": "laws fitted on A100 + A40; errors from leave-one-GPU-out (GEMM, element-wise), "
-                                    "leave-one-GPU-count-out (all-reduce), in-sample (send/recv), all rows",
-                           "families": [{k: s[k] for k in keep} for s in analytic],
+                                    "leave-one-GPU-count-out (all-reduce), in-sample (send/recv), all rows; "
+                                    "attention: the law on published H100 kernel timings (in-sample)",
+                           "families": [{k: s[k] for k in keep} for s in analytic] + [attention],
                            "step_band_pct": step_band(analytic)}
     ERROR_JSON.write_text(json_text({"generated_by": "python scripts/gpu_fidelity.py", "sources": sources})
                           + "\n")
@@ -294,6 +300,7 @@ def render(held, in_sample, table_stats, analytic, forms, extra, laws: GpuLaws) 
                "cannot extrapolate past its largest training x anyway (it predicts a constant there).\n\n"
                + _table(frame, ["gpu", "extrapolator", "family", "rows", "median", "p90"]) + "\n")
     out.append(transfer_section(held))
+    out.append(custom_allreduce_section())
     out.append(bench_section())
     out.append(constants(laws))
     return "\n".join(out)
@@ -367,6 +374,41 @@ def bench_section() -> str:
     return "\n".join(lines)
 
 
+def attention_stats() -> dict:
+    """The `attention` family: the attention law on the published H100 kernel timings it was fitted on
+    (`sim.gpu.attention_reference`, docs/attention.md)."""
+    stats = error_summary(point_errors())
+    return {k: round(stats[k], 2) if isinstance(stats[k], float) else stats[k]
+            for k in ("family", "rows", "median_abs_err_pct", "p90_abs_err_pct", "bias_pct")}
+
+
+def custom_allreduce_section() -> str:
+    """vLLM's custom all-reduce law: the two forms' leave-one-GPU-count-out errors, and the shipped fit's."""
+    h100 = get_hardware(custom_allreduce.MEASURED_ON)
+    law, held = custom_allreduce.chosen(h100)
+    own = custom_allreduce.errors(law, list(custom_allreduce.PUBLISHED), h100)
+
+    def row(name: str, err: np.ndarray) -> str:
+        return (f"| {name} | {len(err)} | {np.median(np.abs(err)):.1%} | {np.quantile(np.abs(err), 0.9):.1%} | "
+                f"{err.mean():+.1%} |")
+
+    lines = ["## vLLM's custom all-reduce: the decode step's messages on NVLink\n",
+             "vLLM reduces a TP group's hidden states with its own one-kernel all-reduce on NVLink, not with NCCL "
+             "(`kvplan/sim/gpu/custom_allreduce.py`). Vidur's rows time NCCL in eager mode (40-60 µs for a small "
+             "message: launch and rank skew), so the step prices each TP all-reduce on NVLink with the faster of "
+             "NCCL's law and a law fitted on published timings of vLLM's kernel on an H100 node "
+             f"({custom_allreduce.SOURCE}: TP 2/4/8, 512 B to 1 MiB, 9-45 µs).\n",
+             "| form, errors | points | median abs error | p90 abs error | bias |", "|---|---|---|---|---|",
+             row("S (n − 1) / n, leave-one-GPU-count-out", held[False]),
+             row("S (n − 1) (one-shot), leave-one-GPU-count-out", held[True]),
+             row(f"chosen ({'one-shot' if law.one_shot else 'S (n − 1) / n'}), in-sample", own), "",
+             f"Fitted: {law.latency_s * 1e6:.2f} µs + {law.hop_latency_s * 1e6:.2f} µs per further GPU, the bytes "
+             f"at {law.efficiency:.3f} of the datasheet NVLink bandwidth (the kernel is far from the link's "
+             "bandwidth at these sizes). PCIe boxes keep NCCL's law (vLLM runs its kernel there for two GPUs only, "
+             "and no published timing of that case was found).\n"]
+    return "\n".join(lines)
+
+
 def constants(laws: GpuLaws) -> str:
     us = 1e6
     ew = "; ".join(f"{op} {laws.elementwise_floor_cycles[op]:.0f} cycles"
@@ -398,8 +440,12 @@ def constants(laws: GpuLaws) -> str:
         ("send/recv across nodes: latency, efficiency",
          f"{laws.network_latency_s * us:.1f} µs, {laws.network_efficiency:.3f}", "fitted (DGX A100, two nodes)"),
         ("attention (prefill efficiency, KV-read efficiency)", "see `kvplan/sim/gpu/attention.py`", "its own page"),
-        ("step overhead, request overhead", "`AnalyticCost.step_overhead_s`, `request_overhead_s`",
-         "planner defaults until measured (not from these profiles)"),
+        ("vLLM custom all-reduce (NVLink, up to 8 MiB): latency, per further GPU, link efficiency",
+         f"{CUSTOM_AR.latency_s * us:.2f} µs, {CUSTOM_AR.hop_latency_s * us:.2f} µs, {CUSTOM_AR.efficiency:.3f}",
+         "fitted on published H100 measurements (section above)"),
+        ("engine-core CPU work: per step, per running request, per admitted prefill",
+         f"{HOST.step_s * us:.1f} µs, {HOST.step_per_seq_s * us:.2f} µs, {HOST.admit_per_request_s * us:.1f} µs",
+         "measured on vLLM's own scheduler (docs/host_overhead.md); overlapped with the GPU (async scheduling)"),
         ("MoE routed experts, all-to-all", "the GEMM law's efficiencies; the all-reduce's latency and efficiency",
          "transferred (no MoE or all-to-all profile)"),
     ]

@@ -181,7 +181,7 @@ def test_every_command_line_reaches_its_side():
 
     parser = argparse.ArgumentParser()
     add_setting_flags(parser, "sim", multiple=["block_size"])
-    for extra in ("--trace", "--model", "--hardware", "--cost", "--profile", "--replicas", "--router",
+    for extra in ("--trace", "--model", "--hardware", "--cost", "--profile", "--gpu-profile", "--replicas", "--router",
                   "--sample-interval"):
         parser.add_argument(extra)
     parser.add_argument("--no-fast-path", action="store_true")

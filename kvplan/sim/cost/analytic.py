@@ -34,6 +34,7 @@ from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures
 from kvplan.sim.cost.moe import ExpertCost
 from kvplan.sim.cost.parallel import Shape, micro_batches, moe_activation_width, weight_bytes_per_rank
 from kvplan.sim.gpu.attention import AttentionCost
+from kvplan.sim.gpu.custom_allreduce import step_allreduce_time
 from kvplan.sim.gpu.host_overhead import HOST
 from kvplan.sim.gpu.laws import GpuLaws, shipped_laws
 from kvplan.sim.specs.arch import ModelSpec, stage_layers
@@ -274,6 +275,8 @@ class AnalyticCost:
         key = ("net", "all_reduce", tp, False)
         if self.table is not None and key in self.table.series:
             reduce = self._measured(key, hidden, lambda nbytes: laws.allreduce_time(nbytes, tp, hw))
+        else:  # vLLM's own kernel for the messages it takes (sim.gpu.custom_allreduce); a profile measured NCCL
+            reduce = step_allreduce_time(reduce, hidden, tp, hw)
         if not (self.shape.expert_parallel and self._experts is not None):
             return 2 * (self._stage_dense_layers + self._stage_moe_layers) * reduce
         dispatch = laws.all_to_all_time(hidden * self._experts.per_token, tp, hw)
