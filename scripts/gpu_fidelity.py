@@ -346,9 +346,11 @@ def transfer_section(held) -> str:
               "untested.\n",
               "Eager kernels vs CUDA graphs. Vidur times each kernel in eager mode; its all-reduce times for "
               "small messages (tens of µs) include the ranks' launch skew. vLLM runs decode under CUDA graphs and, "
-              "on NVLink, its own custom all-reduce for small messages; no profile here measures that, so the "
-              "fitted all-reduce latency is an upper bound for decode at TP > 1, the likely reason the model's "
-              "decode is too slow at high TP on H100-class GPUs (two all-reduces per layer).\n"]
+              "on NVLink, its own custom all-reduce for small messages; no Vidur profile measures that, so the "
+              "step prices a TP all-reduce on NVLink with a law fitted on that kernel's published timings (next "
+              "section), NCCL's law only where NCCL is faster or the message exceeds vLLM's buffer. The other "
+              "kernels keep their eager floors: a kernel's own duration is the same inside a CUDA graph, which "
+              "removes the gaps between kernels, not the kernels' ramp-up and tail.\n"]
     return "\n".join(lines)
 
 
