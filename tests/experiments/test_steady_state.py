@@ -36,7 +36,10 @@ def run(tmp_path: Path, name: str, capsys, **doc) -> dict:
 
 
 def capacity(tmp_path, capsys, name: str, requests: int, duration: float, min_requests: int = 1000) -> dict:
-    return run(tmp_path, name, capsys, workload={"synthetic": chat(requests)},
+    # Five seeds: on this workload a seed's p90 TPOT at one rate spreads by up to 1.6x (how many 2048-token
+    # prefill chunks land inside a request's decode), so a median of three moves by more than 5% between two
+    # draws of the same population; a median of five holds still.
+    return run(tmp_path, name, capsys, workload={"synthetic": chat(requests)}, seeds=[0, 1, 2, 3, 4],
                probe={"duration_s": duration, "min_requests": min_requests},
                search={"target": "max_rate", "low": 1, "high": 16, "tolerance": 0.05},
                slo={"p90_ttft_ms": 1000, "p90_tpot_ms": 50})
@@ -50,7 +53,7 @@ def test_capacity_does_not_depend_on_the_traces_length_or_the_probes(tmp_path, c
     large = capacity(tmp_path, capsys, "ten_n", 2400, 300)
     longer = capacity(tmp_path, capsys, "n_long", 240, 600)
     for point in (small, large, longer):
-        assert point["search_outcome"] == "found" and point["seeds"] == 3
+        assert point["search_outcome"] == "found" and point["seeds"] == 5
         assert point["answer_low"] <= point["answer"] <= point["answer_high"]
     assert abs(large["answer"] - small["answer"]) <= 0.05 * small["answer"]
     assert small["answer_low"] <= large["answer"] <= small["answer_high"]
