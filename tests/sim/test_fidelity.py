@@ -142,6 +142,13 @@ def test_elementwise_law_is_its_definition():
     # p = 1: the two limits' times add
     summed = replace(law, elementwise_power=1.0)
     assert summed.elementwise_rate("input_layernorm", a40) == pytest.approx(memory + norm_cores, rel=1e-12)
+    # per resident warp: W = 84 SMs × 1536 threads / 32 = 4032 warps on the A40 (2048 threads: 6912 on the A100)
+    warps = replace(law, elementwise_per_warp=True)
+    assert warps.elementwise_rate("input_layernorm", a40) == pytest.approx(
+        (memory**2 + (1 / (4032 * 1.74e9 * 4.0))**2) ** 0.5, rel=1e-12)
+    assert warps.elementwise_rate("emb", a40) == law.elementwise_rate("emb", a40)  # whole-GPU rates keep W = 1
+    # threads per SM not known: the per-warp core limit is unknown, bandwidth alone
+    assert warps.elementwise_rate("input_layernorm", replace(a40, threads_per_sm=0)) == memory
     # a GPU with neither clock nor SM count: no floor, bandwidth alone
     bare = HardwareSpec("bare", 1e14, 1e12, 24e9, 25e9)
     assert law.elementwise_time("input_layernorm", 1e6, bare) == pytest.approx(1e6 / (0.8 * 1e12), rel=1e-12)

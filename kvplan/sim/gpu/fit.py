@@ -156,8 +156,9 @@ def fit_elementwise(groups, base: GpuLaws, warm: bool = False, bandwidth_only: t
         start = [base.elementwise_bandwidth_efficiency, max(base.elementwise_power - 1.0, 0.05)] + \
             [base.elementwise_floor_cycles[op] * 1e-3 for op in ops] + \
             [base.elementwise_cycle_rate[op] for op in rated]
-    else:  # a whole-GPU rate starts at an SM's rate times a typical SM count
-        start = [0.85, 0.6] + [5.0] * n + [300.0 if op in base.elementwise_whole_gpu else 6.0 for op in rated]
+    else:  # a whole-GPU rate starts at an SM's rate times a typical SM count, a warp's at an SM's over 64 warps
+        sm = 6.0 / 64 if base.elementwise_per_warp else 6.0
+        start = [0.85, 0.6] + [5.0] * n + [300.0 if op in base.elementwise_whole_gpu else sm for op in rated]
     loss = _log_loss(groups, make)
     best = nelder_mead(loss, np.log(start), 1500 if warm else 6000, 0.1 if warm else 0.3)
     if not warm:  # a second, finer simplex from the first's best (the first stalls with 13 parameters)

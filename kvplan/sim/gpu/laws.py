@@ -12,7 +12,9 @@ HBM bandwidth, SM count, the GPU-to-GPU link and the network) and a small set of
   two per-byte limits combined as a p-norm (p = 1 adds them, p → ∞ takes the slower): the memory system's (a
   fraction η of the datasheet bandwidth) and the cores' (r_op bytes per clock cycle per SM, W = the SM count;
   for the ops in `elementwise_whole_gpu`, whose measured rate follows the clock but not the SM count, r_op per
-  cycle for the whole GPU, W = 1). An op with no r_op (the residual add: no reduction, no trigonometry) is
+  cycle for the whole GPU, W = 1; with `elementwise_per_warp`, r_op per cycle per resident warp, W = SMs ×
+  threads per SM / 32: a latency-bound kernel's bytes in flight scale with the threads an SM keeps resident,
+  2048 on an A100, 1536 on an A40). An op with no r_op (the residual add: no reduction, no trigonometry) is
   bandwidth-bound alone. Cycles, not seconds or bytes/s per SM, because the A100 and the A40 (1410 vs 1740 MHz,
   108 vs 84 SMs) agree on them (docs/gpu_fidelity.md); the law is linear in B, so a step prices it as a floor
   plus a per-byte rate (`elementwise_floor`, `elementwise_rate`).
@@ -62,6 +64,8 @@ class GpuLaws:
     elementwise_cycle_rate: dict[str, float] = field(default_factory=dict)
     elementwise_whole_gpu: tuple[str, ...] = ()
     elementwise_power: float = 1.0  # p of the p-norm that combines the two per-byte limits
+    # per-SM rates counted per resident warp (W = SMs × threads per SM / 32) rather than per SM
+    elementwise_per_warp: bool = False
     allreduce_latency_s: float = 0.0
     allreduce_hop_latency_s: float = 0.0
     allreduce_efficiency: float = 1.0
@@ -94,7 +98,12 @@ class GpuLaws:
         bandwidth limit alone for an op without a core rate, or a GPU whose SM count or clock is not known)."""
         memory = 1.0 / (hw.hbm_bandwidth * self.elementwise_bandwidth_efficiency)
         rate = self.elementwise_cycle_rate.get(op, 0.0)
-        width = 1 if op in self.elementwise_whole_gpu else hw.sm_count
+        if op in self.elementwise_whole_gpu:
+            width = 1
+        elif self.elementwise_per_warp:
+            width = hw.sm_count * hw.threads_per_sm // 32
+        else:
+            width = hw.sm_count
         if rate <= 0 or width <= 0 or hw.clock_hz <= 0:
             return memory
         cores = 1.0 / (width * hw.clock_hz * rate)

@@ -51,16 +51,21 @@ class HardwareSpec:
     disk_bandwidth: float = 6.5e9
     sm_count: int = 0  # streaming multiprocessors (GEMM wave quantization); datasheet / whitepaper figure
     clock_hz: float = 0.0  # boost clock (element-wise floors and per-SM rates in cycles); 0: unknown
+    # most threads resident on one SM (CUDA C++ Programming Guide, table of compute capabilities: 2048 on
+    # compute capability 8.0, 9.0, 10.0; 1536 on 8.6, 8.9, 12.0): the element-wise cores' width; 0: unknown
+    threads_per_sm: int = 0
 
 
-def _nvlink(name, flops, hbm, memory, host, link, nvls, internode, sms, clock) -> HardwareSpec:
+def _nvlink(name, flops, hbm, memory, host, link, nvls, internode, sms, clock, threads=2048) -> HardwareSpec:
     return HardwareSpec(name, flops, hbm, memory, host, 8, "nvlink", link, nvls, internode, sm_count=sms,
-                        clock_hz=clock)
+                        clock_hz=clock, threads_per_sm=threads)
 
 
-def _pcie(name, flops, hbm, memory, host, internode, sms, clock, link=32e9, kind="pcie4") -> HardwareSpec:
+def _pcie(name, flops, hbm, memory, host, internode, sms, clock, link=32e9, kind="pcie4",
+          threads=1536) -> HardwareSpec:
+    # every PCIe card listed is compute capability 8.6 (A40, A10G), 8.9 (L4, L40S) or 12.0 (RTX PRO 6000)
     return HardwareSpec(name, flops, hbm, memory, host, 8, kind, link, False, internode, sm_count=sms,
-                        clock_hz=clock)
+                        clock_hz=clock, threads_per_sm=threads)
 
 
 HARDWARE: dict[str, HardwareSpec] = {spec.name: spec for spec in (
@@ -75,7 +80,8 @@ HARDWARE: dict[str, HardwareSpec] = {spec.name: spec for spec in (
     _pcie("a10g", 125e12, 0.6e12, 24 * GIB, 25e9, 100e9 / 8 / 8, 80, 1.71e9),
     _pcie("rtx-pro-6000", 503.8e12, 1.792e12, 96e9, 50e9, 400e9 / 8 / 8, 188, 2.617e9, link=64e9,
           kind="pcie5"),
-    HardwareSpec("rtx-4090", 165e12, 1.008e12, 24 * GIB, 25e9, sm_count=128, clock_hz=2.52e9),
+    HardwareSpec("rtx-4090", 165e12, 1.008e12, 24 * GIB, 25e9, sm_count=128, clock_hz=2.52e9,
+                 threads_per_sm=1536),
 )}
 
 
