@@ -57,6 +57,9 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
             cost_name = "calibrated"
         if cost_name == "calibrated" and profile is None:
             profile = str(shipped_profile(spec.model, spec.hardware))
+    if cost_name != "analytic" and spec.gpu_profile is not None:  # it would be ignored: say so instead
+        raise UserError(f"--gpu-profile {short_repr(str(spec.gpu_profile))}: a per-op GPU profile prices the analytic "
+                        f"cost model, not the {cost_name} one; allowed: --cost analytic on a GPU --hardware")
     if cost_name != "analytic" and replica_shape(spec).gpus > 1:
         raise UserError(f"--tensor-parallel-size / --pipeline-parallel-size: {spec.tensor_parallel_size} x "
                          f"{spec.pipeline_parallel_size}: the {cost_name} cost model was measured on one device; "
@@ -128,7 +131,7 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
                                 shape=shape)
     if blocks < 1 and spec.num_blocks is None:
         raise UserError(no_fit_message(spec, model, hardware, shape, kv_bytes))
-    table = load_table(spec.gpu_profile, hardware) if spec.gpu_profile else None
+    table = load_table(spec.gpu_profile, hardware, "--gpu-profile") if spec.gpu_profile else None
     cost = AnalyticCost(model, hardware, spec.block_size, kv_bytes, **spec.cost_options, shape=shape, table=table)
     return cost, spec.num_blocks if spec.num_blocks is not None else blocks
 

@@ -78,6 +78,9 @@ def test_a_gpu_profile_prices_its_gpu_from_the_measured_table(tmp_path, capsys, 
     assert main(["simulate", "--trace", trace, "--hardware", "h100-sxm", "--gpu-profile",
                  str(data / "vidur_profiles")]) == 2
     assert "none of them for h100-sxm" in capsys.readouterr().err
+    assert main(["simulate", "--trace", trace, "--hardware", "cpu-local", "--model", "smollm2-135m",
+                 "--gpu-profile", str(data / "vidur_profiles")]) == 2
+    assert "--gpu-profile" in capsys.readouterr().err  # never ignored: the calibrated cost reads no per-op profile
 
 
 def test_parquet_tables_per_block_size(tmp_path, capsys):

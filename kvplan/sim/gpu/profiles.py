@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import UserError
+from kvplan.traces.schema import short_repr
 
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 ELEMENTWISE_OPS = ("emb", "input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add")
@@ -49,15 +50,22 @@ KNOWN = {"mlp.csv": GEMM_OPS + ELEMENTWISE_OPS, "attention.csv": ATTENTION_OPS, 
          "send_recv.csv": ("send_recv",)}
 
 
-def read_profiles(root: Path | str) -> pd.DataFrame:
-    """Every op row of every Vidur-format file under `root`, as tidy rows (`COLUMNS`), in file order."""
+def read_profiles(root: Path | str, flag: str = "--profiles") -> pd.DataFrame:
+    """Every op row of every Vidur-format file under `root`, as tidy rows (`COLUMNS`), in file order. `flag`
+    names the option (or setting) the directory came from in an error."""
     root = Path(root)
-    if not root.is_dir():
-        raise UserError(f"--profiles: {root}: not a directory (a Vidur-format profile directory: "
+    shown = short_repr(str(root), 60)
+    try:
+        is_dir = root.is_dir()
+    except OSError as exc:  # a name past the system's limit, a path through a file: not a profile directory
+        raise UserError(f"{flag}: {shown}: {exc.strerror or exc}; allowed: a Vidur-format profile directory") \
+            from None
+    if not is_dir:
+        raise UserError(f"{flag}: {shown}: not a directory (a Vidur-format profile directory: "
                         "compute/<gpu>/<org>/<model>/mlp.csv, network/<name>/all_reduce.csv, ...)")
     paths = sorted(p for name in REQUIRED for p in root.rglob(name))
     if not paths:
-        raise UserError(f"--profiles: {root}: no mlp.csv, attention.csv, all_reduce.csv or send_recv.csv under it")
+        raise UserError(f"{flag}: {shown}: no mlp.csv, attention.csv, all_reduce.csv or send_recv.csv under it")
     frames = [read_file(path, root) for path in paths]
     return pd.concat(frames, ignore_index=True)
 

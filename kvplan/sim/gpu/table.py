@@ -111,5 +111,5 @@ class MeasuredTable:
 
 def load_table(path: Path | str, hardware: HardwareSpec, where: str = "gpu_profile") -> MeasuredTable:
     """The measured table of `hardware` from a Vidur-format directory (its extrapolation: the shipped laws)."""
-    rows = rows_for_hardware(read_profiles(path), hardware.name, f"{where}: {path}")
+    rows = rows_for_hardware(read_profiles(path, where), hardware.name, f"{where}: {path}")
     return MeasuredTable.from_rows(rows, hardware, shipped_laws())
