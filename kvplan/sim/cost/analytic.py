@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from kvplan.errors import UserError
-from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures
+from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures, step_max
 from kvplan.sim.cost.moe import ExpertCost
 from kvplan.sim.cost.parallel import Shape, micro_batches, moe_activation_width, weight_bytes_per_rank
 from kvplan.sim.gpu.attention import AttentionCost
@@ -54,11 +54,6 @@ class _Op:
     k: int = 0  # GEMM: one rank's weight is k × n
     n: int = 0
     bytes_per_token: float = 0.0  # element-wise: bytes read + written per token
-
-
-def _max(a, b):
-    """max of plain numbers, or element-wise when either is a stretch's array (the same IEEE result per entry)."""
-    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
 def step_ops(model: ModelSpec, tp: int = 1, pp: int = 1, kv_dtype_bytes: float | None = None) -> tuple[
@@ -231,7 +226,7 @@ class AnalyticCost:
         # prefill chunks (every non-decode request in the step): an upper bound on the requests admitted in it
         host = self.step_overhead_s + self.request_overhead_s * f.num_requests + \
             self.admit_overhead_s * (f.num_requests - f.decode_requests)
-        return _max(compute, host) if self.async_scheduling else compute + host
+        return step_max(compute, host) if self.async_scheduling else compute + host
 
     def _gemm(self, rows, k: int, n: int):
         return self._laws.gemm_time(rows, k, n, self.hardware, self._weight_bytes, self.model.dtype_bytes)

@@ -54,6 +54,17 @@ class StepFeatures(Generic[N]):
 FEATURE_NAMES = tuple(f.name for f in fields(StepFeatures))
 
 
+def step_max(a, b):
+    """max of plain numbers, or element-wise when either is a stretch's array (the same IEEE result per entry,
+    so a step prices bit-identically alone or in a stretch)."""
+    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
+
+
+def step_min(a, b):
+    """min, as `step_max`."""
+    return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
+
+
 def windowed_attention2(start: int, end: int, window: int) -> int:
     """2 × ∫ min(x, window) dx over [start, end]: the doubled prefill attention work of the chunk's queries when
     each reads at most `window` keys (with an unbounded window, end² − start² = chunk × (2 start + chunk))."""

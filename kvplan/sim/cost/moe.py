@@ -16,11 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvplan.sim.cost.features import step_max
 from kvplan.sim.specs.arch import ModelSpec, stage_layers
-
-
-def _max(a, b):
-    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
 def expected_touched(experts: int, per_token: int, tokens):
@@ -55,8 +52,8 @@ class ExpertCost:
     def time(self, tokens):
         """Seconds of the routed experts for a step of `tokens` tokens (a number or an array)."""
         touched = expected_touched(self.experts, self.per_token, tokens)
-        rows = tokens * self.per_token / _max(touched, 1.0)
+        rows = tokens * self.per_token / step_max(touched, 1.0)
         padded = -(-rows // self.tile) * self.tile
         flops = 2.0 * self.expert_params * touched * padded / self.tp
         read = touched * self.expert_params * self.bytes_per_param / self.tp
-        return self.layers * _max(flops / self.flop_rate, read / self.byte_rate)
+        return self.layers * step_max(flops / self.flop_rate, read / self.byte_rate)

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvplan.sim.cost.features import StepFeatures
+from kvplan.sim.cost.features import StepFeatures, step_max
 from kvplan.sim.specs.arch import ModelSpec, stage_layers
 from kvplan.sim.specs.hardware import HardwareSpec
 
@@ -73,11 +73,6 @@ def prefill_law(head_dim: int) -> tuple[float, float]:
             (e0, k0), (e1, k1) = PREFILL_LAW[lo], PREFILL_LAW[hi]
             return e0 + w * (e1 - e0), k0 + w * (k1 - k0)
     return PREFILL_LAW[dims[-1]]
-
-
-def _max(a, b):
-    """max of plain numbers, or element-wise when either is a stretch's array (the same IEEE result per entry)."""
-    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
 def attention_head_dim(model: ModelSpec) -> int:
@@ -151,4 +146,4 @@ class AttentionCost:
         prefill = self._prefill_unit * (attention2 / 2.0 + self._queries_k0 * f.prefill_tokens)
         compute = (prefill + self._decode_unit * context) / self._flop_rate
         read = self._token_bytes * (blocks * self._block_tokens + self.request_tokens * f.decode_requests)
-        return _max(compute, read / self._byte_rate) + self._floor
+        return step_max(compute, read / self._byte_rate) + self._floor

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvplan.sim.cost.features import step_min
 from kvplan.sim.specs.hardware import HardwareSpec
 
 MAX_BYTES = 8 * 1024 * 1024  # vLLM's CustomAllreduce `max_size` default: larger messages go to NCCL
@@ -120,11 +121,7 @@ def step_allreduce_time(nccl, nbytes, n: int, hw: HardwareSpec):
     to 1 MiB only, where its achieved bandwidth is still rising."""
     if not applies(n, hw):
         return nccl
-    custom = _min(LAW.time(nbytes, n, hw), nccl)
+    custom = step_min(LAW.time(nbytes, n, hw), nccl)
     if isinstance(nbytes, np.ndarray):
         return np.where(nbytes <= MAX_BYTES, custom, nccl)
     return custom if nbytes <= MAX_BYTES else nccl
-
-
-def _min(a, b):
-    return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)

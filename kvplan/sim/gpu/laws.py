@@ -32,19 +32,13 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import numpy as np
-
 from kvplan.errors import UserError
 from kvplan.shipped import shipped_dir
+from kvplan.sim.cost.features import step_max
 from kvplan.sim.specs.hardware import HardwareSpec
 
 ELEMENTWISE_LAW_OPS = ("emb", "input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act", "add")
 GPU_LAWS = "gpu_laws.json"  # in the shipped sim/profiles folder (kvplan.shipped)
-
-
-def _max(a, b):
-    """max of plain numbers, or element-wise when either is an array (the same IEEE result per entry)."""
-    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,7 +80,7 @@ class GpuLaws:
             flops = 2.0 * k * n * tm * m_tiles
         moved = k * n * weight_bytes + m * ((k + n) * act_bytes)
         compute = flops / (hw.peak_flops * self.gemm_compute_efficiency)
-        return self.gemm_floor_s + _max(compute, moved / (hw.hbm_bandwidth * self.gemm_memory_efficiency))
+        return self.gemm_floor_s + step_max(compute, moved / (hw.hbm_bandwidth * self.gemm_memory_efficiency))
 
     def elementwise_floor(self, op: str, hw: HardwareSpec) -> float:
         """Seconds of element-wise op `op`'s kernel floor (0 on a GPU whose clock is not known)."""
