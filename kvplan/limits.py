@@ -7,3 +7,22 @@ MAX_TOKENS = 10_000_000  # a prompt, an output or a context: longer than any mod
 MAX_BLOCKS = 50_000_000  # GPU + CPU blocks over all replicas: ~5.5 GB of block objects
 MAX_REPLICAS = 10_000
 MAX_SAMPLES = 10_000  # time-series samples of one run (100x the default): each one is a step off the fast path
+
+# Trace files, enforced while the (decompressed) content streams in, for every codec and the plain file alike
+# (traces.compression.open_binary): a few KB of gzip, bz2 or xz can inflate to gigabytes, and only a limit checked
+# during the read refuses it before memory is spent. Loading keeps every field of every row as a Python object:
+# measured, a 1.5M-row Vidur CSV (30 MB) peaks at 0.96 GB RSS, ~640 bytes a row and ~30 bytes per byte of text.
+MAX_TRACE_LINES = 20_000_000  # ~13 GB of peak memory at ~640 bytes a row: what the 24 GiB machine holds
+MAX_TRACE_BYTES = 2 * 2**30  # decompressed text; rows with long hash lists cost ~1 byte of memory per byte of text
+# One line (one row): the longest a row can legitimately be is a hash list for a MAX_TOKENS prompt in 16-token
+# blocks (Qwen-Bailian): 625,000 ids of up to 19 digits and a separator, ~13 MB. 4x that leaves room for finer
+# blocks; a longer line is a bomb or not a trace (one 2 GB line would otherwise be held whole, several times).
+MAX_TRACE_LINE_BYTES = 64 * 2**20
+
+# YAML documents (experiments, specs, profiles, --retime), checked while the document is composed, before anything
+# reads it (traces.specs): PyYAML composes ~20,000 nodes a second here (measured: a 0.7 MB document of 120,000
+# nodes takes 5.6 s), and an alias bomb of a few lines expands to billions of nodes, each one built and walked.
+MAX_YAML_BYTES = 1 * 2**20  # ~8 s to compose at most; a spec or a profile is a few KB
+MAX_YAML_NODES = 200_000  # values in one document with every alias expanded: ~10 s at worst to build and check
+MAX_YAML_ALIASES = 1_000  # `*name` references in one document (a spec uses a handful: `<<: *base`)
+MAX_YAML_DEPTH = 100  # nesting of mappings and sequences (a spec nests ~5 deep; deeper recursion runs out of stack)

@@ -12,6 +12,7 @@ from typing import TypeGuard
 
 import yaml
 
+from kvplan import limits
 from kvplan.errors import UserError
 from kvplan.traces.schema import SHOWN_CHARS, TraceFormatError, short_repr
 
@@ -58,9 +59,80 @@ def read_text(path: str | Path, flag: str) -> str:
         raise UserError(f"{path}:{line}: {problem}; allowed: a UTF-8 file") from None
 
 
+class YamlLimit(yaml.composer.ComposerError):
+    """A document past one of the limits.MAX_YAML_* bounds, found while it is composed: nothing has read it yet."""
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load, but a mapping that repeats a key is an error at the repeat's line: YAML says keys are unique,
-    and PyYAML silently keeps the last value (a sweep's second `grid:` would replace the first)."""
+    """safe_load, bounded, and strict about keys.
+
+    Bounded: every document is checked while it is composed into nodes, before one value is built, so no caller
+    (experiments, specs, profiles, --retime) ever walks an alias bomb. Each node's size with every alias expanded
+    is known when the node is complete (1 + its children's sizes, an alias adding its target's size, memoized on
+    the target), so a document's expanded size is summed as it is read and refused at the alias or node that
+    takes it past MAX_YAML_NODES, with its line. An alias to a node that is not complete yet is recursive (a
+    value that contains itself: every reader of it would loop), and is refused too. The alias count and the
+    nesting depth are bounded on the way.
+
+    Strict: a mapping that repeats a key is an error at the repeat's line: YAML says keys are unique, and
+    PyYAML silently keeps the last value (a sweep's second `grid:` would replace the first). A scalar that
+    Python cannot build (a 5,000-digit integer, the date 2024-13-45) is an error at its line, not a ValueError.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._expanded = 0  # values in the document so far, aliases expanded
+        self._aliases = 0
+        self._depth = 0
+        self._sizes: dict[int, int] = {}  # id(anchored node) -> its expanded size, once complete
+
+    def compose_document(self) -> yaml.Node:
+        self._expanded = self._aliases = self._depth = 0
+        self._sizes = {}
+        return super().compose_document()
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            target = self.anchors.get(event.anchor)
+            if target is not None:  # an undefined alias is PyYAML's error to report
+                self._aliases += 1
+                if self._aliases > limits.MAX_YAML_ALIASES:
+                    raise YamlLimit(None, None, f"alias *{_cut(event.anchor)} is the document's "
+                                    f"{limits.MAX_YAML_ALIASES + 1}th; allowed: at most {limits.MAX_YAML_ALIASES} "
+                                    "aliases", event.start_mark)
+                size = self._sizes.get(id(target))
+                if size is None:
+                    raise YamlLimit(None, None, f"alias *{_cut(event.anchor)} refers to a value that contains it "
+                                    "(a recursive value); allowed: aliases to complete values", event.start_mark)
+                self._grow(size, f"alias *{_cut(event.anchor)}", event.start_mark)
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > limits.MAX_YAML_DEPTH:
+            raise YamlLimit(None, None, f"nested more than {limits.MAX_YAML_DEPTH} deep; allowed: at most "
+                            f"{limits.MAX_YAML_DEPTH} levels of mappings and sequences", event.start_mark)
+        start = self._expanded
+        self._grow(1, "this value", event.start_mark)
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        if getattr(event, "anchor", None) is not None:
+            self._sizes[id(node)] = self._expanded - start
+        return node
+
+    def _grow(self, size: int, what: str, mark: yaml.Mark) -> None:
+        self._expanded += size
+        if self._expanded > limits.MAX_YAML_NODES:
+            raise YamlLimit(None, None, f"{what} takes the document past {limits.MAX_YAML_NODES} values with its "
+                            f"aliases expanded; allowed: at most {limits.MAX_YAML_NODES} (a spec holds a few "
+                            "hundred)", mark)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> object:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:  # int("1" * 5000), date(2024, 13, 45)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {shown(node.value) if isinstance(node.value, str) else 'this value'} "
+                f"({_cut(str(exc))})", node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[object, int] = {}
@@ -81,16 +153,24 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def safe_load(text: str) -> object:
-    """`yaml.safe_load` with unique mapping keys (see _UniqueKeyLoader)."""
+    """`yaml.safe_load`, bounded (MAX_YAML_BYTES, and the composing limits of _UniqueKeyLoader) and with unique
+    mapping keys. A limit passed is a YamlLimit (a yaml.YAMLError with the position)."""
+    if len(text) > limits.MAX_YAML_BYTES or len(text.encode("utf-8", "surrogatepass")) > limits.MAX_YAML_BYTES:
+        raise YamlLimit(None, None, f"{len(text.encode('utf-8', 'surrogatepass'))} bytes of YAML; allowed: at most "
+                        f"{limits.MAX_YAML_BYTES} (a spec is a few KB)", None)
     return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def read_yaml(path: str | Path, flag: str) -> object:
-    """The YAML document at `path` (safe_load); a missing file or a syntax error is one line naming it."""
+    """The YAML document at `path` (safe_load); a missing file, a syntax error or a limit passed is one line
+    naming it."""
     text = read_text(path, flag)
     path = Path(path)
     try:
         return safe_load(text)
+    except YamlLimit as exc:
+        mark = exc.problem_mark
+        raise UserError(f"{path}{f':{mark.line + 1}' if mark is not None else ''}: {exc.problem}") from None
     except yaml.MarkedYAMLError as exc:  # syntax errors and unsafe tags (`!!python/object`) carry a position
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
