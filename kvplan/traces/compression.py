@@ -112,7 +112,7 @@ class _Bounded(io.RawIOBase):
             self._check_run(self._run)
             return
         self._check_run(self._run + min(ends))
-        self._lines += data.count(b"\n")
+        self._lines += max(data.count(b"\n"), data.count(b"\r"))  # \r\n counts once, a lone \r (old Macs) too
         self._run = len(data) - max(data.rfind(b"\n"), data.rfind(b"\r")) - 1
         if self._lines > limits.MAX_TRACE_LINES:
             raise TraceFormatError(f"{self._path}: more than {limits.MAX_TRACE_LINES} lines{self._what}; allowed: at "
