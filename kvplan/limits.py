@@ -18,6 +18,9 @@ MAX_TRACE_BYTES = 2 * 2**30  # decompressed text; rows with long hash lists cost
 # blocks (Qwen-Bailian): 625,000 ids of up to 19 digits and a separator, ~13 MB. 4x that leaves room for finer
 # blocks; a longer line is a bomb or not a trace (one 2 GB line would otherwise be held whole, several times).
 MAX_TRACE_LINE_BYTES = 64 * 2**20
+# Distinct fields (CSV columns, JSONL keys over all rows, Parquet columns): a layout has at most 9, a real file a few
+# more. One 64 MB line of distinct names would otherwise become millions of columns, each padded for every row.
+MAX_TRACE_FIELDS = 1_000
 
 # YAML documents (experiments, specs, profiles, --retime), checked while the document is composed, before anything
 # reads it (traces.specs): PyYAML composes ~20,000 nodes a second here (measured: a 0.7 MB document of 120,000

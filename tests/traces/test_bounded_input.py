@@ -146,3 +146,16 @@ def test_a_trace_that_uses_every_field_has_no_note(tmp_path):
     path = Path(tmp_path / "t.csv")
     path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,3\n")
     assert traces.load(path).report.lines() == []
+
+
+@pytest.mark.parametrize(("name", "content", "expected"), [
+    ("t.csv", ",".join(f"c{i}" for i in range(1500)) + "\n",
+     ":1: the header names 1500 columns; allowed: at most 1000"),
+    ("t.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 3}\n'
+     + "".join(f'{{"k{i}": 1}}\n' for i in range(1200)), ":999: 1001 distinct keys so far; allowed: at most 1000"),
+])
+def test_the_number_of_fields_is_limited(tmp_path, name, content, expected):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(UserError, match=expected):
+        traces.load(path)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvplan import limits
 from kvplan.traces.compression import open_text, read_bytes
 from kvplan.traces.loaders.rows import Rows
 from kvplan.traces.schema import TraceFormatError, short_repr
@@ -85,6 +86,9 @@ def check_header(path: str, header: list[str]) -> None:
     or with a repeated name is refused here, before pandas gives a message that names neither."""
     if header_is_data(header):
         raise MissingHeader(path, ",".join(header)[:80])
+    if len(header) > limits.MAX_TRACE_FIELDS:
+        raise TraceFormatError(f"{path}:1: the header names {len(header)} columns; allowed: at most "
+                               f"{limits.MAX_TRACE_FIELDS} (limits.MAX_TRACE_FIELDS)")
     seen: set[str] = set()
     for name in header:
         if name in seen:

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from kvplan import limits
 from kvplan.errors import UserError
 from kvplan.traces.compression import open_text
 from kvplan.traces.loaders.rows import Rows, int_array, object_column
-from kvplan.traces.schema import short_repr
+from kvplan.traces.schema import TraceFormatError, short_repr
 
 _DECODER = json.JSONDecoder()
 
@@ -68,6 +69,9 @@ def read_jsonl(path: str | Path, errors: str = "strict") -> Rows:
                     column.append(value)
                 continue
             _append_row(columns, obj, row)
+            if len(columns) > limits.MAX_TRACE_FIELDS:  # checked only here: the fast path adds no column
+                raise TraceFormatError(f"{path}:{number}: {len(columns)} distinct keys so far; allowed: at most "
+                                       f"{limits.MAX_TRACE_FIELDS} (limits.MAX_TRACE_FIELDS)")
             same_keys = keys if len(keys) == len(columns) else None
             same_columns = [columns[k] for k in keys]
     header = list(columns)

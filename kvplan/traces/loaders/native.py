@@ -59,6 +59,9 @@ def parquet_source(path: str | Path) -> str | Path | io.BytesIO:
     if meta.num_rows > limits.MAX_TRACE_LINES:
         raise TraceFormatError(f"{path}: {meta.num_rows} rows; allowed: at most {limits.MAX_TRACE_LINES} "
                                "(limits.MAX_TRACE_LINES: what loading fits in memory)")
+    if meta.num_columns > limits.MAX_TRACE_FIELDS:
+        raise TraceFormatError(f"{path}: {meta.num_columns} columns; allowed: at most {limits.MAX_TRACE_FIELDS} "
+                               "(limits.MAX_TRACE_FIELDS)")
     if decoded > limits.MAX_TRACE_BYTES:
         raise TraceFormatError(f"{path}: {decoded} bytes once decoded; allowed: at most {limits.MAX_TRACE_BYTES} "
                                "(limits.MAX_TRACE_BYTES: what loading fits in memory)")
