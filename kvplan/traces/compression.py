@@ -58,10 +58,10 @@ def open_binary(path: str | Path, *, text: bool = True) -> BinaryIO:
         # lzma.open has no memory limit: the decompressor it builds, with one (a 1.5 GiB dictionary is refused).
         reader = _compression.DecompressReader(raw, lzma.LZMADecompressor, trailing_error=lzma.LZMAError,
                                                memlimit=XZ_MEMLIMIT)
-        return io.BufferedReader(_Bounded(reader, str(path), method, text, raw))  # type: ignore[return-value]
+        return io.BufferedReader(_Bounded(reader, str(path), method, text, raw), CHUNK)  # type: ignore[return-value]
     else:
         inner = _zstd_reader(path)
-    return io.BufferedReader(_Bounded(inner, str(path), method, text))  # type: ignore[return-value]
+    return io.BufferedReader(_Bounded(inner, str(path), method, text), CHUNK)  # type: ignore[return-value]
 
 
 def open_text(path: str | Path, errors: str = "strict") -> TextIO:
@@ -112,7 +112,7 @@ class _Bounded(io.RawIOBase):
             self._check_run(self._run)
             return
         self._check_run(self._run + min(ends))
-        self._lines += max(data.count(b"\n"), data.count(b"\r"))  # \r\n counts once, a lone \r (old Macs) too
+        self._lines += max(data.count(b"\n"), data.count(b"\r"))  # \r\n counts once; lone \r ends (old Macs) too
         self._run = len(data) - max(data.rfind(b"\n"), data.rfind(b"\r")) - 1
         if self._lines > limits.MAX_TRACE_LINES:
             raise TraceFormatError(f"{self._path}: more than {limits.MAX_TRACE_LINES} lines{self._what}; allowed: at "
