@@ -43,8 +43,9 @@ def run_suite(script: Path, timeout_s: float, tmp: Path) -> tuple[int, list[dict
         proc = subprocess.run([sys.executable, str(script), "--child"], cwd=tmp, env=env, capture_output=True,
                               text=True, timeout=timeout_s, preexec_fn=limit)
     except subprocess.TimeoutExpired as exc:
-        return 0, [{"case": "the whole suite", "problem": f"ran past {timeout_s} s",
-                    "stderr": str(exc.stderr or "")[-3000:]}]
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else str(exc.stderr or "")
+        return 0, [{"case": "the whole suite", "problem": f"ran past {timeout_s} s (the last example started hung)",
+                    "stderr": stderr[-3000:]}]
     reports = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
     if proc.returncode != 0 or not reports:
         return 0, [{"case": "the child", "problem": f"exit {proc.returncode} without a report",
@@ -91,6 +92,8 @@ def problem(status: int | None, stderr: str, seconds: float) -> str | None:
 def check(case: str, argv: list[str], failures: list[dict]) -> None:
     """Run one example; record it in `failures` when its outcome breaks the contract."""
     CHECKED[0] += 1
+    # The child's own stderr: the parent shows its tail when the suite runs past its timeout (the case that hung).
+    print(f"example {CHECKED[0]}: {argv} {case[:300]!r}", file=sys.__stderr__, flush=True)
     status, stderr, seconds = run_cli(argv)
     found = problem(status, stderr, seconds)
     if found is not None:

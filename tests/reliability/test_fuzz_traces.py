@@ -183,16 +183,21 @@ def _child() -> None:
         run(data, command, None, f"bomb {kind} {codec}")
 
     def real_limit_bombs() -> None:
-        """One endless line per codec against the real limits (inflating to 80 MB past a 64 MB line limit)."""
+        """Against the real limits: per codec, one line that inflates to 4 GiB (more than the child's whole address
+        space: read whole, it fails the suite), refused at 64 MB; and 4 GiB of short rows, refused at 20M lines."""
         for name, value in real.items():
             setattr(limits, name, value)
         chunk = b"1" * 4 * 2**20
+        copies = 4 * 2**30 // len(chunk)
         for codec in CODECS[1:]:
-            data = bomb(b"arrived_at,num_prefill_tokens,num_decode_tokens\n", chunk, 20, codec)
-            run(data, "stats", None, f"real-limit line bomb {codec}")
-        data = bomb(b'{"timestamp": ', chunk, 20, "gzip")
+            data = bomb(b"arrived_at,num_prefill_tokens,num_decode_tokens\n", chunk, copies, codec)
+            run(data, "stats", None, f"real-limit 4 GiB line bomb {codec}")
+        data = bomb(b'{"timestamp": ', chunk, copies, "zstd")
         for command in ("convert", "simulate", "explain"):
-            run(data, command, None, f"real-limit gzip line bomb via {command}")
+            run(data, command, None, f"real-limit 4 GiB zstd line bomb via {command}")
+        rows = b"1,2,3\n" * (2**20 // 6)
+        data = bomb(b"arrived_at,num_prefill_tokens,num_decode_tokens\n", rows, 4 * 2**30 // len(rows), "zstd")
+        run(data, "stats", None, "real-limit 4 GiB zstd bomb of short rows")
 
     for name, value in SMALL_LIMITS.items():
         setattr(limits, name, value)

@@ -1,4 +1,5 @@
-"""Fuzzing experiment YAML through `kvplan run --explain` (and `--retime` through `trace convert`): valid-ish
+"""Fuzzing experiment YAML through `kvplan run --explain` (and the other YAML entry points: a synthetic spec through
+`trace synth`, a cost profile through `simulate --profile`, `--retime` through `trace convert`): valid-ish
 experiments with random values at every section, anchors and aliases (merge keys, recursive aliases, alias bombs
 at any depth of any section), deep nesting, huge numbers, duplicate keys, unsafe tags, truncated and binary
 documents. Every example must succeed or be refused with one line and exit 2, never a traceback, within bounded
@@ -23,6 +24,24 @@ BASE = {"name": "fuzz", "model": "llama-3-8b", "hardware": "h100-sxm",
                                    "lengths": {"prompt": {"dist": "uniform", "min": 10, "max": 50},
                                                "output": {"dist": "uniform", "min": 5, "max": 20}}}},
         "search": {"target": "max_rate", "low": 0.5, "high": 8}, "slo": {"p99_ttft_ms": 1000}}
+# A calibrated profile as `kvplan calibrate` writes one (the keys simulate requires, made-up coefficients).
+PROFILE = {"model": "smollm2-135m", "device": "fuzz", "block_size": 1, "block_sizes": [1], "kv_capacity_blocks": 8192,
+           "coefficients": {"step": 1e-4, "request": 7e-3, "prefill_tokens": 0.0, "prefill_attention": 3.6e-5,
+                            "decode_requests": 0.0, "decode_context": 6.1e-6, "decode_context_max": 0.0,
+                            "blocks_touched": 0.0, "sampled": 0.0, "batched": 0.0},
+           "swap_seconds_per_block": 0.0, "copy_seconds_per_block": 0.0,
+           "fit": {"steps": 431, "heldout_steps": 86, "r2": 0.98, "heldout_r2": 0.23,
+                   "heldout_median_abs_error_pct": 8.6, "heldout_p90_abs_error_pct": 49.8}}
+# The other YAML entry points, each with a document to damage and the keys to put payloads at.
+SPEC = BASE["workload"]["synthetic"]  # type: ignore[index]
+ENTRIES = {  # name -> (base document, sections, the command with {path})
+    "experiment": (BASE, SECTIONS, ["run", "--explain", "{path}"]),
+    "synth": (SPEC, ("arrivals", "lengths", "lengths.prompt", "prefix", "requests", "extra"),
+              ["trace", "synth", "{path}"]),
+    "profile": (PROFILE, ("coefficients", "coefficients.step", "fit", "block_sizes", "kv_capacity_blocks", "extra"),
+                ["simulate", "--trace", "t.jsonl", "--model", "smollm2-135m", "--cost", "calibrated",
+                 "--profile", "{path}"]),
+}
 
 
 def _child() -> None:
@@ -96,34 +115,51 @@ def _child() -> None:
         node[parts[-1]] = "__PAYLOAD__"
         return yaml.safe_dump(doc, sort_keys=False).replace("__PAYLOAD__", payload.replace("\n", " "))
 
-    def run(text: str | bytes) -> None:
-        path = Path("experiment.yaml")
+    Path("t.jsonl").write_text('{"timestamp": 0, "input_length": 5, "output_length": 3}\n')
+
+    def run(text: str | bytes, entry: str = "experiment") -> None:
+        path = Path(f"{entry}.yaml")
         path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
-        bounded_child.check(text if isinstance(text, str) else repr(text[:2000]), ["run", "--explain", str(path)],
-                            failures)
+        argv = [arg.format(path=path) for arg in ENTRIES[entry][2]]
+        bounded_child.check(text if isinstance(text, str) else repr(text[:2000]), argv, failures)
+
+    entries = st.sampled_from(["experiment", "experiment", "synth", "profile"])
+
+    @st.composite
+    def placed(draw, payloads: st.SearchStrategy) -> tuple[str, str]:
+        """(entry point, its document with a payload at one of its sections)."""
+        entry = draw(entries)
+        base, sections, _ = ENTRIES[entry]
+        return entry, place(base, draw(st.sampled_from(sections)), draw(payloads))
 
     options = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                        suppress_health_check=list(HealthCheck))
 
-    @options
-    @given(st.sampled_from(SECTIONS), st.data())
-    def valid_ish(section: str, data: st.DataObject) -> None:
+    @st.composite
+    def aliased(draw) -> str:
         anchors: list[str] = []
-        payload = data.draw(flow(0, anchors))
-        if anchors and data.draw(st.booleans()):  # an alias to it elsewhere in the document
-            payload = f"{{first: {payload}, again: *{data.draw(st.sampled_from(anchors))}}}"
-        run(place(BASE, section, payload))
+        payload = draw(flow(0, anchors))
+        if anchors and draw(st.booleans()):  # an alias to it elsewhere in the document
+            payload = f"{{first: {payload}, again: *{draw(st.sampled_from(anchors))}}}"
+        return payload
 
     @options
-    @given(st.sampled_from(SECTIONS), bomb())
-    def bombs(section: str, payload: str) -> None:
-        run(place(BASE, section, payload))
+    @given(placed(aliased()))
+    def valid_ish(case: tuple[str, str]) -> None:
+        run(case[1], case[0])
+
+    @options
+    @given(placed(bomb()))
+    def bombs(case: tuple[str, str]) -> None:
+        run(case[1], case[0])
 
     @settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def damaged(data: st.DataObject) -> None:
-        text = yaml.safe_dump(BASE, sort_keys=False)
-        how = data.draw(st.sampled_from(["truncate", "binary", "deep", "duplicate", "tag", "bytes", "merge"]))
+        entry = data.draw(entries)
+        text = yaml.safe_dump(ENTRIES[entry][0], sort_keys=False)
+        how = data.draw(st.sampled_from(["truncate", "binary", "deep", "duplicate", "tag", "bytes", "merge",
+                                         "documents"]))
         if how == "truncate":
             text = text[:data.draw(st.integers(0, len(text)))]
         elif how == "binary":
@@ -137,16 +173,16 @@ def _child() -> None:
             text += "extra: !!python/object/apply:os.system ['true']\n"
         elif how == "bytes":
             text = data.draw(st.binary(max_size=200))  # type: ignore[assignment]
+        elif how == "documents":
+            text += "---\n" + text
         else:
-            text = "base: &b {requests: 5}\n" + text.replace("workload:\n", "workload:\n  <<: *b\n", 1)
-        run(text)
+            text = "base: &b {requests: 5}\n<<: *b\n" + text
+        run(text, entry)
 
     @settings(max_examples=15, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
     @given(st.one_of(flow(0, []), bomb()))
     def retime(payload: str) -> None:
-        trace = Path("t.jsonl")
-        trace.write_text('{"timestamp": 0, "input_length": 5, "output_length": 3}\n')
-        bounded_child.check(payload, ["trace", "convert", str(trace), "out.jsonl", "--retime", payload], failures)
+        bounded_child.check(payload, ["trace", "convert", "t.jsonl", "out.jsonl", "--retime", payload], failures)
 
     for suite in (valid_ish, bombs, damaged, retime):
         suite()
