@@ -71,8 +71,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     is known when the node is complete (1 + its children's sizes, an alias adding its target's size, memoized on
     the target), so a document's expanded size is summed as it is read and refused at the alias or node that
     takes it past MAX_YAML_NODES, with its line. An alias to a node that is not complete yet is recursive (a
-    value that contains itself: every reader of it would loop), and is refused too. The alias count and the
-    nesting depth are bounded on the way.
+    value that contains itself: every reader of it would loop), and is refused too. The alias count is bounded
+    on the way, and so is the nesting depth as readers see it, aliases expanded: each complete node's height is
+    memoized like its size, so a chain of aliases, each one level deeper than the last, is refused where the
+    document written is shallow but the value read would nest past MAX_YAML_DEPTH (and recurse past Python's
+    stack in whatever walks it).
 
     Strict: a mapping that repeats a key is an error at the repeat's line: YAML says keys are unique, and
     PyYAML silently keeps the last value (a sweep's second `grid:` would replace the first). A scalar that
@@ -83,12 +86,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._expanded = 0  # values in the document so far, aliases expanded
         self._aliases = 0
-        self._depth = 0
-        self._sizes: dict[int, int] = {}  # id(anchored node) -> its expanded size, once complete
+        self._depth = 0  # mappings and sequences open around the node being composed
+        self._sizes: dict[int, tuple[int, int]] = {}  # id(anchored node) -> (expanded size, height), once complete
+        self._heights: list[int] = [0]  # per open node: the greatest height among its children so far
 
     def compose_document(self) -> yaml.Node:
         self._expanded = self._aliases = self._depth = 0
-        self._sizes = {}
+        self._sizes, self._heights = {}, [0]
         return super().compose_document()
 
     def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
@@ -101,23 +105,32 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     raise YamlLimit(None, None, f"alias *{_cut(event.anchor)} is the document's "
                                     f"{limits.MAX_YAML_ALIASES + 1}th; allowed: at most {limits.MAX_YAML_ALIASES} "
                                     "aliases", event.start_mark)
-                size = self._sizes.get(id(target))
-                if size is None:
+                known = self._sizes.get(id(target))
+                if known is None:
                     raise YamlLimit(None, None, f"alias *{_cut(event.anchor)} refers to a value that contains it "
                                     "(a recursive value); allowed: aliases to complete values", event.start_mark)
+                size, height = known
                 self._grow(size, f"alias *{_cut(event.anchor)}", event.start_mark)
+                self._nest(self._depth + height, f"alias *{_cut(event.anchor)}: ", event.start_mark)
+                self._heights[-1] = max(self._heights[-1], height)
             return super().compose_node(parent, index)
         self._depth += 1
-        if self._depth > limits.MAX_YAML_DEPTH:
-            raise YamlLimit(None, None, f"nested more than {limits.MAX_YAML_DEPTH} deep; allowed: at most "
-                            f"{limits.MAX_YAML_DEPTH} levels of mappings and sequences", event.start_mark)
+        self._nest(self._depth, "", event.start_mark)
         start = self._expanded
         self._grow(1, "this value", event.start_mark)
+        self._heights.append(0)
         node = super().compose_node(parent, index)
+        height = 1 + self._heights.pop()
+        self._heights[-1] = max(self._heights[-1], height)
         self._depth -= 1
         if getattr(event, "anchor", None) is not None:
-            self._sizes[id(node)] = self._expanded - start
+            self._sizes[id(node)] = (self._expanded - start, height)
         return node
+
+    def _nest(self, depth: int, what: str, mark: yaml.Mark) -> None:
+        if depth > limits.MAX_YAML_DEPTH:
+            raise YamlLimit(None, None, f"{what}nested more than {limits.MAX_YAML_DEPTH} deep with its aliases "
+                            f"expanded; allowed: at most {limits.MAX_YAML_DEPTH} levels (a spec nests ~5)", mark)
 
     def _grow(self, size: int, what: str, mark: yaml.Mark) -> None:
         self._expanded += size

@@ -50,6 +50,8 @@ def test_an_alias_bomb_is_refused_at_its_alias_line_before_anything_reads_it(tmp
     ("a: &x 1\n" + "".join(f"b{i}: *x\n" for i in range(limits.MAX_YAML_ALIASES + 1)),
      f":{limits.MAX_YAML_ALIASES + 2}: alias *x is the document's {limits.MAX_YAML_ALIASES + 1}th"),
     ("a: " + "1" * 5000 + "\n", ":1: not valid YAML: cannot read"),
+    ("a: &l0 " + "[" * 60 + "]" * 60 + "\n" + "".join(f"l{i}: &l{i} [*l{i - 1}]\n" for i in range(1, 60)),
+     ":41: alias *l39: nested more than 100 deep with its aliases expanded"),  # shallow as written, not as read
     ("a: 2024-13-45\n", ":1: not valid YAML: cannot read '2024-13-45' (month must be in 1..12)"),
     ("a: '" + "x" * limits.MAX_YAML_BYTES + "'\n", f"bytes of YAML; allowed: at most {limits.MAX_YAML_BYTES}"),
 ])
