@@ -48,7 +48,7 @@ def open_binary(path: str | Path, *, text: bool = True) -> BinaryIO:
         if size > limits.MAX_TRACE_BYTES:
             raise TraceFormatError(f"{path}: {size} bytes; allowed: at most {limits.MAX_TRACE_BYTES} bytes of trace "
                                    "(limits.MAX_TRACE_BYTES: what loading fits in memory)")
-        inner: BinaryIO = open(path, "rb")  # noqa: SIM115 -- the bounded reader owns and closes it
+        inner: BinaryIO | io.BufferedIOBase = open(path, "rb")  # noqa: SIM115 -- the bounded reader owns and closes it
     elif method == "gzip":
         inner = gzip.open(path, "rb")  # noqa: SIM115 -- closed with the bounded reader
     elif method == "bz2":
@@ -58,10 +58,10 @@ def open_binary(path: str | Path, *, text: bool = True) -> BinaryIO:
         # lzma.open has no memory limit: the decompressor it builds, with one (a 1.5 GiB dictionary is refused).
         reader = _compression.DecompressReader(raw, lzma.LZMADecompressor, trailing_error=lzma.LZMAError,
                                                memlimit=XZ_MEMLIMIT)
-        return io.BufferedReader(_Bounded(reader, str(path), method, text, raw), CHUNK)  # type: ignore[return-value]
+        return io.BufferedReader(_Bounded(reader, str(path), method, text, raw), CHUNK)
     else:
         inner = _zstd_reader(path)
-    return io.BufferedReader(_Bounded(inner, str(path), method, text), CHUNK)  # type: ignore[return-value]
+    return io.BufferedReader(_Bounded(inner, str(path), method, text), CHUNK)
 
 
 def open_text(path: str | Path, errors: str = "strict") -> TextIO:
@@ -81,7 +81,7 @@ class _Bounded(io.RawIOBase):
     so the bytes since the last line end carry over, and every read is at most one line limit long (a whole
     line inside one read is then within the limit)."""
 
-    def __init__(self, inner: BinaryIO | io.RawIOBase, path: str, method: str | None, text: bool,
+    def __init__(self, inner: BinaryIO | io.BufferedIOBase | io.RawIOBase, path: str, method: str | None, text: bool,
                  file: BinaryIO | None = None) -> None:
         super().__init__()
         self._inner, self._path, self._text, self._file = inner, path, text, file  # file: closed with inner

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any, NoReturn, TypeGuard
 
 import yaml
 
@@ -90,28 +90,28 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         self._sizes: dict[int, tuple[int, int]] = {}  # id(anchored node) -> (expanded size, height), once complete
         self._heights: list[int] = [0]  # per open node: the greatest height among its children so far
 
-    def compose_document(self) -> yaml.Node:
+    def compose_document(self) -> yaml.Node | None:
         self._expanded = self._aliases = self._depth = 0
         self._sizes, self._heights = {}, [0]
         return super().compose_document()
 
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
-            target = self.anchors.get(event.anchor)
+            target = self.anchors.get(event.anchor or "")
             if target is not None:  # an undefined alias is PyYAML's error to report
+                alias = f"alias *{_cut(event.anchor or '')}"
                 self._aliases += 1
                 if self._aliases > limits.MAX_YAML_ALIASES:
-                    raise YamlLimit(None, None, f"alias *{_cut(event.anchor)} is the document's "
-                                    f"{limits.MAX_YAML_ALIASES + 1}th; allowed: at most {limits.MAX_YAML_ALIASES} "
-                                    "aliases", event.start_mark)
+                    _refuse(f"{alias} is the document's {limits.MAX_YAML_ALIASES + 1}th; allowed: at most "
+                            f"{limits.MAX_YAML_ALIASES} aliases", event.start_mark)
                 known = self._sizes.get(id(target))
                 if known is None:
-                    raise YamlLimit(None, None, f"alias *{_cut(event.anchor)} refers to a value that contains it "
-                                    "(a recursive value); allowed: aliases to complete values", event.start_mark)
+                    _refuse(f"{alias} refers to a value that contains it (a recursive value); allowed: aliases to "
+                            "complete values", event.start_mark)
                 size, height = known
-                self._grow(size, f"alias *{_cut(event.anchor)}", event.start_mark)
-                self._nest(self._depth + height, f"alias *{_cut(event.anchor)}: ", event.start_mark)
+                self._grow(size, alias, event.start_mark)
+                self._nest(self._depth + height, f"{alias}: ", event.start_mark)
                 self._heights[-1] = max(self._heights[-1], height)
             return super().compose_node(parent, index)
         self._depth += 1
@@ -127,17 +127,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             self._sizes[id(node)] = (self._expanded - start, height)
         return node
 
-    def _nest(self, depth: int, what: str, mark: yaml.Mark) -> None:
+    def _nest(self, depth: int, what: str, mark: Any) -> None:
         if depth > limits.MAX_YAML_DEPTH:
-            raise YamlLimit(None, None, f"{what}nested more than {limits.MAX_YAML_DEPTH} deep with its aliases "
-                            f"expanded; allowed: at most {limits.MAX_YAML_DEPTH} levels (a spec nests ~5)", mark)
+            _refuse(f"{what}nested more than {limits.MAX_YAML_DEPTH} deep with its aliases expanded; allowed: at "
+                    f"most {limits.MAX_YAML_DEPTH} levels (a spec nests ~5)", mark)
 
-    def _grow(self, size: int, what: str, mark: yaml.Mark) -> None:
+    def _grow(self, size: int, what: str, mark: Any) -> None:
         self._expanded += size
         if self._expanded > limits.MAX_YAML_NODES:
-            raise YamlLimit(None, None, f"{what} takes the document past {limits.MAX_YAML_NODES} values with its "
-                            f"aliases expanded; allowed: at most {limits.MAX_YAML_NODES} (a spec holds a few "
-                            "hundred)", mark)
+            _refuse(f"{what} takes the document past {limits.MAX_YAML_NODES} values with its aliases expanded; "
+                    f"allowed: at most {limits.MAX_YAML_NODES} (a spec holds a few hundred)", mark)
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> object:
         try:
@@ -163,6 +162,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     key_node.start_mark)
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
+
+
+def _refuse(problem: str, mark: Any) -> NoReturn:
+    raise YamlLimit(None, None, problem, mark)
 
 
 def safe_load(text: str) -> object:
