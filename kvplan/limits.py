@@ -21,6 +21,11 @@ MAX_TRACE_LINE_BYTES = 64 * 2**20
 # Distinct fields (CSV columns, JSONL keys over all rows, Parquet columns): a layout has at most 9, a real file a few
 # more. One 64 MB line of distinct names would otherwise become millions of columns, each padded for every row.
 MAX_TRACE_FIELDS = 1_000
+# Values in all (rows x fields, as read: a JSONL key missing from a row still holds a None, a CSV row carries 8 spare
+# fields): the measured ~640 bytes a row was for 11 values a row (~58 bytes a value), so 12 values a row for
+# MAX_TRACE_LINES rows is the same ~14 GB. Without it, 1000 keys on the first line and 20M lines of `{}` after it
+# would be 20 billion values.
+MAX_TRACE_CELLS = 12 * MAX_TRACE_LINES
 
 # YAML documents (experiments, specs, profiles, --retime), checked while the document is composed, before anything
 # reads it (traces.specs): PyYAML composes ~20,000 nodes a second here (measured: a 0.7 MB document of 120,000

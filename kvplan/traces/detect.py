@@ -14,6 +14,7 @@ from pathlib import Path
 from kvplan.traces.compression import open_binary
 from kvplan.traces.loaders import FORMATS, Format
 from kvplan.traces.loaders.csv_rows import MissingHeader, check_header, is_value
+from kvplan.traces.loaders.jsonl_rows import NESTED_TOO_DEEPLY
 from kvplan.traces.loaders.native import parquet_source
 from kvplan.traces.schema import TraceFormatError, short_repr
 
@@ -86,6 +87,8 @@ def _sniff(path: Path) -> tuple[str, set[str]]:
             return "jsonl", set(json.loads(first))
         except json.JSONDecodeError as exc:
             raise TraceFormatError(f"{path}:1: first line is not a JSON object ({exc.msg})") from exc
+        except RecursionError:
+            raise TraceFormatError(f"{path}:1: first line is {NESTED_TOO_DEEPLY}") from None
     header = [h.strip() for h in first.rstrip("\r\n").split(",")]
     csv_formats = [f for f in FORMATS.values() if f.kind == "csv"]
     try:

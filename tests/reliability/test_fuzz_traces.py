@@ -17,7 +17,8 @@ from pathlib import Path
 from tests.reliability import bounded_child
 
 SUITE_TIMEOUT_S = 150.0
-SMALL_LIMITS = {"MAX_TRACE_LINE_BYTES": 256 * 2**10, "MAX_TRACE_BYTES": 4 * 2**20, "MAX_TRACE_LINES": 20_000}
+SMALL_LIMITS = {"MAX_TRACE_LINE_BYTES": 256 * 2**10, "MAX_TRACE_BYTES": 4 * 2**20, "MAX_TRACE_LINES": 20_000,
+                "MAX_TRACE_CELLS": 12 * 20_000}
 CODECS = ("plain", "gzip", "bz2", "xz", "zstd")
 
 
@@ -81,7 +82,7 @@ def _child() -> None:
         columns += draw(st.lists(st.sampled_from(optional), unique=True)) if optional else []
         columns += draw(st.lists(st.sampled_from(["extra", "output_len", "Unnamed: 0", "x" * 300]), unique=True,
                                  max_size=2))
-        valid = draw(st.booleans())
+        valid = draw(st.sampled_from([True, True, False]))
         if columns and not valid and draw(st.integers(0, 4)) == 0:
             columns.remove(draw(st.sampled_from(columns)))  # a required column missing
         by_source = {f.source: f for f in fmt.fields}
@@ -151,8 +152,12 @@ def _child() -> None:
     def tables(spec: tuple, codec: str, command: str, named: bool, data: st.DataObject) -> None:
         name, columns, rows = spec
         data_bytes = render(FORMATS[name].kind, columns, rows)
-        damage = data.draw(st.sampled_from(["none", "none", "none", "truncate", "garbage", "compressed"]))
-        if damage == "truncate":
+        damage = data.draw(st.sampled_from(["none", "none", "none", "truncate", "garbage", "compressed", "deep"]))
+        if damage == "deep":  # a line nested past Python's stack, anywhere
+            at = data_bytes.find(b"\n", data.draw(st.integers(0, len(data_bytes)))) + 1
+            deep = b'{"x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}\n"
+            data_bytes = data_bytes[:at] + deep + data_bytes[at:]
+        elif damage == "truncate":
             data_bytes = data_bytes[:data.draw(st.integers(0, len(data_bytes)))]
         elif damage == "garbage":
             at = data.draw(st.integers(0, len(data_bytes)))
@@ -163,7 +168,8 @@ def _child() -> None:
         run(packed, command, name if named else None, f"{name} {codec} {damage} {columns} {rows}"[:1500])
 
     @settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.sampled_from(CODECS), st.sampled_from(["line", "lines", "header", "jsonl-line", "parquet-rows"]),
+    @given(st.sampled_from(CODECS),
+           st.sampled_from(["line", "lines", "header", "jsonl-line", "parquet-rows", "wide-header", "wide-jsonl"]),
            commands)
     def bombs(codec: str, kind: str, command: str) -> None:
         one = b"1" * 2**20
@@ -173,6 +179,12 @@ def _child() -> None:
             data = bomb(b"arrived_at", one, 64, codec)
         elif kind == "jsonl-line":
             data = bomb(b'{"timestamp": 0, "input_length": 5, "output_length": 3}\n{"timestamp": ', one, 64, codec)
+        elif kind == "wide-header":  # a header of distinct names, each a column
+            data = bomb(b"arrived_at,num_prefill_tokens,num_decode_tokens", b",c" * 2**16, 4, codec)
+        elif kind == "wide-jsonl":  # many keys once, then rows of `{}` (each still a value for every key)
+            keys = ", ".join(f'"k{i}": 0' for i in range(900))
+            data = bomb(b'{"timestamp": 0, "input_length": 5, "output_length": 3, ' + keys.encode() + b"}\n",
+                        b"{}\n" * 1000, 2, codec)
         elif kind == "lines":  # endless short valid rows
             data = bomb(b"arrived_at,num_prefill_tokens,num_decode_tokens\n", b"1,2,3\n" * 2**17, 64, codec)
         else:  # a Parquet file declaring more rows than the limit, a few KB on disk

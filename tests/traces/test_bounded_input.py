@@ -161,3 +161,22 @@ def test_the_number_of_fields_is_limited(tmp_path, name, content, expected):
     path.write_text(content)
     with pytest.raises(UserError, match=expected):
         traces.load(path)
+
+
+def test_values_in_all_are_limited_however_few_each_row_writes(tmp_path, small_limits, monkeypatch):
+    monkeypatch.setattr(limits, "MAX_TRACE_CELLS", 5000)
+    path = tmp_path / "t.jsonl"  # 500 keys once, then rows of `{}`: each still holds a value for every field
+    path.write_text('{"timestamp": 0, "input_length": 5, "output_length": 3, '
+                    + ", ".join(f'"k{i}": 0' for i in range(497)) + "}\n" + "{}\n" * 50)
+    with pytest.raises(UserError, match=":11: 500 fields x 11 rows; allowed: at most 5000 values"):
+        traces.load(path)
+
+
+@pytest.mark.parametrize("name", ["deep.jsonl", "deep-first.jsonl"])
+def test_a_jsonl_value_nested_past_the_stack_is_a_bad_line(tmp_path, name):
+    deep = "[" * 100_000 + "]" * 100_000
+    good = '{"timestamp": 0, "input_length": 5, "output_length": 3}\n'
+    path = tmp_path / name
+    path.write_text(good + '{"x": ' + deep + "}\n" if name == "deep.jsonl" else '{"x": ' + deep + "}\n" + good)
+    with pytest.raises(UserError, match=f"{name}:[12]: (first line is )?nested too deeply"):
+        traces.load(path)

@@ -30,6 +30,10 @@ def read_csv(path: str | Path, errors: str = "strict") -> Rows:
     # Read whole, once: a compressed file is decompressed here (pandas' own decompression reads a truncated
     # archive as a shorter file and blames its last row), and the bytes tell whether any field is quoted.
     data = read_bytes(path)
+    records = max(data.count(b"\n"), data.count(b"\r")) + 1  # at least as many as pandas will make
+    if records * len(names) > limits.MAX_TRACE_CELLS:
+        raise TraceFormatError(f"{path}: {len(header)} columns (and {EXTRA_FIELDS} spare) x {records} lines; allowed: "
+                               f"at most {limits.MAX_TRACE_CELLS} values in all (limits.MAX_TRACE_CELLS)")
     try:
         # Escaped bytes (the --skip-bad retry) cannot live in pandas' Arrow strings: plain objects then.
         frame = pd.read_csv(io.BytesIO(data), header=None, skiprows=1, names=names,

@@ -62,6 +62,9 @@ def parquet_source(path: str | Path) -> str | Path | io.BytesIO:
     if meta.num_columns > limits.MAX_TRACE_FIELDS:
         raise TraceFormatError(f"{path}: {meta.num_columns} columns; allowed: at most {limits.MAX_TRACE_FIELDS} "
                                "(limits.MAX_TRACE_FIELDS)")
+    if meta.num_rows * meta.num_columns > limits.MAX_TRACE_CELLS:
+        raise TraceFormatError(f"{path}: {meta.num_columns} columns x {meta.num_rows} rows; allowed: at most "
+                               f"{limits.MAX_TRACE_CELLS} values in all (limits.MAX_TRACE_CELLS)")
     if decoded > limits.MAX_TRACE_BYTES:
         raise TraceFormatError(f"{path}: {decoded} bytes once decoded; allowed: at most {limits.MAX_TRACE_BYTES} "
                                "(limits.MAX_TRACE_BYTES: what loading fits in memory)")
