@@ -132,7 +132,7 @@ def _child() -> None:
         base, sections, _ = ENTRIES[entry]
         return entry, place(base, draw(st.sampled_from(sections)), draw(payloads))
 
-    options = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+    options = settings(max_examples=30, deadline=None, derandomize=True, database=None,
                        suppress_health_check=list(HealthCheck))
 
     @st.composite
@@ -193,7 +193,7 @@ def test_experiment_yaml_fuzz_never_crashes_hangs_or_runs_out_of_memory(tmp_path
     checked, failures = bounded_child.run_suite(Path(__file__), SUITE_TIMEOUT_S, tmp_path)
     assert not failures, "\n\n".join(f"{f['case']!r}\n{f.get('argv', '')}\n{f['problem']}\n{f['stderr']}"
                                      for f in failures[:5])
-    assert checked >= 100  # every strategy ran its examples
+    assert checked >= 80  # every strategy ran its examples
 
 
 if __name__ == "__main__" and "--child" in sys.argv:
