@@ -21,6 +21,9 @@ MAX_TRACE_LINE_BYTES = 64 * 2**20
 # Distinct fields (CSV columns, JSONL keys over all rows, Parquet columns): a layout has at most 9, a real file a few
 # more. One 64 MB line of distinct names would otherwise become millions of columns, each padded for every row.
 MAX_TRACE_FIELDS = 1_000
+# Memory an xz decoder may take: `xz -9` needs 65 MiB to decompress; a header asking for a 1.5 GiB dictionary (a file
+# of a few bytes can) is refused instead of allocated.
+MAX_XZ_MEMORY = 256 * 2**20
 # Values in all (rows x fields, as read: a JSONL key missing from a row still holds a None, a CSV row carries 8 spare
 # fields): the measured ~640 bytes a row was for 11 values a row (~58 bytes a value), so 12 values a row for
 # MAX_TRACE_LINES rows is the same ~14 GB. Without it, 1000 keys on the first line and 20M lines of `{}` after it

@@ -26,8 +26,6 @@ from kvplan.traces.schema import TraceFormatError
 # Magic bytes at the start of each container (RFC 1952, bzip2, the .xz format, RFC 8878).
 MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
 METHODS = tuple(name for _, name in MAGIC)
-# xz -9 needs 65 MiB to decompress; a header asking for a 1.5 GiB dictionary is refused instead of allocated.
-XZ_MEMLIMIT = 256 * 2**20
 CHUNK = 2**20  # decompressed bytes per read: a read(1 GB) never inflates 1 GB at once
 
 
@@ -57,7 +55,7 @@ def open_binary(path: str | Path, *, text: bool = True) -> BinaryIO:
         raw = open(path, "rb")  # noqa: SIM115 -- closed with the reader
         # lzma.open has no memory limit: the decompressor it builds, with one (a 1.5 GiB dictionary is refused).
         reader = _compression.DecompressReader(raw, lzma.LZMADecompressor, trailing_error=lzma.LZMAError,
-                                               memlimit=XZ_MEMLIMIT)
+                                               memlimit=limits.MAX_XZ_MEMORY)
         return io.BufferedReader(_Bounded(reader, str(path), method, text, raw), CHUNK)
     else:
         inner = _zstd_reader(path)

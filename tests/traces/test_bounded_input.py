@@ -180,3 +180,12 @@ def test_a_jsonl_value_nested_past_the_stack_is_a_bad_line(tmp_path, name):
     path.write_text(good + '{"x": ' + deep + "}\n" if name == "deep.jsonl" else '{"x": ' + deep + "}\n" + good)
     with pytest.raises(UserError, match=f"{name}:[12]: (first line is )?nested too deeply"):
         traces.load(path)
+
+
+def test_an_xz_stream_needing_more_memory_than_allowed_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "t.xz"  # preset 6: an 8 MiB dictionary, ~9 MiB to decompress
+    path.write_bytes(lzma.compress(HEADER + b"0,1,1\n", preset=6))
+    assert len(traces.load(path)) == 1
+    monkeypatch.setattr(limits, "MAX_XZ_MEMORY", 4 * 2**20)
+    with pytest.raises(UserError, match=f"{path}: the xz stream needs more than 4194304 bytes of memory"):
+        traces.load(path)
