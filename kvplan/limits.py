@@ -13,7 +13,7 @@ MAX_SAMPLES = 10_000  # time-series samples of one run (100x the default): each 
 # during the read refuses it before memory is spent. Loading keeps every field of every row as a Python object:
 # measured, a 1.5M-row Vidur CSV (30 MB) peaks at 0.96 GB RSS, ~640 bytes a row and ~30 bytes per byte of text.
 MAX_TRACE_LINES = 20_000_000  # ~13 GB of peak memory at ~640 bytes a row: what the 24 GiB machine holds
-MAX_TRACE_BYTES = 2 * 2**30  # decompressed text; rows with long hash lists cost ~1 byte of memory per byte of text
+MAX_TRACE_BYTES = 2 * 2**30  # decompressed content; rows of long hash lists take ~1 byte of memory a byte
 # One line (one row): the longest a row can legitimately be is a hash list for a MAX_TOKENS prompt in 16-token
 # blocks (Qwen-Bailian): 625,000 ids of up to 19 digits and a separator, ~13 MB. 4x that leaves room for finer
 # blocks; a longer line is a bomb or not a trace (one 2 GB line would otherwise be held whole, several times).

@@ -171,9 +171,10 @@ def _refuse(problem: str, mark: Any) -> NoReturn:
 def safe_load(text: str) -> object:
     """`yaml.safe_load`, bounded (MAX_YAML_BYTES, and the composing limits of _UniqueKeyLoader) and with unique
     mapping keys. A limit passed is a YamlLimit (a yaml.YAMLError with the position)."""
-    if len(text) > limits.MAX_YAML_BYTES or len(text.encode("utf-8", "surrogatepass")) > limits.MAX_YAML_BYTES:
-        raise YamlLimit(None, None, f"{len(text.encode('utf-8', 'surrogatepass'))} bytes of YAML; allowed: at most "
-                        f"{limits.MAX_YAML_BYTES} (a spec is a few KB)", None)
+    size = len(text.encode("utf-8", "surrogatepass")) if len(text) <= limits.MAX_YAML_BYTES else len(text)
+    if size > limits.MAX_YAML_BYTES:
+        _refuse(f"{size}{'' if len(text) <= limits.MAX_YAML_BYTES else '+'} bytes of YAML; allowed: at most "
+                f"{limits.MAX_YAML_BYTES} (a spec is a few KB)", None)
     return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
