@@ -37,8 +37,11 @@ def run_suite(script: Path, timeout_s: float, tmp: Path) -> tuple[int, list[dict
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
+    # One thread per math library and two malloc arenas: address space then grows with what the examples take, not
+    # with the CI machine's core count (each thread reserves a stack, each arena 64 MiB of address space).
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "PYTHONHASHSEED": "0"}
+           "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "MALLOC_ARENA_MAX": "2"}
     try:
         proc = subprocess.run([sys.executable, str(script), "--child"], cwd=tmp, env=env, capture_output=True,
                               text=True, timeout=timeout_s, preexec_fn=limit)
