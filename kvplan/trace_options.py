@@ -10,7 +10,7 @@ import yaml
 
 from kvplan.arg_types import POSITIVE, SECONDS, integer
 from kvplan.errors import UserError
-from kvplan.traces.specs import safe_load
+from kvplan.traces.specs import YamlLimit, safe_load
 
 
 def add_load_options(parser: argparse.ArgumentParser, format_flag: str = "--format") -> None:
@@ -52,6 +52,8 @@ def retime_spec(args: argparse.Namespace) -> dict | None:
         return None
     try:
         spec = safe_load(args.retime)
+    except YamlLimit as exc:  # an alias bomb, or nesting past the limit: bounded before anything reads it
+        raise UserError(f"--retime: {exc.problem}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"--retime: not YAML ({str(exc).splitlines()[0]}); allowed: a mapping such as "
                          "'{process: poisson, rate: 4}'") from None

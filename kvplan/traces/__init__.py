@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvplan import limits
 from kvplan.traces.compression import METHODS, compression_of, decompression_errors, open_binary
 from kvplan.traces.detect import choose_format
 from kvplan.traces.loaders import FORMATS, LoadOptions
@@ -63,6 +64,10 @@ def load(path: str | Path, format: str | None = None, skip_bad: bool = False, *,
         method = compression_of(path)
         if method is None or isinstance(exc, ValueError):
             raise
+        if "Memory usage limit" in str(exc):  # liblzma's words for a dictionary past limits.MAX_XZ_MEMORY
+            raise TraceFormatError(f"{path}: the xz stream needs more than {limits.MAX_XZ_MEMORY} bytes of memory to "
+                                   f"decompress; allowed: at most {limits.MAX_XZ_MEMORY} (limits.MAX_XZ_MEMORY; xz -9 "
+                                   "needs 65 MiB)") from None
         raise TraceFormatError(f"{path}: corrupt or truncated {method} data ({exc}); allowed: a complete "
                                f"{method} file") from None
 

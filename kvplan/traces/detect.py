@@ -8,13 +8,14 @@ Mooncake, with timestamps 1000x off), the choice is ambiguous and is refused, na
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
-from kvplan.traces.compression import compression_of, open_binary, read_bytes
+from kvplan.traces.compression import open_binary
 from kvplan.traces.loaders import FORMATS, Format
 from kvplan.traces.loaders.csv_rows import MissingHeader, check_header, is_value
+from kvplan.traces.loaders.jsonl_rows import NESTED_TOO_DEEPLY
+from kvplan.traces.loaders.native import parquet_source
 from kvplan.traces.schema import TraceFormatError, short_repr
 
 PARQUET_MAGIC = b"PAR1"
@@ -34,7 +35,7 @@ def choose_format(path: str | Path, name: str | None = None) -> Format:
 
 
 def _kind(path: Path) -> str:
-    with open_binary(path) as f:
+    with open_binary(path, text=False) as f:
         if f.read(4) == PARQUET_MAGIC:
             return "parquet"
     with open_binary(path) as f:
@@ -72,14 +73,12 @@ def _layouts(formats: list[Format]) -> str:
 
 
 def _sniff(path: Path) -> tuple[str, set[str]]:
-    with open_binary(path) as f:
+    with open_binary(path, text=False) as f:
         magic = f.read(4)
     if magic == PARQUET_MAGIC:
         import pyarrow.parquet as pq
 
-        # Parquet's footer is at the end: a compressed file is decompressed whole (it is read whole anyway).
-        source = path if compression_of(path) is None else io.BytesIO(read_bytes(path))
-        return "parquet", set(pq.read_schema(source).names)
+        return "parquet", set(pq.read_schema(parquet_source(path)).names)
     with open_binary(path) as f:  # the first line alone: a bad byte further on is the loader's to report
         raw = next((line for line in f if line.strip()), b"")
     first = raw.decode("utf-8-sig")  # not UTF-8: the loader names the line (traces.load)
@@ -88,6 +87,8 @@ def _sniff(path: Path) -> tuple[str, set[str]]:
             return "jsonl", set(json.loads(first))
         except json.JSONDecodeError as exc:
             raise TraceFormatError(f"{path}:1: first line is not a JSON object ({exc.msg})") from exc
+        except RecursionError:
+            raise TraceFormatError(f"{path}:1: first line is {NESTED_TOO_DEEPLY}") from None
     header = [h.strip() for h in first.rstrip("\r\n").split(",")]
     csv_formats = [f for f in FORMATS.values() if f.kind == "csv"]
     try:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any, NoReturn, TypeGuard
 
 import yaml
 
+from kvplan import limits
 from kvplan.errors import UserError
 from kvplan.traces.schema import SHOWN_CHARS, TraceFormatError, short_repr
 
@@ -58,9 +59,92 @@ def read_text(path: str | Path, flag: str) -> str:
         raise UserError(f"{path}:{line}: {problem}; allowed: a UTF-8 file") from None
 
 
+class YamlLimit(yaml.composer.ComposerError):
+    """A document past one of the limits.MAX_YAML_* bounds, found while it is composed: nothing has read it yet."""
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load, but a mapping that repeats a key is an error at the repeat's line: YAML says keys are unique,
-    and PyYAML silently keeps the last value (a sweep's second `grid:` would replace the first)."""
+    """safe_load, bounded, and strict about keys.
+
+    Bounded: every document is checked while it is composed into nodes, before one value is built, so no caller
+    (experiments, specs, profiles, --retime) ever walks an alias bomb. Each node's size with every alias expanded
+    is known when the node is complete (1 + its children's sizes, an alias adding its target's size, memoized on
+    the target), so a document's expanded size is summed as it is read and refused at the alias or node that
+    takes it past MAX_YAML_NODES, with its line. An alias to a node that is not complete yet is recursive (a
+    value that contains itself: every reader of it would loop), and is refused too. The alias count is bounded
+    on the way, and so is the nesting depth as readers see it, aliases expanded: each complete node's height is
+    memoized like its size, so a chain of aliases, each one level deeper than the last, is refused where the
+    document written is shallow but the value read would nest past MAX_YAML_DEPTH (and recurse past Python's
+    stack in whatever walks it).
+
+    Strict: a mapping that repeats a key is an error at the repeat's line: YAML says keys are unique, and
+    PyYAML silently keeps the last value (a sweep's second `grid:` would replace the first). A scalar that
+    Python cannot build (a 5,000-digit integer, the date 2024-13-45) is an error at its line, not a ValueError.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._expanded = 0  # values in the document so far, aliases expanded
+        self._aliases = 0
+        self._depth = 0  # mappings and sequences open around the node being composed
+        self._sizes: dict[int, tuple[int, int]] = {}  # id(anchored node) -> (expanded size, height), once complete
+        self._heights: list[int] = [0]  # per open node: the greatest height among its children so far
+
+    def compose_document(self) -> yaml.Node | None:
+        self._expanded = self._aliases = self._depth = 0
+        self._sizes, self._heights = {}, [0]
+        return super().compose_document()
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            target = self.anchors.get(event.anchor or "")
+            if target is not None:  # an undefined alias is PyYAML's error to report
+                alias = f"alias *{_cut(event.anchor or '')}"
+                self._aliases += 1
+                if self._aliases > limits.MAX_YAML_ALIASES:
+                    _refuse(f"{alias} is the document's {limits.MAX_YAML_ALIASES + 1}th; allowed: at most "
+                            f"{limits.MAX_YAML_ALIASES} aliases", event.start_mark)
+                known = self._sizes.get(id(target))
+                if known is None:
+                    _refuse(f"{alias} refers to a value that contains it (a recursive value); allowed: aliases to "
+                            "complete values", event.start_mark)
+                size, height = known
+                self._grow(size, alias, event.start_mark)
+                self._nest(self._depth + height, f"{alias}: ", event.start_mark)
+                self._heights[-1] = max(self._heights[-1], height)
+            return super().compose_node(parent, index)
+        self._depth += 1
+        self._nest(self._depth, "", event.start_mark)
+        start = self._expanded
+        self._grow(1, "this value", event.start_mark)
+        self._heights.append(0)
+        node = super().compose_node(parent, index)
+        height = 1 + self._heights.pop()
+        self._heights[-1] = max(self._heights[-1], height)
+        self._depth -= 1
+        if getattr(event, "anchor", None) is not None:
+            self._sizes[id(node)] = (self._expanded - start, height)
+        return node
+
+    def _nest(self, depth: int, what: str, mark: Any) -> None:
+        if depth > limits.MAX_YAML_DEPTH:
+            _refuse(f"{what}nested more than {limits.MAX_YAML_DEPTH} deep with its aliases expanded; allowed: at "
+                    f"most {limits.MAX_YAML_DEPTH} levels (a spec nests ~5)", mark)
+
+    def _grow(self, size: int, what: str, mark: Any) -> None:
+        self._expanded += size
+        if self._expanded > limits.MAX_YAML_NODES:
+            _refuse(f"{what} takes the document past {limits.MAX_YAML_NODES} values with its aliases expanded; "
+                    f"allowed: at most {limits.MAX_YAML_NODES} (a spec holds a few hundred)", mark)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> object:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:  # int("1" * 5000), date(2024, 13, 45)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {shown(node.value) if isinstance(node.value, str) else 'this value'} "
+                f"({_cut(str(exc))})", node.start_mark) from None
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[object, int] = {}
@@ -80,17 +164,30 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _refuse(problem: str, mark: Any) -> NoReturn:
+    raise YamlLimit(None, None, problem, mark)
+
+
 def safe_load(text: str) -> object:
-    """`yaml.safe_load` with unique mapping keys (see _UniqueKeyLoader)."""
+    """`yaml.safe_load`, bounded (MAX_YAML_BYTES, and the composing limits of _UniqueKeyLoader) and with unique
+    mapping keys. A limit passed is a YamlLimit (a yaml.YAMLError with the position)."""
+    size = len(text.encode("utf-8", "surrogatepass")) if len(text) <= limits.MAX_YAML_BYTES else len(text)
+    if size > limits.MAX_YAML_BYTES:
+        _refuse(f"{size}{'' if len(text) <= limits.MAX_YAML_BYTES else '+'} bytes of YAML; allowed: at most "
+                f"{limits.MAX_YAML_BYTES} (a spec is a few KB)", None)
     return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def read_yaml(path: str | Path, flag: str) -> object:
-    """The YAML document at `path` (safe_load); a missing file or a syntax error is one line naming it."""
+    """The YAML document at `path` (safe_load); a missing file, a syntax error or a limit passed is one line
+    naming it."""
     text = read_text(path, flag)
     path = Path(path)
     try:
         return safe_load(text)
+    except YamlLimit as exc:
+        mark = exc.problem_mark
+        raise UserError(f"{path}{f':{mark.line + 1}' if mark is not None else ''}: {exc.problem}") from None
     except yaml.MarkedYAMLError as exc:  # syntax errors and unsafe tags (`!!python/object`) carry a position
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

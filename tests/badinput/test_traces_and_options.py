@@ -4,6 +4,7 @@ allowed, and no traceback. The silently-wrong inputs the issue found are cases h
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 from pathlib import Path
@@ -130,6 +131,11 @@ CASES = [
     ("qwen-without-type-is-ambiguous", "q.jsonl",
      _jsonl(*({k: v for k, v in _qwen(i, float(i)).items() if k != "type"} for i in range(2))), [],
      "{f}:1: ambiguous trace format: its fields look like qwen-bailian but lack 'type'"),
+    # -- bounded parsing: limits hold while the content streams in (limits.MAX_TRACE_*) -------------------------
+    ("gzip-endless-line", "v.csv", gzip.compress(VIDUR.encode()) + gzip.compress(b"1" * 2**20, mtime=0) * 80, [],
+     "{f}:2: line longer than 67108864 bytes (gzip-decompressed); allowed: rows of at most 67108864 bytes"),
+    ("jsonl-nested-past-the-stack", "m.jsonl", _jsonl(_moon()) + '{"x": ' + "[" * 10**5 + "]" * 10**5 + "}\n", [],
+     "{f}:2: nested too deeply; allowed: one JSON object per line"),
     # -- options of the trace commands -------------------------------------------------------------------------
     ("order-tolerance-nan", "v.csv", VIDUR + "0,10,2\n", ["--order-tolerance", "nan"],
      "argument --order-tolerance: nan; allowed: a finite number >= 0"),

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvplan import limits
 from kvplan.traces.compression import open_text, read_bytes
 from kvplan.traces.loaders.rows import Rows
 from kvplan.traces.schema import TraceFormatError, short_repr
@@ -29,6 +30,10 @@ def read_csv(path: str | Path, errors: str = "strict") -> Rows:
     # Read whole, once: a compressed file is decompressed here (pandas' own decompression reads a truncated
     # archive as a shorter file and blames its last row), and the bytes tell whether any field is quoted.
     data = read_bytes(path)
+    records = max(data.count(b"\n"), data.count(b"\r")) + 1  # at least as many as pandas will make
+    if records * len(names) > limits.MAX_TRACE_CELLS:
+        raise TraceFormatError(f"{path}: {len(header)} columns (and {EXTRA_FIELDS} spare) x {records} lines; allowed: "
+                               f"at most {limits.MAX_TRACE_CELLS} values in all (limits.MAX_TRACE_CELLS)")
     try:
         # Escaped bytes (the --skip-bad retry) cannot live in pandas' Arrow strings: plain objects then.
         frame = pd.read_csv(io.BytesIO(data), header=None, skiprows=1, names=names,
@@ -85,6 +90,9 @@ def check_header(path: str, header: list[str]) -> None:
     or with a repeated name is refused here, before pandas gives a message that names neither."""
     if header_is_data(header):
         raise MissingHeader(path, ",".join(header)[:80])
+    if len(header) > limits.MAX_TRACE_FIELDS:
+        raise TraceFormatError(f"{path}:1: the header names {len(header)} columns; allowed: at most "
+                               f"{limits.MAX_TRACE_FIELDS} (limits.MAX_TRACE_FIELDS)")
     seen: set[str] = set()
     for name in header:
         if name in seen:

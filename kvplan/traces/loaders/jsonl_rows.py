@@ -10,12 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
+from kvplan import limits
 from kvplan.errors import UserError
 from kvplan.traces.compression import open_text
 from kvplan.traces.loaders.rows import Rows, int_array, object_column
-from kvplan.traces.schema import short_repr
+from kvplan.traces.schema import TraceFormatError, short_repr
 
 _DECODER = json.JSONDecoder()
+NESTED_TOO_DEEPLY = "nested too deeply; allowed: one JSON object per line, of numbers and lists of integers"
 
 
 def _compact(value: object) -> object:
@@ -42,12 +44,16 @@ def read_jsonl(path: str | Path, errors: str = "strict") -> Rows:
     # spends most of its load in this loop.
     same_keys: tuple[str, ...] | None = None
     same_columns: list[list] = []
+    max_cells = limits.MAX_TRACE_CELLS
     with open_text(path, errors) as f:
         for number, text in enumerate(f, start=1):
             if not text or text.isspace():  # what `not text.strip()` tests, without copying the line
                 continue
             row = len(lines)
             lines.append(number)
+            if (row + 1) * len(columns) > max_cells:  # every row holds a value (or None) for every field
+                raise TraceFormatError(f"{path}:{number}: {len(columns)} fields x {row + 1} rows; allowed: at most "
+                                       f"{max_cells} values in all (limits.MAX_TRACE_CELLS)")
             obj = _parse_line(text)
             if isinstance(obj, str):
                 obj, problems[row] = {}, obj
@@ -68,6 +74,9 @@ def read_jsonl(path: str | Path, errors: str = "strict") -> Rows:
                     column.append(value)
                 continue
             _append_row(columns, obj, row)
+            if len(columns) > limits.MAX_TRACE_FIELDS:  # checked only here: the fast path adds no column
+                raise TraceFormatError(f"{path}:{number}: {len(columns)} distinct keys so far; allowed: at most "
+                                       f"{limits.MAX_TRACE_FIELDS} (limits.MAX_TRACE_FIELDS)")
             same_keys = keys if len(keys) == len(columns) else None
             same_columns = [columns[k] for k in keys]
     header = list(columns)
@@ -97,17 +106,21 @@ def _parse_line(text: str) -> dict | str:
 
     Fast path: `raw_decode` skips the whitespace checks of `json.loads` (a third of the parse time), and is
     taken only where the two agree: a line that starts with the value and ends right after it (or its
-    newline). Anything else goes to `json.loads`, which decides as it always did.
+    newline). Anything else goes to `json.loads`, which decides as it always did. A value nested past Python's
+    recursion limit (`[[[[...` a few thousand deep, which a 64 MB line allows) is a bad line like any other.
     """
     try:
-        obj, end = _DECODER.raw_decode(text)
-        if end != len(text) and text[end:] not in ("\n", "\r\n"):
-            raise UserError("not the whole line")
-    except ValueError:
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return f"invalid JSON ({exc.msg}); allowed: one object per line"
+            obj, end = _DECODER.raw_decode(text)
+            if end != len(text) and text[end:] not in ("\n", "\r\n"):
+                raise UserError("not the whole line")
+        except ValueError:
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                return f"invalid JSON ({exc.msg}); allowed: one object per line"
+    except RecursionError:
+        return NESTED_TOO_DEEPLY
     if not isinstance(obj, dict):
         return "not a JSON object; allowed: one JSON object per line"
     return obj

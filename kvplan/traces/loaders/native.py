@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvplan import limits
 from kvplan.traces.compression import compression_of, read_bytes
 from kvplan.traces.loaders.csv_rows import read_csv
 from kvplan.traces.loaders.rows import Rows, object_column
@@ -46,10 +47,36 @@ def read_native_csv(path: str | Path, errors: str = "strict") -> Rows:
     return rows
 
 
+def parquet_source(path: str | Path) -> str | Path | io.BytesIO:
+    """What pyarrow reads for the Parquet file at `path`, checked against the trace limits before any row is
+    decoded: Parquet compresses and run-length encodes internally, so a few KB can declare a billion rows. A
+    compressed file is decompressed whole (its footer is at the end), within MAX_TRACE_BYTES."""
+    import pyarrow.parquet as pq
+
+    source = path if compression_of(path) is None else io.BytesIO(read_bytes(path, text=False))
+    meta = pq.read_metadata(source)
+    decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if meta.num_rows > limits.MAX_TRACE_LINES:
+        raise TraceFormatError(f"{path}: {meta.num_rows} rows; allowed: at most {limits.MAX_TRACE_LINES} "
+                               "(limits.MAX_TRACE_LINES: what loading fits in memory)")
+    if meta.num_columns > limits.MAX_TRACE_FIELDS:
+        raise TraceFormatError(f"{path}: {meta.num_columns} columns; allowed: at most {limits.MAX_TRACE_FIELDS} "
+                               "(limits.MAX_TRACE_FIELDS)")
+    if meta.num_rows * meta.num_columns > limits.MAX_TRACE_CELLS:
+        raise TraceFormatError(f"{path}: {meta.num_columns} columns x {meta.num_rows} rows; allowed: at most "
+                               f"{limits.MAX_TRACE_CELLS} values in all (limits.MAX_TRACE_CELLS)")
+    if decoded > limits.MAX_TRACE_BYTES:
+        raise TraceFormatError(f"{path}: {decoded} bytes once decoded; allowed: at most {limits.MAX_TRACE_BYTES} "
+                               "(limits.MAX_TRACE_BYTES: what loading fits in memory)")
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
+    return source
+
+
 def read_parquet(path: str | Path, errors: str = "strict") -> Rows:
     """Rows of a Parquet file; 'line' numbers are 1-based row numbers. (Parquet strings are UTF-8 by the
     format's definition: `errors` is accepted for the reader interface only.)"""
-    frame = pd.read_parquet(path if compression_of(path) is None else io.BytesIO(read_bytes(path)))
+    frame = pd.read_parquet(parquet_source(path))
     for name in frame.columns:
         if frame[name].dtype == bool:
             raise TraceFormatError(f"{path}: column {short_repr(name)} holds booleans; allowed: numbers")

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from kvplan.errors import listed
 from kvplan.limits import MAX_TOKENS
 from kvplan.traces.loaders.csv_rows import MissingHeader, read_csv
 from kvplan.traces.loaders.finish import finish
 from kvplan.traces.loaders.jsonl_rows import read_jsonl
 from kvplan.traces.loaders.options import LoadOptions
 from kvplan.traces.loaders.rows import Rows
-from kvplan.traces.schema import MAX_ARRIVAL_S, LoadReport, Trace, TraceFormatError
+from kvplan.traces.schema import MAX_ARRIVAL_S, LoadReport, Trace, TraceFormatError, short_repr
 
 
 @dataclass(slots=True, frozen=True)
@@ -81,6 +82,7 @@ class Format:
         if self.failed_requests:
             check_failed_prompts(rows, columns, self.field("prompt_tokens"))
         report = LoadReport(source=str(path), format=self.name)
+        self._note_unused(rows, report)
         exclude = self.adjust(rows, columns, opts, report) if self.adjust else None
         hashes, granularity = self._hashes(rows, columns, opts.hash_granularity, report, str(path))
         columns = {k: v for k, v in columns.items() if not k.startswith("_")}
@@ -91,6 +93,17 @@ class Format:
 
     def field(self, column: str) -> Field:
         return next(f for f in self.fields if f.column == column)
+
+    def _note_unused(self, rows: Rows, report: LoadReport) -> None:
+        """Fields of the file that this format reads nothing from, named once per file in the load report (shown
+        by `trace stats` and `simulate`): never dropped in silence, since a misspelt column (`output_len`) or a
+        layout's field kvplan does not model is then visible. CSV: the header's columns; JSONL: every key any
+        row has; Parquet: the schema's columns."""
+        unused = [name for name in rows.header if name not in self.known]
+        if unused:
+            names = listed(short_repr(name, 40) for name in unused)
+            report.notes.append(f"ignored {len(unused)} field{'s' if len(unused) > 1 else ''} the {self.name} "
+                                f"layout does not read: {names}")
 
     def _hashes(self, rows: Rows, columns: dict[str, np.ndarray], override: int | None, report: LoadReport,
                 path: str) -> tuple[tuple | None, int]:
