@@ -25,6 +25,7 @@ from kvplan.ownership import (
     check_paths,
     discard,
     drop_marker,
+    kvplans_own,
     owned_files,
     read_manifest,
     remove_stale_siblings,
@@ -131,7 +132,7 @@ def publish(staging: Path, out: Path, flag: str = "--out") -> None:
         try:  # again now: files may have appeared since the check before the work
             present = owned_files(out, flag)
         except UserError as exc:
-            raise UserError(f"{exc}; this run's complete set is left at {staging}") from None
+            raise UserError(f"{exc}; the complete set of this run is left at {staging}") from None
         old = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.old")
         try:
             if present is not None:
@@ -155,7 +156,7 @@ def publish(staging: Path, out: Path, flag: str = "--out") -> None:
             discard(old)
         return
     raise UserError(f"{flag}: {out}: another kvplan process kept replacing this result set while this one "
-                     f"published; this run's complete set is left at {staging} (until the next run into it); "
+                     f"published; the complete set of this run is left at {staging} (until the next run into it); "
                      "allowed: one run at a time per output directory")
 
 
@@ -185,7 +186,7 @@ def write_manifest(folder: Path, config: object = None) -> dict:
     but the manifest itself and the staging marker, which leaves with the staging)."""
     from kvplan import __version__
 
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, MARKER))
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and str(p.relative_to(folder)) not in (MANIFEST, MARKER))
     config_text = json.dumps(strict(config), sort_keys=True, default=str)
     manifest = {
         "kvplan_version": __version__, "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -204,8 +205,8 @@ def verify_result_set(folder: str | Path) -> dict:
     listed = read_manifest(folder)
     again = "rerun the command that wrote it"
     try:
-        present = {str(p.relative_to(folder)) for p in folder.rglob("*")
-                   if not p.is_dir() and p.name not in (MANIFEST, MARKER)}
+        present = {str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir()}
+        present = {name for name in present if name in listed or not kvplans_own(folder, name, listed)}
     except OSError as exc:
         raise UserError(f"{folder}: cannot be listed ({exc.strerror})") from None
     if present != set(listed):

@@ -71,8 +71,7 @@ def read_manifest(folder: Path) -> dict[str, dict]:
             and "\\" not in name and name != MANIFEST
         if not (plain and isinstance(size, int) and not isinstance(size, bool) and size >= 0
                 and isinstance(digest, str) and len(digest) == _SHA256_HEX):
-            raise UserError(f"{path}: files[{i}] is {short(entry)}; expected {{path: a relative path inside the set, "
-                             "bytes: an integer >= 0, sha256: 64 hex digits}")
+            raise UserError(f"{path}: files[{i}] is {short(entry, 40)}; expected path (inside the set), bytes, sha256")
         listed[name] = entry
     return listed
 
@@ -101,7 +100,7 @@ def owned_files(folder: Path, flag: str, *, changed_ok: bool = False) -> list[st
     if not folder.exists() and not folder.is_symlink():
         return None
     try:
-        entries, _ = _entries(folder)
+        entries, dirs = _entries(folder)
         first = next(folder.iterdir(), None)
     except OSError as exc:
         raise UserError(f"{flag}: {folder}: cannot be listed ({exc.strerror}); allowed: a new or empty directory, "
@@ -115,9 +114,10 @@ def owned_files(folder: Path, flag: str, *, changed_ok: bool = False) -> list[st
     try:
         listed = read_manifest(folder)
     except UserError as exc:
-        raise UserError(f"{flag}: {exc}; {_KEEP}; allowed: a new or empty directory, or an earlier kvplan result "
-                         "set (move this one away yourself)") from None
-    extra = sorted(set(entries) - set(listed) - {MANIFEST, MARKER})
+        raise UserError(f"{flag}: {exc}; {_KEEP}; allowed: another {flag}, or move this directory away") from None
+    extra = sorted(name for name in set(entries) - set(listed) if not kvplans_own(folder, name, listed))
+    holding = {str(parent) for name in listed for parent in Path(name).parents}
+    extra += sorted(name for name in dirs if name not in holding)  # a folder of the user's, even an empty one
     if extra:
         raise UserError(f"{flag}: {folder} holds {extra[0]!r}" + (f" and {len(extra) - 1} more" if len(extra) > 1
                         else "") + f", which kvplan did not write (not in its {MANIFEST}); {_KEEP}; allowed: move "
@@ -133,6 +133,21 @@ def owned_files(folder: Path, flag: str, *, changed_ok: bool = False) -> list[st
             raise UserError(f"{flag}: {path} was changed since kvplan wrote it (it does not match {MANIFEST}); "
                              f"{_KEEP}; allowed: move your version out of the set, or another --out")
     return present
+
+
+def kvplans_own(folder: Path, name: str, listed: Mapping[str, object]) -> bool:
+    """`name` is kvplan's although `folder`'s manifest does not list it: the manifest itself, the staging marker,
+    or a nested set's manifest whose files the outer one lists (sets written before nested manifests were listed)."""
+    if name in (MANIFEST, MARKER):
+        return True
+    inner = Path(name)
+    if inner.name != MANIFEST:
+        return False
+    try:
+        files = read_manifest(folder / inner.parent)
+    except UserError:
+        return False
+    return all(str(inner.parent / f) in listed for f in files)
 
 
 def remove_listed(folder: Path, files: Iterable[str]) -> bool:
@@ -255,7 +270,7 @@ def check_paths(inputs: Mapping[str, str | Path | None], outputs: Mapping[str, s
             how = _relation(real, other_real)
             if how is not None:
                 raise UserError(f"{flag}: {path} {how} the input {other} {other_path}; allowed: an output path "
-                                 "apart from the command's inputs (nothing was written)")
+                                 "apart from the inputs of the command (nothing was written)")
         for other, other_path, other_real in outs[:i]:
             how = _relation(real, other_real)
             if how is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvplan.arg_types import integer, out_path
 from kvplan.errors import UserError
-from kvplan.output import check_out_dir, format_table, print_json, safe_name
+from kvplan.output import check_out_dir, check_paths, format_table, print_json, safe_name
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -93,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.experiments.runner import run_experiment
 
     check_out_dir(out)
+    check_paths(experiment_inputs(exp, points),
+                {"--out": out, "--out (its staging)": out.with_name(out.name + ".partial")})
     if args.resume:
         check_resumes_its_own(out, exp.name)
     outcome = run_experiment(exp, out, workers=args.workers, backend=args.backend, ray_address=args.ray_address,
@@ -105,6 +107,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out}/: report.html, summary.md, runs.parquet ({len(outcome.runs)} runs), points.parquet, plots/",
           file=sys.stderr)
     return 0
+
+
+def experiment_inputs(exp, points) -> dict[str, str]:
+    """What the experiment reads (its file, every point's trace and profile), each labelled once by its key."""
+    found = {str(exp.source): "the experiment"}
+    for p in points:
+        hardware = p.config["hardware"]
+        for key, value in (("workload.trace", p.config["workload"].get("trace")),
+                           ("hardware", hardware if hardware.endswith((".yaml", ".yml")) else None)):
+            if value is not None:
+                found.setdefault(str(value), f"{key} (point {p.index})")
+    return {label: path for path, label in found.items()}
 
 
 def check_resumes_its_own(out: Path, name: str) -> None:

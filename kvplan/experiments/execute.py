@@ -160,6 +160,6 @@ def read_run(run_dir: Path) -> dict | None:
     except UserError as exc:
         raise UserError(f"--resume: {str(exc).split('; rerun')[0]}; {redo}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("summary"), dict) or not isinstance(doc.get("info"), dict):
-        raise UserError(f"--resume: {path}: {short_repr(doc, 40)} is not a run's summary (an object with summary and "
-                         f"info objects); {redo}")
+        raise UserError(f"--resume: {path}: {short_repr(doc, 40)} is not the summary of a run (an object with "
+                         f"summary and info objects); {redo}")
     return doc

@@ -33,6 +33,7 @@ from kvplan.ownership import (
     alive,
     discard,
     owned_files,
+    read_manifest,
     read_marker,
     remove_listed,
     resolve_out,
@@ -172,8 +173,8 @@ def prepare_staging(out: Path, resume: bool) -> Path:
     return staging
 
 
-_PARTIAL_ALLOWED = ("nothing was removed; allowed: move it away (it is where `kvplan run` keeps an interrupted "
-                    "experiment's runs), or another --out")
+_PARTIAL_ALLOWED = ("nothing was removed; allowed: move it away (`kvplan run` keeps the runs of an interrupted "
+                    "experiment there), or another --out")
 
 
 def _partial_runs(staging: Path) -> dict[str, list[str] | None]:
@@ -195,11 +196,20 @@ def _partial_runs(staging: Path) -> dict[str, list[str] | None]:
         raise UserError(f"--out: {staging} holds {foreign[0]!r}, which kvplan did not write; {_PARTIAL_ALLOWED}")
     runs: dict[str, list[str] | None] = {}
     for run in sorted((staging / "runs").iterdir()) if (staging / "runs").is_dir() else ():
+        if run.is_symlink() or not run.is_dir():
+            raise UserError(f"--out: {staging} holds 'runs/{run.name}', which kvplan did not write; "
+                             f"{_PARTIAL_ALLOWED}")
         marker = read_marker(run)
         if marker is not None and marker["purpose"] == "tmp":
             runs[run.name] = None
-        else:
-            runs[run.name] = owned_files(run, "--out", changed_ok=True)  # a corrupt run: removed, not resumed
+            continue
+        try:
+            if any(run.iterdir()):
+                read_manifest(run)
+        except UserError as exc:  # kvplan cannot tell its files from anyone else's there: the user decides
+            raise UserError(f"--out: {exc}; nothing was removed; allowed: delete {run}, then rerun (--resume keeps "
+                             "the other runs)") from None
+        runs[run.name] = owned_files(run, "--out", changed_ok=True)  # a changed summary: removed, never resumed
     return runs
 
 
