@@ -25,6 +25,7 @@ from kvplan.ownership import (
     check_paths,
     discard,
     drop_marker,
+    entries_under,
     kvplans_own,
     owned_files,
     read_manifest,
@@ -156,7 +157,7 @@ def publish(staging: Path, out: Path, flag: str = "--out") -> None:
             discard(old)
         return
     raise UserError(f"{flag}: {out}: another kvplan process kept replacing this result set while this one "
-                     f"published; the complete set of this run is left at {staging} (until the next run into it); "
+                     f"published; this run's complete set is left at {staging} (until the next run into it); "
                      "allowed: one run at a time per output directory")
 
 
@@ -202,19 +203,29 @@ def verify_result_set(folder: str | Path) -> dict:
     """The manifest of a complete result set, after checking that every file it lists is there with its size and
     hash and that nothing else is; a UserError names the file and what is wrong (no manifest: an incomplete set)."""
     folder = Path(folder)
-    listed = read_manifest(folder)
-    again = "rerun the command that wrote it"
+    if not folder.is_dir():
+        raise UserError(f"{folder}: not a directory; allowed: a result set (the --out of simulate, replay, validate "
+                         "or run)")
+    again = "allowed: rerun the command that wrote it"
     try:
-        present = {str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir()}
-        present = {name for name in present if name in listed or not kvplans_own(folder, name, listed)}
+        listed = read_manifest(folder)
+    except UserError as exc:
+        raise UserError(f"{exc}; {again}") from None
+    try:
+        entries, dirs = entries_under(folder)
     except OSError as exc:
         raise UserError(f"{folder}: cannot be listed ({exc.strerror})") from None
+    present = {name for name in entries if name in listed or not kvplans_own(folder, name, listed)}
+    holding = {str(parent) for name in listed for parent in Path(name).parents}
+    present |= {name + "/" for name in dirs if name not in holding}  # a folder kvplan did not make
     if present != set(listed):
         differ = sorted(present ^ set(listed))
         raise UserError(f"{folder}: files differ from {MANIFEST}: {differ[:5]}" + (" ..." if len(differ) > 5 else "")
                         + f" (the set is incomplete or was changed); {again}")
     for name, entry in listed.items():
         path = folder / name
+        if path.is_symlink() or not path.is_file():
+            raise UserError(f"{path} is not the regular file {MANIFEST} lists; {again}")
         data = path.read_bytes()
         if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise UserError(f"{path} does not match {MANIFEST} ({len(data)} bytes, {entry['bytes']} listed; "

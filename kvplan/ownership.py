@@ -76,7 +76,7 @@ def read_manifest(folder: Path) -> dict[str, dict]:
     return listed
 
 
-def _entries(folder: Path) -> tuple[list[str], list[str]]:
+def entries_under(folder: Path) -> tuple[list[str], list[str]]:
     """Every non-directory entry under `folder` (files, links, sockets; relative paths) and every directory,
     deepest first; a link to a directory counts as an entry, never descended."""
     entries, dirs = [], []
@@ -100,7 +100,7 @@ def owned_files(folder: Path, flag: str, *, changed_ok: bool = False) -> list[st
     if not folder.exists() and not folder.is_symlink():
         return None
     try:
-        entries, dirs = _entries(folder)
+        entries, dirs = entries_under(folder)
         first = next(folder.iterdir(), None)
     except OSError as exc:
         raise UserError(f"{flag}: {folder}: cannot be listed ({exc.strerror}); allowed: a new or empty directory, "
@@ -157,7 +157,7 @@ def remove_listed(folder: Path, files: Iterable[str]) -> bool:
         path = folder / name
         if path.is_file() and not path.is_symlink():
             path.unlink()
-    _, dirs = _entries(folder)
+    _, dirs = entries_under(folder)
     for name in [*dirs, "."]:
         with contextlib.suppress(OSError):  # not empty: something kvplan did not write is in it
             (folder / name).rmdir()

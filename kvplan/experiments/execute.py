@@ -158,7 +158,7 @@ def read_run(run_dir: Path) -> dict | None:
         verify_result_set(run_dir)
         doc = loads(path.read_bytes())
     except UserError as exc:
-        raise UserError(f"--resume: {str(exc).split('; rerun')[0]}; {redo}") from None
+        raise UserError(f"--resume: {str(exc).split('; allowed: rerun')[0]}; {redo}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("summary"), dict) or not isinstance(doc.get("info"), dict):
         raise UserError(f"--resume: {path}: {short_repr(doc, 40)} is not the summary of a run (an object with "
                          f"summary and info objects); {redo}")

@@ -366,9 +366,31 @@ def test_a_bad_manifest_is_one_line_and_keeps_the_set(tmp_path, capsys, simulate
     (out / MANIFEST).write_bytes(text if isinstance(text, bytes) else text.encode())
     line = unchanged(capsys, tmp_path, simulate(out), "manifest.json")
     assert "nothing was removed" in line
+    unchanged(capsys, tmp_path, ["verify", str(out)], "manifest.json")
     with pytest.raises(UserError, match=r"manifest\.json") as caught:
         verify_result_set(out)
     assert "\n" not in str(caught.value) and len(str(caught.value).replace(str(tmp_path), "T")) < 300
+
+
+VERIFY_DAMAGE = {
+    "a file added": lambda out: (out / "notes.txt").write_text("mine"),
+    "a folder added": lambda out: (out / "mine").mkdir(),
+    "a link added": lambda out: (out / "link").symlink_to("/etc"),
+    "a file truncated": lambda out: (out / "block8" / "summary.json").write_text(""),
+    "a file removed": lambda out: (out / "block8" / "summary.json").unlink(),
+    "a file made a link": lambda out: ((out / "block8" / "summary.json").unlink(),
+                                       (out / "block8" / "summary.json").symlink_to(out / "block16" / "summary.json")),
+    "no manifest": lambda out: (out / MANIFEST).unlink(),
+}
+
+
+@pytest.mark.parametrize("damage", VERIFY_DAMAGE)
+def test_verify_names_what_differs_from_the_manifest(tmp_path, capsys, simulate_set, damage):
+    out = copy_set(simulate_set, tmp_path)
+    assert main(["verify", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["files"] == 6
+    VERIFY_DAMAGE[damage](out)
+    unchanged(capsys, tmp_path, ["verify", str(out)], "manifest.json")
 
 
 # -- names: calibrate --from-replay prices a model simulate knows -------------------------------------------------
