@@ -83,8 +83,11 @@ def current_umask() -> int:
 
 def write_atomic(path: str | Path, data: str | bytes) -> None:
     """Write to a temporary file beside `path`, then rename: a crash never leaves a half-written result. The
-    file gets the mode a plain open() would give it (0666 less the umask), not mkstemp's private 0600."""
+    file gets the mode a plain open() would give it (0666 less the umask), not mkstemp's private 0600. A symbolic
+    link is followed (its target is written), never replaced by a file."""
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

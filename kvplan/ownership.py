@@ -262,8 +262,10 @@ def _relation(a: Path, b: Path) -> str | None:
 
 def check_paths(inputs: Mapping[str, str | Path | None], outputs: Mapping[str, str | Path | None]) -> None:
     """Before any work: no output is (or is inside, or holds) one of the command's inputs, and no two outputs
-    overlap, links and hard links resolved. Keys name each path as the user gave it (a flag, or `--out's plot`)."""
-    ins = [(flag, path, _real(path)) for flag, path in inputs.items() if path is not None and str(path)]
+    overlap, links and hard links resolved. Keys name each path as the user gave it (a flag, or `--out (its plot)`).
+    An input that is not there (`sample:chat`, a name the command resolves) cannot be overwritten: skipped."""
+    ins = [(flag, path, _real(path)) for flag, path in inputs.items()
+           if path is not None and str(path) and os.path.lexists(path)]
     outs = [(flag, path, _real(path)) for flag, path in outputs.items() if path is not None and str(path)]
     for i, (flag, path, real) in enumerate(outs):
         for other, other_path, other_real in ins:

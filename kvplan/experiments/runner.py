@@ -167,7 +167,7 @@ def prepare_staging(out: Path, resume: bool) -> Path:
         # Resume from a finished set: hard links of its run sets, so OUT stays untouched until the new set replaces it
         for run in (out / "runs").iterdir():
             if is_result_set(run):
-                shutil.copytree(run, staging / "runs" / run.name, copy_function=os.link)
+                shutil.copytree(run, staging / "runs" / run.name, symlinks=True, copy_function=os.link)
     (staging / "runs").mkdir(parents=True, exist_ok=True)
     write_marker(staging, "partial", out)
     return staging

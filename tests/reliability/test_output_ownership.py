@@ -250,6 +250,15 @@ def test_a_symlink_to_a_users_directory_or_nowhere_is_refused(tmp_path, capsys):
     unchanged(capsys, tmp_path, ["run", str(tmp_path / "e.yaml"), "--out", str(tmp_path / "out")], "symbolic link")
 
 
+def test_a_symlinked_output_file_is_written_through(tmp_path, capsys):
+    target, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    target.write_text("old")
+    link.symlink_to(target)
+    assert main(["trace", "convert", SAMPLE, str(link), "--json"]) == 0
+    capsys.readouterr()
+    assert link.is_symlink() and os.readlink(link) == str(target) and target.read_text().startswith("{")
+
+
 # -- output paths against inputs and each other ------------------------------------------------------------------
 def a_set_holding(tmp_path: Path, name: str, text: str) -> Path:
     """A kvplan result set (manifest included) that holds `name`: the kind of --out a command may replace."""
