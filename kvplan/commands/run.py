@@ -124,12 +124,13 @@ def experiment_inputs(exp, points) -> dict[str, str]:
 def check_resumes_its_own(out: Path, name: str) -> None:
     """--resume continues an experiment: a DIR holding another experiment's set is refused (none of its runs
     apply, and resuming would replace it, which a mistyped --out should not do quietly)."""
-    import json
+    from kvplan.strict_json import loads
 
     try:
-        held = json.loads((out / "result.json").read_text()).get("name")
-    except (OSError, ValueError, AttributeError):
-        return  # no finished set there (or not one of ours: check_out_dir has refused that)
+        doc = loads((out / "result.json").read_bytes())
+    except (OSError, ValueError):
+        return  # no finished set there, or a damaged one: the swap refuses a changed file, naming it
+    held = doc.get("name") if isinstance(doc, dict) else None
     if isinstance(held, str) and held != name:
         raise UserError(f"--resume: {out} holds the result set of experiment {held!r}, not {name!r}; allowed: the "
                          f"--out of experiment {name!r}, or no --resume to replace it")
