@@ -7,7 +7,9 @@ reused, progress on stderr, and the result set swapped in whole at the end.
 
 A crash (or Ctrl-C) leaves OUT as it was and OUT.partial with every finished run; `--resume` continues from
 OUT.partial (or from OUT's runs when there is no partial set), so an interrupted sweep loses nothing and a
-re-run computes only what is missing.
+re-run computes only what is missing. OUT.partial carries kvplan's staging marker (`kvplan.ownership`): a folder
+of that name without one, or holding anything kvplan did not write, is refused untouched; a run whose files do
+not match its manifest is never resumed (one line naming it).
 """
 
 from __future__ import annotations
