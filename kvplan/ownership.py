@@ -153,7 +153,11 @@ def kvplans_own(folder: Path, name: str, listed: Mapping[str, object]) -> bool:
 def remove_listed(folder: Path, files: Iterable[str]) -> bool:
     """Remove `files` (relative, checked by `owned_files`), the manifest and the marker, then every directory
     left empty; True when `folder` itself is gone. What else appeared meanwhile stays, and so does the folder."""
-    for name in [*files, MANIFEST, MARKER]:
+    files = list(files)
+    entries, _ = entries_under(folder)
+    nested = [name for name in entries if name not in files and name != MANIFEST and Path(name).name == MANIFEST
+              and kvplans_own(folder, name, dict.fromkeys(files))]  # a set written before these were listed
+    for name in [*files, *nested, MANIFEST, MARKER]:
         path = folder / name
         if path.is_file() and not path.is_symlink():
             path.unlink()
