@@ -18,7 +18,8 @@ from kvplan.errors import UserError
 from kvplan.traces.schema import short_repr
 
 # Verbs in the order `kvplan --help` lists them; later features add their module here.
-COMMANDS = ("run", "trace", "simulate", "generate", "serve", "replay", "calibrate", "validate", "eval_ppl", "bench")
+COMMANDS = ("run", "trace", "simulate", "generate", "serve", "replay", "calibrate", "validate", "verify", "eval_ppl",
+            "bench")
 # What the `engine` extra installs: a command that imports one of these needs it.
 ENGINE_PACKAGES = ("torch", "triton", "transformers", "accelerate", "gguf")
 # What the `serve` extra installs (`kvplan serve`).

@@ -9,14 +9,34 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from kvplan import strict_json
 from kvplan.errors import UserError
 from kvplan.errors import short_repr as short
+from kvplan.ownership import (
+    MANIFEST,
+    MARKER,
+    check_paths,
+    discard,
+    drop_marker,
+    entries_under,
+    kvplans_own,
+    owned_files,
+    read_manifest,
+    remove_stale_siblings,
+    resolve_out,
+    write_marker,
+)
+
+__all__ = ["MANIFEST", "MARKER", "atomic_dir", "check_out_dir", "check_out_file", "check_paths", "check_replaceable",
+           "format_table", "is_result_set", "json_line", "json_text", "print_json", "publish", "safe_name", "strict",
+           "verify_result_set", "write_atomic", "write_manifest"]
 
 
 def strict(obj: object) -> object:
@@ -63,8 +83,11 @@ def current_umask() -> int:
 
 def write_atomic(path: str | Path, data: str | bytes) -> None:
     """Write to a temporary file beside `path`, then rename: a crash never leaves a half-written result. The
-    file gets the mode a plain open() would give it (0666 less the umask), not mkstemp's private 0600."""
+    file gets the mode a plain open() would give it (0666 less the umask), not mkstemp's private 0600. A symbolic
+    link is followed (its target is written), never replaced by a file."""
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -77,9 +100,6 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         raise
 
 
-MANIFEST = "manifest.json"
-
-
 @contextlib.contextmanager
 def atomic_dir(out: str | Path, config: object = None) -> Iterator[Path]:
     """Build a result directory in a temporary sibling and swap it in whole on success: a crash leaves the old
@@ -87,14 +107,16 @@ def atomic_dir(out: str | Path, config: object = None) -> Iterator[Path]:
 
     The last file written is `manifest.json` (every file with its size and SHA-256, the configuration and its
     hash, the kvplan version): a directory without one is not a complete result set. Between the two renames
-    there is, for an instant, no set at OUT at all; never a mixed one.
+    there is, for an instant, no set at OUT at all; never a mixed one. The temporary sibling carries kvplan's
+    staging marker (`ownership.MARKER`), so that a killed process's leftovers are recognised by it, not by name.
     """
-    out = Path(out)
+    out = resolve_out(Path(out))
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_siblings(out)
+    remove_stale_siblings(out)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp"))
-    tmp.chmod(0o777 & ~current_umask())  # as mkdir would make it, not mkdtemp's private 0700
     try:
+        write_marker(tmp, "tmp", out)
+        tmp.chmod(0o777 & ~current_umask())  # as mkdir would make it, not mkdtemp's private 0700
         yield tmp
         write_manifest(tmp, config)
     except BaseException:
@@ -104,15 +126,21 @@ def atomic_dir(out: str | Path, config: object = None) -> Iterator[Path]:
 
 
 def publish(staging: Path, out: Path, flag: str = "--out") -> None:
-    """Swap a finished staging directory in as `out`, replacing an earlier result set (never anything else).
+    """Swap a finished staging directory in as `out`, replacing an earlier result set (only the files its manifest
+    lists: anything else there refuses the swap, and the new set stays at `staging`).
 
     Another process may publish into `out` at the same moment (two runs into one --out): the swap is retried
     while `out` comes and goes under it, so one of them ends up there whole; the loser says what happened."""
+    out = resolve_out(out, flag)
     for _ in range(_PUBLISH_TRIES):
-        check_replaceable(out, flag)  # again now: files may have appeared since the check before the work
-        old = out.with_name(f".{out.name}.{os.getpid()}.old")
+        try:  # again now: files may have appeared since the check before the work
+            present = owned_files(out, flag)
+        except UserError as exc:
+            raise UserError(f"{exc}; the complete set of this run is left at {staging}") from None
+        old = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.old")
         try:
-            if out.exists():
+            if present is not None:
+                write_marker(out, "old", out)
                 os.replace(out, old)
             os.replace(staging, out)
         except FileNotFoundError:  # the other process moved `out` away between our look and our rename
@@ -121,9 +149,15 @@ def publish(staging: Path, out: Path, flag: str = "--out") -> None:
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
             if old.exists():  # the earlier set we moved aside: superseded by the other's, or given its place back
-                shutil.rmtree(old) if out.exists() else os.replace(old, out)
+                if out.exists():
+                    discard(old)
+                else:
+                    os.replace(old, out)
+                    drop_marker(out)
             continue
-        shutil.rmtree(old, ignore_errors=True)
+        drop_marker(out)
+        if present is not None:
+            discard(old)
         return
     raise UserError(f"{flag}: {out}: another kvplan process kept replacing this result set while this one "
                      f"published; this run's complete set is left at {staging} (until the next run into it); "
@@ -134,47 +168,29 @@ _PUBLISH_TRIES = 20
 
 
 def is_result_set(path: Path) -> bool:
-    """`path` holds a result set kvplan wrote: its manifest.json is there and is kvplan's."""
-    try:
-        doc = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError):
+    """`path` holds a result set kvplan wrote: a real directory whose manifest.json is kvplan's."""
+    if path.is_symlink() or not path.is_dir():
         return False
-    return isinstance(doc, dict) and "kvplan_version" in doc and "files" in doc
-
-
-def _is_run_staging(path: Path) -> bool:
-    """An experiment's `OUT.partial` from an interrupted `kvplan run`: a `runs/` folder holding only run result
-    sets and their dotted temporary directories."""
-    runs = path / "runs"
     try:
-        return runs.is_dir() and all(p.is_dir() and (p.name.startswith(".") or is_result_set(p))
-                                     for p in runs.iterdir())
-    except OSError:
+        read_manifest(path)
+    except UserError:
         return False
+    return True
 
 
 def check_replaceable(path: Path, flag: str = "--out") -> None:
-    """A result set replaces `path` whole, so `path` must not hold anything kvplan did not write: it is absent,
-    empty, or an earlier result set (its manifest.json says so), or an interrupted experiment's staging folder.
-    A user's directory is refused, never emptied."""
-    if not path.is_dir() or is_result_set(path) or _is_run_staging(path):
-        return
-    try:
-        first = next(path.iterdir(), None)
-    except OSError as exc:
-        raise UserError(f"{flag}: {path}: cannot be listed ({exc.strerror}); allowed: a new or empty directory, "
-                         "or an earlier kvplan result set") from None
-    if first is not None:
-        raise UserError(f"{flag}: {path} is a directory kvplan did not write (it holds {first.name!r} and no "
-                         f"kvplan {MANIFEST}); allowed: a new or empty directory, or an earlier kvplan result set "
-                         "(which is replaced whole)")
+    """A result set replaces `path`, so `path` must hold nothing kvplan did not write: it is absent, empty, or an
+    earlier result set holding exactly the files its manifest lists, unchanged. Anything else is refused, never
+    emptied (`ownership.owned_files`)."""
+    owned_files(resolve_out(path, flag), flag)
 
 
 def write_manifest(folder: Path, config: object = None) -> dict:
-    """`manifest.json` in `folder`: what a reader checks to know the set is complete and whose it is."""
+    """`manifest.json` in `folder`: what a reader checks to know the set is complete and whose it is (every file
+    but the manifest itself and the staging marker, which leaves with the staging)."""
     from kvplan import __version__
 
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and str(p.relative_to(folder)) not in (MANIFEST, MARKER))
     config_text = json.dumps(strict(config), sort_keys=True, default=str)
     manifest = {
         "kvplan_version": __version__, "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -188,40 +204,38 @@ def write_manifest(folder: Path, config: object = None) -> dict:
 
 def verify_result_set(folder: str | Path) -> dict:
     """The manifest of a complete result set, after checking that every file it lists is there with its size and
-    hash and that nothing else is; raises ValueError naming what is wrong (no manifest: an incomplete set)."""
+    hash and that nothing else is; a UserError names the file and what is wrong (no manifest: an incomplete set)."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: not a directory; allowed: a result set (the --out of simulate, replay, validate "
+                         "or run)")
+    again = "allowed: rerun the command that wrote it"
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise UserError(f"{folder}: no {MANIFEST}: not a complete result set") from None
-    listed = {f["path"]: f for f in manifest["files"]}
-    present = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST}
+        listed = read_manifest(folder)
+    except UserError as exc:
+        raise UserError(f"{exc}; {again}") from None
+    try:
+        entries, dirs = entries_under(folder)
+    except OSError as exc:
+        raise UserError(f"{folder}: cannot be listed ({exc.strerror})") from None
+    present = {name for name in entries if name in listed or not kvplans_own(folder, name, listed)}
+    holding = {str(parent) for name in listed for parent in Path(name).parents}
+    present |= {name + "/" for name in dirs if name not in holding}  # a folder kvplan did not make
     if present != set(listed):
-        raise UserError(f"{folder}: files differ from {MANIFEST}: {sorted(present ^ set(listed))[:5]}")
+        differ = sorted(present ^ set(listed))
+        raise UserError(f"{folder}: files differ from {MANIFEST}: {differ[:5]}" + (" ..." if len(differ) > 5 else "")
+                        + f" (the set is incomplete or was changed); {again}")
     for name, entry in listed.items():
-        data = (folder / name).read_bytes()
+        path = folder / name
+        if path.is_symlink() or not path.is_file():
+            raise UserError(f"{path} is not the regular file {MANIFEST} lists; {again}")
+        data = path.read_bytes()
         if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise UserError(f"{folder}: {name} does not match {MANIFEST}")
-    return manifest
-
-
-def _remove_stale_siblings(out: Path) -> None:
-    """Staging and old directories that a killed process left beside `out` (their pid no longer runs)."""
-    for sibling in out.parent.glob(f".{out.name}.*"):
-        parts = sibling.name[len(out.name) + 2:].split(".")
-        ours = len(parts) >= 2 and parts[0].isdigit() and parts[-1] in ("tmp", "old")  # the names made here
-        if sibling.is_dir() and ours and not _alive(int(parts[0])):
-            shutil.rmtree(sibling, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+            raise UserError(f"{path} does not match {MANIFEST} ({len(data)} bytes, {entry['bytes']} listed; "
+                             f"changed or truncated since kvplan wrote it); {again}")
+    doc = strict_json.loads((folder / MANIFEST).read_bytes())
+    assert isinstance(doc, dict)  # read_manifest has read it as one
+    return doc
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -237,7 +251,9 @@ def safe_name(value: str, where: str) -> str:
 
 
 def check_out_dir(path: Path, flag: str = "--out") -> None:
-    """Before any work: `path` can become a result directory (it is not a file, and its parent can be made)."""
+    """Before any work: `path` can become a result directory (it is not a file, a link to one follows it, its
+    parent can be made, and nothing kvplan did not write is in it)."""
+    path = resolve_out(path, flag)
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag}: {path} exists and is not a directory; allowed: a directory path (a result set "
                          "is replaced whole)")

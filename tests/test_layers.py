@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = ("kvplan.cli", "kvplan.commands", "kvplan.experiments", "kvplan.live", "kvplan.calibration",
        "kvplan.endpoint", "kvplan.bench", "kvplan.engine_args", "kvplan.settings_cli", "kvplan.trace_options",
        "kvplan.validation", "kvplan.arg_types")
-LEAVES = ("kvplan.errors", "kvplan.limits", "kvplan.output", "kvplan.shipped", "kvplan.strict_json")
+LEAVES = ("kvplan.errors", "kvplan.limits", "kvplan.output", "kvplan.ownership", "kvplan.shipped",
+          "kvplan.strict_json")
 # a package -> what it must not import
 RULES = {
     "kvplan/traces": ("kvplan.engine", "kvplan.sim", "kvplan.kernels", "kvplan.results", *APP),

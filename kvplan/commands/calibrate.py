@@ -17,7 +17,7 @@ from pathlib import Path
 from kvplan.arg_types import BLOCK_SIZE, SEED, integer, number, out_path
 from kvplan.engine_args import MODEL_DTYPES, parse_bytes
 from kvplan.errors import UserError
-from kvplan.output import check_out_file, format_table, print_json, short, write_atomic
+from kvplan.output import check_out_file, check_paths, format_table, print_json, short, write_atomic
 
 PHASE_NAMES = ("prefill", "decode", "mixed", "transfers")
 # The live measurement's options (None on the command line means not given): --from-replay measures nothing.
@@ -29,7 +29,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("calibrate", help="fit a cost profile from the live engine or an endpoint replay",
                           description=__doc__)
     p.add_argument("--model", required=True, help="smollm2-135m, llama-100m, tiny-llama or a local HF directory "
-                                                  "(with --from-replay the model the profile is for: a label)")
+                                                  "(with --from-replay the model the profile is for: a built-in "
+                                                  "model or an HF config.json, as simulate --model takes)")
     p.add_argument("--from-replay", type=Path, metavar="DIR", default=None,
                    help="fit from an endpoint replay's token times (kvplan replay --endpoint ... --out DIR)")
     p.add_argument("--block-sizes", type=BLOCK_SIZE, nargs="+", default=None,
@@ -52,7 +53,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_out_file(args.out)
+    check_outputs(args)
     if args.from_replay is not None:
         return run_from_replay(args)
     for key, default in LIVE_DEFAULTS.items():
@@ -63,8 +64,6 @@ def run(args: argparse.Namespace) -> int:
     if args.dtype not in MODEL_DTYPES:  # a label only with --from-replay; here the engine runs it
         raise UserError(f"argument --dtype: {short(args.dtype)}; allowed: {', '.join(MODEL_DTYPES)}")
     args.device_name = args.device_name or "cpu-local"
-    if args.steps_out is not None:
-        check_out_file(args.steps_out, "--steps-out")
     if args.repeats < 1:
         raise UserError(f"--repeats: must be >= 1, got {args.repeats}")
     if not 0.0 <= args.temperature < float("inf"):
@@ -99,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                       "block_sizes": list(args.block_sizes), "provenance": provenance(meta, args)})
     save_profile(cost, args.out, f"kvplan calibrate profile: {args.model} on {args.device_name}\n"
                  "Regenerate with the command under provenance.command.")
-    write_atomic(args.out.with_suffix(".png"), residual_plot(cal, f"{args.model} ({args.dtype}) on "
+    write_atomic(plot_path(args.out), residual_plot(cal, f"{args.model} ({args.dtype}) on "
                                                                    f"{args.device_name}"))
     table = cal.residual_table()
     if args.json:
@@ -111,6 +110,26 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(HEADERS, table))
     print("coefficients (s): " + ", ".join(f"{k}={v:.3g}" for k, v in cost.coefficients.items()))
     return 0
+
+
+def plot_path(out: Path) -> Path:
+    """The residual plot beside the profile."""
+    return out.with_suffix(".png")
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before any work: the profile, its plot and --steps-out are writable files, apart from each other and from
+    the replay being read (a profile named prof.png would be overwritten by its own plot)."""
+    check_out_file(args.out)
+    plot = plot_path(args.out)
+    if plot == args.out:
+        raise UserError(f"--out: {args.out}: the residual plot is written beside the profile as {plot.name}, the same "
+                         "file; allowed: a profile path not ending in .png (e.g. profile.yaml)")
+    check_out_file(plot, "--out (its plot)")
+    if args.steps_out is not None:
+        check_out_file(args.steps_out, "--steps-out")
+    check_paths({"--from-replay": args.from_replay},
+                {"--out": args.out, "--out (its plot)": plot, "--steps-out": args.steps_out})
 
 
 HEADERS = ("steps", "count", "median_abs_err_%", "p90_abs_err_%", "bias_%", "mean_ms")
@@ -128,6 +147,9 @@ def run_from_replay(args: argparse.Namespace) -> int:
                          "--from-replay")
     if args.block_sizes is not None and len(args.block_sizes) > 1:
         raise UserError(f"--block-sizes: one with --from-replay (the server's), got {args.block_sizes}")
+    from kvplan.sim.specs.models import get_model
+
+    get_model(args.model)  # the profile prices this model (simulate --profile compares shapes): a known one
     result = calibrate_from_replay(args.from_replay, (args.block_sizes or [None])[0], args.seed)
     cal = result.calibration
     cost = cal.cost
@@ -140,7 +162,7 @@ def run_from_replay(args: argparse.Namespace) -> int:
                                      "source": f"endpoint replay {args.from_replay} (url {result.url})"}})
     save_profile(cost, args.out, f"kvplan calibrate profile: {args.model} on {device}, fitted from the token "
                  f"times of a replay\nRegenerate with the command under provenance.command.")
-    write_atomic(args.out.with_suffix(".png"), residual_plot(cal, f"{args.model} via {device}"))
+    write_atomic(plot_path(args.out), residual_plot(cal, f"{args.model} via {device}"))
     table = cal.residual_table()
     if args.json:
         print_json({**cost.to_dict(), "residuals": [dict(zip(HEADERS, row, strict=True)) for row in table]})

@@ -25,7 +25,7 @@ from kvplan.endpoint.session import (
 from kvplan.engine_args import add_engine_arguments, options_from_args
 from kvplan.errors import UserError
 from kvplan.live import EngineOptions
-from kvplan.output import atomic_dir, check_out_dir, format_table, json_text, print_json
+from kvplan.output import atomic_dir, check_out_dir, check_paths, format_table, json_text, print_json
 from kvplan.results.serving_result import write_tables
 
 
@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.live import replay
 
     check_out_dir(args.out)
+    check_paths({"--trace": args.trace}, {"--out": args.out})
     if args.endpoint is not None:
         return run_endpoint(args)
     if args.model is None:

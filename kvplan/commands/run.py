@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvplan.arg_types import integer, out_path
 from kvplan.errors import UserError
-from kvplan.output import check_out_dir, format_table, print_json, safe_name
+from kvplan.output import check_out_dir, check_paths, format_table, print_json, safe_name
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -93,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.experiments.runner import run_experiment
 
     check_out_dir(out)
+    check_paths(experiment_inputs(exp, points),
+                {"--out": out, "--out (its staging)": out.with_name(out.name + ".partial")})
     if args.resume:
         check_resumes_its_own(out, exp.name)
     outcome = run_experiment(exp, out, workers=args.workers, backend=args.backend, ray_address=args.ray_address,
@@ -107,15 +109,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def experiment_inputs(exp, points) -> dict[str, str]:
+    """What the experiment reads (its file, every point's trace and profile), each labelled once by its key."""
+    found = {str(exp.source): "the experiment"}
+    for p in points:
+        hardware = p.config["hardware"]
+        for key, value in (("workload.trace", p.config["workload"].get("trace")),
+                           ("hardware", hardware if hardware.endswith((".yaml", ".yml")) else None)):
+            if value is not None:
+                found.setdefault(str(value), f"{key} (point {p.index})")
+    return {label: path for path, label in found.items()}
+
+
 def check_resumes_its_own(out: Path, name: str) -> None:
     """--resume continues an experiment: a DIR holding another experiment's set is refused (none of its runs
     apply, and resuming would replace it, which a mistyped --out should not do quietly)."""
-    import json
+    from kvplan.strict_json import loads
 
     try:
-        held = json.loads((out / "result.json").read_text()).get("name")
-    except (OSError, ValueError, AttributeError):
-        return  # no finished set there (or not one of ours: check_out_dir has refused that)
+        doc = loads((out / "result.json").read_bytes())
+    except (OSError, ValueError):
+        return  # no finished set there, or a damaged one: the swap refuses a changed file, naming it
+    held = doc.get("name") if isinstance(doc, dict) else None
     if isinstance(held, str) and held != name:
         raise UserError(f"--resume: {out} holds the result set of experiment {held!r}, not {name!r}; allowed: the "
                          f"--out of experiment {name!r}, or no --resume to replace it")

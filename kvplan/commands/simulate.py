@@ -20,7 +20,7 @@ from kvplan.arg_types import (
     out_path,
 )
 from kvplan.errors import UserError
-from kvplan.output import atomic_dir, check_out_dir, format_table, print_json
+from kvplan.output import atomic_dir, check_out_dir, check_paths, format_table, print_json
 from kvplan.results.serving_result import write_tables
 from kvplan.settings_cli import add_setting_flags, settings_from_args
 from kvplan.trace_options import UNTIMED_NOTE, add_arrival_options, add_load_options, load_trace, retime_spec
@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out is not None:
         check_out_dir(args.out)
+        check_paths({"--trace": args.trace, "--profile": args.profile, "--gpu-profile": args.gpu_profile},
+                    {"--out": args.out})
     trace, notes = prepare_trace(args)
     check_trace(trace, str(args.trace))
     notes += profile_notes(args)

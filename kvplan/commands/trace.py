@@ -7,7 +7,7 @@ import argparse
 
 from kvplan.arg_types import BLOCK_SIZE, FRACTION, POSITIVE, SECONDS, SEED, integer
 from kvplan.limits import MAX_TOKENS
-from kvplan.output import check_out_file, format_table, print_json, write_atomic
+from kvplan.output import check_out_file, check_paths, format_table, print_json, write_atomic
 from kvplan.trace_options import add_load_options, load_trace, retime_spec
 from kvplan.traces.io import KINDS
 
@@ -108,6 +108,7 @@ def _convert(args: argparse.Namespace) -> int:
     from kvplan.traces.stats import summarize
 
     check_out_file(args.out, "out")
+    check_paths({"path": args.path}, {"out": args.out})
     kind_of(args.out, args.to)
 
     trace = _transform(_load(args), args)
@@ -122,6 +123,7 @@ def _synth(args: argparse.Namespace) -> int:
 
     if args.out:
         check_out_file(args.out)
+        check_paths({"spec": args.spec}, {"--out": args.out})
     trace = synthesize_file(args.spec)
     extra = {}
     if args.out:

@@ -32,7 +32,7 @@ from kvplan.commands.validate_report import ADJUSTED, report_markdown, report_te
 from kvplan.endpoint.session import add_endpoint_arguments, within_duration
 from kvplan.engine_args import add_engine_arguments, load_configs, options_from_args
 from kvplan.errors import UserError
-from kvplan.output import atomic_dir, check_out_dir, json_text, print_json
+from kvplan.output import atomic_dir, check_out_dir, check_paths, json_text, print_json
 from kvplan.results.serving_result import write_tables
 
 MODES = ("policy", "timing", "both")
@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UserError(f"--repeats: must be >= 1, got {args.repeats}")
     check_out_dir(args.out)
+    check_paths({"--trace": args.trace, "--profile": args.profile, "--configs": args.configs}, {"--out": args.out})
     if args.endpoint is not None:
         check_endpoint_args(args)
     profile = resolve_profile(args)

@@ -22,7 +22,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from kvplan.errors import UserError
+from kvplan.errors import UserError, short_repr
 from kvplan.output import atomic_dir, json_text
 
 SUMMARY_FILE = "summary.json"
@@ -144,6 +144,22 @@ def execute_run(config: dict, run_dir: str, tables: bool) -> dict:
 
 
 def read_run(run_dir: Path) -> dict | None:
-    """A finished run's summary.json, or None when the run has not finished."""
+    """A finished run's summary.json, or None when the run has not finished (no directory, or an empty one). A run
+    directory whose files do not match its manifest, or whose summary is not the object `execute_run` writes, is
+    corrupt state: one line naming the file and what is wrong, and what to do."""
+    from kvplan.output import verify_result_set
+    from kvplan.strict_json import loads
+
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return None
     path = run_dir / SUMMARY_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    redo = f"allowed: rerun without --resume (which recomputes every run), or delete {run_dir}"
+    try:
+        verify_result_set(run_dir)
+        doc = loads(path.read_bytes())
+    except UserError as exc:
+        raise UserError(f"--resume: {str(exc).split('; allowed: rerun')[0]}; {redo}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("summary"), dict) or not isinstance(doc.get("info"), dict):
+        raise UserError(f"--resume: {path}: {short_repr(doc, 40)} is not the summary of a run (an object with "
+                         f"summary and info objects); {redo}")
+    return doc

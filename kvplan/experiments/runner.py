@@ -7,7 +7,9 @@ reused, progress on stderr, and the result set swapped in whole at the end.
 
 A crash (or Ctrl-C) leaves OUT as it was and OUT.partial with every finished run; `--resume` continues from
 OUT.partial (or from OUT's runs when there is no partial set), so an interrupted sweep loses nothing and a
-re-run computes only what is missing.
+re-run computes only what is missing. OUT.partial carries kvplan's staging marker (`kvplan.ownership`): a folder
+of that name without one, or holding anything kvplan did not write, is refused untouched; a run whose files do
+not match its manifest is never resumed (one line naming it).
 """
 
 from __future__ import annotations
@@ -26,7 +28,19 @@ from kvplan.experiments.model_range import edge_scales, point_errors
 from kvplan.experiments.points import run_key
 from kvplan.experiments.schema import Experiment
 from kvplan.experiments.search import PointTask, edge_tasks, make_tasks, slo_verdict
-from kvplan.output import check_replaceable, publish, write_manifest
+from kvplan.output import is_result_set, publish, write_manifest
+from kvplan.ownership import (
+    MANIFEST,
+    MARKER,
+    alive,
+    discard,
+    owned_files,
+    read_manifest,
+    read_marker,
+    remove_listed,
+    resolve_out,
+    write_marker,
+)
 from kvplan.sim.gpu.model_error import ModelError
 
 
@@ -136,16 +150,90 @@ class Outcome:
     model_errors: dict[int, ModelError] = field(default_factory=dict)  # point index -> its cost model's error
 
 
+# What `report.write_results` writes beside runs/ (a test holds the two together): with runs/, the marker and a
+# manifest, all a kvplan-made OUT.partial may hold.
+AGGREGATES = ("runs.parquet", "points.parquet", "experiment.yaml", "summary.md", "result.json", "report.html", "plots")
+
+
 def prepare_staging(out: Path, resume: bool) -> Path:
+    """OUT.partial with kvplan's staging marker: reused by --resume, else emptied of what kvplan wrote there. A
+    folder of that name without the marker, or holding anything kvplan did not write, is refused untouched."""
     staging = out.with_name(out.name + ".partial")
-    check_replaceable(staging)  # OUT.partial is kvplan's own name, but a user may have a folder called that
-    if not resume:
-        shutil.rmtree(staging, ignore_errors=True)
-    elif not staging.exists() and (out / "runs").is_dir():
-        # Resume from a finished set: hard links, so OUT stays untouched until the new set replaces it.
-        shutil.copytree(out / "runs", staging / "runs", copy_function=os.link)
+    if staging.is_symlink():
+        raise UserError(f"--out: {staging} is a symbolic link; {_PARTIAL_ALLOWED}")
+    if staging.exists():
+        runs = _partial_runs(staging)
+        if not resume:
+            _clear_partial(staging, runs)
+    elif resume and (out / "runs").is_dir():
+        # Resume from a finished set: hard links of its run sets, so OUT stays untouched until the new set replaces it
+        for run in (out / "runs").iterdir():
+            if is_result_set(run):
+                shutil.copytree(run, staging / "runs" / run.name, symlinks=True, copy_function=os.link)
     (staging / "runs").mkdir(parents=True, exist_ok=True)
+    write_marker(staging, "partial", out)
     return staging
+
+
+_PARTIAL_ALLOWED = ("nothing was removed; allowed: move it away (`kvplan run` keeps the runs of an interrupted "
+                    "experiment there), or another --out")
+
+
+def _partial_runs(staging: Path) -> dict[str, list[str] | None]:
+    """The entries of an existing OUT.partial/runs: a finished run's listed files, or None for a marked temporary
+    directory. Refuses a partial kvplan did not make (no marker, not empty) and one holding anything else."""
+    entries = sorted(p.name for p in staging.iterdir()) if staging.is_dir() else [staging.name]
+    marker = read_marker(staging)
+    if marker is None or marker["purpose"] != "partial":
+        if entries:
+            raise UserError(f"--out: {staging} is a directory kvplan did not write (it holds {entries[0]!r} and no "
+                             f"kvplan staging marker); {_PARTIAL_ALLOWED}")
+        return {}
+    plots = staging / "plots"
+    foreign = [name for name in entries if name not in (*AGGREGATES, "runs", MANIFEST, MARKER)]
+    foreign += [f"plots/{p.name}" for p in (plots.iterdir() if plots.is_dir() and not plots.is_symlink() else ())
+                if p.suffix != ".png" or p.is_symlink() or not p.is_file()]
+    foreign += [name for name in ("runs", *AGGREGATES) if (staging / name).is_symlink()]
+    if foreign:
+        raise UserError(f"--out: {staging} holds {foreign[0]!r}, which kvplan did not write; {_PARTIAL_ALLOWED}")
+    runs: dict[str, list[str] | None] = {}
+    for run in sorted((staging / "runs").iterdir()) if (staging / "runs").is_dir() else ():
+        if run.is_symlink() or not run.is_dir():
+            raise UserError(f"--out: {staging} holds 'runs/{run.name}', which kvplan did not write; "
+                             f"{_PARTIAL_ALLOWED}")
+        marker = read_marker(run)
+        if marker is not None and marker["purpose"] == "tmp":
+            runs[run.name] = None
+            continue
+        try:
+            if any(run.iterdir()):
+                read_manifest(run)
+        except UserError as exc:  # kvplan cannot tell its files from anyone else's there: the user decides
+            raise UserError(f"--out: {exc}; nothing was removed; allowed: delete {run}, then rerun (--resume keeps "
+                             "the other runs)") from None
+        runs[run.name] = owned_files(run, "--out", changed_ok=True)  # a changed summary: removed, never resumed
+    return runs
+
+
+def _clear_partial(staging: Path, runs: dict[str, list[str] | None]) -> None:
+    """Remove what kvplan wrote in OUT.partial (checked by `_partial_runs`) before a run that does not resume."""
+    for name, files in runs.items():
+        run = staging / "runs" / name
+        marker = read_marker(run)
+        if files is None:
+            if marker is not None and not alive(marker["pid"]):  # a live one is another process's, still writing
+                shutil.rmtree(run, ignore_errors=True)
+        else:
+            remove_listed(run, files)
+    for name in AGGREGATES:
+        path = staging / name
+        if name == "plots" and path.is_dir():
+            for png in path.glob("*.png"):
+                png.unlink()
+            path.rmdir()
+        elif path.is_file():
+            path.unlink()
+    (staging / MANIFEST).unlink(missing_ok=True)
 
 
 def run_points(exp: Experiment, staging: Path, backend, progress: Progress, tasks: list[PointTask],
@@ -224,6 +312,7 @@ def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str
     errors = point_errors(exp)  # read before any run: a malformed profile or data file fails fast
     scales = edge_scales(errors)
     mode = exp.search["model_range"] if exp.search else "none"
+    out = resolve_out(out)
     staging = prepare_staging(out, resume)
     pool = LocalBackend(workers) if backend == "local" else RayBackend(ray_address, workers)
     try:
@@ -242,9 +331,14 @@ def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str
         pool.close()
     if progress and sys.stderr.isatty():
         print(file=sys.stderr)
-    for stale in (staging / "runs").iterdir():  # runs of an earlier version of the experiment, temp dirs
-        if stale.name not in outcome.runs:
+    for stale in (staging / "runs").iterdir():  # runs of an earlier version of the experiment, dead temp dirs
+        marker = read_marker(stale)
+        if stale.name in outcome.runs:
+            continue
+        if marker is not None and marker["purpose"] == "tmp" and not alive(marker["pid"]):
             shutil.rmtree(stale, ignore_errors=True)
+        elif is_result_set(stale):
+            discard(stale)
     if write is not None:
         write(exp, outcome, staging)
     write_manifest(staging, {"experiment": str(exp.source), "runs": sorted(outcome.runs)})

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from kvplan.cli import main
-from kvplan.output import MANIFEST, verify_result_set
+from kvplan.output import verify_result_set
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = str(ROOT / "traces" / "samples" / "chat.jsonl")
@@ -105,8 +105,8 @@ def test_the_loser_of_two_publishes_says_what_happened(tmp_path, monkeypatch):
     def racing_replace(src, dst):
         if Path(dst) == out:  # the other process's set lands first, every time
             out.mkdir(exist_ok=True)
-            (out / MANIFEST).write_text(json.dumps({"kvplan_version": "x", "files": []}))
             (out / "theirs").write_text("theirs")
+            output.write_manifest(out)  # a complete set of the other process's
         return real_replace(src, dst)
 
     monkeypatch.setattr(output.os, "replace", racing_replace)
@@ -292,17 +292,22 @@ def test_a_huge_field_is_quoted_short(tmp_path, capsys, name, content):
 
 
 def test_only_kvplans_own_leftovers_beside_out_are_cleaned(tmp_path, capsys):
-    """A killed run's staging folder beside OUT is removed on the next run; a user's folder with a similar name
-    (dot, OUT's name, a number) is not."""
+    """A killed run's staging folder beside OUT (it carries kvplan's marker) is removed on the next run; a user's
+    folder with a similar name (dot, OUT's name, a number, even `.tmp`/`.old`) has no marker and is not."""
+    from kvplan.ownership import MARKER
+
     out = tmp_path / "r"
     dead = 2**22 + 12345  # above the default pid_max: no process has it
-    leftover, mine = tmp_path / f".r.{dead}.abc123.tmp", tmp_path / f".r.{dead}.backup"
+    leftover = tmp_path / f".r.{dead}.abc123.tmp"
     leftover.mkdir()
-    mine.mkdir()
-    (mine / "keep.txt").write_text("mine")
+    (leftover / MARKER).write_text(json.dumps({"kvplan": "staging", "purpose": "tmp", "pid": dead, "out": "r"}))
+    mine = [tmp_path / f".r.{dead}.{tail}" for tail in ("backup", "abc123.tmp2", "old", "x.tmp")]
+    for folder in mine:
+        folder.mkdir()
+        (folder / "keep.txt").write_text("mine")
     assert main(["simulate", "--trace", SAMPLE, "--out", str(out), "--json"]) == 0
     capsys.readouterr()
-    assert not leftover.exists() and (mine / "keep.txt").read_text() == "mine"
+    assert not leftover.exists() and all((folder / "keep.txt").read_text() == "mine" for folder in mine)
 
 
 def test_resume_into_another_experiments_set_is_refused(tmp_path, capsys):
