@@ -240,10 +240,14 @@ def _summary_table(summary: dict) -> str:
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
+    import sys
+
     from kvplan.bench import serve
 
     engine_args = _serve_arguments(args.model, args.engine_args)
     levels = (*(c for c in serve.LEVELS if c < args.max_concurrency), args.max_concurrency)
+    print(f"bench serve: starting kvplan serve --model {args.model} (it must answer /health within "
+          f"{args.timeout:g} s)", file=sys.stderr)
     result = serve.run(args.model, hold_s=args.hold, levels=levels, ramp_s=args.ramp,
                        prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, seed=args.seed,
                        engine_args=engine_args, timeout_s=args.timeout)

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import functools
+import ssl
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import httpx
 
@@ -36,6 +39,7 @@ MAX_ERROR_BYTES = 64 << 10  # what is kept of an error body: its message is in i
 MAX_LINE_BYTES = 1 << 20  # one line of an SSE stream: one event (a chunk of a few tokens, or the usage)
 STREAM_BYTES_PER_TOKEN = 64 << 10  # a completion stream: MAX_LINE_BYTES plus this per token asked for
 HEADERS = {"Accept-Encoding": "identity"}
+T = TypeVar("T")
 
 
 class ServerFault(UserError):
@@ -149,14 +153,38 @@ async def lines(response: httpx.Response, what: str, limit: int) -> AsyncIterato
         yield buffer.decode("utf-8", errors="replace")
 
 
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """httpx's default TLS context, built once: building it reads the CA bundle (~40 ms), and every call makes a
+    client."""
+    return httpx.create_ssl_context()
+
+
+def client(**options) -> httpx.AsyncClient:
+    """The client every exchange goes through: uncompressed bodies (module doc), the shared TLS context."""
+    return httpx.AsyncClient(headers=HEADERS, verify=tls(), **options)
+
+
+def run(coroutine: Coroutine[object, object, T]) -> T:
+    """`asyncio.run` without its wait for the default executor's threads at the end: a name lookup still hanging
+    in one (a DNS server that never answers) would hold the caller past the deadline its coroutine kept."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()  # shuts the executor down without waiting
+
+
 def fetch(method: str, url: str, seconds: float, *, limit: int = MAX_BODY_BYTES, json: object = None) -> Reply:
     """`request` from synchronous code: its own client and event loop, the same deadline and bounds."""
 
     async def one() -> Reply:
-        async with httpx.AsyncClient() as client:
-            return await request(client, method, url, seconds, limit=limit, json=json)
+        async with client() as http:
+            return await request(http, method, url, seconds, limit=limit, json=json)
 
-    return asyncio.run(one())
+    return run(one())
 
 
 @dataclass(slots=True)

@@ -41,9 +41,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvplan.endpoint import scrape, servers
+from kvplan.endpoint import http_limits, scrape, servers
 from kvplan.endpoint.http_limits import (
-    HEADERS,
     MAX_LINE_BYTES,
     STREAM_BYTES_PER_TOKEN,
     Faults,
@@ -119,12 +118,12 @@ class LoadGenerator:
         self.progress = progress if progress is not None else (lambda line: print(line, file=sys.stderr))
 
     def run(self, requests: list[EndpointRequest]) -> LoadResult:
-        return asyncio.run(self._run(requests))
+        return http_limits.run(self._run(requests))
 
     async def _run(self, requests: list[EndpointRequest]) -> LoadResult:
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
         faults = Faults()
-        async with httpx.AsyncClient(limits=limits, timeout=self.timeout_s, headers=HEADERS) as client:
+        async with http_limits.client(limits=limits, timeout=self.timeout_s) as client:
             reset = await self._reset(client) if self.reset_prefix_cache else None
             before = await self._scrape(client, faults)
             t0 = requests[0].arrival_s if requests else 0.0

@@ -38,6 +38,7 @@ misses them refuses the run too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -50,6 +51,7 @@ SERVER_KINDS = ("vllm", "sglang", "tgi", "llamacpp")
 CALL_TIMEOUT_S = 30.0  # a probe, scrape or reset: at most this, and at most --timeout
 MAX_BLOCK_SIZE = 1 << 16  # tokens per KV block or page: far beyond any server's (vLLM's largest is 256)
 MAX_SEQS = 1 << 20  # sequences a server runs at once
+INTEGER = re.compile(r"[+-]?[0-9]{1,30}")  # a label that reads as an integer (checked for its range after)
 
 
 @dataclass(slots=True)
@@ -90,9 +92,9 @@ def _count(doc: dict, key: str, high: int, *, label: bool = False, what: str | N
     what = what or (f"vllm:cache_config_info label {key}" if label else key)
     if value is None or (label and value == "None"):
         return None
-    number = int(value) if label and isinstance(value, str) and value.isascii() and value.isdigit() else value
+    number = int(value) if label and isinstance(value, str) and INTEGER.fullmatch(value) else value
     if not is_count(number, 1, high):
-        raise KvFactError(what, value, 1, high)
+        raise KvFactError(what, number, 1, high)  # a label's digits as the number they read as
     return number  # type: ignore[return-value]  # is_count: an int
 
 
