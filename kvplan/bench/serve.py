@@ -59,7 +59,7 @@ def metrics(url: str, timeout_s: float) -> list:
     if reply.status != 200:
         raise ServerFault(f"{reply.what}: HTTP {reply.status}; kvplan serve exports /metrics", "http")
     samples = scrape.parse(reply.text())
-    faults = scrape.check_gauges(servers.gauges(VLLM, samples), reply.what, dict(VLLM.gauges))
+    _, faults = servers.gauges(VLLM, samples, reply.what)
     if faults:
         raise faults[0]
     return samples
@@ -70,7 +70,7 @@ def settle(url: str, timeout_s: float, idle_s: float = 30.0) -> list:
     deadline = time.monotonic() + idle_s
     while True:
         samples = metrics(url, timeout_s)
-        g = servers.gauges(VLLM, samples)
+        g, _ = servers.gauges(VLLM, samples, url)  # checked by `metrics`
         if (g["running"] == 0 and g["waiting"] == 0 and g["kv_usage"] == 0) or time.monotonic() > deadline:
             return samples
         time.sleep(0.2)
@@ -102,7 +102,7 @@ def run(model: str, *, hold_s: float = 60.0, levels: tuple[int, ...] = LEVELS, r
         rows += count
         after_samples = settle(url, timeout_s)
     served = scrape.difference(before, servers.counters(VLLM, after_samples))
-    gauges = servers.gauges(VLLM, after_samples)
+    gauges, _ = servers.gauges(VLLM, after_samples, url)  # checked by `metrics`
     try:
         blocks = VLLM.read_kv({}, after_samples).num_blocks or 0
     except servers.KvFactError as exc:

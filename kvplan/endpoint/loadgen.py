@@ -185,8 +185,8 @@ class LoadGenerator:
             now = time.perf_counter()
             samples = await self._scrape(client, faults)
             if samples:
-                values = servers.gauges(self.adapter, samples)
-                for fault in scrape.check_gauges(values, f"GET {self.base}/metrics", dict(self.adapter.gauges)):
+                values, bad = servers.gauges(self.adapter, samples, f"GET {self.base}/metrics")
+                for fault in bad:
                     faults.add(fault)
                 series.append({"time_s": now - origin, **values})
             if now - last_progress >= PROGRESS_EVERY_S:

@@ -9,7 +9,7 @@ Distrust: a value is checked against its meaning before it is used. A gauge of K
 (50.0 is a percentage or garbage, not 50x full); a gauge of requests (running, waiting, swapped) is a whole count
 >= 0 and at most MAX_GAUGE_COUNT (a negative count is not "idle"); a counter only grows, from >= 0; prefix-cache
 hits over a run are at most its lookups (a hit rate of 50 is impossible). A sample that breaks one is excluded
-(NaN: unknown for that key) and counted as the server's fault (`check_gauges`, `check_counters`); the run goes
+(NaN: unknown for that key) and counted as the server's fault (`read_gauges`, `check_counters`); the run goes
 on, and the result says how many were excluded and why.
 """
 
@@ -95,22 +95,36 @@ def _delta(start: float, end: float) -> float:
     return value
 
 
-def check_gauges(values: dict[str, float], where: str, names: dict[str, tuple[str, ...]]) -> list[ServerFault]:
-    """Each gauge against its meaning (module doc); a bad one is set to NaN in `values` (excluded) and returned
-    as a fault naming its metric."""
-    faults = []
-    for key, value in values.items():
-        if math.isnan(value):
-            continue
-        if key in FRACTION_GAUGES:
-            good, expected = 0.0 <= value <= 1.0, "a fraction in [0, 1]"
-        else:
-            good = 0 <= value <= MAX_GAUGE_COUNT and float(value).is_integer()
-            expected = f"a whole count of requests in [0, {MAX_GAUGE_COUNT}]"
-        if not good:
-            faults.append(bad_value(where, " or ".join(names.get(key, (key,))), value, expected))
-            values[key] = math.nan
-    return faults
+def read_gauges(samples: list, names: dict[str, tuple[str, ...]], where: str
+                ) -> tuple[dict[str, float], list[ServerFault]]:
+    """Each gauge column from the first of its metric `names` the server exposes (NaN where none), every sample
+    of it checked against its meaning (module doc): a fraction is the mean over its label sets (one per engine of
+    a data-parallel server), a count their sum. A bad sample makes the column NaN (excluded) and is returned as a
+    fault naming the metric and the value; a NaN sample is the server saying "unknown", and is."""
+    values, faults = dict.fromkeys(GAUGE_KEYS, math.nan), []
+    for key in GAUGE_KEYS:
+        for name in names.get(key, ()):
+            found = [v for n, _, v in samples if n == name]
+            if not found:
+                continue
+            fraction = key in FRACTION_GAUGES
+            bad = next((v for v in found if not _meaningful(v, fraction)), None)
+            if bad is not None:
+                expected = ("a fraction in [0, 1]" if fraction
+                            else f"a whole count of requests in [0, {MAX_GAUGE_COUNT}]")
+                faults.append(bad_value(where, name, bad, expected))
+            elif not any(math.isnan(v) for v in found):
+                values[key] = math.fsum(found) / len(found) if fraction else math.fsum(found)
+            break
+    return values, faults
+
+
+def _meaningful(value: float, fraction: bool) -> bool:
+    if math.isnan(value):
+        return True
+    if fraction:
+        return 0.0 <= value <= 1.0
+    return 0 <= value <= MAX_GAUGE_COUNT and value.is_integer()
 
 
 def check_counters(before: dict[str, float], after: dict[str, float], delta: dict[str, float],

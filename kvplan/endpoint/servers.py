@@ -329,7 +329,8 @@ def counters(adapter: ServerAdapter, samples: list) -> dict[str, float]:
     return scrape.read(samples, scrape.COUNTER_KEYS, dict(adapter.counters))
 
 
-def gauges(adapter: ServerAdapter, samples: list) -> dict[str, float]:
-    """Every series gauge column, NaN where this server has no such gauge."""
-    return scrape.read(samples, scrape.GAUGE_KEYS, dict(adapter.gauges))
+def gauges(adapter: ServerAdapter, samples: list, where: str) -> tuple[dict[str, float], list[ServerFault]]:
+    """Every series gauge column, NaN where this server has no such gauge or sent a bad value (each bad value a
+    fault: scrape.read_gauges); `where`: the scrape, "GET http://host/metrics"."""
+    return scrape.read_gauges(samples, dict(adapter.gauges), where)
 

@@ -6,12 +6,13 @@ real partial reads and real stalls.
 Faults in time (the client must give up at its deadline): a completion that drips its bytes, stalls before its
 headers, sends SSE keep-alive comments forever, or an error body that drips; /v1/models, /metrics or
 /reset_prefix_cache that drip; /metrics that starts dripping once the replay has begun. Faults in size: a line
-that never ends, a /v1/models body that never ends, a vocab_size of 10^30 in /v1/models. Faults in meaning (the client must name the server's value
-and exclude it or refuse): a 500 body nested 100,000 deep, an event nested as deep, choices[].index 1 for n=1,
-usage.prompt_tokens 10^30, finish_reason "error", cached_tokens 10x the prompt, absurd /metrics values (KV
-usage 50.0, negative running and waiting, more prefix-cache hits than lookups), malformed or too-small KV facts
-in cache_config_info. Per-request faults hit trace row 0 only (the row is the request's seed, `--seed 0`), so
-a replay of two rows shows one request excluded and counted and one served.
+that never ends, a /v1/models body that never ends. Faults in meaning (the client must name the server's value
+and exclude it or refuse): a vocab_size of 10^30 in /v1/models, a 500 body nested 100,000 deep, an event nested
+as deep, choices[].index 1 for n=1, usage.prompt_tokens 10^30, finish_reason "error", cached_tokens 10x the
+prompt, absurd /metrics values (KV usage 50.0, negative running and waiting, more prefix-cache hits than
+lookups), malformed or too-small KV facts in cache_config_info. Per-request faults hit trace row 0 only (the row
+is the request's seed, `--seed 0`), so a replay of two rows shows one request excluded and counted and one
+served.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ KV_FAULTS = {"bad-kv-block": {"block_size": "16.5"}, "bad-kv-caching": {"enable_
              "small-kv": {"num_gpu_blocks": "0"}}
 ROW0_FAULTS = ("wrong-index", "huge-number", "finish-error", "cached-over-prompt", "nested-event")
 MODES = ("ok", "drip", "stall", "keep-alive", "endless-line", "drip-error", "deeply-nested", "drip-models",
-         "huge-models", "huge-vocab", "drip-metrics", "drip-metrics-later", "drip-reset", "absurd-metrics", *ROW0_FAULTS,
-         *KV_FAULTS)
+         "huge-models", "huge-vocab", "drip-metrics", "drip-metrics-later", "drip-reset", "absurd-metrics",
+         *ROW0_FAULTS, *KV_FAULTS)
 
 
 @dataclass
