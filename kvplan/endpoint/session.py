@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from kvplan.arg_types import POSITIVE, integer, number
-from kvplan.endpoint.http_limits import ServerFault, bad_count, fetch, is_count
+from kvplan.endpoint.http_limits import MAX_BODY_BYTES, MAX_LINE_BYTES, ServerFault, bad_count, fetch, is_count
 from kvplan.endpoint.servers import CALL_TIMEOUT_S, SERVER_KINDS, KvConfig, ServerInfo, probe
 from kvplan.errors import UserError
 from kvplan.traces import Trace
@@ -46,12 +46,13 @@ def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay only the requests arriving in the first S seconds of the trace (replay and "
                         "validate, in-process or --endpoint)")
     p.add_argument("--timeout", type=number(above=0, high=86400), default=600.0,
-                   help="--endpoint: the deadline of each request, in seconds, from connecting to the last byte of "
-                        "its streamed answer (keep-alive comments and slow bytes count): a request past it fails "
-                        "(reason timeout) and the replay goes on. Every other call (/v1/models, /metrics, the "
-                        f"server's info and cache-reset calls) has min(this, {CALL_TIMEOUT_S:g}) s, connect to last "
-                        "byte; one that misses it stops the command (a /metrics scrape during the replay is "
-                        "excluded and counted instead)")
+                   help="--endpoint: the deadline of each request (the replay's and the drift probe's), in "
+                        "seconds, from connecting to the last byte of its streamed answer (keep-alive comments and "
+                        "slow bytes count): a request past it fails (reason timeout) and the replay goes on. Every "
+                        f"other call (/v1/models, /metrics, the server's info and cache-reset calls) has min(this, "
+                        f"{CALL_TIMEOUT_S:g}) s, connect to last byte; one that misses it stops the command (a "
+                        "/metrics scrape during the replay is excluded and counted instead). Sizes are bounded too: "
+                        f"a body {MAX_BODY_BYTES >> 20} MiB, a streamed line {MAX_LINE_BYTES >> 20} MiB")
     p.add_argument("--reset-prefix-cache", action="store_true", help="--endpoint: POST /reset_prefix_cache before "
                    "each replay (vLLM with VLLM_SERVER_DEV_MODE=1, kvplan serve), so it starts cold like a "
                    "simulation; validate does this by default")

@@ -180,3 +180,14 @@ def test_a_server_that_exits_during_start_up_is_reported_with_its_last_log_lines
     with pytest.raises(ServerStartError, match=r"exited with status 3 during start-up; its last log lines: "
                                                 r"loading \| error: address in use"):
         wait_healthy("http://127.0.0.1:9", child, 30.0, log)
+
+
+def test_strict_json_refuses_nesting_past_its_limit_before_parsing():
+    from kvplan.errors import UserError
+    from kvplan.strict_json import MAX_DEPTH, loads
+
+    assert loads("[" * MAX_DEPTH + "]" * MAX_DEPTH) is not None
+    assert loads('["' + "[{" * 5000 + '"]') == ["[{" * 5000]  # brackets inside a string do not nest
+    for text in ("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), '{"a": ' * 100_000, "[" * 1_000_000):
+        with pytest.raises(UserError, match=f"nested too deeply; allowed: JSON nested at most {MAX_DEPTH} levels"):
+            loads(text)
