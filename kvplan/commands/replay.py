@@ -115,8 +115,9 @@ def run_endpoint(args: argparse.Namespace) -> int:
     check_no_engine_options(args)
     options = endpoint_options(args)
     trace = within_duration(load_trace(args), options.duration_s)
-    check_reachable(options.url, options.timeout_s)  # before the line announcing the replay: a dead server is
-    from kvplan.endpoint.servers import probe  # then the only line
+    # before the line announcing the replay: a dead server is then the only line
+    check_reachable(options.url, options.timeout_s)
+    from kvplan.endpoint.servers import probe
 
     server = probe(options.url, options.server, options.timeout_s)
     print(f"{args.trace}: replaying {len(trace)} requests against {options.url}\n  {server.sentence()}",

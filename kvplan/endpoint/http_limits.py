@@ -58,15 +58,22 @@ def server_error(where: str, what: str, detail: str, lead: str = "the server sen
 
 def bad_value(where: str, what: str, value: object, expected: str,
               lead: str = "the server sent a bad value") -> ServerFault:
-    return server_error(where, what, f"{what} is {short(value)}; allowed: {expected}", lead)
+    return server_error(where, what, value_detail(what, value, expected), lead)
 
 
 def bad_count(where: str, what: str, value: object, low: int, high: int,
               lead: str = "the server sent a bad value") -> ServerFault:
+    return server_error(where, what, count_detail(what, value, low, high), lead)
+
+
+def value_detail(what: str, value: object, expected: str) -> str:
+    return f"{what} is {short(value)}; allowed: {expected}"
+
+
+def count_detail(what: str, value: object, low: int, high: int) -> str:
     """A count that is not an integer (exactly: not a boolean, a float or a string) or not in [low, high]."""
-    allowed = f"allowed: an integer >= {low} and <= {high}"
     kind = "out of range" if isinstance(value, int) and not isinstance(value, bool) else "not an integer"
-    return server_error(where, what, f"{what}: {short(value)} is {kind}; {allowed}", lead)
+    return f"{what}: {short(value)} is {kind}; allowed: an integer >= {low} and <= {high}"
 
 
 def is_count(value: object, low: int, high: int) -> bool:

@@ -44,7 +44,15 @@ from dataclasses import asdict, dataclass, field
 
 from kvplan.endpoint import scrape
 from kvplan.endpoint.frontend_fit import HISTOGRAM_KEYS
-from kvplan.endpoint.http_limits import ServerFault, bad_count, bad_value, fetch, is_count
+from kvplan.endpoint.http_limits import (
+    ServerFault,
+    bad_value,
+    count_detail,
+    fetch,
+    is_count,
+    server_error,
+    value_detail,
+)
 from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
 
 SERVER_KINDS = ("vllm", "sglang", "tgi", "llamacpp")
@@ -75,14 +83,12 @@ class KvConfig:
 class KvFactError(ValueError):
     """A published KV fact against its meaning (module doc); `probe` names the URL it came from."""
 
-    def __init__(self, what: str, value: object, low: int | None = None, high: int | None = None) -> None:
-        super().__init__(what)
-        self.what, self.value, self.low, self.high = what, value, low, high
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(detail)
+        self.what, self.detail = what, detail
 
     def fault(self, where: str) -> ServerFault:
-        if self.low is None or self.high is None:
-            return bad_value(where, self.what, self.value, "a boolean")
-        return bad_count(where, self.what, self.value, self.low, self.high)
+        return server_error(where, self.what, self.detail)
 
 
 def _count(doc: dict, key: str, high: int, *, label: bool = False, what: str | None = None) -> int | None:
@@ -94,7 +100,7 @@ def _count(doc: dict, key: str, high: int, *, label: bool = False, what: str | N
         return None
     number = int(value) if label and isinstance(value, str) and INTEGER.fullmatch(value) else value
     if not is_count(number, 1, high):
-        raise KvFactError(what, number, 1, high)  # a label's digits as the number they read as
+        raise KvFactError(what, count_detail(what, number, 1, high))  # a label's digits: the number they read as
     return number  # type: ignore[return-value]  # is_count: an int
 
 
@@ -108,7 +114,7 @@ def _switch(doc: dict, key: str, *, label: bool = False, what: str | None = None
         return value == "True"
     if not label and isinstance(value, bool):
         return value
-    raise KvFactError(what, value)
+    raise KvFactError(what, value_detail(what, value, "a boolean" + (' ("True" or "False")' if label else "")))
 
 
 def _vllm_kv(info: dict, samples: list) -> KvConfig:
@@ -135,7 +141,8 @@ def _sglang_kv(info: dict, samples: list) -> KvConfig:
     page = _count(state, "page_size", MAX_BLOCK_SIZE) or 1  # absent: SGLang's default page of one token
     tokens = _count(state, "max_total_num_tokens", MAX_BLOCKS * page)
     if tokens is not None and tokens < page:
-        raise KvFactError("max_total_num_tokens", tokens, page, MAX_BLOCKS * page)
+        raise KvFactError("max_total_num_tokens", count_detail("max_total_num_tokens", tokens, page,
+                                                               MAX_BLOCKS * page))
     radix = _switch(state, "disable_radix_cache")
     return KvConfig(block_size=page, num_blocks=tokens // page if tokens else None,
                     max_model_len=_count(state, "context_length", MAX_TOKENS),
@@ -156,12 +163,13 @@ def _llamacpp_kv(info: dict, samples: list) -> KvConfig:
     slots = _count(info, "total_slots", MAX_SEQS)
     settings = info.get("default_generation_settings")
     if settings is not None and not isinstance(settings, dict):
-        raise KvFactError("default_generation_settings", settings)
+        raise KvFactError("default_generation_settings", value_detail("default_generation_settings", settings,
+                                                                      "a JSON object"))
     n_ctx = _count(settings or {}, "n_ctx", MAX_TOKENS, what="default_generation_settings.n_ctx")
     if slots is None or n_ctx is None:
         return KvConfig()
     if slots * n_ctx > MAX_BLOCKS:
-        raise KvFactError("total_slots x n_ctx", slots * n_ctx, 1, MAX_BLOCKS)
+        raise KvFactError("total_slots", count_detail("total_slots x n_ctx", slots * n_ctx, 1, MAX_BLOCKS))
     # one token per block: a slot's reservation is exactly its context, whatever the trace's lengths
     return KvConfig(block_size=1, num_blocks=slots * n_ctx, max_model_len=n_ctx, max_num_seqs=slots,
                     enable_prefix_caching=False, allocator="max", source="/props")

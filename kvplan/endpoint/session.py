@@ -179,6 +179,7 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
                               tokenizer=tokenizer)
     # the probe's prompts in the replay's form: text where the replay sends text
     to_text = text_writer(tokenizer) if tokenizer is not None and options.drift_probe else None
+
     def drift_probe():
         return endpoint_probe(options.url, options.model, server.adapter, vocab, to_text, options.timeout_s)
 

@@ -74,6 +74,7 @@ REFUSED = {
     "bad-kv-block": ((), "vllm:cache_config_info label block_size: '16.5' is not an integer; allowed: an integer "
                          ">= 1 and <= 65536 (from GET {url}/metrics)"),
     "bad-kv-caching": ((), "vllm:cache_config_info label enable_prefix_caching is 'yes'; allowed: a boolean "
+                           '("True" or "False") '
                            "(from GET {url}/metrics)"),
     "small-kv": ((), "vllm:cache_config_info label num_gpu_blocks: 0 is out of range"),
 }
