@@ -115,7 +115,7 @@ def endpoint_repeats(args, trace, plan: EndpointPlan, out: Path, name: str) -> R
 
     def probe_now(when: str) -> None:
         result = endpoint_probe(endpoint.url, endpoint.model, adapter, plan.vocab_size, plan.to_text,
-                                endpoint.timeout_s)
+                                endpoint.timeout_s, endpoint.scrapes)
         if result.error and not done.probes:  # nothing measured yet: the repeats would fail the same way
             raise UserError(f"--endpoint: the drift probe before repeat 1 failed ({result.error}); nothing was "
                             "measured: a validation needs every request served")

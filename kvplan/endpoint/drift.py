@@ -62,12 +62,14 @@ def probe_requests(vocab_size: int, nonce: int, to_text: Callable[[list[int]], s
 
 
 def endpoint_probe(url: str, model: str | None, adapter: ServerAdapter, vocab_size: int,
-                   to_text: Callable[[list[int]], str] | None = None, timeout_s: float = 120.0) -> EndpointProbe:
-    """One probe; each of its requests has `timeout_s` (--timeout), as a replay's requests have."""
+                   to_text: Callable[[list[int]], str] | None = None, timeout_s: float = 120.0,
+                   scrapes=None) -> EndpointProbe:
+    """One probe; each of its requests has `timeout_s` (--timeout), as a replay's requests have; `scrapes`: the
+    command's /metrics state (loadgen.Scrapes)."""
     from kvplan.endpoint.loadgen import LoadGenerator
 
     generator = LoadGenerator(url, model, temperature=0.0, seed=PROBE_SEED, timeout_s=timeout_s,
-                              sample_interval_s=5.0, adapter=adapter, progress=lambda line: None)
+                              sample_interval_s=5.0, adapter=adapter, progress=lambda line: None, scrapes=scrapes)
     total = 0.0
     for _ in range(PROBE_ROUNDS):
         load = generator.run(probe_requests(vocab_size, time.time_ns(), to_text))

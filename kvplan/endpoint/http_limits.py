@@ -27,12 +27,13 @@ import functools
 import ssl
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
-from typing import TypeVar
-
-import httpx
+from typing import TYPE_CHECKING, TypeVar
 
 from kvplan.errors import UserError
 from kvplan.strict_json import loads, short
+
+if TYPE_CHECKING:  # httpx is imported where a call is made: a command that makes none does not pay for it
+    import httpx
 
 MAX_BODY_BYTES = 16 << 20  # a JSON document or a /metrics page (vLLM's: ~0.5 MB with every histogram)
 MAX_ERROR_BYTES = 64 << 10  # what is kept of an error body: its message is in its first lines
@@ -84,6 +85,8 @@ def is_count(value: object, low: int, high: int) -> bool:
 async def deadline(seconds: float, what: str) -> AsyncIterator[None]:
     """Everything inside must finish within `seconds` (`what`: "GET http://.../metrics", for the message); a
     transport error inside is a ServerFault too."""
+    import httpx
+
     try:
         async with asyncio.timeout(seconds):
             yield
@@ -164,11 +167,15 @@ async def lines(response: httpx.Response, what: str, limit: int) -> AsyncIterato
 def tls() -> ssl.SSLContext:
     """httpx's default TLS context, built once: building it reads the CA bundle (~40 ms), and every call makes a
     client."""
+    import httpx
+
     return httpx.create_ssl_context()
 
 
 def client(**options) -> httpx.AsyncClient:
     """The client every exchange goes through: uncompressed bodies (module doc), the shared TLS context."""
+    import httpx
+
     return httpx.AsyncClient(headers=HEADERS, verify=tls(), **options)
 
 
@@ -192,6 +199,15 @@ def fetch(method: str, url: str, seconds: float, *, limit: int = MAX_BODY_BYTES,
             return await request(http, method, url, seconds, limit=limit, json=json)
 
     return run(one())
+
+
+@dataclass(slots=True)
+class Scrapes:
+    """Shared by the load generators of one command (the replay, its drift probes, validate's repeats): a
+    /metrics that missed its deadline or size once is not scraped again (each later scrape is counted as
+    given up), so a hanging /metrics costs one deadline per command, not one per scrape."""
+
+    given_up: str | None = None  # the failure that made it give up
 
 
 @dataclass(slots=True)

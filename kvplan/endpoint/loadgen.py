@@ -24,7 +24,8 @@ a failure ("error", "abort"). The classes, and what each does:
   `server_error:<field>` (a value against its meaning; the message names the URL, the field, the value and what
   was expected). The replay goes on with the other requests.
 * a /metrics scrape during the replay that fails (deadline, size, transport) or a gauge or counter against its
-  meaning (kvplan.endpoint.scrape) is excluded and counted in `LoadResult.faults`, written to the result.
+  meaning (kvplan.endpoint.scrape) is excluded and counted in `LoadResult.faults`, written to the result; after
+  a scrape missed its deadline or size, the command scrapes no more (`Scrapes`), each skipped one counted.
 * a cache reset that misses its deadline or fails to connect refuses the run (one line, exit 2): a replay that
   was asked to start cold must not start warm in silence.
 """
@@ -46,6 +47,7 @@ from kvplan.endpoint.http_limits import (
     MAX_LINE_BYTES,
     STREAM_BYTES_PER_TOKEN,
     Faults,
+    Scrapes,
     ServerFault,
     bad_count,
     bad_value,
@@ -106,8 +108,9 @@ class LoadGenerator:
     def __init__(self, url: str, model: str | None, *, temperature: float = 1.0, seed: int = 0,
                  max_concurrency: int | None = None, timeout_s: float = 600.0, sample_interval_s: float = 1.0,
                  reset_prefix_cache: bool = False, progress: Callable[[str], None] | None = None,
-                 adapter: ServerAdapter | None = None, tokenizer=None) -> None:
+                 adapter: ServerAdapter | None = None, tokenizer=None, scrapes: Scrapes | None = None) -> None:
         self.base = url.rstrip("/").removesuffix("/v1")
+        self.scrapes = scrapes if scrapes is not None else Scrapes()
         self.adapter = adapter if adapter is not None else ADAPTERS["vllm"]
         self.tokenizer = tokenizer  # counts a text chunk's tokens where the server sends no ids
         self.model, self.temperature, self.seed = model, temperature, seed
@@ -170,11 +173,17 @@ class LoadGenerator:
 
     async def _scrape(self, client: httpx.AsyncClient, faults: Faults) -> list:
         """The /metrics samples; [] when the server has none (a status other than 200) or the scrape failed
-        (counted in `faults`)."""
+        (counted in `faults`). After one that missed its deadline or its size, none is tried again in this
+        command (`Scrapes`): each would cost the deadline again."""
+        if self.scrapes.given_up is not None:
+            faults.add(ServerFault(f"not scraped: {self.scrapes.given_up}", "metrics_scrape:given_up"))
+            return []
         try:
             reply = await request(client, "GET", f"{self.base}/metrics", self.call_s)
         except ServerFault as fault:
             faults.add(ServerFault(str(fault), f"metrics_scrape:{fault.reason}"))
+            if fault.reason in ("timeout", "too_large"):
+                self.scrapes.given_up = str(fault)
             return []
         return scrape.parse(reply.text()) if reply.status == 200 else []
 

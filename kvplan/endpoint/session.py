@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from kvplan.arg_types import POSITIVE, integer, number
-from kvplan.endpoint.http_limits import MAX_BODY_BYTES, MAX_LINE_BYTES, ServerFault, bad_count, fetch, is_count
+from kvplan.endpoint.http_limits import (
+    MAX_BODY_BYTES,
+    MAX_LINE_BYTES,
+    Scrapes,
+    ServerFault,
+    bad_count,
+    fetch,
+    is_count,
+)
 from kvplan.endpoint.servers import CALL_TIMEOUT_S, SERVER_KINDS, KvConfig, ServerInfo, probe
 from kvplan.errors import UserError
 from kvplan.traces import Trace
@@ -30,6 +38,7 @@ class EndpointOptions:
     reset_prefix_cache: bool
     server: str = "auto"  # the adapter kind, or auto: detected (kvplan.endpoint.servers)
     drift_probe: bool = False  # probe the endpoint's speed before and after the replay (probe.json)
+    scrapes: Scrapes = field(default_factory=Scrapes)  # the command's /metrics state (loadgen.Scrapes)
 
 
 def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:
@@ -176,12 +185,13 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
                               max_concurrency=options.max_concurrency, timeout_s=options.timeout_s,
                               sample_interval_s=max(0.1, min(sample_interval_s, 5.0)),
                               reset_prefix_cache=options.reset_prefix_cache, adapter=server.adapter,
-                              tokenizer=tokenizer)
+                              tokenizer=tokenizer, scrapes=options.scrapes)
     # the probe's prompts in the replay's form: text where the replay sends text
     to_text = text_writer(tokenizer) if tokenizer is not None and options.drift_probe else None
 
     def drift_probe():
-        return endpoint_probe(options.url, options.model, server.adapter, vocab, to_text, options.timeout_s)
+        return endpoint_probe(options.url, options.model, server.adapter, vocab, to_text, options.timeout_s,
+                              options.scrapes)
 
     probes = [drift_probe()] if options.drift_probe else []
     load = generator.run(requests)
