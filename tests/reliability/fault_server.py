@@ -3,8 +3,8 @@ vllm:cache_config_info, POST /reset_prefix_cache) that misbehaves on purpose, on
 server (stdlib ThreadingHTTPServer) on a loopback port in a thread: the client under test sees real sockets,
 real partial reads and real stalls.
 
-Faults in time (the client must give up at its deadline): a completion that drips its bytes, stalls before its
-headers, sends SSE keep-alive comments forever, or an error body that drips; /v1/models, /metrics or
+Faults in time (the client must give up at its deadline): a completion that drips its bytes or its headers,
+stalls before its headers, sends SSE keep-alive comments forever, or an error body that drips; /v1/models, /metrics or
 /reset_prefix_cache that drip; /metrics that starts dripping once the replay has begun. Faults in size: a line
 that never ends, a /v1/models body that never ends. Faults in meaning (the client must name the server's value
 and exclude it or refuse): a vocab_size of 10^30 in /v1/models, a 500 body nested 100,000 deep, an event nested
@@ -28,8 +28,9 @@ LABELS = {"block_size": "16", "num_gpu_blocks": "200", "enable_prefix_caching": 
 KV_FAULTS = {"bad-kv-block": {"block_size": "16.5"}, "bad-kv-caching": {"enable_prefix_caching": "yes"},
              "small-kv": {"num_gpu_blocks": "0"}}
 ROW0_FAULTS = ("wrong-index", "huge-number", "finish-error", "cached-over-prompt", "nested-event")
-MODES = ("ok", "drip", "stall", "keep-alive", "endless-line", "drip-error", "deeply-nested", "drip-models",
-         "huge-models", "huge-vocab", "drip-metrics", "drip-metrics-later", "drip-reset", "absurd-metrics",
+MODES = ("ok", "drip", "drip-headers", "stall", "keep-alive", "endless-line", "drip-error", "deeply-nested",
+         "drip-models", "huge-models", "huge-vocab", "drip-metrics", "drip-metrics-later", "drip-reset",
+         "absurd-metrics",
          *ROW0_FAULTS, *KV_FAULTS)
 
 
@@ -122,6 +123,10 @@ def _handler(server: Faulty) -> type[BaseHTTPRequestHandler]:
             mode = server.mode
             if mode == "stall":  # accepts, reads the request, never answers
                 server.stop.wait(60)
+                return
+            if mode == "drip-headers":  # a status line, then header bytes one at a time
+                self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                self._forever(b"X", DRIP_S)
                 return
             if mode == "deeply-nested":
                 self._whole(500, b"[" * 100_000 + b"]" * 100_000)
