@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import reprlib
+from itertools import accumulate
 
 from kvplan.errors import UserError
 
@@ -52,21 +54,40 @@ def _finite_float(text: str) -> float:
     return value
 
 
+MAX_DEPTH = 100  # arrays and objects inside each other: every document kvplan reads nests fewer than 10 levels
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def too_deep(text: str) -> bool:
+    """Whether `text` nests arrays and objects deeper than MAX_DEPTH (brackets inside strings do not count).
+    Counted at C speed: nothing to do for a text with few brackets (the common case), else strings and
+    everything but brackets removed by regex, and the running depth accumulated."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return False
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > MAX_DEPTH
+
+
 def loads(text: str | bytes) -> object:
     """`json.loads` as RFC 8259 has it: NaN, ±Infinity and overflowing numbers raise a ValueError, and so does
-    nesting past the interpreter's recursion limit (a body nested 100,000 deep: a RecursionError otherwise)."""
+    nesting deeper than MAX_DEPTH, checked before the parser runs (a body nested 100,000 deep would otherwise
+    reach the interpreter's recursion limit, or its stack, depending on the thread it is read in)."""
     if isinstance(text, bytes | bytearray):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:  # a ValueError that a caller catching UserError would not expect
             raise UserError(f"not UTF-8 text (byte {bytes(text[exc.start:exc.start + 1])!r} at offset "
                             f"{exc.start}); allowed: UTF-8 JSON") from None
+    if too_deep(text):
+        raise UserError(f"nested too deeply; allowed: JSON nested at most {MAX_DEPTH} levels")
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise UserError(f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except RecursionError:
-        raise UserError("nested too deeply; allowed: JSON nested at most a few hundred levels") from None
+        raise UserError(f"nested too deeply; allowed: JSON nested at most {MAX_DEPTH} levels") from None
 
 
 def whole(value: object, what: str, low: int | None = None, high: int | None = None) -> int:

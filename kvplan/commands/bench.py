@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from kvplan.arg_types import BLOCK_SIZE, POSITIVE, REPLICAS, SEED, integer, out_path
+from kvplan.arg_types import BLOCK_SIZE, POSITIVE, REPLICAS, SEED, integer, number, out_path
 from kvplan.errors import UserError
 from kvplan.output import format_table, print_json, short, write_atomic
 from kvplan.settings_cli import add_setting_flags
@@ -73,6 +73,10 @@ def register(verbs: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-concurrency", type=integer(1, 4096), default=128, help="the ramp's last level")
     serve.add_argument("--seed", type=SEED, default=0)
     serve.add_argument("--engine-args", default="", help="extra `kvplan serve` options, e.g. '--block-size 32'")
+    serve.add_argument("--timeout", type=number(above=0, high=86400), default=300.0,
+                       help="seconds: the server must answer /health within this of its start (else the last "
+                            "lines of its log, exit 2), and each request and /metrics scrape must complete within "
+                            "it, from connecting to the last byte (default 300)")
     trace_load = _target(
         targets, _bench_traces, "traces", help="loading a 1M-request trace against the 10 s / 1 GB budgets",
         description="Generate (seeded, in a temporary directory) an Azure-2023-layout CSV and a Mooncake-like "
@@ -236,13 +240,17 @@ def _summary_table(summary: dict) -> str:
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
+    import sys
+
     from kvplan.bench import serve
 
     engine_args = _serve_arguments(args.model, args.engine_args)
     levels = (*(c for c in serve.LEVELS if c < args.max_concurrency), args.max_concurrency)
+    print(f"bench serve: starting kvplan serve --model {args.model} (it must answer /health within "
+          f"{args.timeout:g} s)", file=sys.stderr)
     result = serve.run(args.model, hold_s=args.hold, levels=levels, ramp_s=args.ramp,
                        prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens, seed=args.seed,
-                       engine_args=engine_args)
+                       engine_args=engine_args, timeout_s=args.timeout)
     _report(args, result, _show_serve)
     return 0 if result["ok"] else 1
 

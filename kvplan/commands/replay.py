@@ -116,10 +116,11 @@ def run_endpoint(args: argparse.Namespace) -> int:
     check_no_engine_options(args)
     options = endpoint_options(args)
     trace = within_duration(load_trace(args), options.duration_s)
-    check_reachable(options.url)  # before the line announcing the replay: a dead server is then the only line
+    # before the line announcing the replay: a dead server is then the only line
+    check_reachable(options.url, options.timeout_s)
     from kvplan.endpoint.servers import probe
 
-    server = probe(options.url, options.server)
+    server = probe(options.url, options.server, options.timeout_s)
     print(f"{args.trace}: replaying {len(trace)} requests against {options.url}\n  {server.sentence()}",
           file=sys.stderr)
     with atomic_dir(args.out, {"command": "replay", "endpoint": options.url, "model": options.model,
@@ -137,6 +138,8 @@ def run_endpoint(args: argparse.Namespace) -> int:
           f"{len(trace) - info['failed']} completed, {info['failed']} failed")
     for line in info["rejected_first"]:
         print(f"  failed: {line}")
+    for what, fault in info["server_faults"].items():
+        print(f"  excluded: {fault['count']} x {what} (first: {fault['first']})")
     if info["approximate_gap_requests"]:
         print(f"  {info['approximate_gap_requests']} requests' per-token gaps are approximate (text chunks without "
               "token ids that did not add up to the usage's count; --tokenizer counts them): left out of ITL")

@@ -8,7 +8,10 @@ where kvplan's requests reuse nothing by construction (llama.cpp with cache_prom
 first repeat is taken as cold and every later one is labelled warm. The timing verdict uses cold repeats only:
 a warm run is reported beside them, never folded into the noise band (a warm repeat's lower latencies would
 widen the band until a large error reads "met"). A repeat that fails stops the validation; the repeats measured
-before it are kept in a complete result set marked partial.
+before it are kept in a complete result set marked partial; a drift probe that fails before the first repeat
+stops it with nothing measured (one line, exit 2). Every call to the server has --timeout's deadlines
+(kvplan.endpoint.session's help, kvplan.endpoint.http_limits), so a server that drips or stalls ends it in about
+one --timeout.
 """
 
 from __future__ import annotations
@@ -63,8 +66,8 @@ def endpoint_plan(args, trace, options, profile: str | None) -> EndpointPlan:
     from kvplan.sim.run import build_configs, build_cost
 
     endpoint = endpoint_options(args)
-    check_reachable(endpoint.url)
-    server = probe(endpoint.url, endpoint.server)
+    check_reachable(endpoint.url, endpoint.timeout_s)
+    server = probe(endpoint.url, endpoint.server, endpoint.timeout_s)
     print(f"  {server.sentence()}", file=sys.stderr)
     options, meta = simulator_config(server.kv, options, args.model)
     check_fits(trace, meta)
@@ -111,7 +114,11 @@ def endpoint_repeats(args, trace, plan: EndpointPlan, out: Path, name: str) -> R
     done = Repeats()
 
     def probe_now(when: str) -> None:
-        result = endpoint_probe(endpoint.url, endpoint.model, adapter, plan.vocab_size, plan.to_text)
+        result = endpoint_probe(endpoint.url, endpoint.model, adapter, plan.vocab_size, plan.to_text,
+                                endpoint.timeout_s, endpoint.scrapes)
+        if result.error and not done.probes:  # nothing measured yet: the repeats would fail the same way
+            raise UserError(f"--endpoint: the drift probe before repeat 1 failed ({result.error}); nothing was "
+                            "measured: a validation needs every request served")
         done.probes.append(result)
         seconds = "failed: " + result.error if result.error else f"{result.seconds:.3f} s"
         print(f"  {name}: drift probe {when}: {seconds}", file=sys.stderr)

@@ -34,7 +34,6 @@ PROBE_REQUESTS = 4
 PROBE_PROMPT = 64
 PROBE_OUTPUT = 16
 PROBE_ROUNDS = 2
-PROBE_TIMEOUT_S = 120.0
 PROBE_SEED = 7_919  # fixed: the pattern is the same at calibration and at validation, whatever --seed
 
 
@@ -63,11 +62,14 @@ def probe_requests(vocab_size: int, nonce: int, to_text: Callable[[list[int]], s
 
 
 def endpoint_probe(url: str, model: str | None, adapter: ServerAdapter, vocab_size: int,
-                   to_text: Callable[[list[int]], str] | None = None) -> EndpointProbe:
+                   to_text: Callable[[list[int]], str] | None = None, timeout_s: float = 120.0,
+                   scrapes=None) -> EndpointProbe:
+    """One probe; each of its requests has `timeout_s` (--timeout), as a replay's requests have; `scrapes`: the
+    command's /metrics state (loadgen.Scrapes)."""
     from kvplan.endpoint.loadgen import LoadGenerator
 
-    generator = LoadGenerator(url, model, temperature=0.0, seed=PROBE_SEED, timeout_s=PROBE_TIMEOUT_S,
-                              sample_interval_s=5.0, adapter=adapter, progress=lambda line: None)
+    generator = LoadGenerator(url, model, temperature=0.0, seed=PROBE_SEED, timeout_s=timeout_s,
+                              sample_interval_s=5.0, adapter=adapter, progress=lambda line: None, scrapes=scrapes)
     total = 0.0
     for _ in range(PROBE_ROUNDS):
         load = generator.run(probe_requests(vocab_size, time.time_ns(), to_text))

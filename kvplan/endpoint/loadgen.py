@@ -9,15 +9,31 @@ tokens at once: k from the chunk's `token_ids` (vLLM's `return_token_ids`), else
 with the tokenizer given, else one per non-empty chunk. Without ids the count is checked against the usage's
 completion_tokens: when they differ, some chunks carried several tokens (or tokens with no text of their own), the
 missing ones are stamped at the finish, and the request's per-token gaps are marked approximate (excluded from the
-ITL distribution; TTFT, TPOT and E2E use only its first and last token times, which stay exact). A request that
-fails (connection error, HTTP error, an error event, a short answer) is kept with its error and whatever it
-received.
+ITL distribution; TTFT, TPOT and E2E use only its first and last token times, which stay exact).
+
+Deadlines and bounds (kvplan.endpoint.http_limits): a request has `timeout_s` from being sent to the last byte of
+its stream, however the server spends it (a drip, keep-alive comments, a line that never ends); the cache reset
+and every /metrics scrape have min(timeout_s, CALL_TIMEOUT_S) each.
+
+Distrust: every value of a server's stream is checked against its meaning before it is used: choices[].index in
+[0, n), token ids and counts integers >= 0 and bounded (kvplan.limits.MAX_TOKENS), no more tokens than asked for,
+usage.completion_tokens at most what was asked, cached tokens at most the prompt's, finish_reason a string and not
+a failure ("error", "abort"). The classes, and what each does:
+* a request the server answers badly fails, kept with whatever it received, and its `reason` is counted in the
+  result: `timeout`, `transport`, `too_large`, `http` (a status other than 200), `error_event`, `short_answer`, or
+  `server_error:<field>` (a value against its meaning; the message names the URL, the field, the value and what
+  was expected). The replay goes on with the other requests.
+* a /metrics scrape during the replay that fails (deadline, size, transport) or a gauge or counter against its
+  meaning (kvplan.endpoint.scrape) is excluded and counted in `LoadResult.faults`, written to the result; after
+  a scrape missed its deadline or size, the command scrapes no more (`Scrapes`), each skipped one counted.
+* a cache reset that misses its deadline or fails to connect refuses the run (one line, exit 2): a replay that
+  was asked to start cold must not start warm in silence.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import math
 import sys
 import time
@@ -26,13 +42,32 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvplan.endpoint import scrape, servers
+from kvplan.endpoint import http_limits, scrape, servers
+from kvplan.endpoint.http_limits import (
+    MAX_LINE_BYTES,
+    STREAM_BYTES_PER_TOKEN,
+    Faults,
+    Scrapes,
+    ServerFault,
+    bad_count,
+    bad_value,
+    deadline,
+    is_count,
+    lines,
+    read,
+    request,
+    server_error,
+)
 from kvplan.endpoint.prompts import EndpointRequest
-from kvplan.endpoint.servers import ADAPTERS, ServerAdapter
+from kvplan.endpoint.servers import ADAPTERS, CALL_TIMEOUT_S, ServerAdapter
 from kvplan.errors import UserError
-from kvplan.strict_json import loads, short, whole
+from kvplan.limits import MAX_TOKENS
+from kvplan.strict_json import loads
 
 PROGRESS_EVERY_S = 5.0
+MAX_TOKEN_ID = 2**31 - 1  # a token id: below any vocabulary's size
+FAILED_FINISH = ("error", "abort")  # vLLM's finish reasons for a request it gave up on
+TIMING_KEYS = 32  # llama.cpp's `timings`: its numeric entries, at most this many, are kept
 
 
 @dataclass(slots=True)
@@ -48,8 +83,13 @@ class Outcome:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    reason: str | None = None  # the error's class (module doc)
     gaps_approximate: bool = False  # token counts per chunk were guessed and did not add up (see module doc)
     server_timings: dict | None = None  # llama.cpp's per-response `timings`
+
+    def fail(self, reason: str, error: str) -> None:
+        if self.error is None:
+            self.reason, self.error = reason, error
 
 
 @dataclass(slots=True)
@@ -61,84 +101,103 @@ class LoadResult:
     wall_s: float
     prefix_cache_reset: str | None = None  # what the reset call did before the replay (None: not asked)
     server: str = "vllm"  # the adapter's kind
+    faults: Faults = field(default_factory=Faults)  # scrapes and values excluded (module doc)
 
 
 class LoadGenerator:
     def __init__(self, url: str, model: str | None, *, temperature: float = 1.0, seed: int = 0,
                  max_concurrency: int | None = None, timeout_s: float = 600.0, sample_interval_s: float = 1.0,
                  reset_prefix_cache: bool = False, progress: Callable[[str], None] | None = None,
-                 adapter: ServerAdapter | None = None, tokenizer=None) -> None:
+                 adapter: ServerAdapter | None = None, tokenizer=None, scrapes: Scrapes | None = None) -> None:
         self.base = url.rstrip("/").removesuffix("/v1")
+        self.scrapes = scrapes if scrapes is not None else Scrapes()
         self.adapter = adapter if adapter is not None else ADAPTERS["vllm"]
         self.tokenizer = tokenizer  # counts a text chunk's tokens where the server sends no ids
         self.model, self.temperature, self.seed = model, temperature, seed
         self.max_concurrency, self.timeout_s = max_concurrency, timeout_s
+        self.call_s = min(timeout_s, CALL_TIMEOUT_S)  # a scrape's or the reset's deadline
         self.sample_interval_s = sample_interval_s
         self.reset_prefix_cache = reset_prefix_cache
         self.progress = progress if progress is not None else (lambda line: print(line, file=sys.stderr))
 
     def run(self, requests: list[EndpointRequest]) -> LoadResult:
-        return asyncio.run(self._run(requests))
+        return http_limits.run(self._run(requests))
 
     async def _run(self, requests: list[EndpointRequest]) -> LoadResult:
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
-        timeout = httpx.Timeout(self.timeout_s, connect=min(30.0, self.timeout_s))
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        faults = Faults()
+        async with http_limits.client(limits=limits, timeout=self.timeout_s) as client:
             reset = await self._reset(client) if self.reset_prefix_cache else None
-            before = await self._scrape(client)
+            before = await self._scrape(client, faults)
             t0 = requests[0].arrival_s if requests else 0.0
             origin = time.perf_counter() - t0
             outcomes = [Outcome(r.row, r.arrival_s) for r in requests]
             series: list[dict] = []
             gate = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
-            monitor = asyncio.create_task(self._monitor(client, origin, series, outcomes))
+            monitor = asyncio.create_task(self._monitor(client, origin, series, outcomes, faults))
             tasks = []
-            for request, outcome in zip(requests, outcomes, strict=True):
-                delay = request.arrival_s - (time.perf_counter() - origin)
+            for request_, outcome in zip(requests, outcomes, strict=True):
+                delay = request_.arrival_s - (time.perf_counter() - origin)
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(self._send(client, request, outcome, origin, gate)))
+                tasks.append(asyncio.create_task(self._send(client, request_, outcome, origin, gate)))
             await asyncio.gather(*tasks)
             monitor.cancel()
-            after = await self._scrape(client)
+            with contextlib.suppress(asyncio.CancelledError):
+                await monitor
+            after = await self._scrape(client, faults)
             wall = time.perf_counter() - origin - t0
         start, end = servers.counters(self.adapter, before), servers.counters(self.adapter, after)
         counters, broken = scrape.difference(start, end), scrape.broken(start, end)
         if broken:
             self.progress(f"  warning: server counters went backwards or are not counts (a restart mid-replay?), "
                           f"reported as unknown: {', '.join(broken)}")
+        for fault in scrape.check_counters(start, end, counters, f"GET {self.base}/metrics",
+                                           dict(self.adapter.counters)):
+            faults.add(fault)
         return LoadResult(outcomes, series, counters, scrape.cache_config(after or before), wall, reset,
-                          self.adapter.kind)
+                          self.adapter.kind, faults)
 
     async def _reset(self, client: httpx.AsyncClient) -> str:
         """The adapter's reset calls (vLLM's POST /reset_prefix_cache, SGLang's /flush_cache): "reset" when every
-        one answered 200, else what happened."""
+        one answered 200, else what the server said. One that misses its deadline or cannot connect is a
+        ServerFault (module doc)."""
         if not self.adapter.reset_paths:
             return f"not supported: {self.adapter.kind} has no cache-reset call"
         for path in self.adapter.reset_paths:
-            try:
-                response = await client.post(f"{self.base}{path}", timeout=30.0)
-            except httpx.HTTPError as exc:
-                return f"failed: POST {path}: {type(exc).__name__}"
-            if response.status_code != 200:
-                return (f"not supported (POST {path}: HTTP {response.status_code}): the replay starts from the "
+            reply = await request(client, "POST", f"{self.base}{path}", self.call_s)
+            if reply.status != 200:
+                return (f"not supported (POST {path}: HTTP {reply.status}): the replay starts from the "
                         "server's warm cache")
         return "reset"
 
-    async def _scrape(self, client: httpx.AsyncClient) -> list:
-        try:
-            response = await client.get(f"{self.base}/metrics", timeout=10.0)
-        except httpx.HTTPError:
+    async def _scrape(self, client: httpx.AsyncClient, faults: Faults) -> list:
+        """The /metrics samples; [] when the server has none (a status other than 200) or the scrape failed
+        (counted in `faults`). After one that missed its deadline or its size, none is tried again in this
+        command (`Scrapes`): each would cost the deadline again."""
+        if self.scrapes.given_up is not None:
+            faults.add(ServerFault(f"not scraped: {self.scrapes.given_up}", "metrics_scrape:given_up"))
             return []
-        return scrape.parse(response.text) if response.status_code == 200 else []
+        try:
+            reply = await request(client, "GET", f"{self.base}/metrics", self.call_s)
+        except ServerFault as fault:
+            faults.add(ServerFault(str(fault), f"metrics_scrape:{fault.reason}"))
+            if fault.reason in ("timeout", "too_large"):
+                self.scrapes.given_up = str(fault)
+            return []
+        return scrape.parse(reply.text()) if reply.status == 200 else []
 
-    async def _monitor(self, client: httpx.AsyncClient, origin: float, series: list, outcomes: list) -> None:
+    async def _monitor(self, client: httpx.AsyncClient, origin: float, series: list, outcomes: list,
+                       faults: Faults) -> None:
         last_progress = time.perf_counter()
         while True:
             now = time.perf_counter()
-            samples = await self._scrape(client)
+            samples = await self._scrape(client, faults)
             if samples:
-                series.append({"time_s": now - origin, **servers.gauges(self.adapter, samples)})
+                values, bad = servers.gauges(self.adapter, samples, f"GET {self.base}/metrics")
+                for fault in bad:
+                    faults.add(fault)
+                series.append({"time_s": now - origin, **values})
             if now - last_progress >= PROGRESS_EVERY_S:
                 last_progress = now
                 sent = sum(not math.isnan(o.sent_s) for o in outcomes)
@@ -159,56 +218,67 @@ class LoadGenerator:
                     gate: asyncio.Semaphore | None) -> None:
         if gate is not None:
             await gate.acquire()
+        url = f"{self.base}/v1/completions"
         try:
             outcome.sent_s = time.perf_counter() - origin
-            await self._stream(client, request, outcome, origin)
-        except httpx.HTTPError as exc:
-            outcome.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        except (KeyError, TypeError, ValueError) as exc:  # MalformedEvent, strict JSON, counts
-            outcome.error = f"malformed stream: {exc}"
+            async with deadline(self.timeout_s, f"POST {url}"):
+                await self._stream(client, url, request, outcome, origin)
+        except ServerFault as fault:
+            outcome.fail(fault.reason, str(fault))
         finally:
             if gate is not None:
                 gate.release()
         if outcome.error is None:
             got = sum(len(t) for t in outcome.token_times.values())
             if got != request.max_tokens * request.n:
-                outcome.error = f"short answer: {got} of {request.max_tokens * request.n} tokens (ignore_eos honoured?)"
+                outcome.fail("short_answer", f"short answer: {got} of {request.max_tokens * request.n} tokens "
+                             "(ignore_eos honoured?)")
 
-    async def _stream(self, client: httpx.AsyncClient, request: EndpointRequest, outcome: Outcome,
+    async def _stream(self, client: httpx.AsyncClient, url: str, request: EndpointRequest, outcome: Outcome,
                       origin: float) -> None:
-        async with client.stream("POST", f"{self.base}/v1/completions", json=self.body(request)) as response:
+        check = Check(url, request)
+        async with client.stream("POST", url, json=self.body(request), timeout=self.timeout_s) as response:
             if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                outcome.error = f"HTTP {response.status_code}: {_message(text)}"
+                head = (await read(response, f"POST {url}")).decode(errors="replace")
+                outcome.fail("http", f"HTTP {response.status_code}: {_message(head)}")
                 return
             completion = 0
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
+            limit = MAX_LINE_BYTES + STREAM_BYTES_PER_TOKEN * request.max_tokens * request.n
+            async for line in lines(response, f"POST {url}", limit):
+                if not line.startswith("data:"):  # SSE comments (`: ping`), `event:` and `id:` fields, blank lines
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
                 now = time.perf_counter() - origin
-                event = _mapping(loads(data), "event")
+                event = check.mapping(check.json(data), "event")
                 if "error" in event:
-                    outcome.error = f"error event: {_message(data)}"
+                    outcome.fail("error_event", f"error event: {_message(data)}")
                     return
                 choices = event.get("choices") or []
                 if not isinstance(choices, list):
-                    raise MalformedEvent(f"choices is {short(choices)}; allowed: a list of objects")
+                    raise check.bad("choices", choices, "a list of objects")
                 for choice in choices:
-                    self._tokens(outcome, _mapping(choice, "choices[]"), now)
-                usage = _mapping(event.get("usage") or {}, "usage")
+                    self._tokens(outcome, check, check.mapping(choice, "choices[]"), now)
+                usage = check.mapping(event.get("usage") or {}, "usage")
                 if usage:
-                    outcome.prompt_tokens = _count(usage.get("prompt_tokens"), "usage.prompt_tokens")
-                    details = _mapping(usage.get("prompt_tokens_details") or {}, "usage.prompt_tokens_details")
-                    outcome.cached_tokens = _count(details.get("cached_tokens"), "usage.cached_tokens")
-                    completion = _count(usage.get("completion_tokens"), "usage.completion_tokens")
+                    outcome.prompt_tokens = check.count(usage.get("prompt_tokens"), "usage.prompt_tokens")
+                    details = check.mapping(usage.get("prompt_tokens_details") or {}, "usage.prompt_tokens_details")
+                    outcome.cached_tokens = check.count(details.get("cached_tokens"),
+                                                        "usage.prompt_tokens_details.cached_tokens")
+                    completion = check.count(usage.get("completion_tokens"), "usage.completion_tokens",
+                                             request.max_tokens * request.n)
                 timings = event.get("timings")
-                if isinstance(timings, dict):  # llama.cpp: cache_n = prompt tokens its slot cache served
-                    outcome.server_timings = timings
+                if timings is not None:  # llama.cpp: cache_n = prompt tokens its slot cache served
+                    timings = check.mapping(timings, "timings")
+                    outcome.server_timings = _numbers(timings)
                     if not (usage and "prompt_tokens_details" in usage):
-                        outcome.cached_tokens = _count(timings.get("cache_n"), "timings.cache_n")
+                        outcome.cached_tokens = check.count(timings.get("cache_n"), "timings.cache_n")
+        if not outcome.prompt_tokens:
+            outcome.prompt_tokens = request.prompt_tokens
+        if outcome.cached_tokens > outcome.prompt_tokens:
+            raise check.bad("cached_tokens", outcome.cached_tokens,
+                            f"at most the prompt's {outcome.prompt_tokens} tokens")
         times = outcome.token_times.setdefault(0, [])
         if request.n == 1 and not outcome.token_ids:  # chunk counts were a guess: exact only if they add up
             if completion and len(times) > completion:  # re-tokenized chunks over-counted: the last is the finish
@@ -217,49 +287,87 @@ class LoadGenerator:
         if request.n == 1 and times and completion > len(times):  # tokens that came without a chunk of their own
             times.extend([times[-1]] * (completion - len(times)))
         outcome.finish_s = max((t[-1] for t in outcome.token_times.values() if t), default=math.nan)
-        if not outcome.prompt_tokens:
-            outcome.prompt_tokens = request.prompt_tokens
 
-    def _tokens(self, outcome: Outcome, choice: dict, now: float) -> None:
-        index = _count(choice.get("index", 0), "choices[].index", MAX_CHOICES)
+    def _tokens(self, outcome: Outcome, check: Check, choice: dict, now: float) -> None:
+        index = check.count(choice.get("index", 0), "choices[].index", check.request.n - 1)
+        reason = choice.get("finish_reason")
+        if reason is not None and (not isinstance(reason, str) or reason in FAILED_FINISH):
+            raise check.bad("finish_reason", reason, "null or a reason the request completed for "
+                            "(\"length\", \"stop\")")
         ids, text = choice.get("token_ids"), choice.get("text")
+        if ids is not None and not isinstance(ids, list):
+            raise check.bad("choices[].token_ids", ids, "a list of token ids")
+        if text is not None and not isinstance(text, str):
+            raise check.bad("choices[].text", text, "a string")
         if isinstance(ids, list):
             count = len(ids)
         elif text and self.tokenizer is not None:
-            count = max(1, len(self.tokenizer.encode(str(text), add_special_tokens=False)))
+            count = max(1, len(self.tokenizer.encode(text, add_special_tokens=False)))
         else:
             count = int(bool(text))
+        times = outcome.token_times.setdefault(index, [])
+        if len(times) + count > check.request.max_tokens:  # what is kept stays bounded by what was asked
+            raise check.bad("choices[].token_ids", f"{len(times) + count} tokens for choice {index}",
+                            f"at most max_tokens = {check.request.max_tokens}")
         if isinstance(ids, list):
-            outcome.token_ids.setdefault(index, []).extend(_count(t, "choices[].token_ids[]") for t in ids)
-        outcome.token_times.setdefault(index, []).extend([now] * count)
+            outcome.token_ids.setdefault(index, []).extend(check.count(t, "choices[].token_ids[]", MAX_TOKEN_ID)
+                                                           for t in ids)
+        times.extend([now] * count)
 
 
-MAX_CHOICES = 1 << 16  # a choice index beyond any n a request may ask for
+@dataclass(slots=True)
+class Check:
+    """The checks of one request's stream: each bad value is a ServerFault naming the URL, the trace row and the
+    field; the request fails with it (reason `server_error:<field>`)."""
+
+    url: str
+    request: EndpointRequest
+
+    @property
+    def where(self) -> str:
+        return f"POST {self.url}, trace row {self.request.row}"
+
+    def bad(self, what: str, value: object, expected: str) -> ServerFault:
+        return bad_value(self.where, what, value, expected, MALFORMED)
+
+    def json(self, data: str) -> object:
+        try:
+            return loads(data)
+        except UserError as exc:
+            raise server_error(self.where, "event", f"event is not JSON: {exc}", MALFORMED) from None
+
+    def mapping(self, value: object, what: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.bad(what, value, "a JSON object")
+        return value
+
+    def count(self, value: object, what: str, high: int = MAX_TOKENS) -> int:
+        """A count from the server (usage, indices, token ids): an integer in [0, high], absent = 0."""
+        if value is None:
+            return 0
+        if not is_count(value, 0, high):
+            raise bad_count(self.where, what, value, 0, high, MALFORMED)
+        return value  # type: ignore[return-value]  # is_count: an int
 
 
-class MalformedEvent(UserError):
-    """A server event that is not what the OpenAI streaming protocol sends: the request fails with this reason
-    (the replay goes on with the other requests)."""
+MALFORMED = "malformed stream"
 
 
-def _mapping(value: object, what: str) -> dict:
-    if not isinstance(value, dict):
-        raise MalformedEvent(f"{what} is {short(value)}; allowed: a JSON object")
-    return value
-
-
-def _count(value: object, what: str, high: int | None = None) -> int:
-    """A count from the server (usage, indices, token ids): an integer >= 0, absent = 0."""
-    return 0 if value is None else whole(value, what, 0, high)
+def _numbers(doc: dict) -> dict:
+    """The numeric entries of a server's `timings` (at most TIMING_KEYS): what is kept of it is bounded."""
+    kept = [(k, v) for k, v in doc.items() if isinstance(k, str) and len(k) <= 64
+            and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+    return dict(kept[:TIMING_KEYS])
 
 
 def _message(text: str) -> str:
-    """The error message of an OpenAI-style error body, else the text (one line, shortened)."""
+    """The error message of an OpenAI-style error body, else the text (one line, shortened). Read with the
+    strict reader: an error body is the server's too (nested 100,000 deep, it is quoted, not parsed)."""
     try:
-        doc = json.loads(text)
+        doc = loads(text)
         error = doc.get("error", doc) if isinstance(doc, dict) else doc
         text = error.get("message", text) if isinstance(error, dict) else str(error)
-    except (json.JSONDecodeError, AttributeError):
+    except UserError:
         pass
     text = " ".join(str(text).split())
     return text if len(text) <= 300 else text[:297] + "..."

@@ -7,7 +7,10 @@ server is not visible), preemptions per request are unknown (0; the server-wide 
 exposes vLLM's counter), and cached prompt tokens come from the usage's `prompt_tokens_details` when the server
 reports them. The engine-internal latencies (`*_engine_ms`) are unknown to a client: null. Summary values the
 server does not expose are null, never 0. Failed requests are not in the
-per-request table: they are counted in `num_rejected`, and each is in failed.jsonl with its error.
+per-request table: they are counted in `num_rejected` and by reason in `info.failed_reasons` (timeout,
+server_error:<field>, ...: kvplan.endpoint.loadgen), and each is in failed.jsonl with its reason and error.
+Values the server sent against their meaning outside a request (a /metrics sample or counter, a failed scrape)
+are excluded and counted in `info.server_faults` ({kind: {count, first}}).
 """
 
 from __future__ import annotations
@@ -54,13 +57,16 @@ def to_result(load: LoadResult, trace: Trace, kv: KvConfig | None = None) -> Ser
     busy = float(frame["finish_s"].max() - frame["arrival_s"].min()) if len(frame) else 0.0
     done = [o for o in load.outcomes if o.error is None]
     kv = kv if kv is not None else KvConfig()
-    info = {"num_blocks": kv.num_blocks or _int(load.cache_config.get("num_gpu_blocks")),
-            "block_size": kv.block_size or _int(load.cache_config.get("block_size")), "replicas": 1, "steps": None,
+    reasons: dict[str, int] = {}
+    for o in failed:
+        reasons[o.reason or "unknown"] = reasons.get(o.reason or "unknown", 0) + 1
+    info = {"num_blocks": kv.num_blocks, "block_size": kv.block_size, "replicas": 1, "steps": None,
             "busy_fraction": _busy(series), "failed": len(failed), "rejected": len(failed),
             "rejected_first": references(trace, [(o.row, o.error) for o in failed]), "wall_s": load.wall_s,
             "duration_s": busy, "server_counters": load.counters, "cache_config": load.cache_config,
             "server": load.server, "reported_cached_tokens": sum(o.cached_tokens for o in done),
-            "approximate_gap_requests": sum(o.gaps_approximate for o in done)}
+            "approximate_gap_requests": sum(o.gaps_approximate for o in done),
+            "failed_reasons": dict(sorted(reasons.items())), "server_faults": load.faults.to_json()}
     return ServingResult({key: summary[key] for key in SUMMARY_KEYS}, frame, series, info, tokens,
                      rejected_rows(trace, [(o.row, o.error) for o in failed]))
 
@@ -92,13 +98,6 @@ def _busy(series: pd.DataFrame) -> float:
     return float((running > 0).mean()) if len(running) else math.nan
 
 
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
-
-
 def write_client_files(load: LoadResult, out: Path) -> None:
     """tokens.jsonl: each sequence's token times (and ids, when returned); failed.jsonl: each failure."""
     lines = []
@@ -109,7 +108,8 @@ def write_client_files(load: LoadResult, out: Path) -> None:
                                         "token_ids": o.token_ids.get(sample), "gaps_approximate": o.gaps_approximate,
                                         "cached_tokens": o.cached_tokens, "server_timings": o.server_timings}))
     write_atomic(out / "tokens.jsonl", "".join(f"{line}\n" for line in lines).encode())
-    failed = [json_line({"row": o.row, "arrival_s": o.arrival_s, "sent_s": o.sent_s, "error": o.error,
+    failed = [json_line({"row": o.row, "arrival_s": o.arrival_s, "sent_s": o.sent_s, "reason": o.reason,
+                         "error": o.error,
                          "tokens_received": sum(len(t) for t in o.token_times.values())})
               for o in load.outcomes if o.error is not None]
     write_atomic(out / "failed.jsonl", "".join(f"{line}\n" for line in failed).encode())

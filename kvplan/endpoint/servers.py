@@ -25,19 +25,41 @@ Names, from each server's own source or documentation:
   with --slot-save-path, and it does not touch the host-memory prompt cache (--cache-ram, on by default), so
   kvplan sends `cache_prompt: false` instead: no request reuses another's KV, and every run is cold by
   construction (the simulator models the same: prefix caching off).
+
+Distrust: a KV fact a server publishes is read exactly or not at all. Absent (or null, or vLLM's label "None")
+is "not published" and the simulator needs the option; present, it must be what it means: a count an integer
+>= 1 and at most its bound (a Prometheus label a string of digits, a JSON value a JSON integer: "16.5", 16.5,
+true or "yes" are not a block size), a switch exactly a boolean ("True"/"False" in vLLM's labels). Anything else
+refuses the run before the first request, one line naming the URL, the field, the value and what is allowed
+(`KvFactError`, a ServerFault): a default in its place would simulate another server in silence. Every call
+here has the deadline min(--timeout, CALL_TIMEOUT_S) and the bounds of kvplan.endpoint.http_limits; one that
+misses them refuses the run too.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from kvplan.endpoint import scrape
 from kvplan.endpoint.frontend_fit import HISTOGRAM_KEYS
-from kvplan.strict_json import loads
+from kvplan.endpoint.http_limits import (
+    ServerFault,
+    bad_value,
+    count_detail,
+    fetch,
+    is_count,
+    server_error,
+    value_detail,
+)
+from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
 
 SERVER_KINDS = ("vllm", "sglang", "tgi", "llamacpp")
-PROBE_TIMEOUT_S = 10.0
+CALL_TIMEOUT_S = 30.0  # a probe, scrape or reset: at most this, and at most --timeout
+MAX_BLOCK_SIZE = 1 << 16  # tokens per KV block or page: far beyond any server's (vLLM's largest is 256)
+MAX_SEQS = 1 << 20  # sequences a server runs at once
+INTEGER = re.compile(r"[+-]?[0-9]{1,30}")  # a label that reads as an integer (checked for its range after)
 
 
 @dataclass(slots=True)
@@ -58,26 +80,51 @@ class KvConfig:
         return asdict(self)
 
 
-def _int(value: object) -> int | None:
-    if isinstance(value, bool):
+class KvFactError(ValueError):
+    """A published KV fact against its meaning (module doc); `probe` names the URL it came from."""
+
+    def __init__(self, what: str, detail: str) -> None:
+        super().__init__(detail)
+        self.what, self.detail = what, detail
+
+    def fault(self, where: str) -> ServerFault:
+        return server_error(where, self.what, self.detail)
+
+
+def _count(doc: dict, key: str, high: int, *, label: bool = False, what: str | None = None) -> int | None:
+    """doc[key] as a count in [1, high]; None when absent (or null, or the label "None"). `label`: the value is a
+    Prometheus label (a string of digits), else a JSON integer."""
+    value = doc.get(key)
+    what = what or (f"vllm:cache_config_info label {key}" if label else key)
+    if value is None or (label and value == "None"):
         return None
-    if isinstance(value, int) and value > 0:
+    number = int(value) if label and isinstance(value, str) and INTEGER.fullmatch(value) else value
+    if not is_count(number, 1, high):
+        raise KvFactError(what, count_detail(what, number, 1, high))  # a label's digits: the number they read as
+    return number  # type: ignore[return-value]  # is_count: an int
+
+
+def _switch(doc: dict, key: str, *, label: bool = False, what: str | None = None) -> bool | None:
+    """doc[key] as a boolean (a label: "True" or "False"); None when absent."""
+    value = doc.get(key)
+    what = what or (f"vllm:cache_config_info label {key}" if label else key)
+    if value is None or (label and value == "None"):
+        return None
+    if label and value in ("True", "False"):
+        return value == "True"
+    if not label and isinstance(value, bool):
         return value
-    if isinstance(value, float) and value.is_integer() and value > 0:
-        return int(value)
-    if isinstance(value, str) and value.isdigit() and int(value) > 0:
-        return int(value)
-    return None
+    raise KvFactError(what, value_detail(what, value, "a boolean" + (' ("True" or "False")' if label else "")))
 
 
 def _vllm_kv(info: dict, samples: list) -> KvConfig:
     labels = scrape.cache_config(samples)
     if not labels:
         return KvConfig()
-    caching = labels.get("enable_prefix_caching")
-    return KvConfig(block_size=_int(labels.get("block_size")), num_blocks=_int(labels.get("num_gpu_blocks")),
-                    max_model_len=_int(labels.get("max_model_len")),
-                    enable_prefix_caching=None if caching not in ("True", "False") else caching == "True",
+    return KvConfig(block_size=_count(labels, "block_size", MAX_BLOCK_SIZE, label=True),
+                    num_blocks=_count(labels, "num_gpu_blocks", MAX_BLOCKS, label=True),
+                    max_model_len=_count(labels, "max_model_len", MAX_TOKENS, label=True),
+                    enable_prefix_caching=_switch(labels, "enable_prefix_caching", label=True),
                     source="/metrics vllm:cache_config_info")
 
 
@@ -90,32 +137,39 @@ def _sglang_state(info: dict) -> dict:
 
 
 def _sglang_kv(info: dict, samples: list) -> KvConfig:
-    get = _sglang_state(info).get
-
-    page = _int(get("page_size")) or 1
-    tokens = _int(get("max_total_num_tokens"))
-    radix = get("disable_radix_cache")
+    state = _sglang_state(info)
+    page = _count(state, "page_size", MAX_BLOCK_SIZE) or 1  # absent: SGLang's default page of one token
+    tokens = _count(state, "max_total_num_tokens", MAX_BLOCKS * page)
+    if tokens is not None and tokens < page:
+        raise KvFactError("max_total_num_tokens", count_detail("max_total_num_tokens", tokens, page,
+                                                               MAX_BLOCKS * page))
+    radix = _switch(state, "disable_radix_cache")
     return KvConfig(block_size=page, num_blocks=tokens // page if tokens else None,
-                    max_model_len=_int(get("context_length")), max_num_seqs=_int(get("max_running_requests")),
-                    enable_prefix_caching=None if not isinstance(radix, bool) else not radix,
-                    source="/get_server_info")
+                    max_model_len=_count(state, "context_length", MAX_TOKENS),
+                    max_num_seqs=_count(state, "max_running_requests", MAX_SEQS),
+                    enable_prefix_caching=None if radix is None else not radix, source="/get_server_info")
 
 
 def _tgi_kv(info: dict, samples: list) -> KvConfig:
     # TGI states its KV capacity in tokens (max_batch_total_tokens) but not its block size: the capacity is
     # expressed in blocks of 1 token, exact in tokens whatever block TGI pages with.
-    tokens = _int(info.get("max_batch_total_tokens"))
+    tokens = _count(info, "max_batch_total_tokens", MAX_BLOCKS)
     return KvConfig(block_size=1 if tokens else None, num_blocks=tokens,
-                    max_model_len=_int(info.get("max_total_tokens")),
-                    max_num_seqs=_int(info.get("max_concurrent_requests")), source="/info" if info else "")
+                    max_model_len=_count(info, "max_total_tokens", MAX_TOKENS),
+                    max_num_seqs=_count(info, "max_concurrent_requests", MAX_SEQS), source="/info" if info else "")
 
 
 def _llamacpp_kv(info: dict, samples: list) -> KvConfig:
-    slots = _int(info.get("total_slots"))
+    slots = _count(info, "total_slots", MAX_SEQS)
     settings = info.get("default_generation_settings")
-    n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, dict) else None
+    if settings is not None and not isinstance(settings, dict):
+        raise KvFactError("default_generation_settings", value_detail("default_generation_settings", settings,
+                                                                      "a JSON object"))
+    n_ctx = _count(settings or {}, "n_ctx", MAX_TOKENS, what="default_generation_settings.n_ctx")
     if slots is None or n_ctx is None:
         return KvConfig()
+    if slots * n_ctx > MAX_BLOCKS:
+        raise KvFactError("total_slots", count_detail("total_slots x n_ctx", slots * n_ctx, 1, MAX_BLOCKS))
     # one token per block: a slot's reservation is exactly its context, whatever the trace's lengths
     return KvConfig(block_size=1, num_blocks=slots * n_ctx, max_model_len=n_ctx, max_num_seqs=slots,
                     enable_prefix_caching=False, allocator="max", source="/props")
@@ -219,51 +273,63 @@ class ServerInfo:
                 f"{self.kv.source or 'nowhere'}: {read}; not exposed: {', '.join(self.adapter.not_exposed)}")
 
 
-def _get_json(client, url: str) -> dict | None:
-    import httpx
-
-    try:
-        response = client.get(url, timeout=PROBE_TIMEOUT_S)
-        doc = loads(response.text) if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+def _get_json(url: str, seconds: float, *, required: bool) -> dict | None:
+    """The JSON object at `url`; None when it answers another status, or (`required` False: while detecting
+    the kind) something that is not a JSON object. `required`: the adapter was named, so its info document must
+    be one (else a ServerFault)."""
+    reply = fetch("GET", url, seconds)
+    if reply.status != 200:
         return None
-    return doc if isinstance(doc, dict) else None
-
-
-def metrics(client, base: str) -> list:
-    import httpx
-
     try:
-        response = client.get(f"{base}/metrics", timeout=PROBE_TIMEOUT_S)
-    except httpx.HTTPError:
-        return []
-    return scrape.parse(response.text) if response.status_code == 200 else []
+        doc = reply.json()
+    except ServerFault:
+        if required:
+            raise
+        return None
+    if not isinstance(doc, dict):
+        if required:
+            raise bad_value(reply.what, "body", doc, "a JSON object")
+        return None
+    return doc
 
 
-def probe(url: str, server: str = "auto") -> ServerInfo:
+def metrics(base: str, seconds: float) -> list:
+    """The /metrics samples; [] when the server answers another status (it has none)."""
+    reply = fetch("GET", f"{base}/metrics", seconds)
+    return scrape.parse(reply.text()) if reply.status == 200 else []
+
+
+def probe(url: str, server: str = "auto", timeout_s: float = CALL_TIMEOUT_S) -> ServerInfo:
     """The server's kind (from its info endpoints, else its metric names; vLLM's when nothing tells) and its KV
-    configuration. Only GETs: nothing is sent that the server would count as a request."""
-    import httpx
-
+    configuration. Only GETs: nothing is sent that the server would count as a request. Each GET has
+    min(timeout_s, CALL_TIMEOUT_S); a miss, or a KV fact against its meaning, is a ServerFault."""
     base = url.rstrip("/").removesuffix("/v1")
-    with httpx.Client() as client:
-        samples = metrics(client, base)
-        if server != "auto":
-            adapter = ADAPTERS[server]
-            info = (_get_json(client, base + adapter.info_path) or {}) if adapter.info_path else {}
-            return ServerInfo(adapter, f"--server {server}", adapter.read_kv(info, samples), info)
-        for adapter in ADAPTERS.values():
-            if adapter.info_path is None:
-                continue
-            info = _get_json(client, base + adapter.info_path)
-            if info is not None and adapter.identifies(info):
-                return ServerInfo(adapter, f"detected from {adapter.info_path}", adapter.read_kv(info, samples), info)
+    seconds = min(timeout_s, CALL_TIMEOUT_S)
+    samples = metrics(base, seconds)
+    found = _detect(base, server, seconds, samples)
+    try:
+        found.kv = found.adapter.read_kv(found.info, samples)
+    except KvFactError as exc:
+        path = found.adapter.info_path if found.info else "/metrics"
+        raise exc.fault(f"GET {base}{path}") from None
+    return found
+
+
+def _detect(base: str, server: str, seconds: float, samples: list) -> ServerInfo:
+    if server != "auto":
+        adapter = ADAPTERS[server]
+        info = (_get_json(base + adapter.info_path, seconds, required=True) or {}) if adapter.info_path else {}
+        return ServerInfo(adapter, f"--server {server}", KvConfig(), info)
+    for adapter in ADAPTERS.values():
+        if adapter.info_path is None:
+            continue
+        info = _get_json(base + adapter.info_path, seconds, required=False)
+        if info is not None and adapter.identifies(info):
+            return ServerInfo(adapter, f"detected from {adapter.info_path}", KvConfig(), info)
     for adapter in ADAPTERS.values():
         if any(name.startswith(adapter.metric_prefix) for name, _, _ in samples):
-            return ServerInfo(adapter, f"detected from /metrics ({adapter.metric_prefix}*)",
-                              adapter.read_kv({}, samples))
-    adapter = ADAPTERS["vllm"]
-    return ServerInfo(adapter, "nothing identifies it: treated as vLLM-compatible", adapter.read_kv({}, samples))
+            return ServerInfo(adapter, f"detected from /metrics ({adapter.metric_prefix}*)", KvConfig())
+    return ServerInfo(ADAPTERS["vllm"], "nothing identifies it: treated as vLLM-compatible", KvConfig())
 
 
 def counters(adapter: ServerAdapter, samples: list) -> dict[str, float]:
@@ -271,7 +337,8 @@ def counters(adapter: ServerAdapter, samples: list) -> dict[str, float]:
     return scrape.read(samples, scrape.COUNTER_KEYS, dict(adapter.counters))
 
 
-def gauges(adapter: ServerAdapter, samples: list) -> dict[str, float]:
-    """Every series gauge column, NaN where this server has no such gauge."""
-    return scrape.read(samples, scrape.GAUGE_KEYS, dict(adapter.gauges))
+def gauges(adapter: ServerAdapter, samples: list, where: str) -> tuple[dict[str, float], list[ServerFault]]:
+    """Every series gauge column, NaN where this server has no such gauge or sent a bad value (each bad value a
+    fault: scrape.read_gauges); `where`: the scrape, "GET http://host/metrics"."""
+    return scrape.read_gauges(samples, dict(adapter.gauges), where)
 

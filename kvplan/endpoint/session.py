@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from kvplan.arg_types import POSITIVE, integer, number
-from kvplan.endpoint.servers import SERVER_KINDS, KvConfig, ServerInfo, probe
+from kvplan.endpoint.http_limits import (
+    MAX_BODY_BYTES,
+    MAX_LINE_BYTES,
+    Scrapes,
+    ServerFault,
+    bad_count,
+    fetch,
+    is_count,
+)
+from kvplan.endpoint.servers import CALL_TIMEOUT_S, SERVER_KINDS, KvConfig, ServerInfo, probe
 from kvplan.errors import UserError
 from kvplan.traces import Trace
 from kvplan.traces.schema import short_repr as short
@@ -29,6 +38,7 @@ class EndpointOptions:
     reset_prefix_cache: bool
     server: str = "auto"  # the adapter kind, or auto: detected (kvplan.endpoint.servers)
     drift_probe: bool = False  # probe the endpoint's speed before and after the replay (probe.json)
+    scrapes: Scrapes = field(default_factory=Scrapes)  # the command's /metrics state (loadgen.Scrapes)
 
 
 def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,7 +55,13 @@ def add_endpoint_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay only the requests arriving in the first S seconds of the trace (replay and "
                         "validate, in-process or --endpoint)")
     p.add_argument("--timeout", type=number(above=0, high=86400), default=600.0,
-                   help="--endpoint: seconds a request may take before it is recorded as failed")
+                   help="--endpoint: the deadline of each request (the replay's and the drift probe's), in "
+                        "seconds, from connecting to the last byte of its streamed answer (keep-alive comments and "
+                        "slow bytes count): a request past it fails (reason timeout) and the replay goes on. Every "
+                        f"other call (/v1/models, /metrics, the server's info and cache-reset calls) has min(this, "
+                        f"{CALL_TIMEOUT_S:g}) s, connect to last byte; one that misses it stops the command (a "
+                        "/metrics scrape during the replay is excluded and counted instead). Sizes are bounded too: "
+                        f"a body {MAX_BODY_BYTES >> 20} MiB, a streamed line {MAX_LINE_BYTES >> 20} MiB")
     p.add_argument("--reset-prefix-cache", action="store_true", help="--endpoint: POST /reset_prefix_cache before "
                    "each replay (vLLM with VLLM_SERVER_DEV_MODE=1, kvplan serve), so it starts cold like a "
                    "simulation; validate does this by default")
@@ -102,7 +118,7 @@ def _vocab_size(options: EndpointOptions, tokenizer) -> int:
             return get_model(options.model).vocab_size
         except ValueError:
             pass
-    served = served_vocab_size(options.url, options.model)
+    served = served_vocab_size(options.url, options.model, options.timeout_s)
     if served is not None:
         return served
     raise UserError(f"--vocab-size: needed to draw prompt token ids ({options.model or 'the served model'} is not "
@@ -110,40 +126,43 @@ def _vocab_size(options: EndpointOptions, tokenizer) -> int:
                      "--tokenizer for text prompts")
 
 
-def check_reachable(url: str, timeout_s: float = 10.0) -> None:
+def check_reachable(url: str, timeout_s: float = CALL_TIMEOUT_S) -> None:
     """Before the replay: a server that is not there (refused, unresolvable, silent) is one line now, not a trace's
     worth of real time spent failing every request. Any HTTP answer counts as there (not every server has
-    /v1/models)."""
-    import httpx
-
+    /v1/models); one that does not finish within min(timeout_s, CALL_TIMEOUT_S) is a ServerFault."""
     try:
-        httpx.get(f"{url.rstrip('/').removesuffix('/v1')}/v1/models", timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--endpoint: {url}: no server answers ({type(exc).__name__}: {reason[:120]}); allowed: "
-                         "the URL of a running OpenAI-compatible server") from None
+        fetch("GET", f"{_base(url)}/v1/models", min(timeout_s, CALL_TIMEOUT_S))
+    except ServerFault as fault:
+        if fault.reason != "transport":
+            raise
+        raise UserError(f"--endpoint: {url}: no server answers ({str(fault).split(': ', 1)[-1]}); allowed: the "
+                        "URL of a running OpenAI-compatible server") from None
 
 
-def served_vocab_size(url: str, model: str | None) -> int | None:
-    """The `vocab_size` the server's /v1/models states for `model` (or its only model), if it states one."""
-    import httpx
-
-    from kvplan.strict_json import loads, whole
-
-    try:
-        response = httpx.get(f"{url.rstrip('/').removesuffix('/v1')}/v1/models", timeout=10.0)
-        entries = loads(response.text).get("data") if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
+def served_vocab_size(url: str, model: str | None, timeout_s: float = CALL_TIMEOUT_S) -> int | None:
+    """The `vocab_size` the server's /v1/models states for `model` (or its only model), if it states one; a
+    stated one that is not a vocabulary's size is the server's fault (a ServerFault), not a silent None."""
+    reply = fetch("GET", f"{_base(url)}/v1/models", min(timeout_s, CALL_TIMEOUT_S))
+    if reply.status != 200:
         return None
+    try:
+        doc = reply.json()
+    except ServerFault:
+        return None  # not an OpenAI model list: it states nothing
+    entries = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
         return None
     chosen = [e for e in entries if isinstance(e, dict) and (model is None or e.get("id") == model)]
     if len(chosen) != 1 or chosen[0].get("vocab_size") is None:
         return None
-    try:
-        return whole(chosen[0]["vocab_size"], "vocab_size", 2, 2**24)
-    except ValueError:
-        return None
+    value = chosen[0]["vocab_size"]
+    if not is_count(value, 2, 2**24):
+        raise bad_count(reply.what, "data[].vocab_size", value, 2, 2**24)
+    return value
+
+
+def _base(url: str) -> str:
+    return url.rstrip("/").removesuffix("/v1")
 
 
 def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temperature: float, out: Path,
@@ -157,8 +176,8 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
     from kvplan.output import json_text, write_atomic
     from kvplan.results.serving_result import write_tables
 
-    check_reachable(options.url)
-    server = server if server is not None else probe(options.url, options.server)
+    check_reachable(options.url, options.timeout_s)
+    server = server if server is not None else probe(options.url, options.server, options.timeout_s)
     tokenizer = _tokenizer(options.tokenizer) if options.tokenizer else None
     vocab = _vocab_size(options, tokenizer)
     requests = endpoint_requests(trace, vocab_size=vocab, seed=seed, tokenizer=tokenizer)
@@ -166,13 +185,18 @@ def replay_endpoint(options: EndpointOptions, trace: Trace, *, seed: int, temper
                               max_concurrency=options.max_concurrency, timeout_s=options.timeout_s,
                               sample_interval_s=max(0.1, min(sample_interval_s, 5.0)),
                               reset_prefix_cache=options.reset_prefix_cache, adapter=server.adapter,
-                              tokenizer=tokenizer)
+                              tokenizer=tokenizer, scrapes=options.scrapes)
     # the probe's prompts in the replay's form: text where the replay sends text
     to_text = text_writer(tokenizer) if tokenizer is not None and options.drift_probe else None
-    probes = [endpoint_probe(options.url, options.model, server.adapter, vocab, to_text)] if options.drift_probe else []
+
+    def drift_probe():
+        return endpoint_probe(options.url, options.model, server.adapter, vocab, to_text, options.timeout_s,
+                              options.scrapes)
+
+    probes = [drift_probe()] if options.drift_probe else []
     load = generator.run(requests)
     if options.drift_probe:
-        probes.append(endpoint_probe(options.url, options.model, server.adapter, vocab, to_text))
+        probes.append(drift_probe())
         write_probe_file(out / "probe.json", probes)
     result = to_result(load, trace, server.kv)
     write_tables(result, out, "parquet")

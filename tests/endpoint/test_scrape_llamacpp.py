@@ -35,7 +35,8 @@ def test_llamacpp_counters_are_read_and_differenced():
 
 
 def test_llamacpp_gauges_fill_running_and_waiting_but_not_kv_usage():
-    values = servers.gauges(LLAMACPP, scrape.parse(_BEFORE))
+    values, faults = servers.gauges(LLAMACPP, scrape.parse(_BEFORE), "GET http://x/metrics")
+    assert faults == []
     assert values["running"] == 3.0 and values["waiting"] == 2.0
     assert math.isnan(values["kv_usage"]) and math.isnan(values["swapped"])
 

@@ -72,3 +72,29 @@ def test_a_replay_reads_each_servers_counters_and_records_what_it_is(kind, tmp_p
         assert all(body["cache_prompt"] is False for body in fake.bodies) and fake.cached == 0
     else:
         assert all("cache_prompt" not in body for body in fake.bodies) and fake.cached > 0
+
+
+# kind, the info document's change, what the one line names: a published KV fact is exact or refused
+BAD_FACTS = [
+    ("sglang", {"page_size": "16"}, "page_size: '16' is not an integer"),
+    ("sglang", {"disable_radix_cache": "yes"}, "disable_radix_cache is 'yes'; allowed: a boolean"),
+    ("sglang", {"max_total_num_tokens": 0}, "max_total_num_tokens: 0 is out of range"),
+    ("tgi", {"max_batch_total_tokens": 16.5}, "max_batch_total_tokens: 16.5 is not an integer"),
+    ("tgi", {"max_concurrent_requests": -1}, "max_concurrent_requests: -1 is out of range"),
+    ("llamacpp", {"total_slots": True}, "total_slots: True is not an integer"),
+    ("llamacpp", {"default_generation_settings": {"n_ctx": 10**30}}, "n_ctx: 1000000000000000000000000000000 is "
+                                                                     "out of range"),
+]
+
+
+@pytest.mark.parametrize(("kind", "change", "message"), BAD_FACTS)
+def test_a_bad_kv_fact_is_refused_as_the_servers(kind, change, message, monkeypatch):
+    from kvplan.endpoint.http_limits import ServerFault
+    from tests.endpoint import fakes
+
+    path, doc = fakes.INFO[kind]
+    monkeypatch.setitem(fakes.INFO, kind, (path, {**doc, **change}))
+    with fake_server(Fake(kind)) as url, pytest.raises(ServerFault) as caught:
+        probe(url)
+    assert message in str(caught.value) and f"(from GET {url}{path})" in str(caught.value), str(caught.value)
+    assert str(caught.value).startswith("the server sent a bad value: ")
