@@ -132,9 +132,11 @@ def check_point(exp: Experiment, point: Point) -> None:
     from kvplan.traces.steady import population
 
     varied = SEARCH_TARGETS[exp.search["target"]] if exp.search else None
-    ends = [{varied: exp.search[end]} for end in ("low", "high")] if exp.search else [None]
+    ends = {f"search.{end} {exp.search[end]:g}: ": {varied: exp.search[end]} for end in ("low", "high")} \
+        if exp.search else {"": None}
+    end = ""
     try:
-        for probe in ends:  # a search's two ends bound every value it will probe
+        for end, probe in ends.items():  # a search's two ends bound every value it will probe
             config = run_config(point.config, exp.seeds[0], probe)
             trace = build_trace(config)
             check_trace(trace, "the workload")
@@ -144,4 +146,5 @@ def check_point(exp: Experiment, point: Point) -> None:
             if config["workload"]["mode"] != "burst":  # a rate to offer, a window to measure, room for both
                 build_probe(config).check(population(trace))
     except (ValueError, FileNotFoundError) as exc:
-        raise SchemaError(f"point {point.index} ({point.label}): {key_path(str(exc))}") from None
+        # at a search's end, that end is what the user wrote (the varied key is not in the file)
+        raise SchemaError(f"point {point.index} ({point.label}): {end}{key_path(str(exc))}") from None

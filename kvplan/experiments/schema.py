@@ -52,12 +52,13 @@ Validation happens on load, before any run: every error names the key path, the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kvplan.engine.core.settings import canonical, for_side
+from kvplan.engine.core.settings import KEY_ALIASES, canonical, for_side
 from kvplan.errors import ConfigError
 from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
+from kvplan.limits import MAX_REPLICAS, MAX_TOKENS, MAX_USERS, REPLICAS_WHY, USERS_WHY
 from kvplan.results.goodput import REQUEST_BOUNDS
 from kvplan.results.summary import SUMMARY_KEYS
 from kvplan.sim.probe import Probe
@@ -71,14 +72,14 @@ TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "wo
 
 # Every setting the simulator reads, as its declaration says (engine.core.settings): names, defaults, ranges.
 ENGINE: dict[str, Field] = {s.name: s.side_field("sim") for s in for_side("sim")}
-CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=4096),
+CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=MAX_REPLICAS, why=REPLICAS_WHY),
                              "router": Field("choice", "round_robin", tuple(ROUTERS))}
 TOP: dict[str, Field] = {"model": Field("str", "llama-3-8b"), "hardware": Field("str", "h100-sxm")}
 # How a trace file is read (`kvplan trace --help` has the same options): the only keys besides `trace`/`format`
 # that apply to a file and not to a synthetic workload.
 TRACE_LOAD: dict[str, Field] = {
     "skip_bad": Field("bool", False), "keep_failed": Field("bool", False),
-    "hash_granularity": Field("int", None, minimum=1, nullable=True),
+    "hash_granularity": Field("int", None, minimum=1, maximum=MAX_TOKENS, nullable=True),
 }
 # How load is offered: the three questions a capacity can answer (see the module docstring and sim.probe).
 MODES = ("sustained", "concurrency", "burst")
@@ -88,7 +89,8 @@ LOAD: dict[str, Field] = {
     "rate": Field("float", None, above=0, maximum=MAX_RATE, nullable=True,
                   help="sustained: requests per second; default: the trace's own mean rate"),
     "arrivals": Field("choice", "measured", ARRIVALS),
-    "concurrency": Field("int", None, minimum=1, maximum=100_000, nullable=True, help="concurrency: users"),
+    "concurrency": Field("int", None, minimum=1, maximum=MAX_USERS, nullable=True, help="concurrency: users",
+                         why=USERS_WHY),
     "think_s": Field("float", 0.0, minimum=0, maximum=86_400.0),
     "rate_scale": RATE_SCALE,
 }
@@ -159,6 +161,9 @@ class Experiment:
     seeds: list[int] = field(default_factory=lambda: [0])
     outputs: dict = field(default_factory=lambda: {k: f.default for k, f in OUTPUTS.items()})
     description: str = ""
+    # Current key path -> the path as the user wrote it (an earlier setting name, a sweep section), for messages
+    # about what the file says: `engine.kv_cache_dtype` -> `engine.kv_dtype`, `sweep.grid.engine.block_size`.
+    written: dict[str, str] = field(default_factory=dict)
 
     @property
     def goodput_bounds(self) -> dict[str, float] | None:
@@ -192,13 +197,14 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     check_mapping(doc, "", TOP_KEYS)
     name = Field("str").check(doc.get("name"), "name")
     base = {key: f.check(doc.get(key, f.default), key) for key, f in TOP.items()}
-    base["engine"] = check_fields(settings_section(doc.get("engine")), "engine", ENGINE)
+    base["engine"], written = parse_engine(doc.get("engine"))
     base["cluster"] = check_fields(doc.get("cluster"), "cluster", CLUSTER)
     base["workload"] = parse_workload(doc.get("workload"))
     base["probe"] = check_fields(doc.get("probe"), "probe", PROBE)
     description = Field("str", nullable=True).check(doc.get("description") or None, "description") or ""
-    exp = Experiment(name, source, text, base, description=description)
-    exp.sweep_grid, exp.sweep_zip = parse_sweep(doc.get("sweep"))
+    exp = Experiment(name, source, text, base, description=description, written=written)
+    exp.sweep_grid, exp.sweep_zip, swept = parse_sweep(doc.get("sweep"))
+    exp.written |= swept
     exp.slo, exp.attainment = parse_slo(doc.get("slo"))
     exp.search = parse_search(doc.get("search"), exp)
     check_load(exp, doc.get("workload") or {})
@@ -211,17 +217,30 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     return exp
 
 
-def settings_section(doc: object) -> object:
-    """The `engine:` mapping with earlier setting names under their current ones (`kv_dtype: int8` is
-    `kv_cache_dtype: int8`); both spellings of one setting is an error."""
-    if not isinstance(doc, dict):
-        return doc
-    out: dict = {}
-    for key, value in doc.items():
-        name = canonical(key) if isinstance(key, str) else key
-        if name in out:
-            raise SchemaError(f"engine.{key}: sets {name} a second time; allowed: one of the two spellings")
-        out[name] = value
+def parse_engine(doc: object) -> tuple[dict, dict[str, str]]:
+    """The `engine:` section, every setting checked under the spelling the user wrote (an earlier name,
+    `kv_dtype: int8`, is `kv_cache_dtype: int8` and its errors say `engine.kv_dtype`), defaults filled in; and the
+    key paths as written, by current key path. Two spellings of one setting is an error naming both."""
+    doc = {} if doc is None else doc
+    written = spellings(check_mapping(doc, "engine", [*ENGINE, *KEY_ALIASES]), "engine.")
+    values = {name: field.check(doc[written[name].removeprefix("engine.")] if name in written else field.default,
+                                written.get(name, f"engine.{name}")) for name, field in ENGINE.items()}
+    return values, {f"engine.{name}": where for name, where in written.items()}
+
+
+def spellings(doc: dict, prefix: str, seen: dict[str, str] | None = None) -> dict[str, str]:
+    """Each key of `doc` by its setting's current name -> its path as written (`prefix` + key); one setting
+    spelled twice (`kv_dtype` and `kv_cache_dtype`, in `doc` or in `seen`, an earlier section's result) is an
+    error naming both paths: one of the two values (or lists) would otherwise be dropped without a word."""
+    seen = {} if seen is None else seen
+    out: dict[str, str] = {}
+    for key in doc:
+        name = sweep_key(key) if prefix.startswith("sweep.") else canonical(key) if isinstance(key, str) else key
+        where = f"{prefix}{key}"
+        earlier = out.get(name) or seen.get(name)
+        if earlier is not None:
+            raise SchemaError(f"{where}: sets {name}, which {earlier} already sets; allowed: one of the two")
+        out[name] = where
     return out
 
 
@@ -268,17 +287,21 @@ def parse_transforms(doc: object) -> dict:
     return dict(doc)
 
 
-def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list]]:
+def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list], dict[str, str]]:
+    """(grid, zip, each swept key -> its path as written)."""
     if doc is None:
-        return {}, {}
+        return {}, {}, {}
     check_mapping(doc, "sweep", ("grid", "zip"))
     axes: dict[str, dict[str, list]] = {}
+    written: dict[str, str] = {}  # current key -> its path as written, over both sections
+    sweepable = [*SWEEPABLE, *(f"engine.{k}" for k in KEY_ALIASES)]
     for kind in ("grid", "zip"):
-        section = check_mapping({sweep_key(k): v for k, v in (doc.get(kind) or {}).items()}
-                                if isinstance(doc.get(kind), dict) else doc.get(kind) or {}, f"sweep.{kind}", SWEEPABLE)
+        raw = check_mapping(doc.get(kind) or {}, f"sweep.{kind}", sweepable)
+        paths = spellings(raw, f"sweep.{kind}.", written)
+        written |= paths
         axes[kind] = {}
-        for key, values in section.items():
-            where = f"sweep.{kind}.{key}"
+        for key, where in paths.items():
+            values = raw[where.removeprefix(f"sweep.{kind}.")]
             if not isinstance(values, list) or not values:
                 raise SchemaError(f"{where}: must be a non-empty list of values, got {short_repr(values)}")
             axes[kind][key] = [SWEEPABLE[key].check(v, f"{where}[{i}]") for i, v in enumerate(values)]
@@ -296,10 +319,7 @@ def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list]]:
     if points > MAX_POINTS:  # each point is built and checked before any run: 10^6 would never get started
         sizes = " x ".join(str(len(v)) for v in (*axes["grid"].values(), *list(axes["zip"].values())[:1]))
         raise SchemaError(f"sweep: {sizes} = {points} points; allowed: at most {MAX_POINTS} (split the experiment)")
-    both = sorted(set(axes["grid"]) & set(axes["zip"]))
-    if both:
-        raise SchemaError(f"sweep.zip.{both[0]}: also in sweep.grid; allowed: each key in one of them")
-    return axes["grid"], axes["zip"]
+    return axes["grid"], axes["zip"], written
 
 
 def parse_slo(doc: object) -> tuple[dict[str, float], dict | None]:
@@ -359,6 +379,12 @@ def parse_search(doc: object, exp: Experiment) -> dict | None:
                 raise SchemaError(f"search.{key}: {target} counts {SEARCH_TARGETS[target].split('.')[1]}: must be "
                                   f"an integer, got {short_repr(search[key])}")
             search[key] = int(search[key])
+    # Each end is a value of the key the search varies and has that key's bounds (the ends are probed first:
+    # 10^12 users would be built before anything else is said); the message names the end the user wrote.
+    for key in ("low", "high"):
+        _, problem = replace(SWEEPABLE[varied], nullable=False).parse(search[key])
+        if problem is not None:
+            raise SchemaError(f"search.{key}: {target} varies {varied}, which {problem}")
     if search["low"] >= search["high"]:
         raise SchemaError(f"search.low: must be below search.high ({short_repr(search['high'])}), got "
                           f"{short_repr(search['low'])}")

@@ -74,7 +74,8 @@ BROKEN = [
                                                      " 'window'?"),
     (merged(workload__rate_scale=-1), "workload.rate_scale: must be a finite number >= 1e-06 and <= 1000000, got -1"),
     (merged(workload__format="mooncak"), "workload.format: unknown value 'mooncak'; did you mean 'mooncake'?"),
-    (merged(workload__hash_granularity=0), "workload.hash_granularity: must be an integer >= 1 or null, got 0"),
+    (merged(workload__hash_granularity=0), "workload.hash_granularity: must be an integer >= 1 and <= 10000000 or null,"
+     " got 0"),
     (merged(workload__keep_failed="yes"), "workload.keep_failed: must be true or false, got 'yes'"),
     (merged(workload__trace=DROP, workload__transforms=DROP, workload__synthetic={"requests": 5},
             workload__skip_bad=True), "workload.skip_bad: applies to a trace file; allowed: with workload.trace"),
