@@ -107,8 +107,10 @@ BROKEN = [
                                     " engine.enable_prefix_caching: false)"),
     (merged(engine__allocator="max"), "point 0 (base): engine.enable_prefix_caching: not supported with the"
                                       " contiguous reservation allocator"),
+    # an option of a component no point configures: named as written, with the value's index in its sweep
     (merged(sweep={"grid": {"engine.sink_tokens": [0, 4]}}),
-     "point 1 (sink_tokens=4): engine.sink_tokens: needs engine.window_tokens > 0"),
+     "sweep.grid.engine.sink_tokens[1]: needs a sliding window, and none is configured; allowed: "
+     "engine.window_tokens > 0"),
 ]
 
 
