@@ -65,7 +65,7 @@ from kvplan.results.goodput import REQUEST_BOUNDS
 from kvplan.results.summary import SUMMARY_KEYS
 from kvplan.sim.probe import Probe
 from kvplan.sim.routers import ROUTERS
-from kvplan.traces.arrivals import MAX_RATE
+from kvplan.traces.arrivals import MAX_RATE, MIN_RATE, RATE_WHY
 from kvplan.traces.schema import short_repr
 from kvplan.traces.steady import ARRIVALS, MAX_PROBE_REQUESTS
 
@@ -88,7 +88,7 @@ MODES = ("sustained", "concurrency", "burst")
 RATE_SCALE = Field("float", 1.0, minimum=1e-6, maximum=1e6)  # beyond: arrivals past float64 resolution, or at 0
 LOAD: dict[str, Field] = {
     "mode": Field("choice", "sustained", MODES),
-    "rate": Field("float", None, above=0, maximum=MAX_RATE, nullable=True,
+    "rate": Field("float", None, minimum=MIN_RATE, maximum=MAX_RATE, nullable=True, why=RATE_WHY,
                   help="sustained: requests per second; default: the trace's own mean rate"),
     "arrivals": Field("choice", "measured", ARRIVALS),
     "concurrency": Field("int", None, minimum=1, maximum=MAX_USERS, nullable=True, help="concurrency: users",
@@ -122,10 +122,14 @@ SEARCH_TARGETS = {"max_rate": "workload.rate", "max_goodput": "workload.rate",
 TARGET_MODES = {"max_rate": "sustained", "max_goodput": "sustained", "max_concurrency": "concurrency",
                 "max_burst_scale": "burst"}
 INTEGER_TARGETS = ("max_concurrency", "min_replicas")
+# The finest bisection step: below float64's resolution sqrt(lo * hi) stops moving and the search would never end;
+# 1e-4 (a 0.01% step) is already finer than the seeds' spread of any probe.
+MIN_TOLERANCE = 1e-4
+TOLERANCE_WHY = "the bisection's relative step: finer never ends in float64"
 SEARCH: dict[str, Field] = {"target": Field("choice", None, tuple(SEARCH_TARGETS)),
                             "low": Field("float", None, above=0, nullable=True),
                             "high": Field("float", None, above=0, nullable=True),
-                            "tolerance": Field("float", 0.05, above=0, maximum=0.5),
+                            "tolerance": Field("float", 0.05, minimum=MIN_TOLERANCE, maximum=0.5, why=TOLERANCE_WHY),
                             "combine": Field("choice", "median", ("median", "all")),
                             "model_range": Field("choice", "recommended", ("recommended", "every_point", "none"))}
 SEARCH_DEFAULTS = {"max_rate": (0.25, 256.0), "max_goodput": (0.25, 256.0), "max_concurrency": (1, 1024),
@@ -133,6 +137,7 @@ SEARCH_DEFAULTS = {"max_rate": (0.25, 256.0), "max_goodput": (0.25, 256.0), "max
 SEARCH_SEEDS = [0, 1, 2]  # a search's default seeds: capacity is reported as a median with its range
 MAX_POINTS = 10_000  # points of one sweep
 MAX_SEED = 2**63 - 1  # a 64-bit seed, as the CLI and synthetic specs take
+MAX_SEEDS = 1000  # seeds of one experiment (repeats' bound): every point runs each, a search each many times
 
 SLO_LATENCIES = ("ttft", "tpot", "itl", "e2el")
 SLO_KEYS = {f"{p}_{lat}_ms": f"{'median' if p == 'p50' else p}_{lat}_ms" for lat in SLO_LATENCIES
@@ -430,10 +435,11 @@ def parse_seeds(doc: dict, default: list[int]) -> list[int]:
     if "seeds" in doc and "repeats" in doc:
         raise SchemaError("seeds: set seeds or repeats, not both")
     if "repeats" in doc:
-        return list(range(Field("int", minimum=1, maximum=1000).check(doc["repeats"], "repeats")))
+        return list(range(Field("int", minimum=1, maximum=MAX_SEEDS).check(doc["repeats"], "repeats")))
     seeds = doc.get("seeds", default)
-    if not isinstance(seeds, list) or not seeds:
-        raise SchemaError(f"seeds: must be a non-empty list of integers >= 0, got {short_repr(seeds)}")
+    if not isinstance(seeds, list) or not seeds or len(seeds) > MAX_SEEDS:
+        raise SchemaError(f"seeds: must be a non-empty list of at most {MAX_SEEDS} integers >= 0, got "
+                          f"{short_repr(seeds)}")
     # bounded: a seed is stored in runs.parquet's int64 column and added to the workload's own seed
     out = [Field("int", minimum=0, maximum=MAX_SEED).check(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
     if len(set(out)) != len(out):
