@@ -144,10 +144,10 @@ def _check_complete(path: Path, doc: dict) -> None:
     its fit and its provenance: one that lacks any was cut short or edited, and a missing coefficient would price
     its feature at 0 s without a word. (A hand-written profile, without that line, may leave coefficients out.)"""
     with path.open("rb") as f:
-        if not f.read(len(SIGNATURE)) == SIGNATURE:
+        if f.read(len(SIGNATURE)) != SIGNATURE:
             return
-    coefficients = doc.get("coefficients") if isinstance(doc.get("coefficients"), dict) else {}
-    provenance = doc.get("provenance") if isinstance(doc.get("provenance"), dict) else {}
+    coefficients: dict = doc["coefficients"] if isinstance(doc.get("coefficients"), dict) else {}
+    provenance: dict = doc["provenance"] if isinstance(doc.get("provenance"), dict) else {}
     missing = [*(f"coefficients.{k}" for k in COEFFICIENTS if k not in coefficients),
                *(k for k in (*TRANSFERS, "fit", "provenance") if k not in doc),
                *(["provenance.command"] if "provenance" in doc and "command" not in provenance else [])]

@@ -14,8 +14,8 @@ from typing import Any, overload
 
 import numpy as np
 
-from kvplan.engine.core.tier_transfers import num_demotions
 from kvplan.engine.core.settings import SETTINGS
+from kvplan.engine.core.tier_transfers import num_demotions
 from kvplan.errors import UserError
 from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
 from kvplan.sim.cost.features import StepFeatures
@@ -114,7 +114,8 @@ def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
 
 # Bounds of a step record's numbers, as the engine that writes them has them (the settings' ranges); any other
 # count of a step is of blocks.
-COUNTS = {"step": (0, None), "block_size": (1, SETTINGS["block_size"].maximum)}
+MAX_BLOCK_SIZE = int(SETTINGS["block_size"].maximum or 0)
+COUNTS: dict[str, tuple[int, int | None]] = {"step": (0, None), "block_size": (1, MAX_BLOCK_SIZE)}
 
 
 def _header(meta: object) -> dict:
