@@ -55,8 +55,6 @@ NOT_WITH_BEAMS = (("--temperature", "temperature", 0.0), ("--top-k", "top_k", 0)
 def sampling_params(args: argparse.Namespace):  # -> SamplingParams
     """The sampling the flags ask for, checked before a model is loaded: beam options need --beam-width, and
     beam search is deterministic and returns its beams, so it leaves the sampling flags at their defaults."""
-    from kvplan.engine.sampling import SamplingParams
-
     check_flag_needs(args, vars(args), BEAM_OPTIONS)
     if args.beam_width is not None:
         for flag, name, needed in NOT_WITH_BEAMS:
@@ -64,6 +62,8 @@ def sampling_params(args: argparse.Namespace):  # -> SamplingParams
                 raise UserError(f"argument {flag}: {getattr(args, name):g} with --beam-width; allowed: {flag} "
                                 f"{needed:g} (beam search is deterministic and returns its beams: it needs "
                                 f"{name}={needed:g}), or no --beam-width")
+    from kvplan.engine.sampling import SamplingParams  # torch: imported once the flags are known to be usable
+
     penalty = 1.0 if args.length_penalty is None else args.length_penalty
     return SamplingParams(n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                           max_tokens=args.max_tokens, seed=args.seed, beam_width=args.beam_width or 0,
@@ -71,10 +71,10 @@ def sampling_params(args: argparse.Namespace):  # -> SamplingParams
 
 
 def _generate(args: argparse.Namespace) -> int:
+    params = sampling_params(args)  # before torch and the model load: a bad combination is refused at once
     from kvplan.engine.llm import LLM
     from kvplan.output import print_json
 
-    params = sampling_params(args)
     llm = LLM(args.model, attention_backend=args.attention_backend, **settings_from_args(args, "engine"))
     if args.prompt_ids:
         prompts = [_parse_ids(text) for text in args.prompt_ids]

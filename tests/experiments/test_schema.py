@@ -93,6 +93,19 @@ BROKEN = [
      "search.low: must be below search.high"),
     (merged(search={"target": "min_replicas"}, slo={"p99_ttft_ms": 1000},
             sweep={"grid": {"cluster.replicas": [1, 2]}}), "search.target: min_replicas varies cluster.replicas"),
+    # one setting under two names: both paths named (a dict would keep one list and drop the other)
+    (merged(sweep={"grid": {"engine.kv_dtype": "fp8", "engine.kv_cache_dtype": ["auto", "int8"]}}),
+     "sweep.grid.engine.kv_cache_dtype: sets engine.kv_cache_dtype, which sweep.grid.engine.kv_dtype already sets"),
+    (merged(engine__kv_dtype="fp8", engine__kv_cache_dtype="int8"),
+     "engine.kv_cache_dtype: sets kv_cache_dtype, which engine.kv_dtype already sets"),
+    (merged(engine__kv_dtype="fp9"), "engine.kv_dtype: unknown value 'fp9'"),
+    # a search end is a value of the key it varies, with that key's bounds
+    (merged(search={"target": "max_concurrency", "high": 10**12}, slo={"p99_ttft_ms": 1000}),
+     "search.high: max_concurrency varies workload.concurrency, which must be an integer >= 1 and <= 100000"),
+    (merged(search={"target": "min_replicas", "high": 10**5}, slo={"p99_ttft_ms": 1000}),
+     "search.high: min_replicas varies cluster.replicas, which must be an integer >= 1 and <= 10000"),
+    (merged(search={"target": "max_rate", "tolerance": 1e-300}, slo={"p99_ttft_ms": 1000}),
+     "search.tolerance: must be a finite number >= 0.0001"),
     (merged(slo={"p95_ttft_ms": 100}), "slo.p95_ttft_ms: unknown key; did you mean"),
     (merged(slo={"attainment": {"fraction": 0.9}}), "slo.attainment: needs at least one per-request bound"),
     (merged(slo={"attainment": {"ttft_ms": 100, "fraction": 1.5}}), "slo.attainment.fraction: must be a finite"
@@ -109,7 +122,7 @@ BROKEN = [
                                       " contiguous reservation allocator"),
     # an option of a component no point configures: named as written, with the value's index in its sweep
     (merged(sweep={"grid": {"engine.sink_tokens": [0, 4]}}),
-     "sweep.grid.engine.sink_tokens[1]: needs a sliding window, and none is configured; allowed: "
+     "sweep.grid.engine.sink_tokens[1]: needs a sliding window (none configured); allowed: "
      "engine.window_tokens > 0"),
 ]
 

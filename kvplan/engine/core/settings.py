@@ -220,7 +220,7 @@ def check_needs(values: Mapping[str, object], given: Iterable[str], spell: Calla
     for name in given:
         need = needs.get(name)
         if need is not None and not need.met(values):
-            raise ConfigError(f"{spell(name)}: needs {need.component}, and none is configured; allowed: "
+            raise ConfigError(f"{spell(name)}: needs {need.component} (none configured); allowed: "
                               f"{need.condition(spell)}, or leave it out")
 
 
