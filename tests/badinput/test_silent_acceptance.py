@@ -231,3 +231,28 @@ def test_a_corrupt_profile_names_the_file_and_what_to_do(capsys, tmp_path, cost,
     line = refused(capsys, [*SIMULATE, "--cost", cost, "--profile", str(path)], str(path), tmp=tmp_path)
     assert says in line, line
     assert "rerun" in line or "kvplan replay" in line, line
+
+
+def test_an_option_without_its_component_is_refused_in_a_configs_list(capsys, tmp_path):
+    configs = tmp_path / "c.yaml"
+    configs.write_text("- {name: a, kv_offloading_eviction: fifo}\n")
+    line = refused(capsys, ["validate", "--model", "tiny-llama", "--mode", "policy", "--trace", SAMPLE, "--configs",
+                            str(configs), "--out", str(tmp_path / "v")], "[0].kv_offloading_eviction: needs",
+                   tmp=tmp_path)
+    assert "[0].kv_offloading_blocks > 0" in line and not (tmp_path / "v").exists()
+
+
+# --- every size has a maximum ----------------------------------------------------------------------------------
+def test_every_numeric_size_and_search_bound_has_a_maximum():
+    """Each integer setting, experiment key and search end is bounded by what it drives (limits.py: blocks,
+    tokens, replicas, users): a number past it is refused before any work instead of exhausting memory."""
+    from kvplan.experiments import schema
+
+    sections = {"engine": schema.ENGINE, "cluster": schema.CLUSTER, "workload": {**schema.LOAD, **schema.TRACE_LOAD},
+                "probe": schema.PROBE, "search": {"tolerance": schema.SEARCH["tolerance"]}}
+    fields = {f"{section}.{key}": f for section, keys in sections.items() for key, f in keys.items()}
+    fields |= {f"setting {s.name}": s for s in SETTINGS.values()}
+    unbounded = [key for key, f in fields.items() if f.kind in ("int", "float") and f.maximum is None]
+    assert not unbounded, unbounded
+    for target, key in SEARCH_TARGETS.items():  # search.low/high take the varied key's bounds
+        assert SWEEPABLE[key].maximum is not None, target
