@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.needs import ON, Needs, check_needs  # noqa: F401 (check_needs: the sides')
 from kvplan.engine.core.victims import VICTIM_POLICIES
 from kvplan.errors import ConfigError, listed, short_repr
 from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
@@ -172,56 +172,6 @@ class Field:
                 return text, f"must be true or false, got {short_repr(text)}"
             return text.lower() == "true", None
         return self.parse(text)
-
-
-ON = "on"  # a `Needs` condition: any value but the setting's off value (0, false, null)
-
-
-@dataclass(frozen=True, slots=True)
-class Needs:
-    """The component a setting configures, and what configures it: the setting means something only when one
-    of `any_of` holds ((setting, value) pairs, ON: any value but 0 / false / null). Anything else is an option
-    for a component that is not there, which would otherwise be accepted and have no effect."""
-
-    component: str  # "a CPU prefix tier": how a message names it
-    any_of: tuple[tuple[str, object], ...]
-
-    def met(self, values: Mapping[str, object]) -> bool:
-        """Whether `values` (name -> value; a list: the values a command runs one by one) configure it; a
-        condition on a setting `values` lacks (another side's) does not count."""
-        def holds(name: str, wanted: object) -> bool:
-            value = values.get(name)
-            return any((v not in (None, 0, False) if wanted == ON else v == wanted)
-                       for v in (value if isinstance(value, list) else [value]))
-
-        return any(name in values and holds(name, wanted) for name, wanted in self.any_of)
-
-    def condition(self, spell: Callable[[str], str]) -> str:
-        """'engine.kv_offloading_blocks > 0 or engine.kv_offloading_size > 0', each setting as `spell` spells it."""
-        def one(name: str, wanted: object) -> str:
-            spelled = spell(name)
-            flag = spelled.startswith("--")  # a flag takes its value after a space; a key after a colon
-            if wanted != ON:
-                return f"{spelled}{' ' if flag else ': '}{wanted}"
-            if name in SETTINGS and SETTINGS[name].kind == "bool":
-                return spelled if flag else f"{spelled}: true"
-            return f"{spelled} > 0"
-
-        return " or ".join(one(name, wanted) for name, wanted in self.any_of)
-
-
-def check_needs(values: Mapping[str, object], given: Iterable[str], spell: Callable[[str], str] = str,
-                needs: Mapping[str, Needs] | None = None) -> None:
-    """Refuse the first of `given` (settings the user set) whose component `values` do not configure, naming it
-    and what would configure it as `spell` spells them (a flag, a key path). `needs`: the declarations' own
-    (`NEEDS`), or a command's for its flags. One check for every side: the engine's options on construction,
-    the command lines' flags, experiment files and `--configs` lists."""
-    needs = NEEDS if needs is None else needs
-    for name in given:
-        need = needs.get(name)
-        if need is not None and not need.met(values):
-            raise ConfigError(f"{spell(name)}: needs {need.component} (none configured); allowed: "
-                              f"{need.condition(spell)}, or leave it out")
 
 
 @dataclass(frozen=True, slots=True)
