@@ -214,7 +214,7 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     check_components(exp, ENGINE)
     exp.slo, exp.attainment = parse_slo(doc.get("slo"))
     exp.search = parse_search(doc.get("search"), exp)
-    check_load(exp, doc.get("workload") or {})
+    check_load(exp, doc.get("workload") or {}, "probe" in doc)
     exp.objective = check_fields(doc.get("objective"), "objective", OBJECTIVE)
     # A search reports a median over seeds - unless it replays a recorded trace as is (burst), where no seed
     # draws anything.
@@ -309,9 +309,10 @@ def parse_slo(doc: object) -> tuple[dict[str, float], dict | None]:
     return bounds, attainment
 
 
-def check_load(exp: Experiment, written: dict) -> None:
-    """The load mode: as written, else the one a search target implies; every load key set must apply to it,
-    and a concurrency run needs its users (unless a search varies them)."""
+def check_load(exp: Experiment, written: dict, probe: bool) -> None:
+    """The load mode: as written, else the one a search target implies; every load key set must apply to it (and
+    a `probe:` section to a mode that probes), and a concurrency run needs its users (unless a search varies
+    them)."""
     workload = exp.base["workload"]
     implied = TARGET_MODES.get(exp.search["target"]) if exp.search else None
     if implied is not None and "mode" in written and written["mode"] != implied:
@@ -323,6 +324,9 @@ def check_load(exp: Experiment, written: dict) -> None:
         if (key in written or swept) and applies != mode:
             raise SchemaError(f"workload.{key}: applies to mode {applies} only, and this experiment's mode is "
                               f"{mode}; allowed: mode: {applies}, or remove {key}")
+    if probe and mode == "burst":  # a burst replays the trace as recorded: no steady-state probe to shape
+        raise SchemaError("probe: shapes a steady-state probe (modes sustained and concurrency), and this "
+                          "experiment's mode is burst (the trace as recorded); allowed: remove probe, or another mode")
     varied = set(exp.sweep_grid) | set(exp.sweep_zip) | ({SEARCH_TARGETS[exp.search["target"]]} if exp.search
                                                          else set())
     if mode == "concurrency" and workload["concurrency"] is None and "workload.concurrency" not in varied:
@@ -346,6 +350,9 @@ def parse_search(doc: object, exp: Experiment) -> dict | None:
     low, high = SEARCH_DEFAULTS[target]
     search["low"] = low if search["low"] is None else search["low"]
     search["high"] = high if search["high"] is None else search["high"]
+    if target in INTEGER_TARGETS and "tolerance" in doc:  # whole steps: it ends when hi = lo + 1
+        raise SchemaError(f"search.tolerance: {target} bisects whole {SEARCH_TARGETS[target].split('.')[1]} "
+                          "until they are adjacent, so a relative tolerance would have no effect; allowed: remove it")
     if target in INTEGER_TARGETS:
         for key in ("low", "high"):
             if not float(search[key]).is_integer():

@@ -106,6 +106,10 @@ BROKEN = [
      "search.high: min_replicas varies cluster.replicas, which must be an integer >= 1 and <= 10000"),
     (merged(search={"target": "max_rate", "tolerance": 1e-300}, slo={"p99_ttft_ms": 1000}),
      "search.tolerance: must be a finite number >= 0.0001"),
+    # sections of a component the experiment does not have
+    (merged(search={"target": "min_replicas", "tolerance": 0.1}, slo={"p99_ttft_ms": 1000}),
+     "search.tolerance: min_replicas bisects whole replicas"),
+    (merged(workload__mode="burst", probe={"duration_s": 60}), "probe: shapes a steady-state probe"),
     (merged(slo={"p95_ttft_ms": 100}), "slo.p95_ttft_ms: unknown key; did you mean"),
     (merged(slo={"attainment": {"fraction": 0.9}}), "slo.attainment: needs at least one per-request bound"),
     (merged(slo={"attainment": {"ttft_ms": 100, "fraction": 1.5}}), "slo.attainment.fraction: must be a finite"
