@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvplan.engine.core.settings import describe_range
-from kvplan.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_TOKENS
+from kvplan.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_TOKENS, REPLICAS_WHY
 from kvplan.traces.schema import short_repr
 
 
@@ -68,7 +68,7 @@ TOKENS = integer(0, MAX_TOKENS)
 POSITIVE_TOKENS = integer(1, MAX_TOKENS)
 BLOCKS = integer(1, MAX_BLOCKS, "one object per KV block: more would exhaust memory")
 CPU_BLOCKS = integer(0, MAX_BLOCKS, "one object per KV block: more would exhaust memory")
-REPLICAS = integer(1, MAX_REPLICAS, "one simulated engine each")
+REPLICAS = integer(1, MAX_REPLICAS, REPLICAS_WHY)
 FRACTION = number(high=1, above=0)
 POSITIVE = number(above=0)
 SECONDS = number(low=0)

@@ -4,7 +4,7 @@ the settings declaration (`engine.core.settings`)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from kvplan.engine.core.settings import (  # noqa: F401 (MODEL_DTYPES: commands')
@@ -12,11 +12,12 @@ from kvplan.engine.core.settings import (  # noqa: F401 (MODEL_DTYPES: commands'
     SETTINGS,
     SIM_ONLY_TIERS,
     canonical,
+    check_needs,
 )
 from kvplan.engine.options import EngineOptions, check_sim_only
 from kvplan.errors import UserError, listed
 from kvplan.output import safe_name
-from kvplan.settings_cli import add_setting_flags, settings_from_args
+from kvplan.settings_cli import add_setting_flags, check_flag_needs, settings_from_args
 from kvplan.traces.specs import read_yaml
 
 
@@ -39,7 +40,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> EngineOptions:
     for name in SIM_ONLY_TIERS:
         check_sim_only(name, getattr(args, name), "argument " + SETTINGS[name].flag)
-    return EngineOptions(**settings_from_args(args, "engine"))
+    settings = settings_from_args(args, "engine")
+    check_flag_needs(args, settings)
+    return EngineOptions(**settings)
 
 
 _RESERVED = ("validation.json", "report.md", "manifest.json")  # what `validate` writes beside the config folders
@@ -70,17 +73,24 @@ def load_configs(path: str | Path, base: EngineOptions) -> list[tuple[str, Engin
         if entry["name"] in names:
             raise UserError(f"{where}.name: {entry['name']!r} is used twice; allowed: unique names")
         names.add(entry["name"])
-        changes = {}
+        changes, written = {}, {}
         for key, value in entry.items():
             if key == "name":
                 continue
             name = canonical(key)
+            if name in written:  # `kv_dtype` and `kv_cache_dtype`: one of the two would be dropped
+                raise UserError(f"{where}.{key}: sets {name}, which {where}.{written[name]} already sets; allowed: "
+                                "one of the two")
+            written[name] = key
             if name in SIM_ONLY_TIERS:
                 check_sim_only(name, value, f"{where}.{key}")
                 continue
             if name not in allowed:
                 raise UserError(f"{where}.{key}: unknown option; allowed: {listed(allowed)}")
             changes[name] = _value(f"{where}.{key}", name, value)
+        merged = {**asdict(base), **changes}
+        spelled = {n: f"{where}.{key}" for n, key in written.items()}
+        check_needs(merged, [n for n in written if n in changes], lambda n, s=spelled, w=where: s.get(n, f"{w}.{n}"))
         out.append((entry["name"], replace(base, **changes)))
     return out
 

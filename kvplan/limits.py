@@ -37,3 +37,10 @@ MAX_YAML_BYTES = 1 * 2**20  # ~8 s to compose at most; a spec or a profile is a 
 MAX_YAML_NODES = 200_000  # values in one document with every alias expanded: ~10 s at worst to build and check
 MAX_YAML_ALIASES = 1_000  # `*name` references in one document (a spec uses a handful: `<<: *base`)
 MAX_YAML_DEPTH = 100  # nesting of mappings and sequences (a spec nests ~5 deep; deeper recursion runs out of stack)
+
+# --- issue 44, bounds of an experiment's sizes and search ends (kvplan.experiments.schema) ---
+REPLICAS_WHY = "one simulated engine each"  # MAX_REPLICAS: a replica is a whole scheduler and KV manager
+# Closed-loop users of one probe: each is a live session of the loop, and 100x vLLM's largest max_num_seqs
+# default (1024, sim.vllm_defaults) is past any engine's running slots: more users only queue.
+MAX_USERS = 100_000
+USERS_WHY = "closed-loop users: each is a live session; more than 100 engines' running slots only queue"

@@ -14,12 +14,14 @@ import numpy as np
 import pandas as pd
 
 from kvplan.errors import UserError
+from kvplan.limits import MAX_TOKENS
 from kvplan.results.rejected import REASON
 from kvplan.sim.cost.calibrated import MAX_BLOCK_SIZE, MAX_BLOCKS
 from kvplan.strict_json import loads, whole, why
 
 COLUMNS = ("request", "sample", "first_scheduled_s", "prompt_tokens", "output_tokens", "cached_prompt_tokens")
-ALLOWED = "the --out DIR of `kvplan replay --endpoint URL` (requests.parquet, tokens.jsonl, endpoint.json)"
+ALLOWED = ("the --out DIR of `kvplan replay --endpoint URL` (requests.parquet, tokens.jsonl, endpoint.json; rerun "
+           "the replay to write it again)")
 
 
 @dataclass(slots=True)
@@ -87,6 +89,9 @@ def _requests(path: Path) -> pd.DataFrame:
         raise UserError(f"{path}: {', '.join(counts)} must be integers and first_scheduled_s set; allowed: {ALLOWED}")
     if (table["prompt_tokens"] < 1).any() or (table["output_tokens"] < 1).any() or (table[counts] < 0).any(axis=None):
         raise UserError(f"{path}: a sequence with an empty prompt or output; allowed: {ALLOWED}")
+    tokens = ["prompt_tokens", "output_tokens", "cached_prompt_tokens"]
+    if (table[tokens] > MAX_TOKENS).any(axis=None):  # longer than any model's context: not a replay's count
+        raise UserError(f"{path}: a token count above {MAX_TOKENS}; allowed: {ALLOWED}")
     return table.reset_index(drop=True)
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from kvplan.arg_types import FRACTION, NON_NEGATIVE, POSITIVE_TOKENS, SEED, integer, number
+from kvplan.engine.core.settings import ON, Needs
 from kvplan.errors import UserError
-from kvplan.settings_cli import add_setting_flags, settings_from_args
+from kvplan.settings_cli import add_setting_flags, check_flag_needs, settings_from_args
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -25,11 +26,14 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=NON_NEGATIVE, default=0)
     p.add_argument("--top-p", type=FRACTION, default=1.0)
     p.add_argument("--seed", type=SEED, default=None)
-    p.add_argument("--beam-width", type=integer(0, 64), default=0,
-                   help="beam search with this many beams (HF num_beams semantics; needs --temperature 0); prints "
-                        "every beam's hypothesis, best first")
-    p.add_argument("--length-penalty", type=number(), default=1.0,
-                   help="beam search: a hypothesis scores logprob sum / length ** this (default 1.0)")
+    # vLLM's beam_width (LLM.beam_search, BeamSearchParams): at least one beam; no flag, no beam search. (HF's
+    # num_beams=1 means greedy, kvplan's 0 meant off: both are spelled by leaving the flag out.)
+    p.add_argument("--beam-width", type=integer(1, 64, "beams; leave the flag out for no beam search"), default=None,
+                   help="beam search with this many beams (vLLM's beam_width; default: no beam search); prints "
+                        "every beam's hypothesis, best first; needs the default sampling (--temperature 0, --n 1)")
+    p.add_argument("--length-penalty", type=number(), default=None,
+                   help="beam search: a hypothesis scores logprob sum / length ** this (default 1.0; needs "
+                        "--beam-width)")
     # Its own defaults: float32, to answer as HF `generate` does on the same checkpoint (the bundled models are
     # float32; the serving commands run bfloat16), and 512 MiB of KV, to hold one prompt at the model's whole
     # context (SmolLM2's 8192 tokens in float32; the serving commands bound --max-model-len instead).
@@ -41,9 +45,34 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_generate)
 
 
+# Options of beam search: meaningless without it (engine.core.settings.Needs, as settings declare theirs).
+BEAM_OPTIONS = {"length_penalty": Needs("beam search", (("beam_width", ON),))}
+# Sampling options beam search replaces: (flag, attribute, the value beam search needs: the default).
+NOT_WITH_BEAMS = (("--temperature", "temperature", 0.0), ("--top-k", "top_k", 0), ("--top-p", "top_p", 1.0),
+                  ("--n", "n", 1))
+
+
+def sampling_params(args: argparse.Namespace):  # -> SamplingParams
+    """The sampling the flags ask for, checked before a model is loaded: beam options need --beam-width, and
+    beam search is deterministic and returns its beams, so it leaves the sampling flags at their defaults."""
+    check_flag_needs(args, vars(args), BEAM_OPTIONS)
+    if args.beam_width is not None:
+        for flag, name, needed in NOT_WITH_BEAMS:
+            if getattr(args, name) != needed:
+                raise UserError(f"argument {flag}: {getattr(args, name):g} with --beam-width; allowed: {flag} "
+                                f"{needed:g} (beam search is deterministic and returns its beams: it needs "
+                                f"{name}={needed:g}), or no --beam-width")
+    from kvplan.engine.sampling import SamplingParams  # torch: imported once the flags are known to be usable
+
+    penalty = 1.0 if args.length_penalty is None else args.length_penalty
+    return SamplingParams(n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          max_tokens=args.max_tokens, seed=args.seed, beam_width=args.beam_width or 0,
+                          length_penalty=penalty)
+
+
 def _generate(args: argparse.Namespace) -> int:
+    params = sampling_params(args)  # before torch and the model load: a bad combination is refused at once
     from kvplan.engine.llm import LLM
-    from kvplan.engine.sampling import SamplingParams
     from kvplan.output import print_json
 
     llm = LLM(args.model, attention_backend=args.attention_backend, **settings_from_args(args, "engine"))
@@ -51,9 +80,6 @@ def _generate(args: argparse.Namespace) -> int:
         prompts = [_parse_ids(text) for text in args.prompt_ids]
     else:
         prompts = [_templated(llm, text, args.raw) for text in args.prompt]
-    params = SamplingParams(n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            max_tokens=args.max_tokens, seed=args.seed, beam_width=args.beam_width,
-                            length_penalty=args.length_penalty)
     outputs = llm.generate(prompts, params)
     report = {"model": args.model, "kv_blocks": llm.num_kv_blocks, "kv_dtype": llm.profile_meta["kv_dtype"],
               "kv_bytes_per_block": llm.kv_cache.layout.bytes_per_block, "block_size": args.block_size, "requests": [

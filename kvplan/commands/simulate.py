@@ -22,7 +22,7 @@ from kvplan.arg_types import (
 from kvplan.errors import UserError
 from kvplan.output import atomic_dir, check_out_dir, check_paths, format_table, print_json
 from kvplan.results.serving_result import write_tables
-from kvplan.settings_cli import add_setting_flags, settings_from_args
+from kvplan.settings_cli import GIVEN, add_setting_flags, check_flag_needs, settings_from_args
 from kvplan.trace_options import UNTIMED_NOTE, add_arrival_options, add_load_options, load_trace, retime_spec
 
 TABLE = (("block", "block_size"), ("kv_blocks", "num_blocks"), ("done", "completed"),
@@ -78,6 +78,7 @@ def spec_from_args(args: argparse.Namespace, block_size: int):
     settings = settings_from_args(args, "sim")
     if settings["enable_prefix_caching"] is None:  # not given: on, except for a reservation allocator (none to use)
         settings["enable_prefix_caching"] = settings["allocator"] == "paged"
+    check_flag_needs(args, settings)
     return SimSpec(model=args.model, hardware=args.hardware, cost=args.cost, profile=args.profile,
                    gpu_profile=args.gpu_profile, replicas=args.replicas, router=args.router,
                    **{**settings, "block_size": block_size},
@@ -110,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
 
     model_error = model_error_for(spec_from_args(args, args.block_size[0]))  # the block size has no bearing
     if args.out is not None:  # one result set, swapped in whole: never half this run and half an earlier one
-        options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "handler"}
+        options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                   if k not in ("handler", GIVEN)}
         with atomic_dir(args.out, {"command": "simulate", "options": options}) as tmp:
             for block_size, result in zip(args.block_size, results, strict=True):
                 write_tables(result, tmp / f"block{block_size}" if len(results) > 1 else tmp, args.format)

@@ -128,20 +128,25 @@ def check_point(exp: Experiment, point: Point) -> None:
     """Build the point's workload and simulator exactly as its first run will (nothing is simulated)."""
     from kvplan.experiments.execute import build_probe, build_spec, build_trace
     from kvplan.experiments.schema import SEARCH_TARGETS
+    from kvplan.sim.frontend import frontend_for
     from kvplan.sim.run import build_configs, build_cost, check_trace
     from kvplan.traces.steady import population
 
     varied = SEARCH_TARGETS[exp.search["target"]] if exp.search else None
-    ends = [{varied: exp.search[end]} for end in ("low", "high")] if exp.search else [None]
+    ends = {f"search.{end} {exp.search[end]:g}: ": {varied: exp.search[end]} for end in ("low", "high")} \
+        if exp.search else {"": None}
+    end = ""
     try:
-        for probe in ends:  # a search's two ends bound every value it will probe
-            config = run_config(point.config, exp.seeds[0], probe)
+        for end in ends:  # a search's two ends bound every value it will probe
+            config = run_config(point.config, exp.seeds[0], ends[end])
             trace = build_trace(config)
             check_trace(trace, "the workload")
             spec = build_spec(config)
+            frontend_for(spec.entry_point, spec.api_server_latency_ms)  # a latency without an API server
             cost, num_blocks = build_cost(spec)
             build_configs(spec, trace, num_blocks, cost)
             if config["workload"]["mode"] != "burst":  # a rate to offer, a window to measure, room for both
                 build_probe(config).check(population(trace))
     except (ValueError, FileNotFoundError) as exc:
-        raise SchemaError(f"point {point.index} ({point.label}): {key_path(str(exc))}") from None
+        # at a search's end, that end is what the user wrote (the varied key is not in the file)
+        raise SchemaError(f"point {point.index} ({point.label}): {end}{key_path(str(exc))}") from None

@@ -52,17 +52,19 @@ Validation happens on load, before any run: every error names the key path, the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kvplan.engine.core.settings import canonical, for_side
+from kvplan.engine.core.settings import KEY_ALIASES, for_side
 from kvplan.errors import ConfigError
 from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
+from kvplan.experiments.written import check_components, parse_engine, spellings
+from kvplan.limits import MAX_REPLICAS, MAX_TOKENS, MAX_USERS, REPLICAS_WHY, USERS_WHY
 from kvplan.results.goodput import REQUEST_BOUNDS
 from kvplan.results.summary import SUMMARY_KEYS
 from kvplan.sim.probe import Probe
 from kvplan.sim.routers import ROUTERS
-from kvplan.traces.arrivals import MAX_RATE
+from kvplan.traces.arrivals import MAX_RATE, MIN_RATE, RATE_WHY
 from kvplan.traces.schema import short_repr
 from kvplan.traces.steady import ARRIVALS, MAX_PROBE_REQUESTS
 
@@ -71,24 +73,25 @@ TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "wo
 
 # Every setting the simulator reads, as its declaration says (engine.core.settings): names, defaults, ranges.
 ENGINE: dict[str, Field] = {s.name: s.side_field("sim") for s in for_side("sim")}
-CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=4096),
+CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=MAX_REPLICAS, why=REPLICAS_WHY),
                              "router": Field("choice", "round_robin", tuple(ROUTERS))}
 TOP: dict[str, Field] = {"model": Field("str", "llama-3-8b"), "hardware": Field("str", "h100-sxm")}
 # How a trace file is read (`kvplan trace --help` has the same options): the only keys besides `trace`/`format`
 # that apply to a file and not to a synthetic workload.
 TRACE_LOAD: dict[str, Field] = {
     "skip_bad": Field("bool", False), "keep_failed": Field("bool", False),
-    "hash_granularity": Field("int", None, minimum=1, nullable=True),
+    "hash_granularity": Field("int", None, minimum=1, maximum=MAX_TOKENS, nullable=True),
 }
 # How load is offered: the three questions a capacity can answer (see the module docstring and sim.probe).
 MODES = ("sustained", "concurrency", "burst")
 RATE_SCALE = Field("float", 1.0, minimum=1e-6, maximum=1e6)  # beyond: arrivals past float64 resolution, or at 0
 LOAD: dict[str, Field] = {
     "mode": Field("choice", "sustained", MODES),
-    "rate": Field("float", None, above=0, maximum=MAX_RATE, nullable=True,
+    "rate": Field("float", None, minimum=MIN_RATE, maximum=MAX_RATE, nullable=True, why=RATE_WHY,
                   help="sustained: requests per second; default: the trace's own mean rate"),
     "arrivals": Field("choice", "measured", ARRIVALS),
-    "concurrency": Field("int", None, minimum=1, maximum=100_000, nullable=True, help="concurrency: users"),
+    "concurrency": Field("int", None, minimum=1, maximum=MAX_USERS, nullable=True, help="concurrency: users",
+                         why=USERS_WHY),
     "think_s": Field("float", 0.0, minimum=0, maximum=86_400.0),
     "rate_scale": RATE_SCALE,
 }
@@ -118,10 +121,14 @@ SEARCH_TARGETS = {"max_rate": "workload.rate", "max_goodput": "workload.rate",
 TARGET_MODES = {"max_rate": "sustained", "max_goodput": "sustained", "max_concurrency": "concurrency",
                 "max_burst_scale": "burst"}
 INTEGER_TARGETS = ("max_concurrency", "min_replicas")
+# The finest bisection step: below float64's resolution sqrt(lo * hi) stops moving and the search would never end;
+# 1e-4 (a 0.01% step) is already finer than the seeds' spread of any probe.
+MIN_TOLERANCE = 1e-4
+TOLERANCE_WHY = "the bisection's relative step: finer never ends in float64"
 SEARCH: dict[str, Field] = {"target": Field("choice", None, tuple(SEARCH_TARGETS)),
                             "low": Field("float", None, above=0, nullable=True),
                             "high": Field("float", None, above=0, nullable=True),
-                            "tolerance": Field("float", 0.05, above=0, maximum=0.5),
+                            "tolerance": Field("float", 0.05, minimum=MIN_TOLERANCE, maximum=0.5, why=TOLERANCE_WHY),
                             "combine": Field("choice", "median", ("median", "all")),
                             "model_range": Field("choice", "recommended", ("recommended", "every_point", "none"))}
 SEARCH_DEFAULTS = {"max_rate": (0.25, 256.0), "max_goodput": (0.25, 256.0), "max_concurrency": (1, 1024),
@@ -129,6 +136,7 @@ SEARCH_DEFAULTS = {"max_rate": (0.25, 256.0), "max_goodput": (0.25, 256.0), "max
 SEARCH_SEEDS = [0, 1, 2]  # a search's default seeds: capacity is reported as a median with its range
 MAX_POINTS = 10_000  # points of one sweep
 MAX_SEED = 2**63 - 1  # a 64-bit seed, as the CLI and synthetic specs take
+MAX_SEEDS = 1000  # seeds of one experiment (repeats' bound): every point runs each, a search each many times
 
 SLO_LATENCIES = ("ttft", "tpot", "itl", "e2el")
 SLO_KEYS = {f"{p}_{lat}_ms": f"{'median' if p == 'p50' else p}_{lat}_ms" for lat in SLO_LATENCIES
@@ -159,6 +167,9 @@ class Experiment:
     seeds: list[int] = field(default_factory=lambda: [0])
     outputs: dict = field(default_factory=lambda: {k: f.default for k, f in OUTPUTS.items()})
     description: str = ""
+    # Current key path -> the path as the user wrote it (an earlier setting name, a sweep section), for messages
+    # about what the file says: `engine.kv_cache_dtype` -> `engine.kv_dtype`, `sweep.grid.engine.block_size`.
+    written: dict[str, str] = field(default_factory=dict)
 
     @property
     def goodput_bounds(self) -> dict[str, float] | None:
@@ -192,16 +203,18 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     check_mapping(doc, "", TOP_KEYS)
     name = Field("str").check(doc.get("name"), "name")
     base = {key: f.check(doc.get(key, f.default), key) for key, f in TOP.items()}
-    base["engine"] = check_fields(settings_section(doc.get("engine")), "engine", ENGINE)
+    base["engine"], written = parse_engine(doc.get("engine"), ENGINE)
     base["cluster"] = check_fields(doc.get("cluster"), "cluster", CLUSTER)
     base["workload"] = parse_workload(doc.get("workload"))
     base["probe"] = check_fields(doc.get("probe"), "probe", PROBE)
     description = Field("str", nullable=True).check(doc.get("description") or None, "description") or ""
-    exp = Experiment(name, source, text, base, description=description)
-    exp.sweep_grid, exp.sweep_zip = parse_sweep(doc.get("sweep"))
+    exp = Experiment(name, source, text, base, description=description, written=written)
+    exp.sweep_grid, exp.sweep_zip, swept = parse_sweep(doc.get("sweep"))
+    exp.written |= swept
+    check_components(exp, ENGINE)
     exp.slo, exp.attainment = parse_slo(doc.get("slo"))
     exp.search = parse_search(doc.get("search"), exp)
-    check_load(exp, doc.get("workload") or {})
+    check_load(exp, doc.get("workload") or {}, "probe" in doc)
     exp.objective = check_fields(doc.get("objective"), "objective", OBJECTIVE)
     # A search reports a median over seeds - unless it replays a recorded trace as is (burst), where no seed
     # draws anything.
@@ -209,27 +222,6 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     exp.seeds = parse_seeds(doc, SEARCH_SEEDS if exp.search and draws else [0])
     exp.outputs = check_fields(doc.get("outputs"), "outputs", OUTPUTS)
     return exp
-
-
-def settings_section(doc: object) -> object:
-    """The `engine:` mapping with earlier setting names under their current ones (`kv_dtype: int8` is
-    `kv_cache_dtype: int8`); both spellings of one setting is an error."""
-    if not isinstance(doc, dict):
-        return doc
-    out: dict = {}
-    for key, value in doc.items():
-        name = canonical(key) if isinstance(key, str) else key
-        if name in out:
-            raise SchemaError(f"engine.{key}: sets {name} a second time; allowed: one of the two spellings")
-        out[name] = value
-    return out
-
-
-def sweep_key(key: object) -> object:
-    """A sweep key with an earlier setting name under its current one (`engine.kv_dtype` -> `engine.kv_cache_dtype`)."""
-    if isinstance(key, str) and key.startswith("engine."):
-        return "engine." + canonical(key.removeprefix("engine."))
-    return key
 
 
 def parse_workload(doc: object) -> dict:
@@ -268,17 +260,21 @@ def parse_transforms(doc: object) -> dict:
     return dict(doc)
 
 
-def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list]]:
+def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list], dict[str, str]]:
+    """(grid, zip, each swept key -> its path as written)."""
     if doc is None:
-        return {}, {}
+        return {}, {}, {}
     check_mapping(doc, "sweep", ("grid", "zip"))
     axes: dict[str, dict[str, list]] = {}
+    written: dict[str, str] = {}  # current key -> its path as written, over both sections
+    sweepable = [*SWEEPABLE, *(f"engine.{k}" for k in KEY_ALIASES)]
     for kind in ("grid", "zip"):
-        section = check_mapping({sweep_key(k): v for k, v in (doc.get(kind) or {}).items()}
-                                if isinstance(doc.get(kind), dict) else doc.get(kind) or {}, f"sweep.{kind}", SWEEPABLE)
+        raw = check_mapping(doc.get(kind) or {}, f"sweep.{kind}", sweepable)
+        paths = spellings(raw, f"sweep.{kind}.", written)
+        written |= paths
         axes[kind] = {}
-        for key, values in section.items():
-            where = f"sweep.{kind}.{key}"
+        for key, where in paths.items():
+            values = raw[where.removeprefix(f"sweep.{kind}.")]
             if not isinstance(values, list) or not values:
                 raise SchemaError(f"{where}: must be a non-empty list of values, got {short_repr(values)}")
             axes[kind][key] = [SWEEPABLE[key].check(v, f"{where}[{i}]") for i, v in enumerate(values)]
@@ -296,10 +292,7 @@ def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list]]:
     if points > MAX_POINTS:  # each point is built and checked before any run: 10^6 would never get started
         sizes = " x ".join(str(len(v)) for v in (*axes["grid"].values(), *list(axes["zip"].values())[:1]))
         raise SchemaError(f"sweep: {sizes} = {points} points; allowed: at most {MAX_POINTS} (split the experiment)")
-    both = sorted(set(axes["grid"]) & set(axes["zip"]))
-    if both:
-        raise SchemaError(f"sweep.zip.{both[0]}: also in sweep.grid; allowed: each key in one of them")
-    return axes["grid"], axes["zip"]
+    return axes["grid"], axes["zip"], written
 
 
 def parse_slo(doc: object) -> tuple[dict[str, float], dict | None]:
@@ -316,9 +309,10 @@ def parse_slo(doc: object) -> tuple[dict[str, float], dict | None]:
     return bounds, attainment
 
 
-def check_load(exp: Experiment, written: dict) -> None:
-    """The load mode: as written, else the one a search target implies; every load key set must apply to it,
-    and a concurrency run needs its users (unless a search varies them)."""
+def check_load(exp: Experiment, written: dict, probe: bool) -> None:
+    """The load mode: as written, else the one a search target implies; every load key set must apply to it (and
+    a `probe:` section to a mode that probes), and a concurrency run needs its users (unless a search varies
+    them)."""
     workload = exp.base["workload"]
     implied = TARGET_MODES.get(exp.search["target"]) if exp.search else None
     if implied is not None and "mode" in written and written["mode"] != implied:
@@ -330,6 +324,9 @@ def check_load(exp: Experiment, written: dict) -> None:
         if (key in written or swept) and applies != mode:
             raise SchemaError(f"workload.{key}: applies to mode {applies} only, and this experiment's mode is "
                               f"{mode}; allowed: mode: {applies}, or remove {key}")
+    if probe and mode == "burst":  # a burst replays the trace as recorded: no steady-state probe to shape
+        raise SchemaError("probe: shapes a steady-state probe (modes sustained and concurrency), and this "
+                          "experiment's mode is burst (the trace as recorded); allowed: remove probe, or another mode")
     varied = set(exp.sweep_grid) | set(exp.sweep_zip) | ({SEARCH_TARGETS[exp.search["target"]]} if exp.search
                                                          else set())
     if mode == "concurrency" and workload["concurrency"] is None and "workload.concurrency" not in varied:
@@ -353,12 +350,21 @@ def parse_search(doc: object, exp: Experiment) -> dict | None:
     low, high = SEARCH_DEFAULTS[target]
     search["low"] = low if search["low"] is None else search["low"]
     search["high"] = high if search["high"] is None else search["high"]
+    if target in INTEGER_TARGETS and "tolerance" in doc:  # whole steps: it ends when hi = lo + 1
+        raise SchemaError(f"search.tolerance: {target} bisects whole {SEARCH_TARGETS[target].split('.')[1]} "
+                          "until they are adjacent, so a relative tolerance would have no effect; allowed: remove it")
     if target in INTEGER_TARGETS:
         for key in ("low", "high"):
             if not float(search[key]).is_integer():
                 raise SchemaError(f"search.{key}: {target} counts {SEARCH_TARGETS[target].split('.')[1]}: must be "
                                   f"an integer, got {short_repr(search[key])}")
             search[key] = int(search[key])
+    # Each end is a value of the key the search varies and has that key's bounds (the ends are probed first:
+    # 10^12 users would be built before anything else is said); the message names the end the user wrote.
+    for key in ("low", "high"):
+        _, problem = replace(SWEEPABLE[varied], nullable=False).parse(search[key])
+        if problem is not None:
+            raise SchemaError(f"search.{key}: {target} varies {varied}, which {problem}")
     if search["low"] >= search["high"]:
         raise SchemaError(f"search.low: must be below search.high ({short_repr(search['high'])}), got "
                           f"{short_repr(search['low'])}")
@@ -369,10 +375,11 @@ def parse_seeds(doc: dict, default: list[int]) -> list[int]:
     if "seeds" in doc and "repeats" in doc:
         raise SchemaError("seeds: set seeds or repeats, not both")
     if "repeats" in doc:
-        return list(range(Field("int", minimum=1, maximum=1000).check(doc["repeats"], "repeats")))
+        return list(range(Field("int", minimum=1, maximum=MAX_SEEDS).check(doc["repeats"], "repeats")))
     seeds = doc.get("seeds", default)
-    if not isinstance(seeds, list) or not seeds:
-        raise SchemaError(f"seeds: must be a non-empty list of integers >= 0, got {short_repr(seeds)}")
+    if not isinstance(seeds, list) or not seeds or len(seeds) > MAX_SEEDS:
+        raise SchemaError(f"seeds: must be a non-empty list of at most {MAX_SEEDS} integers >= 0, got "
+                          f"{short_repr(seeds)}")
     # bounded: a seed is stored in runs.parquet's int64 column and added to the workload's own seed
     out = [Field("int", minimum=0, maximum=MAX_SEED).check(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
     if len(set(out)) != len(out):

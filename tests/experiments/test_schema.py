@@ -74,7 +74,8 @@ BROKEN = [
                                                      " 'window'?"),
     (merged(workload__rate_scale=-1), "workload.rate_scale: must be a finite number >= 1e-06 and <= 1000000, got -1"),
     (merged(workload__format="mooncak"), "workload.format: unknown value 'mooncak'; did you mean 'mooncake'?"),
-    (merged(workload__hash_granularity=0), "workload.hash_granularity: must be an integer >= 1 or null, got 0"),
+    (merged(workload__hash_granularity=0), "workload.hash_granularity: must be an integer >= 1 and <= 10000000 or null,"
+     " got 0"),
     (merged(workload__keep_failed="yes"), "workload.keep_failed: must be true or false, got 'yes'"),
     (merged(workload__trace=DROP, workload__transforms=DROP, workload__synthetic={"requests": 5},
             workload__skip_bad=True), "workload.skip_bad: applies to a trace file; allowed: with workload.trace"),
@@ -92,6 +93,23 @@ BROKEN = [
      "search.low: must be below search.high"),
     (merged(search={"target": "min_replicas"}, slo={"p99_ttft_ms": 1000},
             sweep={"grid": {"cluster.replicas": [1, 2]}}), "search.target: min_replicas varies cluster.replicas"),
+    # one setting under two names: both paths named (a dict would keep one list and drop the other)
+    (merged(sweep={"grid": {"engine.kv_dtype": "fp8", "engine.kv_cache_dtype": ["auto", "int8"]}}),
+     "sweep.grid.engine.kv_cache_dtype: sets engine.kv_cache_dtype, which sweep.grid.engine.kv_dtype already sets"),
+    (merged(engine__kv_dtype="fp8", engine__kv_cache_dtype="int8"),
+     "engine.kv_cache_dtype: sets kv_cache_dtype, which engine.kv_dtype already sets"),
+    (merged(engine__kv_dtype="fp9"), "engine.kv_dtype: unknown value 'fp9'"),
+    # a search end is a value of the key it varies, with that key's bounds
+    (merged(search={"target": "max_concurrency", "high": 10**12}, slo={"p99_ttft_ms": 1000}),
+     "search.high: max_concurrency varies workload.concurrency, which must be an integer >= 1 and <= 100000"),
+    (merged(search={"target": "min_replicas", "high": 10**5}, slo={"p99_ttft_ms": 1000}),
+     "search.high: min_replicas varies cluster.replicas, which must be an integer >= 1 and <= 10000"),
+    (merged(search={"target": "max_rate", "tolerance": 1e-300}, slo={"p99_ttft_ms": 1000}),
+     "search.tolerance: must be a finite number >= 0.0001"),
+    # sections of a component the experiment does not have
+    (merged(search={"target": "min_replicas", "tolerance": 0.1}, slo={"p99_ttft_ms": 1000}),
+     "search.tolerance: min_replicas bisects whole replicas"),
+    (merged(workload__mode="burst", probe={"duration_s": 60}), "probe: shapes a steady-state probe"),
     (merged(slo={"p95_ttft_ms": 100}), "slo.p95_ttft_ms: unknown key; did you mean"),
     (merged(slo={"attainment": {"fraction": 0.9}}), "slo.attainment: needs at least one per-request bound"),
     (merged(slo={"attainment": {"ttft_ms": 100, "fraction": 1.5}}), "slo.attainment.fraction: must be a finite"
@@ -106,8 +124,10 @@ BROKEN = [
                                     " engine.enable_prefix_caching: false)"),
     (merged(engine__allocator="max"), "point 0 (base): engine.enable_prefix_caching: not supported with the"
                                       " contiguous reservation allocator"),
+    # an option of a component no point configures: named as written, with the value's index in its sweep
     (merged(sweep={"grid": {"engine.sink_tokens": [0, 4]}}),
-     "point 1 (sink_tokens=4): engine.sink_tokens: needs engine.window_tokens > 0"),
+     "sweep.grid.engine.sink_tokens[1]: needs a sliding window (none configured); allowed: "
+     "engine.window_tokens > 0"),
 ]
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import field, fields, make_dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvplan.engine.core.settings import SETTINGS, for_side
+from kvplan.engine.core.settings import SETTINGS, check_needs, for_side
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -86,6 +86,9 @@ def options_class(name: str, side: str, extra: tuple = (), doc: str = "", namesp
 
     def __post_init__(self: object) -> None:
         check_side(self, side)
+        # an option set away from its default for a component these options do not configure has no effect
+        values = {s.name: getattr(self, s.name) for s in for_side(side)}
+        check_needs(values, [s.name for s in for_side(side) if values[s.name] != s.default_on(side)])
 
     cls = make_dataclass(name, [*extra, *knobs], slots=True, namespace={"__post_init__": __post_init__,
                                                                    **(namespace or {})})

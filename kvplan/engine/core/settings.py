@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.needs import ON, Needs, check_needs  # noqa: F401 (check_needs: the sides')
 from kvplan.engine.core.victims import VICTIM_POLICIES
 from kvplan.errors import ConfigError, listed, short_repr
 from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
@@ -181,7 +182,8 @@ class Setting(Field):
     or the simulator reads. `unset`, when given, says what None means on the engine and simulator sides (derived
     from memory or the model); the core, which has no memory or model, then uses `default`. `flag` is vLLM's
     spelling; `aliases` are earlier kvplan flags and `keys` earlier names of the keyword or YAML key, kept so that
-    users' scripts and experiment files keep working."""
+    users' scripts and experiment files keep working. `needs`, when given, is the component the setting
+    configures (`check_needs` refuses it where nothing configures that component)."""
 
     name: str = ""
     config: str | None = None
@@ -191,6 +193,7 @@ class Setting(Field):
     keys: tuple[str, ...] = ()
     unset: str = ""
     unset_sides: frozenset[str] = frozenset({"engine", "sim"})  # the sides where None means `unset`
+    needs: Needs | None = None
 
     def derived_on(self, side: str) -> bool:
         """Whether None on `side` means a value that side derives (`unset`) rather than the default."""
@@ -232,6 +235,12 @@ VLLM_BATCH_DEFAULT = ("simulator: what vLLM picks for the hardware's memory and 
                       "engine: 2048 / 256")
 ENTRY_POINTS = ("openai_server", "llm", "engine")  # vLLM's usage contexts OPENAI_API_SERVER, LLM_CLASS, ENGINE_CONTEXT
 MAX_OFFLOAD_GIB = 1 << 20  # a PiB of host memory: past any machine (the engine checks its own memory)
+# The components a setting may configure (`Needs`): what turns each on.
+WINDOW = Needs("a sliding window", (("window_tokens", ON),))
+CPU_TIER = Needs("a CPU prefix tier", (("kv_offloading_blocks", ON), ("kv_offloading_size", ON)))
+LOWER_TIER = Needs("a prefix tier below the GPU", (*CPU_TIER.any_of, ("kv_disk_blocks", ON), ("kv_shared_blocks", ON)))
+SHARED_TIER = Needs("a cluster-shared prefix tier", (("kv_shared_blocks", ON),))
+SWAP = Needs("swapping preempted requests out", (("preemption_mode", "swap"),))
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # --- the KV cache (CacheConfig) ---
     _s("block_size", "int", 16, "tokens per KV block", config="cache", minimum=1, maximum=256),
@@ -241,7 +250,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        unset="what the KV memory holds (engine: --kv-cache-memory; simulator: the profile's, else the analytic "
              "estimate for the hardware)"),
     _s("num_cpu_blocks", "int", 0, "CPU blocks that hold swapped-out KV (the engine sizes them from swap_space)",
-       config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK, aliases=("--cpu-blocks",)),
+       config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK, aliases=("--cpu-blocks",),
+       needs=SWAP),
     _s("enable_prefix_caching", "bool", True, "reuse cached KV blocks of shared prompt prefixes", config="cache",
        aliases=("--no-prefix-caching",)),
     _s("eviction_policy", "choice", "lru", "which cached free block is reused first", config="cache",
@@ -257,9 +267,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("kv_offloading_backend", "choice", "native", "what keeps the CPU prefix tier (vLLM's name): native, "
        "vLLM's own CPU offloading, the one kvplan has (its tier stores a block when the GPU evicts it)",
        sides=ENGINE, choices=("native",),
-       why="lmcache is not modelled"),
+       why="lmcache is not modelled", needs=CPU_TIER),
     _s("kv_offloading_eviction", "choice", "lru", "which block the CPU prefix tier drops (or demotes to disk) first",
-       config="cache", choices=tuple(sorted(EVICTION_POLICIES))),
+       config="cache", choices=tuple(sorted(EVICTION_POLICIES)), needs=CPU_TIER),
     _s("kv_disk_blocks", "int", 0, "local-disk prefix-cache tier in blocks below the CPU tier (LMCache's "
        "local_disk; simulator-only: the live engine refuses any value but 0): blocks the CPU tier evicts land "
        "there; 0: no disk tier", config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK),
@@ -268,13 +278,14 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        "their local tiers drop and fetch any replica's blocks by key over the network; 0: no shared tier",
        config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK),
     _s("kv_shared_eviction", "choice", "lru", "which block the cluster-shared prefix tier drops first (Mooncake "
-       "Store: LRU)", config="cache", sides=CORE_SIM, choices=tuple(sorted(EVICTION_POLICIES))),
+       "Store: LRU)", config="cache", sides=CORE_SIM, choices=tuple(sorted(EVICTION_POLICIES)),
+       needs=SHARED_TIER),
     _s("kv_offloading_write_through", "bool", False, "store every block in every lower prefix tier as soon as it "
        "is computed (LMCache's default) instead of only when the tier above evicts it (write-back)",
-       config="cache", sides=CORE_SIM),
+       config="cache", sides=CORE_SIM, needs=LOWER_TIER),
     _s("kv_offloading_layerwise", "bool", False, "load promoted prefix blocks layer by layer while the prefill "
        "computes (LMCache's layer-wise connector): a step costs max(copy, compute) plus one layer's copy "
-       "instead of their sum", sides=SIM),
+       "instead of their sum", sides=SIM, needs=LOWER_TIER),
     _s("allocator", "choice", "paged", "paged blocks, or a contiguous reservation baseline of the vLLM paper "
        "(reserve the model's max length, the next power of two of the need, or exactly the need)", config="cache",
        sides=CORE_SIM, choices=ALLOCATORS),
@@ -282,7 +293,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        "are rejected and counted", config="cache", minimum=1, maximum=MAX_TOKENS,
        unset="engine: the model's context; simulator: the longest request of the trace"),
     _s("sink_tokens", "int", 0, "attention-sink tokens kept beside the window (StreamingLLM)", config="cache",
-       minimum=0, maximum=MAX_TOKENS),
+       minimum=0, maximum=MAX_TOKENS, needs=WINDOW),
     _s("window_tokens", "int", 0, "sliding window of recent tokens each request keeps (0: full attention)",
        config="cache", minimum=0, maximum=MAX_TOKENS),
     _s("watermark", "float", 0.0, "fraction of blocks admission keeps free (vLLM V0's 0.01; V1 has none)",
@@ -318,7 +329,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        sides=ENGINE, aliases=("--kv-cache-memory-bytes",),
        unset="on CUDA what gpu_memory_utilization leaves after the weights and a profiled step (vLLM's rule); "
              "on CPU 64 MiB"),
-    _s("swap_space", "bytes", 64 << 20, "bytes of CPU swap space (preemption_mode: swap)", sides=ENGINE),
+    _s("swap_space", "bytes", 64 << 20, "bytes of CPU swap space (preemption_mode: swap)", sides=ENGINE,
+       needs=SWAP),
     _s("dtype", "choice", "bfloat16", "model weights and activations", sides=ENGINE, choices=MODEL_DTYPES),
     # --- the deployment shape of one replica (the simulator's cost model; the live engine runs one device) ---
     _s("tensor_parallel_size", "int", 1, "GPUs one replica's layers are split across (weights and KV heads "
@@ -340,7 +352,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
              "(sim.frontend)", unset_sides=SIM),
     _s("position_mode", "choice", "original", "with a window: retained tokens keep their positions (original), or "
        "take their positions within the cache (shifted, StreamingLLM; RoPE models, torch/cpu attention)",
-       sides=ENGINE, choices=POSITION_MODES),
+       sides=ENGINE, choices=POSITION_MODES, needs=WINDOW),
 )}
 # The replica's deployment shape: the simulator prices it, the live engine (one device) refuses anything but 1.
 SHAPE_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")
@@ -354,6 +366,7 @@ SIM_ONLY_TIERS = {
                                    "a block is copied out when the GPU evicts it)",
 }
 KEY_ALIASES = {key: s.name for s in SETTINGS.values() for key in s.keys}
+NEEDS = {s.name: s.needs for s in SETTINGS.values() if s.needs is not None}
 
 
 def for_side(side: str) -> tuple[Setting, ...]:

@@ -136,6 +136,27 @@ def _integer(path: Path, doc: dict, key: str, maximum: int, why: str) -> int | N
     return value
 
 
+SIGNATURE = b"# kvplan calibrate profile"  # the first line `kvplan calibrate` writes (save_profile's header)
+
+
+def _check_complete(path: Path, doc: dict) -> None:
+    """A profile `kvplan calibrate` wrote (its first line says so) holds every coefficient, both transfer times,
+    its fit and its provenance: one that lacks any was cut short or edited, and a missing coefficient would price
+    its feature at 0 s without a word. (A hand-written profile, without that line, may leave coefficients out.)"""
+    with path.open("rb") as f:
+        if f.read(len(SIGNATURE)) != SIGNATURE:
+            return
+    coefficients: dict = doc["coefficients"] if isinstance(doc.get("coefficients"), dict) else {}
+    provenance: dict = doc["provenance"] if isinstance(doc.get("provenance"), dict) else {}
+    missing = [*(f"coefficients.{k}" for k in COEFFICIENTS if k not in coefficients),
+               *(k for k in (*TRANSFERS, "fit", "provenance") if k not in doc),
+               *(["provenance.command"] if "provenance" in doc and "command" not in provenance else [])]
+    if missing:
+        more = f" (+{len(missing) - 2} more)" if len(missing) > 2 else ""
+        raise UserError(f"{path}: written by kvplan calibrate, but {', '.join(missing[:2])}{more} missing (cut short "
+                        "or edited); allowed: the whole profile (rerun its provenance.command)")
+
+
 def _check_meta(path: Path, doc: dict) -> None:
     """The descriptive keys: strings and mappings as `kvplan calibrate` writes them (later code relies on it)."""
     for key in ("model", "device", "dtype"):
@@ -172,6 +193,7 @@ def load_profile(path: str | Path) -> CalibratedCost:
     unknown = sorted(set(doc) - set(PROFILE_KEYS), key=str)
     if unknown:
         raise UserError(f"{path}: unknown key {shown(unknown[0])}; allowed: {', '.join(PROFILE_KEYS)}")
+    _check_complete(path, doc)
     coefficients = _coefficients(path, doc.get("coefficients"))
     capacity = _integer(path, doc, "kv_capacity_blocks", MAX_BLOCKS,
                         "the simulator keeps over 100 bytes per block: 2^24 blocks are ~2 GB per replica")

@@ -14,8 +14,10 @@ from typing import Any, overload
 
 import numpy as np
 
+from kvplan.engine.core.settings import SETTINGS
 from kvplan.engine.core.tier_transfers import num_demotions
 from kvplan.errors import UserError
+from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
 from kvplan.sim.cost.features import StepFeatures
 from kvplan.strict_json import loads, short, whole, why
 
@@ -88,11 +90,12 @@ def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
                 # any JSON value: a record of another shape raises below and is reported with its line
                 record: Any = loads(line)  # strict: NaN, Infinity, 1e400 and bytes that are not UTF-8 are refused
                 if number == 1:
-                    meta = record["meta"]
+                    meta = _header(record["meta"])
                     continue
-                items = [ProfiledItem(str(i[0]), whole(i[1], "num_new_tokens", 0), whole(i[2], "start_pos", 0),
-                                      _flag(i[3], "is_decode"), _flag(i[4], "samples")) for i in record["items"]]
-                count = {key: whole(record[key], key, 1 if key == "block_size" else 0)
+                items = [ProfiledItem(str(i[0]), whole(i[1], "num_new_tokens", 0, MAX_TOKENS),
+                                      whole(i[2], "start_pos", 0, MAX_TOKENS), _flag(i[3], "is_decode"),
+                                      _flag(i[4], "samples")) for i in record["items"]]
+                count = {key: whole(record[key], key, *COUNTS.get(key, (0, MAX_BLOCKS)))
                          for key in ("step", "block_size", "num_swap_out", "num_swap_in", "num_copies")}
                 steps.append(ProfiledStep(count["step"], count["block_size"], items,
                                           count["num_swap_out"] + count["num_swap_in"], count["num_copies"],
@@ -104,9 +107,27 @@ def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
                 what = "a {'meta': {...}} header" if number == 1 else "a step record"
                 raise UserError(f"{path}:{number}: not {what} of an engine step profile ({why(exc)}); allowed: "
                                 "the steps.jsonl that `kvplan replay` writes") from None
-    if meta is None or not isinstance(meta, dict):
+    if meta is None:
         raise UserError(f"{path}:1: empty step profile; allowed: a file written by the engine's step profiler")
     return meta, steps
+
+
+# Bounds of a step record's numbers, as the engine that writes them has them (the settings' ranges); any other
+# count of a step is of blocks.
+MAX_BLOCK_SIZE = int(SETTINGS["block_size"].maximum or 0)
+COUNTS: dict[str, tuple[int, int | None]] = {"step": (0, None), "block_size": (1, MAX_BLOCK_SIZE)}
+
+
+def _header(meta: object) -> dict:
+    """The header's fields the simulator prices with (the engine's block size and KV blocks), checked: a header
+    without them is no profile of an engine run, and would be taken for one that has them at None."""
+    if not isinstance(meta, dict):
+        raise TypeError(f"meta is {short(meta)}, not an object")
+    for key, (low, high) in (("block_size", COUNTS["block_size"]), ("num_blocks", (1, MAX_BLOCKS))):
+        if key not in meta:
+            raise KeyError(key)
+        meta[key] = whole(meta[key], f"meta.{key}", low, high)
+    return meta
 
 
 def _tier_moves(record: dict) -> tuple[int, int] | None:
