@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict
 
 from kvplan.arg_types import POSITIVE, SEED, number, out_path
-from kvplan.commands.simulate import TABLE
+from kvplan.commands.simulate import TABLE, print_notes
 from kvplan.endpoint.session import (
     add_endpoint_arguments,
     check_reachable,
@@ -65,6 +65,7 @@ def load_trace(args: argparse.Namespace):
         raise UserError(f"--rate-scale: must be a finite number > 0, got {args.rate_scale}")
     trace = traces.load(args.trace, args.trace_format)
     check_trace(trace, str(args.trace))
+    print_notes([f"{args.trace}: {line}" for line in trace.report.lines()])  # e.g. fields the layout ignores
     try:
         return scale_rate(trace, args.rate_scale) if args.rate_scale != 1.0 else trace
     except ValueError as exc:

@@ -100,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
     outcome = run_experiment(exp, out, workers=args.workers, backend=args.backend, ray_address=args.ray_address,
                              resume=args.resume, progress=not args.quiet and not args.json, write=write_results)
     doc = (out / "result.json").read_text()
+    from kvplan.commands.simulate import print_notes
+
+    # once per distinct line over all runs (every run of one trace file loads it alike); stderr keeps --json strict
+    notes = (note for run in outcome.runs.values() for note in run["doc"].get("trace_notes", []))
+    print_notes(list(dict.fromkeys(notes)))
     if args.json:
         print(doc)
         return 0

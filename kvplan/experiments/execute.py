@@ -110,6 +110,15 @@ def attainment_share(requests, bounds: dict | None) -> float | None:
     return float(ok.mean()) if len(ok) else 0.0
 
 
+def trace_notes(config: dict) -> list[str]:
+    """What loading the run's trace file changed or left out (rows dropped with skip_bad, fields its layout does
+    not read), as `kvplan trace stats` says it; none for a synthetic workload. The load is cached: free here."""
+    trace, load, synthetic, _, seed = _workload_keys(config)
+    if trace is None:
+        return []
+    return [f"{trace}: {line}" for line in _base_trace(trace, load, synthetic, seed).report.lines()]
+
+
 def execute_run(config: dict, run_dir: str, tables: bool) -> dict:
     """Simulate one run and store it under `run_dir`; returns what summary.json holds."""
     from kvplan.results.serving_result import write_tables
@@ -132,7 +141,7 @@ def execute_run(config: dict, run_dir: str, tables: bool) -> dict:
         offered = result.info["probe"]["offered_rps"]
     doc = {"summary": result.summary, "info": result.info, "wall_s": time.perf_counter() - start,
            "offered_rate_rps": offered, "attainment": attainment_share(result.requests, config.get("attainment")),
-           "probe": result.info.pop("probe", None)}
+           "probe": result.info.pop("probe", None), "trace_notes": trace_notes(config)}
     with atomic_dir(run_dir) as tmp:
         (tmp / "config.json").write_text(json_text(config))
         write_tables(result, tmp, "parquet")
