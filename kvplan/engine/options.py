@@ -29,7 +29,8 @@ def engine_options(settings: dict) -> EngineOptions:
     for key, value in settings.items():
         name = canonical(key)
         if name in out:
-            raise TypeError(f"{key}: given twice (also as {name})")
+            first = next(k for k in settings if k != key and canonical(k) == name)
+            raise ConfigError(f"{key}: sets {name}, which {first} already sets; allowed: one of the two")
         if name in SHAPE_SETTINGS:  # a deployment shape only the simulator prices
             setting = SETTINGS[name]
             if value == setting.default:

@@ -95,6 +95,18 @@ def test_a_sweep_listing_both_names_is_refused(capsys, tmp_path, old, name, sect
     assert f"sweep.{sections[0]}.engine.{old}" in line and f"sweep.{sections[1]}.engine.{name}" in line, line
 
 
+@pytest.mark.parametrize(("old", "name"), [(o, n) for o, n in KEYS if "engine" in SETTINGS[n].sides],
+                         ids=[o for o, n in KEYS if "engine" in SETTINGS[n].sides])
+def test_the_library_refuses_both_names_of_a_setting(old, name):
+    """`LLM(model, **settings)` (`engine_options`): both names of one setting is a ConfigError naming both, not a
+    TypeError and never one value dropped."""
+    from kvplan.engine.options import engine_options
+
+    value = valid(SETTINGS[name])
+    with pytest.raises(ConfigError, match=rf"^{old}: sets {name}, which {name} already sets"):
+        engine_options({name: value, old: value})
+
+
 @pytest.mark.parametrize(("old", "name"), KEYS, ids=[k for k, _ in KEYS])
 def test_a_configs_entry_with_both_names_is_refused(capsys, tmp_path, old, name):
     value = valid(SETTINGS[name])
