@@ -3,9 +3,17 @@ collect and run without it (tests/test_no_torch_collection.py)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Idle OpenMP threads (torch's and the CPU decode kernel's) sleep instead of spinning. On a loaded machine - CI shares
+# its 2 cores - a spinning thread holds a core the thread with the work needs: measured on SmolLM2 beam search
+# under a load average of 6, 96-109 s per HF `generate` spinning against 5-6 s sleeping. The same threads compute
+# the same partition of the work either way, so every result is unchanged. Set before anything loads libgomp
+# (nothing here imports torch; see the docstring), inherited by the `kvplan` processes the tests start.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tests.triton_env import interpret_without_gpu
 
