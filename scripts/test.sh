@@ -7,4 +7,6 @@ bash scripts/install.sh
 .venv/bin/ruff check .
 # the type check of the core and the simulator (its files and settings: [tool.mypy] in pyproject.toml)
 .venv/bin/python -m mypy
-.venv/bin/python -m pytest "$@"
+# --durations=20: the log names the slowest tests, to see where the CI time budget goes (before the caller's
+# arguments: a --durations the caller gives wins)
+.venv/bin/python -m pytest --durations=20 "$@"
