@@ -21,6 +21,8 @@ from kvplan.traces import Trace
 from kvplan.traces.io import render
 from tests.core.test_no_torch import BLOCK_TORCH
 
+MODEL = "llama-100m"  # the model a fitted profile prices: calibrate --from-replay takes a model simulate knows
+
 TRUTH = {"step": 0.02, "prefill_tokens": 1e-4, "decode_context": 2e-6, "decode_requests": 1e-3}
 SERVED = {"block_size": "16", "num_gpu_blocks": "4096", "enable_prefix_caching": "True"}
 
@@ -142,7 +144,7 @@ def test_cli_round_trip_and_simulate(served, tmp_path, capsys):
     assert main(["simulate", "--trace", str(trace), "--model", "llama-100m", "--cost", "calibrated", "--profile",
                  str(profile), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["summary"]["completed"] == len(times)
-    assert main(["calibrate", "--from-replay", str(replay), "--model", "m", "--out", str(profile), "--json"]) == 0
+    assert main(["calibrate", "--from-replay", str(replay), "--model", MODEL, "--out", str(profile), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["coefficients"]["step"] > 0 and "sampled" in doc["fit"]["unidentified"] and doc["residuals"]
 
@@ -150,7 +152,7 @@ def test_cli_round_trip_and_simulate(served, tmp_path, capsys):
 def test_runs_without_torch(served, tmp_path):
     replay = write_replay(tmp_path / "replay", *served)
     code = (f"from kvplan.cli import main\nassert main(['calibrate', '--from-replay', {str(replay)!r}, '--model', "
-            f"'m', '--out', {str(tmp_path / 'p.yaml')!r}, '--json']) == 0\nassert sys.modules['torch'] is None\n")
+            f"{MODEL!r}, '--out', {str(tmp_path / 'p.yaml')!r}, '--json']) == 0\nassert sys.modules['torch'] is None\n")
     result = subprocess.run([sys.executable, "-c", BLOCK_TORCH + code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
@@ -193,13 +195,13 @@ def _bad_inputs(tmp_path, served) -> list[tuple[str, object, str]]:
 
 def test_bad_input_exits_2_with_one_line_naming_the_file(served, tmp_path, capsys):
     for what, directory, pattern in _bad_inputs(tmp_path, served):
-        code = main(["calibrate", "--from-replay", str(directory), "--model", "m", "--out", str(tmp_path / "p.yaml")])
+        code = main(["calibrate", "--from-replay", str(directory), "--model", MODEL, "--out", str(tmp_path / "p.yaml")])
         err = capsys.readouterr().err
         assert code == 2, what
         assert err.count("\n") == 1 and err.startswith("kvplan calibrate: error: "), (what, err)
         assert re.search(pattern, err), (what, err)
     assert not (tmp_path / "p.yaml").exists()
-    assert main(["calibrate", "--from-replay", str(tmp_path / "good"), "--model", "m", "--out",
+    assert main(["calibrate", "--from-replay", str(tmp_path / "good"), "--model", MODEL, "--out",
                  str(tmp_path / "p.yaml"), "--steps-out", str(tmp_path / "s.jsonl")]) == 2
     assert "--steps-out" in capsys.readouterr().err
 
