@@ -36,7 +36,8 @@ _SHA256_HEX = 64
 _KEEP = "nothing was removed"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB chunks (a trace or a result table may be gigabytes)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -129,7 +130,7 @@ def owned_files(folder: Path, flag: str, *, changed_ok: bool = False) -> list[st
             raise UserError(f"{flag}: {path} is no longer the regular file kvplan wrote; {_KEEP}; allowed: move it "
                              "out of the set, or another --out")
         if not changed_ok and (path.stat().st_size != listed[name]["bytes"]
-                               or _sha256(path) != listed[name]["sha256"]):
+                               or file_sha256(path) != listed[name]["sha256"]):
             raise UserError(f"{flag}: {path} was changed since kvplan wrote it (it does not match {MANIFEST}); "
                              f"{_KEEP}; allowed: move your version out of the set, or another --out")
     return present

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kvplan import __version__
 from kvplan.experiments.schema import Experiment
+from kvplan.ownership import file_sha256
 from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
 
 
@@ -71,11 +72,7 @@ def run_config(config: dict, seed: int, probe: dict[str, object] | None = None) 
 
 @cache
 def file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_sha256(path)
 
 
 def run_key(config: dict) -> str:

@@ -57,6 +57,15 @@ def run_suite(script: Path, timeout_s: float, tmp: Path) -> tuple[int, list[dict
     return result["checked"], result["failures"]
 
 
+def check_suite(script: Path, timeout_s: float, tmp: Path, minimum: int) -> None:
+    """The test of a fuzz suite: `script`'s child ran at least `minimum` examples (every strategy ran) and reported
+    no failure; the first five failures are the assertion's message."""
+    checked, failures = run_suite(script, timeout_s, tmp)
+    assert not failures, "\n\n".join(f"{f['case']!r}\n{f.get('argv', '')}\n{f['problem']}\n{f['stderr']}"
+                                     for f in failures[:5])
+    assert checked >= minimum, f"{checked} examples ran; expected at least {minimum}"
+
+
 def report(failures: list[dict]) -> None:
     """The child's last stdout line."""
     print(MARK + json.dumps({"checked": CHECKED[0], "failures": failures}), flush=True)

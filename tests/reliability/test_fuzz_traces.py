@@ -227,10 +227,7 @@ def _plain(value: object) -> object:
 
 
 def test_trace_fuzz_never_crashes_hangs_or_runs_out_of_memory(tmp_path):
-    checked, failures = bounded_child.run_suite(Path(__file__), SUITE_TIMEOUT_S, tmp_path)
-    assert not failures, "\n\n".join(f"{f['case']!r}\n{f.get('argv', '')}\n{f['problem']}\n{f['stderr']}"
-                                     for f in failures[:5])
-    assert checked >= 75  # every strategy ran its examples
+    bounded_child.check_suite(Path(__file__), SUITE_TIMEOUT_S, tmp_path, minimum=75)  # every strategy ran
 
 
 if __name__ == "__main__" and "--child" in sys.argv:

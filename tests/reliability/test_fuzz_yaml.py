@@ -190,10 +190,7 @@ def _child() -> None:
 
 
 def test_experiment_yaml_fuzz_never_crashes_hangs_or_runs_out_of_memory(tmp_path):
-    checked, failures = bounded_child.run_suite(Path(__file__), SUITE_TIMEOUT_S, tmp_path)
-    assert not failures, "\n\n".join(f"{f['case']!r}\n{f.get('argv', '')}\n{f['problem']}\n{f['stderr']}"
-                                     for f in failures[:5])
-    assert checked >= 80  # every strategy ran its examples
+    bounded_child.check_suite(Path(__file__), SUITE_TIMEOUT_S, tmp_path, minimum=80)  # every strategy ran
 
 
 if __name__ == "__main__" and "--child" in sys.argv:
