@@ -73,7 +73,7 @@ OUTPUTS: dict[str, Output] = {
     "max-concurrency": Output("kvplan run docs/examples/max_concurrency.yaml --workers 2"),
     "max-burst-scale": Output("kvplan run experiments/burst_absorption.yaml --workers 2"),
     "min-replicas": Output("kvplan run docs/examples/min_replicas.yaml --workers 2"),
-    "sweep": Output("kvplan run experiments/paged_vs_reservation.yaml --workers 2",
+    "sweep": Output("kvplan run experiments/paged_vs_reservation.yaml --workers 2", summary=("Points",),
                     keep="docs/examples/paged_vs_reservation"),
     "simulate": Output("kvplan simulate --trace traces/samples/mooncake_style.jsonl --model llama-3-8b "
                        "--hardware a100-40gb --block-size 16 64 256"),
