@@ -2,8 +2,9 @@
 
 A cell is one line of a pipe table as Python-Markdown reads it (mkdocs-material uses it): a `|` outside a code
 span would end the cell and is escaped; inside a code span it is left alone (the table parser skips code spans,
-and an escape there would be shown); `<` outside code would open an HTML tag and `*` an emphasis, so both are
-escaped; line breaks become spaces. Text that is already markdown (help lines with `code`) keeps its code spans.
+and an escape there would be shown); outside code a `<` that would open an HTML tag (`<path>`, not `<=`) and a
+`*` that would open an emphasis are escaped; line breaks become spaces. Text that is already markdown (help lines
+with `code`) keeps its code spans.
 (The module is not called `markdown`: mkdocs puts the hook's folder first on sys.path while it loads the hook, and
 a `markdown.py` there would stand in for the Markdown package.)
 """
@@ -28,12 +29,15 @@ def code(value: object) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+TAG_START = re.compile(r"<(?=[A-Za-z/!?])")  # what could open an HTML tag or comment (`<path>`); `<=` cannot
+
+
 def _escape_text(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace("*", "\\*")
+    return TAG_START.sub("&lt;", text.replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*"))
 
 
 def cell(text: object) -> str:
-    """`text` safe inside one table cell: one line, pipes, `<` and `*` escaped outside code spans."""
+    """`text` safe inside one table cell: one line, pipes, tag openings and `*` escaped outside code spans."""
     flat = " ".join(str(text).split())
     out, at = [], 0
     for match in CODE_SPAN.finditer(flat):
@@ -91,7 +95,7 @@ def allowed(field: Field) -> str:
 def prose(text: str) -> str:
     """A docstring-like paragraph as markdown: line breaks kept (paragraphs, indented examples), a blank line
     around a `- ` list that a docstring runs into its paragraph (markdown would read it as the paragraph's text),
-    `<` and `*` outside code spans escaped (a `<path>` would open an HTML tag)."""
+    tag openings (`<path>`) and `*` outside code spans escaped."""
     lines: list[str] = []
     for line in text.split("\n"):
         previous = lines[-1] if lines else ""
@@ -103,7 +107,7 @@ def prose(text: str) -> str:
     text = "\n".join(lines)
     out, at = [], 0
     for match in CODE_SPAN.finditer(text):
-        out += [text[at:match.start()].replace("<", "&lt;").replace("*", "\\*"), match.group(0)]
+        out += [TAG_START.sub("&lt;", text[at:match.start()]).replace("*", "\\*"), match.group(0)]
         at = match.end()
-    out.append(text[at:].replace("<", "&lt;").replace("*", "\\*"))
+    out.append(TAG_START.sub("&lt;", text[at:]).replace("*", "\\*"))
     return "".join(out).strip("\n")

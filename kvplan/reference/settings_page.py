@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from kvplan.engine.core import settings as registry
 from kvplan.engine.core.settings import Setting
-from kvplan.reference.cells import allowed, code, size, table, value
+from kvplan.reference.cells import allowed, code, prose, size, table, value
 from kvplan.reference.cli_page import commands
 
 # What each side is (the registry's docstring says it at length); the page explains its `sides` column with it.
@@ -56,20 +56,20 @@ def section(s: Setting, taken: Mapping[str, list[str]]) -> list[str]:
                        + (f" (earlier {', '.join(code('engine.' + k) for k in s.keys)})" if s.keys else ""))
     if "engine" in s.sides:
         written.append(f"Python {code(f'LLM({s.name}=...)')}")
-    lines = [f"### {s.name}", "", f"{s.help[:1].upper()}{s.help[1:]}.", "",
+    lines = [f"### {s.name}", "", prose(f"{s.help[:1].upper()}{s.help[1:]}."), "",
              f"- **Kind:** {s.kind}" + (f" · **unit:** {s.unit}" if s.unit else "") + f" · **default:** "
              f"{default_text(s)}",
-             f"- **Allowed:** {allowed(s.side_field('sim') if 'sim' in s.sides else s)}",
+             f"- **Allowed:** {prose(allowed(s.side_field('sim') if 'sim' in s.sides else s))}",
              f"- **vLLM:** {vllm_text(s)}",
              f"- **Sides:** {', '.join(side for side in registry.SIDES if side in s.sides)}",
              f"- **Written as:** {'; '.join(written)}"]
     if s.unset:
-        lines.append(f"- **When not set** ({' and '.join(sorted(s.unset_sides & s.sides))}): {s.unset}")
+        lines.append(f"- **When not set** ({' and '.join(sorted(s.unset_sides & s.sides))}): {prose(s.unset)}")
     if s.needs is not None:
         spell = (lambda name: name) if "sim" not in s.sides else (lambda name: "engine." + name)
         lines.append(f"- **Only with:** {s.needs.component} ({s.needs.condition(spell)})")
     if s.name in registry.SIM_ONLY_TIERS:
-        lines.append(f"- **Live engine:** {registry.SIM_ONLY_TIERS[s.name]}")
+        lines.append(f"- **Live engine:** {prose(registry.SIM_ONLY_TIERS[s.name])}")
     if taken.get(s.flag):
         lines.append(f"- **Commands:** {', '.join(code(c) for c in taken[s.flag])}")
     return [*lines, ""]

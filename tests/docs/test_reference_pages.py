@@ -162,6 +162,23 @@ def test_mkdocs_builds_the_six_pages_with_strict(tmp_path, built):
     for path, text in built.items():
         html = (tmp_path / "site" / path.removesuffix(".md") / "index.html").read_text()
         assert html.count("<table>") == text.count("\n|---"), path
+    # a reference page written into docs/ would hide the generated one: the hook refuses it
+    from mkdocs.exceptions import PluginError
+    from mkdocs.structure.files import File, Files
+
+    from kvplan.reference import mkdocs_hook
+
+    with pytest.raises(PluginError, match=r"docs/reference/cli\.md: the reference pages are generated"):
+        mkdocs_hook.on_files(Files([File.generated(config, "reference/cli.md", content="# stale")]), config)
+
+
+def test_the_pages_are_written_to_a_folder(tmp_path, capsys, built):
+    from kvplan.reference.__main__ import main as write
+
+    assert write([str(tmp_path / "out")]) == 0
+    assert {p.name: p.read_text() for p in (tmp_path / "out").iterdir()} == \
+        {Path(path).name: text for path, text in built.items()}
+    assert write([]) == 2 and "usage: python -m kvplan.reference OUTDIR" in capsys.readouterr().err
 
 
 def _importable(name: str) -> bool:
