@@ -88,16 +88,22 @@ def usage(parser: argparse.ArgumentParser) -> str:
 
 
 def option_rows(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup) -> list[list[str]]:
+    """[spellings, value, help] per visible option of `group` (a positional: [name, '', help]); the help ends
+    with the default, as ArgumentDefaultsHelpFormatter would show it, unless it states it already."""
     formatter = parser._get_formatter()
     rows = []
     for action in group._group_actions:
         if not visible(action) or isinstance(action, argparse._HelpAction):  # every command has -h
             continue
-        names = ", ".join(code(o) for o in action.option_strings) or code(metavar(action))
         shown = formatter._expand_help(action) if action.help else ""
-        # a help that states its default (`(default: 16)`, the settings' flags) says it better than the value
-        default = "" if DEFAULT_IN_HELP.search(shown) else default_text(action)
-        rows.append([names, value_cell(action), default, shown])
+        default = default_text(action)
+        if default and not DEFAULT_IN_HELP.search(shown):  # `(default: 16)`: the settings' flags say it already
+            shown = f"{shown} (default: {default})".strip()
+        if action.option_strings:
+            rows.append([", ".join(code(o) for o in action.option_strings), value_cell(action), shown])
+        else:
+            choices = ", ".join(code(c) for c in action.choices) if action.choices is not None else ""
+            rows.append([code(metavar(action)), "", f"{shown} (one of {choices})" if choices else shown])
     return rows
 
 
@@ -115,10 +121,12 @@ def command_section(prog: str, parser: argparse.ArgumentParser, summary: str, de
     for group in parser._action_groups:
         rows = option_rows(parser, group)
         if rows:
-            first = "argument" if all(not a.option_strings for a in group._group_actions) else "option"
             title = group.title or "options"
-            lines += [f"**{title[:1].upper()}{title[1:]}**", "",
-                      *table([first, "value", "default", "help"], rows), ""]
+            lines.append(f"**{title[:1].upper()}{title[1:]}**")
+            if all(not a.option_strings for a in group._group_actions):
+                lines += ["", *table(["argument", "help"], [[name, shown] for name, _, shown in rows]), ""]
+            else:
+                lines += ["", *table(["option", "value", "help"], rows), ""]
     return lines
 
 

@@ -32,8 +32,11 @@ def default_text(s: Setting) -> str:
     return text
 
 
-def vllm_text(s: Setting) -> str:
-    return code(s.vllm) if s.vllm else "kvplan only"
+def vllm_text(s: Setting, short: bool = False) -> str:
+    """vLLM's name of the knob ('same' in the overview where it is the setting's), or 'kvplan only'."""
+    if not s.vllm:
+        return "kvplan only"
+    return "same" if short and s.vllm == s.name else code(s.vllm)
 
 
 def flag_commands(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
@@ -83,7 +86,8 @@ def settings_page(settings: Mapping[str, Setting] | None = None,
 
     settings = registry.SETTINGS if settings is None else settings
     taken = flag_commands(build_parser() if parser is None else parser)
-    rows = [[f"[{code(s.name)}](#{s.name})", vllm_text(s), s.kind, default_text(s), s.unit,
+    rows = [[f"[{code(s.name)}](#{s.name})", vllm_text(s, short=True), s.kind,
+             "derived" if any(s.derived_on(side) for side in s.sides) else default_text(s), s.unit,
              ", ".join(side for side in registry.SIDES if side in s.sides)] for s in settings.values()]
     lines = ["# Settings", "",
              f"Every serving setting kvplan has ({len(settings)}), generated from the settings registry "
@@ -94,7 +98,8 @@ def settings_page(settings: Mapping[str, Setting] | None = None,
              "The **sides** say who reads a setting:", "",
              *(f"- **{side}**: {meaning}" for side, meaning in SIDE_MEANING.items()), "",
              "A *derived* default is worked out from the memory, the model or the trace when the setting is left "
-             "out (the setting's section says how); the core, which has neither, uses the value shown.", "",
+             "out (the setting's section says how, and the value the core, which has neither, uses). *same*: "
+             "vLLM's name is the setting's.", "",
              *table(["setting", "vLLM name", "kind", "default", "unit", "sides"], rows), "",
              "## Each setting", ""]
     for s in settings.values():

@@ -44,7 +44,7 @@ def test_a_setting_added_to_the_registry_is_on_the_settings_and_cli_pages(monkey
     assert row == "| [`fake_knob`](#fake_knob) | kvplan only | int | `7` | blocks | sim |"
     assert "an integer >= 1 and <= 9" in page and "experiment key `engine.fake_knob`" in page
     # the simulator's parser takes every sim setting as a flag: the new one is a `kvplan simulate` option
-    assert "| `--fake-knob` | `FAKE_KNOB` |" in cli_page()
+    assert "| `--fake-knob` | `FAKE_KNOB` | a knob only this test has (default: 7) |" in cli_page()
     assert "- **Commands:** `kvplan simulate`" in page.split("### fake_knob")[1]
 
 
@@ -54,7 +54,7 @@ def test_a_flag_added_to_a_parser_is_on_the_cli_page():
     assert "--fake-flag" not in cli_page(parser)
     run.add_argument("--fake-flag", choices=("a|b", "c"), default="c", help="a flag only this test has")
     section = cli_page(parser).split("## kvplan run")[1].split("## kvplan trace")[0]
-    assert "| `--fake-flag` | `a|b`, `c` | `c` | a flag only this test has |" in section
+    assert "| `--fake-flag` | `a|b`, `c` | a flag only this test has (default: `c`) |" in section
 
 
 def test_every_declared_name_is_on_its_page(built):
