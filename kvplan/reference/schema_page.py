@@ -46,7 +46,7 @@ def field_rows(fields: Mapping[str, Field], prefix: str, link: bool = False,
         name = f"[{code(prefix + key)}](settings.md#{key})" if link else code(prefix + key)
         default = "derived" if f.derived else code(value(f.default)) if f.default is not None or f.nullable \
             else "required"
-        row = [name, f.kind, default, allowed(f)]
+        row = [name, default, allowed(f)]  # what is allowed says the kind: an integer, true or false, ...
         if modes is not None:
             row.append(modes.get(key, "any"))
         rows.append([*row, f.help])
@@ -54,7 +54,7 @@ def field_rows(fields: Mapping[str, Field], prefix: str, link: bool = False,
 
 
 def field_table(fields: Mapping[str, Field], prefix: str, **kw: object) -> list[str]:
-    headers = ["key", "kind", "default", "allowed", *(["mode"] if kw.get("modes") is not None else []), "help"]
+    headers = ["key", "default", "allowed", *(["mode"] if kw.get("modes") is not None else []), "help"]
     return [*table(headers, field_rows(fields, prefix, **kw)), ""]  # type: ignore[arg-type]
 
 
