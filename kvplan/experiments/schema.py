@@ -73,39 +73,53 @@ TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "wo
 
 # Every setting the simulator reads, as its declaration says (engine.core.settings): names, defaults, ranges.
 ENGINE: dict[str, Field] = {s.name: s.side_field("sim") for s in for_side("sim")}
-CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=MAX_REPLICAS, why=REPLICAS_WHY),
-                             "router": Field("choice", "round_robin", tuple(ROUTERS))}
-TOP: dict[str, Field] = {"model": Field("str", "llama-3-8b"), "hardware": Field("str", "h100-sxm")}
+CLUSTER: dict[str, Field] = {"replicas": Field("int", 1, minimum=1, maximum=MAX_REPLICAS, why=REPLICAS_WHY,
+                                               help="replicas serving the workload, each with the engine settings"),
+                             "router": Field("choice", "round_robin", tuple(ROUTERS),
+                                             help="which replica each request goes to")}
+TOP: dict[str, Field] = {"model": Field("str", "llama-3-8b", help="a built-in model spec, or a path to an HF "
+                                        "config.json"),
+                         "hardware": Field("str", "h100-sxm", help="a built-in GPU; cpu-local (the shipped profile "
+                                           "of the model); or a calibrated profile (.yaml from `kvplan calibrate`)")}
 # How a trace file is read (`kvplan trace --help` has the same options): the only keys besides `trace`/`format`
 # that apply to a file and not to a synthetic workload.
 TRACE_LOAD: dict[str, Field] = {
-    "skip_bad": Field("bool", False), "keep_failed": Field("bool", False),
-    "hash_granularity": Field("int", None, minimum=1, maximum=MAX_TOKENS, nullable=True),
+    "skip_bad": Field("bool", False, help="drop malformed rows (counted) instead of stopping"),
+    "keep_failed": Field("bool", False, help="BurstGPT: keep failed requests (rejected, counted)"),
+    "hash_granularity": Field("int", None, minimum=1, maximum=MAX_TOKENS, nullable=True,
+                              help="tokens per prefix hash, overriding the format's; default: the format's"),
 }
 # How load is offered: the three questions a capacity can answer (see the module docstring and sim.probe).
 MODES = ("sustained", "concurrency", "burst")
 RATE_SCALE = Field("float", 1.0, minimum=1e-6, maximum=1e6)  # beyond: arrivals past float64 resolution, or at 0
 LOAD: dict[str, Field] = {
-    "mode": Field("choice", "sustained", MODES),
+    "mode": Field("choice", "sustained", MODES, help="sustained: open-loop arrivals at `rate` drawn from the "
+                  "trace's population for a fixed duration; concurrency: `concurrency` users in a closed loop; "
+                  "burst: the trace as recorded, time-scaled by `rate_scale`"),
     "rate": Field("float", None, minimum=MIN_RATE, maximum=MAX_RATE, nullable=True, why=RATE_WHY,
                   help="sustained: requests per second; default: the trace's own mean rate"),
-    "arrivals": Field("choice", "measured", ARRIVALS),
+    "arrivals": Field("choice", "measured", ARRIVALS, help="sustained: measured (gamma with the CV of the "
+                      "trace's session starts), poisson, or tiled (the trace's own start gaps, scaled)"),
     "concurrency": Field("int", None, minimum=1, maximum=MAX_USERS, nullable=True, help="concurrency: users",
                          why=USERS_WHY),
-    "think_s": Field("float", 0.0, minimum=0, maximum=86_400.0),
-    "rate_scale": RATE_SCALE,
+    "think_s": Field("float", 0.0, minimum=0, maximum=86_400.0,
+                     help="concurrency: seconds a user pauses between an answer and its next request"),
+    "rate_scale": replace(RATE_SCALE, help="burst: multiply the recorded trace's request rate"),
 }
 LOAD_MODES = {"rate": "sustained", "arrivals": "sustained", "concurrency": "concurrency",
               "think_s": "concurrency", "rate_scale": "burst"}  # a load key -> the only mode it applies to
 WORKLOAD_KEYS = ("trace", "format", *TRACE_LOAD, "transforms", "synthetic", *LOAD)
 # A steady-state probe's length and trimming (sim.probe.Probe has the same fields and defaults).
 PROBE: dict[str, Field] = {
-    "duration_s": Field("float", 600.0, above=0, maximum=1e7),
-    "min_requests": Field("int", 1000, minimum=1, maximum=MAX_PROBE_REQUESTS),
+    "duration_s": Field("float", 600.0, above=0, maximum=1e7,
+                        help="seconds of arrivals at the probed load (longer when min_requests needs it)"),
+    "min_requests": Field("int", 1000, minimum=1, maximum=MAX_PROBE_REQUESTS,
+                          help="requests the measurement window must hold (the probe runs longer to get them)"),
     "warmup_s": Field("float", None, minimum=0, maximum=1e7, nullable=True, help="default: 10% of duration_s"),
     "cooldown_s": Field("float", None, minimum=0, maximum=1e7, nullable=True, help="default: 10%"),
     "grace_s": Field("float", None, minimum=0, maximum=1e7, nullable=True, help="default: 20%"),
-    "overload_wait_s": Field("float", 30.0, above=0, maximum=1e6),
+    "overload_wait_s": Field("float", 30.0, above=0, maximum=1e6, help="sustained: a replica whose waiting "
+                             "queue holds more than this many seconds of its arrivals stops the probe (overloaded)"),
     "max_queue_delay_s": Field("float", 5.0, above=0, maximum=1e6, help="a stable probe's p99 scheduling delay"),
 }
 assert all(getattr(Probe(), k) == f.default for k, f in PROBE.items()), "PROBE and sim.probe.Probe disagree"
@@ -125,12 +139,20 @@ INTEGER_TARGETS = ("max_concurrency", "min_replicas")
 # 1e-4 (a 0.01% step) is already finer than the seeds' spread of any probe.
 MIN_TOLERANCE = 1e-4
 TOLERANCE_WHY = "the bisection's relative step: finer never ends in float64"
-SEARCH: dict[str, Field] = {"target": Field("choice", None, tuple(SEARCH_TARGETS)),
-                            "low": Field("float", None, above=0, nullable=True),
-                            "high": Field("float", None, above=0, nullable=True),
-                            "tolerance": Field("float", 0.05, minimum=MIN_TOLERANCE, maximum=0.5, why=TOLERANCE_WHY),
-                            "combine": Field("choice", "median", ("median", "all")),
-                            "model_range": Field("choice", "recommended", ("recommended", "every_point", "none"))}
+SEARCH: dict[str, Field] = {"target": Field("choice", None, tuple(SEARCH_TARGETS), help="what is searched: the "
+                                          "highest load that is stable and meets the SLOs, or the fewest replicas"),
+                            "low": Field("float", None, above=0, nullable=True,
+                                         help="the lower end of the searched range; default: the target's"),
+                            "high": Field("float", None, above=0, nullable=True,
+                                          help="the upper end of the searched range; default: the target's"),
+                            "tolerance": Field("float", 0.05, minimum=MIN_TOLERANCE, maximum=0.5, why=TOLERANCE_WHY,
+                                               help="rates and scales: the bisection ends when hi / lo <= 1 + this"),
+                            "combine": Field("choice", "median", ("median", "all"), help="median: each seed "
+                                             "searched on its own, the median of their answers reported with "
+                                             "their range; all: every seed must meet"),
+                            "model_range": Field("choice", "recommended", ("recommended", "every_point", "none"),
+                                                 help="where the answer is re-searched at the edges of the cost "
+                                                 "model's error band: the recommended point, every point, or none")}
 SEARCH_DEFAULTS = {"max_rate": (0.25, 256.0), "max_goodput": (0.25, 256.0), "max_concurrency": (1, 1024),
                    "max_burst_scale": (0.25, 16.0), "min_replicas": (1, 64)}
 SEARCH_SEEDS = [0, 1, 2]  # a search's default seeds: capacity is reported as a median with its range
@@ -142,12 +164,18 @@ SLO_LATENCIES = ("ttft", "tpot", "itl", "e2el")
 SLO_KEYS = {f"{p}_{lat}_ms": f"{'median' if p == 'p50' else p}_{lat}_ms" for lat in SLO_LATENCIES
             for p in ("p50", "p90", "p99")}  # SLO key -> summary key
 ATTAINMENT_COLUMNS = REQUEST_BOUNDS  # per-request bounds of an attainment SLO -> the per-request table's column
-ATTAINMENT: dict[str, Field] = {**{k: Field("float", None, above=0, nullable=True) for k in ATTAINMENT_COLUMNS},
-                                "fraction": Field("float", 0.9, above=0, maximum=1)}
-OBJECTIVE: dict[str, Field] = {"metric": Field("choice", "p90_e2el_ms", SUMMARY_KEYS),
-                               "goal": Field("choice", "min", ("min", "max"))}
-OUTPUTS: dict[str, Field] = {"tables": Field("bool", True), "plots": Field("bool", True),
-                             "report": Field("bool", True)}
+ATTAINMENT: dict[str, Field] = {**{k: Field("float", None, above=0, nullable=True,
+                                          help=f"each request's {column} (the per-request table's) at most this")
+                                   for k, column in ATTAINMENT_COLUMNS.items()},
+                                "fraction": Field("float", 0.9, above=0, maximum=1,
+                                                  help="the share of requests that must meet every bound")}
+OBJECTIVE: dict[str, Field] = {"metric": Field("choice", "p90_e2el_ms", SUMMARY_KEYS,
+                                               help="the summary metric that ranks the points meeting the SLOs"),
+                               "goal": Field("choice", "min", ("min", "max"), help="whether lower or higher is better")}
+OUTPUTS: dict[str, Field] = {"tables": Field("bool", True, help="keep each run's per-request table "
+                                             "(runs/KEY/requests.parquet)"),
+                             "plots": Field("bool", True, help="draw the plots"),
+                             "report": Field("bool", True, help="write report.html")}
 
 
 @dataclass(slots=True)

@@ -26,6 +26,64 @@ SUMMARY_KEYS = (
     *TIER_SUMMARY_KEYS,
 )
 
+# What each summary key means and its unit, (unit, meaning), composed as the keys are: the reference page of the
+# metrics (`kvplan.reference`) prints it, and tests/docs fail for a key without an entry.
+_LATENCY_HELP = {
+    "ttft": "time to first token, arrival to the first output token, as the client sees it",
+    "tpot": "time per output token after the first ((E2E - TTFT) / (output tokens - 1)), per request, as the "
+            "client sees it",
+    "itl": "inter-token latency: every gap between two consecutive output tokens of a request",
+    "e2el": "end-to-end latency, arrival to the last token, as the client sees it",
+    "ttft_engine": "TTFT inside the engine (without the API server in front; equal to the client's when none is "
+                   "simulated)",
+    "tpot_engine": "TPOT inside the engine (without the API server)",
+    "e2el_engine": "end-to-end latency inside the engine (without the API server)",
+}
+_STAT_HELP = {"mean": "mean", "median": "median (50th percentile)", "p90": "90th percentile",
+              "p99": "99th percentile"}
+# the memory breakdown (engine.core.metrics: fractions of the KV token slots that sum to 1), averaged over time
+_MEMORY_HELP = {
+    "token_states": "KV slots holding a computed token's K and V",
+    "internal_fragmentation": "allocated KV slots beyond what a request will ever need (the tail of its last "
+                              "block; a reservation larger than the real length)",
+    "reserved_unused": "KV slots allocated to a request for tokens it will produce but has not yet",
+    "external_fragmentation": "free KV slots a contiguous allocator cannot use (outside the largest free extent; "
+                              "0 for paged allocation)",
+    "free": "free KV slots (cached-but-free blocks count as free, as in vLLM)",
+}
+_TIER_HELP = {"hits": "blocks a prefix lookup found in the {tier} tier (and the GPU did not have)",
+              "promotions": "blocks copied from the {tier} tier into the GPU",
+              "demotions": "blocks stored in the {tier} tier (evicted from the tier above, or written through)",
+              "dropped": "blocks the {tier} tier evicted with nowhere below to go",
+              "bytes": "bytes the {tier} tier's link moved (promotions out of it and stores into it)"}
+_TIERS = {"cpu": "CPU", "disk": "local-disk", "shared": "cluster-shared"}
+SUMMARY_HELP: dict[str, tuple[str, str]] = {
+    "completed": ("requests", "requests that finished inside the measurement window"),
+    "duration_s": ("s", "the measurement window (a replay: first arrival to last finish)"),
+    "request_throughput": ("requests/s", "completed requests per second of the window"),
+    "output_throughput": ("tokens/s", "output tokens per second of the window"),
+    "total_token_throughput": ("tokens/s", "prompt and output tokens per second of the window"),
+    "request_goodput": ("requests/s", "requests per second meeting every per-request SLO bound (DistServe's "
+                                      "goodput; null without bounds)"),
+    **{f"{stat}_{lat}_ms": ("ms", f"{_STAT_HELP[stat]} of the {_LATENCY_HELP[lat]}")
+       for lat in (*LATENCIES, *ENGINE_LATENCIES) for stat in _STAT_HELP},
+    "kv_usage_mean": ("fraction", "time-weighted mean share of the KV blocks in use"),
+    "kv_usage_peak": ("fraction", "the largest share of the KV blocks in use at once"),
+    "kv_token_utilization": ("fraction", "token_states / (token_states + reserved_unused + internal_fragmentation): "
+                                         "the share of allocated KV slots holding real tokens"),
+    "prefix_cache_queries": ("tokens", "prompt tokens looked up in the prefix cache"),
+    "prefix_cache_hits": ("tokens", "prompt tokens found in the prefix cache (computed once, reused)"),
+    "prefix_cache_hit_rate": ("fraction", "prefix_cache_hits / prefix_cache_queries"),
+    "num_preemptions": ("count", "running requests preempted to free KV blocks"),
+    "num_evicted_blocks": ("blocks", "cached free blocks evicted from the prefix cache to be reused"),
+    "num_rejected": ("requests", "requests refused because they can never run (longer than max_model_len, or "
+                                 "more KV than the cache holds)"),
+    **{key: ("fraction", f"{text}: time-weighted share of the KV slots") for key, text in _MEMORY_HELP.items()},
+    **{f"kv_offload_{tier}_{counter}": ("bytes" if counter == "bytes" else "blocks",
+                                        text.format(tier=name) + " (null: no such tier)")
+       for tier, name in _TIERS.items() for counter, text in _TIER_HELP.items()},
+}
+
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     """`np.percentile(np.repeat(values, weights), q)` (linear method) without expanding; values sorted."""

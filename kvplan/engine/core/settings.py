@@ -183,7 +183,10 @@ class Setting(Field):
     from memory or the model); the core, which has no memory or model, then uses `default`. `flag` is vLLM's
     spelling; `aliases` are earlier kvplan flags and `keys` earlier names of the keyword or YAML key, kept so that
     users' scripts and experiment files keep working. `needs`, when given, is the component the setting
-    configures (`check_needs` refuses it where nothing configures that component)."""
+    configures (`check_needs` refuses it where nothing configures that component). `vllm` is vLLM's name of the
+    knob (its `EngineArgs` field; the flag is its spelling with dashes), empty where the knob is kvplan's own;
+    `unit` is what a number counts (tokens, blocks, GiB, ...), empty for a switch or a choice. Both are shown in
+    the generated reference (`kvplan.reference`)."""
 
     name: str = ""
     config: str | None = None
@@ -194,6 +197,8 @@ class Setting(Field):
     unset: str = ""
     unset_sides: frozenset[str] = frozenset({"engine", "sim"})  # the sides where None means `unset`
     needs: Needs | None = None
+    vllm: str = ""
+    unit: str = ""
 
     def derived_on(self, side: str) -> bool:
         """Whether None on `side` means a value that side derives (`unset`) rather than the default."""
@@ -220,9 +225,13 @@ class Setting(Field):
                      self.nullable or derived, self.help, self.values, self.why, derived=derived)
 
 
-def _s(name: str, kind: str, default: object, help: str, flag: str = "", **kw: Any) -> Setting:
-    """A `Setting`; `kw` are its other fields by name, `flag` defaults to the name's spelling (`--block-size`)."""
-    return Setting(kind, default, name=name, help=help, flag=flag or "--" + name.replace("_", "-"), **kw)
+def _s(name: str, kind: str, default: object, help: str, flag: str = "", vllm: bool | str = True,
+       **kw: Any) -> Setting:
+    """A `Setting`; `kw` are its other fields by name, `flag` defaults to the name's spelling (`--block-size`).
+    `vllm`: True where the name is vLLM's, False where only kvplan has the knob, else vLLM's other name."""
+    vllm_name = name if vllm is True else vllm or ""
+    return Setting(kind, default, name=name, help=help, flag=flag or "--" + name.replace("_", "-"), vllm=vllm_name,
+                   **kw)
 
 
 CORE_SIM, ENGINE, ENGINE_SIM = frozenset({"core", "sim"}), frozenset({"engine"}), frozenset({"engine", "sim"})
@@ -243,79 +252,82 @@ SHARED_TIER = Needs("a cluster-shared prefix tier", (("kv_shared_blocks", ON),))
 SWAP = Needs("swapping preempted requests out", (("preemption_mode", "swap"),))
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # --- the KV cache (CacheConfig) ---
-    _s("block_size", "int", 16, "tokens per KV block", config="cache", minimum=1, maximum=256),
+    _s("block_size", "int", 16, "tokens per KV block", config="cache", minimum=1, maximum=256, unit="tokens"),
     _s("num_blocks", "int", 1024, "KV blocks on the device", config="cache", minimum=1, maximum=MAX_BLOCKS,
        why=PER_BLOCK,
        aliases=("--num-gpu-blocks-override",), keys=("num_gpu_blocks_override",),
        unset="what the KV memory holds (engine: --kv-cache-memory; simulator: the profile's, else the analytic "
-             "estimate for the hardware)"),
+             "estimate for the hardware)", vllm="num_gpu_blocks_override", unit="blocks"),
     _s("num_cpu_blocks", "int", 0, "CPU blocks that hold swapped-out KV (the engine sizes them from swap_space)",
        config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK, aliases=("--cpu-blocks",),
-       needs=SWAP),
+       needs=SWAP, vllm=False, unit="blocks"),
     _s("enable_prefix_caching", "bool", True, "reuse cached KV blocks of shared prompt prefixes", config="cache",
        aliases=("--no-prefix-caching",)),
     _s("eviction_policy", "choice", "lru", "which cached free block is reused first", config="cache",
-       choices=tuple(sorted(EVICTION_POLICIES)), aliases=("--eviction",)),
+       choices=tuple(sorted(EVICTION_POLICIES)), aliases=("--eviction",), vllm=False),
     _s("kv_offloading_blocks", "int", 0, "CPU prefix-cache tier in blocks (vLLM's KV offloading, LMCache's "
        "local_cpu): prefix blocks the GPU evicts are kept there and copied back on a hit (live engine: pinned host "
        "memory, copied on a side CUDA stream); 0: no CPU tier", config="cache", minimum=0, maximum=MAX_BLOCKS,
-       why=PER_BLOCK),
+       why=PER_BLOCK, vllm=False, unit="blocks"),
     _s("kv_offloading_size", "float", None, "the CPU prefix tier as GiB of host memory (vLLM's name: the sum over "
        "a replica's TP ranks), converted to whole blocks of the model's KV bytes per block; instead of "
        "kv_offloading_blocks (both: the same number of blocks)",
-       sides=ENGINE_SIM, nullable=True, above=0, maximum=MAX_OFFLOAD_GIB, why="GiB"),
+       sides=ENGINE_SIM, nullable=True, above=0, maximum=MAX_OFFLOAD_GIB, why="GiB", unit="GiB"),
     _s("kv_offloading_backend", "choice", "native", "what keeps the CPU prefix tier (vLLM's name): native, "
        "vLLM's own CPU offloading, the one kvplan has (its tier stores a block when the GPU evicts it)",
        sides=ENGINE, choices=("native",),
        why="lmcache is not modelled", needs=CPU_TIER),
     _s("kv_offloading_eviction", "choice", "lru", "which block the CPU prefix tier drops (or demotes to disk) first",
-       config="cache", choices=tuple(sorted(EVICTION_POLICIES)), needs=CPU_TIER),
+       config="cache", choices=tuple(sorted(EVICTION_POLICIES)), needs=CPU_TIER, vllm=False),
     _s("kv_disk_blocks", "int", 0, "local-disk prefix-cache tier in blocks below the CPU tier (LMCache's "
        "local_disk; simulator-only: the live engine refuses any value but 0): blocks the CPU tier evicts land "
-       "there; 0: no disk tier", config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK),
+       "there; 0: no disk tier", config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK,
+       vllm=False, unit="blocks"),
     _s("kv_shared_blocks", "int", 0, "cluster-shared prefix-cache tier in blocks below the local tiers (Mooncake "
        "Store, LMCache's remote backend; simulator-only): one store for every replica, which publish the blocks "
        "their local tiers drop and fetch any replica's blocks by key over the network; 0: no shared tier",
-       config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK),
+       config="cache", sides=CORE_SIM, minimum=0, maximum=MAX_BLOCKS, why=PER_BLOCK, vllm=False, unit="blocks"),
     _s("kv_shared_eviction", "choice", "lru", "which block the cluster-shared prefix tier drops first (Mooncake "
        "Store: LRU)", config="cache", sides=CORE_SIM, choices=tuple(sorted(EVICTION_POLICIES)),
-       needs=SHARED_TIER),
+       needs=SHARED_TIER, vllm=False),
     _s("kv_offloading_write_through", "bool", False, "store every block in every lower prefix tier as soon as it "
        "is computed (LMCache's default) instead of only when the tier above evicts it (write-back)",
-       config="cache", sides=CORE_SIM, needs=LOWER_TIER),
+       config="cache", sides=CORE_SIM, needs=LOWER_TIER, vllm=False),
     _s("kv_offloading_layerwise", "bool", False, "load promoted prefix blocks layer by layer while the prefill "
        "computes (LMCache's layer-wise connector): a step costs max(copy, compute) plus one layer's copy "
-       "instead of their sum", sides=SIM, needs=LOWER_TIER),
+       "instead of their sum", sides=SIM, needs=LOWER_TIER, vllm=False),
     _s("allocator", "choice", "paged", "paged blocks, or a contiguous reservation baseline of the vLLM paper "
        "(reserve the model's max length, the next power of two of the need, or exactly the need)", config="cache",
-       sides=CORE_SIM, choices=ALLOCATORS),
+       sides=CORE_SIM, choices=ALLOCATORS, vllm=False),
     _s("max_model_len", "int", 4096, "the longest context (prompt + output) a request may have; longer requests "
        "are rejected and counted", config="cache", minimum=1, maximum=MAX_TOKENS,
-       unset="engine: the model's context; simulator: the longest request of the trace"),
+       unset="engine: the model's context; simulator: the longest request of the trace", unit="tokens"),
     _s("sink_tokens", "int", 0, "attention-sink tokens kept beside the window (StreamingLLM)", config="cache",
-       minimum=0, maximum=MAX_TOKENS, needs=WINDOW),
+       minimum=0, maximum=MAX_TOKENS, needs=WINDOW, vllm=False, unit="tokens"),
     _s("window_tokens", "int", 0, "sliding window of recent tokens each request keeps (0: full attention)",
-       config="cache", minimum=0, maximum=MAX_TOKENS),
+       config="cache", minimum=0, maximum=MAX_TOKENS, vllm=False, unit="tokens"),
     _s("watermark", "float", 0.0, "fraction of blocks admission keeps free (vLLM V0's 0.01; V1 has none)",
-       config="cache", minimum=0, maximum=0.5),
+       config="cache", minimum=0, maximum=0.5, vllm=False, unit="fraction of blocks"),
     # --- continuous batching (SchedulerConfig) ---
     _s("max_num_batched_tokens", "int", 2048, "tokens one step may compute", config="scheduler", minimum=1,
-       maximum=MAX_TOKENS, unset=VLLM_BATCH_DEFAULT, unset_sides=SIM),
+       maximum=MAX_TOKENS, unset=VLLM_BATCH_DEFAULT, unset_sides=SIM, unit="tokens"),
     _s("max_num_seqs", "int", 256, "sequences one step may run", config="scheduler", minimum=1,
-       maximum=1_000_000, unset=VLLM_BATCH_DEFAULT, unset_sides=SIM),
+       maximum=1_000_000, unset=VLLM_BATCH_DEFAULT, unset_sides=SIM, unit="sequences"),
     _s("long_prefill_token_threshold", "int", 0, "a prompt computes at most this many tokens per step, so long "
        "prefills share steps with short ones (0: no cap; vLLM's knob of the same name)", config="scheduler",
-       minimum=0, maximum=MAX_TOKENS),
+       minimum=0, maximum=MAX_TOKENS, unit="tokens"),
     _s("enable_chunked_prefill", "bool", True, "split long prompts across steps", config="scheduler",
        aliases=("--no-chunked-prefill",)),
     _s("policy", "choice", "fcfs", "waiting-queue order: first come first served, or by request priority",
-       config="scheduler", choices=QUEUE_POLICIES, flag="--scheduling-policy", aliases=("--policy",)),
+       config="scheduler", choices=QUEUE_POLICIES, flag="--scheduling-policy", aliases=("--policy",),
+       vllm="scheduling_policy"),
     _s("preemption_mode", "choice", "recompute", "what preemption does with a victim's KV", config="scheduler",
        choices=PREEMPTION_MODES, aliases=("--preemption",)),
     _s("victim_policy", "choice", "newest", "which running request is preempted", config="scheduler",
-       choices=tuple(sorted(VICTIM_POLICIES)), aliases=("--victim",)),
+       choices=tuple(sorted(VICTIM_POLICIES)), aliases=("--victim",), vllm=False),
     _s("schedule", "choice", "mixed", "mixed: decodes first, prefill chunks fill the budget (vLLM V1); "
-       "prefill_first: prefill-only steps whenever one fits (vLLM V0)", config="scheduler", choices=SCHEDULES),
+       "prefill_first: prefill-only steps whenever one fits (vLLM V0)", config="scheduler", choices=SCHEDULES,
+       vllm=False),
     _s("scheduler_reserve_full_isl", "bool", True, "admit a waiting request only when its whole prompt fits in "
        "the free KV blocks (vLLM's default); off: a first chunk that fits is enough (vLLM <= 0.10)",
        config="scheduler"),
@@ -324,35 +336,35 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        "in the same memory)", sides=ENGINE_SIM, choices=KV_CACHE_DTYPES, values=(("float8", "fp8"),),
        aliases=("--kv-dtype",), keys=("kv_dtype",)),
     _s("gpu_memory_utilization", "float", 0.9, "fraction of device memory the engine may use (weights + KV)",
-       sides=ENGINE_SIM, above=0, maximum=1),
+       sides=ENGINE_SIM, above=0, maximum=1, unit="fraction of memory"),
     _s("kv_cache_memory", "bytes", 64 << 20, "bytes of KV cache, used when num_blocks is not given",
        sides=ENGINE, aliases=("--kv-cache-memory-bytes",),
        unset="on CUDA what gpu_memory_utilization leaves after the weights and a profiled step (vLLM's rule); "
-             "on CPU 64 MiB"),
+             "on CPU 64 MiB", vllm="kv_cache_memory_bytes", unit="bytes"),
     _s("swap_space", "bytes", 64 << 20, "bytes of CPU swap space (preemption_mode: swap)", sides=ENGINE,
-       needs=SWAP),
+       needs=SWAP, unit="bytes"),
     _s("dtype", "choice", "bfloat16", "model weights and activations", sides=ENGINE, choices=MODEL_DTYPES),
     # --- the deployment shape of one replica (the simulator's cost model; the live engine runs one device) ---
     _s("tensor_parallel_size", "int", 1, "GPUs one replica's layers are split across (weights and KV heads "
        "sharded; two all-reduces per layer)", sides=SIM, minimum=1, maximum=MAX_PARALLEL,
-       why="GPUs of one replica"),
+       why="GPUs of one replica", unit="GPUs"),
     _s("pipeline_parallel_size", "int", 1, "pipeline stages one replica's layers are split into (each stage on "
        "its own tensor-parallel group; activations sent between stages)", sides=SIM, minimum=1,
-       maximum=MAX_PARALLEL, why="GPUs of one replica"),
+       maximum=MAX_PARALLEL, why="GPUs of one replica", unit="stages"),
     _s("enable_expert_parallel", "bool", False, "MoE models: place whole experts on the tensor-parallel ranks "
        "(an all-to-all dispatch and combine per MoE layer) instead of sharding every expert", sides=SIM),
     _s("entry_point", "choice", "openai_server", "how the simulated vLLM is run: openai_server (`vllm serve`: "
        "latencies as its clients see them, the API server's work on every request and token included, and "
        "vLLM's server defaults), llm (the offline LLM class) or engine (the engine core alone); the engine-internal "
-       "times are reported beside the client's either way", sides=SIM, choices=ENTRY_POINTS),
+       "times are reported beside the client's either way", sides=SIM, choices=ENTRY_POINTS, vllm=False),
     _s("api_server_latency_ms", "float", None, "with entry_point openai_server: what a client waits per request that "
        "occupies no API-server time (HTTP transport both ways, the server's and the client's stacks); `kvplan "
        "validate --endpoint` fits it for a real server", sides=SIM, minimum=0, maximum=60_000, why="milliseconds",
        unset="vLLM PR #54628's client-minus-server TTFT of `vllm serve` less the measured API-server work "
-             "(sim.frontend)", unset_sides=SIM),
+             "(sim.frontend)", unset_sides=SIM, vllm=False, unit="ms"),
     _s("position_mode", "choice", "original", "with a window: retained tokens keep their positions (original), or "
        "take their positions within the cache (shifted, StreamingLLM; RoPE models, torch/cpu attention)",
-       sides=ENGINE, choices=POSITION_MODES, needs=WINDOW),
+       sides=ENGINE, choices=POSITION_MODES, needs=WINDOW, vllm=False),
 )}
 # The replica's deployment shape: the simulator prices it, the live engine (one device) refuses anything but 1.
 SHAPE_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")

@@ -1,0 +1,129 @@
+"""What each column of an experiment's tables means: runs.parquet (one row per run) and points.parquet (one row
+per point), as `kvplan.experiments.results` builds them.
+
+The tables are built from dict literals there, so their names are declared here once more, with a meaning
+each; tests/docs run a small search and fail when a table has a column this list lacks, or lists one the
+tables no longer have. A *family* (`engine.<setting>`, every summary metric) stands for the columns its
+pattern names. `when` says which experiments have the column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kvplan.experiments import model_range, results
+from kvplan.experiments.schema import CLUSTER, ENGINE, SWEEPABLE
+from kvplan.results.summary import SUMMARY_KEYS
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column, or a family of them: `members` are the names it stands for (empty: just `name`)."""
+
+    name: str
+    meaning: str
+    when: str = "always"
+    members: tuple[str, ...] = ()
+
+    def names(self) -> tuple[str, ...]:
+        return self.members or (self.name,)
+
+
+SEARCH = "a search"
+SUMMARY = Column("(every summary metric)", "the run's summary: see [Summary metrics](#summary-metrics)",
+                 members=SUMMARY_KEYS)
+MODEL_ERROR = (
+    Column("model_error_source", "which source priced the point's GPU (a measured profile, the fitted laws, ...)"),
+    Column("model_error_band_lo_pct", "the low edge of that source's step-time error band, in percent"),
+    Column("model_error_band_hi_pct", "the high edge of that source's step-time error band, in percent"),
+)
+RANGE = (
+    Column("capacity_model_lo", "the answer at the error band's low edge (NaN: not searched, or outside the range)",
+           SEARCH),
+    Column("capacity_model_hi", "the answer at the error band's high edge (NaN: not searched, or outside the "
+                                "range)", SEARCH),
+)
+PROBE_MEANINGS = {  # results.PROBE_COLUMNS: the probe's counts and stability signals (sim.stability)
+    "verdict": "the probe's verdict before any SLO is read: stable, backlogged, overloaded, or burst (a recorded "
+               "trace replayed: no steady state to judge)",
+    "warmup_requests": "requests arriving in the warm-up (served, not measured)",
+    "measured_requests": "requests arriving in the measurement window",
+    "cooldown_requests": "requests arriving in the cool-down (served, not measured)",
+    "unfinished_requests": "requests neither finished nor rejected when the run ended",
+    "completed_measured": "measured requests that finished",
+    "queue_first": "mean waiting requests (all replicas) over the window's first half",
+    "queue_second": "mean waiting requests over the window's second half",
+    "ttft_first_ms": "median TTFT of the measured requests arriving in the window's first half",
+    "ttft_second_ms": "median TTFT of those arriving in its second half",
+    "p99_queue_delay_ms": "p99 scheduling delay (arrival to first scheduled) of the measured requests: the "
+                          "stability gate compares it with probe.max_queue_delay_s",
+    "stopped_early": "why the overload check stopped the run (empty when it did not)",
+    "duration_s": "the probe's duration D in seconds (null for a burst run): in runs.parquet it takes the place "
+                  "of the summary's duration_s",
+}
+RUN_COLUMNS: tuple[Column, ...] = (
+    Column("point", "the point's index (points.parquet's row)"),
+    Column("label", "the point's label: its swept values"),
+    Column("seed", "the run's seed"),
+    Column("probe", "the value a search probed (of the key its target varies); NaN without a search"),
+    Column("run", "the run's key: its directory under runs/"),
+    Column("model", "the model"),
+    Column("hardware", "the GPU (or profile)"),
+    Column("engine.<setting>", "every engine setting of the run's configuration", members=tuple(
+        f"engine.{k}" for k in ENGINE)),
+    Column("cluster.<key>", "the cluster's replicas and router", members=tuple(f"cluster.{k}" for k in CLUSTER)),
+    Column("workload.<key>", "the load: mode, rate, concurrency, rate_scale", members=tuple(
+        f"workload.{k}" for k in ("mode", "rate", "concurrency", "rate_scale"))),
+    Column("step_scale", "the factor on every step's compute time: 1 for the answer's runs, a band edge's factor "
+                         "for the model-range searches' runs"),
+    *MODEL_ERROR,
+    SUMMARY,
+    Column("offered_rate_rps", "the request rate offered to the servers, requests per second"),
+    Column("num_blocks", "KV blocks per replica"),
+    Column("rejected", "requests the scheduler refused (they can never run)"),
+    Column("attainment", "the share of requests meeting every per-request SLO bound (NaN without slo.attainment)"),
+    *(Column(key, PROBE_MEANINGS[key]) for key in results.PROBE_COLUMNS if key != "duration_s"),
+    Column("slo_met", "whether the run met every SLO (a probe that is not stable never does)"),
+    Column("slo_broken", "the SLO lines it broke, separated by '; '"),
+    *RANGE,
+)
+POINT_COLUMNS: tuple[Column, ...] = (
+    Column("point", "the point's index"),
+    Column("label", "the point's label: its swept values"),
+    Column("<swept key>", "one column per key the sweep varies (`engine.block_size`, `cluster.replicas`, ...)",
+           "a sweep", members=tuple(SWEEPABLE)),
+    *MODEL_ERROR,
+    Column("seeds", "how many seeds the point's answer is over"),
+    Column("slo_met", "whether every seed's run at the answer met the SLOs"),
+    SUMMARY,
+    Column("offered_rate_rps", "the offered request rate, averaged over the seeds' runs at the answer"),
+    Column("attainment", "the share of requests meeting every per-request bound (NaN without slo.attainment)"),
+    *(Column(key, f"{PROBE_MEANINGS[key]}, averaged over the seeds") for key in results.COUNTS),
+    Column("verdict", "the runs' verdicts at the answer, joined by '/'"),
+    Column("answer", "the median of the seeds' answers (NaN: outside the searched range)", SEARCH),
+    Column("answer_low", "the lowest seed's answer (NaN when a seed found none)", SEARCH),
+    Column("answer_high", "the highest seed's answer", SEARCH),
+    *RANGE,
+    Column("model_range_note", "why the model range is missing, where it is", SEARCH),
+    Column("answers", "every seed's answer", SEARCH),
+    Column("search_outcome", "found, or why a seed found no answer", SEARCH),
+    Column("probes", "how many probes the point's searches ran", SEARCH),
+    Column("capacity_rps", "requests per second served at the answer", SEARCH),
+    Column("capacity_tok_s", "tokens per second served at the answer", SEARCH),
+    Column("gpus_per_replica", "tensor x pipeline parallel size", "a min_replicas search"),
+    Column("gpus", "the answer's GPUs: replicas x GPUs per replica", "a min_replicas search"),
+)
+# the model range's columns are the module's own: a renamed one must be renamed here too
+assert {c.name for c in MODEL_ERROR} == set(model_range.POINT_COLUMNS)
+assert {c.name for c in RANGE} == set(model_range.RANGE_COLUMNS)
+
+
+def undocumented(columns: Iterable[str], declared: tuple[Column, ...]) -> tuple[list[str], list[str]]:
+    """(columns no entry names, fixed entries the columns lack): both empty when `declared` describes a table
+    that has every conditional column. A family needs one member present."""
+    columns = list(columns)
+    named = {name for c in declared for name in c.names()}
+    unknown = [c for c in columns if c not in named]
+    missing = [c.name for c in declared if not set(c.names()) & set(columns)]
+    return unknown, missing
