@@ -114,3 +114,12 @@ def test_the_nav_and_the_pages_agree():
         assert path.name in nav, f"docs/{path.name} is not in mkdocs.yml's nav"
     assert len(nav) >= 10
     assert config["strict"] is True and config["theme"]["name"] == "material"
+
+
+def test_the_docs_examples_load_and_build_their_points(capsys):
+    """The smaller experiments the docs pages run (docs/examples/*.yaml) stay valid as the schema changes."""
+    examples = sorted((DOCS / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        assert main(["run", str(path), "--explain"]) == 0, path
+        assert f"experiment {yaml.safe_load(path.read_text())['name']}:" in capsys.readouterr().out
