@@ -13,19 +13,18 @@ from pathlib import Path
 import pandas as pd
 
 from kvplan.experiments import model_range, plots
+from kvplan.experiments.answer import summary_markdown
+from kvplan.experiments.criteria import gate_lines
+from kvplan.experiments.ranking import Recommendation, capacity_sentence, recommend
 from kvplan.experiments.results import (
     COUNTS,
-    Recommendation,
     answer_runs,
-    capacity_sentence,
     cell,
     load_line,
     point_table,
     points_frame,
-    recommend,
     runs_frame,
     slo_lines,
-    summary_markdown,
 )
 from kvplan.experiments.runner import Outcome
 from kvplan.experiments.schema import Experiment
@@ -68,7 +67,7 @@ def figures(exp: Experiment, outcome: Outcome, runs: pd.DataFrame, points: pd.Da
     if (runs["prefix_cache_queries"] > 0).any():
         out["prefix_hit_rate"] = plots.per_point(points, swept, "prefix_cache_hit_rate", "Prefix-cache hit rate",
                                                  "hit rate")
-    shown = rec.point if rec.point is not None else 0
+    shown = rec.point if rec.point is not None else rec.tie[0] if rec.tie else 0
     task = next(t for t in outcome.tasks if t.point.index == shown and not t.edge)  # the point's first search
     run = answer_runs(task, runs).iloc[0]["run"]
     series = pd.read_parquet(staging / "runs" / run / "series.parquet")
@@ -88,8 +87,13 @@ def write_results(exp: Experiment, outcome: Outcome, staging: Path) -> None:
     write_atomic(staging / "experiment.yaml", exp.text)
     summary = summary_markdown(exp, points, rec, len(outcome.runs), outcome.model_errors)
     write_atomic(staging / "summary.md", summary)
-    doc = {"name": exp.name, "recommendation": {"point": rec.point, "label": rec.label, "why": rec.why},
-           "slo": slo_lines(exp), "runs": len(outcome.runs), "runs_made": outcome.made,
+    doc = {"name": exp.name, "recommendation": {"point": rec.point, "label": rec.label, "why": rec.why,
+                                                "tie": [{"point": i, "label": label} for i, label in
+                                                        zip(rec.tie, rec.tie_labels, strict=True)],
+                                                "runner_up": rec.runner_up},
+           "slo": slo_lines(exp), "gates": [{"name": g.name, "condition": g.short, "key": g.key or None}
+                                            for g in gate_lines(exp)],
+           "runs": len(outcome.runs), "runs_made": outcome.made,
            "runs_reused": outcome.reused, "points": points.to_dict(orient="records"),
            "model_error": model_range.json_blocks(exp, points, outcome.model_errors)}
     write_atomic(staging / "result.json", json_text(doc))
@@ -124,9 +128,18 @@ def report_html(exp: Experiment, points: pd.DataFrame, rec: Recommendation, imag
     capacity = "".join(f"<li><b>{e(row['label'])}</b>: "
                        + e(capacity_sentence(exp, row) if pd.notna(row["answer"]) else row["search_outcome"])
                        + "</li>" for _, row in points.iterrows()) if exp.search else ""
-    verdict = (f"<p class='rec'>Recommended: <b>{e(rec.label)}</b> — {e(rec.why)}.</p>" if rec.point is not None
-               else f"<p class='rec none'>No recommendation: {e(rec.why)}.</p>")
+    if rec.point is not None:
+        verdict = f"<p class='rec'>Recommended: <b>{e(rec.label)}</b> — {e(rec.why)}.</p>"
+    elif rec.tie:
+        verdict = f"<p class='rec none'>Tie: <b>{e(', '.join(rec.tie_labels))}</b> — {e(rec.why)}.</p>"
+    else:
+        verdict = f"<p class='rec none'>No recommendation: {e(rec.why)}.</p>"
     slo = "".join(f"<li>{e(line)}</li>" for line in slo_lines(exp)) or "<li>none given</li>"
+    gates = "".join(f"<li><b>{e(g.name)}</b>: {e(g.rule)} ({e(g.key) if g.key else 'fixed'})</li>"
+                    for g in gate_lines(exp))
+    limits = "".join(f"<li><b>{e(row['label'])}</b>: {e(row['binding_limit'])} "
+                     f"({e(row['binding_key'] or 'fixed')}): {e(row['binding_detail'])}</li>"
+                     for _, row in points.iterrows())
     figs = "".join(f"<figure><img alt='{e(title)}' src='data:image/png;base64,"
                    f"{base64.b64encode(images[name]).decode()}'><figcaption>{e(title)}</figcaption></figure>"
                    for name, title in FIGURES if name in images)
@@ -147,7 +160,10 @@ pre {{ background: #f6f6f6; padding: 1em; }}
 <p>{e(load_line(exp))}</p>
 {f"<h2>Capacity</h2><ul>{capacity}</ul>" if capacity else ""}
 {model_error}
+<h2>Binding limits</h2><p>What stopped each answer from being higher (fewer replicas), and the key that moves
+it.</p><ul>{limits}</ul>
 <h2>SLOs</h2><ul>{slo}</ul>
+<h2>Gates</h2><p>Besides the SLOs, these can decide an answer.</p><ul>{gates}</ul>
 <h2>Points</h2>{_table(headers, rows, rec.point)}
 <h2>Figures</h2>{figs}
 <h2>Runs</h2><p>Every run (search probe) with its stability verdict and request counts; a probe must be stable
