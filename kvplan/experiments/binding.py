@@ -27,7 +27,7 @@ from kvplan.experiments.criteria import SUMMARY_TO_SLO, slo_name
 from kvplan.experiments.schema import Experiment
 from kvplan.experiments.search import PointTask, describe
 
-COLUMNS = ("binding_limit", "binding_key", "binding_detail", "binding_votes", "binding_of")
+COLUMNS = ("binding_limit", "binding_key", "binding_detail", "binding_votes", "binding_of", "binding_at")
 
 
 @dataclass(slots=True)
@@ -36,20 +36,23 @@ class Vote:
     key: str
     excess: float
     detail: str
+    at: float  # the probed value it failed at (a bound: the bound; NaN for a plain point)
 
 
 @dataclass(slots=True)
 class Binding:
-    """A point's binding limit; `votes` of `of` searches (or runs) named it."""
+    """A point's binding limit; `votes` of `of` searches (or runs) named it; `at`: the probed value of the vote
+    elected (the plots mark it)."""
 
     limit: str
     key: str
     detail: str
     votes: int
     of: int
+    at: float = math.nan
 
     def columns(self) -> dict[str, object]:
-        return dict(zip(COLUMNS, (self.limit, self.key, self.detail, self.votes, self.of), strict=True))
+        return dict(zip(COLUMNS, (self.limit, self.key, self.detail, self.votes, self.of, self.at), strict=True))
 
 
 def top(failed: list[dict]) -> dict:
@@ -65,15 +68,17 @@ def task_votes(task: PointTask, runs: pd.DataFrame) -> list[Vote]:
         edge, value = ("search.low", search["low"]) if upward else ("search.high", search["high"])
         failed = _failed_at(task, runs, value)
         why = f": {top(failed[0])['text']}" if failed else ""
-        return [Vote(edge, edge, 0.0, task.outcome + why)]
+        return [Vote(edge, edge, 0.0, task.outcome + why, float(value))]
     beyond = task.hi if upward else task.lo
     if beyond is None:  # met at the top (upward), or with the fewest replicas searched
-        edge = "search.high" if upward else "search.low"
-        return [Vote(edge, edge, 0.0, task.outcome or f"meets with the fewest searched, {describe(target, task.hi)}")]
+        edge, value = ("search.high", search["high"]) if upward else ("search.low", search["low"])
+        return [Vote(edge, edge, 0.0, task.outcome or f"meets with the fewest searched, {describe(target, value)}",
+                     float(value))]
     votes = []
     for failed in _failed_at(task, runs, beyond):
         f = top(failed)
-        votes.append(Vote(f["limit"], f["key"], f["excess"], f"{f['text']} at {describe(target, beyond)}"))
+        votes.append(Vote(f["limit"], f["key"], f["excess"], f"{f['text']} at {describe(target, beyond)}",
+                          float(beyond)))
     return votes
 
 
@@ -90,7 +95,7 @@ def elect(votes: list[Vote], of: int) -> Binding:
         return Binding("none", "", "no failing run recorded", 0, of)
     counts = Counter((v.limit, v.key) for v in votes)
     best = max(votes, key=lambda v: (counts[(v.limit, v.key)], v.excess))
-    return Binding(best.limit, best.key, best.detail, counts[(best.limit, best.key)], of)
+    return Binding(best.limit, best.key, best.detail, counts[(best.limit, best.key)], of, best.at)
 
 
 def search_binding(tasks: list[PointTask], runs: pd.DataFrame) -> Binding:
@@ -103,7 +108,7 @@ def sweep_binding(exp: Experiment, at: pd.DataFrame) -> Binding:
     """A plain point's binding limit from its runs `at` (see the module docstring)."""
     failed = [list(f) for f in at["failures"] if len(f)]
     if failed:
-        votes = [Vote(f["limit"], f["key"], f["excess"], f["text"]) for f in map(top, failed)]
+        votes = [Vote(f["limit"], f["key"], f["excess"], f["text"], math.nan) for f in map(top, failed)]
         return elect(votes, len(at))
     lines = [(slo_name(k), f"slo.{SUMMARY_TO_SLO[k]}", float(pd.to_numeric(at[k], errors="coerce").mean()) / bound)
              for k, bound in exp.slo.items()]

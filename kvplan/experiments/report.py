@@ -10,6 +10,7 @@ import html
 import io
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvplan.experiments import model_range, plots
@@ -27,15 +28,18 @@ from kvplan.experiments.results import (
     slo_lines,
 )
 from kvplan.experiments.runner import Outcome
-from kvplan.experiments.schema import Experiment
+from kvplan.experiments.schema import SLO_KEYS, Experiment
 from kvplan.output import json_text, write_atomic
 
 UNITS = {"max_rate": "req/s (sustained)", "max_goodput": "req/s (sustained)", "max_concurrency": "users",
          "max_burst_scale": "rate scale (x the recorded trace)", "min_replicas": "replicas"}
 FIGURES = (
-    ("latency_vs_rate", "Latency vs offered request rate (stable probes; dotted: each configuration's capacity)"),
+    ("latency_vs_rate", "Latency vs offered request rate (stable probes; dotted: each configuration's capacity; "
+                        "red cross: its binding SLO at its first failing probe)"),
+    ("latency_vs_gpus", "Latency vs GPUs of the replica search (stable probes; dotted: each configuration's answer; "
+                        "red cross: its binding SLO at its first failing probe)"),
     ("slo_headroom", "SLO headroom"),
-    ("capacity", "Capacity under the SLOs"),
+    ("capacity", "Capacity under the SLOs, each with its binding limit"),
     ("throughput", "Request throughput"),
     ("memory_breakdown", "KV memory breakdown per point"),
     ("kv_over_time", "KV memory and queues over time (recommended point)"),
@@ -53,17 +57,17 @@ def _parquet(frame: pd.DataFrame) -> bytes:
 def figures(exp: Experiment, outcome: Outcome, runs: pd.DataFrame, points: pd.DataFrame, rec: Recommendation,
             staging: Path) -> dict[str, bytes]:
     swept = list(exp.sweep_grid) + list(exp.sweep_zip)
-    keys = [k for k in swept if k not in ("workload.rate_scale", "workload.rate", "workload.concurrency")]
-    knees = {" ".join(f"{k.split('.')[-1]}={row[k]}" for k in keys) or "base": row["offered_rate_rps"]
-             for _, row in points.iterrows()} if exp.search else None
-    out = {"latency_vs_rate": plots.latency_vs_rate(runs, swept, exp.slo, knees),
+    out = {**latency_figure(exp, runs, points, swept),
            "slo_headroom": plots.slo_headroom(points, exp.slo, exp.attainment),
            "throughput": plots.per_point(points, swept, "request_throughput", "Request throughput", "req/s"),
            "memory_breakdown": plots.memory_breakdown(points),
            "preemptions": plots.per_point(points, swept, "num_preemptions", "Preemptions", "count")}
     if exp.search:
-        out["capacity"] = plots.per_point(points, swept, "answer", f"Capacity: {exp.search['target']} (median of "
-                                          "seeds)", UNITS[exp.search["target"]])
+        gpus = exp.search["target"] == "min_replicas"  # what a replica search buys: GPUs
+        out["capacity"] = plots.per_point(points, swept, "gpus" if gpus else "answer",
+                                          f"Capacity: {exp.search['target']} (median of seeds; red: binding limit)",
+                                          "GPUs (replicas x TP x PP)" if gpus else UNITS[exp.search["target"]],
+                                          notes=points["binding_limit"])
     if (runs["prefix_cache_queries"] > 0).any():
         out["prefix_hit_rate"] = plots.per_point(points, swept, "prefix_cache_hit_rate", "Prefix-cache hit rate",
                                                  "hit rate")
@@ -73,6 +77,31 @@ def figures(exp: Experiment, outcome: Outcome, runs: pd.DataFrame, points: pd.Da
     series = pd.read_parquet(staging / "runs" / run / "series.parquet")
     out["kv_over_time"] = plots.kv_over_time(series, f"{task.point.label} (run {run})")
     return {name: png for name, png in out.items() if png is not None}
+
+
+def latency_figure(exp: Experiment, runs: pd.DataFrame, points: pd.DataFrame,
+                   swept: list[str]) -> dict[str, bytes | None]:
+    """Latency against the load: the offered rate, or for a replica search the GPUs its probes used; each
+    configuration's answer dotted and its binding SLO crossed at its first failing probe (`binding_at`)."""
+    keys = [k for k in swept if k not in ("workload.rate_scale", "workload.rate", "workload.concurrency")]
+    replicas = exp.search is not None and exp.search["target"] == "min_replicas"
+    if replicas:
+        runs = runs.assign(gpus=runs["cluster.replicas"] * runs["engine.tensor_parallel_size"]
+                           * runs["engine.pipeline_parallel_size"])
+    x, answer = ("gpus", "gpus") if replicas else ("offered_rate_rps", "offered_rate_rps")
+    knees = {" ".join(f"{k.split('.')[-1]}={row[k]}" for k in keys) or "base": row[answer]
+             for _, row in points.iterrows()} if exp.search else None
+    marks = []
+    for _, row in points.iterrows() if exp.search else ():
+        metric = SLO_KEYS.get(str(row["binding_key"]).removeprefix("slo."))
+        if metric not in plots.panels(exp.slo) or not np.isfinite(row["binding_at"]):
+            continue
+        at = runs[(runs["point"] == row["point"]) & np.isclose(runs["probe"], row["binding_at"])]
+        if len(at):
+            marks.append((metric, float(at[x].mean()), float(at[metric].mean())))
+    name, xlabel = ("latency_vs_gpus", "GPUs (replicas x TP x PP)") if replicas else \
+        ("latency_vs_rate", "offered request rate (req/s)")
+    return {name: plots.latency_vs_load(runs, swept, exp.slo, knees, x, xlabel, marks)}
 
 
 def write_results(exp: Experiment, outcome: Outcome, staging: Path) -> None:
