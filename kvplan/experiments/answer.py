@@ -173,16 +173,20 @@ def print_answer(exp: Experiment, points: pd.DataFrame, rec: Recommendation, out
     out.write(render(exp, points, rec, width=width, terminal=terminal))
 
 
-def print_result_set(exp: Experiment, out: Path) -> None:
-    """Print the answer of the result set in `out` (its points.parquet and result.json's recommendation)."""
+def read_result_set(out: Path) -> tuple[pd.DataFrame, Recommendation]:
+    """A written result set's points (points.parquet) and recommendation (result.json)."""
     from kvplan.strict_json import loads
 
     points = pd.read_parquet(out / "points.parquet")
     doc = loads((out / "result.json").read_bytes())["recommendation"]
     tie = doc.get("tie") or []
-    rec = Recommendation(doc["point"], doc["label"], doc["why"], [t["point"] for t in tie],
-                         [t["label"] for t in tie], doc.get("runner_up"))
-    print_answer(exp, points, rec)
+    return points, Recommendation(doc["point"], doc["label"], doc["why"], [t["point"] for t in tie],
+                                  [t["label"] for t in tie], doc.get("runner_up"))
+
+
+def print_result_set(exp: Experiment, out: Path) -> None:
+    """Print the answer of the result set in `out`."""
+    print_answer(exp, *read_result_set(out))
 
 
 def markdown_answer(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> list[str]:

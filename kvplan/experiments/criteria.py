@@ -135,8 +135,8 @@ def gate_lines(exp: Experiment) -> list[GateLine]:
             if gate is stability.QUEUE_DELAY and mode != "sustained":
                 continue
             out.append(GateLine(gate.name, gate.short.format(**settings),
-                                f"{gate.verdict} when " + gate.rule.format(**settings), gate.key))
-    out.append(GateLine("no request completed", "a request completed", "fails when no request completed", ""))
+                                f"{gate.verdict}: " + gate.rule.format(**settings), gate.key))
+    out.append(GateLine("no request completed", "a request completed", "fails: no request of the run completed", ""))
     if exp.search:
         from kvplan.experiments.search import describe
 
