@@ -54,18 +54,18 @@ def _number(value: float) -> str:
 
 
 def answer_table(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> tuple[list[str], list[list[str]]]:
-    """The answer's table: headers and rows of text. A leading `*` marks the recommended point, `=` a tied one."""
+    """The answer's table: headers and rows of text. The first column marks the recommended point `*` and the
+    tied ones `=`."""
     ranged = exp.search is not None and points[list(model_range.RANGE_COLUMNS)].notna().any(axis=None)
     if exp.search:
-        headers = ["configuration", UNITS[exp.search["target"]], "seeds", *(["model range"] if ranged else [])]
+        headers = ["", "configuration", UNITS[exp.search["target"]], "seeds", *(["model range"] if ranged else [])]
     else:
-        headers = ["configuration", exp.objective["metric"], "seeds", "SLOs met"]
+        headers = ["", "configuration", exp.objective["metric"], "seeds", "SLOs met"]
     headers += ["binding limit", "key that moves it"]
     rows = []
     for _, row in points.iterrows():
         index = int(row["point"])
-        mark = "* " if index == rec.point else "= " if index in rec.tie else ""
-        cells = [mark + short_label(exp, row)]
+        cells = ["*" if index == rec.point else "=" if index in rec.tie else "", short_label(exp, row)]
         if exp.search:
             value = row["answer"]
             text = _number(value)
@@ -140,11 +140,13 @@ def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width:
     console = Console(file=buffer, width=width, force_terminal=terminal, no_color=not terminal,
                       color_system="standard" if terminal else None, highlight=False, emoji=False)
     headers, rows = answer_table(exp, points, rec)
-    table = Table(box=box.SIMPLE_HEAD if terminal else plain, show_edge=False, pad_edge=False,
+    # columns two apart (the box's divider and one space): the most room for the labels
+    table = Table(box=box.SIMPLE_HEAD if terminal else plain, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
                   header_style="bold" if terminal else "")
     for i, header in enumerate(headers):
-        table.add_column(header, overflow="fold", ratio=3 if i == 0 else None,
-                         justify="right" if 0 < i < 2 else "left")
+        # identifiers (keys, numbers, ranges) never break; the label and the limit's name wrap at spaces
+        table.add_column(header, overflow="fold", no_wrap=i not in (1, len(headers) - 2),
+                         justify="right" if i == 2 else "left")
     for index, cells in zip(points["point"], rows, strict=True):
         style = "bold green" if terminal and int(index) == rec.point else ""
         table.add_row(*cells, style=style)
