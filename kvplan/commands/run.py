@@ -25,6 +25,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--explain", action="store_true", help="print the resolved points and exit")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--wide", action="store_true", help="print all of summary.md (every column of every point) "
+                   "instead of the answer, which fits 100 columns")
     p.set_defaults(handler=run)
 
 
@@ -108,7 +110,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(doc)
         return 0
-    print((out / "summary.md").read_text())
+    if args.wide:  # everything: the answer, the full points table, each capacity, the model error
+        print((out / "summary.md").read_text())
+    else:
+        from kvplan.experiments.answer import print_result_set
+
+        print_result_set(exp, out)
     print(f"wrote {out}/: report.html, summary.md, runs.parquet ({len(outcome.runs)} runs), points.parquet, plots/",
           file=sys.stderr)
     return 0

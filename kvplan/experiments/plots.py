@@ -3,7 +3,11 @@ latency-vs-rate plot needs more than one rate; a capacity plot needs a search), 
 measured and nothing empty.
 
 A metric per point is drawn against the first numeric swept key when there is one (one line per combination of
-the other swept keys: hit rate vs cache size per eviction policy), else as one bar per point.
+the other swept keys: hit rate vs cache size per eviction policy), else as one bar per point. Every y-axis starts
+at zero, except the latency panels: log scale, said in their title (near capacity latency grows by orders of
+magnitude). A replica search draws its latencies against the GPUs its probes used (replicas x TP x PP), not the
+offered rate (which a replica search holds fixed). The binding limit is marked: a red cross on the latency panel
+of the SLO that stopped each configuration, at its first failing probe, and named beside each capacity.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ def swept_axes(points: pd.DataFrame, swept: list[str]) -> tuple[str | None, list
 
 
 def per_point(points: pd.DataFrame, swept: list[str], metric: str, title: str, ylabel: str,
-              bound: float | None = None) -> bytes | None:
+              bound: float | None = None, notes: pd.Series | None = None) -> bytes | None:
+    """`metric` per point; `notes` (aligned with `points`): a short text written beside each point's value."""
     values = points[metric].astype(float)
     if not np.isfinite(values).any():
         return None
@@ -67,44 +72,76 @@ def per_point(points: pd.DataFrame, swept: list[str], metric: str, title: str, y
         ax.set_xlabel(x)
         if len(others) or len(points) > 1:
             ax.legend(fontsize=8)
+        where = list(zip(points[x], values, strict=True))
     else:
         ax.bar(range(len(points)), values, color="C0")
         ax.set_xticks(range(len(points)), points["label"], rotation=30, ha="right", fontsize=8)
+        where = list(zip(range(len(points)), values, strict=True))
+    if notes is not None:
+        for (px, py), note in zip(where, notes, strict=True):
+            if np.isfinite(py) and note:
+                ax.annotate(str(note), (px, py), textcoords="offset points", xytext=(0, 4), ha="center",
+                            fontsize=7, color="C3")
     if bound is not None:
         ax.axhline(bound, color="k", ls="--", lw=1, label="SLO")
+    top = float(np.nanmax(values)) if bound is None else max(float(np.nanmax(values)), bound)
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)  # from zero, with room for the notes
     ax.set(title=title, ylabel=ylabel)
     ax.grid(alpha=0.3)
     return _png(fig)
 
 
-def latency_vs_rate(runs: pd.DataFrame, swept: list[str], slo: dict[str, float],
-                    knees: dict[str, float] | None = None) -> bytes | None:
-    """p99 TTFT, p90 TPOT and p90 E2E vs the offered request rate, one line per configuration (the swept keys
-    other than the load), from the probes judged stable (or burst replays: they have no verdict) - an unstable
-    probe's percentiles describe a backlog still growing, not a load the server holds. `knees` maps a line's
-    label to the offered rate at its capacity, marked on each panel."""
+PANELS = ("p99_ttft_ms", "p90_tpot_ms", "p90_e2el_ms")
+
+
+def panels(slo: dict[str, float]) -> tuple[str, ...]:
+    """The latency panels: every SLO'd latency first (its line and binding mark are drawn there), then
+    `PANELS`, three at least."""
+    return tuple(dict.fromkeys([*(k for k in slo if k.endswith("_ms")), *PANELS]))[:max(3, len(slo))]
+
+
+def latency_vs_load(runs: pd.DataFrame, swept: list[str], slo: dict[str, float],
+                    knees: dict[str, float] | None = None, x: str = "offered_rate_rps",
+                    xlabel: str = "offered request rate (req/s)",
+                    marks: list[tuple[str, float, float]] | None = None) -> bytes | None:
+    """p99 TTFT, p90 TPOT and p90 E2E vs the load `x` (the offered rate; GPUs for a replica search), one line
+    per configuration (the swept keys other than the load), from the probes judged stable (or burst replays:
+    they have no verdict) - an unstable probe's percentiles describe a backlog still growing, not a load the
+    server holds. `knees` maps a line's label to `x` at its capacity, marked on each panel; `marks` are binding
+    limits: (panel metric, x, y) at a configuration's first failing probe."""
     keys = [k for k in swept if k not in ("workload.rate_scale", "workload.rate", "workload.concurrency")]
     runs = runs[runs["verdict"].isin(("stable", "burst"))]
     groups = list(runs.groupby(keys, sort=False)) if keys else [((), runs)]
-    if not groups or max(g["offered_rate_rps"].nunique() for _, g in groups) < 2:
+    if not groups or max(g[x].nunique() for _, g in groups) < 2:
         return None
-    fig, axes = _figure(1, 3, size=(14, 4))
-    for ax, metric in zip(axes[0], ("p99_ttft_ms", "p90_tpot_ms", "p90_e2el_ms"), strict=True):
+    shown_panels = panels(slo)
+    fig, axes = _figure(1, len(shown_panels), size=(4.7 * len(shown_panels), 4))
+    for ax, metric in zip(axes[0], shown_panels, strict=True):
         for i, (name, group) in enumerate(groups):
             name = name if isinstance(name, tuple) else (name,)
             label = " ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, name, strict=True)) or "base"
             for j, (_, seed) in enumerate(group.groupby("seed", sort=True)):  # one curve per seed: its own draws
-                mean = seed.groupby("offered_rate_rps")[metric].mean().sort_index()
+                mean = seed.groupby(x)[metric].mean().sort_index()
                 ax.plot(mean.index, mean.values, marker="o", ms=3, lw=0.8, alpha=0.8, color=f"C{i}",
                         label=label if j == 0 else None)
             knee = (knees or {}).get(label)
             if knee is not None and np.isfinite(knee):
                 ax.axvline(knee, color=f"C{i}", ls=":", lw=1)
         if metric in slo:
-            ax.axhline(slo[metric], color="k", ls="--", lw=1)
-        ax.set(xlabel="offered request rate (req/s), stable probes; dotted: capacity",
-               ylabel=metric.replace("_ms", " (ms)"), yscale="log")
+            ax.axhline(slo[metric], color="k", ls="--", lw=1, label="SLO")
+        shown = [(mx, my) for panel, mx, my in marks or () if panel == metric and np.isfinite(my) and my > 0]
+        if shown:
+            ax.plot(*zip(*shown, strict=True), "x", color="C3", ms=9, mew=2, label="binding limit (first failure)")
+        ax.set(xlabel=f"{xlabel}, stable probes; dotted: capacity", ylabel=metric.replace("_ms", " (ms)"))
+        values = pd.to_numeric(runs[metric], errors="coerce")
+        if (values > 0).any():
+            ax.set_yscale("log")
+        else:  # nothing to draw on a log axis (one-token outputs have no TPOT): linear, from zero
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"{metric}: no positive value (linear scale)", fontsize=8)
         ax.grid(alpha=0.3)
+    fig.suptitle("Latency vs load - log scale (not from zero): near capacity latency grows by orders of magnitude",
+                 fontsize=10)
     axes[0][0].legend(fontsize=7)
     return _png(fig)
 
@@ -123,6 +160,7 @@ def slo_headroom(points: pd.DataFrame, slo: dict[str, float], attainment: dict |
         ax.bar(np.arange(len(points)) + i * width, ratio.astype(float), width, label=name)
     ax.axhline(1.0, color="k", ls="--", lw=1)
     ax.set_xticks(np.arange(len(points)) + 0.4 - width / 2, points["label"], rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(bottom=0)
     ax.set(ylabel="value / SLO bound (<= 1 meets)", title="SLO headroom per point")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
@@ -157,6 +195,7 @@ def kv_over_time(series: pd.DataFrame, title: str) -> bytes | None:
     top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     bottom.plot(mean.index, mean["running"], label="running")
     bottom.plot(mean.index, mean["waiting"], label="waiting")
+    bottom.set_ylim(bottom=0)
     bottom.set(xlabel="time (s)", ylabel="requests per replica")
     bottom.legend(fontsize=8)
     bottom.grid(alpha=0.3)

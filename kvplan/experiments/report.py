@@ -10,33 +10,36 @@ import html
 import io
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvplan.experiments import model_range, plots
+from kvplan.experiments.answer import summary_markdown
+from kvplan.experiments.criteria import gate_lines
+from kvplan.experiments.ranking import Recommendation, capacity_sentence, recommend
 from kvplan.experiments.results import (
     COUNTS,
-    Recommendation,
     answer_runs,
-    capacity_sentence,
     cell,
     load_line,
     point_table,
     points_frame,
-    recommend,
     runs_frame,
     slo_lines,
-    summary_markdown,
 )
 from kvplan.experiments.runner import Outcome
-from kvplan.experiments.schema import Experiment
+from kvplan.experiments.schema import SLO_KEYS, Experiment
 from kvplan.output import json_text, write_atomic
 
 UNITS = {"max_rate": "req/s (sustained)", "max_goodput": "req/s (sustained)", "max_concurrency": "users",
          "max_burst_scale": "rate scale (x the recorded trace)", "min_replicas": "replicas"}
 FIGURES = (
-    ("latency_vs_rate", "Latency vs offered request rate (stable probes; dotted: each configuration's capacity)"),
+    ("latency_vs_rate", "Latency vs offered request rate (stable probes; dotted: each configuration's capacity; "
+                        "red cross: its binding SLO at its first failing probe)"),
+    ("latency_vs_gpus", "Latency vs GPUs of the replica search (stable probes; dotted: each configuration's answer; "
+                        "red cross: its binding SLO at its first failing probe)"),
     ("slo_headroom", "SLO headroom"),
-    ("capacity", "Capacity under the SLOs"),
+    ("capacity", "Capacity under the SLOs, each with its binding limit"),
     ("throughput", "Request throughput"),
     ("memory_breakdown", "KV memory breakdown per point"),
     ("kv_over_time", "KV memory and queues over time (recommended point)"),
@@ -54,26 +57,51 @@ def _parquet(frame: pd.DataFrame) -> bytes:
 def figures(exp: Experiment, outcome: Outcome, runs: pd.DataFrame, points: pd.DataFrame, rec: Recommendation,
             staging: Path) -> dict[str, bytes]:
     swept = list(exp.sweep_grid) + list(exp.sweep_zip)
-    keys = [k for k in swept if k not in ("workload.rate_scale", "workload.rate", "workload.concurrency")]
-    knees = {" ".join(f"{k.split('.')[-1]}={row[k]}" for k in keys) or "base": row["offered_rate_rps"]
-             for _, row in points.iterrows()} if exp.search else None
-    out = {"latency_vs_rate": plots.latency_vs_rate(runs, swept, exp.slo, knees),
+    out = {**latency_figure(exp, runs, points, swept),
            "slo_headroom": plots.slo_headroom(points, exp.slo, exp.attainment),
            "throughput": plots.per_point(points, swept, "request_throughput", "Request throughput", "req/s"),
            "memory_breakdown": plots.memory_breakdown(points),
            "preemptions": plots.per_point(points, swept, "num_preemptions", "Preemptions", "count")}
     if exp.search:
-        out["capacity"] = plots.per_point(points, swept, "answer", f"Capacity: {exp.search['target']} (median of "
-                                          "seeds)", UNITS[exp.search["target"]])
+        gpus = exp.search["target"] == "min_replicas"  # what a replica search buys: GPUs
+        out["capacity"] = plots.per_point(points, swept, "gpus" if gpus else "answer",
+                                          f"Capacity: {exp.search['target']} (median of seeds; red: binding limit)",
+                                          "GPUs (replicas x TP x PP)" if gpus else UNITS[exp.search["target"]],
+                                          notes=points["binding_limit"])
     if (runs["prefix_cache_queries"] > 0).any():
         out["prefix_hit_rate"] = plots.per_point(points, swept, "prefix_cache_hit_rate", "Prefix-cache hit rate",
                                                  "hit rate")
-    shown = rec.point if rec.point is not None else 0
+    shown = rec.point if rec.point is not None else rec.tie[0] if rec.tie else 0
     task = next(t for t in outcome.tasks if t.point.index == shown and not t.edge)  # the point's first search
     run = answer_runs(task, runs).iloc[0]["run"]
     series = pd.read_parquet(staging / "runs" / run / "series.parquet")
     out["kv_over_time"] = plots.kv_over_time(series, f"{task.point.label} (run {run})")
     return {name: png for name, png in out.items() if png is not None}
+
+
+def latency_figure(exp: Experiment, runs: pd.DataFrame, points: pd.DataFrame,
+                   swept: list[str]) -> dict[str, bytes | None]:
+    """Latency against the load: the offered rate, or for a replica search the GPUs its probes used; each
+    configuration's answer dotted and its binding SLO crossed at its first failing probe (`binding_at`)."""
+    keys = [k for k in swept if k not in ("workload.rate_scale", "workload.rate", "workload.concurrency")]
+    replicas = exp.search is not None and exp.search["target"] == "min_replicas"
+    if replicas:
+        runs = runs.assign(gpus=runs["cluster.replicas"] * runs["engine.tensor_parallel_size"]
+                           * runs["engine.pipeline_parallel_size"])
+    x, answer = ("gpus", "gpus") if replicas else ("offered_rate_rps", "offered_rate_rps")
+    knees = {" ".join(f"{k.split('.')[-1]}={row[k]}" for k in keys) or "base": row[answer]
+             for _, row in points.iterrows()} if exp.search else None
+    marks = []
+    for _, row in points.iterrows() if exp.search else ():
+        metric = SLO_KEYS.get(str(row["binding_key"]).removeprefix("slo."))
+        if metric not in plots.panels(exp.slo) or not np.isfinite(row["binding_at"]):
+            continue
+        at = runs[(runs["point"] == row["point"]) & np.isclose(runs["probe"], row["binding_at"])]
+        if len(at):
+            marks.append((metric, float(at[x].mean()), float(at[metric].mean())))
+    name, xlabel = ("latency_vs_gpus", "GPUs (replicas x TP x PP)") if replicas else \
+        ("latency_vs_rate", "offered request rate (req/s)")
+    return {name: plots.latency_vs_load(runs, swept, exp.slo, knees, x, xlabel, marks)}
 
 
 def write_results(exp: Experiment, outcome: Outcome, staging: Path) -> None:
@@ -88,8 +116,13 @@ def write_results(exp: Experiment, outcome: Outcome, staging: Path) -> None:
     write_atomic(staging / "experiment.yaml", exp.text)
     summary = summary_markdown(exp, points, rec, len(outcome.runs), outcome.model_errors)
     write_atomic(staging / "summary.md", summary)
-    doc = {"name": exp.name, "recommendation": {"point": rec.point, "label": rec.label, "why": rec.why},
-           "slo": slo_lines(exp), "runs": len(outcome.runs), "runs_made": outcome.made,
+    doc = {"name": exp.name, "recommendation": {"point": rec.point, "label": rec.label, "why": rec.why,
+                                                "tie": [{"point": i, "label": label} for i, label in
+                                                        zip(rec.tie, rec.tie_labels, strict=True)],
+                                                "runner_up": rec.runner_up},
+           "slo": slo_lines(exp), "gates": [{"name": g.name, "condition": g.short, "key": g.key or None}
+                                            for g in gate_lines(exp)],
+           "runs": len(outcome.runs), "runs_made": outcome.made,
            "runs_reused": outcome.reused, "points": points.to_dict(orient="records"),
            "model_error": model_range.json_blocks(exp, points, outcome.model_errors)}
     write_atomic(staging / "result.json", json_text(doc))
@@ -124,9 +157,18 @@ def report_html(exp: Experiment, points: pd.DataFrame, rec: Recommendation, imag
     capacity = "".join(f"<li><b>{e(row['label'])}</b>: "
                        + e(capacity_sentence(exp, row) if pd.notna(row["answer"]) else row["search_outcome"])
                        + "</li>" for _, row in points.iterrows()) if exp.search else ""
-    verdict = (f"<p class='rec'>Recommended: <b>{e(rec.label)}</b> — {e(rec.why)}.</p>" if rec.point is not None
-               else f"<p class='rec none'>No recommendation: {e(rec.why)}.</p>")
+    if rec.point is not None:
+        verdict = f"<p class='rec'>Recommended: <b>{e(rec.label)}</b> — {e(rec.why)}.</p>"
+    elif rec.tie:
+        verdict = f"<p class='rec none'>Tie: <b>{e(', '.join(rec.tie_labels))}</b> — {e(rec.why)}.</p>"
+    else:
+        verdict = f"<p class='rec none'>No recommendation: {e(rec.why)}.</p>"
     slo = "".join(f"<li>{e(line)}</li>" for line in slo_lines(exp)) or "<li>none given</li>"
+    gates = "".join(f"<li><b>{e(g.name)}</b>: {e(g.rule)} ({e(g.key) if g.key else 'fixed'})</li>"
+                    for g in gate_lines(exp))
+    limits = "".join(f"<li><b>{e(row['label'])}</b>: {e(row['binding_limit'])} "
+                     f"({e(row['binding_key'] or 'fixed')}): {e(row['binding_detail'])}</li>"
+                     for _, row in points.iterrows())
     figs = "".join(f"<figure><img alt='{e(title)}' src='data:image/png;base64,"
                    f"{base64.b64encode(images[name]).decode()}'><figcaption>{e(title)}</figcaption></figure>"
                    for name, title in FIGURES if name in images)
@@ -147,7 +189,10 @@ pre {{ background: #f6f6f6; padding: 1em; }}
 <p>{e(load_line(exp))}</p>
 {f"<h2>Capacity</h2><ul>{capacity}</ul>" if capacity else ""}
 {model_error}
+<h2>Binding limits</h2><p>What stopped each answer from being higher (fewer replicas), and the key that moves
+it.</p><ul>{limits}</ul>
 <h2>SLOs</h2><ul>{slo}</ul>
+<h2>Gates</h2><p>Besides the SLOs, these can decide an answer.</p><ul>{gates}</ul>
 <h2>Points</h2>{_table(headers, rows, rec.point)}
 <h2>Figures</h2>{figs}
 <h2>Runs</h2><p>Every run (search probe) with its stability verdict and request counts; a probe must be stable

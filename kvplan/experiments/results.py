@@ -1,12 +1,16 @@
-"""An experiment's answer: the run table, the point table, the recommendation and `summary.md`.
+"""An experiment's tables: the run table and the point table (the recommendation: `ranking`; the words: `answer`).
 
 runs.parquet has one row per run: point, label, seed, the search's probed value, every configuration knob
 (dotted names), every summary metric, the attainment share, the probe's counts (warm-up, measured, cool-down,
-unfinished requests) and stability verdict, and the SLO verdict. Wall-clock time stays in each run's
+unfinished requests) and stability verdict, and the SLO verdict: `slo_broken` in words, `failures` as data (a
+list of {limit, key, kind, value, bound, excess, text}: `criteria.failures`). Wall-clock time stays in each run's
 summary.json, so that the table depends only on the configurations (a resumed sweep ends with exactly the
 table an uninterrupted one writes). points.parquet has one row per point: its metrics at the answer (averaged
 over seeds), the SLO verdict, and for a search the capacity: the median of the seeds' answers with their range,
-in the search's unit and in requests and tokens per second.
+in the search's unit and in requests and tokens per second; without a search, the objective metric's range
+over the seeds' values (objective_low, objective_high). Every point has its binding limit (`binding.COLUMNS`:
+binding_limit, binding_key - the experiment file's key that moves it -, binding_detail, and the votes of its
+searches or runs that named it, binding_votes of binding_of).
 
 Both tables carry the model error (`model_range`): the source that priced the point's GPU and its step-time band
 (model_error_source, model_error_band_lo_pct, model_error_band_hi_pct), and for a search the answer's range over
@@ -17,17 +21,19 @@ that band (capacity_model_lo, capacity_model_hi). runs.parquet also holds the ed
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from kvplan.experiments import model_range
+from kvplan.experiments import binding, model_range
+from kvplan.experiments.criteria import failures
+from kvplan.experiments.ranking import Recommendation as Recommendation
+from kvplan.experiments.ranking import capacity_sentence as capacity_sentence
+from kvplan.experiments.ranking import recommend as recommend
 from kvplan.experiments.runner import Outcome
 from kvplan.experiments.schema import SEARCH_TARGETS, Experiment
 from kvplan.experiments.search import PointTask
 from kvplan.results.summary import SUMMARY_KEYS
-from kvplan.sim.gpu.model_error import ModelError
 
 HEADLINE = ("request_throughput", "request_goodput", "p99_ttft_ms", "p90_tpot_ms", "p90_e2el_ms", "kv_usage_mean",
             "kv_token_utilization", "prefix_cache_hit_rate", "num_preemptions")
@@ -74,7 +80,8 @@ def runs_frame(exp: Experiment, outcome: Outcome) -> pd.DataFrame:
                          **{k: doc["summary"][k] for k in SUMMARY_KEYS},
                          "offered_rate_rps": doc["offered_rate_rps"], "num_blocks": doc["info"]["num_blocks"],
                          "rejected": doc["info"]["rejected"], "attainment": doc["attainment"], **probe_row(doc),
-                         "slo_met": run["met"], "slo_broken": "; ".join(run["broken"])})
+                         "slo_met": run["met"], "slo_broken": "; ".join(run["broken"]),
+                         "failures": [f.as_dict() for f in failures(exp, doc, config)]})
     frame = pd.DataFrame(rows)
     numeric = [c for c in PROBE_COLUMNS if c not in ("verdict", "stopped_early")]
     for column in ("request_goodput", "workload.rate", "workload.concurrency", *numeric):
@@ -120,9 +127,11 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
             answers = [t.answer for t in tasks]
             median = median_answer(answers, exp.search["target"] != "min_replicas")
             found = [a for a in answers if a is not None]
+            whole = len(found) == len(answers)  # else an end is open: below the range, or replicas above it
+            upward = exp.search["target"] != "min_replicas"
             row["answer"] = math.nan if median is None else float(median)
-            row["answer_low"] = float(min(found)) if len(found) == len(answers) else math.nan
-            row["answer_high"] = float(max(found)) if found else math.nan
+            row["answer_low"] = float(min(found)) if found and (whole or not upward) else math.nan
+            row["answer_high"] = float(max(found)) if found and (whole or upward) else math.nan
             row["capacity_model_lo"], row["capacity_model_hi"] = model_range.capacity_range(exp, every, median)
             row["model_range_note"] = model_range.missing_range(exp, every, outcome.model_errors.get(point))
             row["answers"] = ", ".join("n/a" if a is None else f"{a:.4g}" for a in answers)
@@ -136,76 +145,13 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
                 row["gpus_per_replica"] = engine.get("tensor_parallel_size", 1) * \
                     engine.get("pipeline_parallel_size", 1)
                 row["gpus"] = row["answer"] * row["gpus_per_replica"]
+            row |= binding.search_binding(tasks, runs).columns()
+        else:
+            per_seed = at.groupby("seed")[exp.objective["metric"]].mean()  # the objective's spread over seeds
+            row["objective_low"], row["objective_high"] = float(per_seed.min()), float(per_seed.max())
+            row |= binding.sweep_binding(exp, at).columns()
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-@dataclass(slots=True)
-class Recommendation:
-    point: int | None
-    label: str
-    why: str
-
-
-def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
-    metric, goal = exp.objective["metric"], exp.objective["goal"]
-    ascending = goal == "min"
-    by = f"{goal} {metric}"
-    if exp.search:
-        target = exp.search["target"]
-        found = points[points["answer"].notna()]
-        if found.empty:
-            return Recommendation(None, "", f"no point meets the SLOs inside the searched range "
-                                            f"[{exp.search['low']:g}, {exp.search['high']:g}]")
-        if target == "min_replicas":  # what is bought is GPUs: 3 replicas at TP 2 beat 2 at TP 4
-            ranked = found.sort_values(["gpus", "answer", metric], ascending=[True, True, ascending], kind="stable")
-            ranking = f"ranked by GPUs (replicas x TP x PP), then replicas; ties broken by {by}"
-        else:
-            ranked = found.sort_values(["answer", metric], ascending=[False, ascending], kind="stable")
-            ranking = f"ties broken by {by}"
-        best = ranked.iloc[0]
-        return Recommendation(int(best["point"]), best["label"], f"{capacity_sentence(exp, best)}; {ranking}")
-    eligible = points[points["slo_met"]] if (exp.slo or exp.attainment) else points
-    if eligible.empty:
-        closest = points.sort_values("attainment" if exp.attainment else metric,
-                                     ascending=not exp.attainment and ascending, kind="stable").iloc[0]
-        return Recommendation(None, "", f"no point meets the SLOs; the closest is {closest['label']}")
-    best = eligible.sort_values(metric, ascending=ascending, kind="stable").iloc[0]
-    among = f"{len(eligible)} of {len(points)} points meet the SLOs" if (exp.slo or exp.attainment) else \
-        f"{len(points)} points, no SLO given"
-    return Recommendation(int(best["point"]), best["label"],
-                          f"{among}; it has the {'lowest' if ascending else 'highest'} {metric} "
-                          f"({best[metric]:.4g})")
-
-
-def interval_text(exp: Experiment, row: pd.Series) -> str:
-    """The seeds' range of a point's answer, e.g. "range 20.1-22.4 over 3 seeds"."""
-    seeds = len(row["answers"].split(", ")) if isinstance(row.get("answers"), str) else 1
-    if seeds < 2:
-        return "1 seed"
-    low = "below the range" if not math.isfinite(row["answer_low"]) else f"{row['answer_low']:.4g}"
-    return f"range {low}-{row['answer_high']:.4g} over {seeds} seeds"
-
-
-def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
-    """A point's search answer in the user's units: the median over seeds, its range, req/s and tok/s."""
-    target, value = exp.search["target"], row["answer"]
-    served = f"{row['capacity_rps']:.4g} req/s, {row['capacity_tok_s']:,.0f} tok/s"
-    spread = "; ".join(part for part in (model_range.range_clause(row), interval_text(exp, row)) if part)
-    if target == "max_rate":
-        return f"the highest sustained rate that is stable and meets the SLOs: {value:.4g} req/s ({spread}; " \
-               f"served {served})"
-    if target == "max_goodput":
-        return f"the highest sustained rate meeting the attainment SLO: {value:.4g} req/s ({spread}), goodput " \
-               f"{row['request_goodput']:.4g} req/s ({served})"
-    if target == "max_concurrency":
-        return f"the most concurrent users that meet the SLOs: {value:.4g} ({spread}; served {served})"
-    if target == "max_burst_scale":
-        return f"the highest burst rate scale absorbed within the SLOs: x{value:.4g} ({spread}; " \
-               f"{row['offered_rate_rps']:.4g} req/s offered)"
-    per = int(row.get("gpus_per_replica", 1))
-    return f"the fewest replicas meeting the SLOs: {value:g} ({spread}) = {value * per:g} GPUs ({value:g} " \
-           f"replicas x {per} GPU{'s' if per > 1 else ''} each: TP x PP)"
 
 
 def slo_lines(exp: Experiment) -> list[str]:
@@ -221,7 +167,8 @@ def point_table(exp: Experiment, points: pd.DataFrame) -> tuple[list[str], list[
               "search_outcome"]
     if exp.search and exp.search["target"] == "min_replicas":
         search[1:1] = ["gpus_per_replica", "gpus"]
-    headers = ["point", "label", *(search if exp.search else []), "slo_met", "verdict",
+    headers = ["point", "label", *(search if exp.search else ["objective_low", "objective_high"]),
+               "binding_limit", "binding_key", "slo_met", "verdict",
                *(["attainment"] if exp.attainment else []), *HEADLINE, *COUNTS]
     rows = [[cell(row[h]) for h in headers] for _, row in points.iterrows()]
     return headers, rows
@@ -233,34 +180,6 @@ def cell(value: object) -> object:
     if isinstance(value, np.bool_ | bool):
         return "yes" if value else "no"
     return value.item() if isinstance(value, np.generic) else value
-
-
-def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation, runs: int,
-                     errors: dict[int, ModelError]) -> str:
-    headers, rows = point_table(exp, points)
-    lines = [f"# {exp.name}", ""]
-    if exp.description:
-        lines += [exp.description.strip(), ""]
-    lines += [f"{len(points)} point(s), {runs} run(s), seeds {exp.seeds}.", ""]
-    if exp.slo or exp.attainment:
-        lines += ["SLOs: " + "; ".join(slo_lines(exp)) + ".", ""]
-    if exp.search:
-        integer = exp.search["target"] in ("max_concurrency", "min_replicas")
-        lines += [f"Search: {exp.search['target']} over [{exp.search['low']:g}, {exp.search['high']:g}]"
-                  + ("" if integer else f", tolerance {exp.search['tolerance']:g}")
-                  + (", each seed on its own, the median reported" if exp.search["combine"] == "median" else
-                     ", every seed must meet") + ".", ""]
-    lines += [load_line(exp), ""]
-    verdict = f"**{rec.label}** — {rec.why}." if rec.point is not None else f"**none** — {rec.why}."
-    lines += ["## Recommendation", "", verdict, "", "## Points", ""]
-    lines += ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    if exp.search:
-        lines += ["", "## Capacity", ""]
-        lines += [f"- **{row['label']}**: " + (capacity_sentence(exp, row) if math.isfinite(row["answer"])
-                                                else row["search_outcome"]) for _, row in points.iterrows()]
-    lines += ["", *model_range.markdown(exp, errors)]
-    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def load_line(exp: Experiment) -> str:

@@ -37,25 +37,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvplan.experiments.criteria import failures
 from kvplan.experiments.points import Point, expand, run_config
 from kvplan.experiments.schema import INTEGER_TARGETS, SEARCH_TARGETS, Experiment
 
 
 def slo_verdict(exp: Experiment, doc: dict) -> tuple[bool, list[str]]:
-    """(meets every SLO and is stable, the reasons it does not) for one run's summary.json."""
-    summary, broken = doc["summary"], []
-    probe = doc.get("probe")
-    if probe is not None and probe["verdict"] != "stable":
-        broken.append(f"{probe['verdict']}: " + "; ".join(probe["reasons"]))
-    for key, bound in exp.slo.items():
-        value = summary.get(key)
-        if value is None or not math.isfinite(value) or value > bound:
-            broken.append(f"{key} {value if value is None else round(value, 3)} > {bound:g}")
-    if exp.attainment is not None and (doc["attainment"] or 0.0) < exp.attainment["fraction"]:
-        broken.append(f"attainment {doc['attainment'] or 0.0:.3f} < {exp.attainment['fraction']:g}")
-    if summary.get("completed", 0) == 0:
-        broken.append("no request completed")
-    return not broken, broken
+    """(meets every SLO and is stable, the reasons it does not) for one run's summary.json: the failures of
+    `criteria.failures` in words, the stability gates as one "verdict: reason; reason" line."""
+    found = [f for f in failures(exp, doc) if f.kind != "memory"]  # KV memory explains a failure, is none itself
+    gates = [f.text for f in found if f.kind == "stability"]
+    broken = [f"{doc['probe']['verdict']}: " + "; ".join(gates)] if gates else []
+    return not found, broken + [f.text for f in found if f.kind != "stability"]
 
 
 def describe(target: str, value: object) -> str:

@@ -65,28 +65,88 @@ class ProbeSignals:
         return out
 
 
-def judge(s: ProbeSignals, max_queue_delay_s: float = 5.0) -> tuple[str, list[str]]:
-    """(verdict, the reasons it is not stable)."""
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """One check a steady-state probe must pass to be stable, as an answer names it: `name` when it fails,
+    `short` the condition it holds to, `rule` what fails it in full; `key` is the experiment file's setting that
+    sets its bound ("" when the bound is fixed here). `short` and `rule` take the probe's settings as format
+    fields."""
+
+    name: str
+    verdict: str  # what a probe that fails it is: overloaded or backlogged
+    key: str
+    short: str
+    rule: str
+
+
+# Every stability gate, in the order `judge` checks them. The fixed bounds are the constants above.
+STOPPED_EARLY = Gate("overload stop", "overloaded", "probe.overload_wait_s",
+                     "overload stop at {overload_wait_s:g} s of queued arrivals",
+                     "the overload check stopped the run: a replica's waiting queue held more than "
+                     "{overload_wait_s:g} s of its arrivals")
+UNFINISHED_OVERLOADED = Gate("unfinished > 5%", "overloaded", "", f"unfinished <= {OVERLOADED_UNFINISHED:.0%}",
+                             f"more than {OVERLOADED_UNFINISHED:.0%} of the window's requests unfinished")
+UNFINISHED_BACKLOGGED = Gate("unfinished > 1%", "backlogged", "", f"unfinished <= {BACKLOGGED_UNFINISHED:.0%}",
+                             f"more than {BACKLOGGED_UNFINISHED:.0%} of the window's requests unfinished")
+QUEUE_DELAY = Gate("p99 scheduling delay", "backlogged", "probe.max_queue_delay_s",
+                   "p99 scheduling delay <= {max_queue_delay_s:g} s",
+                   "the p99 scheduling delay (arrival to first scheduled) above {max_queue_delay_s:g} s (open loops "
+                   "only)")
+QUEUE_GREW = Gate("waiting queue grew", "backlogged", "", "waiting queue not growing",
+                  f"the waiting queue's mean over the window's second half above {QUEUE_GROWTH:g}x the first "
+                  f"half's + {QUEUE_MARGIN_S:g} s of arrivals")
+TTFT_GREW = Gate("median TTFT grew", "backlogged", "", "median TTFT not growing",
+                 f"the median TTFT of the second half's arrivals above {TTFT_GROWTH:g}x the first half's + "
+                 f"{TTFT_MARGIN_MS:g} ms")
+GATES = (STOPPED_EARLY, UNFINISHED_OVERLOADED, UNFINISHED_BACKLOGGED, QUEUE_DELAY, QUEUE_GREW, TTFT_GREW)
+
+
+@dataclass(slots=True)
+class Breach:
+    """A gate a probe failed: the measured value against its bound (same unit; NaN when the gate is an event,
+    the overload stop) and the sentence `judge` reports."""
+
+    gate: Gate
+    value: float
+    bound: float
+    reason: str
+
+
+def breaches(s: ProbeSignals, max_queue_delay_s: float = 5.0) -> list[Breach]:
+    """Every gate of `GATES` the probe fails, in their order."""
     unfinished = s.unfinished_measured_fraction
-    overloaded = []
+    out = []
     if s.stopped_early:
-        overloaded.append(f"stopped early: {s.stopped_early}")
+        out.append(Breach(STOPPED_EARLY, math.nan, math.nan, f"stopped early: {s.stopped_early}"))
     if unfinished > OVERLOADED_UNFINISHED:
-        overloaded.append(f"{unfinished:.1%} of the window's requests unfinished > {OVERLOADED_UNFINISHED:.0%}")
-    if overloaded:
-        return "overloaded", overloaded
-    backlogged = []
+        out.append(Breach(UNFINISHED_OVERLOADED, unfinished, OVERLOADED_UNFINISHED,
+                          f"{unfinished:.1%} of the window's requests unfinished > {OVERLOADED_UNFINISHED:.0%}"))
     if unfinished > BACKLOGGED_UNFINISHED:
-        backlogged.append(f"{unfinished:.1%} of the window's requests unfinished > {BACKLOGGED_UNFINISHED:.0%}")
+        out.append(Breach(UNFINISHED_BACKLOGGED, unfinished, BACKLOGGED_UNFINISHED,
+                          f"{unfinished:.1%} of the window's requests unfinished > {BACKLOGGED_UNFINISHED:.0%}"))
     if math.isfinite(s.p99_queue_delay_ms) and s.p99_queue_delay_ms > max_queue_delay_s * 1e3:
-        backlogged.append(f"p99 scheduling delay {s.p99_queue_delay_ms / 1e3:.3g} s > {max_queue_delay_s:g} s")
+        out.append(Breach(QUEUE_DELAY, s.p99_queue_delay_ms / 1e3, max_queue_delay_s,
+                          f"p99 scheduling delay {s.p99_queue_delay_ms / 1e3:.3g} s > {max_queue_delay_s:g} s"))
     queue_bound = QUEUE_GROWTH * s.queue_first + QUEUE_MARGIN_S * s.offered_rps
     if s.queue_second > queue_bound:
-        backlogged.append(f"waiting queue grew: {s.queue_first:.3g} -> {s.queue_second:.3g} requests "
-                          f"(> {queue_bound:.3g})")
+        out.append(Breach(QUEUE_GREW, s.queue_second, queue_bound,
+                          f"waiting queue grew: {s.queue_first:.3g} -> {s.queue_second:.3g} requests "
+                          f"(> {queue_bound:.3g})"))
     if math.isfinite(s.ttft_first_ms) and math.isfinite(s.ttft_second_ms):
         ttft_bound = TTFT_GROWTH * s.ttft_first_ms + TTFT_MARGIN_MS
         if s.ttft_second_ms > ttft_bound:
-            backlogged.append(f"median TTFT grew: {s.ttft_first_ms:.4g} -> {s.ttft_second_ms:.4g} ms "
-                              f"(> {ttft_bound:.4g})")
-    return ("backlogged", backlogged) if backlogged else ("stable", [])
+            out.append(Breach(TTFT_GREW, s.ttft_second_ms, ttft_bound,
+                              f"median TTFT grew: {s.ttft_first_ms:.4g} -> {s.ttft_second_ms:.4g} ms "
+                              f"(> {ttft_bound:.4g})"))
+    return out
+
+
+def judge(s: ProbeSignals, max_queue_delay_s: float = 5.0) -> tuple[str, list[str]]:
+    """(verdict, the reasons it is not stable): overloaded when an overloaded gate fails (its reasons only),
+    else backlogged when any gate fails."""
+    failed = breaches(s, max_queue_delay_s)
+    for verdict in ("overloaded", "backlogged"):
+        reasons = [b.reason for b in failed if b.gate.verdict == verdict]
+        if reasons:
+            return verdict, reasons
+    return "stable", []

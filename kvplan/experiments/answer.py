@@ -1,0 +1,235 @@
+"""The answer in words: what `kvplan run` prints and what `summary.md` says.
+
+The terminal answer fits `WIDTH` (100) columns: one row per configuration - its short label, the answer with its
+seed interval (and model range where one was searched), and its binding limit with the key that moves it (see
+`binding`) - then the recommendation or the tie (`ranking`), the SLOs and every gate that can decide an answer,
+each with its value and key (`criteria.gate_lines`). On a terminal it is a rich table; piped, the same table in
+plain ASCII (no escape codes). `summary.md` holds the same answer as markdown, then everything else: the full
+points table, each capacity in a sentence, the model error.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import sys
+from pathlib import Path
+from typing import TextIO
+
+import pandas as pd
+
+from kvplan.experiments import model_range
+from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
+from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, span
+from kvplan.experiments.results import cell, load_line, point_table
+from kvplan.experiments.schema import Experiment
+from kvplan.sim.gpu.model_error import ModelError
+
+WIDTH = 100
+UNITS = {"max_rate": "req/s", "max_goodput": "req/s", "max_concurrency": "users", "max_burst_scale": "x rate",
+         "min_replicas": "replicas"}
+TOP_LEVEL = ("model", "hardware")  # swept keys whose values name themselves ("h100-sxm", not "hardware=h100-sxm")
+
+
+def short_label(exp: Experiment, row: pd.Series) -> str:
+    """A point's swept values, short: a model or GPU by its name, a switch as `prefix_caching` / `no
+    prefix_caching` (`enable_` dropped), any other value as `leaf=value`; "base" without a sweep."""
+    parts = []
+    for key in (*exp.sweep_grid, *exp.sweep_zip):
+        value, leaf = row[key], key.split(".")[-1]
+        if hasattr(value, "item"):
+            value = value.item()
+        if key in TOP_LEVEL:
+            parts.append(str(value))
+        elif isinstance(value, bool):
+            name = leaf.removeprefix("enable_")
+            parts.append(name if value else f"no {name}")
+        else:
+            parts.append(f"{leaf}={value}")
+    return " ".join(parts) or "base"
+
+
+def _number(value: float) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:.4g}"
+
+
+def answer_table(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> tuple[list[str], list[list[str]]]:
+    """The answer's table: headers and rows of text. The first column marks the recommended point `*` and the
+    tied ones `=`."""
+    ranged = exp.search is not None and points[list(model_range.RANGE_COLUMNS)].notna().any(axis=None)
+    if exp.search:
+        headers = ["", "configuration", UNITS[exp.search["target"]], "seeds", *(["model range"] if ranged else [])]
+    else:
+        headers = ["", "configuration", exp.objective["metric"], "seeds", "SLOs met"]
+    headers += ["binding limit", "key that moves it"]
+    rows = []
+    for _, row in points.iterrows():
+        index = int(row["point"])
+        cells = ["*" if index == rec.point else "=" if index in rec.tie else "", short_label(exp, row)]
+        if exp.search:
+            value = row["answer"]
+            text = _number(value)
+            if exp.search["target"] == "min_replicas" and math.isfinite(value):
+                text += f" = {row['gpus']:g} GPUs"
+            cells += [text if math.isfinite(value) else "none", span(exp, row) if math.isfinite(value) else "-"]
+            if ranged:
+                low, high = row["capacity_model_lo"], row["capacity_model_hi"]
+                cells.append("-" if not (math.isfinite(low) or math.isfinite(high)) else
+                             f"{_number(low)}-{_number(high)}")
+        else:
+            cells += [_number(row[exp.objective["metric"]]), span(exp, row), "yes" if row["slo_met"] else "no"]
+        votes = f" ({row['binding_votes']}/{row['binding_of']})" if row["binding_of"] > 1 else ""
+        limit = row["binding_limit"]
+        cells += ["-" if limit == "none" else f"{limit}{votes}", row["binding_key"] or
+                  ("-" if limit == "none" else "fixed")]
+        rows.append(cells)
+    return headers, rows
+
+
+def verdict_line(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> str:
+    """The recommendation and the next best it is clear of, the tie, or why there is none, in one sentence."""
+    by_point = {int(row["point"]): row for _, row in points.iterrows()}
+    if rec.tie:
+        shown = ", ".join(f"{short_label(exp, by_point[i])} ({span(exp, by_point[i])})" for i in rec.tie)
+        return f"Tie: {shown}: their seed intervals overlap, so nothing is recommended (more seeds may separate them)."
+    if rec.point is None:
+        return f"No recommendation: {rec.why}."
+    best = by_point[rec.point]
+    text = f"Recommended (*): {short_label(exp, best)}"
+    if exp.search:
+        text += f", {_number(best['answer'])} {UNITS[exp.search['target']]}"
+    else:
+        text += f", {exp.objective['metric']} {_number(best[exp.objective['metric']])}"
+    text += f" (seeds {span(exp, best)}"
+    if exp.search and any(math.isfinite(best.get(k, math.nan)) for k in model_range.RANGE_COLUMNS):
+        text += f"; model range {_number(best['capacity_model_lo'])}-{_number(best['capacity_model_hi'])}"
+    text += ")"
+    if rec.runner_up is not None:
+        other = by_point[rec.runner_up]
+        text += f", clear of the next best, {short_label(exp, other)} ({span(exp, other)})"
+    return text + (f"; {UNTESTED}" if len(exp.seeds) < 2 else "") + "."
+
+
+def slo_text(exp: Experiment) -> str:
+    """The SLO lines with their keys: "p99 TTFT <= 1000 ms (slo.p99_ttft_ms)"."""
+    lines = [f"{slo_name(k)} <= {v:g} ms (slo.{SUMMARY_TO_SLO[k]})" for k, v in exp.slo.items()]
+    if exp.attainment:
+        bounds = ", ".join(f"{k} <= {v:g}" for k, v in exp.attainment.items() if k != "fraction" and v is not None)
+        lines.append(f"at least {exp.attainment['fraction']:.0%} of requests with {bounds} (slo.attainment)")
+    return "; ".join(lines) or "none given"
+
+
+def gates_text(exp: Experiment) -> str:
+    """Every gate besides the SLOs, short: the configurable ones with their value and key, then the fixed ones."""
+    lines = gate_lines(exp)
+    keyed = [f"{g.short} ({g.key})" for g in lines if g.key]
+    fixed = [g.short for g in lines if not g.key]
+    return "; ".join([*keyed, *([f"fixed: {', '.join(fixed)}"] if fixed else [])])
+
+
+def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width: int = WIDTH,
+           terminal: bool = False) -> str:
+    """The terminal answer as text `width` columns wide: with colours and box lines on a terminal, plain ASCII
+    otherwise."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    plain = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)  # a dashed rule under the head
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, force_terminal=terminal, no_color=not terminal,
+                      color_system="standard" if terminal else None, highlight=False, emoji=False)
+    headers, rows = answer_table(exp, points, rec)
+    # columns two apart (the box's divider and one space): the most room for the labels
+    table = Table(box=box.SIMPLE_HEAD if terminal else plain, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                  header_style="bold" if terminal else "")
+    for i, header in enumerate(headers):
+        # identifiers (keys, numbers, ranges) never break; the label and the limit's name wrap at spaces
+        table.add_column(header, overflow="fold", no_wrap=i not in (1, len(headers) - 2),
+                         justify="right" if i == 2 else "left")
+    for index, cells in zip(points["point"], rows, strict=True):
+        style = "bold green" if terminal and int(index) == rec.point else ""
+        table.add_row(*cells, style=style)
+    search = exp.search
+    what = f"{search['target']} ({UNITS[search['target']]})" if search else \
+        f"{exp.objective['goal']} {exp.objective['metric']}"
+    console.print(f"{exp.name}: {what}, {len(points)} configuration(s), seeds {exp.seeds}")
+    console.print(table)
+    console.print(verdict_line(exp, points, rec), style="bold" if terminal else "")
+    notes = sorted({str(n) for n in points.get("model_range_note", pd.Series(dtype=str)) if isinstance(n, str) and n})
+    if notes:  # why a point has no model range ('-' in the table)
+        console.print(f"(-) {'; '.join(notes)}.")
+    console.print(f"SLOs: {slo_text(exp)}.")
+    console.print(f"Gates: {gates_text(exp)}.")
+    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
+
+
+def print_answer(exp: Experiment, points: pd.DataFrame, rec: Recommendation, out: TextIO | None = None) -> None:
+    """Print the answer on `out` (stdout): a rich table on a terminal (at most `WIDTH` columns, fewer on a
+    narrower one), plain text when piped."""
+    import shutil
+
+    out = out or sys.stdout
+    terminal = out.isatty()
+    width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns) if terminal else WIDTH
+    out.write(render(exp, points, rec, width=width, terminal=terminal))
+
+
+def read_result_set(out: Path) -> tuple[pd.DataFrame, Recommendation]:
+    """A written result set's points (points.parquet) and recommendation (result.json)."""
+    from kvplan.strict_json import loads
+
+    points = pd.read_parquet(out / "points.parquet")
+    doc = loads((out / "result.json").read_bytes())["recommendation"]
+    tie = doc.get("tie") or []
+    return points, Recommendation(doc["point"], doc["label"], doc["why"], [t["point"] for t in tie],
+                                  [t["label"] for t in tie], doc.get("runner_up"))
+
+
+def print_result_set(exp: Experiment, out: Path) -> None:
+    """Print the answer of the result set in `out`."""
+    print_answer(exp, *read_result_set(out))
+
+
+def markdown_answer(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> list[str]:
+    """summary.md's `## Answer`: the terminal's table as markdown, the verdict, the SLOs and each gate in full."""
+    headers, rows = answer_table(exp, points, rec)
+    lines = ["## Answer", "", "| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
+    lines += ["| " + " | ".join(c.replace("*", "\\*").replace("|", "\\|") for c in row) + " |" for row in rows]
+    lines += ["", verdict_line(exp, points, rec).replace("(*)", "(\\*)"), "", f"SLOs: {slo_text(exp)}.", "",
+              "Gates (besides the SLOs) that can decide an answer:", ""]
+    lines += [f"- **{g.short}** ({'`' + g.key + '`' if g.key else 'fixed'}): {g.rule}" for g in gate_lines(exp)]
+    lines += ["", "Binding limit per configuration (what stopped its answer, and the votes of its searches):", ""]
+    lines += [f"- **{row['label']}**: {row['binding_limit']} ({row['binding_key'] or 'fixed'}), "
+              f"{row['binding_votes']} of {row['binding_of']}: {row['binding_detail']}" for _, row in points.iterrows()]
+    return lines
+
+
+def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation, runs: int,
+                     errors: dict[int, ModelError]) -> str:
+    headers, rows = point_table(exp, points)
+    lines = [f"# {exp.name}", ""]
+    if exp.description:
+        lines += [exp.description.strip(), ""]
+    lines += [f"{len(points)} point(s), {runs} run(s), seeds {exp.seeds}.", ""]
+    lines += [*markdown_answer(exp, points, rec), ""]
+    if exp.search:
+        integer = exp.search["target"] in ("max_concurrency", "min_replicas")
+        lines += [f"Search: {exp.search['target']} over [{exp.search['low']:g}, {exp.search['high']:g}]"
+                  + ("" if integer else f", tolerance {exp.search['tolerance']:g}")
+                  + (", each seed on its own, the median reported" if exp.search["combine"] == "median" else
+                     ", every seed must meet") + ".", ""]
+    lines += [load_line(exp), ""]
+    if rec.tie:
+        verdict = f"**tie** — {rec.why}."
+    else:
+        verdict = f"**{rec.label}** — {rec.why}." if rec.point is not None else f"**none** — {rec.why}."
+    lines += ["## Recommendation", "", verdict, "", "## Points", ""]
+    lines += ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
+    lines += ["| " + " | ".join(str(cell(c)) for c in row) + " |" for row in rows]
+    if exp.search:
+        lines += ["", "## Capacity", ""]
+        lines += [f"- **{row['label']}**: " + (capacity_sentence(exp, row) if math.isfinite(row["answer"])
+                                                else row["search_outcome"]) for _, row in points.iterrows()]
+    lines += ["", *model_range.markdown(exp, errors)]
+    return "\n".join(lines).rstrip("\n") + "\n"

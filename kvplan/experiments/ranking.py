@@ -1,0 +1,168 @@
+"""The recommendation: the best point, when the seeds separate it from the rest - else a tie, and none.
+
+Each point has an interval over its seeds: for a search, the seeds' answers [answer_low, answer_high] (an end
+open where a seed's answer lies outside the searched range: below it for a rate, above it for replicas); for a
+plain point, the range of the objective metric's per-seed values [objective_low, objective_high].
+
+    search (rates, scales, users): the highest median answer is best; another point ties with it when their
+                    seed intervals overlap - or, when both have a model range from different cost-model sources
+                    (their errors are independent), when those ranges overlap. Ranges from one source are not
+                    compared: a step-time error moves every point it prices the same way.
+    min_replicas:   fewest GPUs (replicas x TP x PP), then fewest replicas, then the objective, is best; another
+                    point ties with it when their GPU intervals overlap, unless both need one same GPU count at
+                    every seed and the best's replica interval lies below the other's.
+    no search:      among the points meeting the SLOs, the best objective value; another ties with it when their
+                    objective intervals overlap.
+
+A tie recommends nothing: `point` is None and `tie` lists the tied points, best-ranked first. One seed gives an
+interval of one value: only equal answers tie, and the answer says the separation is untested.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from kvplan.experiments import model_range
+from kvplan.experiments.schema import Experiment
+
+UNTESTED = "one seed: the separation is not tested by a seed spread"
+
+
+@dataclass(slots=True)
+class Recommendation:
+    point: int | None  # the recommended point; None when none meets the SLOs or the best is tied
+    label: str
+    why: str
+    tie: list[int] = field(default_factory=list)  # the points tied for best, best-ranked first ([] without a tie)
+    tie_labels: list[str] = field(default_factory=list)
+    runner_up: int | None = None  # the next-best point a recommendation is separated from (None: no other)
+
+
+def interval(exp: Experiment, row: pd.Series) -> tuple[float, float]:
+    """The point's seed interval in the unit it is ranked by (GPUs for `min_replicas`; see the module docstring)."""
+    if not exp.search:
+        value = float(row[exp.objective["metric"]])
+        return float(row.get("objective_low", value)), float(row.get("objective_high", value))
+    low, high = float(row["answer_low"]), float(row["answer_high"])
+    if exp.search["target"] == "min_replicas":
+        per = float(row.get("gpus_per_replica", 1))
+        return low * per, (high * per if math.isfinite(high) else math.inf)
+    return (low if math.isfinite(low) else -math.inf), high
+
+
+def span(exp: Experiment, row: pd.Series) -> str:
+    """An interval in words: "21.9-23.52"; an open end "below 0.5" / "above 16"."""
+    if not exp.search:
+        low, high = interval(exp, row)
+    else:
+        low, high = float(row["answer_low"]), float(row["answer_high"])
+    if not math.isfinite(low):
+        return f"below {exp.search['low']:g}-{high:.4g}"
+    if not math.isfinite(high):
+        return f"{low:.4g}-above {exp.search['high']:g}"
+    return f"{low:.4g}-{high:.4g}"
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def tied(exp: Experiment, best: pd.Series, other: pd.Series) -> bool:
+    """Is `other` tied with `best` (see the module docstring)?"""
+    mine, theirs = interval(exp, best), interval(exp, other)
+    if exp.search and exp.search["target"] == "min_replicas":
+        if not _overlap(mine, theirs):
+            return False
+        one_count = mine[0] == mine[1] == theirs[0] == theirs[1]
+        return not (one_count and best["answer_high"] < other["answer_low"])
+    if _overlap(mine, theirs):
+        return True
+    if exp.search and best.get("model_error_source") != other.get("model_error_source"):
+        ranges = [(float(r.get("capacity_model_lo", math.nan)), float(r.get("capacity_model_hi", math.nan)))
+                  for r in (best, other)]
+        return all(math.isfinite(v) for pair in ranges for v in pair) and _overlap(*ranges)
+    return False
+
+
+def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
+    metric, goal = exp.objective["metric"], exp.objective["goal"]
+    ascending = goal == "min"
+    if exp.search:
+        target = exp.search["target"]
+        found = points[points["answer"].notna()]
+        if found.empty:
+            return Recommendation(None, "", f"no point meets the SLOs inside the searched range "
+                                            f"[{exp.search['low']:g}, {exp.search['high']:g}]")
+        if target == "min_replicas":  # what is bought is GPUs: 3 replicas at TP 2 beat 2 at TP 4
+            ranked = found.sort_values(["gpus", "answer", metric], ascending=[True, True, ascending], kind="stable")
+            ranking = "ranked by GPUs (replicas x TP x PP), then replicas"
+        else:
+            ranked = found.sort_values(["answer", metric], ascending=[False, ascending], kind="stable")
+            ranking = "ranked by the median answer"
+        return _decide(exp, ranked, capacity_sentence(exp, ranked.iloc[0]) + "; " + ranking, "seed interval")
+    eligible = points[points["slo_met"]] if (exp.slo or exp.attainment) else points
+    if eligible.empty:
+        closest = points.sort_values("attainment" if exp.attainment else metric,
+                                     ascending=not exp.attainment and ascending, kind="stable").iloc[0]
+        return Recommendation(None, "", f"no point meets the SLOs; the closest is {closest['label']}")
+    ranked = eligible.sort_values(metric, ascending=ascending, kind="stable")
+    best = ranked.iloc[0]
+    among = f"{len(eligible)} of {len(points)} points meet the SLOs" if (exp.slo or exp.attainment) else \
+        f"{len(points)} points, no SLO given"
+    return _decide(exp, ranked, f"{among}; it has the {'lowest' if ascending else 'highest'} {metric} "
+                                f"({best[metric]:.4g})", f"{metric} interval over seeds")
+
+
+def _decide(exp: Experiment, ranked: pd.DataFrame, why: str, what: str) -> Recommendation:
+    """The best-ranked point, or a tie with every point whose `what` overlaps its own."""
+    best = ranked.iloc[0]
+    others = [row for _, row in ranked.iloc[1:].iterrows()]
+    level = [row for row in others if tied(exp, best, row)]
+    if level:
+        rows = [best, *level]
+        shown = ", ".join(f"{row['label']} ({span(exp, row)})" for row in rows)
+        return Recommendation(None, "", f"tie: {shown}: the {what}s overlap, so the seeds do not separate them; "
+                                        "none is recommended (more seeds may separate them)",
+                              [int(row["point"]) for row in rows], [str(row["label"]) for row in rows])
+    if others:
+        runner_up = others[0]
+        why += f"; its {what} ({span(exp, best)}) is clear of the next best, {runner_up['label']} " \
+               f"({span(exp, runner_up)})"
+    if len(exp.seeds) < 2:
+        why += f"; {UNTESTED}"
+    return Recommendation(int(best["point"]), str(best["label"]), why,
+                          runner_up=int(others[0]["point"]) if others else None)
+
+
+def interval_text(row: pd.Series) -> str:
+    """The seeds' range of a point's answer, e.g. "range 20.1-22.4 over 3 seeds"."""
+    seeds = len(row["answers"].split(", ")) if isinstance(row.get("answers"), str) else 1
+    if seeds < 2:
+        return "1 seed"
+    low = "below the range" if not math.isfinite(row["answer_low"]) else f"{row['answer_low']:.4g}"
+    high = "above the range" if not math.isfinite(row["answer_high"]) else f"{row['answer_high']:.4g}"
+    return f"range {low}-{high} over {seeds} seeds"
+
+
+def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
+    """A point's search answer in the user's units: the median over seeds, its range, req/s and tok/s."""
+    target, value = exp.search["target"], row["answer"]
+    served = f"{row['capacity_rps']:.4g} req/s, {row['capacity_tok_s']:,.0f} tok/s"
+    spread = "; ".join(part for part in (model_range.range_clause(row), interval_text(row)) if part)
+    if target == "max_rate":
+        return f"the highest sustained rate that is stable and meets the SLOs: {value:.4g} req/s ({spread}; " \
+               f"served {served})"
+    if target == "max_goodput":
+        return f"the highest sustained rate meeting the attainment SLO: {value:.4g} req/s ({spread}), goodput " \
+               f"{row['request_goodput']:.4g} req/s ({served})"
+    if target == "max_concurrency":
+        return f"the most concurrent users that meet the SLOs: {value:.4g} ({spread}; served {served})"
+    if target == "max_burst_scale":
+        return f"the highest burst rate scale absorbed within the SLOs: x{value:.4g} ({spread}; " \
+               f"{row['offered_rate_rps']:.4g} req/s offered)"
+    per = int(row.get("gpus_per_replica", 1))
+    return f"the fewest replicas meeting the SLOs: {value:g} ({spread}) = {value * per:g} GPUs ({value:g} " \
+           f"replicas x {per} GPU{'s' if per > 1 else ''} each: TP x PP)"
