@@ -29,7 +29,7 @@ pip_install() {
 }
 if [ "$light" = 1 ]; then
   if ! current "$full_stamp" && ! current "$light_stamp"; then
-    pip_install -e .
+    pip_install --no-compile -e .  # modules compile on first import: only the few a run loads
     echo "$want" > "$light_stamp"
   fi
   exit 0
