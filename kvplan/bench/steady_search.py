@@ -1,6 +1,6 @@
 """The `steady_search` row of `kvplan bench sim`: a steady-state capacity search as the quickstart runs it.
 
-The quickstart's points (two GPUs, prefix caching on and off) are searched for their highest sustained rate
+The quickstart's points (prefix caching on and off) are searched for their highest sustained rate
 with the experiment's own probes (600 simulated seconds or more each, lengthened when their window is short,
 stopped early when overloaded), on the experiment's first seed, in this process - a bisection's probes depend
 on each other, so one search is one process's work; `kvplan run --workers N` runs the seeds' searches side by

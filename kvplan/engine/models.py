@@ -136,9 +136,10 @@ def resolve_model(name: str, cache_dir: Path | None = None) -> Path:
         raise UserError(f"model {str(path)!r} is a file; expected a directory holding config.json")
     if os.sep in name:
         raise UserError(f"model directory {str(path)!r} does not exist; expected a directory holding config.json")
-    raise UserError(
-        f"unknown model {name!r}: not a directory and not a built-in name; built-in names: {', '.join(BUILTIN_MODELS)}"
-    )
+    from kvplan.engine.core.names import did_you_mean
+
+    raise UserError(f"unknown model {name!r}: not a directory and not a built-in name; "
+                    f"{did_you_mean(name, BUILTIN_MODELS)}built-in names: {', '.join(BUILTIN_MODELS)}")
 
 
 def _checked_model_dir(path: Path) -> Path:

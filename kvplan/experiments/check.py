@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kvplan.experiments.fields import SchemaError
-from kvplan.experiments.points import Point, run_config
+from kvplan.experiments.points import Point, expand, run_config
 from kvplan.experiments.schema import Experiment
 
 SAMPLE_PREFIX = "sample:"
@@ -32,16 +32,13 @@ def resolve_trace(value: str, base_dir: Path) -> str:
 
 
 def resolve_model(value: str, where: str, base_dir: Path) -> str:
-    from kvplan.sim.specs.models import MODELS, allowed_models, get_model
+    from kvplan.sim.specs.models import MODELS, get_model, unknown_model
 
     if value in MODELS:
         return value
     path = (base_dir / value).resolve()
     if not path.exists():
-        from kvplan.experiments.fields import did_you_mean
-
-        raise SchemaError(f"{where}: unknown model {value!r}; {did_you_mean(value, MODELS)}allowed: "
-                          f"{allowed_models(value)}")
+        raise SchemaError(f"{where}: {unknown_model(value)}")
     try:
         get_model(str(path))
     except ValueError as exc:
@@ -51,7 +48,7 @@ def resolve_model(value: str, where: str, base_dir: Path) -> str:
 
 def resolve_hardware(value: str, where: str, model: str, base_dir: Path) -> str:
     from kvplan.sim.cost.calibrated import load_profile
-    from kvplan.sim.specs.hardware import HARDWARE
+    from kvplan.sim.specs.hardware import HARDWARE, hardware_names
     from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
 
     if value in HARDWARE:
@@ -74,9 +71,9 @@ def resolve_hardware(value: str, where: str, model: str, base_dir: Path) -> str:
         if why:  # said before any run (the progress line comes later), as `simulate` says it
             print(f"note: {where}: {why}", file=sys.stderr)
         return str(path)
-    from kvplan.experiments.fields import did_you_mean
+    from kvplan.engine.core.names import did_you_mean
 
-    allowed = [*sorted(HARDWARE), *PROFILED_DEVICES]
+    allowed = hardware_names()
     raise SchemaError(f"{where}: unknown hardware {value!r}; {did_you_mean(value, allowed)}allowed: "
                       f"{', '.join(allowed)}, or a calibrated profile (.yaml)")
 
@@ -150,3 +147,9 @@ def check_point(exp: Experiment, point: Point) -> None:
     except (ValueError, FileNotFoundError) as exc:
         # at a search's end, that end is what the user wrote (the varied key is not in the file)
         raise SchemaError(f"point {point.index} ({point.label}): {end}{key_path(str(exc))}") from None
+    if point.index == len(expand(exp)) - 1:  # once, after every point passed: a refused file still says one line
+        from kvplan.experiments.trace_needs import prefix_warning
+
+        warning = prefix_warning(exp, trace)  # every point loads the same trace (workload.trace is not swept)
+        if warning is not None:
+            print(f"warning: {warning}", file=sys.stderr)

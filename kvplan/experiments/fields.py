@@ -1,14 +1,15 @@
 """Typed YAML sections. A field (`engine.core.settings.Field`, the kind every setting is) checks one value and,
-when it is wrong, says where (the key path), what it got and what is allowed, with a did-you-mean for names.
+when it is wrong, says where (the key path), what it got and what is allowed, with a did-you-mean for names
+(`engine.core.names`).
 
     engine.eviction_policy: unknown value 'lur'; did you mean 'lru'? allowed: fifo, lfu, lru, s3fifo
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
+from kvplan.engine.core.names import did_you_mean
 from kvplan.engine.core.settings import Field
 from kvplan.errors import ConfigError
 from kvplan.traces.schema import listed, short_repr
@@ -17,11 +18,6 @@ from kvplan.traces.schema import listed, short_repr
 class SchemaError(ConfigError):
     """A value in an experiment file is not allowed; the message starts with the key path. (A `Field` raises its
     parent, `ConfigError`, with the same shape: both are caught as `ConfigError`.)"""
-
-
-def did_you_mean(value: object, allowed: Iterable[str]) -> str:
-    close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def check_mapping(value: object, path: str, allowed: Iterable[str]) -> dict:

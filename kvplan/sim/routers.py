@@ -93,5 +93,8 @@ ROUTERS = {"round_robin": RoundRobin, "least_outstanding": LeastOutstanding, "le
 
 def make_router(name: str) -> Router:
     if name not in ROUTERS:
-        raise UserError(f"--router: unknown router {name!r}; allowed: {', '.join(ROUTERS)}")
+        from kvplan.engine.core.names import did_you_mean
+
+        raise UserError(f"--router: unknown router {name!r}; {did_you_mean(name, ROUTERS)}allowed: "
+                        f"{', '.join(ROUTERS)}")
     return ROUTERS[name]()

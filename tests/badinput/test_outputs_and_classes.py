@@ -142,7 +142,8 @@ CONFIG_CASES = [  # --configs key: value -> the flag's own rule
     ("max_num_seqs: 0", "[0].max_num_seqs: must be an integer >= 1 and <= 1000000, got 0"),
     ("block_size: 16.5", "[0].block_size: must be an integer >= 1 and <= 256, got 16.5"),
     ("max_model_len: true", "[0].max_model_len: must be an integer >= 1 and <= 10000000, got True"),
-    ("dtype: float7", "[0].dtype: unknown value 'float7'; did you mean 'float32'? allowed: bfloat16, float16, float32"),
+    ("dtype: float7", "[0].dtype: unknown value 'float7'; did you mean 'float16' or 'float32'? allowed: bfloat16, "
+     "float16, float32"),
     ("kv_cache_dtype: fp4", "[0].kv_cache_dtype: unknown value 'fp4'; did you mean 'fp8'? allowed: auto, float16"),
     ("position_mode: sideways", "[0].position_mode: unknown value 'sideways'; allowed: original, shifted"),
 ]
@@ -172,8 +173,8 @@ def test_every_dtype_flag_refuses_an_unknown_dtype(tmp_path, capsys, monkeypatch
 def test_the_engine_refuses_an_unknown_dtype_and_a_cache_beyond_memory():
     from kvplan.engine.llm import LLM
 
-    with pytest.raises(ValueError, match=r"dtype: unknown value 'float7'; did you mean 'float32'\? allowed: "
-                                         r"bfloat16, float16, float32"):
+    with pytest.raises(ValueError, match=r"dtype: unknown value 'float7'; did you mean 'float16' or 'float32'\? "
+                                         r"allowed: bfloat16, float16, float32"):
         LLM("tiny-llama", dtype="float7")
     # 50M blocks of 8 KiB: 400 GB of host memory, refused before allocating any (the earlier name of num_blocks)
     with pytest.raises(ValueError, match=r"KV cache of 50000000 blocks x \d+ bytes = \d+ bytes; allowed: at most "

@@ -86,7 +86,7 @@ def test_the_cli_refuses_bad_input_in_one_line_with_exit_2(tmp_path, capsys):
     assert code == 2 and "missing column 'n_embd'" in err and "Traceback" not in err
     code, _, err = _cli(capsys, "bench", "fidelity", "--profiles", str(FIXTURE), "--hardware", "tpu-v5")
     assert code == 2
-    assert "known GPUs: a100-40gb, a100-80gb, a10g, a40, b200, h100-sxm, h200" in err
+    assert "allowed: a100-40gb, a100-80gb, a10g, a40, b200, h100-sxm, h200" in err
 
 
 def test_bench_fidelity_json_and_the_docs_table(capsys):

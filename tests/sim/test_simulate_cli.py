@@ -116,7 +116,7 @@ def test_block_size_comparison_table(capsys):
     (["--eviction", "random"], "argument --eviction: unknown value 'random'; allowed: fifo, lfu, lru, s3fifo"),
     (["--preemption-mode", "kill"], "argument --preemption-mode: unknown value 'kill'; allowed: recompute, swap"),
     (["--hardware", "tpu-v5"], "--hardware: unknown hardware 'tpu-v5'; allowed: a100-40gb"),
-    (["--model", "gpt-9"], "--model: unknown model 'gpt-9'; allowed: a built-in model ("),
+    (["--model", "gpt-9"], "--model: unknown model 'gpt-9'; did you mean 'gpt-oss-20b'? allowed: a built-in model ("),
     (["--num-blocks", "100"], "cannot hold one request of the trace"),
     (["--block-size", "48"], "--block-size: 48 does not divide the trace's prefix-hash granularity 512"),
     (["--model", "llama-3-70b", "--hardware", "l4"], "no memory left for the KV cache"),

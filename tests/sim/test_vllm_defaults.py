@@ -123,14 +123,17 @@ def test_budget_follows_max_model_len_without_chunked_prefill() -> None:
     assert SchedulerConfig(**batch_settings(spec, 6000)).max_num_batched_tokens == 6000
 
 
-def test_run_explain_says_which_values_are_vllms(capsys) -> None:
+def test_run_explain_says_which_values_are_vllms(capsys, tmp_path) -> None:
     import json
 
     from kvplan.cli import main
 
-    assert main(["run", "example:quickstart", "--explain", "--json"]) == 0
+    path = tmp_path / "gpus.yaml"  # an A100-40GB (< 70 GiB) and an H100 (80 GiB), prefix caching on and off
+    path.write_text("name: gpus\nworkload: {trace: sample:chat}\nsweep: {grid: {hardware: [a100-40gb, h100-sxm], "
+                    "engine.enable_prefix_caching: [true, false]}}\n")
+    assert main(["run", str(path), "--explain", "--json"]) == 0
     derived = json.loads(capsys.readouterr().out)["derived"]
-    # the quickstart compares an A100-40GB (< 70 GiB) with an H100 (80 GiB): one line for each, naming its points
+    # one line for each GPU's defaults, naming its points
     assert any(line.startswith("points 0, 1: max_num_batched_tokens 2048 and max_num_seqs 256") for line in derived)
     assert any(line.startswith("points 2, 3: max_num_batched_tokens 8192 and max_num_seqs 1024") for line in derived)
     assert any(line.startswith("entry_point openai_server: latencies as a client") for line in derived)

@@ -108,10 +108,9 @@ class Field:
         if self.kind == "choice":
             value = dict(self.values).get(value, value) if isinstance(value, str) else value
             if value not in self.choices:
-                from difflib import get_close_matches
+                from kvplan.engine.core.names import did_you_mean
 
-                close = get_close_matches(str(value), self.choices, n=1, cutoff=0.6)
-                hint = f"did you mean {close[0]!r}? " if close else ""
+                hint = did_you_mean(value, self.choices)
                 return value, f"unknown value {short_repr(value)}; {hint}allowed: {self.allowed()}"
             return value, None
         if self.kind == "bool":

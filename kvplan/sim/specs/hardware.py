@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvplan.errors import UserError
+from kvplan.errors import UserError, short_repr
 
 GIB = 1024**3
 
@@ -85,9 +85,19 @@ HARDWARE: dict[str, HardwareSpec] = {spec.name: spec for spec in (
 )}
 
 
+def hardware_names() -> list[str]:
+    """Every name --hardware takes: the specs above, then the devices with shipped calibrated profiles."""
+    from kvplan.sim.specs.profiles import PROFILED_DEVICES
+
+    return [*sorted(HARDWARE), *PROFILED_DEVICES]
+
+
 def get_hardware(name: str) -> HardwareSpec:
     spec = HARDWARE.get(name)
     if spec is None:
-        raise UserError(f"--hardware: unknown hardware {name!r}; allowed: {', '.join(sorted(HARDWARE))}, or "
-                         "cpu-local (this machine, through a shipped calibrated profile)")
+        from kvplan.engine.core.names import did_you_mean
+
+        raise UserError(f"--hardware: unknown hardware {short_repr(name)}; {did_you_mean(name, hardware_names())}"
+                        f"allowed: {', '.join(sorted(HARDWARE))}, or cpu-local (this machine, through a shipped "
+                        "calibrated profile)")
     return spec

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+from kvplan.engine.core.names import did_you_mean
 from kvplan.errors import UserError
 from kvplan.sim.specs.arch import DTYPE_BYTES, ModelSpec
 from kvplan.sim.specs.hf_config import from_hf_config
@@ -103,14 +104,18 @@ def engine_kv_row_bytes(dtype: str, head_dim: int) -> int:
     return DTYPE_BYTES[dtype] * head_dim + (ENGINE_SCALE_BYTES if dtype in QUANTIZED_KV else 0)
 
 
-def allowed_models(name: str = "") -> str:
-    """What --model allows, short enough for one error line: the closest built-in names, how many there are and
-    where they are all listed."""
-    from difflib import get_close_matches
+def allowed_models(examples: bool = True) -> str:
+    """What --model allows, short enough for one error line: how many built-in names there are and where they are
+    all listed, with a few of them unless a did-you-mean (`unknown_model`) already names the close ones."""
+    shown = "llama-3.1-8b, qwen3-30b-a3b, deepseek-v3, ... " if examples else ""
+    return (f"a built-in model ({shown}{len(MODELS)} in all: `kvplan simulate --help` lists them), or a path to an "
+            "HF config.json")
 
-    close = get_close_matches(name, list(MODELS), n=3, cutoff=0.5) or ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3"]
-    return (f"a built-in model ({', '.join(close)}, ... {len(MODELS)} in all: `kvplan simulate --help` lists them), "
-            "or a path to an HF config.json")
+
+def unknown_model(name: str) -> str:
+    """The line for a name that is neither a built-in model nor a file: a did-you-mean over every built-in name."""
+    hint = did_you_mean(name, MODELS)
+    return f"unknown model {short_repr(name)}; {hint}allowed: {allowed_models(not hint)}"
 
 
 def get_model(name: str) -> ModelSpec:
@@ -122,7 +127,7 @@ def get_model(name: str) -> ModelSpec:
         path.stat()
     except OSError as exc:  # a 5,000-character name: ENAMETOOLONG, which is_dir() raises instead of answering
         if exc.errno == errno.ENAMETOOLONG:
-            raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {allowed_models()}") from None
+            raise UserError(f"--model: {unknown_model(name)}") from None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(f"--model: {path}: a directory without config.json; allowed: a model directory "
@@ -130,8 +135,9 @@ def get_model(name: str) -> ModelSpec:
         path = path / "config.json"
     if path.suffix == ".json":
         if not path.exists():  # a ValueError like an unknown name: a calibrated run may name the model as a label
-            raise UserError(f"--model: {path}: no such file; allowed: {allowed_models(path.stem)}")
+            hint = did_you_mean(path.stem, MODELS)
+            raise UserError(f"--model: {path}: no such file; {hint}allowed: {allowed_models(not hint)}")
         return from_hf_config(path)
-    raise UserError(f"--model: unknown model {short_repr(name)}; allowed: {allowed_models(name)}")
+    raise UserError(f"--model: {unknown_model(name)}")
 
 
