@@ -1,0 +1,190 @@
+"""How long a plan will take, before it runs (`kvplan run --explain`), and how many runs a search makes (the
+progress meter's prior, `experiments.progress`).
+
+    wall = max(sum over runs of their seconds / workers,  the longest chain of rounds that wait for each other)
+
+* **Runs per search** (`search_probes`): a full bisection probes `low` and `high`, then halves the bracket
+  until it is within the tolerance - ceil(log2(log(high/low) / log(1 + tolerance))) geometric midpoints for a
+  rate or a scale, ceil(log2(high - low)) for users or replicas - the count a search whose answer lies inside
+  [low, high] makes (one that ends at a bound makes fewer). A guided search (a median's other seeds, a
+  model-range edge) starts from its leader's bracket: `GUIDED_PROBES` (3: the bracket's ends and a step out,
+  as many as the guided seeds of experiments/quickstart.yaml made in a recorded run - 2 each, 6 for the one
+  whose answer was outside its leader's bracket). A plain point makes one round. A round runs one seed
+  (`combine: median`) or every seed (`combine: all`, plain points).
+* **Seconds per run** (`point_cost`): measured now, in this process, per point (the first points until
+  `MICRO_BUDGET_S` of micro-runs is spent; the others are taken at their mean): a micro-run of the point at the
+  search's middle value (the geometric midpoint of [low, high]), its simulated duration doubled from
+  `MICRO_START_S` until it took `MICRO_WALL_S`. Its verdict (stable and within the SLOs, or not) says in which
+  half of [low, high] the answer lies; the search's probes are priced at that half's geometric midpoint - a
+  probe's cost grows with the requests it simulates, its rate (or users) times its full duration
+  (`Probe.first_duration`). A burst replay is timed on a growing slice of its trace and scaled by requests.
+* **The chain**: a point's guided searches wait for its first search, the recommended point's edge searches
+  for every answer (priced as the costliest point: the one recommended, as a rule); a round's runs run in
+  parallel, its rounds one after another.
+
+Rough by construction: probes above capacity stop early (cheaper), probes near it run longer queues and are
+lengthened (`sim.probe`: x2, x4), and other sessions on the machine slow every run alike. docs/progress.md
+compares it with real runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+
+from kvplan.experiments.points import Point, run_config
+from kvplan.experiments.schema import INTEGER_TARGETS, SEARCH_TARGETS, Experiment
+
+GUIDED_PROBES = 3
+MICRO_START_S = 20.0  # simulated seconds of a point's first micro-run
+MICRO_WALL_S = 0.25  # a micro-run this long (wall) is a point's measurement
+MICRO_BUDGET_S = 1.0  # micro-runs stop timing further points after this much wall time
+PER_REQUEST = ("max_rate", "max_goodput", "max_concurrency")  # a probe's requests grow with its value
+
+
+def search_probes(search: dict | None, guided: bool = False) -> int:
+    """The rounds one search makes (module docstring); 1 for a plain point."""
+    if search is None:
+        return 1
+    if guided:
+        return GUIDED_PROBES
+    low, high = search["low"], search["high"]
+    if search["target"] in INTEGER_TARGETS:
+        steps = math.ceil(math.log2(high - low)) if high - low > 1 else 0
+    else:
+        ratio = math.log(high / low) / math.log(1 + search["tolerance"])
+        steps = math.ceil(math.log2(ratio)) if ratio > 1 else 0
+    return 2 + steps
+
+
+def _between(search: dict, lo: float, hi: float) -> float | int:
+    """The geometric midpoint of [lo, hi] (rounded for a count)."""
+    mid = math.sqrt(lo * hi)
+    return max(round(mid), search["low"]) if search["target"] in INTEGER_TARGETS else mid
+
+
+def edge_searches(exp: Experiment, points: list[Point], scales: dict[int, tuple[float, float]]) -> int:
+    """The model-range edge searches the plan makes (`search.edge_tasks`: one per band end away from 1, none for
+    a burst replay): every point's (`every_point`), the most one point gets (`recommended`: whichever point it
+    recommends, counted before it is known), or none."""
+    mode = exp.search["model_range"] if exp.search else "none"
+    counts = [sum(f != 1.0 for f in scales[p.index]) for p in points
+              if p.index in scales and p.config["workload"]["mode"] != "burst"]
+    return sum(counts) if mode == "every_point" else max(counts, default=0) if mode == "recommended" else 0
+
+
+@dataclass(slots=True)
+class Estimate:
+    """The plan's expected work and wall time (module docstring)."""
+
+    searches: int  # searches (or plain points), the model-range edge searches included
+    runs: int  # runs they are expected to make
+    run_s: float  # mean seconds per run (measured now)
+    wall_s: float  # the whole plan on `workers`
+    workers: int
+    timed: int  # points whose runs were timed by a micro-run (the others at their mean)
+    micro_s: float  # wall seconds the micro-runs took
+
+    def as_dict(self) -> dict:
+        return {"searches": self.searches, "runs": self.runs, "run_s": self.run_s, "wall_s": self.wall_s,
+                "workers": self.workers, "timed_points": self.timed, "micro_run_s": self.micro_s,
+                "basis": "micro-runs now"}
+
+    def line(self) -> str:
+        wall = f"{self.wall_s:.0f} s" if self.wall_s < 120 else f"{self.wall_s / 60:.1f} min"
+        return (f"estimate: ~{wall} on {self.workers} worker(s): {self.searches} searches, ~{self.runs} runs of "
+                f"~{self.run_s:.2g} s on average (timed now by {self.micro_s:.1f} s of micro-runs of "
+                f"{self.timed} point(s); rough: see docs/progress.md)")
+
+
+def estimate_plan(exp: Experiment, points: list[Point], edges: int, workers: int) -> Estimate:
+    """The plan's wall time from the rounds it makes and micro-runs of its points (module docstring)."""
+    search = exp.search
+    full, guided = search_probes(search), search_probes(search, guided=True)
+    median = search is not None and search["combine"] == "median"
+    followers = len(exp.seeds) - 1 if median else 0  # a point's guided seeds, led by its first search
+    round_runs = 1 if median else len(exp.seeds)
+    every = search is not None and search["model_range"] == "every_point"
+    own = edges / len(points) if every else 0.0  # every_point: a point's edges follow its first search
+    late = 0 if every else edges  # recommended: after every answer, at the recommended point
+    timed, micro_s = point_costs(exp, points)
+    costs = [timed.get(p.index, sum(timed.values()) / len(timed)) for p in points]
+    dearest = max(costs)
+    rounds = full + guided * (followers + own)  # one point's rounds
+    work = round_runs * (rounds * sum(costs) + guided * late * dearest)
+    chain = (full + (guided if followers or own else 0) + (guided if late else 0)) * dearest
+    runs = round_runs * (rounds * len(points) + guided * late)
+    workers = max(workers, 1)
+    searches = len(points) * (1 + followers) + edges
+    return Estimate(searches, round(runs), work / runs, max(work / workers, chain), workers, len(timed), micro_s)
+
+
+def point_costs(exp: Experiment, points: list[Point]) -> tuple[dict[int, float], float]:
+    """(point index -> seconds per run, for the points timed within `MICRO_BUDGET_S`; the wall time spent)."""
+    costs: dict[int, float] = {}
+    spent = 0.0
+    for point in points:
+        if costs and spent >= MICRO_BUDGET_S:
+            break
+        start = time.perf_counter()
+        costs[point.index] = point_cost(exp, point)
+        spent += time.perf_counter() - start
+    return costs, spent
+
+
+def point_cost(exp: Experiment, point: Point) -> float:
+    """Seconds one run of `point`'s search takes, by micro-runs in this process (module docstring)."""
+    from kvplan.experiments.execute import attainment_share, build_probe, build_trace, population, simulate_config
+    from kvplan.experiments.search import slo_verdict
+
+    search = exp.search
+    key = SEARCH_TARGETS[search["target"]] if search else None
+    mid = _between(search, search["low"], search["high"]) if search else None
+    # per-request SLO bounds are judged inside a run, as `search.PointTask` passes them
+    extra = {"attainment": exp.attainment} if exp.attainment else {}
+    if exp.goodput_bounds:
+        extra["goodput"] = exp.goodput_bounds
+    config = run_config(point.config, exp.seeds[0], {key: mid} if key else None) | extra
+    if config["workload"]["mode"] == "burst":  # the same requests at any rate scale: priced per request
+        from kvplan.traces import window
+
+        trace = build_trace(config)
+        start, end = float(trace.arrival_s[0]), float(trace.arrival_s[-1])
+        span = max((end - start) / 64, 1e-3)
+        while True:
+            part = window(trace, start, start + span)
+            wall, _ = _timed(simulate_config, config, part)
+            if wall >= MICRO_WALL_S or len(part) == len(trace):
+                return wall / max(len(part), 1) * len(trace)
+            span *= 2
+    full = build_probe(config).first_duration(population(config))
+    simulated = min(MICRO_START_S, full)
+    while True:
+        micro = copy.deepcopy(config)
+        micro["probe"].update(duration_s=simulated, min_requests=1)
+        wall, (result, _) = _timed(simulate_config, micro)
+        info = result.info["probe"]
+        if wall >= MICRO_WALL_S or simulated >= full:
+            break
+        simulated *= 2
+    # a lengthened micro-run simulated every duration it tried; one stopped early, up to the stop
+    per_second = wall / max(simulated * (2 ** info["extensions"] - 1) + info["stopped_s"], 1e-9)
+    if search is None:
+        return per_second * full
+    doc = {"summary": result.summary, "probe": info,
+           "attainment": attainment_share(result.requests, config.get("attainment"))}
+    met = slo_verdict(exp, doc)[0]
+    upward = search["target"] != "min_replicas"  # meets below the answer
+    above = met == upward  # the answer lies above the middle
+    typical = _between(search, mid, search["high"]) if above else _between(search, search["low"], mid)
+    at = run_config(point.config, exp.seeds[0], {key: typical})
+    load = typical / mid if search["target"] in PER_REQUEST else 1.0
+    return per_second * load * build_probe(at).first_duration(population(at))
+
+
+def _timed(work, *args):  # -> (wall seconds, what work returned)
+    start = time.perf_counter()
+    value = work(*args)
+    return time.perf_counter() - start, value
