@@ -23,8 +23,8 @@ progress meter's prior, `experiments.progress`).
   parallel, its rounds one after another.
 
 Rough by construction: probes above capacity stop early (cheaper), probes near it run longer queues and are
-lengthened (`sim.probe`: x2, x4), and other sessions on the machine slow every run alike. docs/progress.md
-compares it with real runs.
+lengthened (`sim.probe`: x2, x4), and a busy machine slows the micro-runs and the runs alike (the estimate
+is of this machine as it is now). docs/progress.md says how to check it against a real run.
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ class Estimate:
     workers: int
     timed: int  # points whose runs were timed by a micro-run (the others at their mean)
     micro_s: float  # wall seconds the micro-runs took
+    searched: bool = True  # searches, or plain points
 
     def as_dict(self) -> dict:
         return {"searches": self.searches, "runs": self.runs, "run_s": self.run_s, "wall_s": self.wall_s,
@@ -94,7 +95,8 @@ class Estimate:
 
     def line(self) -> str:
         wall = f"{self.wall_s:.0f} s" if self.wall_s < 120 else f"{self.wall_s / 60:.1f} min"
-        return (f"estimate: ~{wall} on {self.workers} worker(s): {self.searches} searches, ~{self.runs} runs of "
+        noun = "searches" if self.searched else "points"
+        return (f"estimate: ~{wall} on {self.workers} worker(s): {self.searches} {noun}, ~{self.runs} runs of "
                 f"~{self.run_s:.2g} s on average (timed now by {self.micro_s:.1f} s of micro-runs of "
                 f"{self.timed} point(s); rough: see docs/progress.md)")
 
@@ -118,7 +120,8 @@ def estimate_plan(exp: Experiment, points: list[Point], edges: int, workers: int
     runs = round_runs * (rounds * len(points) + guided * late)
     workers = max(workers, 1)
     searches = len(points) * (1 + followers) + edges
-    return Estimate(searches, round(runs), work / runs, max(work / workers, chain), workers, len(timed), micro_s)
+    return Estimate(searches, round(runs), work / runs, max(work / workers, chain), workers, len(timed), micro_s,
+                    search is not None)
 
 
 def point_costs(exp: Experiment, points: list[Point]) -> tuple[dict[int, float], float]:
