@@ -143,15 +143,17 @@ def point_cost(exp: Experiment, point: Point) -> float:
     from kvplan.experiments.search import slo_verdict
 
     search = exp.search
-    key = SEARCH_TARGETS[search["target"]] if search else None
-    mid = _between(search, search["low"], search["high"]) if search else None
+    probe: dict[str, object] | None = None
+    if search is not None:
+        key, mid = SEARCH_TARGETS[search["target"]], _between(search, search["low"], search["high"])
+        probe = {key: mid}
     # per-request SLO bounds are judged inside a run, as `search.PointTask` passes them
     extra = {"attainment": exp.attainment} if exp.attainment else {}
     if exp.goodput_bounds:
         extra["goodput"] = exp.goodput_bounds
-    config = run_config(point.config, exp.seeds[0], {key: mid} if key else None) | extra
+    config = run_config(point.config, exp.seeds[0], probe) | extra
     if config["workload"]["mode"] == "burst":  # the same requests at any rate scale: priced per request
-        from kvplan.traces import window
+        from kvplan.traces.transforms import window
 
         trace = build_trace(config)
         start, end = float(trace.arrival_s[0]), float(trace.arrival_s[-1])

@@ -55,3 +55,15 @@ def test_explain_prints_the_estimate_and_json_has_it(tmp_path, capsys):
     assert estimate["wall_s"] == pytest.approx(max(estimate["run_s"] * 15 / 2, estimate["run_s"] * (6 + 3 + 3)))
     assert main(["run", str(path), "--explain"]) == 0
     assert "estimate: ~" in capsys.readouterr().out
+
+
+def test_a_burst_replay_is_timed_on_a_slice_of_its_trace(tmp_path, capsys):
+    doc = {**{k: v for k, v in DOC.items() if k != "probe"}, "workload": {**WORKLOAD, "mode": "burst"}, "seeds": [0],
+           "search": {"target": "max_burst_scale", "low": 0.5, "high": 8, "tolerance": 0.3}}
+    path = tmp_path / "burst.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(path), "--explain", "--json"]) == 0
+    estimate = json.loads(capsys.readouterr().out)["estimate"]
+    # no model range for a replay: one search, 2 + ceil(log2(log(16) / log(1.3))) = 6 runs
+    assert (estimate["searches"], estimate["runs"]) == (1, 6) and estimate["wall_s"] == pytest.approx(
+        6 * estimate["run_s"]) and estimate["run_s"] > 0
