@@ -58,7 +58,7 @@ def explain(exp, points, workers: int = 1) -> dict:
     return {"name": exp.name, "base": exp.base, "seeds": exp.seeds, "search": searched, "slo": slo_lines(exp),
             "objective": exp.objective, "points": [{"point": p.index, "label": p.label, "values": p.values}
                                                    for p in points], "derived": derived_lines(points),
-            "estimate": estimate.as_dict(), "estimate_line": estimate.line()}
+            "estimate": estimate.as_dict(), "estimate_lines": estimate.lines()}
 
 
 def derived_lines(points) -> list[str]:
@@ -161,4 +161,4 @@ def print_explain(doc: dict) -> None:
     print(f"objective: {doc['objective']['goal']} {doc['objective']['metric']}")
     rows = [[p["point"], p["label"]] for p in doc["points"]]
     print(format_table(("point", "values"), rows))
-    print(doc["estimate_line"])
+    print("\n".join(doc["estimate_lines"]))

@@ -93,12 +93,14 @@ class Estimate:
                 "workers": self.workers, "timed_points": self.timed, "micro_run_s": self.micro_s,
                 "basis": "micro-runs now"}
 
-    def line(self) -> str:
+    def lines(self) -> list[str]:
+        """Two lines under 100 columns: the figure, then where it comes from."""
         wall = f"{self.wall_s:.0f} s" if self.wall_s < 120 else f"{self.wall_s / 60:.1f} min"
         noun = "searches" if self.searched else "points"
-        return (f"estimate: ~{wall} on {self.workers} worker(s): {self.searches} {noun}, ~{self.runs} runs of "
-                f"~{self.run_s:.2g} s on average (timed now by {self.micro_s:.1f} s of micro-runs of "
-                f"{self.timed} point(s); rough: see docs/progress.md)")
+        return [f"estimate: ~{wall} on {self.workers} worker(s): {self.searches} {noun}, ~{self.runs} runs of "
+                f"~{self.run_s:.2g} s",
+                f"  (run time measured now by {self.micro_s:.1f} s of micro-runs of {self.timed} point(s); rough: "
+                "docs/progress.md)"]
 
 
 def estimate_plan(exp: Experiment, points: list[Point], edges: int, workers: int) -> Estimate:
