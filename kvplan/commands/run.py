@@ -1,7 +1,8 @@
 """`kvplan run EXPERIMENT.yaml`: every point of a capacity-planning experiment on the simulator, in parallel,
 resumable; writes runs.parquet, points.parquet, summary.md, plots and report.html, and prints the
 recommendation with its model range (the answer re-searched at the edges of the step-time error band of the
-source that priced the GPU: `experiments.model_range`). `--explain` prints the resolved points and runs nothing."""
+source that priced the GPU: `experiments.model_range`). `--explain` prints the resolved points and the plan's
+estimated wall time (`experiments.estimate`: micro-runs in memory, about a second) and writes nothing."""
 
 from __future__ import annotations
 
