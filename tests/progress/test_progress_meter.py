@@ -135,3 +135,14 @@ def test_disabled_writes_nothing():
     p.beat()
     p.ended(1)
     assert out.getvalue() == ""
+
+
+def test_the_terminal_bar_shows_the_same_line():
+    """The live bar (rich) carries the counters' line; closing it leaves the final state."""
+    out = io.StringIO()
+    p = Progress(2, "searches", stream=out, live=True).start()
+    p.update(run=True)
+    p.ended(1)
+    p.ended(1)
+    p.close()
+    assert "searches 2/2, runs 1 + 0 reused" in out.getvalue() and "ETA 0 s" in out.getvalue()
