@@ -17,7 +17,9 @@ progress meter's prior, `experiments.progress`).
   `MICRO_START_S` until it took `MICRO_WALL_S`. Its verdict (stable and within the SLOs, or not) says in which
   half of [low, high] the answer lies; the search's probes are priced at that half's geometric midpoint - a
   probe's cost grows with the requests it simulates, its rate (or users) times its full duration
-  (`Probe.first_duration`). A burst replay is timed on a growing slice of its trace and scaled by requests.
+  (`Probe.first_duration`, the share of its grace period the micro-run's tail used, and the lengthenings
+  `sim.probe` will make: `probe_span`). A burst replay is timed on a growing slice of its trace and scaled by
+  requests.
 * **The chain**: a point's guided searches wait for its first search, the recommended point's edge searches
   for every answer (priced as the costliest point: the one recommended, as a rule); a round's runs run in
   parallel, its rounds one after another.
@@ -178,8 +180,11 @@ def point_cost(exp: Experiment, point: Point) -> float:
         simulated *= 2
     # a lengthened micro-run simulated every duration it tried; one stopped early, up to the stop
     per_second = wall / max(simulated * (2 ** info["extensions"] - 1) + info["stopped_s"], 1e-9)
+    # the share of its grace period the micro-run's tail used (its last requests finishing after the arrivals)
+    grace = build_probe(micro).edges(info["duration_s"])[2]
+    tail = min(max(info["stopped_s"] - info["duration_s"], 0.0) / grace, 1.0) if grace > 0 else 0.0
     if search is None:
-        return per_second * full
+        return per_second * probe_span(config, info["offered_rps"], result.summary["p99_e2el_ms"], tail)
     doc = {"summary": result.summary, "probe": info,
            "attainment": attainment_share(result.requests, config.get("attainment"))}
     met = slo_verdict(exp, doc)[0]
@@ -188,7 +193,25 @@ def point_cost(exp: Experiment, point: Point) -> float:
     typical = _between(search, mid, search["high"]) if above else _between(search, search["low"], mid)
     at = run_config(point.config, exp.seeds[0], {key: typical})
     load = typical / mid if search["target"] in PER_REQUEST else 1.0
-    return per_second * load * build_probe(at).first_duration(population(at))
+    return per_second * load * probe_span(at, info["offered_rps"] * load, result.summary["p99_e2el_ms"], tail)
+
+
+def probe_span(config: dict, offered_rps: float, p99_e2el_ms: float | None, tail: float) -> float:
+    """Simulated seconds a full probe of `config` takes: its duration D and the share `tail` of its grace period,
+    once, or three times over when `sim.probe` will lengthen it to 2D (a run of D, then one of 2D): when its
+    window is shorter than `E2E_MULTIPLE` p99 E2E latencies, or expects fewer than `min_requests` requests at
+    `offered_rps`; twice over (one lengthening in two) when it expects under 10% more - the case whenever
+    `min_requests`, not `duration_s`, set D, since D is then just long enough on average."""
+    from kvplan.experiments.execute import build_probe, population
+    from kvplan.sim.probe import E2E_MULTIPLE
+
+    probe = build_probe(config)
+    duration = probe.first_duration(population(config))
+    w0, w1, grace = probe.edges(duration)
+    expected = offered_rps * (w1 - w0)
+    slow = p99_e2el_ms is not None and math.isfinite(p99_e2el_ms) and (w1 - w0) < E2E_MULTIPLE * p99_e2el_ms / 1e3
+    runs = 3.0 if slow or expected < probe.min_requests else 2.0 if expected < 1.1 * probe.min_requests else 1.0
+    return runs * (duration + tail * grace)
 
 
 def _timed(work, *args):  # -> (wall seconds, what work returned)
