@@ -199,16 +199,19 @@ def point_cost(exp: Experiment, point: Point) -> float:
 def probe_span(config: dict, offered_rps: float, p99_e2el_ms: float | None, tail: float) -> float:
     """Simulated seconds a full probe of `config` takes: its duration D and the share `tail` of its grace period,
     once, or three times over when `sim.probe` will lengthen it to 2D (a run of D, then one of 2D): when its
-    window is shorter than `E2E_MULTIPLE` p99 E2E latencies, or expects fewer than `min_requests` requests at
-    `offered_rps`; twice over (one lengthening in two) when it expects under 10% more - the case whenever
-    `min_requests`, not `duration_s`, set D, since D is then just long enough on average."""
+    window is shorter than `E2E_MULTIPLE` p99 E2E latencies, or expects fewer than `min_requests` requests (at
+    its rate setting; a closed loop at `offered_rps`); twice over (one lengthening in two) when it expects under
+    10% more - the case whenever `min_requests`, not `duration_s`, set D, since D is then just long enough on
+    average."""
     from kvplan.experiments.execute import build_probe, population
     from kvplan.sim.probe import E2E_MULTIPLE
 
     probe = build_probe(config)
-    duration = probe.first_duration(population(config))
+    pop = population(config)
+    duration = probe.first_duration(pop)
     w0, w1, grace = probe.edges(duration)
-    expected = offered_rps * (w1 - w0)
+    # an open loop's rate is its setting (a short micro-run's count is noisy); a closed loop's, as measured
+    expected = (probe.offered_rate(pop) if probe.mode == "sustained" else offered_rps) * (w1 - w0)
     slow = p99_e2el_ms is not None and math.isfinite(p99_e2el_ms) and (w1 - w0) < E2E_MULTIPLE * p99_e2el_ms / 1e3
     runs = 3.0 if slow or expected < probe.min_requests else 2.0 if expected < 1.1 * probe.min_requests else 1.0
     return runs * (duration + tail * grace)
