@@ -13,13 +13,14 @@ progress meter's prior, `experiments.progress`).
   (`combine: median`) or every seed (`combine: all`, plain points).
 * **Seconds per run** (`point_cost`): measured now, in this process, per point (the first points until
   `MICRO_BUDGET_S` of micro-runs is spent; the others are taken at their mean): a micro-run of the point at the
-  search's middle value (the geometric midpoint of [low, high]), its simulated duration doubled from
-  `MICRO_START_S` until it took `MICRO_WALL_S`. Its verdict (stable and within the SLOs, or not) says in which
-  half of [low, high] the answer lies; the search's probes are priced at that half's geometric midpoint - a
-  probe's cost grows with the requests it simulates, its rate (or users) times its full duration
-  (`Probe.first_duration`, the share of its grace period the micro-run's tail used, and the lengthenings
-  `sim.probe` will make: `probe_span`). A burst replay is timed on a growing slice of its trace and scaled by
-  requests.
+  search's middle value (the geometric midpoint of [low, high]), after an untimed `WARM_S` warm-up (the first call's
+  imports and caches) and a timed one (what a simulation costs whatever its length), its simulated duration doubled
+  from `MICRO_START_S` until its simulated seconds took `MICRO_WALL_S` beyond that, sampled as the full probe is.
+  Its verdict (stable and within the SLOs, or not) says in which half of [low, high] the answer lies; the search's
+  probes are priced at that half's geometric midpoint - a probe's cost grows with the requests it simulates, its
+  rate (or users) times its full duration (`Probe.first_duration`, the share of its grace period the micro-run's
+  tail used, and the lengthenings `sim.probe` will make: `probe_span`). A burst replay is timed on a growing slice
+  of its trace and scaled by requests.
 * **The chain**: a point's guided searches wait for its first search, the recommended point's edge searches
   for every answer (priced as the costliest point: the one recommended, as a rule); a round's runs run in
   parallel, its rounds one after another.
@@ -40,9 +41,10 @@ from kvplan.experiments.points import Point, run_config
 from kvplan.experiments.schema import INTEGER_TARGETS, SEARCH_TARGETS, Experiment
 
 GUIDED_PROBES = 3
+WARM_S = 5.0  # simulated seconds of the untimed warm-up run before a point's micro-runs
 MICRO_START_S = 20.0  # simulated seconds of a point's first micro-run
 MICRO_WALL_S = 0.25  # a micro-run this long (wall) is a point's measurement
-MICRO_BUDGET_S = 1.0  # micro-runs stop timing further points after this much wall time
+MICRO_BUDGET_S = 2.0  # micro-runs stop timing further points after this much wall time
 PER_REQUEST = ("max_rate", "max_goodput", "max_concurrency")  # a probe's requests grow with its value
 
 
@@ -145,6 +147,7 @@ def point_cost(exp: Experiment, point: Point) -> float:
     """Seconds one run of `point`'s search takes, by micro-runs in this process (module docstring)."""
     from kvplan.experiments.execute import attainment_share, build_probe, build_trace, population, simulate_config
     from kvplan.experiments.search import slo_verdict
+    from kvplan.sim.probe import SAMPLES_PER_PROBE
 
     search = exp.search
     probe: dict[str, object] | None = None
@@ -170,21 +173,34 @@ def point_cost(exp: Experiment, point: Point) -> float:
             span *= 2
     full = build_probe(config).first_duration(population(config))
     simulated = min(MICRO_START_S, full)
+    # the full probe's series sampling (`sim.probe`: a fixed number of samples a probe), not a short run's denser one
+    sampled = {"sample_interval_s": full / SAMPLES_PER_PROBE}
+    warm = copy.deepcopy(config)  # untimed: the simulator's first call imports and builds what later ones reuse
+    warm["probe"].update(duration_s=min(WARM_S, full), min_requests=1)
+    warm["engine"].update(sampled)
+    simulate_config(warm)
+    # the same short run again, timed: what one simulation costs whatever its length (building the cluster, the
+    # cost model, the result tables), counted once per simulation, not per simulated second
+    fixed_wall, (short, _) = _timed(simulate_config, warm)
+    fixed = fixed_wall / (short.info["probe"]["extensions"] + 1)
     while True:
         micro = copy.deepcopy(config)
         micro["probe"].update(duration_s=simulated, min_requests=1)
+        micro["engine"].update(sampled)
         wall, (result, _) = _timed(simulate_config, micro)
         info = result.info["probe"]
-        if wall >= MICRO_WALL_S or simulated >= full:
+        marginal = max(wall - fixed * (info["extensions"] + 1), 0.0)  # the simulated seconds' own share
+        if marginal >= MICRO_WALL_S or simulated >= full:
             break
         simulated *= 2
     # a lengthened micro-run simulated every duration it tried; one stopped early, up to the stop
-    per_second = wall / max(simulated * (2 ** info["extensions"] - 1) + info["stopped_s"], 1e-9)
+    per_second = marginal / max(simulated * (2 ** info["extensions"] - 1) + info["stopped_s"], 1e-9)
     # the share of its grace period the micro-run's tail used (its last requests finishing after the arrivals)
     grace = build_probe(micro).edges(info["duration_s"])[2]
     tail = min(max(info["stopped_s"] - info["duration_s"], 0.0) / grace, 1.0) if grace > 0 else 0.0
     if search is None:
-        return per_second * probe_span(config, info["offered_rps"], result.summary["p99_e2el_ms"], tail)
+        span, simulations = probe_span(config, info["offered_rps"], result.summary["p99_e2el_ms"], tail)
+        return fixed * simulations + per_second * span
     doc = {"summary": result.summary, "probe": info,
            "attainment": attainment_share(result.requests, config.get("attainment"))}
     met = slo_verdict(exp, doc)[0]
@@ -193,14 +209,15 @@ def point_cost(exp: Experiment, point: Point) -> float:
     typical = _between(search, mid, search["high"]) if above else _between(search, search["low"], mid)
     at = run_config(point.config, exp.seeds[0], {key: typical})
     load = typical / mid if search["target"] in PER_REQUEST else 1.0
-    return per_second * load * probe_span(at, info["offered_rps"] * load, result.summary["p99_e2el_ms"], tail)
+    span, simulations = probe_span(at, info["offered_rps"] * load, result.summary["p99_e2el_ms"], tail)
+    return fixed * simulations + per_second * load * span
 
 
-def probe_span(config: dict, offered_rps: float, p99_e2el_ms: float | None, tail: float) -> float:
-    """Simulated seconds a full probe of `config` takes: its duration D and the share `tail` of its grace period,
-    once, or three times over when `sim.probe` will lengthen it to 2D (a run of D, then one of 2D): when its
-    window is shorter than `E2E_MULTIPLE` p99 E2E latencies, or expects fewer than `min_requests` requests (at
-    its rate setting; a closed loop at `offered_rps`); twice over (one lengthening in two) when it expects under
+def probe_span(config: dict, offered_rps: float, p99_e2el_ms: float | None, tail: float) -> tuple[float, float]:
+    """(simulated seconds, simulations) of a full probe of `config`: its duration D and the share `tail` of its
+    grace period, once, or three times over when `sim.probe` will lengthen it to 2D (a run of D, then one of 2D):
+    when its window is shorter than `E2E_MULTIPLE` p99 E2E latencies, or expects fewer than `min_requests` requests
+    (at its rate setting; a closed loop at `offered_rps`); twice over (one lengthening in two) when it expects under
     10% more - the case whenever `min_requests`, not `duration_s`, set D, since D is then just long enough on
     average."""
     from kvplan.experiments.execute import build_probe, population
@@ -214,7 +231,7 @@ def probe_span(config: dict, offered_rps: float, p99_e2el_ms: float | None, tail
     expected = (probe.offered_rate(pop) if probe.mode == "sustained" else offered_rps) * (w1 - w0)
     slow = p99_e2el_ms is not None and math.isfinite(p99_e2el_ms) and (w1 - w0) < E2E_MULTIPLE * p99_e2el_ms / 1e3
     runs = 3.0 if slow or expected < probe.min_requests else 2.0 if expected < 1.1 * probe.min_requests else 1.0
-    return runs * (duration + tail * grace)
+    return runs * (duration + tail * grace), (runs + 1) / 2  # 1, 1.5 or 2 simulations
 
 
 def _timed(work, *args):  # -> (wall seconds, what work returned)
