@@ -3,14 +3,14 @@ progress meter's prior, `experiments.progress`).
 
     wall = max(sum over runs of their seconds / workers,  the longest chain of rounds that wait for each other)
 
-* **Runs per search** (`search_probes`): a full bisection probes `low` and `high`, then halves the bracket
-  until it is within the tolerance - ceil(log2(log(high/low) / log(1 + tolerance))) geometric midpoints for a
-  rate or a scale, ceil(log2(high - low)) for users or replicas - the count a search whose answer lies inside
-  [low, high] makes (one that ends at a bound makes fewer). A guided search (a median's other seeds, a
-  model-range edge) starts from its leader's bracket: `GUIDED_PROBES` (3: the bracket's ends and a step out,
-  as many as the guided seeds of experiments/quickstart.yaml made in a recorded run - 2 each, 6 for the one
-  whose answer was outside its leader's bracket). A plain point makes one round. A round runs one seed
-  (`combine: median`) or every seed (`combine: all`, plain points).
+* **Runs per search** (`search_probes`): a full bisection probes `low` and `high`, then halves the bracket until it
+  is within the tolerance - ceil(log2(log(high/low) / log(1 + tolerance))) geometric midpoints for a rate or a
+  scale, ceil(log2(high - low)) for users or replicas - the count a search whose answer lies inside [low, high]
+  makes (one that ends at a bound makes fewer). A guided search (a median's other seeds, a model-range edge) starts
+  from its leader's bracket: `GUIDED_PROBES` (3: the mean over the guided seeds of experiments/quickstart.yaml in a
+  recorded run - 2 each, but 6 each for one point's two seeds, whose answers lay outside their leader's bracket; its
+  edge searches made 2 each). A plain point makes one round. A round runs one seed (`combine: median`) or every seed
+  (`combine: all`, plain points).
 * **Seconds per run** (`point_cost`): measured now, in this process, per point (the first points until
   `MICRO_BUDGET_S` of micro-runs is spent; the others are taken at their mean): a micro-run of the point at the
   search's middle value (the geometric midpoint of [low, high]), after an untimed `WARM_S` warm-up (the first call's
@@ -25,9 +25,10 @@ progress meter's prior, `experiments.progress`).
   for every answer (priced as the costliest point: the one recommended, as a rule); a round's runs run in
   parallel, its rounds one after another.
 
-Rough by construction: probes above capacity stop early (cheaper), probes near it run longer queues and are
-lengthened (`sim.probe`: x2, x4), and a busy machine slows the micro-runs and the runs alike (the estimate
-is of this machine as it is now). docs/progress.md says how to check it against a real run.
+Rough by construction: probes above capacity stop early (cheaper), probes near it run longer queues and may be
+lengthened more than priced, the runs' result tables are not timed, and the micro-runs time this machine as it is
+now - on a shared machine whose load swings, the runs may meet another. docs/progress.md says how to check it
+against a real run.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from kvplan.experiments.schema import INTEGER_TARGETS, SEARCH_TARGETS, Experimen
 GUIDED_PROBES = 3
 WARM_S = 5.0  # simulated seconds of the untimed warm-up run before a point's micro-runs
 MICRO_START_S = 20.0  # simulated seconds of a point's first micro-run
-MICRO_WALL_S = 0.25  # a micro-run this long (wall) is a point's measurement
+MICRO_WALL_S = 0.25  # wall seconds of simulating (beyond a simulation's fixed cost) that make a measurement
 MICRO_BUDGET_S = 2.0  # micro-runs stop timing further points after this much wall time
 PER_REQUEST = ("max_rate", "max_goodput", "max_concurrency")  # a probe's requests grow with its value
 
