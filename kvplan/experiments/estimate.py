@@ -45,7 +45,7 @@ GUIDED_PROBES = 3
 WARM_S = 5.0  # simulated seconds of the untimed warm-up run before a point's micro-runs
 MICRO_START_S = 20.0  # simulated seconds of a point's first micro-run
 MICRO_WALL_S = 0.25  # wall seconds of simulating (beyond a simulation's fixed cost) that make a measurement
-MICRO_BUDGET_S = 2.0  # micro-runs stop timing further points after this much wall time
+MICRO_BUDGET_S = 1.0  # micro-runs stop timing further points after this much wall time
 PER_REQUEST = ("max_rate", "max_goodput", "max_concurrency")  # a probe's requests grow with its value
 
 
