@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import math
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -146,7 +147,7 @@ def point_costs(exp: Experiment, points: list[Point]) -> tuple[dict[int, float],
 
 def point_cost(exp: Experiment, point: Point) -> float:
     """Seconds one run of `point`'s search takes, by micro-runs in this process (module docstring)."""
-    from kvplan.experiments.execute import attainment_share, build_probe, build_trace, population, simulate_config
+    from kvplan.experiments.execute import build_probe, build_trace, execute_run, population, simulate_config
     from kvplan.experiments.search import slo_verdict
     from kvplan.sim.probe import SAMPLES_PER_PROBE
 
@@ -179,38 +180,43 @@ def point_cost(exp: Experiment, point: Point) -> float:
     warm = copy.deepcopy(config)  # untimed: the simulator's first call imports and builds what later ones reuse
     warm["probe"].update(duration_s=min(WARM_S, full), min_requests=1)
     warm["engine"].update(sampled)
-    simulate_config(warm)
-    # the same short run again, timed: what one simulation costs whatever its length (building the cluster, the
-    # cost model, the result tables), counted once per simulation, not per simulated second
-    fixed_wall, (short, _) = _timed(simulate_config, warm)
-    fixed = fixed_wall / (short.info["probe"]["extensions"] + 1)
-    while True:
-        micro = copy.deepcopy(config)
-        micro["probe"].update(duration_s=simulated, min_requests=1)
-        micro["engine"].update(sampled)
-        wall, (result, _) = _timed(simulate_config, micro)
-        info = result.info["probe"]
-        marginal = max(wall - fixed * (info["extensions"] + 1), 0.0)  # the simulated seconds' own share
-        if marginal >= MICRO_WALL_S or simulated >= full:
-            break
-        simulated *= 2
+    with tempfile.TemporaryDirectory(prefix="kvplan-estimate-") as tmp:
+        written = iter(range(1 << 30))  # each run writes its own directory, as `runner` gives each its own
+
+        def run(micro: dict) -> tuple[float, dict]:  # (wall seconds, summary.json) of a run written whole
+            return _timed(execute_run, micro, f"{tmp}/{next(written)}", exp.outputs["tables"])
+
+        run(warm)
+        # the same short run again, timed: what a run costs whatever its length (building the cluster and the
+        # cost model, writing its files), counted once per simulation, not per simulated second
+        fixed_wall, short = run(warm)
+        fixed = fixed_wall / (short["probe"]["extensions"] + 1)
+        while True:
+            micro = copy.deepcopy(config)
+            micro["probe"].update(duration_s=simulated, min_requests=1)
+            micro["engine"].update(sampled)
+            wall, doc = run(micro)
+            info = doc["probe"]
+            marginal = max(wall - fixed * (info["extensions"] + 1), 0.0)  # the simulated seconds' own share
+            if marginal >= MICRO_WALL_S or simulated >= full:
+                break
+            simulated = min(simulated * 2, full)
     # a lengthened micro-run simulated every duration it tried; one stopped early, up to the stop
     per_second = marginal / max(simulated * (2 ** info["extensions"] - 1) + info["stopped_s"], 1e-9)
     # the share of its grace period the micro-run's tail used (its last requests finishing after the arrivals)
     grace = build_probe(micro).edges(info["duration_s"])[2]
     tail = min(max(info["stopped_s"] - info["duration_s"], 0.0) / grace, 1.0) if grace > 0 else 0.0
+    p99 = doc["summary"]["p99_e2el_ms"]
     if search is None:
-        span, simulations = probe_span(config, info["offered_rps"], result.summary["p99_e2el_ms"], tail)
+        span, simulations = probe_span(config, info["offered_rps"], p99, tail)
         return fixed * simulations + per_second * span
-    doc = {"summary": result.summary, "probe": info,
-           "attainment": attainment_share(result.requests, config.get("attainment"))}
     met = slo_verdict(exp, doc)[0]
     upward = search["target"] != "min_replicas"  # meets below the answer
     above = met == upward  # the answer lies above the middle
     typical = _between(search, mid, search["high"]) if above else _between(search, search["low"], mid)
     at = run_config(point.config, exp.seeds[0], {key: typical})
     load = typical / mid if search["target"] in PER_REQUEST else 1.0
-    span, simulations = probe_span(at, info["offered_rps"] * load, result.summary["p99_e2el_ms"], tail)
+    span, simulations = probe_span(at, info["offered_rps"] * load, p99, tail)
     return fixed * simulations + per_second * load * span
 
 
