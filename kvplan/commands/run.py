@@ -1,7 +1,8 @@
 """`kvplan run EXPERIMENT.yaml`: every point of a capacity-planning experiment on the simulator, in parallel,
 resumable; writes runs.parquet, points.parquet, summary.md, plots and report.html, and prints the
 recommendation with its model range (the answer re-searched at the edges of the step-time error band of the
-source that priced the GPU: `experiments.model_range`). `--explain` prints the resolved points and runs nothing."""
+source that priced the GPU: `experiments.model_range`). `--explain` prints the resolved points and the plan's
+estimated wall time (`experiments.estimate`: micro-runs in memory, about a second) and writes nothing."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=("local", "ray"), default="local")
     p.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local instance)")
     p.add_argument("--resume", action="store_true", help="reuse finished runs of an interrupted or earlier run")
-    p.add_argument("--explain", action="store_true", help="print the resolved points and exit")
+    p.add_argument("--explain", action="store_true",
+                   help="print the resolved points and the plan's estimated wall time (on --workers), and exit")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--wide", action="store_true", help="print all of summary.md (every column of every point) "
@@ -48,13 +50,18 @@ def load(path: Path):  # -> (Experiment, list[Point])
     return exp, points
 
 
-def explain(exp, points) -> dict:
+def explain(exp, points, workers: int = 1) -> dict:
+    """The resolved plan, and its estimated wall time on `workers` (`experiments.estimate`: a micro-run now)."""
+    from kvplan.experiments.estimate import edge_searches, estimate_plan
+    from kvplan.experiments.model_range import edge_scales, point_errors
     from kvplan.experiments.results import slo_lines
 
     searched = f"{exp.search['target']} over [{exp.search['low']:g}, {exp.search['high']:g}]" if exp.search else None
+    estimate = estimate_plan(exp, points, edge_searches(exp, points, edge_scales(point_errors(exp))), workers)
     return {"name": exp.name, "base": exp.base, "seeds": exp.seeds, "search": searched, "slo": slo_lines(exp),
             "objective": exp.objective, "points": [{"point": p.index, "label": p.label, "values": p.values}
-                                                   for p in points], "derived": derived_lines(points)}
+                                                   for p in points], "derived": derived_lines(points),
+            "estimate": estimate.as_dict(), "estimate_lines": estimate.lines()}
 
 
 def derived_lines(points) -> list[str]:
@@ -85,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     # The default --out is results/NAME: checked for --explain too, so a dry run does not pass what the run refuses
     out = args.out or Path("results") / safe_name(exp.name, f"{exp.source}: name")
     if args.explain:
-        doc = explain(exp, points)
+        doc = explain(exp, points, args.workers)
         if args.json:
             print_json(doc)
         else:
@@ -162,3 +169,4 @@ def print_explain(doc: dict) -> None:
     print(f"objective: {doc['objective']['goal']} {doc['objective']['metric']}")
     rows = [[p["point"], p["label"]] for p in doc["points"]]
     print(format_table(("point", "values"), rows))
+    print("\n".join(doc["estimate_lines"]))

@@ -119,26 +119,35 @@ def trace_notes(config: dict) -> list[str]:
     return [f"{trace}: {line}" for line in _base_trace(trace, load, synthetic, seed).report.lines()]
 
 
-def execute_run(config: dict, run_dir: str, tables: bool) -> dict:
-    """Simulate one run and store it under `run_dir`; returns what summary.json holds."""
-    from kvplan.results.serving_result import write_tables
+def simulate_config(config: dict, trace=None):  # -> (ServingResult, offered rate in req/s or None)
+    """Simulate one run's configuration (nothing written). `trace`: a burst run's workload in place of the one
+    the configuration builds (`experiments.estimate` times a slice of it)."""
     from kvplan.sim.probe import run_probe
     from kvplan.sim.run import simulate
 
-    start = time.perf_counter()
     spec = build_spec(config)
     step_scale = config.get("step_scale", 1.0)  # an edge of the model-error band (search.PointTask.step_scale)
     if config["workload"]["mode"] == "burst":
         if step_scale != 1.0:  # make_tasks never asks: `sim.run.simulate` prices steps as the model does
             raise ValueError(f"a burst run cannot scale its step times (step_scale {step_scale})")
-        trace = build_trace(config)
-        result = simulate(trace, spec, config.get("goodput"))
+        trace = build_trace(config) if trace is None else trace
         span = float(trace.arrival_s[-1] - trace.arrival_s[0]) if len(trace) > 1 else 0.0
-        offered = len(trace) / span if span > 0 else None
-    else:
-        result = run_probe(_population(*_workload_keys(config)), spec, build_probe(config), int(config["seed"]),
-                           step_scale)
-        offered = result.info["probe"]["offered_rps"]
+        return simulate(trace, spec, config.get("goodput")), (len(trace) / span if span > 0 else None)
+    result = run_probe(population(config), spec, build_probe(config), int(config["seed"]), step_scale)
+    return result, result.info["probe"]["offered_rps"]
+
+
+def population(config: dict):  # -> Population
+    """A steady-state run's population of sessions (cached: every probe of one workload shares it)."""
+    return _population(*_workload_keys(config))
+
+
+def execute_run(config: dict, run_dir: str, tables: bool) -> dict:
+    """Simulate one run and store it under `run_dir`; returns what summary.json holds."""
+    from kvplan.results.serving_result import write_tables
+
+    start = time.perf_counter()
+    result, offered = simulate_config(config)
     doc = {"summary": result.summary, "info": result.info, "wall_s": time.perf_counter() - start,
            "offered_rate_rps": offered, "attainment": attainment_share(result.requests, config.get("attainment")),
            "probe": result.info.pop("probe", None), "trace_notes": trace_notes(config)}

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvplan.errors import UserError
+from kvplan.experiments.estimate import edge_searches, search_probes
 from kvplan.experiments.execute import execute_run, read_run
 from kvplan.experiments.model_range import edge_scales, point_errors
 from kvplan.experiments.points import run_key
+from kvplan.experiments.progress import Progress
 from kvplan.experiments.schema import Experiment
 from kvplan.experiments.search import PointTask, edge_tasks, make_tasks, slo_verdict
 from kvplan.output import is_result_set, publish, write_manifest
@@ -111,34 +111,6 @@ class RayBackend:
 
     def close(self) -> None:
         self.ray.shutdown()
-
-
-@dataclass(slots=True)
-class Progress:
-    """Points (or searches: one per point and seed) done and an ETA on stderr: one rewritten line on a terminal,
-    a line per finished one otherwise."""
-
-    points: int
-    noun: str = "points"
-    started: float = field(default_factory=time.perf_counter)
-    runs: int = 0
-    cached: int = 0
-    points_done: int = 0
-    enabled: bool = True
-
-    def update(self, *, run: bool = False, cached: bool = False, point: bool = False) -> None:
-        self.runs += run
-        self.cached += cached
-        self.points_done += point
-        if not self.enabled or not (point or sys.stderr.isatty()):
-            return
-        elapsed = time.perf_counter() - self.started
-        fresh = self.points_done and self.runs
-        eta = elapsed / self.points_done * (self.points - self.points_done) if fresh else None
-        line = (f"{self.noun} {self.points_done}/{self.points}, runs {self.runs} + {self.cached} reused, "
-                f"{elapsed:.0f} s" + (f", ETA {eta:.0f} s" if eta is not None else ""))
-        print(("\r" + line) if sys.stderr.isatty() else line, end="" if sys.stderr.isatty() else "\n",
-              file=sys.stderr, flush=True)
 
 
 @dataclass(slots=True)
@@ -243,6 +215,7 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress, task
     runs = {} if runs is None else runs  # run key -> ..., "points": the tasks waiting for it (equal ones run once)
     waiting: dict[int, dict[str, dict | None]] = {}  # task index -> its round's run keys -> doc (None: pending)
     inflight: dict[object, str] = {}  # backend handle -> run key
+    counted = {i for i, task in enumerate(tasks) if task.done}  # counted by an earlier phase
 
     def issue(index: int, configs: list[dict]) -> None:
         keys = [run_key(c) for c in configs]
@@ -254,7 +227,7 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress, task
                 continue
             done = read_run(staging / "runs" / key)
             if done is not None:
-                progress.update(cached=True)
+                progress.update(reused=True)
                 record(key, done)
                 waiting[index][key] = done
             else:
@@ -282,7 +255,9 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress, task
         if following:
             issue(index, following)
             return
-        progress.update(point=True)
+        if index not in counted:  # each task ends once: done never counts one twice
+            counted.add(index)
+            progress.ended(max(len(tasks[index].probes), 1) * len(tasks[index].seeds))
         for j, task in enumerate(tasks):  # guided searches waiting for this one
             if task.leader is tasks[index]:
                 issue(j, task.first())
@@ -295,7 +270,7 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress, task
             key = inflight.pop(handle)
             progress.update(run=True)
             deliver(key, backend.result(handle))
-    return Outcome(tasks, runs, progress.runs, progress.cached)
+    return Outcome(tasks, runs, progress.runs, progress.reused)
 
 
 def recommended_point(exp: Experiment, outcome: Outcome) -> int | None:
@@ -318,19 +293,23 @@ def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str
     try:
         tasks = make_tasks(exp, scales if mode == "every_point" else None)
         noun = "searches" if exp.search and (exp.search["combine"] == "median" or scales) else "points"
-        meter = Progress(len(tasks), noun, enabled=progress)
-        outcome = run_points(exp, staging, pool, meter, tasks)
-        outcome.model_errors = errors
-        best = recommended_point(exp, outcome) if mode == "recommended" else None
-        more = edge_tasks(tasks, {best: scales[best]}) if best in scales else []
-        if more:  # the recommended point's model range, searched once every answer is known
-            meter.points += len(more)
-            outcome = run_points(exp, staging, pool, meter, tasks + more, outcome.runs)
+        # the recommended point's edge searches count from the start: the total does not grow at the end
+        pending = edge_searches(exp, [t.point for t in tasks if not t.edge], scales) if mode == "recommended" else 0
+        prior = sum(search_probes(exp.search, t.leader is not None) * len(t.seeds) for t in tasks) / len(tasks)
+        meter = Progress(len(tasks) + pending, noun, runs_per_item=prior, enabled=progress).start()
+        try:
+            outcome = run_points(exp, staging, pool, meter, tasks)
             outcome.model_errors = errors
+            best = recommended_point(exp, outcome) if mode == "recommended" else None
+            more = edge_tasks(tasks, {best: scales[best]}) if best in scales else []
+            meter.set_total(len(tasks) + len(more))  # fewer when the recommended point has no band (or none won)
+            if more:  # the recommended point's model range, searched once every answer is known
+                outcome = run_points(exp, staging, pool, meter, tasks + more, outcome.runs)
+                outcome.model_errors = errors
+        finally:
+            meter.close()
     finally:
         pool.close()
-    if progress and sys.stderr.isatty():
-        print(file=sys.stderr)
     for stale in (staging / "runs").iterdir():  # runs of an earlier version of the experiment, dead temp dirs
         marker = read_marker(stale)
         if stale.name in outcome.runs:

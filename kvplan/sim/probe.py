@@ -171,7 +171,8 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
     length = w1 - w0
     sent = len(trace) if cluster.closed_loop is not None else cluster.next_row
     # the clients' arrivals place a request in a phase (the engine's come later by the API server's time)
-    arrival = (trace.arrival_s if front is None else front.client_arrival_s)[:sent]
+    offered = trace.arrival_s if front is None else front.client_arrival_s  # every arrival, sent or not yet
+    arrival = offered[:sent]
     series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
     table, front_info = client_view(cluster.log.to_frame(trace.request_id), series, front)
     table.insert(list(table.columns).index("arrival_s"), "phase", _phase(table["arrival_s"].to_numpy(), w0, w1))
@@ -206,7 +207,7 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
         ttft_first_ms=float(first.median()) if len(first) else math.nan,
         ttft_second_ms=float(second.median()) if len(second) else math.nan,
         p99_queue_delay_ms=float(frame["queueing_ms"].quantile(0.99)) if len(frame) else math.nan,
-        offered_rps=float(np.count_nonzero(measured)) / length, stopped_early=early)
+        offered_rps=offered_rate(offered, w0, w1), stopped_early=early)
     # A closed loop's queue is bounded by its users: its delay is the SLOs' business, not a sign of instability.
     verdict, reasons = judge(signals, probe.max_queue_delay_s if loop_free else math.inf)
 
@@ -236,6 +237,14 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
     if front_info is not None:
         info["frontend"] = front_info
     return ServingResult(summary, table, series, info, rejected=never_served)
+
+
+def offered_rate(arrival_s: np.ndarray, w0: float, w1: float) -> float:
+    """Requests per second offered in the window [w0, w1): the clients' arrivals scheduled there, over its length.
+    `arrival_s` is every scheduled arrival - an open loop draws them all before the run - so a run the overload
+    check stopped early still reports the load it was offered, not the part it got to (which read low: 0 for a
+    stop in the warm-up). A closed loop is never stopped early: its arrivals are the ones its users sent."""
+    return float(np.count_nonzero((arrival_s >= w0) & (arrival_s < w1))) / (w1 - w0)
 
 
 def _phase(arrival_s: np.ndarray, w0: float, w1: float) -> np.ndarray:

@@ -10,7 +10,7 @@ every steady-state probe is judged first from signals measured over its measurem
                  first scheduled) of the window's requests above `max_queue_delay_s` (5 s: Vidur-Search's
                  stability bound; open loops only - a closed loop's queue is bounded by its users), or the
                  waiting queue grew - its mean over the window's second half above 1.5x the first half's plus
-                 2 s of arrivals - or TTFT grew - the median TTFT of requests arriving in the second half
+                 2 s of the offered rate - or TTFT grew - the median TTFT of requests arriving in the second half
                  above 2x the first half's plus 250 ms
     stable       none of these
 
@@ -50,7 +50,7 @@ class ProbeSignals:
     ttft_first_ms: float  # median TTFT of measured requests arriving in the first half (NaN: none)
     ttft_second_ms: float
     p99_queue_delay_ms: float  # p99 of arrival -> first scheduled over the measured requests (NaN: none)
-    offered_rps: float  # measured requests per second of window
+    offered_rps: float  # requests offered per second of the window, sent or not (probe.offered_rate)
     stopped_early: str = ""  # why the overload check stopped the run ("" when it did not)
 
     @property
