@@ -86,6 +86,8 @@ RUN_COLUMNS: tuple[Column, ...] = (
     *(Column(key, PROBE_MEANINGS[key]) for key in results.PROBE_COLUMNS if key != "duration_s"),
     Column("slo_met", "whether the run met every SLO (a probe that is not stable never does)"),
     Column("slo_broken", "the SLO lines it broke, separated by '; '"),
+    Column("failures", "the criteria the run failed, as records (limit, the key that moves it, kind, value, "
+                       "bound, excess over the bound, text); empty when it met every one"),
     *RANGE,
 )
 POINT_COLUMNS: tuple[Column, ...] = (
@@ -113,6 +115,15 @@ POINT_COLUMNS: tuple[Column, ...] = (
     Column("capacity_tok_s", "tokens per second served at the answer", SEARCH),
     Column("gpus_per_replica", "tensor x pipeline parallel size", "a min_replicas search"),
     Column("gpus", "the answer's GPUs: replicas x GPUs per replica", "a min_replicas search"),
+    Column("binding_limit", "what stopped the answer from being better: an SLO (p99 TTFT, ...), KV memory, a "
+                            "stability gate or a bound of the searched range; for a plain point the SLO it fails "
+                            "or has the least headroom on ('none' without SLOs)"),
+    Column("binding_key", "the experiment file's key that moves the binding limit (slo.p99_ttft_ms, "
+                          "probe.max_queue_delay_s, search.high, ...)"),
+    Column("binding_detail", "the failure that named it, in words, with its value and bound"),
+    Column("binding_votes", "how many of the point's searches (or runs) named the binding limit"),
+    Column("binding_of", "how many searches (or runs) voted"),
+    Column("binding_at", "the probed value at which the binding limit failed (NaN for a plain point)"),
 )
 # the model range's columns are the module's own: a renamed one must be renamed here too
 assert {c.name for c in MODEL_ERROR} == set(model_range.POINT_COLUMNS)
