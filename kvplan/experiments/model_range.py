@@ -74,7 +74,7 @@ def missing_range(exp: Experiment, tasks: list[PointTask], error: ModelError | N
         return "model range not computed for a burst replay"
     if exp.search["model_range"] == "none":
         return "model range not searched (search.model_range: none)"
-    return "model range searched for the recommended point only, or with search.model_range: every_point"
+    return "model range only for the recommended or tied points, or with search.model_range: every_point"
 
 
 def range_clause(row: pd.Series) -> str:

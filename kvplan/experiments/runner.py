@@ -273,11 +273,14 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress, task
     return Outcome(tasks, runs, progress.runs, progress.reused)
 
 
-def recommended_point(exp: Experiment, outcome: Outcome) -> int | None:
-    """The point the finished searches recommend (`results.recommend`, as the result set will say)."""
+def recommended_points(exp: Experiment, outcome: Outcome) -> list[int]:
+    """The point the finished searches recommend (`results.recommend`, as the result set will say), or every
+    point tied for best when the seeds do not separate them: each gets its model range. A model range never
+    breaks a tie (`ranking`), so searching it for the tied points cannot change which points are tied for best."""
     from kvplan.experiments.results import points_frame, recommend, runs_frame
 
-    return recommend(exp, points_frame(exp, outcome, runs_frame(exp, outcome))).point
+    rec = recommend(exp, points_frame(exp, outcome, runs_frame(exp, outcome)))
+    return list(rec.tie) if rec.tie else ([] if rec.point is None else [rec.point])
 
 
 def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str = "local",
@@ -300,10 +303,11 @@ def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str
         try:
             outcome = run_points(exp, staging, pool, meter, tasks)
             outcome.model_errors = errors
-            best = recommended_point(exp, outcome) if mode == "recommended" else None
-            more = edge_tasks(tasks, {best: scales[best]}) if best in scales else []
-            meter.set_total(len(tasks) + len(more))  # fewer when the recommended point has no band (or none won)
-            if more:  # the recommended point's model range, searched once every answer is known
+            best = recommended_points(exp, outcome) if mode == "recommended" else []
+            more = edge_tasks(tasks, {p: scales[p] for p in best if p in scales})
+            # fewer when the recommended point has no band (or none won); more when points tie for best
+            meter.set_total(len(tasks) + len(more))
+            if more:  # the recommended (or tied) points' model range, searched once every answer is known
                 outcome = run_points(exp, staging, pool, meter, tasks + more, outcome.runs)
                 outcome.model_errors = errors
         finally:

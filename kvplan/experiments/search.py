@@ -19,13 +19,14 @@ tolerance. Each seed still finds its own answer; it only needs fewer probes to d
 
 The model range (`sim.gpu.model_error`): when the source that priced a point's GPU states a step-time band, two
 more searches re-find the point's answer with every step's compute time scaled to the band's edges
-(`sim.cost.scaled`) - for the recommended point once every point's answer is known (`search.model_range:
-recommended`, the default), for every point as its first search ends (`every_point`), or never (`none`); a burst
-replay has none (`sim.run.simulate` prices steps as the model does). They are kept cheap: one seed (the first
-seed's search's seeds: one with `combine: median`, all with `combine: all`), guided by that search's bracket
-moved to where the scaled answer is expected (a rate or user count divided by the factor, replicas multiplied by
-it), stepping out by that bracket's ratio and bisecting to the same tolerance - two probes when the guess holds.
-Their runs carry `step_scale` in their configuration; `results` turns their answers into the point's range.
+(`sim.cost.scaled`) - for the recommended point (on a tie, each point tied for best) once every answer is known
+(`search.model_range: recommended`, the default), for every point as its first search ends (`every_point`), or
+never (`none`); a burst replay has none (`sim.run.simulate` prices steps as the model does). They are kept
+cheap: one seed (the first seed's search's seeds: one with `combine: median`, all with `combine: all`), guided by
+that search's bracket moved to where the scaled answer is expected (a rate or user count divided by the factor,
+replicas multiplied by it), stepping out by that bracket's ratio and bisecting to the same tolerance - two probes
+when the guess holds. Their runs carry `step_scale` in their configuration; `results` turns their answers into the
+point's range.
 
 Both assume the SLOs hold below some load (above some replica count) and fail beyond it - true of a queueing
 system whose latency grows with load; a search whose `low` already fails (or `high` still meets) is reported as

@@ -125,7 +125,7 @@ def test_a_point_without_a_range_says_why():
     band = me.ModelError(me.ANALYTIC, "h100-sxm", "fixture", [], (-10.0, 10.0))
     exp = experiment(slo={"p99_ttft_ms": 1}, search={"target": "max_rate", "low": 0.25, "high": 16})
     tasks = make_tasks(exp)
-    assert "recommended point only" in missing_range(exp, tasks, band)
+    assert "only for the recommended or tied points" in missing_range(exp, tasks, band)
     assert missing_range(exp, tasks, me.ModelError(me.UNKNOWN, "h100-sxm", "no file")) == "model error unknown"
     assert missing_range(exp, make_tasks(exp, {0: (0.9, 1.1)}), band) == ""
     burst = experiment(slo={"p99_ttft_ms": 1}, workload={**TINY_WORKLOAD, "mode": "burst"},
@@ -152,3 +152,25 @@ def test_every_point_gets_its_range_when_asked(tmp_path, monkeypatch):
     runs = pd.read_parquet(out / "runs.parquet")
     scales = {p: sorted(set(g["step_scale"])) for p, g in runs.groupby("point")}
     assert scales[0] == scales[1] == pytest.approx([1 / 1.15, 1.0, 1 / 0.88])  # the band [-12, 15]: steps / (1 + e)
+
+
+def test_points_tied_for_best_each_get_their_range(tmp_path, monkeypatch):
+    """No recommendation on a tie, yet each tied point's answer still states its model range: the edge searches
+    run for every point tied for best (`runner.recommended_points`), not for none."""
+    monkeypatch.setattr(me, "MODEL_ERROR_FILE", FIXTURE)
+    doc = {"name": "tied", "model": "llama-3-8b", "hardware": "a100-40gb", "workload": TINY_WORKLOAD,
+           "probe": {"duration_s": 60, "min_requests": 100}, "seeds": [0],
+           # the eviction policy never acts here (prefix caching off): two configurations, one server, a tie
+           "engine": {"enable_prefix_caching": False},
+           "sweep": {"grid": {"engine.eviction_policy": ["lru", "fifo"]}},
+           "search": {"target": "max_rate", "low": 1, "high": 64, "tolerance": 0.2},
+           "slo": {"p99_ttft_ms": 500, "p90_tpot_ms": 25}, "outputs": {"plots": False, "report": False}}
+    out = tmp_path / "out"
+    assert main(["run", str(write_yaml(tmp_path / "tied.yaml", doc)), "--out", str(out), "--quiet", "--json"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["recommendation"]["point"] is None
+    assert sorted(t["point"] for t in result["recommendation"]["tie"]) == [0, 1]
+    points = pd.read_parquet(out / "points.parquet")
+    assert points["answer"].nunique() == 1
+    assert (points["capacity_model_lo"] <= points["answer"]).all()
+    assert (points["answer"] <= points["capacity_model_hi"]).all()

@@ -240,7 +240,7 @@ def test_quickstart_end_to_end_outputs_agree(tmp_path, capsys, monkeypatch):
             assert point["capacity_model_lo"] <= point["answer"] <= point["capacity_model_hi"]
             assert f"model range {point['capacity_model_lo']:.4g}-{point['capacity_model_hi']:.4g}" in printed
         else:
-            assert np.isnan(point["capacity_model_lo"]) and "for the recommended point only" in printed
+            assert np.isnan(point["capacity_model_lo"]) and "only for the recommended or tied points" in printed
     assert runs[["warmup_requests", "measured_requests", "cooldown_requests", "unfinished_requests"]].notna().all(
         axis=None)
     best = points.sort_values("answer", ascending=False).iloc[0]
