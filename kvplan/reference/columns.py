@@ -86,6 +86,8 @@ RUN_COLUMNS: tuple[Column, ...] = (
     *(Column(key, PROBE_MEANINGS[key]) for key in results.PROBE_COLUMNS if key != "duration_s"),
     Column("slo_met", "whether the run met every SLO (a probe that is not stable never does)"),
     Column("slo_broken", "the SLO lines it broke, separated by '; '"),
+    Column("failures", "every criterion the run broke (experiments.criteria.Failure): its limit, the key that "
+                       "sets its bound, kind, measured value, bound, excess (value over bound) and sentence"),
     *RANGE,
 )
 POINT_COLUMNS: tuple[Column, ...] = (
@@ -113,6 +115,13 @@ POINT_COLUMNS: tuple[Column, ...] = (
     Column("capacity_tok_s", "tokens per second served at the answer", SEARCH),
     Column("gpus_per_replica", "tensor x pipeline parallel size", "a min_replicas search"),
     Column("gpus", "the answer's GPUs: replicas x GPUs per replica", "a min_replicas search"),
+    Column("binding_limit", "what stopped the answer (experiments.binding): an SLO line, KV memory, a stability "
+                            "gate, or a search bound"),
+    Column("binding_key", "the experiment file's key that moves it (empty when none does)"),
+    Column("binding_detail", "the breach that decided it: measured value against bound, at the probe it failed"),
+    Column("binding_votes", "how many of the point's searches (or runs) named the binding limit"),
+    Column("binding_of", "... out of how many"),
+    Column("binding_at", "the probed value the elected vote failed at (NaN without a search)"),
 )
 # the model range's columns are the module's own: a renamed one must be renamed here too
 assert {c.name for c in MODEL_ERROR} == set(model_range.POINT_COLUMNS)
