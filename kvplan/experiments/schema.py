@@ -123,7 +123,9 @@ PROBE: dict[str, Field] = {
     # The stability gates' bounds (sim.stability): a probe beyond any of them is overloaded or backlogged.
     "max_unfinished_overloaded": Field("float", 0.05, minimum=0, maximum=1, help="a probe with more than this "
                                        "share of its window's requests unfinished is overloaded"),
-    "max_unfinished_backlogged": Field("float", 0.01, minimum=0, maximum=1, help="... backlogged"),
+    "max_unfinished_backlogged": Field("float", 0.01, minimum=0, maximum=1, help="a probe with more than this "
+                                       "share of its window's requests unfinished (up to max_unfinished_overloaded) "
+                                       "is backlogged"),
     "max_queue_delay_s": Field("float", 5.0, above=0, maximum=1e6, help="sustained: a stable probe's p99 "
                                "scheduling delay (arrival to first scheduled)"),
     "queue_growth": Field("float", 1.5, minimum=1, maximum=1e6, help="a probe whose mean waiting queue over the "
