@@ -120,11 +120,9 @@ def slo_text(exp: Experiment) -> str:
 
 
 def gates_text(exp: Experiment) -> str:
-    """Every gate besides the SLOs, short: the configurable ones with their value and key, then the fixed ones."""
-    lines = gate_lines(exp)
-    keyed = [f"{g.short} ({g.key})" for g in lines if g.key]
-    fixed = [g.short for g in lines if not g.key]
-    return "; ".join([*keyed, *([f"fixed: {', '.join(fixed)}"] if fixed else [])])
+    """Every gate besides the SLOs, short, in `gate_lines`' order: each with its value and key (the completion
+    check, which has no bound, alone)."""
+    return "; ".join(f"{g.short} ({g.key})" if g.key else g.short for g in gate_lines(exp))
 
 
 def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width: int = WIDTH,
@@ -198,7 +196,7 @@ def markdown_answer(exp: Experiment, points: pd.DataFrame, rec: Recommendation) 
     lines += ["| " + " | ".join(c.replace("*", "\\*").replace("|", "\\|") for c in row) + " |" for row in rows]
     lines += ["", verdict_line(exp, points, rec).replace("(*)", "(\\*)"), "", f"SLOs: {slo_text(exp)}.", "",
               "Gates (besides the SLOs) that can decide an answer:", ""]
-    lines += [f"- **{g.short}** ({'`' + g.key + '`' if g.key else 'fixed'}): {g.rule}" for g in gate_lines(exp)]
+    lines += [f"- **{g.short}**{' (`' + g.key + '`)' if g.key else ''}: {g.rule}" for g in gate_lines(exp)]
     lines += ["", "Binding limit per configuration (what stopped its answer, and the votes of its searches):", ""]
     lines += [f"- **{row['label']}**: {row['binding_limit']} ({row['binding_key'] or 'fixed'}), "
               f"{row['binding_votes']} of {row['binding_of']}: {row['binding_detail']}" for _, row in points.iterrows()]

@@ -29,7 +29,8 @@ LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E"}
 
 @dataclass(slots=True)
 class Failure:
-    """One criterion a run broke. `key`: the experiment file's setting that sets the bound ("" when fixed)."""
+    """One criterion a run broke. `key`: the experiment file's settings that set the bound ("" when none does:
+    the completion check)."""
 
     limit: str  # short name: "p90 TPOT", "p99 scheduling delay", "attainment", "KV memory", ...
     key: str
@@ -90,8 +91,8 @@ def stability_failures(exp: Experiment, probe: dict) -> list[Failure]:
     scheduling-delay gate: its queue is bounded by its users)."""
     signals = stability.ProbeSignals(**{f.name: _signal(probe, f) for f in dataclasses.fields(stability.ProbeSignals)})
     steady = exp.base["probe"]
-    delay = steady["max_queue_delay_s"] if exp.base["workload"]["mode"] == "sustained" else math.inf
-    found = [b for b in stability.breaches(signals, delay) if b.gate.verdict == probe["verdict"]]
+    bounds = stability.Bounds.of(steady, open_loop=exp.base["workload"]["mode"] == "sustained")
+    found = [b for b in stability.breaches(signals, bounds) if b.gate.verdict == probe["verdict"]]
     out = []
     for b in found:
         bound = steady["overload_wait_s"] if b.gate is stability.STOPPED_EARLY else b.bound
@@ -115,8 +116,8 @@ def _signal(probe: dict, f: dataclasses.Field) -> object:
 @dataclass(slots=True)
 class GateLine:
     """A gate an answer can be decided by, with the values in force: its name, the condition it holds to
-    (`short`, e.g. "p99 scheduling delay <= 5 s"), what fails it in full, and the key that changes it ("" for a
-    fixed one)."""
+    (`short`, e.g. "p99 scheduling delay <= 5 s"), what fails it in full, and the keys that change it ("" for the
+    completion check: it has no bound to change)."""
 
     name: str
     short: str
@@ -134,8 +135,8 @@ def gate_lines(exp: Experiment) -> list[GateLine]:
         for gate in stability.GATES:
             if gate is stability.QUEUE_DELAY and mode != "sustained":
                 continue
-            out.append(GateLine(gate.name, gate.short.format(**settings),
-                                f"{gate.verdict}: " + gate.rule.format(**settings), gate.key))
+            short, rule = gate.text(settings)
+            out.append(GateLine(gate.name, short, f"{gate.verdict}: {rule}", gate.key))
     out.append(GateLine("no request completed", "a request completed", "fails: no request of the run completed", ""))
     if exp.search:
         from kvplan.experiments.search import describe

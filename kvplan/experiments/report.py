@@ -164,7 +164,7 @@ def report_html(exp: Experiment, points: pd.DataFrame, rec: Recommendation, imag
     else:
         verdict = f"<p class='rec none'>No recommendation: {e(rec.why)}.</p>"
     slo = "".join(f"<li>{e(line)}</li>" for line in slo_lines(exp)) or "<li>none given</li>"
-    gates = "".join(f"<li><b>{e(g.name)}</b>: {e(g.rule)} ({e(g.key) if g.key else 'fixed'})</li>"
+    gates = "".join(f"<li><b>{e(g.name)}</b>: {e(g.rule)}{f' ({e(g.key)})' if g.key else ''}</li>"
                     for g in gate_lines(exp))
     limits = "".join(f"<li><b>{e(row['label'])}</b>: {e(row['binding_limit'])} "
                      f"({e(row['binding_key'] or 'fixed')}): {e(row['binding_detail'])}</li>"

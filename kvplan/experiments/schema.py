@@ -120,7 +120,23 @@ PROBE: dict[str, Field] = {
     "grace_s": Field("float", None, minimum=0, maximum=1e7, nullable=True, help="default: 20%"),
     "overload_wait_s": Field("float", 30.0, above=0, maximum=1e6, help="sustained: a replica whose waiting "
                              "queue holds more than this many seconds of its arrivals stops the probe (overloaded)"),
-    "max_queue_delay_s": Field("float", 5.0, above=0, maximum=1e6, help="a stable probe's p99 scheduling delay"),
+    # The stability gates' bounds (sim.stability): a probe beyond any of them is overloaded or backlogged.
+    "max_unfinished_overloaded": Field("float", 0.05, minimum=0, maximum=1, help="a probe with more than this "
+                                       "share of its window's requests unfinished is overloaded"),
+    "max_unfinished_backlogged": Field("float", 0.01, minimum=0, maximum=1, help="a probe with more than this "
+                                       "share of its window's requests unfinished (up to max_unfinished_overloaded) "
+                                       "is backlogged"),
+    "max_queue_delay_s": Field("float", 5.0, above=0, maximum=1e6, help="sustained: a stable probe's p99 "
+                               "scheduling delay (arrival to first scheduled)"),
+    "queue_growth": Field("float", 1.5, minimum=1, maximum=1e6, help="a probe whose mean waiting queue over the "
+                          "window's second half exceeds this times the first half's (+ queue_margin_s) is "
+                          "backlogged"),
+    "queue_margin_s": Field("float", 2.0, minimum=0, maximum=1e6, help="seconds of the offered rate added to the "
+                            "queue-growth bound: a stable server's bursts stay below it"),
+    "ttft_growth": Field("float", 2.0, minimum=1, maximum=1e6, help="a probe whose median TTFT over the window's "
+                         "second half exceeds this times the first half's (+ ttft_margin_ms) is backlogged"),
+    "ttft_margin_ms": Field("float", 250.0, minimum=0, maximum=1e7, help="milliseconds added to the TTFT-growth "
+                            "bound"),
 }
 assert all(getattr(Probe(), k) == f.default for k, f in PROBE.items()), "PROBE and sim.probe.Probe disagree"
 # What a sweep may vary: every engine and cluster knob, the model, the hardware and the offered load.

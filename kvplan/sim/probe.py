@@ -24,7 +24,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -41,7 +41,7 @@ from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
 from kvplan.sim.run import build_configs, build_cost, check_trace, client_view, through_frontend
 from kvplan.sim.spec import SimSpec
-from kvplan.sim.stability import ProbeSignals, judge
+from kvplan.sim.stability import Bounds, ProbeSignals, judge
 from kvplan.traces.steady import MAX_PROBE_REQUESTS, Population, open_loop
 
 MODES = ("sustained", "concurrency")
@@ -66,7 +66,14 @@ class Probe:
     cooldown_s: float | None = None  # default: 10%
     grace_s: float | None = None  # default: 20%
     overload_wait_s: float = 30.0
-    max_queue_delay_s: float = 5.0  # a stable probe's p99 scheduling delay (sim.stability)
+    # The stability gates' bounds (sim.stability.Bounds; the experiment schema's PROBE has the same defaults).
+    max_unfinished_overloaded: float = 0.05
+    max_unfinished_backlogged: float = 0.01
+    max_queue_delay_s: float = 5.0  # a stable probe's p99 scheduling delay
+    queue_growth: float = 1.5
+    queue_margin_s: float = 2.0
+    ttft_growth: float = 2.0
+    ttft_margin_ms: float = 250.0
     goodput: dict[str, float | None] | None = None  # per-request bounds (results.goodput.REQUEST_BOUNDS keys)
 
     def offered_rate(self, pop: Population) -> float:
@@ -209,7 +216,7 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
         p99_queue_delay_ms=float(frame["queueing_ms"].quantile(0.99)) if len(frame) else math.nan,
         offered_rps=offered_rate(offered, w0, w1), stopped_early=early)
     # A closed loop's queue is bounded by its users: its delay is the SLOs' business, not a sign of instability.
-    verdict, reasons = judge(signals, probe.max_queue_delay_s if loop_free else math.inf)
+    verdict, reasons = judge(signals, Bounds.of(asdict(probe), open_loop=loop_free))
 
     summary = latency_summary(frame, cluster.itl(), probe.goodput, duration_s=length)
     done = table[(table["finish_s"] >= w0) & (table["finish_s"] < w1)]

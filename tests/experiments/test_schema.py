@@ -110,6 +110,8 @@ BROKEN = [
     (merged(search={"target": "min_replicas", "tolerance": 0.1}, slo={"p99_ttft_ms": 1000}),
      "search.tolerance: min_replicas bisects whole replicas"),
     (merged(workload__mode="burst", probe={"duration_s": 60}), "probe: shapes a steady-state probe"),
+    (merged(probe={"max_unfinished_backlogged": 1.5}), "probe.max_unfinished_backlogged: must be a finite number"
+                                                       " >= 0 and <= 1, got 1.5"),
     (merged(slo={"p95_ttft_ms": 100}), "slo.p95_ttft_ms: unknown key; did you mean"),
     (merged(slo={"attainment": {"fraction": 0.9}}), "slo.attainment: needs at least one per-request bound"),
     (merged(slo={"attainment": {"ttft_ms": 100, "fraction": 1.5}}), "slo.attainment.fraction: must be a finite"
