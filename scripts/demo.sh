@@ -3,7 +3,7 @@
 # traffic on Llama-3-8B and one A100-40GB, and how many requests per second does the GPU sustain under the SLOs,
 # each way). Prints the answer; writes results/quickstart/ (report.html, summary.md, runs.parquet, plots).
 # The install is the light one (scripts/install.sh --light: the simulator, no torch, nothing compiled); a current
-# full install (scripts/install.sh) serves as it is. About a minute and a half on 2 cores, the install included.
+# full install (scripts/install.sh) serves as it is. About a minute on 2 cores, the install included.
 # Extra arguments go to `kvplan run` (e.g. --out DIR, --workers 4, --resume).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -29,12 +29,14 @@ pip_install() {
 }
 if [ "$light" = 1 ]; then
   if ! current "$full_stamp" && ! current "$light_stamp"; then
+    echo "installing kvplan into ./.venv (light: the simulator, experiments and reports; no torch, nothing to compile)" >&2
     pip_install --no-compile -e .  # modules compile on first import: only the few a run loads
     echo "$want" > "$light_stamp"
   fi
   exit 0
 fi
 if ! current "$full_stamp"; then
+  echo "installing kvplan into ./.venv (everything: the live engine with torch, the server, the test tools)" >&2
   # torch first and pinned: 2.13.0 CPU comes from local disk here; triton 3.7.1 matches its CUDA build.
   pip_install torch==2.13.0 triton==3.7.1
   pip_install -e ".[engine,serve,test]"
