@@ -29,7 +29,7 @@ pip_install() {
 }
 if [ "$light" = 1 ]; then
   if ! current "$full_stamp" && ! current "$light_stamp"; then
-    echo "installing kvplan into ./.venv (light: the simulator, experiments and reports; no torch, nothing to compile)" >&2
+    echo "installing kvplan into ./.venv (light: the simulator, experiments and reports; no engine, nothing to compile)" >&2
     pip_install --no-compile -e .  # modules compile on first import: only the few a run loads
     echo "$want" > "$light_stamp"
   fi
