@@ -38,15 +38,20 @@ def load(path: Path):  # -> (Experiment, list[Point])
     from kvplan.experiments.fields import SchemaError
     from kvplan.experiments.points import expand
     from kvplan.experiments.schema import load_experiment
+    from kvplan.experiments.trace_needs import prefix_warning
 
     exp = load_experiment(path)
     try:
         resolve(exp)
         points = expand(exp)
-        for point in points:
-            check_point(exp, point)
+        traces = [check_point(exp, point) for point in points]
     except ConfigError as exc:  # a field's or the schema's: the key path, now after the file
         raise SchemaError(f"{path}: {exc}") from None
+    # once, after every point passed (a refused file says its one line only); workload.trace is not swept, so
+    # every point's workload carries the same fields
+    warning = prefix_warning(exp, points, traces[-1])
+    if warning is not None:
+        print(f"warning: {warning}", file=sys.stderr)
     return exp, points
 
 

@@ -22,7 +22,7 @@ from kvplan.experiments import model_range
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
 from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, span
 from kvplan.experiments.results import cell, load_line, point_table
-from kvplan.experiments.schema import Experiment
+from kvplan.experiments.schema import INTEGER_TARGETS, Experiment
 from kvplan.sim.gpu.model_error import ModelError
 
 WIDTH = 100
@@ -212,7 +212,7 @@ def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation,
     lines += [f"{len(points)} point(s), {runs} run(s), seeds {exp.seeds}.", ""]
     lines += [*markdown_answer(exp, points, rec), ""]
     if exp.search:
-        integer = exp.search["target"] in ("max_concurrency", "min_replicas")
+        integer = exp.search["target"] in INTEGER_TARGETS
         lines += [f"Search: {exp.search['target']} over [{exp.search['low']:g}, {exp.search['high']:g}]"
                   + ("" if integer else f", tolerance {exp.search['tolerance']:g}")
                   + (", each seed on its own, the median reported" if exp.search["combine"] == "median" else

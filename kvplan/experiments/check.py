@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kvplan.experiments.fields import SchemaError
-from kvplan.experiments.points import Point, expand, run_config
+from kvplan.experiments.points import Point, run_config
 from kvplan.experiments.schema import Experiment
 
 SAMPLE_PREFIX = "sample:"
@@ -121,8 +121,9 @@ def key_path(message: str) -> str:
     return f"{'workload' if name == 'trace' else 'cluster.' + name if name in CLUSTER else name}:{rest}"
 
 
-def check_point(exp: Experiment, point: Point) -> None:
-    """Build the point's workload and simulator exactly as its first run will (nothing is simulated)."""
+def check_point(exp: Experiment, point: Point):  # -> traces.Trace
+    """Build the point's workload and simulator exactly as its first run will (nothing is simulated); returns the
+    workload as built (at the search's high end)."""
     from kvplan.experiments.execute import build_probe, build_spec, build_trace
     from kvplan.experiments.schema import SEARCH_TARGETS
     from kvplan.sim.frontend import frontend_for
@@ -147,9 +148,4 @@ def check_point(exp: Experiment, point: Point) -> None:
     except (ValueError, FileNotFoundError) as exc:
         # at a search's end, that end is what the user wrote (the varied key is not in the file)
         raise SchemaError(f"point {point.index} ({point.label}): {end}{key_path(str(exc))}") from None
-    if point.index == len(expand(exp)) - 1:  # once, after every point passed: a refused file still says one line
-        from kvplan.experiments.trace_needs import prefix_warning
-
-        warning = prefix_warning(exp, trace)  # every point loads the same trace (workload.trace is not swept)
-        if warning is not None:
-            print(f"warning: {warning}", file=sys.stderr)
+    return trace

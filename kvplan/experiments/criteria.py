@@ -19,7 +19,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from kvplan.experiments.schema import SLO_KEYS, Experiment
+from kvplan.experiments.schema import INTEGER_TARGETS, SLO_KEYS, Experiment
 from kvplan.sim import stability
 
 KV_SHARE = 0.01  # preemptions + refusals per measured request that make KV memory part of a failure
@@ -147,7 +147,7 @@ def gate_lines(exp: Experiment) -> list[GateLine]:
                             f"answers are searched between {low} and {high}: an answer beyond is reported as the "
                             "bound it passed",
                             "search.low, search.high"))
-        if target not in ("max_concurrency", "min_replicas"):
+        if target not in INTEGER_TARGETS:
             out.append(GateLine("search resolution", f"resolution {search['tolerance']:.0%}",
                                 f"the bisection ends when its bracket is within {search['tolerance']:.0%}",
                                 "search.tolerance"))

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from kvplan.engine.core.settings import CPU_TIER, LOWER_TIER, SETTINGS, SHARED_TIER
-from kvplan.experiments.points import expand
+from kvplan.experiments.points import Point
 from kvplan.experiments.schema import Experiment
 from kvplan.traces.schema import NO_VALUE
 
@@ -32,7 +32,7 @@ def prefix_settings() -> tuple[str, ...]:
     return ("enable_prefix_caching", "eviction_policy", *sorted(tiers | tier_options))
 
 
-def compared(exp: Experiment) -> list[str]:
+def compared(exp: Experiment, points: list[Point]) -> list[str]:
     """What the experiment's answer depends on that moves only with prefix sharing, as key paths: a prefix setting
     the sweep varies, a prefix tier any point configures, the prefix-aware router, an objective on prefix hits."""
     found: list[str] = []
@@ -42,7 +42,6 @@ def compared(exp: Experiment) -> list[str]:
             differ = len({json.dumps(v, sort_keys=True) for v in values}) > 1
             if differ and key.removeprefix("engine.") in prefix and key.startswith("engine."):
                 found.append(key)
-    points = expand(exp)
     tiers = {f"engine.{name}" for name, _ in LOWER_TIER.any_of}
     if not tiers & set(found) and any(LOWER_TIER.met(p.config["engine"]) for p in points):
         found.append("a prefix tier below the GPU")
@@ -61,12 +60,12 @@ def shown(path: str) -> str:
         return path
 
 
-def prefix_warning(exp: Experiment, trace) -> str | None:  # trace: traces.Trace, the workload as built
+def prefix_warning(exp: Experiment, points: list[Point], trace) -> str | None:  # trace: the workload as built
     """The warning line (without its `warning: ` prefix) when the experiment compares what only prefix sharing
     moves and `trace` (the workload as a run builds it, transforms applied) carries no prefix hashes; else None."""
     if trace.has_prefix:
         return None
-    what = compared(exp)
+    what = compared(exp, points)
     if not what:
         return None
     workload = exp.base["workload"]
