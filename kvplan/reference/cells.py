@@ -12,7 +12,7 @@ a `markdown.py` there would stand in for the Markdown package.)
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from kvplan.engine.core.settings import Field, physical_memory
 
@@ -36,15 +36,19 @@ def _escape_text(text: str) -> str:
     return TAG_START.sub("&lt;", text.replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*"))
 
 
+def _outside_code(text: str, escape: Callable[[str], str]) -> str:
+    """`text` with `escape` applied to everything outside its code spans (which stay as written)."""
+    out, at = [], 0
+    for match in CODE_SPAN.finditer(text):
+        out += [escape(text[at:match.start()]), match.group(0)]
+        at = match.end()
+    out.append(escape(text[at:]))
+    return "".join(out)
+
+
 def cell(text: object) -> str:
     """`text` safe inside one table cell: one line, pipes, tag openings and `*` escaped outside code spans."""
-    flat = " ".join(str(text).split())
-    out, at = [], 0
-    for match in CODE_SPAN.finditer(flat):
-        out += [_escape_text(flat[at:match.start()]), match.group(0)]
-        at = match.end()
-    out.append(_escape_text(flat[at:]))
-    return "".join(out)
+    return _outside_code(" ".join(str(text).split()), _escape_text)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
@@ -104,10 +108,4 @@ def prose(text: str) -> str:
         starts = item and previous != "" and not in_list
         ends = not item and line != "" and not line.startswith(" ") and in_list
         lines += ["", line] if starts or ends else [line]
-    text = "\n".join(lines)
-    out, at = [], 0
-    for match in CODE_SPAN.finditer(text):
-        out += [TAG_START.sub("&lt;", text[at:match.start()]).replace("*", "\\*"), match.group(0)]
-        at = match.end()
-    out.append(TAG_START.sub("&lt;", text[at:]).replace("*", "\\*"))
-    return "".join(out).strip("\n")
+    return _outside_code("\n".join(lines), lambda part: TAG_START.sub("&lt;", part).replace("*", "\\*")).strip("\n")
