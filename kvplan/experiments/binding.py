@@ -20,7 +20,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, slo_name
@@ -84,8 +83,7 @@ def task_votes(task: PointTask, runs: pd.DataFrame) -> list[Vote]:
 
 def _failed_at(task: PointTask, runs: pd.DataFrame, value: object) -> list[list[dict]]:
     """The failure lists of the search's failing runs at one probed value."""
-    mine = runs[(runs["point"] == task.point.index) & runs["seed"].isin(task.seeds)
-                & (runs["step_scale"] == task.step_scale) & np.isclose(runs["probe"], float(value))]
+    mine = task.runs_in(runs, value)
     return [list(f) for f, met in zip(mine["failures"], mine["slo_met"], strict=True) if not met and len(f)]
 
 

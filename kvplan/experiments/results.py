@@ -91,12 +91,9 @@ def runs_frame(exp: Experiment, outcome: Outcome) -> pd.DataFrame:
 
 def answer_runs(task: PointTask, runs: pd.DataFrame) -> pd.DataFrame:
     """The runs that describe a task: all its runs, or for a search those at its answer (else its last probe)."""
-    mine = runs[(runs["point"] == task.point.index) & runs["seed"].isin(task.seeds)
-                & (runs["step_scale"] == task.step_scale)]
     if not task.exp.search:
-        return mine
-    value = task.answer if task.answer is not None else task.probes[-1][0]
-    return mine[np.isclose(mine["probe"], float(value))]
+        return task.runs_in(runs)
+    return task.runs_in(runs, task.answer if task.answer is not None else task.probes[-1][0])
 
 
 def median_answer(answers: list[float | None], missing_low: bool) -> float | None:

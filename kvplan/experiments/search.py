@@ -38,6 +38,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvplan.experiments.criteria import failures
 from kvplan.experiments.points import Point, expand, run_config
 from kvplan.experiments.schema import INTEGER_TARGETS, SEARCH_TARGETS, Experiment
@@ -201,6 +203,13 @@ class PointTask:
         if not self.exp.search or self.outcome.startswith("fails"):
             return None
         return self.hi if self.target == "min_replicas" else self.lo
+
+    def runs_in(self, runs, value: object = None):  # runs, and the result: pandas DataFrames (runs.parquet's rows)
+        """This task's rows of `runs` (its point, seeds and step scale), only those at one probed `value` when
+        given."""
+        mine = runs[(runs["point"] == self.point.index) & runs["seed"].isin(self.seeds)
+                    & (runs["step_scale"] == self.step_scale)]
+        return mine if value is None else mine[np.isclose(mine["probe"], float(value))]
 
 
 def make_tasks(exp: Experiment, scales: dict[int, tuple[float, float]] | None = None) -> list[PointTask]:
