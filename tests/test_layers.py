@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 APP = ("kvplan.cli", "kvplan.commands", "kvplan.experiments", "kvplan.live", "kvplan.calibration",
        "kvplan.endpoint", "kvplan.bench", "kvplan.engine_args", "kvplan.settings_cli", "kvplan.trace_options",
-       "kvplan.validation", "kvplan.arg_types", "kvplan.reference")
+       "kvplan.validation", "kvplan.arg_types", "kvplan.reference", "kvplan.measured")
 LEAVES = ("kvplan.errors", "kvplan.limits", "kvplan.output", "kvplan.ownership", "kvplan.shipped",
           "kvplan.strict_json")
 # a package -> what it must not import
