@@ -27,7 +27,9 @@ MAX_LINE_BYTES = 16 * 2**20  # one JSON-lines record: an AIPerf record with 100,
 
 
 def key_path(keys: tuple[Key, ...]) -> str:
-    """`("input_config", "phases", 0, "rate")` -> "input_config.phases[0].rate"."""
+    """`("input_config", "phases", 0, "rate")` -> "input_config.phases[0].rate"; `()` -> "the document"."""
+    if not keys:
+        return "the document"
     out = ""
     for key in keys:
         out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else key)

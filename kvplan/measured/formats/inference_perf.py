@@ -74,10 +74,10 @@ def read(document: object, source: str) -> list[MeasuredRun]:
     config_path = sibling(source, f"{prefix}config.yaml")
     config = None if config_path is None else read_yaml(config_path, f"{config_path} (inference-perf config)")
     config_fields = Fields(str(config_path), "inference-perf config", "expected as inference-perf writes config.yaml")
-    model = None if config is None else config_fields.text(config, "server", "model_name", required=False)
+    model = config_fields.text(config, "server", "model_name", required=False)  # no config: None
     parts = [(f"stage {stage}", path, doc) for stage, (path, doc) in sorted(stages.items())]
     runs = [_run(label, path, doc, model) for label, path, doc in parts or [("", source, document)]]
-    if not parts and config is not None:
+    if not parts:
         _load_from_config(runs[0], config, config_fields)
     per_request = sibling(source, f"{prefix}per_request_lifecycle_metrics.json")
     if per_request is not None:
@@ -127,10 +127,10 @@ def _run(label: str, source: str, document: object, model: str | None) -> Measur
 def _load_from_config(run: MeasuredRun, config: object, fields: Fields) -> None:
     """A summary without stage reports: the rate and concurrency of the config's one stage (none when the run
     had several: the summary pools them, and no one rate describes it)."""
-    stages = fields.items(config, "load", "stages", required=False)
+    stages = fields.items(config, "load", "stages", required=False)  # no config: None
     if stages is not None and len(stages) == 1:
-        run.rate_rps = fields.number(stages, 0, "rate", required=False)
-        run.max_concurrency = fields.count(stages, 0, "concurrency_level", required=False)
+        run.rate_rps = fields.number(config, "load", "stages", 0, "rate", required=False)
+        run.max_concurrency = fields.count(config, "load", "stages", 0, "concurrency_level", required=False)
 
 
 def _split(path: Path, counts: list[int]) -> list[list[MeasuredRequest]]:
