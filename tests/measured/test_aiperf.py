@@ -143,3 +143,18 @@ def test_detect_knows_its_own_files_and_no_others():
     ]
     assert not any(aiperf.detect(document) for document in others)
     assert not inference_perf.detect(strict_json.loads((RATE / SUMMARY).read_bytes()))
+
+
+def test_records_are_found_beside_a_prefixed_export(tmp_path):
+    """`--profile-export-prefix foo` writes foo.json beside foo.jsonl (AIPerf's config/artifacts.py)."""
+    assert aiperf.records_name("out/profile_export_aiperf.json") == "profile_export.jsonl"
+    shutil.copy(RATE / SUMMARY, tmp_path / "foo.json")
+    shutil.copy(RATE / "profile_export.jsonl", tmp_path / "foo.jsonl")
+    source = tmp_path / "foo.json"
+    (run,) = aiperf.read(strict_json.loads(source.read_bytes()), str(source))
+    assert run.requests is not None and len(run.requests) == 16
+
+
+def test_a_document_that_is_not_an_object_is_one_line():
+    with pytest.raises(UserError, match=r"^x\.json: AIPerf export: the document is \[1, 2\]; allowed: an object$"):
+        aiperf.read([1, 2], "x.json")

@@ -137,3 +137,12 @@ def test_detect_knows_its_own_reports_and_no_others():
     ]
     assert not any(inference_perf.detect(document) for document in others)
     assert not aiperf.detect(strict_json.loads((STAGES / SUMMARY).read_bytes()))
+
+
+def test_a_report_file_prefix_is_followed(tmp_path):
+    """`storage.local_storage.report_file_prefix` goes before every file name (client/filestorage/local.py)."""
+    for path in STAGES.iterdir():
+        shutil.copy(path, tmp_path / f"run[1]_{path.name}")
+    runs = _read(tmp_path / f"run[1]_{SUMMARY}")
+    assert [(run.run_label, len(run.requests), run.model) for run in runs] == [
+        ("stage 0", 8, "tiny-tok"), ("stage 1", 12, "tiny-tok")]
