@@ -79,6 +79,8 @@ OUTPUTS: dict[str, Output] = {
                        "--hardware a100-40gb --block-size 16 64 256"),
     "trace-samples": Output("kvplan trace samples"),
     "trace-stats": Output("kvplan trace stats traces/samples/chat.jsonl"),
+    # a script, not a kvplan command: it builds an environment per vLLM release (minutes the first time)
+    "vllm-parity": Output("bash scripts/vllm_parity.sh --all --scenarios 300"),
 }
 
 
@@ -92,8 +94,8 @@ def run(name: str, out: Output, workdir: Path) -> tuple[str, float]:
     env = {**os.environ, "COLUMNS": COLUMNS, "NO_COLOR": "1", "TERM": "dumb",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "kvplan", *argv[1:]], cwd=ROOT, env=env, capture_output=True,
-                          text=True, check=False)
+    command = [sys.executable, "-m", "kvplan", *argv[1:]] if argv[0] == "kvplan" else argv
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"docs_outputs: {name}: `{out.command}` exited {proc.returncode}:\n{proc.stderr[-2000:]}")
