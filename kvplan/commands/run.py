@@ -80,7 +80,7 @@ def derived_lines(points) -> list[str]:
     lines: dict[str, list[int]] = {}
     for p in points:
         spec = build_spec(p.config)
-        for line in (explain_defaults(spec), explain_frontend(spec.entry_point, spec.api_server_latency_ms)):
+        for line in (*explain_defaults(spec), explain_frontend(spec.entry_point, spec.api_server_latency_ms)):
             if line is not None:
                 lines.setdefault(line, []).append(p.index)
     every = [p.index for p in points]

@@ -98,24 +98,24 @@ def run(args: argparse.Namespace) -> int:
     runs, results = [], []
     from kvplan.sim.vllm_defaults import explain
 
-    derived = explain(spec_from_args(args, args.block_size[0]))
-    notes += [derived] if derived is not None else []
-    for block_size in args.block_size:
+    specs = [spec_from_args(args, block_size) for block_size in args.block_size]
+    notes += explain(specs[0])
+    for spec in specs:
         start = time.perf_counter()
-        result = simulate(trace, spec_from_args(args, block_size), processes=args.workers)
+        result = simulate(trace, spec, processes=args.workers)
         wall = time.perf_counter() - start
         results.append(result)
-        runs.append({"block_size": block_size, "summary": result.summary,
+        runs.append({"block_size": spec.kv_block_size, "summary": result.summary,
                      "info": {**result.info, "wall_s": round(wall, 3)}})
     from kvplan.sim.gpu.model_error import model_error_for
 
-    model_error = model_error_for(spec_from_args(args, args.block_size[0]))  # the block size has no bearing
+    model_error = model_error_for(specs[0])  # the block size has no bearing
     if args.out is not None:  # one result set, swapped in whole: never half this run and half an earlier one
         options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
                    if k not in ("handler", GIVEN)}
         with atomic_dir(args.out, {"command": "simulate", "options": options}) as tmp:
-            for block_size, result in zip(args.block_size, results, strict=True):
-                write_tables(result, tmp / f"block{block_size}" if len(results) > 1 else tmp, args.format)
+            for run_of, result in zip(runs, results, strict=True):
+                write_tables(result, tmp / f"block{run_of['block_size']}" if len(results) > 1 else tmp, args.format)
     notes += rejection_notes(runs[0]["info"], len(trace))
     from kvplan.sim.frontend import saturation_note
 

@@ -74,8 +74,8 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
         if profile is None:
             raise UserError("--profile: the recorded cost model needs a live replay's steps.jsonl")
         meta, steps = read_step_profile(profile)
-        if meta.get("block_size") != spec.block_size:
-            raise UserError(f"--block-size: {spec.block_size} differs from the recorded run's "
+        if meta.get("block_size") != spec.kv_block_size:
+            raise UserError(f"--block-size: {spec.kv_block_size} differs from the recorded run's "
                              f"{meta.get('block_size')}; allowed: {meta.get('block_size')}")
         return RecordedCost(steps, str(profile)), spec.num_blocks or int(meta["num_blocks"])
     if cost_name != "calibrated":
@@ -83,10 +83,10 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
     if profile is None:
         raise UserError("--profile: the calibrated cost model needs a profile YAML")
     cost = load_profile(profile)
-    measured_at = int(cost.meta.get("block_size", spec.block_size))
+    measured_at = int(cost.meta.get("block_size", spec.kv_block_size))
     # Transfers and capacity were measured at the profile's block size: the same bytes re-cut into this size.
-    cost.swap_seconds_per_block *= spec.block_size / measured_at
-    cost.copy_seconds_per_block *= spec.block_size / measured_at
+    cost.swap_seconds_per_block *= spec.kv_block_size / measured_at
+    cost.copy_seconds_per_block *= spec.kv_block_size / measured_at
     if spec.num_blocks is not None:
         return cost, spec.num_blocks
     if cost.kv_capacity_blocks is None:
@@ -102,7 +102,7 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
                              f"capacity from; allowed: --num-blocks, or a profile of the model")
         tokens = tokens * engine_kv_row_bytes(measured_dtype, head_dim) // engine_kv_row_bytes(kv_dtype, head_dim)
     layout = model_layout(spec.model)
-    blocks = tokens // spec.block_size
+    blocks = tokens // spec.kv_block_size
     return cost, layout.blocks_from_uniform(blocks) if layout is not None else blocks
 
 
@@ -125,14 +125,14 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
         # same memory is divided by group_size layers' bytes per token instead of all the model's layers'
         width = model.dtype_bytes if kv_bytes is None else kv_bytes
         capacity_bytes = width * layout.group_size / model.num_layers
-    blocks = kv_capacity_blocks(model, hardware, spec.block_size, kv_dtype_bytes=capacity_bytes,
-                                gpu_memory_utilization=spec.gpu_memory_utilization,
+    blocks = kv_capacity_blocks(model, hardware, spec.kv_block_size, kv_dtype_bytes=capacity_bytes,
+                                gpu_memory_utilization=spec.memory_utilization,
                                 max_num_batched_tokens=spec.batch[0], max_num_seqs=spec.batch[1],
                                 shape=shape)
     if blocks < 1 and spec.num_blocks is None:
         raise UserError(no_fit_message(spec, model, hardware, shape, kv_bytes))
     table = load_table(spec.gpu_profile, hardware, "--gpu-profile") if spec.gpu_profile else None
-    cost = AnalyticCost(model, hardware, spec.block_size, kv_bytes, **spec.cost_options, shape=shape, table=table)
+    cost = AnalyticCost(model, hardware, spec.kv_block_size, kv_bytes, **spec.cost_options, shape=shape, table=table)
     return cost, spec.num_blocks if spec.num_blocks is not None else blocks
 
 
@@ -156,13 +156,13 @@ def no_fit_message(spec: SimSpec, model, hardware, shape: Shape, kv_bytes: float
     """Why nothing is left for the KV cache, and the smallest tensor-parallel degree (at this PP) that leaves
     some - or that no shape of one node does."""
     weights = weight_bytes_per_rank(model, shape)
-    usable = hardware.memory_bytes * spec.gpu_memory_utilization
+    usable = hardware.memory_bytes * spec.memory_utilization
     where = f"{spec.model} on {spec.hardware} at TP {shape.tp} x PP {shape.pp}"
     why = "no memory left for the KV cache " + (
         f"(the weights alone need {weights / GIB:.1f} GiB per GPU of the {usable / GIB:.1f} GiB usable)"
         if weights >= usable else "after the weights and activations")
     fits = [tp for tp in tp_choices(model, hardware) if tp > shape.tp and kv_capacity_blocks(
-        model, hardware, spec.block_size, kv_dtype_bytes=kv_bytes, gpu_memory_utilization=spec.gpu_memory_utilization,
+        model, hardware, spec.kv_block_size, kv_dtype_bytes=kv_bytes, gpu_memory_utilization=spec.memory_utilization,
         max_num_batched_tokens=spec.batch[0], max_num_seqs=spec.batch[1],
         shape=Shape(tp, shape.pp, shape.expert_parallel)) >= 1]
     hint = (f"it fits at --tensor-parallel-size {fits[0]} ({fits[0] * shape.pp} GPUs per replica)" if fits else
@@ -204,9 +204,9 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int, cost: CostModel
     check_sizes(spec, num_blocks, float(trace.arrival_s[-1] - trace.arrival_s[0]))  # before any pool is built
     max_len = resolve_max_model_len(spec, trace)
     granularity = trace.hash_granularity if trace.has_prefix else 0
-    if spec.enable_prefix_caching and granularity and granularity % spec.block_size:
+    if spec.enable_prefix_caching and granularity and granularity % spec.kv_block_size:
         divisors = [b for b in range(1, min(granularity, 256) + 1) if granularity % b == 0]
-        raise UserError(f"--block-size: {spec.block_size} does not divide the trace's prefix-hash granularity "
+        raise UserError(f"--block-size: {spec.kv_block_size} does not divide the trace's prefix-hash granularity "
                          f"{granularity}; allowed: {', '.join(map(str, divisors))} (or --no-enable-prefix-caching)")
     if num_blocks < 1:
         raise UserError(f"{spec.model} on {spec.hardware}: no memory left for the KV cache after the weights and "
@@ -224,7 +224,7 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int, cost: CostModel
     except ConfigError as exc:
         if str(exc).startswith("cache.num_blocks"):
             raise ConfigError(f"KV capacity of {num_blocks} blocks ({spec.model} on {spec.hardware}, block size "
-                              f"{spec.block_size}) cannot hold one request of the trace: {exc}") from None
+                              f"{spec.kv_block_size}) cannot hold one request of the trace: {exc}") from None
         raise
     # The core's own admission rule decides whether the longest prompt could ever be scheduled (a token budget
     # too small with chunked prefill off, a first chunk larger than the watermark leaves).
@@ -240,15 +240,15 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int, cost: CostModel
 
 def batch_settings(spec: SimSpec, max_len: int) -> dict[str, int]:
     """The token budget and sequence cap the simulated vLLM runs with once max_model_len is known: where vLLM's
-    default filled them (`SimSpec.batch_defaults`), its adjustments (without chunked prefill the budget is at least
+    default filled them (`SimSpec.filled_defaults`), its adjustments (without chunked prefill the budget is at least
     max_model_len; at most max_num_seqs x max_model_len); the spec's values otherwise."""
     table = batch_table(spec)
-    if not spec.batch_defaults or table is None:
+    if not spec.filled_defaults or table is None:
         return {}
     tokens, seqs = spec.batch
     chosen = vllm_batch_defaults(*table, max_model_len=max_len, enable_chunked_prefill=spec.enable_chunked_prefill,
-                                 max_num_batched_tokens=None if "max_num_batched_tokens" in spec.batch_defaults
-                                 else tokens, max_num_seqs=None if "max_num_seqs" in spec.batch_defaults else seqs)
+                                 max_num_batched_tokens=None if "max_num_batched_tokens" in spec.filled_defaults
+                                 else tokens, max_num_seqs=None if "max_num_seqs" in spec.filled_defaults else seqs)
     return {"max_num_batched_tokens": chosen.max_num_batched_tokens, "max_num_seqs": chosen.max_num_seqs}
 
 
@@ -257,7 +257,7 @@ def offloading_tier(spec: SimSpec, cost: CostModel) -> int:
     per block on this replica (every rank's share), as the engine sizes its host pool."""
     if spec.kv_offloading_size is None:
         return spec.kv_offloading_blocks
-    per_block = block_bytes(cost, spec.block_size)
+    per_block = block_bytes(cost, spec.kv_block_size)
     if per_block is None:
         raise UserError(f"--kv-offloading-size: the cost model ({spec.cost}) does not say the model's KV bytes per "
                         "block; allowed: --kv-offloading-blocks")
@@ -297,7 +297,7 @@ def prefill_bound_s(trace: Trace, spec: SimSpec, cost: CostModel) -> float:
     if getattr(cost, "recorded_step_time", None) is not None:
         return 0.0  # a recorded cost prices steps by id, not by shape
     budget = spec.batch[0]
-    chunk = StepFeatures(1, budget, budget * budget, 0, 0, 0, -(-budget // spec.block_size), 1, int(budget >= 2))
+    chunk = StepFeatures(1, budget, budget * budget, 0, 0, 0, -(-budget // spec.kv_block_size), 1, int(budget >= 2))
     steps = int(np.sum(trace.prompt_tokens, dtype=np.int64)) / (budget * spec.replicas)
     return steps * float(cost.step_times(chunk))
 
@@ -326,7 +326,7 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
         cluster.run()
     result = collect(cluster, num_blocks, goodput, front)
     failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))
-    result.info.update(max_model_len=cache.max_model_len, rejected_failed=failed,
+    result.info.update(max_model_len=cache.max_model_len, vllm_version=spec.vllm_version, rejected_failed=failed,
                        rejected_over_length=over_length(trace, cache.max_model_len),
                        max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs)
     return result

@@ -1,9 +1,10 @@
 """What one simulation is: `SimSpec`, the model, device, cost model and deployment plus every serving setting the
 simulator reads, each declared once in `engine.core.settings` and checked there.
 
-Settings vLLM derives when they are left unset (`max_num_batched_tokens`, `max_num_seqs`) are filled in on
-construction with what vLLM would run on this hardware and entry point (`sim.vllm_defaults`); `batch_defaults`
-names the ones filled that way, so that --explain and the notes can say so."""
+Settings vLLM derives when they are left unset (`max_num_batched_tokens`, `max_num_seqs`, `block_size`,
+`gpu_memory_utilization`) are filled in on construction with what the `vllm_version` would run on this hardware
+and entry point (`sim.vllm_defaults`, `engine.core.vllm_versions`); `filled_defaults` names the ones filled that
+way, so that --explain and the notes can say so."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ from typing import Any
 
 from kvplan.engine.core.setting_classes import SETTING, check_side, side_fields
 from kvplan.engine.core.settings import SETTINGS
+from kvplan.engine.core.vllm_versions import VERSIONS
 
 COST_MODELS = ("analytic", "calibrated", "recorded")
+# Settings left unset that take what the simulated vLLM would run: its batch defaults for the hardware and entry
+# point (sim.vllm_defaults) and its release's defaults (engine.core.vllm_versions).
+VLLM_FILLED = ("max_num_batched_tokens", "max_num_seqs", "block_size", "gpu_memory_utilization")
 
 
 @dataclass(slots=True)
@@ -37,9 +42,9 @@ class SimSpec:
     fast_path: bool = True
     record_tokens: bool = False  # keep every token time (ServingResult.token_times); step by step
     cost_options: dict[str, Any] = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
-    batch_defaults: tuple[str, ...] = ()  # the settings vLLM's own default filled in (set on construction)
+    filled_defaults: tuple[str, ...] = ()  # the settings vLLM's own defaults filled in (set on construction)
     # Every `sim` setting of engine.core.settings, with its side default (checked there on import).
-    block_size: int = SETTING
+    block_size: int | None = SETTING
     num_blocks: int | None = SETTING
     num_cpu_blocks: int = SETTING
     enable_prefix_caching: bool = SETTING
@@ -66,8 +71,11 @@ class SimSpec:
     victim_policy: str = SETTING
     schedule: str = SETTING
     scheduler_reserve_full_isl: bool = SETTING
+    vllm_version: str = SETTING
+    cache_aware_admission_window: int = SETTING
+    cache_aware_admission_threshold: float = SETTING
     kv_cache_dtype: str = SETTING
-    gpu_memory_utilization: float = SETTING
+    gpu_memory_utilization: float | None = SETTING
     tensor_parallel_size: int = SETTING
     pipeline_parallel_size: int = SETTING
     enable_expert_parallel: bool = SETTING
@@ -76,7 +84,7 @@ class SimSpec:
 
     def __post_init__(self) -> None:
         check_side(self, "sim")
-        unset = tuple(name for name in ("max_num_batched_tokens", "max_num_seqs") if getattr(self, name) is None)
+        unset = tuple(name for name in VLLM_FILLED if getattr(self, name) is None)
         if not unset:
             return
         defaults = batch_table(self)
@@ -90,7 +98,24 @@ class SimSpec:
         chosen = vllm_batch_defaults(*defaults, max_model_len=None, max_num_batched_tokens=self.max_num_batched_tokens,
                                      max_num_seqs=self.max_num_seqs)
         self.max_num_batched_tokens, self.max_num_seqs = chosen.max_num_batched_tokens, chosen.max_num_seqs
-        self.batch_defaults = unset
+        release = VERSIONS[self.vllm_version]
+        if self.block_size is None:
+            self.block_size = release.block_size
+        if self.gpu_memory_utilization is None:
+            self.gpu_memory_utilization = release.gpu_memory_utilization
+        self.filled_defaults = unset
+
+    @property
+    def kv_block_size(self) -> int:
+        """`block_size`: set on construction, by the user or the vllm_version's default."""
+        assert self.block_size is not None
+        return self.block_size
+
+    @property
+    def memory_utilization(self) -> float:
+        """`gpu_memory_utilization`: set on construction, by the user or the vllm_version's default."""
+        assert self.gpu_memory_utilization is not None
+        return self.gpu_memory_utilization
 
     @property
     def batch(self) -> tuple[int, int]:

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvplan.engine.core.vllm_versions import VERSIONS
+
 if TYPE_CHECKING:
     from kvplan.sim.spec import SimSpec
 
@@ -107,20 +109,29 @@ def describe(defaults: BatchDefaults, entry_point: str, which: tuple[str, ...]) 
     """One line for --explain and the notes: which values came from vLLM's rule, and the rule."""
     values = {"max_num_batched_tokens": defaults.max_num_batched_tokens, "max_num_seqs": defaults.max_num_seqs}
     given = " and ".join(f"{name} {values[name]}" for name in which)
-    return (f"{given}: vLLM {VLLM_VERSION}'s default for the {entry_point} entry point on {defaults.rule} "
-            "(vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults); set them to override")
+    return (f"{given}: vLLM's default (the same in 0.33 and {VLLM_VERSION}) for the {entry_point} entry point on "
+            f"{defaults.rule} (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults); set them to override")
 
 
-def explain(spec: SimSpec) -> str | None:
-    """The --explain line of a spec whose token budget or sequence cap came from vLLM's rule, None otherwise."""
-    if not spec.batch_defaults:
-        return None
-    defaults = BatchDefaults(int(spec.max_num_batched_tokens or 0), int(spec.max_num_seqs or 0),
-                             _rule_of(spec))
-    line = describe(defaults, spec.entry_point, spec.batch_defaults)
-    if "max_num_batched_tokens" in spec.batch_defaults and not spec.enable_chunked_prefill:
-        line += "; without chunked prefill the budget is raised to max_model_len, as vLLM does"
-    return line
+def explain(spec: SimSpec) -> list[str]:
+    """The --explain lines of a spec: the vLLM release followed, and each setting its defaults filled in."""
+    release = VERSIONS[spec.vllm_version]
+    lines = [f"vLLM {release.release} followed (vllm_version {spec.vllm_version}: {release.notes})"]
+    batch = tuple(name for name in spec.filled_defaults if name in ("max_num_batched_tokens", "max_num_seqs"))
+    if batch:
+        defaults = BatchDefaults(int(spec.max_num_batched_tokens or 0), int(spec.max_num_seqs or 0),
+                                 _rule_of(spec))
+        line = describe(defaults, spec.entry_point, batch)
+        if "max_num_batched_tokens" in batch and not spec.enable_chunked_prefill:
+            line += "; without chunked prefill the budget is raised to max_model_len, as vLLM does"
+        lines.append(line)
+    if "block_size" in spec.filled_defaults:
+        lines.append(f"block_size {spec.block_size}: vLLM {release.release}'s default (CacheConfig.DEFAULT_BLOCK_SIZE)"
+                     "; set it to override")
+    if "gpu_memory_utilization" in spec.filled_defaults:
+        lines.append(f"gpu_memory_utilization {spec.gpu_memory_utilization:g}: vLLM {release.release}'s default "
+                     f"({release.gpu_memory_utilization_why}); set it to override")
+    return lines
 
 
 def _rule_of(spec: SimSpec) -> str:

@@ -10,6 +10,7 @@ import pytest
 
 from kvplan.engine.core import CacheConfig, SchedulerConfig
 from kvplan.engine.core.settings import SETTINGS, Setting, for_side
+from kvplan.engine.core.vllm_versions import NEWEST, VERSIONS
 from kvplan.errors import ConfigError
 
 CONFIGS = {"cache": CacheConfig, "scheduler": SchedulerConfig}
@@ -25,10 +26,14 @@ CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "kv_offload
            "scheduler_reserve_full_isl": False, "kv_cache_dtype": "int8", "gpu_memory_utilization": 0.5,
            "kv_cache_memory": 3 << 20, "swap_space": 2 << 20, "dtype": "float32", "position_mode": "shifted",
            "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "enable_expert_parallel": True,
-           "entry_point": "llm", "api_server_latency_ms": 12.5}
+           "entry_point": "llm", "api_server_latency_ms": 12.5, "vllm_version": "0.33",
+           "cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5}
 # `allocator` keeps its default above (a reservation allocator has no prefix cache, window or swap); its other
 # values are covered by the simulator's reservation tests. `kv_offloading_backend` has one value kvplan models.
-UNCHANGED = {"allocator", "kv_offloading_backend"}
+# The cache-aware window needs vLLM 0.34 and the fcfs policy, both changed above (tests/core/test_cache_aware.py
+# sets it on every side).
+CACHE_AWARE = {"cache_aware_admission_window", "cache_aware_admission_threshold"}
+UNCHANGED = {"allocator", "kv_offloading_backend", *CACHE_AWARE}
 # Given together with kv_offloading_blocks, a size must name the same blocks (tests/engine/test_cpu_tier.py and
 # tests/sim/test_prefix_tiers_sim.py): the engine and the simulator are given the blocks alone here.
 ALTERNATIVES = {"kv_offloading_size"}
@@ -67,7 +72,7 @@ def test_a_settings_class_declares_exactly_its_settings_in_order_with_their_type
     assert all(getattr(made, n) == SETTINGS[n].default for n in wanted)
     # the simulator's side: None where the setting's `unset` gives it a meaning, and the side's default
     assert {f.name: f.type for f in fields(SimSpec)}["num_blocks"] == "int | None"
-    assert SimSpec().num_blocks is None and SimSpec().block_size == SETTINGS["block_size"].default
+    assert SimSpec().num_blocks is None and SimSpec().block_size == VERSIONS[NEWEST].block_size  # vLLM's, on a GPU
     with pytest.raises(TypeError, match="must declare the sim settings"):
         side_fields("sim")(type("Bare", (), {"__annotations__": {"block_size": "int"}, "block_size": SETTING}))
 
@@ -166,6 +171,8 @@ def _flag_word(value: object) -> list[str]:
 def _argv(side: str) -> list[str]:
     argv = []
     for s in for_side(side):
+        if s.name in CACHE_AWARE:
+            continue  # (only options whose component is configured may be written)
         value = CHANGED[s.name]
         if s.kind == "bool":
             argv.append(s.flag if value else "--no-" + s.flag[2:])
@@ -203,12 +210,12 @@ def test_an_experiment_and_a_configs_list_reach_their_side(tmp_path):
     from kvplan.experiments.execute import build_spec
     from kvplan.experiments.schema import parse_experiment
 
-    sim = {s.name: CHANGED[s.name] for s in for_side("sim")}
+    sim = {s.name: CHANGED[s.name] for s in for_side("sim") if s.name not in CACHE_AWARE}
     exp = parse_experiment({"name": "t", "engine": sim, "workload": {"trace": "sample:mooncake_style",
                                                                      "mode": "burst"}}, tmp_path / "e.yaml")
     spec = build_spec(exp.base)
     assert all(getattr(spec, name) == value for name, value in sim.items())
-    engine = {s.name: CHANGED[s.name] for s in for_side("engine")}
+    engine = {s.name: CHANGED[s.name] for s in for_side("engine") if s.name not in CACHE_AWARE}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump([{"name": "a", **engine}]))
     [(_, options)] = load_configs(path, EngineOptions())

@@ -20,11 +20,15 @@ from tests.core.vllm_parity import (
     describe,
     first_difference,
     kvplan_finishes_everything,
+    make_cache_aware_scenario,
     make_hybrid_scenario,
     make_scenario,
+    make_unchunked_scenario,
     run_side,
+    vllm_minor,
     vllm_version,
 )
+from kvplan.engine.core.vllm_versions import since
 
 
 def _seeds() -> range:
@@ -81,6 +85,26 @@ def test_hybrid_scenarios_exercise_the_sliding_groups():
     assert tally.scenarios_preempting >= 1 and tally.scenarios_hitting >= 4, tally.line()
 
 
+def test_cache_aware_scenarios_reorder_admissions():
+    """The cache-aware generator alone (no vLLM): with the window on, a good part of the scenarios schedule
+    differently from the same scenario in arrival order - so an identical comparison means something."""
+    differ = 0
+    for seed in range(16):
+        scenario = make_cache_aware_scenario(seed)
+        ours = run_side(KvplanSide(scenario), scenario)
+        assert kvplan_finishes_everything(ours, scenario), describe(scenario)
+        scenario.cache_aware_window = 0
+        differ += first_difference(ours, run_side(KvplanSide(scenario), scenario)) is not None
+    assert differ >= 4, differ
+
+
+def test_unchunked_long_prefill_differs_between_versions():
+    """Without chunked prefill the long-prefill cap splits prompts under 0.33 and not under 0.34."""
+    differ = sum(first_difference(run_side(KvplanSide(s, "0.33"), s), run_side(KvplanSide(s, "0.34"), s)) is not None
+                 for s in map(make_unchunked_scenario, range(12)))
+    assert differ >= 6, differ
+
+
 def test_scenarios_identical_to_vllm():
     compare_with_vllm(make_scenario, "")
 
@@ -91,6 +115,20 @@ def test_hybrid_scenarios_identical_to_vllm():
     compare_with_vllm(make_hybrid_scenario, "hybrid ")
 
 
+def test_cache_aware_scenarios_identical_to_vllm():
+    """vLLM 0.34's cache-aware admission (window 2-64, usage threshold 0 and 0.5)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed here; scripts/vllm_parity.sh builds an environment "
+                                       "with its wheel and runs this comparison")
+    if vllm_minor() not in since("0.34"):
+        pytest.skip(f"vLLM {vllm_version()} has no cache-aware admission (added in 0.34)")
+    compare_with_vllm(make_cache_aware_scenario, "cache-aware ")
+
+
+def test_unchunked_scenarios_identical_to_vllm():
+    """Chunked prefill off with a long-prefill threshold (the rule 0.34 changed)."""
+    compare_with_vllm(make_unchunked_scenario, "unchunked long-prefill ")
+
+
 def compare_with_vllm(make, label: str) -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed here; scripts/vllm_parity.sh builds an environment "
                                        "with its wheel and runs this comparison")
@@ -98,7 +136,7 @@ def compare_with_vllm(make, label: str) -> None:
     seeds = _seeds()
     for seed in seeds:
         scenario = make(seed)
-        ours = run_side(KvplanSide(scenario), scenario)
+        ours = run_side(KvplanSide(scenario, vllm_minor()), scenario)
         theirs = run_side(VllmSide(scenario), scenario)
         difference = first_difference(ours, theirs)
         if difference is not None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from kvplan.engine.core import CacheConfig, Scheduler, SchedulerConfig, make_request
 from kvplan.engine.core.config import HybridCacheConfig
 from kvplan.engine.core.kv_layout import FULL, SLIDING, KVGroup, KVLayout
+from kvplan.engine.core.vllm_versions import NEWEST
 
 VOCAB = 1000
 
@@ -63,6 +64,9 @@ class Scenario:
     # full-attention group (vLLM's hybrid allocator); 0: every layer full attention, one group.
     sliding_window: int = 0
     sliding_groups: int = 0
+    # vLLM 0.34's cache-aware admission: the window (0: off) and the usage threshold
+    cache_aware_window: int = 0
+    cache_aware_threshold: float = 0.5
 
 
 def watermark_fraction(blocks: int, pool_blocks: int) -> float:
@@ -140,6 +144,28 @@ def make_hybrid_scenario(seed: int) -> Scenario:
     return s
 
 
+def make_cache_aware_scenario(seed: int) -> Scenario:
+    """`make_scenario(seed)`'s requests with prefix caching on and vLLM 0.34's cache-aware admission: a window of
+    2 to 64 requests, the usage threshold 0 (every step) for even seeds and 0.5 (vLLM's default) for odd ones."""
+    s = make_scenario(seed)
+    rng = random.Random(seed * 15485863 + 5)
+    s.enable_prefix_caching = True
+    s.cache_aware_window = rng.choice((2, 4, 8, 16, 64))
+    s.cache_aware_threshold = 0.0 if seed % 2 == 0 else 0.5
+    return s
+
+
+def make_unchunked_scenario(seed: int) -> Scenario:
+    """`make_scenario(seed)`'s requests with chunked prefill off and a long-prefill threshold (which vLLM 0.34
+    ignores without chunked prefill and 0.33 applied), the budget raised to max_model_len as vLLM requires."""
+    s = make_scenario(seed)
+    rng = random.Random(seed * 32452843 + 7)
+    s.enable_chunked_prefill = False
+    s.max_num_batched_tokens = max(s.max_num_batched_tokens, s.max_model_len)
+    s.long_prefill_token_threshold = rng.choice([t for t in (4, 8, 24, 64) if t <= s.max_model_len])
+    return s
+
+
 def hybrid_layout(s: Scenario) -> KVLayout:
     groups = (KVGroup(SLIDING, 1, s.sliding_window),) * s.sliding_groups + (KVGroup(FULL, 1),)
     return KVLayout(groups, 1)
@@ -157,13 +183,15 @@ def describe(s: Scenario) -> str:
             f"{s.enable_prefix_caching}, watermark {s.watermark_blocks} blocks, reserve_full_isl {s.reserve_full_isl}, "
             f"max_model_len {s.max_model_len}, long_prefill_token_threshold {s.long_prefill_token_threshold}, "
             f"{len(s.arrivals)} requests"
+            + (f", cache-aware window {s.cache_aware_window} from usage {s.cache_aware_threshold}"
+               if s.cache_aware_window else "")
             + (f", {s.sliding_groups} sliding groups of window {s.sliding_window} + 1 full" if s.sliding_window
                else ""))
 
 
 # -- the kvplan side -----------------------------------------------------------------------------------------
 class KvplanSide:
-    def __init__(self, s: Scenario) -> None:
+    def __init__(self, s: Scenario, version: str = NEWEST) -> None:
         cache = CacheConfig(block_size=s.block_size, num_blocks=s.num_blocks,
                             enable_prefix_caching=s.enable_prefix_caching, max_model_len=s.max_model_len,
                             watermark=watermark_fraction(s.watermark_blocks, s.num_blocks))
@@ -172,7 +200,9 @@ class KvplanSide:
         config = SchedulerConfig(max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
                                  enable_chunked_prefill=s.enable_chunked_prefill,
                                  scheduler_reserve_full_isl=s.reserve_full_isl,
-                                 long_prefill_token_threshold=s.long_prefill_token_threshold)
+                                 long_prefill_token_threshold=s.long_prefill_token_threshold,
+                                 vllm_version=version, cache_aware_admission_window=s.cache_aware_window,
+                                 cache_aware_admission_threshold=s.cache_aware_threshold)
         self.sched = Scheduler(cache, config)
 
     def add(self, a: Arrival) -> None:
@@ -222,6 +252,11 @@ def vllm_version() -> str:
     return vllm.__version__
 
 
+def vllm_minor() -> str:
+    """The installed vLLM's major.minor: the `vllm_version` kvplan's side is given."""
+    return ".".join(vllm_version().split(".")[:2])
+
+
 class VllmSide:
     """vLLM's real V1 `Scheduler` and `KVCacheManager` (synchronous scheduling, no connector, no spec decode)."""
 
@@ -244,7 +279,9 @@ class VllmSide:
             max_num_batched_tokens=s.max_num_batched_tokens, max_num_seqs=s.max_num_seqs,
             max_model_len=s.max_model_len, is_encoder_decoder=False, enable_chunked_prefill=s.enable_chunked_prefill,
             scheduler_reserve_full_isl=s.reserve_full_isl, watermark=watermark, async_scheduling=False,
-            long_prefill_token_threshold=s.long_prefill_token_threshold)
+            long_prefill_token_threshold=s.long_prefill_token_threshold,
+            **({"cache_aware_admission_window": s.cache_aware_window,
+                "cache_aware_admission_threshold": s.cache_aware_threshold} if s.cache_aware_window else {}))
         cache_config = VCacheConfig(block_size=s.block_size, enable_prefix_caching=s.enable_prefix_caching)
         config = VllmConfig(scheduler_config=sched_config, model_config=model, cache_config=cache_config,
                             device_config=DeviceConfig(device="cpu"))
@@ -301,12 +338,20 @@ class VllmSide:
             done = request.num_computed_tokens >= request.num_tokens  # its chunk reached the last token
             sampled.append([sample_token(rid, request.num_output_tokens)] if done else [])
         before = set(sched.requests)
-        sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                                        sampled_token_ids=sampled))
+        # vLLM <= 0.33 takes the index map; 0.34 reads the order of req_ids
+        indexed = _has_field(ModelRunnerOutput, "req_id_to_index")
+        extra = {"req_id_to_index": {r: i for i, r in enumerate(ids)}} if indexed else {}
+        sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, **extra))
         finished = sorted(rid for rid in before if rid not in sched.requests
                           or sched.requests[rid].status not in (VStatus.RUNNING, VStatus.WAITING, VStatus.PREEMPTED))
         return StepRecord(scheduled, hits, sorted(out.preempted_req_ids), finished, free_mid, self._free(),
                           [r.request_id for r in sched.running], [r.request_id for r in sched.waiting])
+
+
+def _has_field(cls: type, name: str) -> bool:
+    import dataclasses
+
+    return any(f.name == name for f in dataclasses.fields(cls))
 
 
 # -- driving both ----------------------------------------------------------------------------------------------

@@ -6,6 +6,11 @@ budget (`Scheduler.chunk`); under `scheduler_reserve_full_isl`, blocks for its w
 (`fits_whole`); then the blocks for this step with the watermark to spare while anything runs (`allocate`). The
 queue is served in order: the first head refused ends the step's admissions. A beam group back from recompute is
 admitted all at once or not at all (`beam_group`).
+
+Cache-aware admission (vLLM 0.34's `cache_aware_admission_window` N and `_threshold` u): before a step's
+admissions, once KV usage is at least u, the plain waiting requests (status WAITING, nothing computed) among the
+first N of the queue are put in order of their cached prefix on the GPU, deepest first, ties by position; every
+other request of the window keeps its slot, and the queue beyond the window is untouched (`reorder_window`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvplan.engine.core.request import Request, RequestStatus
+from kvplan.engine.core.request_queue import FCFSQueue
 
 if TYPE_CHECKING:
     from kvplan.engine.core.kv_interface import PrefixHits
@@ -40,10 +46,32 @@ class Admission:
         n = sched.chunk(request.num_tokens - len(hits) * sched.block_size, budget)
         return (hits, n) if n else None
 
+    def reorder_window(self) -> None:
+        """Cache-aware admission's reordering of the queue's first `cache_aware_admission_window` requests (see
+        the module); the caller checks that the window is on."""
+        sched = self.sched
+        waiting = sched.waiting
+        assert isinstance(waiting, FCFSQueue)  # the window needs the fcfs policy (SchedulerConfig checks it)
+        if len(waiting) < 2 or sched.kv.usage() < sched.config.cache_aware_admission_threshold:
+            return
+        head = waiting.head(sched.cache_aware_window)
+        slots = [i for i, r in enumerate(head) if r.status is RequestStatus.WAITING and not r.num_computed_tokens]
+        if len(slots) < 2:
+            return
+        cached = {i: sched.kv.num_cached_tokens(head[i]) for i in slots}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order != slots:
+            reordered = list(head)
+            for slot, source in zip(slots, order, strict=True):
+                reordered[slot] = head[source]
+            waiting.replace_head(reordered)
+
     def schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         """Admit waiting requests in queue order while the rule lets the head in (see the module)."""
         sched = self.sched
         kv, waiting = sched.kv, sched.waiting
+        if sched.cache_aware_window:
+            self.reorder_window()
         while len(waiting) and budget > 0:
             request = waiting.peek()
             if request.beam and request.grouped:  # a beam group back from recompute: all of it or none

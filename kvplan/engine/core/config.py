@@ -19,6 +19,7 @@ from kvplan.engine.core.settings import (  # noqa: F401 (the names the core's us
     SCHEDULES,
     Field,
 )
+from kvplan.engine.core.vllm_versions import VERSIONS, VllmVersion, since
 from kvplan.errors import ConfigError
 
 
@@ -227,6 +228,20 @@ class SchedulerConfig:
     victim_policy: str = SETTING
     schedule: str = SETTING
     scheduler_reserve_full_isl: bool = SETTING
+    vllm_version: str = SETTING
+    cache_aware_admission_window: int = SETTING
+    cache_aware_admission_threshold: float = SETTING
 
     def __post_init__(self) -> None:
         check_settings(self, "scheduler", "scheduler")
+        if self.cache_aware_admission_window and self.vllm_version not in since("0.34"):
+            raise ConfigError(f"scheduler.cache_aware_admission_window: vLLM {self.vllm_version} has no cache-aware "
+                              f"admission (added in 0.34); allowed: 0, or vllm_version {' or '.join(since('0.34'))}")
+        if self.cache_aware_admission_window and self.policy != "fcfs":
+            raise ConfigError("scheduler.cache_aware_admission_window: reorders the waiting queue by position, which "
+                              "only the fcfs policy has (vLLM ignores it otherwise); allowed: 0 with policy "
+                              f"{self.policy!r}, or policy 'fcfs'")
+
+    @property
+    def version(self) -> VllmVersion:
+        return VERSIONS[self.vllm_version]

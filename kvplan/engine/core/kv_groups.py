@@ -176,6 +176,10 @@ class HybridKVCacheManager:
         """The prefix hit's length in blocks (the lookup moves nothing: there are no tiers to promote from)."""
         return len(self.find_cached_prefix(request))
 
+    def num_cached_tokens(self, request: Request) -> int:
+        """Tokens of the prefix hit valid for every group (vLLM's `get_num_cached_tokens`); moves nothing."""
+        return self.cached_prefix_blocks(request) * self.block_size
+
     def commit(self, request: Request, num_tokens: int) -> None:
         """Register the full blocks within `num_tokens` in every group. `request.num_hashed_blocks` is the same
         for every group (they take hits of one length and register in the same steps), so each starts from it."""

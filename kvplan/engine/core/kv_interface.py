@@ -15,7 +15,8 @@ Contract, for every manager:
 * `swap_out` returns None when it swapped nothing (the scheduler then recomputes), so `swap_in_cost` and `swap_in`
   are only ever called for a group it swapped out;
 * `cached_prefix_blocks` counts a request's cached prefix, lower tiers included, without moving any block (a
-  router probes every replica);
+  router probes every replica); `num_cached_tokens` counts the GPU's part only, in tokens, moving nothing
+  (vLLM's `get_num_cached_tokens`: cache-aware admission's probe);
 * `take_transfers` empties the log of tier copies made since the last call (always empty without `tiers`).
 """
 
@@ -82,6 +83,8 @@ class KVManager(Protocol):
     def find_cached_prefix(self, request: Request) -> PrefixHits: ...
 
     def cached_prefix_blocks(self, request: Request) -> int: ...
+
+    def num_cached_tokens(self, request: Request) -> int: ...
 
     def commit(self, request: Request, num_tokens: int) -> None: ...
 

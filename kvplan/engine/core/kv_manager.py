@@ -92,17 +92,30 @@ class KVCacheManager(TieredPrefix):
 
     # -- prefix cache --------------------------------------------------------------------------------------
     def find_cached_prefix(self, request: Request) -> list[KVBlock]:
-        """Longest run of leading full blocks already cached; never covers the last token to compute."""
+        """Longest run of leading full blocks already cached; never covers the last token to compute. Blocks the
+        GPU lacks but a lower tier holds are promoted into the GPU on the way."""
+        hits, keys, limit = self._gpu_prefix(request)
+        if self.tiers and keys is not None and len(hits) < limit:
+            hits += self._promote(keys[len(hits):limit], hits)
+        return hits
+
+    def num_cached_tokens(self, request: Request) -> int:
+        """Tokens of the request's prefix the GPU cache holds (vLLM's `get_num_cached_tokens`): a probe that takes,
+        promotes and evicts nothing; lower tiers are not asked (vLLM's probe asks the GPU cache, not a connector)."""
+        return len(self._gpu_prefix(request)[0]) * self.block_size
+
+    def _gpu_prefix(self, request: Request) -> tuple[list[KVBlock], list[int] | None, int]:
+        """(the GPU's cached leading blocks, the request's block keys, the most blocks a hit may cover)."""
         keys = request.block_keys
         if keys is None or not self.pool.enable_caching:
-            return []
+            return [], None, 0
         cached = self.pool.cached
         hits: list[KVBlock] = []
         limit = (request.num_tokens - 1) // self.block_size
         if self.config.windowed:  # only blocks the step keeps (sinks + one window): more would pass its peak
             limit = min(limit, self.sink_blocks + self.config.window_tokens // self.block_size)
         if limit <= 0:
-            return hits
+            return hits, None, 0
         # Every key up to the limit in one call (a blocked queue head is looked up again every step), then plain
         # list reads; a token-keyed request stops at its first block that is not full (its key is None).
         keys.key(limit - 1)
@@ -111,9 +124,7 @@ class KVCacheManager(TieredPrefix):
             if block is None:
                 break
             hits.append(block)
-        if self.tiers and len(hits) < limit:
-            hits += self._promote(keys.keys[len(hits):limit], hits)
-        return hits
+        return hits, keys.keys, limit
 
     def commit(self, request: Request, num_tokens: int) -> None:
         """Register the request's full blocks within its first `num_tokens` tokens in the prefix cache.

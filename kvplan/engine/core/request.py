@@ -56,6 +56,8 @@ class Request:
     num_hashed_blocks: int = 0  # blocks of this request already registered in the prefix cache
     num_preemptions: int = 0
     seq: int = 0  # admission order of add_request, a stable tie-breaker
+    # order of its latest start in the running set: its place in vLLM's running list (a fork takes its parent's)
+    started: int = 0
     parent_id: str | None = None
     group_id: str | None = None  # the sequence group (n > 1 samples, beams) it belongs to; None: its own
     children_ids: list[str] = field(default_factory=list)
@@ -106,7 +108,7 @@ class Request:
             request_id=child_id, prompt_len=self.prompt_len, max_tokens=self.max_tokens,
             arrival_s=self.arrival_s, priority=self.priority, n=1, beam=self.beam, prefix_hashes=self.prefix_hashes,
             hash_granularity=self.hash_granularity, stop_token_ids=self.stop_token_ids, status=self.status,
-            num_cached_tokens=self.num_cached_tokens, seq=self.seq, parent_id=self.request_id,
+            num_cached_tokens=self.num_cached_tokens, seq=self.seq, started=self.started, parent_id=self.request_id,
             group_id=self.group, forked=True,
         )
         child.continue_from(self)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterator
+from itertools import islice
 
 from kvplan.engine.core.request import Request
 
@@ -31,6 +32,16 @@ class FCFSQueue:
 
     def remove(self, request: Request) -> None:
         self._q.remove(request)
+
+    def head(self, n: int) -> list[Request]:
+        """The first `n` requests (fewer when fewer wait), in order."""
+        return list(islice(self._q, n))
+
+    def replace_head(self, requests: list[Request]) -> None:
+        """Put `requests` (the same requests as `head(len(requests))`, reordered) in place of the queue's head."""
+        for _ in requests:
+            self._q.popleft()
+        self._q.extendleft(reversed(requests))
 
     def __len__(self) -> int:
         return len(self._q)

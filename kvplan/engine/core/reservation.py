@@ -81,6 +81,9 @@ class ReservationAllocator:
     def cached_prefix_blocks(self, request: Request) -> int:
         return 0
 
+    def num_cached_tokens(self, request: Request) -> int:
+        return 0  # no prefix cache
+
     def commit(self, request: Request, num_tokens: int) -> None:
         return None
 

@@ -29,6 +29,9 @@ Prefix-cache registration happens when a request is scheduled (`emit`), as in vL
 computes are keyed at once, so a request admitted later in the same step hits them (the engine writes a step's KV
 before attending). A victim preempted after it was scheduled in the step loses those keys again.
 
+Versions (`vllm_version`, `engine.core.vllm_versions`): from 0.34 the long-prefill cap applies only with chunked
+prefill on, and cache-aware admission may reorder the head of the waiting queue (`admission`).
+
 Admission gate (`scheduler_reserve_full_isl`, vLLM's name and default): a waiting request is admitted only when
 the blocks for its whole prompt (and output to recompute) beyond its prefix hits fit in the free blocks with the
 watermark to spare, not just its first chunk; off, the first chunk decides (vLLM <= 0.10).
@@ -113,6 +116,7 @@ class Scheduler:
         self.step_id = 0
         self.decode_mode = decode_mode
         self._seq = count()
+        self._started = count(1)
         self._rejected: list[tuple[str, str]] = []
         if self.config.long_prefill_token_threshold > self.cache_config.max_model_len:  # vLLM refuses it too
             raise ConfigError(f"scheduler.long_prefill_token_threshold: {self.config.long_prefill_token_threshold} "
@@ -121,6 +125,14 @@ class Scheduler:
         # vLLM's long_prefill_token_threshold: a prefill's tokens per step, capped before the budget is applied -
         # in steps that start with more than one request (alone, a prefill starves nobody)
         self._long_prefill = self.config.long_prefill_token_threshold or INF
+        if self.config.version.long_prefill_needs_chunking and not self.config.enable_chunked_prefill:
+            self._long_prefill = INF  # vLLM >= 0.34: the cap splits prompts, which only chunked prefill may do
+        # cache-aware admission (admission.reorder_window): a window on a prefix cache
+        self.cache_aware_window = self.config.cache_aware_admission_window
+        if self.cache_aware_window and not self.cache_config.enable_prefix_caching:
+            raise ConfigError("scheduler.cache_aware_admission_window: orders waiting requests by their cached "
+                              "prefix, and cache.enable_prefix_caching is off (vLLM ignores it then); allowed: 0, or "
+                              "prefix caching on")
         self._cap = INF
         # Constants of the configuration, public for the components:
         #: whether blocks are keyed for the prefix cache as steps are scheduled
@@ -204,7 +216,7 @@ class Scheduler:
         parent.children_ids.append(child_id)
         self.requests[child_id] = child
         if self.kv.fork(parent, child):
-            self.start_running(child)
+            self.start_running(child, fork=True)
         else:  # a reservation allocator found no room for the child: it recomputes later
             self.preemption.requeue_for_recompute(child)
             self.stats.num_preemptions += 1
@@ -218,7 +230,10 @@ class Scheduler:
         return len(self.running) + len(self.swapped) + len(self.waiting)
 
     # -- lifecycle transitions and admission rules (the components' API) ------------------------------------
-    def start_running(self, request: Request) -> None:
+    def start_running(self, request: Request, fork: bool = False) -> None:
+        """Append to `running`; `started` records the place (a fork keeps its parent's, as a sibling)."""
+        if not fork:
+            request.started = next(self._started)
         request.status = RUNNING
         self.running.append(request)
         self.num_running_seqs += request.seq_slots

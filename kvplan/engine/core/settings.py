@@ -27,6 +27,9 @@ from typing import Any
 from kvplan.engine.core.eviction import EVICTION_POLICIES
 from kvplan.engine.core.needs import ON, Needs, check_needs  # noqa: F401 (check_needs: the sides')
 from kvplan.engine.core.victims import VICTIM_POLICIES
+from kvplan.engine.core.vllm_versions import NAMES as VLLM_VERSIONS
+from kvplan.engine.core.vllm_versions import NEWEST as NEWEST_VLLM
+from kvplan.engine.core.vllm_versions import VERSIONS, since
 from kvplan.errors import ConfigError, listed, short_repr
 from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
 
@@ -249,9 +252,20 @@ CPU_TIER = Needs("a CPU prefix tier", (("kv_offloading_blocks", ON), ("kv_offloa
 LOWER_TIER = Needs("a prefix tier below the GPU", (*CPU_TIER.any_of, ("kv_disk_blocks", ON), ("kv_shared_blocks", ON)))
 SHARED_TIER = Needs("a cluster-shared prefix tier", (("kv_shared_blocks", ON),))
 SWAP = Needs("swapping preempted requests out", (("preemption_mode", "swap"),))
+VLLM_034 = Needs("vLLM 0.34 or newer (vllm_version)", tuple(("vllm_version", v) for v in since("0.34")))
+CACHE_AWARE = Needs("cache-aware admission", (("cache_aware_admission_window", ON),))
+
+
+def _by_version(field: str, unit: str = "") -> str:
+    """'0.33: 16, 0.34: 64': a default that depends on vllm_version, as the reference shows it."""
+    return ", ".join(f"{name}: {getattr(VERSIONS[name], field):g}{unit}" for name in VLLM_VERSIONS)
+
+
+VERSION_DEFAULT = "simulator, on a GPU: vLLM's default of the vllm_version ({}); otherwise kvplan's engine's {}"
 SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # --- the KV cache (CacheConfig) ---
-    _s("block_size", "int", 16, "tokens per KV block", config="cache", minimum=1, maximum=256, unit="tokens"),
+    _s("block_size", "int", 16, "tokens per KV block", config="cache", minimum=1, maximum=256, unit="tokens",
+       unset=VERSION_DEFAULT.format(_by_version("block_size"), 16), unset_sides=SIM),
     _s("num_blocks", "int", 1024, "KV blocks on the device", config="cache", minimum=1, maximum=MAX_BLOCKS,
        why=PER_BLOCK,
        aliases=("--num-gpu-blocks-override",), keys=("num_gpu_blocks_override",),
@@ -330,12 +344,21 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("scheduler_reserve_full_isl", "bool", True, "admit a waiting request only when its whole prompt fits in "
        "the free KV blocks (vLLM's default); off: a first chunk that fits is enough (vLLM <= 0.10)",
        config="scheduler"),
+    _s("vllm_version", "choice", NEWEST_VLLM, "the vLLM release whose scheduler and defaults are followed "
+       "(engine.core.vllm_versions says what differs)", config="scheduler", choices=VLLM_VERSIONS, vllm=False),
+    _s("cache_aware_admission_window", "int", 0, "cache-aware admission: within the first N waiting requests, "
+       "those with a deeper cached prefix are admitted first (ties by arrival), once KV usage reaches the "
+       "threshold; needs prefix caching and the fcfs policy (0: arrival order)", config="scheduler", minimum=0,
+       maximum=1_000_000, needs=VLLM_034, unit="requests"),
+    _s("cache_aware_admission_threshold", "float", 0.5, "KV cache usage from which cache-aware admission reorders "
+       "(0: every step)", config="scheduler", minimum=0, maximum=1, needs=CACHE_AWARE, unit="fraction of blocks"),
     # --- the device and the model (the engine and the simulator) ---
     _s("kv_cache_dtype", "choice", "auto", "KV cache dtype (auto: the model's; fp8 and int8 hold ~2x the blocks "
        "in the same memory)", sides=ENGINE_SIM, choices=KV_CACHE_DTYPES, values=(("float8", "fp8"),),
        aliases=("--kv-dtype",), keys=("kv_dtype",)),
     _s("gpu_memory_utilization", "float", 0.9, "fraction of device memory the engine may use (weights + KV)",
-       sides=ENGINE_SIM, above=0, maximum=1, unit="fraction of memory"),
+       sides=ENGINE_SIM, above=0, maximum=1, unit="fraction of memory",
+       unset=VERSION_DEFAULT.format(_by_version("gpu_memory_utilization"), 0.9), unset_sides=SIM),
     _s("kv_cache_memory", "bytes", 64 << 20, "bytes of KV cache, used when num_blocks is not given",
        sides=ENGINE, aliases=("--kv-cache-memory-bytes",),
        unset="on CUDA what gpu_memory_utilization leaves after the weights and a profiled step (vLLM's rule); "

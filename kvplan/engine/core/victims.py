@@ -3,7 +3,8 @@
 Each policy is a sort key over running requests; the victim is the request with the largest key. Ties fall to
 the most recently added request (largest `seq`), so every policy is deterministic.
 
-* `newest`            - the most recently arrived request (vLLM's default: it has the least work to redo),
+* `newest`            - the request started last (vLLM's FCFS rule: the last of its running list; the most recently
+                        arrived unless cache-aware admission admitted a later arrival first),
 * `lowest_priority`   - the largest priority value (vLLM's priority scheduling), then the newest,
 * `longest_remaining` - the most output tokens still to generate, then the newest.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable
 from kvplan.engine.core.request import Request
 
 VICTIM_POLICIES: dict[str, Callable[[Request], tuple]] = {
-    "newest": lambda r: (r.arrival_s, r.seq),
+    "newest": lambda r: (r.started, r.seq),
     "lowest_priority": lambda r: (r.priority, r.arrival_s, r.seq),
     "longest_remaining": lambda r: (r.max_tokens - r.num_output_tokens, r.arrival_s, r.seq),
 }
