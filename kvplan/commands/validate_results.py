@@ -15,7 +15,7 @@ from kvplan.measured.formats import FORMATS
 
 # Facts a simulation rests on that a user should know were not measured: listed as GUESSED when neither the file
 # nor a flag gave them. (The rest of the settings are vLLM's defaults too, and `--explain`-style detail.)
-KEY_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "block_size", "gpu_memory_utilization",
+KEY_SETTINGS = ("vllm_version", "tensor_parallel_size", "pipeline_parallel_size", "block_size", "gpu_memory_utilization",
                 "kv_cache_dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
                 "enable_chunked_prefill")
 DEFAULT_HARDWARE = "h100-sxm"  # `kvplan simulate`'s default
@@ -191,7 +191,7 @@ def report_text(source: str, entries: list[dict]) -> str:
         model = entry["model"]
         shown = model["simulated"] if model["file"] in (None, model["simulated"]) else \
             f"{model['file']} as {model['simulated']}"
-        version = f", vLLM {entry['vllm_version']} behaviour" if entry.get("vllm_version") else ""
+        version = f" as vLLM {entry['vllm_version']}" if entry.get("vllm_version") else ""
         lines += [*wrapped(head), *wrapped(f"simulated: {shown} on {entry['hardware']}{version}"),
                   *wrapped(f"workload: {entry['workload']}"), ""]
         lines += format_table(TABLE_HEADERS, table_rows(entry["_rows"])).splitlines()

@@ -67,8 +67,8 @@ def simulated(result, metric: str, point: str) -> float | None:
     """The simulator's figure in seconds (None: not computed for this point, e.g. ITL's p95)."""
     if point in _SUMMARY_STAT:
         value = result.summary.get(f"{_SUMMARY_STAT[point]}_{_SUMMARY_NAME[metric]}_ms")
-    elif metric in _TABLE_COLUMN and len(result.table):
-        column = result.table[result.table["sample"] == 0][_TABLE_COLUMN[metric]].dropna().to_numpy()
+    elif metric in _TABLE_COLUMN and len(result.requests):
+        column = result.requests[result.requests["sample"] == 0][_TABLE_COLUMN[metric]].dropna().to_numpy()
         value = float(np.percentile(column, float(point))) if len(column) else None
     else:
         value = None

@@ -113,3 +113,35 @@ def test_other_documents_are_not_vllm_bench(tmp_path):
     csv = tmp_path / "x.csv"
     csv.write_text("Metric,avg\nttft,1.5\n")
     assert load_document(csv) == [{"Metric": "ttft", "avg": "1.5"}]
+
+
+def test_closed_loop_sends_the_files_count_and_the_fast_path_agrees():
+    """--max-concurrency C with N prompts: C users, N requests in all (ClosedLoop max_requests), the same result
+    stepping one step at a time; fewer requests than users sends only those."""
+    from dataclasses import replace
+
+    from kvplan.measured.simulate import simulate_workload
+    from kvplan.sim.spec import SimSpec
+
+    run = read_runs(AGGREGATE)[1][0]
+    work = workload(run, seed=0)
+    spec = SimSpec(model="smollm2-135m", hardware="cpu-local")
+    fast, slow = simulate_workload(work, spec, 0), simulate_workload(work, replace(spec, fast_path=False), 0)
+    assert fast.summary["completed"] == len(fast.requests) == 16
+    assert fast.requests.equals(slow.requests)
+    starts = np.sort(fast.requests["arrival_s"].to_numpy())
+    assert np.count_nonzero(starts == 0.0) == 4  # the four users' first requests, the rest on completions
+    run.num_requests = 2
+    assert simulate_workload(workload(run, seed=0), spec, 0).summary["completed"] == 2
+
+
+def test_simulated_figures_beyond_the_summary_come_from_the_requests():
+    from kvplan.measured.compare import simulated
+    from kvplan.measured.simulate import simulate_workload
+    from kvplan.sim.spec import SimSpec
+
+    result = simulate_workload(workload(read_runs(DETAILED)[1][0], seed=0), SimSpec(model="smollm2-135m",
+                                                                                      hardware="cpu-local"), 0)
+    assert simulated(result, "ttft", "95") == pytest.approx(np.percentile(result.requests["ttft_ms"], 95) / 1e3)
+    assert simulated(result, "ttft", "99") == pytest.approx(result.summary["p99_ttft_ms"] / 1e3)
+    assert simulated(result, "itl", "95") is None  # the summary keeps the gaps' 50/90/99 and mean only
