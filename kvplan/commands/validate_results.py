@@ -15,9 +15,9 @@ from kvplan.measured.formats import FORMATS
 
 # Facts a simulation rests on that a user should know were not measured: listed as GUESSED when neither the file
 # nor a flag gave them. (The rest of the settings are vLLM's defaults too, and `--explain`-style detail.)
-KEY_SETTINGS = ("vllm_version", "tensor_parallel_size", "pipeline_parallel_size", "block_size", "gpu_memory_utilization",
-                "kv_cache_dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching",
-                "enable_chunked_prefill")
+KEY_SETTINGS = ("vllm_version", "tensor_parallel_size", "pipeline_parallel_size", "block_size",
+                "gpu_memory_utilization", "kv_cache_dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                "enable_prefix_caching", "enable_chunked_prefill")
 DEFAULT_HARDWARE = "h100-sxm"  # `kvplan simulate`'s default
 WIDTH = 100  # terminal lines
 
