@@ -79,6 +79,10 @@ OUTPUTS: dict[str, Output] = {
                        "--hardware a100-40gb --block-size 16 64 256"),
     "trace-samples": Output("kvplan trace samples"),
     "trace-stats": Output("kvplan trace stats traces/samples/chat.jsonl"),
+    "from-results-rate": Output("kvplan validate --from-results tests/measured/data/vllm-bench-rate2-detailed.json "
+                                "--hardware cpu-local"),
+    "from-results-concurrency": Output("kvplan validate --from-results tests/measured/data/vllm-bench-conc4.json "
+                                       "--hardware cpu-local"),
 }
 
 

@@ -17,7 +17,7 @@ from kvplan.measured.formats import FORMATS
 # nor a flag gave them. (The rest of the settings are vLLM's defaults too, and `--explain`-style detail.)
 KEY_SETTINGS = ("vllm_version", "tensor_parallel_size", "pipeline_parallel_size", "block_size",
                 "gpu_memory_utilization", "kv_cache_dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                "enable_prefix_caching", "enable_chunked_prefill")
+                "enable_prefix_caching", "enable_chunked_prefill", "entry_point")
 DEFAULT_HARDWARE = "h100-sxm"  # `kvplan simulate`'s default
 WIDTH = 100  # terminal lines
 

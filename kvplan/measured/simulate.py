@@ -103,8 +103,8 @@ def _lengths_for(run: MeasuredRun, count: int, rng: np.random.Generator) -> tupl
     if len(prompt) != len(output):
         raise UserError(f"{run.source}: {len(prompt)} prompt lengths but {len(output)} output lengths; allowed: "
                         "one pair per request")
-    if len(prompt) == count:
-        return prompt, output, "the file's lengths"
+    if len(prompt) == count or len(prompt) == 1:  # one pair: every request alike (a file's mean lengths)
+        return np.resize(prompt, count), np.resize(output, count), "the file's lengths"
     pick = rng.integers(len(prompt), size=count)  # a pair at a time: a prompt keeps its own output
     return prompt[pick], output[pick], f"lengths drawn from the file's {len(prompt)}"
 
