@@ -66,8 +66,8 @@ def workload(run: MeasuredRun, seed: int) -> Workload:
         if timed:
             starts = np.array([r.start_s for r in requests], dtype=np.float64)
             trace = Trace.build(starts - starts.min(), prompt, output)
-            return Workload(trace, None, f"{len(trace)} requests at the file's send times"
-                                         f"{_lengths(prompt, output)}")
+            return Workload(trace, None, f"{len(trace)} requests{_lengths(prompt, output)} at the file's send "
+                                         "times")
         count, source = len(requests), "the file's per-request lengths"
     else:
         if not run.prompt_tokens or not run.output_tokens:
@@ -76,16 +76,17 @@ def workload(run: MeasuredRun, seed: int) -> Workload:
         count = run.num_requests or len(run.prompt_tokens)
         prompt, output, source = _lengths_for(run, count, rng)
     if run.max_concurrency is not None:
-        how = f"{count} requests of {source} by {run.max_concurrency} concurrent users (closed loop)"
+        how = (f"{count} requests{_lengths(prompt, output)} of {source}, by {run.max_concurrency} concurrent "
+               "users (closed loop)")
         if run.rate_rps is not None and math.isfinite(run.rate_rps):
             how += f"; the file's rate limit {run.rate_rps:g}/s is not modelled"
-        return Workload(Trace.build(np.zeros(count), prompt, output, timed=False), run.max_concurrency,
-                        how + _lengths(prompt, output))
+        return Workload(Trace.build(np.zeros(count), prompt, output, timed=False), run.max_concurrency, how)
     if run.rate_rps is None:
         raise UserError(f"{run.source}: {run.run_label or 'the run'} records neither send times, a request rate "
                         "nor a concurrency; allowed: a run of one of those")
     if math.isinf(run.rate_rps):
-        starts, how = np.zeros(count), f"{count} requests of {source}, all sent at once (rate inf)"
+        starts = np.zeros(count)
+        how = f"{count} requests{_lengths(prompt, output)} of {source}, all sent at once (rate inf)"
     else:
         from kvplan.traces.arrivals import renewal
 
@@ -93,8 +94,9 @@ def workload(run: MeasuredRun, seed: int) -> Workload:
         starts = renewal(run.rate_rps, cv, count, rng)
         starts -= starts[0]
         process = "Poisson" if cv == 1.0 else f"gamma (CV {cv:.3g})"
-        how = f"{count} requests of {source} at {run.rate_rps:g}/s, {process} arrivals (seed {seed})"
-    return Workload(Trace.build(starts, prompt, output), None, how + _lengths(prompt, output))
+        how = (f"{count} requests{_lengths(prompt, output)} of {source}, at {run.rate_rps:g}/s with {process} "
+               f"arrivals (seed {seed})")
+    return Workload(Trace.build(starts, prompt, output), None, how)
 
 
 def _lengths_for(run: MeasuredRun, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, str]:

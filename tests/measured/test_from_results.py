@@ -33,7 +33,7 @@ def test_detailed_file_end_to_end(capsys):
     entry = doc["runs"][0]
     assert entry["model"] == {"file": raw["model_id"], "simulated": "smollm2-135m"}
     assert entry["hardware"] == "cpu-local" and not any(g.startswith("hardware") for g in entry["guessed"])
-    assert entry["workload"].startswith("12 requests at the file's send times")
+    assert entry["workload"] == "12 requests (64 prompt, 16 output tokens) at the file's send times"
     assert entry["simulated"]["completed"] == 12 and entry["simulated"]["rejected"] == 0
     rows = rows_of(entry)
     assert rows[("ttft", "99")]["measured"] == pytest.approx(raw["p99_ttft_ms"] / 1e3)
