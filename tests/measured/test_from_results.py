@@ -77,7 +77,7 @@ def test_bad_and_partial_files_get_one_line(capsys, tmp_path):
     (tmp_path / "cut.json").write_text(Path(DETAILED).read_text()[:3000])
     assert "cut.json" in refused(capsys, ["validate", "--from-results", str(tmp_path / "cut.json")], "not JSON",
                                  tmp=tmp_path)
-    (tmp_path / "other.json").write_text('{"benchmarks": [], "metadata": {}}')
+    (tmp_path / "other.json").write_text('{"hello": "world"}')
     refused(capsys, ["validate", "--from-results", str(tmp_path / "other.json")], "no known result format",
             tmp=tmp_path)
     line = refused(capsys, ["validate", "--from-results", str(tmp_path / "other.json"), "--format", "vllm-bench"],
