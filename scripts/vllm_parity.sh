@@ -1,32 +1,49 @@
 #!/usr/bin/env bash
 # Re-check that kvplan's core schedules exactly as vLLM's own V1 scheduler does (tests/core/test_vllm_parity.py).
 #
-# Builds a separate virtual environment (never the project's .venv): vLLM's wheel installed with --no-deps, a CPU
-# torch (pinned), and the few pure-Python packages that importing vLLM's scheduler and config needs. vllm._C is not
-# needed: the scheduler and KV cache manager are pure Python. Then runs the comparison on many seeded scenarios.
+# Builds a separate virtual environment per vLLM release (never the project's .venv): vLLM's wheel installed with
+# --no-deps, a CPU torch (pinned), and the few pure-Python packages that importing vLLM's scheduler and config needs.
+# vllm._C is not needed: the scheduler and KV cache manager are pure Python. Then runs the comparison on many seeded
+# scenarios of each family (plain, hybrid, cache-aware admission, chunked prefill off with a long-prefill
+# threshold), kvplan's side given the installed release's vllm_version.
 #
-#   scripts/vllm_parity.sh [--scenarios N] [--first-seed S] [--vllm-version V] [--venv DIR]
+#   scripts/vllm_parity.sh [--scenarios N] [--first-seed S] [--vllm-version V | --all] [--venv DIR]
 #
-# Defaults: 200 scenarios from seed 0, vLLM's current release on PyPI, the environment in .venv-vllm-parity/.
-# Prints one line: the vLLM version, scenarios, steps and the result; exits non-zero if any scenario differs.
+# Defaults: 200 scenarios per family from seed 0, the newest release kvplan follows (engine.core.vllm_versions),
+# the environment in .venv-vllm-<release>/. --all runs every release kvplan follows, each in its own environment.
+# Prints one line per family: the vLLM version, scenarios, steps and the result; exits non-zero if any differs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scenarios=200
 first_seed=0
 vllm_version=""
-venv=.venv-vllm-parity
+venv=""
+all=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --scenarios) scenarios="$2"; shift 2 ;;
     --first-seed) first_seed="$2"; shift 2 ;;
     --vllm-version) vllm_version="$2"; shift 2 ;;
+    --all) all=1; shift ;;
     --venv) venv="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
-    *) echo "vllm_parity.sh: unknown option $1; allowed: --scenarios N, --first-seed S, --vllm-version V, --venv DIR" >&2
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "vllm_parity.sh: unknown option $1; allowed: --scenarios N, --first-seed S, --vllm-version V, --all, --venv DIR" >&2
        exit 2 ;;
   esac
 done
+# The releases kvplan follows, newest last (one place: kvplan/engine/core/vllm_versions.py; standard library only)
+releases=$(PYTHONPATH="$PWD" python3 -c "from kvplan.engine.core.vllm_versions import VERSIONS, NAMES
+print(' '.join(VERSIONS[n].release for n in NAMES))")
+if [ -n "$all" ]; then
+  status=0
+  for release in $releases; do
+    "$0" --scenarios "$scenarios" --first-seed "$first_seed" --vllm-version "$release" || status=1
+  done
+  exit $status
+fi
+vllm_version=${vllm_version:-${releases##* }}
+venv=${venv:-.venv-vllm-$vllm_version}
 
 # What vLLM's scheduler, config and request modules import (found by importing them in a bare environment),
 # at the versions the last parity run used. torch is pinned: an unpinned torch would pull a CUDA build.
@@ -50,11 +67,11 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 py="$venv/bin/python"
 installed=$("$py" -c "import importlib.metadata as m; print(m.version('vllm'))" 2>/dev/null || true)
-if [ -z "$installed" ] || { [ -n "$vllm_version" ] && [ "$installed" != "$vllm_version" ]; }; then
+if [ "$installed" != "$vllm_version" ]; then
   pip_quiet install -q "$TORCH"
   wheels=$(mktemp -d)
   trap 'rm -rf "$wheels"' EXIT
-  pip_quiet download -q --no-deps -d "$wheels" "vllm${vllm_version:+==$vllm_version}"
+  pip_quiet download -q --no-deps -d "$wheels" "vllm==$vllm_version"
   pip_quiet install -q --no-deps --force-reinstall "$wheels"/vllm-*.whl
   pip_quiet install -q "${DEPS[@]}"
 fi

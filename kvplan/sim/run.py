@@ -204,10 +204,12 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int, cost: CostModel
     check_sizes(spec, num_blocks, float(trace.arrival_s[-1] - trace.arrival_s[0]))  # before any pool is built
     max_len = resolve_max_model_len(spec, trace)
     granularity = trace.hash_granularity if trace.has_prefix else 0
-    if spec.enable_prefix_caching and granularity and granularity % spec.kv_block_size:
-        divisors = [b for b in range(1, min(granularity, 256) + 1) if granularity % b == 0]
-        raise UserError(f"--block-size: {spec.kv_block_size} does not divide the trace's prefix-hash granularity "
-                         f"{granularity}; allowed: {', '.join(map(str, divisors))} (or --no-enable-prefix-caching)")
+    if spec.enable_prefix_caching and granularity and granularity % spec.kv_block_size and \
+            spec.kv_block_size % granularity:
+        fitting = [b for b in range(1, 257) if granularity % b == 0 or b % granularity == 0]
+        raise UserError(f"--block-size: {spec.kv_block_size} neither divides nor is a multiple of the trace's "
+                         f"prefix-hash granularity {granularity}; allowed: {', '.join(map(str, fitting))} "
+                         "(or --no-enable-prefix-caching)")
     if num_blocks < 1:
         raise UserError(f"{spec.model} on {spec.hardware}: no memory left for the KV cache after the weights and "
                          "activations; allowed: a larger --hardware, a higher --gpu-memory-utilization, or "

@@ -29,7 +29,8 @@ def valid(s: Setting) -> object:
     if s.kind == "bytes":
         return 1 << 20
     if s.kind == "float":
-        return 0.5 if s.maximum is None or s.maximum >= 0.5 else s.maximum
+        value = 0.5 if s.maximum is None or s.maximum >= 0.5 else s.maximum
+        return value if value != s.default else value / 2
     return 4 if s.maximum is None or s.maximum >= 4 else int(s.maximum)
 
 

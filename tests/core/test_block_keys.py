@@ -43,9 +43,36 @@ def test_blocks_past_the_hashed_prompt_are_private_to_the_request():
     assert a.key(6) != b.key(6)  # block 6 holds prompt tail and generated tokens
 
 
-def test_granularity_must_be_a_multiple_of_the_block_size():
-    with pytest.raises(ValueError, match="granularity 512 is not a multiple of block size 24"):
+def test_granularity_must_be_a_multiple_or_a_divisor_of_the_block_size():
+    with pytest.raises(ValueError, match="granularity 512 is neither a multiple nor a divisor of block size 24"):
         HashBlockKeys([1], 512, 24, 100, "a")
+    with pytest.raises(ValueError, match="granularity 16 is neither a multiple nor a divisor of block size 24"):
+        HashBlockKeys([1], 16, 24, 100, "a")
+
+
+def test_a_block_larger_than_the_granularity_is_shared_when_all_its_groups_are():
+    """Blocks of 64 tokens over 16-token hashes (vLLM 0.34's default block on a 16-granular trace): a block is
+    shared exactly when every group it covers is, whatever the groups hold - checked against a brute force over
+    random pairs of hash lists."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(200):
+        a = [rng.randrange(4) for _ in range(rng.randint(1, 12))]
+        b = a[:rng.randint(0, len(a))] + [rng.randrange(4) for _ in range(rng.randint(0, 6))]
+        ka, kb = HashBlockKeys(a, 16, 64, 16 * len(a), "a"), HashBlockKeys(b, 16, 64, 16 * len(b), "b")
+        blocks = min(len(a), len(b)) // 4
+        expected = 0
+        for i in range(blocks):
+            if a[:4 * (i + 1)] != b[:4 * (i + 1)]:
+                break
+            expected += 1
+        got = 0
+        for i in range(blocks):
+            if ka.key(i) != kb.key(i):
+                break
+            got += 1
+        assert got == expected, (a, b)
 
 
 def test_hash_keys_are_the_chain_mix_chain_whatever_order_they_are_asked_in():

@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+from kvplan.engine.core.vllm_versions import since
 from tests.core.vllm_parity import (
     KvplanSide,
     Tally,
@@ -28,7 +29,6 @@ from tests.core.vllm_parity import (
     vllm_minor,
     vllm_version,
 )
-from kvplan.engine.core.vllm_versions import since
 
 
 def _seeds() -> range:

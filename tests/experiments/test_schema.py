@@ -121,9 +121,9 @@ BROKEN = [
     (merged(seeds=[0], repeats=2), "seeds: set seeds or repeats, not both"),
     (merged(name=DROP), "name: must be set"),
     # Caught when the points are built, before anything runs: named by point and key path.
-    (merged(engine__block_size=48), "point 0 (base): engine.block_size: 48 does not divide the trace's"
-                                    " prefix-hash granularity 512; allowed: 1, 2, 4, 8, 16, 32, 64, 128, 256 (or"
-                                    " engine.enable_prefix_caching: false)"),
+    (merged(engine__block_size=48), "point 0 (base): engine.block_size: 48 neither divides nor is a multiple of the"
+                                    " trace's prefix-hash granularity 512; allowed: 1, 2, 4, 8, 16, 32, 64, 128, 256"
+                                    " (or engine.enable_prefix_caching: false)"),
     (merged(engine__allocator="max"), "point 0 (base): engine.enable_prefix_caching: not supported with the"
                                       " contiguous reservation allocator"),
     # an option of a component no point configures: named as written, with the value's index in its sweep
@@ -187,7 +187,7 @@ def test_the_sweep_expands_grid_times_zip_in_a_stable_order(tmp_path):
         "block_size=16 eviction_policy=lru num_blocks=8000 replicas=2",
         "block_size=16 eviction_policy=fifo num_blocks=4000 replicas=1"]
     assert points[7].config["engine"]["block_size"] == 32 and points[7].config["cluster"]["replicas"] == 2
-    assert exp.base["engine"]["block_size"] == 16  # the base is never modified by a point
+    assert exp.base["engine"]["block_size"] is None  # the base is never modified by a point (None: vLLM's default)
     assert [p.label for p in expand(exp)] == [p.label for p in points]
 
 

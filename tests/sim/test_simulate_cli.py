@@ -118,7 +118,8 @@ def test_block_size_comparison_table(capsys):
     (["--hardware", "tpu-v5"], "--hardware: unknown hardware 'tpu-v5'; allowed: a100-40gb"),
     (["--model", "gpt-9"], "--model: unknown model 'gpt-9'; did you mean 'gpt-oss-20b'? allowed: a built-in model ("),
     (["--num-blocks", "100"], "cannot hold one request of the trace"),
-    (["--block-size", "48"], "--block-size: 48 does not divide the trace's prefix-hash granularity 512"),
+    (["--block-size", "48"], "--block-size: 48 neither divides nor is a multiple of the trace's prefix-hash "
+                             "granularity 512"),
     (["--model", "llama-3-70b", "--hardware", "l4"], "no memory left for the KV cache"),
 ])
 def test_bad_input_says_what_is_allowed(flags, message, capsys):
@@ -145,7 +146,8 @@ def test_a_reservation_of_every_slot_runs_to_the_end(capsys):
 def test_sink_window_peak_is_checked_against_every_chunk(capsys):
     """Used to preempt one request hundreds of times and end in a RuntimeError: each later chunk needs the sinks,
     the window and a whole budget-sized chunk, which 300 blocks cannot hold."""
-    flags = ["simulate", "--trace", SAMPLE, "--clip-context", "--num-blocks", "300", "--sink-tokens", "4",
+    flags = ["simulate", "--trace", SAMPLE, "--clip-context", "--num-blocks", "300", "--block-size", "16",
+             "--sink-tokens", "4",
              "--window-tokens", "4096", "--no-prefix-caching", "--max-num-batched-tokens", "2048"]
     assert main(flags) == 2
     assert "needs 386 KV blocks at its peak" in capsys.readouterr().err

@@ -10,11 +10,12 @@ ever compared with keys of the same kind, so the two kinds never need to agree.
 Two sources of content:
 
 * `TokenBlockKeys`: the token ids themselves (the live engine).
-* `HashBlockKeys`: a trace's prefix hashes at granularity G, a multiple of the block size b (Mooncake's
-  512-token `hash_ids`). Group j expands into G/b sub-blocks keyed H(prev, hash_j, sub-index), so sharing at
-  granularity G is preserved exactly at block size b. Blocks past the hashed part of the prompt (the tail of the
-  prompt not covered, and every block holding generated tokens) are keyed with a per-request salt: they are
-  cacheable, but never shared with another request - as on the live engine, where generated text differs.
+* `HashBlockKeys`: a trace's prefix hashes at granularity G (Mooncake's 512-token `hash_ids`), G a multiple or a
+  divisor of the block size b. Group j expands into G/b sub-blocks keyed H(prev, hash_j, sub-index), or block i
+  gathers the b/G groups it covers, keyed H(prev, their hashes, 0), so sharing at granularity G is preserved
+  exactly at block size b (a block is shared when all its groups are). Blocks past the hashed part of the prompt
+  (the tail of the prompt not covered, and every block holding generated tokens) are keyed with a per-request salt:
+  they are cacheable, but never shared with another request - as on the live engine, where generated text differs.
   No token list is ever built, so a million such requests fit in memory.
 """
 
@@ -79,9 +80,9 @@ class HashBlockKeys:
 
     def __init__(self, hash_ids: list[int] | tuple[int, ...], granularity: int, block_size: int,
                  prompt_len: int, salt: str) -> None:
-        if granularity % block_size:
-            raise UserError(f"hash granularity {granularity} is not a multiple of block size {block_size}; "
-                             "prefix hashes can only be expanded to a block size that divides them")
+        if granularity % block_size and block_size % granularity:
+            raise UserError(f"hash granularity {granularity} is neither a multiple nor a divisor of block size "
+                             f"{block_size}; prefix hashes can only be expanded or gathered into such blocks")
         self.hash_ids = hash_ids
         self.granularity = granularity
         self.block_size = block_size
@@ -100,9 +101,15 @@ class HashBlockKeys:
         start, hashed, hash_ids = len(keys), self.num_hashed_blocks, self.hash_ids
         # `chain_mix` inlined (a simulator run keys every block of every request): the trace's blocks, then the
         # request's own, salted
-        for i in range(start, min(index + 1, hashed)):
-            parent = hash((parent, int(hash_ids[i // per_group]), i % per_group))
-            keys.append(parent)
+        if per_group:
+            for i in range(start, min(index + 1, hashed)):
+                parent = hash((parent, int(hash_ids[i // per_group]), i % per_group))
+                keys.append(parent)
+        else:  # blocks larger than a group: each gathers the groups it covers
+            per_block = self.block_size // self.granularity
+            for i in range(start, min(index + 1, hashed)):
+                parent = hash((parent, tuple(int(h) for h in hash_ids[i * per_block:(i + 1) * per_block]), 0))
+                keys.append(parent)
         salt = self.salt
         for i in range(max(start, hashed), index + 1):
             parent = hash((parent, salt, i))

@@ -57,14 +57,23 @@ class Needs:
 
 def check_needs(values: Mapping[str, object], given: Iterable[str], spell: Callable[[str], str] = str,
                 needs: Mapping[str, Needs] | None = None) -> None:
-    """Refuse the first of `given` (settings the user set) whose component `values` do not configure, naming it
-    and what would configure it as `spell` spells them (a flag, a key path). `needs`: the declarations' own
+    """Refuse the first of `given` (settings the user set) whose component `values` do not configure, or which
+    the `vllm_version` in `values` does not have (`Setting.since`), naming it and what would configure it as
+    `spell` spells them (a flag, a key path). `needs`: the declarations' own
     (`NEEDS`), or a command's for its flags. One check for every side: the engine's options on construction,
     the command lines' flags, experiment files and `--configs` lists."""
-    from kvplan.engine.core.settings import NEEDS  # the declarations import this module
+    from kvplan.engine.core.settings import NEEDS, SETTINGS  # the declarations import this module
+    from kvplan.engine.core.vllm_versions import NEWEST, since
 
     declared = NEEDS if needs is None else needs
+    version = values.get("vllm_version", NEWEST)
     for name in given:
+        first = SETTINGS[name].since if name in SETTINGS else ""
+        newer = since(first) if first else ()
+        for v in version if isinstance(version, list) else [version]:  # a list: the values a command runs
+            if newer and v not in newer:
+                raise ConfigError(f"{spell(name)}: vLLM {v} has no {name} (added in {first}); allowed: "
+                                  f"{spell('vllm_version')} {' or '.join(newer)}, or leave it out")
         need = declared.get(name)
         if need is not None and not need.met(values):
             raise ConfigError(f"{spell(name)}: needs {need.component} (none configured); allowed: "

@@ -29,7 +29,7 @@ from kvplan.engine.core.needs import ON, Needs, check_needs  # noqa: F401 (check
 from kvplan.engine.core.victims import VICTIM_POLICIES
 from kvplan.engine.core.vllm_versions import NAMES as VLLM_VERSIONS
 from kvplan.engine.core.vllm_versions import NEWEST as NEWEST_VLLM
-from kvplan.engine.core.vllm_versions import VERSIONS, since
+from kvplan.engine.core.vllm_versions import VERSIONS
 from kvplan.errors import ConfigError, listed, short_repr
 from kvplan.limits import MAX_BLOCKS, MAX_TOKENS
 
@@ -188,7 +188,8 @@ class Setting(Field):
     configures (`check_needs` refuses it where nothing configures that component). `vllm` is vLLM's name of the
     knob (its `EngineArgs` field; the flag is its spelling with dashes), empty where the knob is kvplan's own;
     `unit` is what a number counts (tokens, blocks, GiB, ...), empty for a switch or a choice. Both are shown in
-    the generated reference (`kvplan.reference`)."""
+    the generated reference (`kvplan.reference`). `since` is the first vLLM release with the knob: with an older
+    `vllm_version` it is refused (`needs.check_needs`)."""
 
     name: str = ""
     config: str | None = None
@@ -201,6 +202,7 @@ class Setting(Field):
     needs: Needs | None = None
     vllm: str = ""
     unit: str = ""
+    since: str = ""  # the first vllm_version that has the knob (engine.core.vllm_versions); "": every one
 
     def derived_on(self, side: str) -> bool:
         """Whether None on `side` means a value that side derives (`unset`) rather than the default."""
@@ -252,7 +254,6 @@ CPU_TIER = Needs("a CPU prefix tier", (("kv_offloading_blocks", ON), ("kv_offloa
 LOWER_TIER = Needs("a prefix tier below the GPU", (*CPU_TIER.any_of, ("kv_disk_blocks", ON), ("kv_shared_blocks", ON)))
 SHARED_TIER = Needs("a cluster-shared prefix tier", (("kv_shared_blocks", ON),))
 SWAP = Needs("swapping preempted requests out", (("preemption_mode", "swap"),))
-VLLM_034 = Needs("vLLM 0.34 or newer (vllm_version)", tuple(("vllm_version", v) for v in since("0.34")))
 CACHE_AWARE = Needs("cache-aware admission", (("cache_aware_admission_window", ON),))
 
 
@@ -349,9 +350,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("cache_aware_admission_window", "int", 0, "cache-aware admission: within the first N waiting requests, "
        "those with a deeper cached prefix are admitted first (ties by arrival), once KV usage reaches the "
        "threshold; needs prefix caching and the fcfs policy (0: arrival order)", config="scheduler", minimum=0,
-       maximum=1_000_000, needs=VLLM_034, unit="requests"),
+       maximum=1_000_000, since="0.34", unit="requests"),
     _s("cache_aware_admission_threshold", "float", 0.5, "KV cache usage from which cache-aware admission reorders "
-       "(0: every step)", config="scheduler", minimum=0, maximum=1, needs=CACHE_AWARE, unit="fraction of blocks"),
+       "(0: every step)", config="scheduler", minimum=0, maximum=1, needs=CACHE_AWARE, since="0.34",
+       unit="fraction of blocks"),
     # --- the device and the model (the engine and the simulator) ---
     _s("kv_cache_dtype", "choice", "auto", "KV cache dtype (auto: the model's; fp8 and int8 hold ~2x the blocks "
        "in the same memory)", sides=ENGINE_SIM, choices=KV_CACHE_DTYPES, values=(("float8", "fp8"),),
