@@ -94,3 +94,22 @@ def test_live_flags_and_from_results_do_not_mix(capsys):
     refused(capsys, ["validate", "--from-results", DETAILED, "--repeats", "3"], "--repeats")
     refused(capsys, ["validate", "--from-results", DETAILED, "--dtype", "float32"], "--dtype")
     refused(capsys, ["validate", "--model", "tiny-llama", "--mode", "policy"], "--trace")
+
+
+@pytest.mark.parametrize(("path", "fmt"), [
+    ("guidellm_constant.json", "guidellm"), ("guidellm_concurrent.json", "guidellm"),
+    ("aiperf_rate/profile_export_aiperf.json", "aiperf"),
+    ("aiperf_concurrency_errors/profile_export_aiperf.json", "aiperf"),
+    ("inference_perf_poisson_stages/summary_lifecycle_metrics.json", "inference-perf"),
+    ("inference_perf_concurrent_errors/summary_lifecycle_metrics.json", "inference-perf")])
+def test_every_formats_real_file_end_to_end(capsys, path, fmt):
+    """The other tools' real files (their fixtures, recorded with tiny models kvplan has no spec of: --model)
+    go through detection, the workload, the simulation and the comparison."""
+    doc = run_json(capsys, str(DATA / path), "--model", "smollm2-135m", "--hardware", "cpu-local")
+    assert doc["format"] == fmt and doc["runs"]
+    for entry in doc["runs"]:
+        rows = rows_of(entry)
+        assert any(metric == "ttft" and row["simulated"] is not None for (metric, _), row in rows.items())
+        sent = int(entry["workload"].split()[0])
+        assert entry["simulated"]["completed"] + entry["simulated"]["rejected"] == sent
+        assert entry["model"]["simulated"] == "smollm2-135m" and entry["hardware"] == "cpu-local"
