@@ -24,6 +24,7 @@ WIDTH = 100  # terminal lines
 
 def add_results_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of the --from-results mode; `validate` has the shared serving settings already (engine flags)."""
+    from kvplan.arg_types import REPLICAS
     from kvplan.engine.core.settings import for_side
     from kvplan.settings_cli import add_setting_flags
 
@@ -40,6 +41,10 @@ def add_results_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cost", default="analytic", help="--from-results: cost model (as `kvplan simulate --cost`)")
     g.add_argument("--gpu-profile", default=None, metavar="DIR",
                    help="--from-results: a Vidur-format per-op profile of --hardware (as `kvplan simulate`)")
+    g.add_argument("--replicas", type=REPLICAS, default=1,
+                   help="--from-results: the replicas the measured endpoint balanced over (default 1)")
+    g.add_argument("--router", default="round_robin", help="--from-results: how requests were spread over "
+                   "--replicas: round_robin, least_outstanding, least_kv_usage or prefix_aware")
     have = {a.dest for a in p._actions}
     add_setting_flags(g, "sim", names=[s.name for s in for_side("sim") if s.name not in have])
 
@@ -96,7 +101,8 @@ def build_spec(args: argparse.Namespace, run, model: str):
     check_flag_needs(args, settings)
     try:
         spec = SimSpec(model=model, hardware=args.hardware or DEFAULT_HARDWARE, cost=args.cost,
-                       profile=args.profile, gpu_profile=args.gpu_profile, **settings)
+                       profile=args.profile, gpu_profile=args.gpu_profile, replicas=args.replicas,
+                       router=args.router, **settings)
     except UserError as exc:
         raise UserError(f"{run.source}: a recorded setting: {exc}") from None
     return spec, defaulted
@@ -140,7 +146,7 @@ def run(args: argparse.Namespace, live_only: list[tuple[str, str, object]]) -> i
         error = model_error_for(spec)
         entries.append({
             "run": measured_run.run_label or f"run {index + 1}", "tool": measured_run.tool,
-            "model": {"file": measured_run.model, "simulated": model}, "hardware": spec.hardware,
+            "model": {"file": measured_run.model, "simulated": model}, "hardware": spec.hardware, "replicas": spec.replicas,
             "vllm_version": getattr(spec, "vllm_version", None), "workload": work.how,
             "comparison": [r.to_json() for r in rows], "model_error": error.to_json(),
             "model_error_line": error.one_line(), "guessed": list(measured_run.guessed),
@@ -192,7 +198,8 @@ def report_text(source: str, entries: list[dict]) -> str:
         shown = model["simulated"] if model["file"] in (None, model["simulated"]) else \
             f"{model['file']} as {model['simulated']}"
         version = f" as vLLM {entry['vllm_version']}" if entry.get("vllm_version") else ""
-        lines += [*wrapped(head), *wrapped(f"simulated: {shown} on {entry['hardware']}{version}"),
+        where = entry["hardware"] if entry["replicas"] == 1 else f"{entry['replicas']} x {entry['hardware']}"
+        lines += [*wrapped(head), *wrapped(f"simulated: {shown} on {where}{version}"),
                   *wrapped(f"workload: {entry['workload']}"), ""]
         lines += format_table(TABLE_HEADERS, table_rows(entry["_rows"])).splitlines()
         lines += ["", "latencies in ms; error = (simulated - measured) / measured", ""]

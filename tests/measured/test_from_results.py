@@ -47,8 +47,9 @@ def test_detailed_file_end_to_end(capsys):
 def test_aggregate_file_with_flags_and_guesses(capsys, tmp_path):
     out = tmp_path / "set"
     doc = run_json(capsys, AGGREGATE, "--model", "smollm2-135m", "--hardware", "cpu-local", "--block-size", "32",
-                   "--out", str(out))
+                   "--replicas", "2", "--out", str(out))
     entry = doc["runs"][0]
+    assert entry["replicas"] == 2
     assert "by 4 concurrent users" in entry["workload"] and entry["simulated"]["completed"] == 16
     guessed = [g.split()[0] for g in entry["guessed"]]
     assert "block_size" not in guessed and "model" not in guessed and "hardware" not in guessed
