@@ -146,7 +146,8 @@ def run(args: argparse.Namespace, live_only: list[tuple[str, str, object]]) -> i
         error = model_error_for(spec)
         entries.append({
             "run": measured_run.run_label or f"run {index + 1}", "tool": measured_run.tool,
-            "model": {"file": measured_run.model, "simulated": model}, "hardware": spec.hardware, "replicas": spec.replicas,
+            "model": {"file": measured_run.model, "simulated": model}, "hardware": spec.hardware,
+            "replicas": spec.replicas,
             "vllm_version": getattr(spec, "vllm_version", None), "workload": work.how,
             "comparison": [r.to_json() for r in rows], "model_error": error.to_json(),
             "model_error_line": error.one_line(), "guessed": list(measured_run.guessed),
