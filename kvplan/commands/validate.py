@@ -36,6 +36,8 @@ from kvplan.output import atomic_dir, check_out_dir, check_paths, json_text, pri
 from kvplan.results.serving_result import write_tables
 
 MODES = ("policy", "timing", "both")
+RESULTS_DOC = ("no live run: the file's workload is simulated on --hardware and its figures printed beside the "
+               "simulator's (kvplan.commands.validate_results).")
 # The simulations a timing validation compares, beside the profile as calibrated: the profile scaled by a machine
 # speed factor measured independently around the live runs (the speed probe), and by the speed the live runs'
 # own steps show against the profile (an oracle for the machine's speed, not a prediction: what remains is
@@ -43,21 +45,37 @@ MODES = ("policy", "timing", "both")
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
-    p = verbs.add_parser("validate", help="live runs vs the simulator: policy identity and timing error",
-                         description=__doc__)
-    add_trace_arguments(p)
+    from kvplan.commands.validate_results import add_results_arguments
+
+    p = verbs.add_parser("validate", help="live runs vs the simulator: policy identity and timing error; or a "
+                         "benchmark tool's result file vs the simulator (--from-results)",
+                         description=__doc__ + "\n\nWith --from-results FILE: " + RESULTS_DOC)
+    add_trace_arguments(p, model_required=False)  # both needed by a live run: checked in `run`
+    shared = {a.dest for a in p._actions}
     add_engine_arguments(p)
     p.add_argument("--profile", default=None,
                    help="calibrated profile (default: the shipped cpu-local profile of --model, if any)")
+    shared |= {a.dest for a in p._actions}
     p.add_argument("--configs", default=None, help="YAML list of named configurations overriding the options")
     p.add_argument("--repeats", type=integer(1, 100), default=2, help="live runs per configuration (the noise band)")
     p.add_argument("--mode", choices=MODES, default="both")
     p.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
                    help="timing: skip the speed probe around each live run (and the speed-adjusted comparison)")
     add_endpoint_arguments(p)
-    p.add_argument("--out", type=out_path, required=True, help="result directory (replaced whole on success)")
+    p.add_argument("--out", type=out_path, default=None,
+                   help="result directory (replaced whole on success; required for a live run)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(handler=run)
+    for action in p._actions:
+        if action.dest == "trace":
+            action.required = False  # a live run's input: --from-results replaces it (checked in `run`)
+    # What only a live run reads: refused beside --from-results, named as typed (the trace options, the live
+    # runs' own and the endpoint's; the serving settings and --model/--seed/--profile/--out/--json are shared).
+    live_only = [(a.dest, a.option_strings[0], a.default) for a in p._actions
+                 if a.option_strings and a.dest not in shared | {"help", "out", "json"}]
+    live_only += [(a.dest, a.option_strings[0], a.default) for a in p._actions
+                  if a.dest in ("trace", "trace_format", "rate_scale", "temperature")]
+    add_results_arguments(p)
+    p.set_defaults(handler=run, _live_only=live_only)
 
 
 def check_endpoint_args(args: argparse.Namespace) -> None:
@@ -93,6 +111,14 @@ def resolve_profile(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_results is not None:
+        from kvplan.commands.validate_results import run as run_from_results
+
+        return run_from_results(args, args._live_only)
+    for flag, value in (("--trace", args.trace), ("--model", args.model), ("--out", args.out)):
+        if value is None:
+            raise UserError(f"{flag}: required for a live validation; allowed: --model, --trace and --out, or "
+                            "--from-results FILE (a benchmark tool's result file)")
     if args.repeats < 1:
         raise UserError(f"--repeats: must be >= 1, got {args.repeats}")
     check_out_dir(args.out)

@@ -55,3 +55,8 @@ class MeasuredRun:
     throughput: dict[str, float] = field(default_factory=dict)
     settings: dict[str, object] = field(default_factory=dict)
     guessed: list[str] = field(default_factory=list)  # "facts" the caller supplied: "hardware h100 (--hardware)"
+    # Added for `vllm bench serve` (both optional, so every reader may leave them): the coefficient of variation
+    # of the gaps between sends when rate-driven (vLLM's --burstiness b: gamma gaps, CV 1/sqrt(b); None: Poisson,
+    # CV 1), and what the reader derived rather than read, one line each ("lengths: the means of the totals").
+    arrival_cv: float | None = None
+    notes: list[str] = field(default_factory=list)

@@ -50,7 +50,8 @@ class _Late(simpy.events.Event):
 
 
 class ClosedLoop:
-    def __init__(self, pop: Population, users: int, think_s: float, send_until_s: float, seed: int) -> None:
+    def __init__(self, pop: Population, users: int, think_s: float, send_until_s: float, seed: int, *,
+                 max_requests: int | None = None) -> None:
         if users < 1:
             raise UserError(f"concurrency {users}; allowed: an integer >= 1")
         if not (math.isfinite(think_s) and think_s >= 0):
@@ -59,6 +60,8 @@ class ClosedLoop:
         if not servable.any():
             raise UserError("the trace has no servable request (every one has 0 prompt or output tokens)")
         self.pop, self.users, self.think_s, self.send_until_s = pop, users, think_s, send_until_s
+        # a benchmark's fixed count of requests (`vllm bench serve --max-concurrency`): no send after that many
+        self.max_requests, self.scheduled = max_requests, 0
         self.draws = SessionDraws(pop, seed)
         self.turns: list[list[int]] = [[] for _ in range(users)]  # each user's remaining turns (entries)
         self.copy_of_user = [0] * users
@@ -88,8 +91,9 @@ class ClosedLoop:
         return soonest
 
     def _schedule(self, user: int, at: float) -> None:
-        if at >= self.send_until_s:
+        if at >= self.send_until_s or (self.max_requests is not None and self.scheduled >= self.max_requests):
             return  # this user is done
+        self.scheduled += 1
         env = self.cluster.env
         heapq.heappush(self.pending, at)
         _Late(env, max(at - env.now, 0.0)).callbacks.append(lambda _event: self._send(user, at))
