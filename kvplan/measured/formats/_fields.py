@@ -88,8 +88,10 @@ class Fields:
             raise self.fail(f"{key_path(keys)} is {strict_json.short(value)}; allowed: a number >= {low:g}")
         return number
 
-    def count(self, doc: object, *keys: Key, required: bool = True, high: int | None = None) -> int | None:
-        """A whole number in [0, high] (tools write counts as 16 or 16.0, nanosecond clocks as exact integers)."""
+    def count(self, doc: object, *keys: Key, required: bool = True, low: int = 0,
+              high: int | None = None) -> int | None:
+        """A whole number in [low, high] (tools write counts as 16 or 16.0, nanosecond clocks as exact integers;
+        `low` 1 for a number of streams or a concurrency cap)."""
         value = self.get(doc, *keys, required=required)
         if value is None:
             return None
@@ -98,9 +100,9 @@ class Fields:
             number = value
         elif isinstance(value, float) and value.is_integer():
             number = int(value)
-        if number is None or number < 0 or (high is not None and number > high):
+        if number is None or number < low or (high is not None and number > high):
             bound = f" <= {high}" if high is not None else ""
-            raise self.fail(f"{key_path(keys)} is {strict_json.short(value)}; allowed: a whole number >= 0{bound}")
+            raise self.fail(f"{key_path(keys)} is {strict_json.short(value)}; allowed: a whole number >= {low}{bound}")
         return number
 
     def text(self, doc: object, *keys: Key, required: bool = True) -> str | None:

@@ -34,11 +34,10 @@ where a status holds N is read as sampled, its successful requests' lengths beco
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from kvplan.errors import UserError
+from kvplan.measured.formats._fields import Fields, Key, key_path
 from kvplan.measured.record import MeasuredRequest, MeasuredRun
-from kvplan.strict_json import short, whole
+from kvplan.strict_json import short
 
 TOOL = "GuideLLM"
 SCHEMA_VERSION = 2  # GuideLLM's GenerativeBenchmarkMetadata.version: bumped on a breaking change to the report
@@ -53,53 +52,9 @@ _THROUGHPUT = {"request_rps": "requests_per_second", "output_tps": "output_token
 _STATUSES = (("successful", True), ("errored", False), ("incomplete", False))  # GuideLLM's groups; ok
 _STRATEGIES = ("synchronous", "concurrent", "throughput", "constant", "poisson", "trace")
 
-
-@dataclass(slots=True, frozen=True)
-class _At:
-    """A value of the report and the JSON path it sits at (`benchmarks[0].metrics.request_latency`), so that
-    every complaint names the field: the one way this module reads a field."""
-
-    value: object
-    path: str
-    source: str
-
-    def fail(self, problem: str, allowed: str = _ALLOWED) -> UserError:
-        return UserError(f"{self.source}: GuideLLM report: {problem}; allowed: {allowed}")
-
-    def _child(self, name: str) -> str:
-        return f"{self.path}.{name}" if self.path else name
-
-    def opt(self, name: str) -> _At | None:
-        """Field `name` of this object; None when it is absent or null."""
-        if not isinstance(self.value, dict):
-            raise self.fail(f"{self.path or 'the document'}: {short(self.value)} is not an object")
-        value = self.value.get(name)
-        return None if value is None else _At(value, self._child(name), self.source)
-
-    def get(self, name: str) -> _At:
-        """Field `name` of this object, required: absent or null is a `missing <path>` error."""
-        found = self.opt(name)
-        if found is None:
-            raise self.fail(f"missing {self._child(name)}")
-        return found
-
-    def items(self) -> list[_At]:
-        if not isinstance(self.value, list):
-            raise self.fail(f"{self.path}: {short(self.value)} is not a list")
-        return [_At(v, f"{self.path}[{i}]", self.source) for i, v in enumerate(self.value)]
-
-    def number(self) -> float:
-        if isinstance(self.value, bool) or not isinstance(self.value, int | float) or not math.isfinite(self.value):
-            raise self.fail(f"{self.path}: {short(self.value)} is not a finite number")
-        return float(self.value)
-
-    def count(self, low: int = 0) -> int:
-        return whole(self.value, f"{self.source}: GuideLLM report: {self.path}", low=low)
-
-    def text(self) -> str:
-        if not isinstance(self.value, str):
-            raise self.fail(f"{self.path}: {short(self.value)} is not a string")
-        return self.value
+# Every field is read from the report's root by its full key path (a function gets the `_KeyPath` of the object it
+# reads, e.g. ("benchmarks", 0, "config")), so that each complaint names the field as it sits in the file.
+_KeyPath = tuple[Key, ...]
 
 
 def detect(document: object) -> bool:
@@ -114,95 +69,117 @@ def detect(document: object) -> bool:
 
 def read(document: object, source: str) -> list[MeasuredRun]:
     """Every benchmark of the report, in its order; a missing or malformed field is a one-line `UserError`."""
-    root = _At(document, "", source)
-    metadata = root.get("metadata")
-    version = metadata.get("version")
-    if version.value != SCHEMA_VERSION:
-        raise version.fail(f"metadata.version {short(version.value)} is not supported",
-                           f"{SCHEMA_VERSION} (the report of GuideLLM 0.8)")
-    tool = f"{TOOL} {metadata.get('guidellm_version').text()}"
-    benchmarks = root.get("benchmarks").items()
+    fields = Fields(source, "GuideLLM report", f"allowed: {_ALLOWED}")
+    fields.mapping(document)
+    fields.mapping(document, "metadata")
+    version = fields.get(document, "metadata", "version")
+    if version != SCHEMA_VERSION:
+        raise fields.fail(f"metadata.version {short(version)} is not supported; "
+                          f"allowed: {SCHEMA_VERSION} (the report of GuideLLM 0.8)")
+    tool = f"{TOOL} {fields.text(document, 'metadata', 'guidellm_version')}"
+    benchmarks = fields.items(document, "benchmarks")
     if not benchmarks:
-        raise root.fail("benchmarks is an empty list (a report of no benchmark)")
-    return [_run(bench, source, tool) for bench in benchmarks]
+        raise fields.fail(f"benchmarks is an empty list (a report of no benchmark); {fields.expected}")
+    return [_run(fields, document, ("benchmarks", index), tool) for index in range(len(benchmarks))]
 
 
-def _run(bench: _At, source: str, tool: str) -> MeasuredRun:
-    config = bench.get("config")
-    label, rate, concurrency, arrivals = _schedule(config.get("strategy"))
-    model_at = config.get("backend").opt("model")
-    model = model_at.text() if model_at is not None else ""  # "": none named (GuideLLM took the server's first)
-    records = _requests(bench)
-    run = MeasuredRun(source=source, format="guidellm", tool=tool, run_label=label, model=model or None,
-                      rate_rps=rate, max_concurrency=concurrency, duration_s=bench.get("duration").number(),
-                      percentiles=_percentiles(bench.get("metrics")), throughput=_throughput(bench.get("metrics")),
+def _run(fields: Fields, report: object, bench: _KeyPath, tool: str) -> MeasuredRun:
+    fields.mapping(report, *bench)
+    config = (*bench, "config")
+    fields.mapping(report, *config)
+    label, rate, concurrency, arrivals = _schedule(fields, report, (*config, "strategy"))
+    fields.mapping(report, *config, "backend")
+    # None where the report names no model (GuideLLM then took the server's first): "" counts as none too
+    model = fields.text(report, *config, "backend", "model", required=False) or None
+    records = _requests(fields, report, bench)
+    metrics = (*bench, "metrics")
+    fields.mapping(report, *metrics)
+    run = MeasuredRun(source=fields.source, format="guidellm", tool=tool, run_label=label, model=model,
+                      rate_rps=rate, max_concurrency=concurrency,
+                      duration_s=_number(fields, report, *bench, "duration"),
+                      percentiles=_percentiles(fields, report, metrics),
+                      throughput=_throughput(fields, report, metrics),
                       settings={"arrival_process": arrivals} if arrivals else {})
-    sample_size = config.opt("sample_size")
-    kept = [len(bench.get("requests").get(status).items()) for status, _ in _STATUSES]
-    if sample_size is not None and sample_size.count() > 0 and max(kept) >= sample_size.count():
+    sample_size = fields.count(report, *config, "sample_size", required=False)
+    kept = [len(fields.items(report, *bench, "requests", status) or ()) for status, _ in _STATUSES]
+    if sample_size and max(kept) >= sample_size:
         # A status at the reservoir's size may have had more requests: the records are a sample of the lengths.
         run.prompt_tokens = [r.prompt_tokens for r in records if r.ok]
         run.output_tokens = [r.output_tokens for r in records if r.ok]
-        run.num_requests = bench.get("scheduler_state").get("processed_requests").count()
+        run.num_requests = fields.count(report, *bench, "scheduler_state", "processed_requests")
     else:
         run.requests, run.num_requests = records, len(records)
     return run
 
 
-def _schedule(strategy: _At) -> tuple[str, float | None, int | None, str | None]:
+def _schedule(fields: Fields, report: object, strategy: _KeyPath) -> tuple[str, float | None, int | None, str | None]:
     """(label, rate_rps, max_concurrency, arrival process) of a strategy; the label is GuideLLM's `str(strategy)`.
     `max_concurrency` is the strategy's own cap as recorded (GuideLLM fills in its 10,240 default where the user
     set none); synchronous sends one request at a time, concurrent keeps `streams` in flight, throughput sends
     everything at once (rate inf) and trace replays timestamps (the requests' `start_s`)."""
-    kind_at = strategy.get("type_")
-    kind = kind_at.text()
-    cap_at = strategy.opt("max_concurrency")
-    cap = cap_at.count(low=1) if cap_at is not None else None
+    fields.mapping(report, *strategy)
+    kind = fields.text(report, *strategy, "type_")
+    cap = fields.count(report, *strategy, "max_concurrency", required=False, low=1)
     if kind == "synchronous":
         return kind, None, 1, None
     if kind == "concurrent":
-        streams = strategy.get("streams").count(low=1)
+        streams = fields.count(report, *strategy, "streams", low=1)
         return f"concurrent@{streams}", None, streams, None
     if kind == "throughput":
         return f"throughput@{cap or 'unlimited'}", math.inf, cap, None
     if kind in ("constant", "poisson"):
-        rate = strategy.get("rate").number()
+        rate = _number(fields, report, *strategy, "rate")
         return f"{kind}@{rate:.2f}", rate, cap, kind
     if kind == "trace":
-        return f"trace@{strategy.get('time_scale').number():.2f}", None, cap, None
-    raise kind_at.fail(f"{kind_at.path}: {short(kind)} is not a strategy kvplan reads", ", ".join(_STRATEGIES))
+        return f"trace@{_number(fields, report, *strategy, 'time_scale'):.2f}", None, cap, None
+    raise fields.fail(f"{key_path((*strategy, 'type_'))}: {short(kind)} is not a strategy kvplan reads; "
+                      f"allowed: {', '.join(_STRATEGIES)}")
 
 
-def _requests(bench: _At) -> list[MeasuredRequest]:
+def _requests(fields: Fields, report: object, bench: _KeyPath) -> list[MeasuredRequest]:
     """Every request record of the three status groups, in the order they were sent (unknown send times last)."""
-    origin = bench.get("scheduler_metrics").get("request_start_time").number()
-    groups = bench.get("requests")
-    records = [_request(item, ok, origin) for status, ok in _STATUSES for item in groups.get(status).items()]
+    origin = _number(fields, report, *bench, "scheduler_metrics", "request_start_time")
+    fields.mapping(report, *bench, "requests")
+    records = [_request(fields, report, (*bench, "requests", status, index), ok, origin)
+               for status, ok in _STATUSES
+               for index in range(len(fields.items(report, *bench, "requests", status) or ()))]
     records.sort(key=lambda r: math.inf if r.start_s is None else r.start_s)
     return records
 
 
-def _request(item: _At, ok: bool, origin: float) -> MeasuredRequest:
-    output = item.get("output_tokens") if ok else item.opt("output_tokens")
-    start, ttft, e2e = (item.opt(name) for name in ("request_start_time", "time_to_first_token_ms", "request_latency"))
-    return MeasuredRequest(prompt_tokens=item.get("prompt_tokens").count(),
-                           output_tokens=output.count() if output is not None else 0,
-                           start_s=start.number() - origin if start is not None else None,
-                           ttft_s=ttft.number() / 1000.0 if ttft is not None else None,
-                           e2e_s=e2e.number() if e2e is not None else None, ok=ok)
+def _request(fields: Fields, report: object, item: _KeyPath, ok: bool, origin: float) -> MeasuredRequest:
+    """One request; a failed one with no output count produced none (GuideLLM's totals count it as 0 too)."""
+    fields.mapping(report, *item)
+    prompt = fields.count(report, *item, "prompt_tokens")
+    assert prompt is not None  # required: an absent one raised
+    start, ttft, e2e = (fields.number(report, *item, name, required=False)
+                        for name in ("request_start_time", "time_to_first_token_ms", "request_latency"))
+    return MeasuredRequest(prompt_tokens=prompt,
+                           output_tokens=fields.count(report, *item, "output_tokens", required=ok) or 0,
+                           start_s=start - origin if start is not None else None,
+                           ttft_s=ttft / 1000.0 if ttft is not None else None,
+                           e2e_s=e2e, ok=ok)
 
 
-def _percentiles(metrics: _At) -> dict[str, dict[str, float]]:
+def _percentiles(fields: Fields, report: object, metrics: _KeyPath) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for metric, (name, seconds) in _LATENCIES.items():
-        summary = metrics.get(name).get("successful")
-        if summary.get("count").count() == 0:
+        summary = (*metrics, name, "successful")
+        fields.mapping(report, *summary)
+        if fields.count(report, *summary, "count") == 0:
             continue  # GuideLLM writes 0.0 for every statistic of an empty distribution: nothing was measured
-        points = summary.get("percentiles")
-        out[metric] = {p: points.get(key).number() * seconds for p, key in _POINTS.items()}
-        out[metric]["mean"] = summary.get("mean").number() * seconds
+        out[metric] = {p: _number(fields, report, *summary, "percentiles", key) * seconds
+                       for p, key in _POINTS.items()}
+        out[metric]["mean"] = _number(fields, report, *summary, "mean") * seconds
     return out
 
 
-def _throughput(metrics: _At) -> dict[str, float]:
-    return {key: metrics.get(name).get("successful").get("mean").number() for key, name in _THROUGHPUT.items()}
+def _throughput(fields: Fields, report: object, metrics: _KeyPath) -> dict[str, float]:
+    return {key: _number(fields, report, *metrics, name, "successful", "mean") for key, name in _THROUGHPUT.items()}
+
+
+def _number(fields: Fields, report: object, *keys: Key) -> float:
+    """A required finite number >= 0 (`Fields.number`): every time, rate and statistic GuideLLM writes is one."""
+    value = fields.number(report, *keys)
+    assert value is not None  # required: an absent one raised
+    return value
