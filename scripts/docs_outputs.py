@@ -77,6 +77,8 @@ OUTPUTS: dict[str, Output] = {
                     keep="docs/examples/paged_vs_reservation"),
     "simulate": Output("kvplan simulate --trace traces/samples/mooncake_style.jsonl --model llama-3-8b "
                        "--hardware a100-40gb --block-size 16 64 256"),
+    "cache-aware-admission": Output("kvplan run experiments/cache_aware_admission.yaml --workers 2",
+                                    summary=("Points",)),
     "trace-samples": Output("kvplan trace samples"),
     "trace-stats": Output("kvplan trace stats traces/samples/chat.jsonl"),
     # a script, not a kvplan command: it builds an environment per vLLM release (minutes the first time)

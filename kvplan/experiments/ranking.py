@@ -102,7 +102,8 @@ def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
         else:
             ranked = found.sort_values(["answer", metric], ascending=[False, ascending], kind="stable")
             ranking = "ranked by the median answer"
-        return _decide(exp, ranked, capacity_sentence(exp, ranked.iloc[0]) + "; " + ranking, "seed interval")
+        return _decide(exp, ranked, capacity_sentence(exp, ranked.iloc[0]) + "; " + ranking, "seed interval",
+                       "seed intervals")
     eligible = points[points["slo_met"]] if (exp.slo or exp.attainment) else points
     if eligible.empty:
         closest = points.sort_values("attainment" if exp.attainment else metric,
@@ -113,10 +114,11 @@ def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
     among = f"{len(eligible)} of {len(points)} points meet the SLOs" if (exp.slo or exp.attainment) else \
         f"{len(points)} points, no SLO given"
     return _decide(exp, ranked, f"{among}; it has the {'lowest' if ascending else 'highest'} {metric} "
-                                f"({best[metric]:.4g})", f"{metric} interval over seeds")
+                                f"({best[metric]:.4g})", f"{metric} interval over seeds",
+                   f"{metric} intervals over seeds")
 
 
-def _decide(exp: Experiment, ranked: pd.DataFrame, why: str, what: str) -> Recommendation:
+def _decide(exp: Experiment, ranked: pd.DataFrame, why: str, what: str, whats: str) -> Recommendation:
     """The best-ranked point, or a tie with every point whose `what` overlaps its own."""
     best = ranked.iloc[0]
     others = [row for _, row in ranked.iloc[1:].iterrows()]
@@ -124,7 +126,7 @@ def _decide(exp: Experiment, ranked: pd.DataFrame, why: str, what: str) -> Recom
     if level:
         rows = [best, *level]
         shown = ", ".join(f"{row['label']} ({span(exp, row)})" for row in rows)
-        return Recommendation(None, "", f"tie: {shown}: the {what}s overlap, so the seeds do not separate them; "
+        return Recommendation(None, "", f"tie: {shown}: the {whats} overlap, so the seeds do not separate them; "
                                         "none is recommended (more seeds may separate them)",
                               [int(row["point"]) for row in rows], [str(row["label"]) for row in rows])
     if others:

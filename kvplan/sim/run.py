@@ -74,6 +74,10 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
         if profile is None:
             raise UserError("--profile: the recorded cost model needs a live replay's steps.jsonl")
         meta, steps = read_step_profile(profile)
+        if "block_size" in spec.filled_defaults and isinstance(meta.get("block_size"), int):
+            # the run's steps were taken at its block size: an unset block size is the recorded one
+            spec.block_size = meta["block_size"]
+            spec.filled_defaults = tuple(n for n in spec.filled_defaults if n != "block_size")
         if meta.get("block_size") != spec.kv_block_size:
             raise UserError(f"--block-size: {spec.kv_block_size} differs from the recorded run's "
                              f"{meta.get('block_size')}; allowed: {meta.get('block_size')}")
@@ -245,7 +249,7 @@ def batch_settings(spec: SimSpec, max_len: int) -> dict[str, int]:
     default filled them (`SimSpec.filled_defaults`), its adjustments (without chunked prefill the budget is at least
     max_model_len; at most max_num_seqs x max_model_len); the spec's values otherwise."""
     table = batch_table(spec)
-    if not spec.filled_defaults or table is None:
+    if not {"max_num_batched_tokens", "max_num_seqs"} & set(spec.filled_defaults) or table is None:
         return {}
     tokens, seqs = spec.batch
     chosen = vllm_batch_defaults(*table, max_model_len=max_len, enable_chunked_prefill=spec.enable_chunked_prefill,

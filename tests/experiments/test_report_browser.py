@@ -33,7 +33,7 @@ def browser():
 @pytest.mark.slow
 def test_report_loads_with_every_image_and_no_console_error(tmp_path, capsys):
     doc = {"name": "browser", "model": "llama-3-8b", "hardware": "a100-40gb",
-           "workload": {"trace": "sample:chat"}, "engine": {"block_size": 16},
+           "workload": {"trace": "sample:chat"}, "engine": {"block_size": 16, "gpu_memory_utilization": 0.9},
            "probe": {"duration_s": 120, "min_requests": 100},
            "sweep": {"grid": {"engine.eviction_policy": ["lru", "s3fifo"], "workload.rate": [2, 6]}},
            "slo": {"p99_ttft_ms": 2000, "attainment": {"tpot_ms": 100, "fraction": 0.9}}}

@@ -33,9 +33,10 @@ def test_block_count_is_memory_over_ten_layer_blocks(gemma_like):
     layout = model_layout(hybrid)
     assert layout.group_size == 10 and len(layout.groups) == 7
     # kv_capacity_blocks' own budget below (2048 tokens, 256 sequences), not vLLM's H200 default (8192 / 1024)
-    _, blocks = build_cost(SimSpec(model=hybrid, hardware="h200", max_num_batched_tokens=2048, max_num_seqs=256))
-    _, uniform_blocks = build_cost(SimSpec(model=uniform, hardware="h200", max_num_batched_tokens=2048,
-                                           max_num_seqs=256))
+    # and kvplan's block size and memory fraction, which the arithmetic below uses (not vLLM 0.34's 64 and 1.0)
+    knobs = dict(max_num_batched_tokens=2048, max_num_seqs=256, block_size=16, gpu_memory_utilization=0.9)
+    _, blocks = build_cost(SimSpec(model=hybrid, hardware="h200", **knobs))
+    _, uniform_blocks = build_cost(SimSpec(model=uniform, hardware="h200", **knobs))
     # the same memory B: floor(B / (62 layers' bytes per block)) uniform, floor(B / (10 layers')) hybrid
     assert uniform_blocks * 62 // 10 <= blocks < (uniform_blocks + 1) * 62 / 10
     model, hardware = MODELS[uniform], get_hardware("h200")
@@ -73,7 +74,8 @@ def test_a_window_bounds_what_sliding_groups_hold(gemma_like):
     [4096, 6144): cdiv(4096, 16) - (2048 - 1023) // 16 = 256 - 64 = 192 blocks, so 6 x 192 for the six groups."""
     hybrid, _ = gemma_like
     trace = random_trace(2, 1, prompt=(8000, 8000), output=(100, 100))
-    result = simulate(trace, SimSpec(model=hybrid, hardware="h200", num_blocks=4000, max_num_batched_tokens=2048))
+    result = simulate(trace, SimSpec(model=hybrid, hardware="h200", num_blocks=4000, max_num_batched_tokens=2048,
+                                     block_size=16))
     groups = result.info["kv_groups"]
     assert groups["full_attention"]["blocks_peak"] == -(-8100 // 16)  # 507: every block of 8,099 positions
     assert groups["sliding_attention"]["blocks_peak"] == 6 * 192

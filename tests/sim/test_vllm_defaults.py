@@ -87,23 +87,30 @@ def test_simulator_uses_them_unless_set() -> None:
     h100, l4 = SimSpec(hardware="h100-sxm"), SimSpec(hardware="l4")
     assert (h100.max_num_batched_tokens, h100.max_num_seqs) == (8192, 1024)
     assert (l4.max_num_batched_tokens, l4.max_num_seqs) == (2048, 256)
-    assert h100.batch_defaults == ("max_num_batched_tokens", "max_num_seqs")
-    mixed = SimSpec(hardware="h100-sxm", max_num_seqs=64)
-    assert (mixed.max_num_batched_tokens, mixed.max_num_seqs, mixed.batch_defaults) == (
+    assert h100.filled_defaults == ("max_num_batched_tokens", "max_num_seqs", "block_size", "gpu_memory_utilization")
+    assert (h100.block_size, h100.gpu_memory_utilization) == (64, 1.0)  # vLLM 0.34's
+    old = SimSpec(hardware="h100-sxm", vllm_version="0.33")
+    assert (old.block_size, old.gpu_memory_utilization) == (16, 0.92)
+    mixed = SimSpec(hardware="h100-sxm", max_num_seqs=64, block_size=32, gpu_memory_utilization=0.8)
+    assert (mixed.max_num_batched_tokens, mixed.max_num_seqs, mixed.filled_defaults) == (
         8192, 64, ("max_num_batched_tokens",))
     offline = SimSpec(hardware="h100-sxm", entry_point="llm")
     assert offline.max_num_batched_tokens == 16384
     # a profiled CPU is kvplan's own engine: its registry defaults, nothing said about vLLM
     cpu = SimSpec(hardware="cpu-local", model="smollm2-135m")
-    assert (cpu.max_num_batched_tokens, cpu.max_num_seqs, explain(cpu)) == (2048, 256, None)
+    assert (cpu.max_num_batched_tokens, cpu.max_num_seqs, cpu.block_size, cpu.gpu_memory_utilization) == (
+        2048, 256, 16, 0.9)
+    assert len(explain(cpu)) == 1 and explain(cpu)[0].startswith("vLLM 0.34.0 followed")  # only the release
 
 
 def test_explain_names_the_rule_and_the_source() -> None:
-    line = explain(SimSpec(hardware="h100-sxm"))
-    assert line is not None and "8192" in line and "1024" in line and ">= 70 GiB" in line
-    assert "arg_utils.py" in line and "get_batch_defaults" in line
-    assert "2048" in (explain(SimSpec(hardware="l4")) or "")
-    assert explain(SimSpec(hardware="h100-sxm", max_num_batched_tokens=2048, max_num_seqs=256)) is None
+    release, batch, block, memory = explain(SimSpec(hardware="h100-sxm"))
+    assert "vLLM 0.34.0" in release and "8192" in batch and "1024" in batch and ">= 70 GiB" in batch
+    assert "arg_utils.py" in batch and "get_batch_defaults" in batch
+    assert block.startswith("block_size 64: vLLM 0.34.0's default") and "gpu_memory_utilization 1" in memory
+    assert "2048" in explain(SimSpec(hardware="l4"))[1]
+    assert len(explain(SimSpec(hardware="h100-sxm", max_num_batched_tokens=2048, max_num_seqs=256, block_size=16,
+                               gpu_memory_utilization=0.9))) == 1
 
 
 def test_every_datasheet_gpu_has_a_tier() -> None:
