@@ -82,7 +82,7 @@ OUTPUTS: dict[str, Output] = {
     "trace-samples": Output("kvplan trace samples"),
     "trace-stats": Output("kvplan trace stats traces/samples/chat.jsonl"),
     # a script, not a kvplan command: it builds an environment per vLLM release (minutes the first time)
-    "vllm-parity": Output("bash scripts/vllm_parity.sh --all --scenarios 300"),
+    "vllm-parity": Output("bash scripts/vllm_parity.sh --all --scenarios 350"),
     "from-results-rate": Output("kvplan validate --from-results tests/measured/data/vllm-bench-rate2-detailed.json "
                                 "--hardware cpu-local"),
     "from-results-concurrency": Output("kvplan validate --from-results tests/measured/data/vllm-bench-conc4.json "

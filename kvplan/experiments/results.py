@@ -7,10 +7,10 @@ list of {limit, key, kind, value, bound, excess, text}: `criteria.failures`). Wa
 summary.json, so that the table depends only on the configurations (a resumed sweep ends with exactly the
 table an uninterrupted one writes). points.parquet has one row per point: its metrics at the answer (averaged
 over seeds), the SLO verdict, and for a search the capacity: the median of the seeds' answers with their range,
-in the search's unit and in requests and tokens per second; without a search, the objective metric's range
-over the seeds' values (objective_low, objective_high). Every point has its binding limit (`binding.COLUMNS`:
-binding_limit, binding_key - the experiment file's key that moves it -, binding_detail, and the votes of its
-searches or runs that named it, binding_votes of binding_of).
+in the search's unit and in requests and tokens per second; and the objective metric's range over the seeds'
+values (objective_low, objective_high; for a search, each seed's value at its own answer). Every point has its
+binding limit (`binding.COLUMNS`: binding_limit, binding_key - the experiment file's key that moves it -,
+binding_detail, and the votes of its searches or runs that named it, binding_votes of binding_of).
 
 Both tables carry the model error (`model_range`): the source that priced the point's GPU and its step-time band
 (model_error_source, model_error_band_lo_pct, model_error_band_hi_pct), and for a search the answer's range over
@@ -120,6 +120,9 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
                **{k: float(pd.to_numeric(at[k], errors="coerce").mean()) for k in (*SUMMARY_KEYS, "offered_rate_rps")},
                "attainment": float(at["attainment"].mean()) if at["attainment"].notna().any() else math.nan,
                **{k: float(at[k].mean()) for k in COUNTS}, "verdict": "/".join(sorted(set(at["verdict"])))}
+        # the objective's spread over the seeds (for a search: at each seed's own answer)
+        per_seed = at.groupby("seed")[exp.objective["metric"]].mean()
+        row["objective_low"], row["objective_high"] = float(per_seed.min()), float(per_seed.max())
         if exp.search:
             answers = [t.answer for t in tasks]
             median = median_answer(answers, exp.search["target"] != "min_replicas")
@@ -144,8 +147,6 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
                 row["gpus"] = row["answer"] * row["gpus_per_replica"]
             row |= binding.search_binding(tasks, runs).columns()
         else:
-            per_seed = at.groupby("seed")[exp.objective["metric"]].mean()  # the objective's spread over seeds
-            row["objective_low"], row["objective_high"] = float(per_seed.min()), float(per_seed.max())
             row |= binding.sweep_binding(exp, at).columns()
         rows.append(row)
     return pd.DataFrame(rows)
@@ -161,7 +162,7 @@ def slo_lines(exp: Experiment) -> list[str]:
 
 def point_table(exp: Experiment, points: pd.DataFrame) -> tuple[list[str], list[list[object]]]:
     search = ["answer", "answer_low", "answer_high", *model_range.RANGE_COLUMNS, "capacity_rps", "capacity_tok_s",
-              "search_outcome"]
+              "search_outcome", "objective_low", "objective_high"]
     if exp.search and exp.search["target"] == "min_replicas":
         search[1:1] = ["gpus_per_replica", "gpus"]
     headers = ["point", "label", *(search if exp.search else ["objective_low", "objective_high"]),

@@ -103,6 +103,8 @@ POINT_COLUMNS: tuple[Column, ...] = (
     Column("attainment", "the share of requests meeting every per-request bound (NaN without slo.attainment)"),
     *(Column(key, f"{PROBE_MEANINGS[key]}, averaged over the seeds") for key in results.COUNTS),
     Column("verdict", "the runs' verdicts at the answer, joined by '/'"),
+    Column("objective_low", "the lowest seed's value of the objective metric (a search: at that seed's answer)"),
+    Column("objective_high", "the highest seed's value of the objective metric (a search: at that seed's answer)"),
     Column("answer", "the median of the seeds' answers (NaN: outside the searched range)", SEARCH),
     Column("answer_low", "the lowest seed's answer (NaN when a seed found none)", SEARCH),
     Column("answer_high", "the highest seed's answer", SEARCH),
