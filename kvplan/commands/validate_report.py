@@ -120,7 +120,9 @@ def report_text(doc: dict) -> str:
     parts = [f"{doc['trace']}: {doc['requests']} requests, {doc['model']}, {doc['repeats']} live run(s) per "
              f"configuration, mode {doc['mode']}"]
     for c in doc["configs"]:
-        parts.append(f"\n== {c['name']} ({c['num_blocks']} KV blocks, engine busy {_busy(c)})")
+        release = c.get("options", {}).get("vllm_version")  # the release both sides' schedulers follow
+        parts.append(f"\n== {c['name']} ({c['num_blocks']} KV blocks, engine busy {_busy(c)}"
+                     + (f", as vLLM {release})" if release else ")"))
         for part in config_parts(c):
             parts.append(part if isinstance(part, str) else f"{part[0]}:\n{format_table(*part[1:])}")
     for title, headers, rows in target_tables(doc):

@@ -18,6 +18,7 @@ from typing import TextIO
 
 import pandas as pd
 
+from kvplan.engine.core.vllm_versions import NEWEST
 from kvplan.experiments import model_range
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
 from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, span
@@ -151,7 +152,7 @@ def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width:
     search = exp.search
     what = f"{search['target']} ({UNITS[search['target']]})" if search else \
         f"{exp.objective['goal']} {exp.objective['metric']}"
-    console.print(f"{exp.name}: {what}, {len(points)} configuration(s), seeds {exp.seeds}")
+    console.print(f"{exp.name}: {what}, {len(points)} configuration(s), seeds {exp.seeds}, {vllm_text(exp, points)}")
     console.print(table)
     console.print(verdict_line(exp, points, rec), style="bold" if terminal else "")
     notes = sorted({str(n) for n in points.get("model_range_note", pd.Series(dtype=str)) if isinstance(n, str) and n})
@@ -203,13 +204,21 @@ def markdown_answer(exp: Experiment, points: pd.DataFrame, rec: Recommendation) 
     return lines
 
 
+def vllm_text(exp: Experiment, points: pd.DataFrame) -> str:
+    """'as vLLM 0.34': the release the simulated scheduler and its defaults follow (`vllm_version`; every
+    release a sweep names)."""
+    key = "engine.vllm_version"
+    versions = sorted(set(points[key])) if key in points else [exp.base["engine"].get("vllm_version") or NEWEST]
+    return f"as vLLM {' and '.join(str(v) for v in versions)}"
+
+
 def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation, runs: int,
                      errors: dict[int, ModelError]) -> str:
     headers, rows = point_table(exp, points)
     lines = [f"# {exp.name}", ""]
     if exp.description:
         lines += [exp.description.strip(), ""]
-    lines += [f"{len(points)} point(s), {runs} run(s), seeds {exp.seeds}.", ""]
+    lines += [f"{len(points)} point(s), {runs} run(s), seeds {exp.seeds}, {vllm_text(exp, points)}.", ""]
     lines += [*markdown_answer(exp, points, rec), ""]
     if exp.search:
         integer = exp.search["target"] in INTEGER_TARGETS

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.experiments import model_range, plots
-from kvplan.experiments.answer import summary_markdown
+from kvplan.experiments.answer import summary_markdown, vllm_text
 from kvplan.experiments.criteria import gate_lines
 from kvplan.experiments.ranking import Recommendation, capacity_sentence, recommend
 from kvplan.experiments.results import (
@@ -184,7 +184,7 @@ pre {{ background: #f6f6f6; padding: 1em; }}
 <h1>{e(exp.name)}</h1>
 <p>{e(exp.description)}</p>
 <p>{len(points)} point(s), {runs} run(s), seeds {e(str(exp.seeds))}; model {e(exp.base['model'])} on
-{e(exp.base['hardware'])}.</p>
+{e(exp.base['hardware'])}, {e(vllm_text(exp, points))}.</p>
 {verdict}
 <p>{e(load_line(exp))}</p>
 {f"<h2>Capacity</h2><ul>{capacity}</ul>" if capacity else ""}
