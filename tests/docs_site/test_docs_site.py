@@ -92,7 +92,9 @@ def test_every_quoted_output_is_a_known_filled_block():
         assert text.count("<!-- output: ") == text.count("<!-- /output -->"), f"{page}: unbalanced output markers"
         for match in module.MARK.finditer(text):
             body = match.group("body")
-            assert body.startswith("```text\n$ kvplan "), f"{page}: output {match.group('name')} was never generated"
+            command = module.OUTPUTS[match.group("name")].command
+            assert body.startswith(f"```text\n$ {command}\n"), \
+                f"{page}: output {match.group('name')} was never generated"
 
 
 def test_the_nav_and_the_pages_agree():
