@@ -70,10 +70,10 @@ def check_needs(values: Mapping[str, object], given: Iterable[str], spell: Calla
     for name in given:
         first = SETTINGS[name].since if name in SETTINGS else ""
         newer = since(first) if first else ()
-        for v in version if isinstance(version, list) else [version]:  # a list: the values a command runs
-            if newer and v not in newer:
-                raise ConfigError(f"{spell(name)}: vLLM {v} has no {name} (added in {first}); allowed: "
-                                  f"{spell('vllm_version')} {' or '.join(newer)}, or leave it out")
+        versions = version if isinstance(version, list) else [version]  # a list: the values a command runs
+        if newer and not any(v in newer for v in versions):  # (as `Needs.met`: one release that has it will do)
+            raise ConfigError(f"{spell(name)}: vLLM {versions[0]} has no {name} (added in {first}); allowed: "
+                              f"{spell('vllm_version')} {' or '.join(newer)}, or leave it out")
         need = declared.get(name)
         if need is not None and not need.met(values):
             raise ConfigError(f"{spell(name)}: needs {need.component} (none configured); allowed: "
