@@ -40,6 +40,10 @@ CASES = [
                  router="prefix_aware", kv_offloading_layerwise=True)),
     (16, SimSpec(num_blocks=90, block_size=4, max_num_seqs=3, kv_offloading_blocks=30, kv_shared_blocks=80,
                  kv_shared_eviction="fifo", kv_offloading_write_through=True, replicas=2, router="round_robin")),
+    # vLLM 0.34's cache-aware admission: the window re-sorts a backlog every step (from usage 0 and from 0.5)
+    (17, SimSpec(num_blocks=90, block_size=4, max_num_seqs=3, cache_aware_admission_window=8,
+                 cache_aware_admission_threshold=0.0)),
+    (18, SimSpec(num_blocks=90, block_size=4, max_num_seqs=3, cache_aware_admission_window=4)),
 ]
 
 

@@ -114,11 +114,14 @@ class Admission:
         waits and nothing is swapped out.
 
         With prefix tiers below the GPU the argument fails - a decode's eviction demotes a block the head's lookup
-        then promotes back (touching its GPU hits), so each step's lookup moves blocks - and the head never counts
-        as blocked: the fast path still runs the stretches in which nothing waits."""
+        then promotes back (touching its GPU hits), so each step's lookup moves blocks - and so it does under
+        cache-aware admission with two or more waiting: every step re-sorts the window by cached depths that the
+        decodes' evictions and the usage threshold change, and a request it brings forward may fit where the head
+        did not. Then the head never counts as blocked: the fast path still runs the stretches in which nothing
+        waits."""
         sched = self.sched
         kv = sched.kv
-        if kv.tiers:
+        if kv.tiers or (sched.cache_aware_window and len(sched.waiting) > 1):
             return False
         request = sched.waiting.peek()
         budget = sched.config.max_num_batched_tokens
