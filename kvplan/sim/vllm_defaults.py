@@ -1,7 +1,7 @@
 """What vLLM itself picks for `max_num_batched_tokens` and `max_num_seqs` when the user sets neither: by the
 device's memory, its name, the entry point (vLLM's "usage context") and the replica's GPU count.
 
-Source: vLLM 0.34.0 (the version kvplan's parity harness and this module follow), `vllm/engine/arg_utils.py`:
+Source: vLLM 0.34.0 and 0.33.0 (the same table; the releases of `engine.core.vllm_versions`), `vllm/engine/arg_utils.py`:
 `EngineArgs.get_batch_defaults` holds the table, `EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`
 applies it. The rule, as that code has it (GiB = 2**30 bytes, the device's total memory as the platform reports it):
 
@@ -27,13 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvplan.engine.core.vllm_versions import VERSIONS
+from kvplan.engine.core.vllm_versions import NAMES, VERSIONS
 
 if TYPE_CHECKING:
     from kvplan.sim.spec import SimSpec
 
 GIB = 1 << 30
-VLLM_VERSION = "0.34.0"
 # kvplan's name of each entry point -> vLLM's UsageContext member
 ENTRY_POINTS = {"openai_server": "OPENAI_API_SERVER", "llm": "LLM_CLASS", "engine": "ENGINE_CONTEXT"}
 
@@ -109,7 +108,7 @@ def describe(defaults: BatchDefaults, entry_point: str, which: tuple[str, ...]) 
     """One line for --explain and the notes: which values came from vLLM's rule, and the rule."""
     values = {"max_num_batched_tokens": defaults.max_num_batched_tokens, "max_num_seqs": defaults.max_num_seqs}
     given = " and ".join(f"{name} {values[name]}" for name in which)
-    return (f"{given}: vLLM's default (the same in 0.33 and {VLLM_VERSION}) for the {entry_point} entry point on "
+    return (f"{given}: vLLM's default (the same in {' and '.join(NAMES)}) for the {entry_point} entry point on "
             f"{defaults.rule} (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults); set them to override")
 
 
