@@ -1,7 +1,7 @@
 """What vLLM itself picks for `max_num_batched_tokens` and `max_num_seqs` when the user sets neither: by the
 device's memory, its name, the entry point (vLLM's "usage context") and the replica's GPU count.
 
-Source: vLLM 0.34.0 and 0.33.0 (the same table; the releases of `engine.core.vllm_versions`), `vllm/engine/arg_utils.py`:
+Source: vLLM 0.34.0 and 0.33.0 (one table; the releases of `engine.core.vllm_versions`), `vllm/engine/arg_utils.py`:
 `EngineArgs.get_batch_defaults` holds the table, `EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`
 applies it. The rule, as that code has it (GiB = 2**30 bytes, the device's total memory as the platform reports it):
 

@@ -17,6 +17,7 @@ from kvplan.engine.core.settings import (  # noqa: F401 (the names the core's us
     PREEMPTION_MODES,
     QUEUE_POLICIES,
     SCHEDULES,
+    SETTINGS,
     Field,
 )
 from kvplan.engine.core.vllm_versions import VERSIONS, VllmVersion, since
@@ -234,9 +235,10 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         check_settings(self, "scheduler", "scheduler")
-        if self.cache_aware_admission_window and self.vllm_version not in since("0.34"):
+        first = SETTINGS["cache_aware_admission_window"].since  # the release that added it (its declaration)
+        if self.cache_aware_admission_window and self.vllm_version not in since(first):
             raise ConfigError(f"scheduler.cache_aware_admission_window: vLLM {self.vllm_version} has no cache-aware "
-                              f"admission (added in 0.34); allowed: 0, or vllm_version {' or '.join(since('0.34'))}")
+                              f"admission (added in {first}); allowed: 0, or vllm_version {' or '.join(since(first))}")
         if self.cache_aware_admission_window and self.policy != "fcfs":
             raise ConfigError("scheduler.cache_aware_admission_window: reorders the waiting queue by position, which "
                               "only the fcfs policy has (vLLM ignores it otherwise); allowed: 0 with policy "
