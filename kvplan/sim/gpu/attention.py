@@ -63,6 +63,11 @@ KERNEL_S = 11.79e-6  # per attention kernel launch (one per layer per step): its
 GATHER_TOKENS = 0.4
 
 
+def _is_zero(feature) -> bool:
+    """A feature left a plain 0 (a stretch's prefill features)."""
+    return type(feature) is int and feature == 0
+
+
 def prefill_law(head_dim: int) -> tuple[float, float]:
     """(e, K0) for `head_dim`: linear in log2(head_dim) between the fitted head dims, clamped outside them."""
     dims = sorted(PREFILL_LAW)
@@ -143,7 +148,12 @@ class AttentionCost:
             attention2 = full * attention2 + sliding * f.window_attention2
             context = full * context + sliding * f.window_context
             blocks = full * blocks + sliding * f.window_blocks
-        prefill = self._prefill_unit * (attention2 / 2.0 + self._queries_k0 * f.prefill_tokens)
-        compute = (prefill + self._decode_unit * context) / self._flop_rate
-        read = self._token_bytes * (blocks * self._block_tokens + self.request_tokens * f.decode_requests)
-        return step_max(compute, read / self._byte_rate) + self._floor
+        # A term that is exactly +0.0 is left out rather than added (decode steps: no prefill; REQUEST_TOKENS 0):
+        # x + 0.0 is x for every x >= 0, so the time is the same bit for bit, with fewer array operations.
+        compute = self._decode_unit * context
+        if not (_is_zero(attention2) and _is_zero(f.prefill_tokens)):
+            compute = self._prefill_unit * (attention2 / 2.0 + self._queries_k0 * f.prefill_tokens) + compute
+        read = blocks * self._block_tokens
+        if self.request_tokens:
+            read = read + self.request_tokens * f.decode_requests
+        return step_max(compute / self._flop_rate, self._token_bytes * read / self._byte_rate) + self._floor
