@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from kvplan.errors import UserError
-from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures, step_max
+from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures, is_zero, step_max
 from kvplan.sim.cost.moe import ExpertCost
 from kvplan.sim.cost.parallel import Shape, micro_batches, moe_activation_width, weight_bytes_per_rank
 from kvplan.sim.cost.token_table import TokenTable
@@ -257,7 +257,7 @@ class AnalyticCost:
     def _stage_time(self, f: StepFeatures) -> np.ndarray | float:
         """One rank's compute for the features `f` on the busiest pipeline stage (the whole model without PP): the
         terms that depend on one count are looked up (`token_table`), in the order the sum has always run."""
-        tokens = f.decode_requests if _is_zero(f.prefill_tokens) else f.prefill_tokens + f.decode_requests
+        tokens = f.decode_requests if is_zero(f.prefill_tokens) else f.prefill_tokens + f.decode_requests
         if tokens is f.sampled:  # a decode stretch's one array (`decode_stretch_features`): both terms at once
             compute = self._decode_linear.at(tokens) + self._attention.time(f)
         else:
@@ -313,11 +313,6 @@ class AnalyticCost:
         copy = 2 * copied_blocks * self.bytes_per_block / self._byte_rate
         disk = disk_blocks * self.bytes_per_block / min(hw.disk_bandwidth, hw.host_link_bandwidth)
         return swap + copy + disk
-
-
-def _is_zero(feature) -> bool:
-    """A feature left a plain 0 (a stretch's prefill features): adding it changes no int."""
-    return type(feature) is int and feature == 0
 
 
 def kv_capacity_blocks(model: ModelSpec, hardware: HardwareSpec, block_size: int, *,

@@ -60,6 +60,12 @@ def step_max(a, b):
     return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
+def is_zero(feature) -> bool:
+    """A feature left a plain 0 (a stretch's prefill features): a term it multiplies is exactly +0.0, and adding
+    +0.0 to a non-negative number changes no bit, so a cost model may leave such a term out."""
+    return type(feature) is int and feature == 0
+
+
 def step_min(a, b):
     """min, as `step_max`."""
     return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)

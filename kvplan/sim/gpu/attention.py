@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvplan.sim.cost.features import StepFeatures, step_max
+from kvplan.sim.cost.features import StepFeatures, is_zero, step_max
 from kvplan.sim.specs.arch import ModelSpec, stage_layers
 from kvplan.sim.specs.hardware import HardwareSpec
 
@@ -61,11 +61,6 @@ KERNEL_S = 11.79e-6  # per attention kernel launch (one per layer per step): its
 # Measured on this repository's fused CPU decode kernel (kvplan.bench.attention_blocks): a block's overhead in
 # tokens' worth of K/V.
 GATHER_TOKENS = 0.4
-
-
-def _is_zero(feature) -> bool:
-    """A feature left a plain 0 (a stretch's prefill features)."""
-    return type(feature) is int and feature == 0
 
 
 def prefill_law(head_dim: int) -> tuple[float, float]:
@@ -151,7 +146,7 @@ class AttentionCost:
         # A term that is exactly +0.0 is left out rather than added (decode steps: no prefill; REQUEST_TOKENS 0):
         # x + 0.0 is x for every x >= 0, so the time is the same bit for bit, with fewer array operations.
         compute = self._decode_unit * context
-        if not (_is_zero(attention2) and _is_zero(f.prefill_tokens)):
+        if not (is_zero(attention2) and is_zero(f.prefill_tokens)):
             compute = self._prefill_unit * (attention2 / 2.0 + self._queries_k0 * f.prefill_tokens) + compute
         read = blocks * self._block_tokens
         if self.request_tokens:
