@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from kvplan.errors import UserError
-from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures, step_max
+from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures, is_zero, step_max
 from kvplan.sim.cost.moe import ExpertCost
 from kvplan.sim.cost.parallel import Shape, micro_batches, moe_activation_width, weight_bytes_per_rank
+from kvplan.sim.cost.token_table import TokenTable
 from kvplan.sim.gpu.attention import AttentionCost
 from kvplan.sim.gpu.custom_allreduce import step_allreduce_time
 from kvplan.sim.gpu.host_overhead import HOST
@@ -142,6 +143,12 @@ class AnalyticCost:
     _hidden_bytes: float = field(init=False, repr=False)
     _stage_moe_layers: float = field(init=False, repr=False)
     _stage_dense_layers: float = field(init=False, repr=False)
+    # The terms of `_stage_time` that depend on the token count (or the sampled rows) alone, tabulated
+    _linear: TokenTable = field(init=False, repr=False)
+    _head: TokenTable = field(init=False, repr=False)
+    _decode_linear: TokenTable = field(init=False, repr=False)
+    _expert_table: TokenTable | None = field(init=False, repr=False)
+    _collective_table: TokenTable | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for key in ("compute_efficiency", "memory_efficiency", "attention_efficiency", "link_efficiency",
@@ -184,6 +191,10 @@ class AnalyticCost:
         share = stage_layers(m.num_layers, pp) / m.num_layers
         self._stage_moe_layers = m.num_moe_layers * share
         self._stage_dense_layers = (m.num_layers - m.num_moe_layers) * share
+        self._linear, self._head = TokenTable(self._linear_time), TokenTable(self._head_time)
+        self._decode_linear = TokenTable(self._decode_linear_time)
+        self._expert_table = TokenTable(self._experts.time) if self._experts is not None else None
+        self._collective_table = TokenTable(self._collectives) if tp > 1 else None
 
     @property
     def resolved_laws(self) -> GpuLaws:
@@ -224,8 +235,9 @@ class AnalyticCost:
                                             self.shape.crosses_nodes(self.hardware))
             compute = pp * self._stage_time(part) + (pp - 1) * hop
         # prefill chunks (every non-decode request in the step): an upper bound on the requests admitted in it
-        host = self.step_overhead_s + self.request_overhead_s * f.num_requests + \
-            self.admit_overhead_s * (f.num_requests - f.decode_requests)
+        host = self.step_overhead_s + self.request_overhead_s * f.num_requests
+        if f.num_requests is not f.decode_requests:  # (one array in a decode stretch: admit × 0 adds +0.0)
+            host = host + self.admit_overhead_s * (f.num_requests - f.decode_requests)
         return step_max(compute, host) if self.async_scheduling else compute + host
 
     def _gemm(self, rows, k: int, n: int):
@@ -243,8 +255,21 @@ class AnalyticCost:
         return self.table.op_seconds(key, x, law)
 
     def _stage_time(self, f: StepFeatures) -> np.ndarray | float:
-        """One rank's compute for the features `f` on the busiest pipeline stage (the whole model without PP)."""
-        tokens = f.prefill_tokens + f.decode_requests
+        """One rank's compute for the features `f` on the busiest pipeline stage (the whole model without PP): the
+        terms that depend on one count are looked up (`token_table`), in the order the sum has always run."""
+        tokens = f.decode_requests if is_zero(f.prefill_tokens) else f.prefill_tokens + f.decode_requests
+        if tokens is f.sampled:  # a decode stretch's one array (`decode_stretch_features`): both terms at once
+            compute = self._decode_linear.at(tokens) + self._attention.time(f)
+        else:
+            compute = self._linear.at(tokens) + self._head.at(f.sampled) + self._attention.time(f)
+        if self._expert_table is not None:
+            compute = compute + self._expert_table.at(tokens)
+        if self._collective_table is not None:
+            compute = compute + self._collective_table.at(tokens)
+        return compute
+
+    def _linear_time(self, tokens) -> np.ndarray | float:
+        """The element-wise ops and the layer GEMMs over `tokens` rows (the `_linear` table's term)."""
         compute = self._ew_floor + self._ew_per_token * tokens
         for op in self._gemms:
             compute = compute + op.count * self._gemm(tokens, op.k, op.n)
@@ -252,14 +277,17 @@ class AnalyticCost:
             compute = compute + op.count * self._measured(key, tokens, self._gemm_law(op))
         for op, key in self._table_ew:
             compute = compute + op.count * self._measured(key, tokens, self._elementwise_law(op))
-        m = self.model
-        head = self._gemm(f.sampled, m.hidden_size, m.vocab_size // self.shape.tp) * (f.sampled > 0)
-        compute = compute + head + self._attention.time(f)
-        if self._experts is not None:
-            compute = compute + self._experts.time(tokens)
-        if self.shape.tp > 1:
-            compute = compute + self._collectives(tokens)
         return compute
+
+    def _decode_linear_time(self, tokens) -> np.ndarray | float:
+        """The linear layers plus the LM head of a step whose every token is sampled (the `_decode_linear` table's
+        term: the same addition `_stage_time` makes of the two tables' entries)."""
+        return self._linear.at(tokens) + self._head.at(tokens)
+
+    def _head_time(self, sampled) -> np.ndarray | float:
+        """The LM head over the `sampled` rows, nothing when none is sampled (the `_head` table's term)."""
+        m = self.model
+        return self._gemm(sampled, m.hidden_size, m.vocab_size // self.shape.tp) * (sampled > 0)
 
     def _collectives(self, tokens) -> np.ndarray | float:
         """The stage's TP collectives: two all-reduces of the hidden states per layer; with EP an MoE layer's

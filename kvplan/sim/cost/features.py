@@ -60,6 +60,12 @@ def step_max(a, b):
     return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
+def is_zero(feature) -> bool:
+    """A feature left a plain 0 (a stretch's prefill features): a term it multiplies is exactly +0.0, and adding
+    +0.0 to a non-negative number changes no bit, so a cost model may leave such a term out."""
+    return type(feature) is int and feature == 0
+
+
 def step_min(a, b):
     """min, as `step_max`."""
     return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
@@ -80,13 +86,13 @@ def step_features(items: Iterable, block_size: int, attended_limit: int = 0, bul
     (sink+window); `sliding_window` > 0 adds the window features of sliding layers."""
     count = prefill = attn2 = decodes = ctx = ctx_max = blocks = sampled = 0
     w_attn2 = w_ctx = w_blocks = 0
-    if bulk:
-        ends = [request.num_computed_tokens + 1 for request in bulk]
-        count = decodes = sampled = len(ends)
-        ctx, ctx_max = sum(ends), max(ends)
-        blocks = sum([-(-end // block_size) for end in ends])
+    if bulk:  # each attends its computed tokens c plus the new one: Σ (c + 1), and ⌈(c + 1) / b⌉ = c // b + 1
+        computed = [request.num_computed_tokens for request in bulk]
+        count = decodes = sampled = len(computed)
+        ctx, ctx_max = sum(computed) + count, max(computed) + 1
+        blocks = sum([c // block_size for c in computed]) + count
         if sliding_window:
-            w_ctx, w_blocks = window_decode_sums(ends, block_size, sliding_window)
+            w_ctx, w_blocks = window_decode_sums([c + 1 for c in computed], block_size, sliding_window)
     for item in items:
         count += 1
         n, start = item.num_new_tokens, item.start_pos
@@ -140,5 +146,6 @@ def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int,
 def first_decode_features(contexts: list[int], block_size: int, sliding_window: int = 0) -> StepFeatures[int]:
     """The first step of `decode_stretch_features` as plain ints (a cheap estimate of the step time)."""
     window = (0, *window_decode_sums(contexts, block_size, sliding_window)) if sliding_window else (0, 0, 0)
-    return StepFeatures(len(contexts), 0, 0, len(contexts), sum(contexts), max(contexts),
-                        sum(-(-c // block_size) for c in contexts), len(contexts), int(len(contexts) >= 2), *window)
+    n = len(contexts)  # ⌈c / b⌉ = (c - 1) // b + 1
+    return StepFeatures(n, 0, 0, n, sum(contexts), max(contexts), sum([(c - 1) // block_size for c in contexts]) + n,
+                        n, int(n >= 2), *window)
