@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Build the shared serving core (kvplan/engine/core) with mypyc into a scratch directory OUT, never into the
-# checkout: OUT/kvplan is a copy of the package whose core modules are C extensions beside their .py sources (an
-# extension wins over a .py of the same name on import), and OUT/{sim,engine,traces,experiments,kernels} link to the
-# checkout's data folders, which kvplan finds beside its package. The pure-Python core stays the executable
+# Build the shared serving core (kvplan/engine/core) with mypyc (or Cython) into a scratch directory OUT, never
+# into the checkout: OUT/kvplan is a copy of the package whose core modules are C extensions beside their .py
+# sources (an extension wins over a .py of the same name on import), and OUT/{sim,engine,traces,experiments,kernels}
+# link to the checkout's data folders, which kvplan finds beside its package. The pure-Python core stays the executable
 # specification; tests/core/test_compiled_core.py compares the two step by step (KVPLAN_COMPILED_CORE=OUT).
 #
 #   scripts/build_compiled_core.sh OUT [EXTRA_MODULE.py ...]    e.g. ... /tmp/core kvplan/sim/replica.py
+#   COMPILER=cython scripts/build_compiled_core.sh OUT          Cython instead, on the same unchanged .py files
 #   PYTHONPATH=OUT .venv/bin/python -m kvplan ...               runs with the compiled core
+#
+# COMPILER=cython runs `cythonize` (CYTHONIZE, default: the one on PATH; `pip install cython` in any venv of the
+# same Python) in pure-Python mode on the same modules, for a like-for-like comparison with mypyc.
 #
 # Compiled: every module of kvplan/engine/core except the ones below, which mypyc cannot compile as written and
 # which are off the hot path (configuration, built once per run). Each reason was observed with mypy 2.4.1's mypyc:
@@ -49,9 +53,16 @@ while IFS= read -r path; do
 done < <(find kvplan/engine/core -name '*.py' | sort)
 modules+=("$@")
 for path in "${modules[@]}"; do echo "compiling:   $path"; done
-"$python" -m mypyc "${modules[@]}" > "$out/mypyc.log" 2>&1 || { tail -40 "$out/mypyc.log"; exit 1; }
-grep -E "^kvplan/.*(warning|error)" "$out/mypyc.log" || true
+case "${COMPILER:-mypyc}" in
+  mypyc)
+    "$python" -m mypyc "${modules[@]}" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+    grep -E "^kvplan/.*(warning|error)" "$out/build.log" || true ;;
+  cython)
+    "${CYTHONIZE:-cythonize}" -i -3 -j 2 "${modules[@]}" > "$out/build.log" 2>&1 \
+      || { tail -40 "$out/build.log"; exit 1; }
+    grep -iE "^warning" "$out/build.log" || true ;;
+  *) echo "$0: COMPILER=${COMPILER} is neither mypyc nor cython" >&2; exit 2 ;;
+esac
 rm -rf "$out/build"
-echo "built $(find "$out" -maxdepth 1 -name '*__mypyc*.so' | wc -l) shared library and" \
-  "$(find "$out/kvplan" -name '*.so' | wc -l) extension modules into $out"
+echo "built $(find "$out/kvplan" -name '*.so' | wc -l) extension modules into $out (${COMPILER:-mypyc})"
 echo "use: KVPLAN_COMPILED_CORE=$out (tests/core/test_compiled_core.py) or PYTHONPATH=$out"
