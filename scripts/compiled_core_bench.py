@@ -10,8 +10,12 @@ must reproduce the pure core's result bit for bit.
     PYTHONPATH=. python scripts/compiled_core_bench.py core=/tmp/core core+sim=/tmp/core_sim \
         --regimes azure_conv_on burst --repeats 3 [--write]
 
+    PYTHONPATH=. python scripts/compiled_core_bench.py --profile --regimes azure_conv_on burst [--write]
+
 `--write` replaces the block between `<!-- compiled-core-bench -->` and `<!-- /compiled-core-bench -->` in
-docs/compiled-core.md with the command and its table.
+docs/compiled-core.md with the command and its table (`--profile`: the `compiled-core-profile` block). `--profile`
+runs each regime once on the pure core under cProfile and splits its own time (tottime) by where the code lives:
+the shared core is all a core-only build can speed up.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "compiled-core.md"
 DATA_DIR = ROOT.parent / "shared" / "data"  # the public traces, beside the checkout (a build's copy has none)
-START, END = "<!-- compiled-core-bench -->", "<!-- /compiled-core-bench -->"
 DEFAULT_REGIMES = ("azure_conv_on", "azure_conv_x4", "mooncake_conv", "burst")
 
 
@@ -110,16 +113,56 @@ def measure(variants: dict[str, Path], regimes: list[str], repeats: int) -> list
     return lines
 
 
+AREAS = (("kvplan/engine/core/", "shared core (kvplan/engine/core)"), ("kvplan/sim/", "simulator (kvplan/sim)"),
+         ("kvplan/", "rest of kvplan"), ("", "builtins, numpy, simpy, pandas"))
+
+
+def profile(regimes: list[str]) -> list[str]:
+    """Markdown rows: per regime, the share of the pure core's profiled own time in each area of `AREAS`."""
+    import cProfile
+    import pstats
+
+    from kvplan.bench.sim import _regime
+
+    lines = ["| regime | " + " | ".join(label for _, label in AREAS) + " |", "|---|" + "---:|" * len(AREAS)]
+    for regime in regimes:
+        profiler = cProfile.Profile()
+        profiler.runcall(_regime, regime, str(DATA_DIR), 1_000_000, 16, 6.0, 0)
+        shares = dict.fromkeys((label for _, label in AREAS), 0.0)
+        for (file, _, _), (_, _, own, _, _) in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+            shares[next(label for prefix, label in AREAS if prefix in file.replace("\\", "/"))] += own
+        total = sum(shares.values())
+        lines.append(f"| {regime} | " + " | ".join(f"{100 * v / total:.0f}%" for v in shares.values()) + " |")
+    return lines
+
+
+def write_block(name: str, block: list[str]) -> None:
+    """Replace the page's `<!-- name -->` ... `<!-- /name -->` block (markers kept) with `block`."""
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    head, found, rest = PAGE.read_text().partition(start)
+    if not found or end not in rest:
+        raise SystemExit(f"{PAGE}: no {start} ... {end} block to write")
+    PAGE.write_text(head + "\n".join([start, *block, end]) + rest.partition(end)[2])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("builds", nargs="*", help="LABEL=DIR: a build of scripts/build_compiled_core.sh")
     parser.add_argument("--regimes", nargs="+", default=list(DEFAULT_REGIMES))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", action="store_true", help=f"write the table into {PAGE.relative_to(ROOT)}")
+    parser.add_argument("--profile", action="store_true", help="profile the pure core instead (see the module)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker)
+        return
+    if args.profile:
+        command = f"PYTHONPATH=. python scripts/compiled_core_bench.py --profile --regimes {' '.join(args.regimes)}"
+        block = ["```text", f"$ {command}", "```", "", *profile(args.regimes)]
+        print("\n".join(block))
+        if args.write:
+            write_block("compiled-core-profile", block)
         return
     variants = {"pure": ROOT}
     for build in args.builds:
@@ -130,14 +173,10 @@ def main() -> None:
     command = "PYTHONPATH=. python scripts/compiled_core_bench.py " + " ".join(
         f"{label}=DIR" for label in variants if label != "pure") + \
         f" --regimes {' '.join(args.regimes)} --repeats {args.repeats}"
-    lines = measure(variants, args.regimes, args.repeats)
-    block = "\n".join([START, "```text", f"$ {command}", "```", "", *lines, END])
-    print(block)
+    block = ["```text", f"$ {command}", "```", "", *measure(variants, args.regimes, args.repeats)]
+    print("\n".join(block))
     if args.write:
-        text = PAGE.read_text()
-        head, _, rest = text.partition(START)
-        _, _, tail = rest.partition(END)
-        PAGE.write_text(head + block + tail)
+        write_block("compiled-core-bench", block)
 
 
 if __name__ == "__main__":
