@@ -117,10 +117,10 @@ class HashBlockKeys:
         return parent
 
     def fork(self, token_ids: list[int] | None, child_salt: str, keep_blocks: int) -> HashBlockKeys:
-        child = HashBlockKeys.__new__(HashBlockKeys)
-        child.hash_ids, child.granularity, child.block_size = self.hash_ids, self.granularity, self.block_size
-        child.num_hashed_blocks = self.num_hashed_blocks
-        child.salt = stable_id_hash(child_salt)
+        # Through the constructor (a mypyc-compiled class has no __new__ that skips __init__): a prompt of exactly
+        # the hashed blocks keeps num_hashed_blocks, which never exceeds the hashed span.
+        child = HashBlockKeys(self.hash_ids, self.granularity, self.block_size,
+                              self.num_hashed_blocks * self.block_size, child_salt)
         child.keys = self.keys[:keep_blocks]
         return child
 

@@ -57,7 +57,10 @@ class PriorityQueue:
     def push(self, request: Request) -> None:
         heapq.heappush(self._heap, (request.priority, request.arrival_s, request.seq, request))
 
-    push_front = push
+    def push_front(self, request: Request) -> None:
+        """A preempted request goes back by its priority like any other (a method, not an alias: mypyc compiles no
+        class attribute bound to a function)."""
+        self.push(request)
 
     def peek(self) -> Request:
         return self._heap[0][3]

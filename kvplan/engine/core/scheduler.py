@@ -271,8 +271,8 @@ class Scheduler:
 
     def chunk(self, pending: int, budget: int) -> int:
         """Tokens to compute now out of `pending` within `budget`; 0: wait for a step with room."""
-        # an int: min() returns one of its arguments, and the cap is an int or INF (which never wins over an int)
-        pending = min(pending, self._cap)  # type: ignore[assignment]
+        if pending > self._cap:  # the cap is an int or INF (which never wins over an int): int() keeps it exact
+            pending = int(self._cap)
         if pending <= budget or self.config.enable_chunked_prefill:
             return min(pending, budget)
         # Chunked prefill off: a prefill runs whole - except a recompute of prompt + generated tokens longer than
@@ -382,7 +382,10 @@ class Scheduler:
         """End a beam group whose search is over, releasing every block."""
         return self.beams.finish(members, reason)
 
-    beams_ready = staticmethod(BeamGroups.ready)
+    @staticmethod
+    def beams_ready(members: list[Request]) -> bool:
+        """Whether a beam group may step (`BeamGroups.ready`; a method, not an alias, for mypyc)."""
+        return BeamGroups.ready(members)
 
     def decode_horizon(self, limit: int) -> int:
         """Largest k <= limit for which `advance_decodes(k)` equals k `schedule()` + `update()` cycles (0: none)."""

@@ -29,8 +29,10 @@ class TieredPrefix:
     tiers: list[PrefixTier | TierView]
     transfers: list[TierTransfer]
 
-    if TYPE_CHECKING:  # the manager's own (a declaration only: the mixin defines nothing it does not own)
-        def find_cached_prefix(self, request: Request) -> list[KVBlock]: ...
+    def find_cached_prefix(self, request: Request) -> list[KVBlock]:
+        """The manager's own (it overrides this). Declared by a method rather than under `if TYPE_CHECKING:`,
+        because mypyc compiles no statement but a definition in a class body."""
+        raise NotImplementedError("KVCacheManager.find_cached_prefix overrides this declaration")
 
     def _init_tiers(self, config: CacheConfig, own_pool: bool) -> None:
         """Build the chain from the settings; hook it to the pool only when this manager owns the pool (a hybrid

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Build the shared serving core (kvplan/engine/core) with mypyc (or Cython) into a scratch directory OUT, never
+# into the checkout: OUT/kvplan is a copy of the package whose core modules are C extensions beside their .py
+# sources (an extension wins over a .py of the same name on import), and OUT/{sim,engine,traces,experiments,kernels}
+# link to the checkout's data folders, which kvplan finds beside its package. The pure-Python core stays the executable
+# specification; tests/core/test_compiled_core.py compares the two step by step (KVPLAN_COMPILED_CORE=OUT).
+#
+#   scripts/build_compiled_core.sh OUT [EXTRA_MODULE.py ...]    e.g. ... /tmp/core kvplan/sim/replica.py
+#   COMPILER=cython scripts/build_compiled_core.sh OUT          Cython instead, on the same unchanged .py files
+#   PYTHONPATH=OUT .venv/bin/python -m kvplan ...               runs with the compiled core
+#
+# COMPILER=cython runs `cythonize` (CYTHONIZE, default: the one on PATH; `pip install cython` in any venv of the
+# same Python) in pure-Python mode on the same modules, for a like-for-like comparison with mypyc.
+#
+# Compiled: every module of kvplan/engine/core except the ones below, which mypyc cannot compile as written and
+# which are off the hot path (configuration, built once per run). Each reason was observed with mypy 2.4.1's mypyc:
+#   config.py         - internal mypyc error (AssertionError in env_class) on a nested function inside a method of
+#                       a non-extension class (CacheConfig carries the non-dataclass decorator `config_fields`)
+#   kv_interface.py   - a @runtime_checkable Protocol: compiled, it is no longer a protocol class (TypeError)
+#   settings.py, setting_classes.py, vllm_versions.py - the setting declarations that config.py builds on; left
+#                       interpreted with it (they run once per configuration)
+#   __init__.py files - re-exports only
+# Needs a C compiler (cc) and Python headers; 1 to 4 minutes with mypyc, about 5 with Cython, on 2 shared cores.
+set -euo pipefail
+if [ $# -lt 1 ]; then
+  echo "usage: $0 OUT [EXTRA_MODULE.py ...]  (OUT: a scratch directory outside the checkout)" >&2
+  exit 2
+fi
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=$(mkdir -p "$1" && cd "$1" && pwd)
+shift
+case "$out/" in
+  "$root"/*) echo "$0: OUT $out is inside the checkout $root; build compiled files outside it" >&2; exit 2 ;;
+esac
+python=${PYTHON:-$root/.venv/bin/python}
+[ -x "$python" ] || python=$(command -v python3)
+
+rm -rf "$out/kvplan" "$out/build" "$out"/*__mypyc*.so
+cp -r "$root/kvplan" "$out/kvplan"
+find "$out/kvplan" -name __pycache__ -prune -exec rm -rf {} +
+cp "$root/pyproject.toml" "$out/"  # mypyc reads the project's mypy settings from it
+for data in sim engine traces experiments kernels; do
+  ln -sfn "$root/$data" "$out/$data"
+done
+
+excluded="config.py kv_interface.py settings.py setting_classes.py vllm_versions.py __init__.py"
+modules=()
+cd "$out"
+while IFS= read -r path; do
+  name=$(basename "$path")
+  case " $excluded " in *" $name "*) echo "interpreted: $path"; continue ;; esac
+  modules+=("$path")
+done < <(find kvplan/engine/core -name '*.py' | sort)
+modules+=("$@")
+for path in "${modules[@]}"; do echo "compiling:   $path"; done
+case "${COMPILER:-mypyc}" in
+  mypyc)
+    "$python" -m mypyc "${modules[@]}" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+    grep -E "^kvplan/.*(warning|error)" "$out/build.log" || true ;;
+  cython)
+    "${CYTHONIZE:-cythonize}" -i -3 -j 2 "${modules[@]}" > "$out/build.log" 2>&1 \
+      || { tail -40 "$out/build.log"; exit 1; }
+    grep -iE "^warning" "$out/build.log" || true ;;
+  *) echo "$0: COMPILER=${COMPILER} is neither mypyc nor cython" >&2; exit 2 ;;
+esac
+rm -rf "$out/build"
+echo "built $(find "$out/kvplan" -name '*.so' | wc -l) extension modules into $out (${COMPILER:-mypyc})"
+echo "use: KVPLAN_COMPILED_CORE=$out (tests/core/test_compiled_core.py) or PYTHONPATH=$out"
