@@ -11,18 +11,23 @@ The traces are drawn (not seeded draws of a generator) so that hypothesis shrink
 bursts of simultaneous arrivals between gaps, prompts at block boundaries (k x block - 1, k x block,
 k x block + 1), 1-token outputs, prefix hashes shared between requests (so prefix hits and cached-block
 evictions happen), n > 1 and priorities. The configurations: small KV pools (so preemption happens, by
-recompute or swap), block sizes 1..32, prefix caching, chunked prefill, small token budgets and sequence caps,
-schedules, eviction and victim policies, the CPU prefix tier, 1-3 replicas behind each router. The harness
-knobs a probe or a closed loop sets on replicas (a sample interval, an inter-token measurement window with
-counter marks, `stop_at_finish`) are drawn too.
+recompute or swap), block sizes 1..32 (3 and 5 without prefix caching), prefix caching on and off, chunked
+prefill on and off, small token budgets, sequence caps and long-prefill caps, both schedules, queue, eviction and
+victim policies, the allocators, a watermark, the first-chunk admission gate, both vLLM versions, cache-aware
+admission, the CPU, disk and cluster-shared prefix tiers (write-through, layer-wise loading), and 1-3 replicas
+behind each router. The harness knobs a probe or a closed loop sets on replicas (a sample interval, an
+inter-token measurement window with counter marks, `stop_at_finish`) are drawn too.
 
 Where the two paths differ today, the minimal cases are below, marked as expected failures (strict: once the
 cause is fixed they pass, and the mark must go):
 
 * a run stopped before its end (a probe's horizon, its overload check): the fast path applies the whole stretch
   it chose - completions, gaps, steps past the stop - while step by step nothing after the stop happens;
-* vLLM 0.33's long-prefill cap with chunked prefill off: the backlog check reads the cap of the step before a
-  request arrived (`test_a_long_prefill_cap_without_chunking`; the random search found it).
+* the long-prefill cap on a request that arrives while one request runs alone: the backlog check reads the cap
+  of the step before the arrival (`test_a_long_prefill_cap_on_an_arrival`; the random search found it);
+* a decode's eviction that breaks the waiting head's cached prefix at its first block turns the head's other
+  cached blocks from hits into room, and a first chunk then fits (`test_a_broken_prefix_makes_room_for_a_first_
+  chunk`; the random search found it).
 """
 
 from __future__ import annotations
@@ -267,18 +272,50 @@ def test_a_run_stopped_by_a_sample_check():
 LONG_PREFILL = ("`Admission.head_blocked` (engine.core.admission) plans the waiting head with `Scheduler._cap`, the "
                 "long-prefill cap `schedule()` set for the step before: no cap (INF) when one request was in the "
                 "system then, although the head's arrival makes two and the next `schedule()` caps its chunk at "
-                "`long_prefill_token_threshold`. Under vllm_version 0.33 with chunked prefill off (the cap still "
-                "splits prompts there), the uncapped 41-token prompt exceeds the 40 tokens the decode leaves, so "
-                "the head counts as blocked and the fast path decodes past the step that admits it step by step")
+                "`long_prefill_token_threshold`. The uncapped chunk is refused (it exceeds the budget the decode "
+                "leaves without chunking, or the free blocks) where the capped one is admitted, so the head counts "
+                "as blocked and the fast path decodes past the step that admits it step by step")
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=LONG_PREFILL)
-def test_a_long_prefill_cap_without_chunking():
-    # A (1-token prompt, 18 out) decodes alone from t = 0; B (41-token prompt) arrives at 0.125 s. Step by step B's
-    # first 24-token chunk joins A's decode at 0.1299 s; the fast path admits B only after A finishes (0.1376 s).
-    trace = Trace.build([0.0, 0.125], [1, 41], [18, 1])
-    spec = SimSpec(num_blocks=100, block_size=16, max_num_batched_tokens=41, long_prefill_token_threshold=24,
-                   enable_chunked_prefill=False, vllm_version="0.33")
+@pytest.mark.parametrize(("prompt", "output", "options"), [
+    # vLLM 0.33, chunked prefill off (the cap still splits prompts there): the uncapped 41 tokens exceed the 40
+    # the decode leaves. Step by step B's first 24-token chunk joins A's decode at 0.1299 s; fast: at 0.1376 s.
+    (41, 18, {"num_blocks": 100, "max_num_batched_tokens": 41, "enable_chunked_prefill": False,
+              "vllm_version": "0.33"}),
+    # the newest vLLM, chunked prefill on, first chunks admitted without the full-prompt gate: the uncapped
+    # 100-token chunk needs 7 blocks of the 8 (A holds 1-4), the capped 24 tokens 2. Step by step B starts at
+    # 0.1299 s; fast: after A finishes, at 0.4586 s.
+    (100, 60, {"num_blocks": 8, "scheduler_reserve_full_isl": False}),
+], ids=["0.33-unchunked", "chunked-first-chunk-gate"])
+def test_a_long_prefill_cap_on_an_arrival(prompt, output, options):
+    # A (a 1-token prompt) decodes alone from t = 0; B (`prompt` tokens, 1 out) arrives at 0.125 s
+    trace = Trace.build([0.0, 0.125], [1, prompt], [output, 1])
+    spec = SimSpec(block_size=16, long_prefill_token_threshold=24, **options)
+    case = Case(trace, spec, Harness(5.0, (-math.inf, math.inf), False))
+    fast, plain = build(case, True), build(case, False)
+    assert fast is not None and plain is not None
+    fast.run()
+    plain.run()
+    assert_same_run(fast, plain)
+
+
+BROKEN_PREFIX = ("`Admission.head_blocked` (engine.core.admission) holds that what the waiting head needs only shrinks "
+                 "while decodes allocate and evict. Not when an eviction breaks the head's cached prefix at its first "
+                 "block (FIFO evicts by age, not from the chain's tail): its other cached blocks stop being hits and "
+                 "become evictable room, and without the full-prompt gate a budget-sized first chunk fits. Here the "
+                 "recomputing head's 8 hits + 1 new block (no free block: refused) become 0 hits + a 7-token first "
+                 "chunk in the 7 evictable blocks (admitted, then preempted again); the fast path kept it waiting")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=BROKEN_PREFIX)
+def test_a_broken_prefix_makes_room_for_a_first_chunk():
+    # Two 1-token prompts (16 and 9 tokens out) in 17 one-token blocks: B is preempted at 0.0612 s, its 8 blocks
+    # cached. Step by step it is readmitted at 0.0688 s and preempted again (2 preemptions, finish 0.137257 s);
+    # the fast path keeps it waiting until A finishes (1 preemption, finish 0.137221 s).
+    trace = Trace.build([0.0, 0.0], [1, 1], [16, 9])
+    spec = SimSpec(num_blocks=17, block_size=1, eviction_policy="fifo", max_num_batched_tokens=8,
+                   scheduler_reserve_full_isl=False)
     case = Case(trace, spec, Harness(5.0, (-math.inf, math.inf), False))
     fast, plain = build(case, True), build(case, False)
     assert fast is not None and plain is not None
