@@ -173,9 +173,8 @@ def replay_against_plain(trace, spec) -> dict:
 
 def against_plain(run_once: Callable[[bool], tuple[Any, float, int]]) -> dict:
     """Time `run_once(fast_path)` (a ServingResult, the seconds it simulated, the requests it sent) fast, plain,
-    fast, in this
-    process: the ratio of the plain wall to the fast walls' mean, and whether the two paths' results are the same
-    (per-request table, series and summary, exactly)."""
+    fast, in this process: the ratio of the plain wall to the fast walls' mean, and whether the two paths' results
+    are the same (per-request table, series and summary, exactly)."""
     walls: dict[bool, list[float]] = {True: [], False: []}
     results = {}
     for fast_path in (True, False, True):
