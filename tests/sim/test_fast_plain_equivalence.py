@@ -19,7 +19,8 @@ behind each router. The harness knobs a probe or a closed loop sets on replicas 
 inter-token measurement window with counter marks, `stop_at_finish`) are drawn too.
 
 Where the two paths differ today, the minimal cases are below, marked as expected failures (strict: once the
-cause is fixed they pass, and the mark must go):
+cause is fixed they pass, and the mark must go), and the draws leave the configurations that reach them out
+(`cases`: drop that rule with the mark):
 
 * a run stopped before its end (a probe's horizon, its overload check): the fast path applies the whole stretch
   it chose - completions, gaps, steps past the stop - while step by step nothing after the stop happens;
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from kvplan.errors import UserError
@@ -109,7 +110,8 @@ def cases(draw) -> Case:
     if not chunked:  # without chunking a prompt is computed in one step
         budget = max(budget, int(trace.prompt_tokens.max()))
     swap = draw(st.booleans())
-    num_blocks = need + draw(st.integers(0, 3 * need))
+    # half the pools barely hold the longest request, so that requests running together preempt each other
+    num_blocks = need + draw(st.one_of(st.integers(0, need // 4), st.integers(0, 3 * need)))
     options = dict(
         num_blocks=num_blocks, block_size=block, enable_prefix_caching=caching, enable_chunked_prefill=chunked,
         max_num_batched_tokens=budget, max_num_seqs=draw(st.sampled_from([1, 2, 3, 8, 256])),
@@ -124,6 +126,15 @@ def cases(draw) -> Case:
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 24])),
         vllm_version=draw(st.sampled_from(["0.33", "0.34"])),
         replicas=draw(st.integers(1, 3)), router=draw(st.sampled_from(ROUTERS)))
+    # Left out until the known differences are fixed (each pinned by an expected failure below; drop the rule
+    # with its mark): a long-prefill cap where the head's chunk is limited by budget or blocks, not the whole
+    # prompt (`test_a_long_prefill_cap_on_an_arrival`), and an eviction order that can break a cached prefix
+    # at its first block under the first-chunk gate (`test_a_broken_prefix_makes_room_for_a_first_chunk`).
+    gate = not options["scheduler_reserve_full_isl"]
+    if gate or not (chunked or options["vllm_version"] == "0.34"):
+        options["long_prefill_token_threshold"] = 0
+    if gate and caching:
+        options["eviction_policy"] = "lru"
     if caching:  # the prefix tiers below the GPU, and cache-aware admission, act on cached prefixes only
         cpu, disk, shared = (draw(st.sampled_from(sizes)) for sizes in ([0, 0, 24], [0, 40], [0, 0, 60]))
         lower = bool(cpu or disk or shared)
@@ -202,9 +213,22 @@ class Seen:
     evictions: int = 0
 
 
+def covering_case() -> Case:
+    """A run that surely takes the fast path, preempts by swapping, hits cached prefixes and evicts: six
+    requests in two bursts, each prompt's first three blocks one shared prefix, in 24 blocks (one request
+    alone needs 9). Hypothesis's draws differ with the process's state (other tests run before), so the
+    coverage asserted below must not rest on them alone."""
+    hashes = [h for i in range(6) for h in (0, 1, 2, 100 + i)]
+    trace = Trace.build([0.0, 0.0, 0.0, 0.3, 0.3, 0.3], [64] * 6, [80] * 6, hash_ids=np.array(hashes),
+                        hash_offsets=np.arange(0, 25, 4), hash_granularity=GRANULARITY)
+    spec = SimSpec(num_blocks=24, block_size=16, preemption_mode="swap", num_cpu_blocks=96)
+    return Case(trace, spec, Harness(0.5, (-math.inf, math.inf), False))
+
+
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=cases())
+@example(case=covering_case())
 def check_random_runs(seen: Seen, case: Case) -> None:
     fast, plain = build(case, True), build(case, False)
     assume(fast is not None and plain is not None)
@@ -225,7 +249,7 @@ def check_random_runs(seen: Seen, case: Case) -> None:
 def test_fast_and_plain_paths_agree_on_random_traces():
     seen = Seen()
     check_random_runs(seen)
-    # the draws reached what the fast path must get right (deterministic: the search is derandomized)
+    # the examples reached what the fast path must get right (the explicit one at least)
     assert seen.runs >= 30 and seen.fast_steps > 0 and seen.preemptions > 0 and seen.swaps > 0
     assert seen.prefix_hits > 0 and seen.evictions > 0
 
