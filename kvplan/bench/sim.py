@@ -22,16 +22,30 @@ Each row gives wall time, simulated time, their ratio (target >= 2000x; the burs
 million requests: <= 60 s and <= 1 GB), the share of steps on the decode fast path, the peak resident memory,
 and the machine's speed on a fixed pure-Python workload measured in the same process just before and after the
 row (`reference`, Mops/s: the mean of the two), so that rows from two runs or two machines can be compared.
+
+Against the plain path. The plain reference path (`SimSpec(fast_path=False)`: one scheduler step per SimPy event,
+no decode stretches) is too slow to run whole regimes, so each row also times a bounded part of its own work on
+both paths in its process, after the row itself: fast, plain, fast again (the machine's speed drifts; the fast
+wall is the mean of the two). The part is `PLAIN_REQUESTS` requests one replica serves: replica 0's first
+2,000 requests under the row's round robin (the trace's first 2,000 for the one-replica rows; every 16th of
+the synthetic row's first 32,000, which is what `sim.parallel` hands that replica's worker), on one replica;
+`steady_search`'s part is its search's first probe. `vs_plain` is plain wall / fast wall on that part,
+`plain_speedup` the plain path's simulated / wall seconds there, and `identical` whether the two paths gave the
+same per-request table, series and summary on it (they must: tests/sim/test_fast_plain_equivalence.py).
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import resource
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +63,11 @@ SYNTHETIC_WALL_TARGET_S, SYNTHETIC_RSS_TARGET_MB = 60.0, 1024.0
 REGIMES = ("azure_conv_off", "azure_conv_on", "azure_conv_x4", "mooncake_conv", "mooncake_conv_clip",
            "mooncake_cpu", "mooncake_shared", "burst", "synthetic", "steady_search")
 TIER_BLOCKS = 65_536  # 16-token blocks: 1M tokens, 128 GiB of llama-3-8b KV - a host's spare DRAM
+# The plain path's part of each row (see the module docstring). Measured on the shared 2-core machine: 1,000
+# requests took 1.3-5.4 s of plain and 0.7-2.0 s of fast wall per row under a ~5x load (8% on top of the rows);
+# 2,000 make each timing ~1-2 s unloaded (a simulation's fixed cost is ~0.02 s), long enough to average over
+# the machine's drift, and keep the addition near a fifth of an unloaded run.
+PLAIN_REQUESTS = 2_000
 
 
 def run(data_dir: Path = DATA_DIR, synthetic_requests: int = 1_000_000, replicas: int = 16,
@@ -115,7 +134,8 @@ def _regime(name: str, data_dir: str, synthetic_requests: int, replicas: int, pe
         trace = trace.take(np.arange(min(BURST_REQUESTS, len(trace))))  # lengths only: every request at t = 0
     spec = SimSpec(model="llama-3-8b", hardware="h100-sxm", replicas=1, **options)
     result = timed(trace, spec)
-    result.update(trace=str(path), prefix_caching="on" if spec.enable_prefix_caching else "off")
+    result.update(trace=str(path), prefix_caching="on" if spec.enable_prefix_caching else "off",
+                  plain=replay_against_plain(trace, spec))
     if name == "burst":
         result.update(target="wall_s", target_met=result["wall_s"] <= BURST_WALL_TARGET_S)
     return result
@@ -133,6 +153,41 @@ def timed(trace, spec, processes: int = 1) -> dict:
             "target": "speedup", "target_met": simulated / wall >= SPEEDUP_TARGET, "steps": out.info["steps"],
             "fast_steps": out.info["fast_steps"], "fast_share": out.info["fast_steps"] / max(out.info["steps"], 1),
             "rejected": out.info["rejected"], "peak_rss_mb": peak_rss_mb(), "summary": out.summary}
+
+
+def replay_against_plain(trace, spec) -> dict:
+    """The row's part on both paths (module docstring): replica 0's first `PLAIN_REQUESTS` requests under round
+    robin, on one replica."""
+    from kvplan.sim.run import simulate
+
+    rows = np.arange(0, len(trace), spec.replicas)[:PLAIN_REQUESTS]
+    part, one = trace.take(rows), replace(spec, replicas=1)
+
+    def run_once(fast_path: bool):
+        out = simulate(part, replace(one, fast_path=fast_path))
+        return out, out.summary["duration_s"], len(rows)
+
+    return {"rule": f"replica 0's first {len(rows)} requests under round robin, on one replica",
+            **against_plain(run_once)}
+
+
+def against_plain(run_once: Callable[[bool], tuple[Any, float, int]]) -> dict:
+    """Time `run_once(fast_path)` (a ServingResult, the seconds it simulated, the requests it sent) fast, plain,
+    fast, in this process: the ratio of the plain wall to the fast walls' mean, and whether the two paths' results
+    are the same (per-request table, series and summary, exactly)."""
+    walls: dict[bool, list[float]] = {True: [], False: []}
+    results = {}
+    for fast_path in (True, False, True):
+        start = time.perf_counter()
+        results[fast_path] = run_once(fast_path)
+        walls[fast_path].append(time.perf_counter() - start)
+    (fast, simulated, requests), (plain, _, _) = results[True], results[False]
+    fast_wall, plain_wall = sum(walls[True]) / len(walls[True]), walls[False][0]
+    same = (fast.requests.equals(plain.requests) and fast.series.equals(plain.series)
+            and json.dumps(fast.summary, sort_keys=True) == json.dumps(plain.summary, sort_keys=True))
+    return {"requests": requests, "simulated_s": simulated, "wall_s": plain_wall, "speedup": simulated / plain_wall,
+            "fast_wall_s": fast_wall, "fast_walls_s": walls[True], "vs_plain": plain_wall / fast_wall,
+            "identical": same}
 
 
 def synthetic_trace(count: int, rate: float, seed: int):
@@ -156,6 +211,7 @@ def synthetic(count: int, replicas: int, per_replica_rate: float, seed: int) -> 
     with PeakMemory() as peak:  # its replicas run in worker processes beside this one: count them too
         result = timed(trace, spec, processes)
     result["peak_rss_mb"] = peak.mb
+    result["plain"] = replay_against_plain(trace, spec)
     # The design's budget for this run: a million requests on 16 replicas in <= 60 s and <= 1 GB.
     met = result["wall_s"] <= SYNTHETIC_WALL_TARGET_S and result["peak_rss_mb"] <= SYNTHETIC_RSS_TARGET_MB
     return {**result, "prefix_caching": "off", "arrival_rate": per_replica_rate * replicas, "target": "wall_s+rss",

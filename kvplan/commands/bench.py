@@ -204,6 +204,8 @@ def _bench_sim(args: argparse.Namespace) -> int:
 
 
 def _show_sim(result: dict) -> None:
+    from kvplan.bench.sim import PLAIN_REQUESTS
+
     targets = {"speedup": f">= {result['speedup_target']:.0f}x", "wall_s": f"<= {result['burst_wall_target_s']:.0f} s",
                "wall_s+rss": "<= 60 s, 1 GB"}
     rows, skipped = [], []
@@ -211,12 +213,21 @@ def _show_sim(result: dict) -> None:
         if row.get("skipped"):
             skipped.append(f"{name}: skipped - {row['reason']}")
             continue
+        plain = row.get("plain") or {}
         rows.append([name, row["requests"], row["replicas"], row["prefix_caching"], row["wall_s"], row["simulated_s"],
-                     f"{row['speedup']:.0f}x", f"{row['fast_share']:.1%}", row["peak_rss_mb"],
+                     f"{row['speedup']:.0f}x", f"{plain['vs_plain']:.2f}x" if plain else "-",
+                     f"{plain['speedup']:.0f}x" if plain else "-", f"{row['fast_share']:.1%}", row["peak_rss_mb"],
                      row["reference_mops"], targets[row["target"]], "met" if row["target_met"] else "not met"])
     if rows:
         print(format_table(["regime", "requests", "replicas", "prefix", "wall_s", "simulated_s", "speedup",
-                            "fast_path", "peak_rss_mb", "ref_Mops/s", "target", ""], rows))
+                            "vs_plain", "plain_speedup", "fast_path", "peak_rss_mb", "ref_Mops/s", "target", ""],
+                           rows))
+        print("vs_plain: the plain step-by-step path's wall / the fast path's on a part of the row timed in its "
+              f"process (replica 0's first {PLAIN_REQUESTS:,} requests on one replica; steady_search: its first "
+              "probe); plain_speedup: the plain path's simulated / wall seconds on it")
+    for name, row in result["regimes"].items():
+        if row.get("plain") and not row["plain"]["identical"]:
+            print(f"{name}: the fast and plain paths' results differ on {row['plain']['rule']}")
     if result.get("reference_mops") is not None:
         print(f"reference: {result['reference_mops']:.1f} Mops/s (a fixed pure-Python workload, measured around "
               "each row; ref_Mops/s is the row's own)")
