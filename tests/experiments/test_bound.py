@@ -53,9 +53,9 @@ def test_the_bound_only_skips_probes_that_fail_and_keeps_the_answer():
     bounded = make_tasks(exp)[0]
     assert bounded.bound is not None
     ceiling = bounded.bound.max_stable_rate(1)
-    plain = PointTask(exp, bounded.point, [0])
     for threshold in (0.3, ceiling / 3, ceiling * 0.9):
-        with_bound, without = (PointTask(exp, bounded.point, [0], bound=bounded.bound), PointTask(exp, plain.point, [0]))
+        with_bound = PointTask(exp, bounded.point, [0], bound=bounded.bound)
+        without = PointTask(exp, bounded.point, [0])
         simulated = drive_one(with_bound, lambda rate, t=threshold: rate <= t)
         every = drive_one(without, lambda rate, t=threshold: rate <= t)
         assert with_bound.answer == without.answer
