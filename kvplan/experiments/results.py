@@ -138,7 +138,7 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
             outcomes = sorted({t.outcome for t in tasks if t.outcome})
             row["search_outcome"] = "; ".join(outcomes) if outcomes else "found"
             row["skipped"] = skipped_text(exp, tasks)
-            row["probes"] = sum(len(t.probes) for t in tasks)
+            row["probes"] = sum(v not in t.decided for t in tasks for v, _ in t.probes)  # simulated ones
             row["capacity_rps"] = row["request_throughput"]  # sustained: completions per second of window
             row["capacity_tok_s"] = row["total_token_throughput"]
             if exp.search["target"] == "min_replicas":  # what the answer costs: every replica's GPUs

@@ -6,6 +6,15 @@
                    midpoints, ends when hi = lo + 1; the answer is lo (the highest value seen to meet)
     min_replicas:  lo [fails] ----- mid ----- hi [meets]; ends when hi = lo + 1; answer = hi
 
+Analytic bounds (`experiments.bound`, for a sustained load searched over its rate or its replicas on a GPU by
+name): a probe whose verdict the bound already knows - a rate above the rate bound, fewer replicas than the
+offered rate needs by it - is decided to fail without a simulation (never the search's first probe); the other
+probes are the ones the search would make without the bound, so the answer is the same. A replica search with a
+bound does not bisect [low, high]: it climbs from the bound's fewest replicas (at least `low`) by 1, 2, 4, ...
+until a count meets, then bisects the last step - the answer a bisection finds under the assumption below,
+without probing the large counts a bisection starts with. The values decided are listed in the answer
+(`results.skipped_text`).
+
 A run *meets* when its steady-state probe is stable (`sim.stability`; a burst run has no verdict) and every SLO
 holds. With `search.combine: median` (the default) every seed is searched on its own - each seed redraws the
 arrivals and the sample of sessions - and the point's capacity is the median of the seeds' answers, reported

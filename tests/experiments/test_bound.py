@@ -4,9 +4,11 @@ stable, a search that uses them gives the answer the plain search gives, and wha
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvplan.cli import main
+from kvplan.experiments.binding import task_votes
 from kvplan.experiments.bound import SLACK, point_bound, step_floor
 from kvplan.experiments.execute import build_spec, simulate_config
 from kvplan.experiments.points import expand, run_config
@@ -77,6 +79,8 @@ def test_a_replica_climb_finds_what_the_bisection_finds(needed):
     assert climb.decided == list(range(1, fewest)) and min(climbed) >= fewest
     if max(needed, fewest) <= 4:
         assert max(climbed) < max(bisected)  # no large counts probed
+    if needed <= fewest:  # the count below the answer was never simulated: the bound is what binds
+        assert [v.limit for v in task_votes(climb, pd.DataFrame())] == ["analytic bound"]
 
 
 def test_skipped_replicas_are_said(tmp_path, capsys):
@@ -92,4 +96,4 @@ def test_skipped_replicas_are_said(tmp_path, capsys):
     out = capsys.readouterr().out
     skipped = [line for line in out.splitlines() if line.startswith("skipped:")]
     assert len(skipped) == 1 and "1 replicas: fails by the analytic bound, at most" in skipped[0]
-    assert "Skipped: 1 replicas" in (tmp_path / "out" / "summary.md").read_text()
+    assert "Skipped: 1 replicas: fails by the analytic bound" in (tmp_path / "out" / "summary.md").read_text()
