@@ -9,7 +9,6 @@ skip the probes whose verdict is already known, and a point that no probe could 
                       caching only `output` (a fully cached prompt still computes its last row); 0 for a request
                       the scheduler rejects (longer than max_model_len, or nothing to serve)
     rate bound        U = R / W requests per second per replica
-    decode floor      T(1): no decode step, hence no TPOT, is shorter
 
 Why U bounds every stable probe: each request needs at least W rows on average (preemption only recomputes more),
 a replica computes at most R rows per second (every step of t rows takes at least T(t), provided the cost model's
@@ -23,6 +22,8 @@ uniform, so the expected rows per request of a probe is the trace's mean W.
 The bounds are far above the simulated capacity as a rule (attention, the batch cap and the SLOs bind first):
 they skip hopeless probes - very high rates, too few replicas - never the ones near the answer, so a search that
 uses them makes the same decisions on what it does simulate and gives the same answer.
+
+A point whose model does not fit the GPU (no KV blocks left) gets no bound: its first probe says so, as before.
 """
 
 from __future__ import annotations
@@ -41,9 +42,6 @@ class PointBound:
 
     rows_per_s: float  # R: token rows one replica computes per second at most
     rows_per_request: float  # W: the mean rows a request needs computed
-    decode_floor_s: float  # T(1): the shortest decode step
-    num_blocks: int  # KV blocks per replica after the weights and activations (< 1: the model does not fit)
-    all_decode: bool  # every servable request has >= 2 output tokens (so every one has a TPOT)
 
     @property
     def rate_per_replica(self) -> float:
@@ -59,17 +57,6 @@ class PointBound:
         """The fewest replicas a probe at `rate` req/s may meet with: fewer are decided to fail."""
         per = SLACK * self.rate_per_replica / step_scale
         return max(1, math.ceil(rate / per)) if math.isfinite(per) and per > 0 else 1
-
-    def infeasible(self, slo: dict[str, float]) -> str:
-        """Why no probe of the point can meet (`slo`: the experiment's summary key -> bound), "" when one may."""
-        if self.num_blocks < 1:
-            return "the weights and activations leave no GPU memory for the KV cache"
-        if self.all_decode:
-            for key, bound in slo.items():
-                if "_tpot_ms" in key and self.decode_floor_s * 1e3 > bound:
-                    return (f"one decode step takes at least {self.decode_floor_s * 1e3:.3g} ms, above "
-                            f"{key.replace('_ms', '')} <= {bound:g} ms")
-        return ""
 
     def as_text(self) -> str:
         return (f"at most {self.rate_per_replica:.3g} req/s per replica ({self.rows_per_s:.4g} token rows/s over "
@@ -88,8 +75,9 @@ def step_floor(cost, tokens: np.ndarray):  # cost: sim.cost.CostModel -> seconds
     return np.asarray(cost.step_times(features), dtype=np.float64)
 
 
-def point_bound(config: dict) -> PointBound:
-    """The bounds of one run configuration (a point's, any seed: the trace's population is the same)."""
+def point_bound(config: dict) -> PointBound | None:
+    """The bounds of one run configuration (a point's, any seed: the trace's population is the same); None when
+    the model leaves no KV memory on the GPU (the simulator refuses such a point)."""
     from kvplan.experiments.execute import build_spec, population
     from kvplan.sim.run import build_configs, build_cost, resolve_max_model_len
 
@@ -102,10 +90,9 @@ def point_bound(config: dict) -> PointBound:
     prompt, output = trace.prompt_tokens[served], trace.output_tokens[served]
     rows = output if spec.enable_prefix_caching else prompt + output - 1
     per_request = float(rows.sum()) / len(trace)
-    all_decode = bool(len(output)) and bool((output >= 2).all())
     if num_blocks < 1:
-        return PointBound(math.inf, per_request, 0.0, num_blocks, all_decode)
+        return None
     _, sched = build_configs(spec, trace, num_blocks, cost)
     tokens = np.arange(1, max(int(sched.max_num_batched_tokens), 1) + 1)
     floor = step_floor(cost, tokens)
-    return PointBound(float((tokens / floor).max()), per_request, float(floor[0]), num_blocks, all_decode)
+    return PointBound(float((tokens / floor).max()), per_request)
