@@ -158,6 +158,9 @@ def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width:
     notes = sorted({str(n) for n in points.get("model_range_note", pd.Series(dtype=str)) if isinstance(n, str) and n})
     if notes:  # why a point has no model range ('-' in the table)
         console.print(f"(-) {'; '.join(notes)}.")
+    for label, text in zip(points["label"], points.get("skipped", pd.Series([""] * len(points))), strict=True):
+        if isinstance(text, str) and text:  # probes the analytic bound decided: never simulated, said so
+            console.print(f"skipped: {label}: {text}.")
     console.print(f"SLOs: {slo_text(exp)}.")
     console.print(f"Gates: {gates_text(exp)}.")
     return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
@@ -237,6 +240,8 @@ def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation,
     if exp.search:
         lines += ["", "## Capacity", ""]
         lines += [f"- **{row['label']}**: " + (capacity_sentence(exp, row) if math.isfinite(row["answer"])
-                                                else row["search_outcome"]) for _, row in points.iterrows()]
+                                                else row["search_outcome"])
+                  + (f" Skipped: {row['skipped']}." if isinstance(row.get("skipped"), str) and row["skipped"] else "")
+                  for _, row in points.iterrows()]
     lines += ["", *model_range.markdown(exp, errors)]
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -73,6 +73,9 @@ def task_votes(task: PointTask, runs: pd.DataFrame) -> list[Vote]:
         edge, value = ("search.high", search["high"]) if upward else ("search.low", search["low"])
         return [Vote(edge, edge, 0.0, task.outcome or f"meets with the fewest searched, {describe(target, value)}",
                      float(value))]
+    if beyond in task.decided and task.bound is not None:  # never simulated: the analytic bound decided it
+        return [Vote("analytic bound", "", 1.0, f"fails by the analytic bound at {describe(target, beyond)}: "
+                     f"{task.bound.as_text()}", float(beyond))]
     votes = []
     for failed in _failed_at(task, runs, beyond):
         f = top(failed)

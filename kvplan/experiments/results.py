@@ -137,7 +137,8 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
             row["answers"] = ", ".join("n/a" if a is None else f"{a:.4g}" for a in answers)
             outcomes = sorted({t.outcome for t in tasks if t.outcome})
             row["search_outcome"] = "; ".join(outcomes) if outcomes else "found"
-            row["probes"] = sum(len(t.probes) for t in tasks)
+            row["skipped"] = skipped_text(exp, tasks)
+            row["probes"] = sum(v not in t.decided for t in tasks for v, _ in t.probes)  # simulated ones
             row["capacity_rps"] = row["request_throughput"]  # sustained: completions per second of window
             row["capacity_tok_s"] = row["total_token_throughput"]
             if exp.search["target"] == "min_replicas":  # what the answer costs: every replica's GPUs
@@ -150,6 +151,21 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
             row |= binding.sweep_binding(exp, at).columns()
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def skipped_text(exp: Experiment, tasks: list[PointTask]) -> str:
+    """The probes a point's searches skipped because its analytic bound decided them (`experiments.bound`), in
+    words ("" when none): which values, and the bound that decided them."""
+    values = sorted({v for t in tasks for v in t.decided})
+    if not values:
+        return ""
+    from kvplan.experiments.search import describe
+
+    bound = tasks[0].bound
+    assert bound is not None  # only a bounded task decides
+    shown = [describe(exp.search["target"], v) for v in values]
+    listed = ", ".join(shown) if len(shown) <= 3 else f"{shown[0]} ... {shown[-1]} ({len(shown)} values)"
+    return f"{listed}: fails by the analytic bound, {bound.as_text()}"
 
 
 def slo_lines(exp: Experiment) -> list[str]:

@@ -6,6 +6,15 @@
                    midpoints, ends when hi = lo + 1; the answer is lo (the highest value seen to meet)
     min_replicas:  lo [fails] ----- mid ----- hi [meets]; ends when hi = lo + 1; answer = hi
 
+Analytic bounds (`experiments.bound`, for a sustained load searched over its rate or its replicas on a GPU by
+name): a probe whose verdict the bound already knows - a rate above the rate bound, fewer replicas than the
+offered rate needs by it - is decided to fail without a simulation (never the search's first probe); the other
+probes are the ones the search would make without the bound, so the answer is the same. A replica search with a
+bound does not bisect [low, high]: it climbs from the bound's fewest replicas (at least `low`) by 1, 2, 4, ...
+until a count meets, then bisects the last step - the answer a bisection finds under the assumption below,
+without probing the large counts a bisection starts with. The values decided are listed in the answer
+(`results.skipped_text`).
+
 A run *meets* when its steady-state probe is stable (`sim.stability`; a burst run has no verdict) and every SLO
 holds. With `search.combine: median` (the default) every seed is searched on its own - each seed redraws the
 arrivals and the sample of sessions - and the point's capacity is the median of the seeds' answers, reported
@@ -40,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvplan.experiments.bound import PointBound, point_bound
 from kvplan.experiments.criteria import failures
 from kvplan.experiments.points import Point, expand, run_config
 from kvplan.experiments.schema import INTEGER_TARGETS, SEARCH_TARGETS, Experiment
@@ -79,6 +89,9 @@ class PointTask:
     leader: PointTask | None = None  # a guided search starts from this (finished) search's bracket
     step: float = 0.0  # a guided search's current outward step (a ratio, or a width for integer targets)
     step_scale: float = 1.0  # every step's compute time x this: 1, or an edge of the model-error band
+    bound: PointBound | None = None  # the point's analytic bounds (experiments.bound): decided probes, a climb
+    gallop: bool = False  # a replica search stepping up from its bound, not bisecting [low, high]
+    decided: list[object] = field(default_factory=list)  # probed values the bound decided (failed, not simulated)
 
     @property
     def edge(self) -> bool:
@@ -104,7 +117,10 @@ class PointTask:
         lead = self.leader
         if lead is None or lead.lo is None or lead.hi is None:  # no bracket to start from: the full search
             self.leader = None
-            return self._round(self.exp.search["low"])
+            low = self.exp.search["low"]
+            if self.bound is not None and self.target == "min_replicas":
+                return self._climb(low)
+            return self._round(low)
         integer = self.target in INTEGER_TARGETS
         self.step = max(lead.hi - lead.lo, 1) if integer else lead.hi / lead.lo
         start = lead.lo if self.target != "min_replicas" else lead.hi
@@ -120,7 +136,7 @@ class PointTask:
             self.done = True
             return []
         self.probes.append((self.current, met))
-        if self.leader is not None:
+        if self.leader is not None or self.gallop:
             return self._guided(met)
         search, target = self.exp.search, self.target
         upward = target != "min_replicas"  # meets below the answer, fails above it
@@ -182,7 +198,44 @@ class PointTask:
         self.step = self.step * 2 if integer else self.step * self.step
         return self._round(following)
 
+    def _climb(self, low: int) -> list[dict]:
+        """A replica search with a bound: every count below the bound's fewest replicas fails (decided), so start
+        there and step up - by 1, doubling (`_guided`) - until a count meets, then bisect the last step. Under the
+        search's assumption (more replicas never fail where fewer meet) it finds the answer a bisection of
+        [low, high] finds, without probing the large counts a bisection starts with (each the costliest probe)."""
+        assert self.bound is not None
+        search = self.exp.search
+        fewest = min(max(self.bound.min_replicas(self._rate(), self.step_scale), low), search["high"])
+        self.gallop, self.step = True, 1
+        if fewest > low:
+            self.lo = fewest - 1
+            self.decided += list(range(low, fewest))
+        return self._round(fewest)
+
+    def _rate(self) -> float:
+        """The probe's offered rate (req/s): the workload's, else the trace's own mean rate."""
+        from kvplan.experiments.execute import build_probe, population
+
+        config = run_config(self.point.config, self.seeds[0])
+        return build_probe(config).offered_rate(population(config))
+
+    def _decides(self, value: object) -> bool:
+        """Does the bound decide the probe at `value` fails (experiments.bound: `SLACK` x the rate bound)? Never
+        the first probe: a search always simulates at least once (the answer's runs describe it)."""
+        if self.bound is None or not self.probes:
+            return False
+        if self.target == "min_replicas":
+            return int(value) < self.bound.min_replicas(self._rate(), self.step_scale)
+        if self.target in ("max_rate", "max_goodput"):
+            replicas = int(self.point.config["cluster"]["replicas"])
+            return float(value) > self.bound.max_stable_rate(replicas, self.step_scale)
+        return False
+
     def _round(self, value: object) -> list[dict]:
+        if self._decides(value):  # the verdict is known: fails, as a simulation would find
+            self.current = value
+            self.decided.append(value)
+            return self.next(False)
         self.current = value
         probe = {self.key: value} if self.key else None
         # Per-request SLO bounds are evaluated inside the run (they need every request): part of its identity.
@@ -219,12 +272,24 @@ def make_tasks(exp: Experiment, scales: dict[int, tuple[float, float]] | None = 
         return [PointTask(exp, point, list(exp.seeds)) for point in expand(exp)]
     tasks = []
     for point in expand(exp):
+        bound = point_bound(run_config(point.config, exp.seeds[0])) if bounded(exp, point) else None
         if exp.search["combine"] == "all":
-            tasks.append(PointTask(exp, point, list(exp.seeds)))
+            tasks.append(PointTask(exp, point, list(exp.seeds), bound=bound))
         else:
-            leader = PointTask(exp, point, [exp.seeds[0]])
-            tasks += [leader, *(PointTask(exp, point, [seed], leader=leader) for seed in exp.seeds[1:])]
+            leader = PointTask(exp, point, [exp.seeds[0]], bound=bound)
+            tasks += [leader, *(PointTask(exp, point, [seed], leader=leader, bound=bound) for seed in exp.seeds[1:])]
     return tasks + edge_tasks(tasks, scales or {})
+
+
+def bounded(exp: Experiment, point: Point) -> bool:
+    """Does `experiments.bound` apply to the point's search: a sustained open loop searched over its rate or its
+    replicas, on a cost model that prices steps of any size (the analytic one: a GPU by name)."""
+    from kvplan.sim.specs.profiles import PROFILED_DEVICES
+
+    hardware = str(point.config["hardware"])
+    return (exp.search is not None and exp.search["target"] in ("max_rate", "max_goodput", "min_replicas")
+            and point.config["workload"]["mode"] == "sustained" and not hardware.endswith((".yaml", ".yml"))
+            and hardware not in PROFILED_DEVICES)
 
 
 def edge_tasks(tasks: list[PointTask], scales: dict[int, tuple[float, float]]) -> list[PointTask]:
@@ -235,6 +300,6 @@ def edge_tasks(tasks: list[PointTask], scales: dict[int, tuple[float, float]]) -
     for index, factors in scales.items():
         leader = next(t for t in tasks if t.point.index == index and not t.edge)
         if leader.point.config["workload"]["mode"] != "burst":
-            out += [PointTask(leader.exp, leader.point, list(leader.seeds), leader=leader, step_scale=f)
-                    for f in factors if f != 1.0]
+            out += [PointTask(leader.exp, leader.point, list(leader.seeds), leader=leader, step_scale=f,
+                              bound=leader.bound) for f in factors if f != 1.0]
     return out

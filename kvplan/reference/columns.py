@@ -113,6 +113,8 @@ POINT_COLUMNS: tuple[Column, ...] = (
     Column("answers", "every seed's answer", SEARCH),
     Column("search_outcome", "found, or why a seed found no answer", SEARCH),
     Column("probes", "how many probes the point's searches ran", SEARCH),
+    Column("skipped", "the probed values the analytic bound decided fail without simulating them, and the bound "
+                      "(experiments.bound); empty when none", SEARCH),
     Column("capacity_rps", "requests per second served at the answer", SEARCH),
     Column("capacity_tok_s", "tokens per second served at the answer", SEARCH),
     Column("gpus_per_replica", "tensor x pipeline parallel size", "a min_replicas search"),

@@ -1,0 +1,98 @@
+"""Analytic bounds on a point's capacity, read from its cost model before anything is simulated: they let a search
+skip the probes whose verdict is already known, and a point that no probe could make meet.
+
+    rows per second   R = max over t in [1, max_num_batched_tokens] of  t / T(t)
+                      T(t): the cost model's time for a step of t token rows with the least work such a step can
+                      have - one request, no attention context, no sampled row, nothing admitted
+    rows per request  W = the trace's mean over requests of the rows each needs computed:
+                      prompt + output - 1 (the prompt's rows, then one decode row per further token); with prefix
+                      caching only `output` (a fully cached prompt still computes its last row); 0 for a request
+                      the scheduler rejects (longer than max_model_len, or nothing to serve)
+    rate bound        U = R / W requests per second per replica
+
+Why U bounds every stable probe: each request needs at least W rows on average (preemption only recomputes more),
+a replica computes at most R rows per second (every step of t rows takes at least T(t), provided the cost model's
+step time does not fall when a feature grows - true of the analytic model, a sum of non-negative roofline terms
+and overheads, and checked by tests/experiments/test_bound.py), and a sustained load of more rows per second
+than the replicas compute grows its queue without end. A steady-state probe is finite, so its gates tolerate a
+little overload (a queue growing slowly enough to drain in the grace period, an arrival sample below its mean
+rate): a probe is decided to fail only beyond `SLACK` x U x replicas. The session draws of an open loop are
+uniform, so the expected rows per request of a probe is the trace's mean W.
+
+The bounds are far above the simulated capacity as a rule (attention, the batch cap and the SLOs bind first):
+they skip hopeless probes - very high rates, too few replicas - never the ones near the answer, so a search that
+uses them makes the same decisions on what it does simulate and gives the same answer.
+
+A point whose model does not fit the GPU (no KV blocks left) gets no bound: its first probe says so, as before.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+SLACK = 1.25  # a probe is decided to fail only above SLACK x the bound (module docstring)
+
+
+@dataclass(frozen=True, slots=True)
+class PointBound:
+    """What a point's cost model and trace say before any simulation (module docstring)."""
+
+    rows_per_s: float  # R: token rows one replica computes per second at most
+    rows_per_request: float  # W: the mean rows a request needs computed
+
+    @property
+    def rate_per_replica(self) -> float:
+        """U: requests per second one replica can sustain at most (inf when no request needs work)."""
+        return self.rows_per_s / self.rows_per_request if self.rows_per_request > 0 else math.inf
+
+    def max_stable_rate(self, replicas: int, step_scale: float = 1.0) -> float:
+        """The rate above which a probe of `replicas` replicas is decided to fail: SLACK x U x replicas (every step
+        `step_scale` times as long: U / step_scale)."""
+        return SLACK * self.rate_per_replica / step_scale * replicas
+
+    def min_replicas(self, rate: float, step_scale: float = 1.0) -> int:
+        """The fewest replicas a probe at `rate` req/s may meet with: fewer are decided to fail."""
+        per = SLACK * self.rate_per_replica / step_scale
+        return max(1, math.ceil(rate / per)) if math.isfinite(per) and per > 0 else 1
+
+    def as_text(self) -> str:
+        return (f"at most {self.rate_per_replica:.3g} req/s per replica ({self.rows_per_s:.4g} token rows/s over "
+                f"{self.rows_per_request:.4g} rows per request)")
+
+
+def step_floor(cost, tokens: np.ndarray):  # cost: sim.cost.CostModel -> seconds per step, per entry of tokens
+    """T(t) for each t of `tokens` (>= 1): a step of t rows with the least work (module docstring)."""
+    from kvplan.sim.cost.features import StepFeatures
+
+    t = np.asarray(tokens, dtype=np.int64)
+    one, zero = np.ones_like(t), np.zeros_like(t)
+    features = StepFeatures(num_requests=one, prefill_tokens=t - 1, prefill_attention2=zero, decode_requests=one,
+                            decode_context=zero, decode_context_max=zero, blocks_touched=zero, sampled=zero,
+                            batched=(t >= 2).astype(np.int64))
+    return np.asarray(cost.step_times(features), dtype=np.float64)
+
+
+def point_bound(config: dict) -> PointBound | None:
+    """The bounds of one run configuration (a point's, any seed: the trace's population is the same); None when
+    the model leaves no KV memory on the GPU (the simulator refuses such a point)."""
+    from kvplan.experiments.execute import build_spec, population
+    from kvplan.sim.run import build_configs, build_cost, resolve_max_model_len
+
+    spec = build_spec(config)
+    pop = population(config)
+    trace = pop.trace
+    cost, num_blocks = build_cost(spec)
+    max_len = resolve_max_model_len(spec, trace)
+    served = trace.servable & (trace.prompt_tokens + trace.output_tokens <= max_len)
+    prompt, output = trace.prompt_tokens[served], trace.output_tokens[served]
+    rows = output if spec.enable_prefix_caching else prompt + output - 1
+    per_request = float(rows.sum()) / len(trace)
+    if num_blocks < 1:
+        return None
+    _, sched = build_configs(spec, trace, num_blocks, cost)
+    tokens = np.arange(1, max(int(sched.max_num_batched_tokens), 1) + 1)
+    floor = step_floor(cost, tokens)
+    return PointBound(float((tokens / floor).max()), per_request)
