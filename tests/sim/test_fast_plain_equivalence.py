@@ -24,8 +24,6 @@ cause is fixed they pass, and the mark must go), and the draws leave the configu
 
 * a run stopped before its end (a probe's horizon, its overload check): the fast path applies the whole stretch
   it chose - completions, gaps, steps past the stop - while step by step nothing after the stop happens;
-* the long-prefill cap on a request that arrives while one request runs alone: the backlog check reads the cap
-  of the step before the arrival (`test_a_long_prefill_cap_on_an_arrival`; the random search found it);
 * a decode's eviction that breaks the waiting head's cached prefix at its first block turns the head's other
   cached blocks from hits into room, and a first chunk then fits (`test_a_broken_prefix_makes_room_for_a_first_
   chunk`; the random search found it).
@@ -126,13 +124,10 @@ def cases(draw) -> Case:
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 24])),
         vllm_version=draw(st.sampled_from(["0.33", "0.34"])),
         replicas=draw(st.integers(1, 3)), router=draw(st.sampled_from(ROUTERS)))
-    # Left out until the known differences are fixed (each pinned by an expected failure below; drop the rule
-    # with its mark): a long-prefill cap where the head's chunk is limited by budget or blocks, not the whole
-    # prompt (`test_a_long_prefill_cap_on_an_arrival`), and an eviction order that can break a cached prefix
-    # at its first block under the first-chunk gate (`test_a_broken_prefix_makes_room_for_a_first_chunk`).
+    # Left out until the known difference is fixed (pinned by an expected failure below; drop the rule with its
+    # mark): an eviction order that can break a cached prefix at its first block under the first-chunk gate
+    # (`test_a_broken_prefix_makes_room_for_a_first_chunk`).
     gate = not options["scheduler_reserve_full_isl"]
-    if gate or not (chunked or options["vllm_version"] == "0.34"):
-        options["long_prefill_token_threshold"] = 0
     if gate and caching:
         options["eviction_policy"] = "lru"
     if caching:  # the prefix tiers below the GPU, and cache-aware admission, act on cached prefixes only
@@ -293,15 +288,6 @@ def test_a_run_stopped_by_a_sample_check():
     assert_same_run(fast, plain)
 
 
-LONG_PREFILL = ("`Admission.head_blocked` (engine.core.admission) plans the waiting head with `Scheduler._cap`, the "
-                "long-prefill cap `schedule()` set for the step before: no cap (INF) when one request was in the "
-                "system then, although the head's arrival makes two and the next `schedule()` caps its chunk at "
-                "`long_prefill_token_threshold`. The uncapped chunk is refused (it exceeds the budget the decode "
-                "leaves without chunking, or the free blocks) where the capped one is admitted, so the head counts "
-                "as blocked and the fast path decodes past the step that admits it step by step")
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=LONG_PREFILL)
 @pytest.mark.parametrize(("prompt", "output", "options"), [
     # vLLM 0.33, chunked prefill off (the cap still splits prompts there): the uncapped 41 tokens exceed the 40
     # the decode leaves. Step by step B's first 24-token chunk joins A's decode at 0.1299 s; fast: at 0.1376 s.
@@ -313,6 +299,9 @@ LONG_PREFILL = ("`Admission.head_blocked` (engine.core.admission) plans the wait
     (100, 60, {"num_blocks": 8, "scheduler_reserve_full_isl": False}),
 ], ids=["0.33-unchunked", "chunked-first-chunk-gate"])
 def test_a_long_prefill_cap_on_an_arrival(prompt, output, options):
+    """A regression: `Admission.head_blocked` planned the waiting head with the long-prefill cap of the step
+    before the arrival (none when one request ran alone), refused the uncapped chunk, and the fast path decoded past
+    the step that admits the capped one step by step; it now plans with the cap the next `schedule()` sets."""
     # A (a 1-token prompt) decodes alone from t = 0; B (`prompt` tokens, 1 out) arrives at 0.125 s
     trace = Trace.build([0.0, 0.125], [1, prompt], [output, 1])
     spec = SimSpec(block_size=16, long_prefill_token_threshold=24, **options)

@@ -124,6 +124,7 @@ class Admission:
         if kv.tiers or (sched.cache_aware_window and len(sched.waiting) > 1):
             return False
         request = sched.waiting.peek()
+        sched.refresh_prefill_cap()  # the cap the next `schedule` plans with, not the last one's
         budget = sched.config.max_num_batched_tokens
         if not sched.prefill_first:
             budget -= len(sched.running)

@@ -295,6 +295,11 @@ class Scheduler:
             out.copies.extend(copies)
 
     # -- schedule ------------------------------------------------------------------------------------------
+    def refresh_prefill_cap(self) -> None:
+        """The long-prefill cap of the step about to be scheduled: vLLM applies `long_prefill_token_threshold`
+        only when more than one request is in the system (`head_blocked` plans with it before `schedule` runs)."""
+        self._cap = self._long_prefill if len(self.running) + len(self.waiting) + len(self.swapped) > 1 else INF
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(self.step_id)
         self.step_id += 1
@@ -302,7 +307,7 @@ class Scheduler:
         if self._rejected:
             out.rejected, self._rejected = self._rejected, []
         budget = self.config.max_num_batched_tokens
-        self._cap = self._long_prefill if len(self.running) + len(self.waiting) + len(self.swapped) > 1 else INF
+        self.refresh_prefill_cap()
         if self.prefill_first and not self.swapped and self._schedule_prefills(out, budget):
             self._collect_tier_transfers(out)
             return out
