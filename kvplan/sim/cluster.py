@@ -53,6 +53,8 @@ class Cluster:
                                  sample_interval_s=sample_interval_s, fast_path=fast_path,
                                  record_tokens=record_tokens)
                          for i in range(num_replicas)]
+        for replica in self.replicas:
+            replica.stopped = self.stopped
         # the one shared prefix store every replica's chain ends in, and the links the tiers' transfers cross
         self.shared_tier = wire_tiers(self.replicas, cache, cost, layerwise)
         if closed_loop is None:
@@ -80,6 +82,8 @@ class Cluster:
         if until_s is None:
             self.env.run()
         else:
+            for replica in self.replicas:
+                replica.stop_at_s = until_s
             self.env.process(self._horizon(until_s))
             self.env.run(until=self.stopped)
         if self.closed_loop is not None:

@@ -92,6 +92,11 @@ class Replica:
         self.on_sample: Callable[[Replica], None] | None = None
         self.on_close: Callable[[int, int, float], None] | None = None
         self.stop_at_finish = False
+        # The cluster's stop (`Cluster.run`): a stretch applies only the steps a stepped run completes before it - those
+        # ending before the horizon, none once a sample's check has stopped the run (stepping then schedules one
+        # more step, which never ends).
+        self.stopped: simpy.Event | None = None
+        self.stop_at_s = math.inf
         self.busy_until = math.inf  # the end of the step or stretch under way: its completions come no earlier
         self.pricing: TierPricing | None = None  # set by the cluster for a replica with prefix tiers
         self.block_bytes: float | None = None  # a KV block's bytes (every rank's): what tier counters move
@@ -132,7 +137,7 @@ class Replica:
                 continue
             if self.clock >= self.next_sample_s:
                 self._sample()
-            if self.fast_path:
+            if self.fast_path and not (self.stopped is not None and self.stopped.triggered):
                 ends = self._fast_forward()
                 if ends:
                     self.busy_until = ends[-1]
@@ -284,6 +289,8 @@ class Replica:
                 break
         if self.stop_at_finish:
             del ends[min(remaining):]  # the first completion's step ends the stretch
+        while ends and ends[-1] >= self.stop_at_s:
+            ends.pop()  # a step ending at or after the horizon never ends step by step (the horizon's event is older)
         k = len(ends)
         if k == 0:
             return []
