@@ -77,6 +77,7 @@ OUTPUTS: dict[str, Output] = {
                     keep="docs/examples/paged_vs_reservation"),
     "simulate": Output("kvplan simulate --trace traces/samples/mooncake_style.jsonl --model llama-3-8b "
                        "--hardware a100-40gb --block-size 16 64 256"),
+    "gpus-needed-70b": Output("kvplan run experiments/gpus_needed_70b.yaml --workers 2"),
     "cache-aware-admission": Output("kvplan run experiments/cache_aware_admission.yaml --workers 2",
                                     summary=("Points",)),
     "trace-samples": Output("kvplan trace samples"),
