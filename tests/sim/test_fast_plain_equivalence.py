@@ -18,13 +18,9 @@ admission, the CPU, disk and cluster-shared prefix tiers (write-through, layer-w
 behind each router. The harness knobs a probe or a closed loop sets on replicas (a sample interval, an
 inter-token measurement window with counter marks, `stop_at_finish`, a horizon that stops the run) are drawn too.
 
-Where the two paths differ today, the minimal cases are below, marked as expected failures (strict: once the
-cause is fixed they pass, and the mark must go), and the draws leave the configurations that reach them out
-(`cases`: drop that rule with the mark):
-
-* a decode's eviction that breaks the waiting head's cached prefix at its first block turns the head's other
-  cached blocks from hits into room, and a first chunk then fits (`test_a_broken_prefix_makes_room_for_a_first_
-  chunk`; the random search found it).
+The differences the random search found (a run stopped inside a stretch; the long-prefill cap of the step
+before an arrival; an eviction that breaks the waiting head's cached prefix under the first-chunk gate) are fixed
+and kept below as regression tests.
 """
 
 from __future__ import annotations
@@ -123,12 +119,6 @@ def cases(draw) -> Case:
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 24])),
         vllm_version=draw(st.sampled_from(["0.33", "0.34"])),
         replicas=draw(st.integers(1, 3)), router=draw(st.sampled_from(ROUTERS)))
-    # Left out until the known difference is fixed (pinned by an expected failure below; drop the rule with its
-    # mark): an eviction order that can break a cached prefix at its first block under the first-chunk gate
-    # (`test_a_broken_prefix_makes_room_for_a_first_chunk`).
-    gate = not options["scheduler_reserve_full_isl"]
-    if gate and caching:
-        options["eviction_policy"] = "lru"
     if caching:  # the prefix tiers below the GPU, and cache-aware admission, act on cached prefixes only
         cpu, disk, shared = (draw(st.sampled_from(sizes)) for sizes in ([0, 0, 24], [0, 40], [0, 0, 60]))
         lower = bool(cpu or disk or shared)
@@ -249,6 +239,15 @@ def test_fast_and_plain_paths_agree_on_random_traces():
     assert seen.prefix_hits > 0 and seen.evictions > 0
 
 
+def run_both(case: Case) -> None:
+    """Run `case` on the fast and the plain path to its end and compare them."""
+    fast, plain = build(case, True), build(case, False)
+    assert fast is not None and plain is not None
+    fast.run()
+    plain.run()
+    assert_same_run(fast, plain)
+
+
 def stopped_run(fast_path: bool, until_s: float, stop_after_s: float | None) -> Cluster:
     """One request (16-token prompt, 50 tokens out: ~0.38 s alone), a sample every `sample_interval_s`; run to
     `until_s`, or stopped by the first series sample at or after `stop_after_s` (as the overload check does)."""
@@ -300,23 +299,14 @@ def test_a_long_prefill_cap_on_an_arrival(prompt, output, options):
     trace = Trace.build([0.0, 0.125], [1, prompt], [output, 1])
     spec = SimSpec(block_size=16, long_prefill_token_threshold=24, **options)
     case = Case(trace, spec, Harness(5.0, (-math.inf, math.inf), False))
-    fast, plain = build(case, True), build(case, False)
-    assert fast is not None and plain is not None
-    fast.run()
-    plain.run()
-    assert_same_run(fast, plain)
+    run_both(case)
 
 
-BROKEN_PREFIX = ("`Admission.head_blocked` (engine.core.admission) holds that what the waiting head needs only shrinks "
-                 "while decodes allocate and evict. Not when an eviction breaks the head's cached prefix at its first "
-                 "block (FIFO evicts by age, not from the chain's tail): its other cached blocks stop being hits and "
-                 "become evictable room, and without the full-prompt gate a budget-sized first chunk fits. Here the "
-                 "recomputing head's 8 hits + 1 new block (no free block: refused) become 0 hits + a 7-token first "
-                 "chunk in the 7 evictable blocks (admitted, then preempted again); the fast path kept it waiting")
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=BROKEN_PREFIX)
 def test_a_broken_prefix_makes_room_for_a_first_chunk():
+    """A regression: `Admission.head_blocked` held that what the waiting head needs only shrinks while decodes
+    allocate and evict - not when an eviction breaks the head's cached prefix at its first block (FIFO evicts by
+    age): its other cached blocks stop being hits and become evictable room, and without the full-prompt gate a
+    budget-sized first chunk fits. A head with hits under the first-chunk gate now never counts as blocked."""
     # Two 1-token prompts (16 and 9 tokens out) in 17 one-token blocks: B is preempted at 0.0612 s, its 8 blocks
     # cached. Step by step it is readmitted at 0.0688 s and preempted again (2 preemptions, finish 0.137257 s);
     # the fast path keeps it waiting until A finishes (1 preemption, finish 0.137221 s).
@@ -324,8 +314,4 @@ def test_a_broken_prefix_makes_room_for_a_first_chunk():
     spec = SimSpec(num_blocks=17, block_size=1, eviction_policy="fifo", max_num_batched_tokens=8,
                    scheduler_reserve_full_isl=False)
     case = Case(trace, spec, Harness(5.0, (-math.inf, math.inf), False))
-    fast, plain = build(case, True), build(case, False)
-    assert fast is not None and plain is not None
-    fast.run()
-    plain.run()
-    assert_same_run(fast, plain)
+    run_both(case)

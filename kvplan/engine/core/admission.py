@@ -118,7 +118,10 @@ class Admission:
         cache-aware admission with two or more waiting: every step re-sorts the window by cached depths that the
         decodes' evictions and the usage threshold change, and a request it brings forward may fit where the head
         did not. Then the head never counts as blocked: the fast path still runs the stretches in which nothing
-        waits."""
+        waits. Nor does a head with cached hits admitted by its first chunk (`scheduler_reserve_full_isl` off): an
+        eviction that breaks its prefix at an early block (FIFO evicts by age, not from a chain's tail) turns its
+        later hits into evictable room, and a budget-sized first chunk may then fit where the hits' one new block
+        did not."""
         sched = self.sched
         kv = sched.kv
         if kv.tiers or (sched.cache_aware_window and len(sched.waiting) > 1):
@@ -133,6 +136,8 @@ class Admission:
         plan = self.plan(request, budget)
         if plan is None:
             return True
+        if not sched.reserve_full_isl and len(plan[0]):
+            return False  # its hits could break: see below
         reserve = sched.admission_reserve()
         if sched.reserve_full_isl and not kv.fits_whole(request, plan[0], reserve):
             return True
