@@ -130,13 +130,11 @@ def test_the_workload_exercises_every_path():
                  max_model_len=120) > 300
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known gap, kept as found: `Admission.head_blocked` assumes a refused head stays refused "
-                   "while decodes run, but decodes evicting its free cached prefix hits can shrink its need (hits "
-                   "taken plus a budget-capped chunk), so step by step it comes in earlier")
 def test_a_backlog_head_with_cached_hits_can_come_in_before_the_first_completion():
-    """A preempted head whose 58 cached-free hits plus one token exceed the 58 free blocks is judged blocked; two
-    decode steps later (its hits partly evicted, its chunk capped at the budget) step by step admits it."""
+    """A regression (a gap kept as found, now closed): a preempted head whose 58 cached-free hits plus one token
+    exceed the 58 free blocks was judged blocked, while two decode steps later (its hits partly evicted, its chunk
+    capped at the budget) step by step admits it. `Admission.head_blocked` no longer counts a head with cached hits
+    under the first-chunk gate as blocked."""
     drive(0, 150, backlog=True, block_size=1, num_blocks=122, budget=40, max_seqs=2, eviction_policy="fifo",
           enable_prefix_caching=True, max_model_len=120, preemption_mode="recompute",
           scheduler_reserve_full_isl=False)
