@@ -137,7 +137,7 @@ class Admission:
         if plan is None:
             return True
         if not sched.reserve_full_isl and len(plan[0]):
-            return False  # its hits could break: see below
+            return False  # an eviction could break its hits (the docstring says how)
         reserve = sched.admission_reserve()
         if sched.reserve_full_isl and not kv.fits_whole(request, plan[0], reserve):
             return True
