@@ -65,6 +65,7 @@ from kvplan.limits import MAX_TOKENS
 from kvplan.strict_json import loads
 
 PROGRESS_EVERY_S = 5.0
+SETTLE_S, SETTLE_POLL_S = 2.0, 0.02  # the closing scrape waits at most this for the counters to settle
 MAX_TOKEN_ID = 2**31 - 1  # a token id: below any vocabulary's size
 FAILED_FINISH = ("error", "abort")  # vLLM's finish reasons for a request it gave up on
 TIMING_KEYS = 32  # llama.cpp's `timings`: its numeric entries, at most this many, are kept
@@ -145,8 +146,8 @@ class LoadGenerator:
             monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor
-            after = await self._scrape(client, faults)
             wall = time.perf_counter() - origin - t0
+            after = await self._settled_scrape(client, faults)
         start, end = servers.counters(self.adapter, before), servers.counters(self.adapter, after)
         counters, broken = scrape.difference(start, end), scrape.broken(start, end)
         if broken:
@@ -186,6 +187,27 @@ class LoadGenerator:
                 self.scrapes.given_up = str(fault)
             return []
         return scrape.parse(reply.text()) if reply.status == 200 else []
+
+    async def _settled_scrape(self, client: httpx.AsyncClient, faults: Faults) -> list:
+        """The closing /metrics samples, once the server has counted the replay: a server updates its counters
+        when it logs a finished request, which may come after the client read that request's last byte (vLLM's
+        output handler records stats after it hands the outputs on). Scraped again every SETTLE_POLL_S until the
+        running gauge reads 0 (where the server has one) and the counters read the same twice, at most
+        SETTLE_S; past that the last scrape is taken as it is (another client may keep the server busy)."""
+        samples = await self._scrape(client, faults)
+        settle_by = time.perf_counter() + SETTLE_S
+        while samples and time.perf_counter() < settle_by:
+            await asyncio.sleep(SETTLE_POLL_S)
+            again = await self._scrape(client, faults)
+            if not again:
+                break
+            running = servers.gauges(self.adapter, again, "")[0]["running"]
+            now, before = servers.counters(self.adapter, again), servers.counters(self.adapter, samples)
+            same = all(now[k] == before[k] or (math.isnan(now[k]) and math.isnan(before[k])) for k in now)
+            samples = again
+            if same and (running == 0 or math.isnan(running)):  # no running gauge: the counters alone decide
+                break
+        return samples
 
     async def _monitor(self, client: httpx.AsyncClient, origin: float, series: list, outcomes: list,
                        faults: Faults) -> None:

@@ -43,13 +43,16 @@ METRICS = {"vllm": ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", 
 @dataclass
 class Fake:
     """A server's state; `step_s` per token, `warm_factor` the speed-up of a prompt it has served before since the
-    last reset (its cache is warm), `tokens_per_chunk` > 1 merges text chunks, `fail_after` completions fail."""
+    last reset (its cache is warm), `tokens_per_chunk` > 1 merges text chunks, `fail_after` completions fail,
+    `count_lag_s`: how long after a request's last byte its tokens reach the counters (and it leaves the running
+    gauge), as a server that logs a finished request after handing its output on."""
 
     kind: str
     step_s: float = 0.002
     warm_factor: float = 1.0
     tokens_per_chunk: int = 1
     fail_after: int | None = None
+    count_lag_s: float = 0.0
     completions: int = 0
     bodies: list = field(default_factory=list)
     generated: int = 0
@@ -151,6 +154,8 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
                 usage["prompt_tokens_details"] = {"cached_tokens": cached}
             self._event(final)
             self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            time.sleep(fake.count_lag_s)
             with fake.lock:
                 fake.running -= 1
                 fake.generated += n

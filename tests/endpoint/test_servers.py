@@ -53,7 +53,8 @@ def test_llamacpp_is_simulated_as_slots_of_contiguous_reservations():
 
 @pytest.mark.parametrize("kind", ["llamacpp", "sglang", "tgi"])
 def test_a_replay_reads_each_servers_counters_and_records_what_it_is(kind, tmp_path, capsys):
-    fake = Fake(kind)
+    # the server counts a request 0.2 s after its last byte: the closing scrape waits for the counters to settle
+    fake = Fake(kind, count_lag_s=0.2)
     out = tmp_path / "r"
     with fake_server(fake) as url:
         assert main(["replay", "--endpoint", url, "--trace", write_trace(tmp_path), "--vocab-size", "500",
