@@ -10,12 +10,13 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import numpy as np
 
 from kvplan.traces.io import render
 from kvplan.traces.synth import synthesize
+from tests.loopback_server import LoopbackServer
 
 SPEC = {"seed": 3, "requests": 12, "arrivals": {"process": "poisson", "rate": 30},
         "lengths": {"prompt": {"dist": "lognormal", "median": 40, "sigma": 0.5, "max": 120},
@@ -172,8 +173,7 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
 @contextlib.contextmanager
 def fake_server(fake: Fake):
     """Yields the URL; the server stops afterwards."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    server.daemon_threads = True
+    server = LoopbackServer(("127.0.0.1", 0), _handler(fake))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

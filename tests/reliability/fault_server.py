@@ -21,7 +21,9 @@ import contextlib
 import json
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.loopback_server import LoopbackServer
 
 DRIP_S = 0.05  # between two dripped bytes: far below any read timeout, so only an overall deadline ends it
 LABELS = {"block_size": "16", "num_gpu_blocks": "200", "enable_prefix_caching": "True", "max_model_len": "1024"}
@@ -175,8 +177,7 @@ def fault_server(mode: str):
     """Yields (URL, the server's state); the server and every handler still dripping stop afterwards."""
     assert mode in MODES, mode
     state = Faulty(mode)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    httpd.daemon_threads = True
+    httpd = LoopbackServer(("127.0.0.1", 0), _handler(state))
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:

@@ -11,7 +11,6 @@ import logging
 import socket
 import threading
 import time
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -24,6 +23,7 @@ from kvplan.output import verify_result_set
 from tests.endpoint.fakes import QuietHandler
 from tests.engine.serving.servers import TINY, thread_server
 from tests.engine.serving.test_serve import tiny_llm
+from tests.loopback_server import LoopbackServer
 
 
 def _trace(tmp_path: Path, rows: int, output_tokens: int = 2) -> str:
@@ -145,7 +145,7 @@ class _Garbage(QuietHandler):
 
 
 def test_a_garbage_server_fails_requests_one_by_one(tmp_path, capsys):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Garbage)
+    server = LoopbackServer(("127.0.0.1", 0), _Garbage)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -175,7 +175,7 @@ class _Failing(_Garbage):
 
 
 def test_a_server_failing_every_request_is_one_line(tmp_path, capsys):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
+    server = LoopbackServer(("127.0.0.1", 0), _Failing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         code = main(["replay", "--endpoint", f"http://127.0.0.1:{server.server_port}", "--trace", _trace(tmp_path, 3),
