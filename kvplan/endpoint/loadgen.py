@@ -193,9 +193,10 @@ class LoadGenerator:
         when it logs a finished request, which may come after the client read that request's last byte (vLLM's
         output handler records stats after it hands the outputs on). Scraped again every SETTLE_POLL_S until the
         running gauge reads 0 (where the server has one) and the counters read the same twice, at most
-        SETTLE_S; past that the last scrape is taken as it is (another client may keep the server busy)."""
+        min(SETTLE_S, the scrape deadline); past that the last scrape is taken as it is (another client may keep
+        the server busy)."""
         samples = await self._scrape(client, faults)
-        settle_by = time.perf_counter() + SETTLE_S
+        settle_by = time.perf_counter() + min(SETTLE_S, self.call_s)
         while samples and time.perf_counter() < settle_by:
             await asyncio.sleep(SETTLE_POLL_S)
             again = await self._scrape(client, faults)
