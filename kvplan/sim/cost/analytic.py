@@ -41,7 +41,7 @@ from kvplan.sim.gpu.host_overhead import HOST
 from kvplan.sim.gpu.laws import GpuLaws, shipped_laws
 from kvplan.sim.specs.arch import ModelSpec, stage_layers
 from kvplan.sim.specs.hardware import HardwareSpec
-from kvplan.sim.specs.quantization import gemm_peak
+from kvplan.sim.specs.quantization import gemm_peak, gemm_tile_rows
 
 if TYPE_CHECKING:  # the table (pandas) is loaded only when a GPU profile is given
     from kvplan.sim.gpu.table import MeasuredTable
@@ -140,6 +140,7 @@ class AnalyticCost:
     _table_ew: list[tuple[_Op, tuple]] = field(init=False, repr=False)
     _weight_bytes: float = field(init=False, repr=False)
     _gemm_peak: float = field(init=False, repr=False)  # FLOP/s of the layer GEMMs (sim.specs.quantization)
+    _gemm_tile: int | None = field(init=False, repr=False)  # rows their kernels pad to (None: the law's)
     _byte_rate: float = field(init=False, repr=False)
     _attention: AttentionCost = field(init=False, repr=False)
     _experts: ExpertCost | None = field(init=False, repr=False)
@@ -186,13 +187,14 @@ class AnalyticCost:
         self._ew_per_token = sum(op.count * op.bytes_per_token * laws.elementwise_rate(op.law or op.name, hw)
                                  for op in rest)
         self._byte_rate = hw.hbm_bandwidth * laws.gemm_memory_efficiency
-        self._gemm_peak = gemm_peak(m, hw)
+        self._gemm_peak, self._gemm_tile = gemm_peak(m, hw), gemm_tile_rows(m)
         flop_rate = self._gemm_peak * laws.gemm_compute_efficiency
         # the attention kernels keep their own KV-read efficiency (sim.gpu.attention) unless the user sets one
         kv_read = {} if self.memory_efficiency is None else {"memory_efficiency": self.memory_efficiency}
         self._attention = AttentionCost(m, hw, self.block_size, self.kv_dtype_bytes, tp, pp,
                                         self.attention_efficiency, **kv_read)
-        self._experts = ExpertCost.of(m, tp, pp, laws.gemm_tile_m, flop_rate, self._byte_rate) if m.is_moe else None
+        tile = laws.gemm_tile_m if self._gemm_tile is None else self._gemm_tile
+        self._experts = ExpertCost.of(m, tp, pp, tile, flop_rate, self._byte_rate) if m.is_moe else None
         self._hidden_bytes = m.hidden_size * m.dtype_bytes
         share = stage_layers(m.num_layers, pp) / m.num_layers
         self._stage_moe_layers = m.num_moe_layers * share
@@ -249,7 +251,7 @@ class AnalyticCost:
     def _gemm(self, rows, k: int, n: int):
         """A layer GEMM: the layers' weight width, at the rate their quantization runs at."""
         return self._laws.gemm_time(rows, k, n, self.hardware, self._weight_bytes, self.model.dtype_bytes,
-                                    self._gemm_peak)
+                                    self._gemm_peak, self._gemm_tile)
 
     def _gemm_law(self, op: _Op) -> Callable:
         return lambda rows: self._gemm(rows, op.k, op.n)

@@ -70,11 +70,12 @@ class GpuLaws:
     network_efficiency: float = 1.0
 
     def gemm_time(self, m, k: int, n: int, hw: HardwareSpec, weight_bytes: float = 2.0, act_bytes: float = 2.0,
-                  peak: float | None = None):
+                  peak: float | None = None, tile_m: int | None = None):
         """Seconds of an M × K by K × N GEMM (M a number or an int64 array; K, N one rank's weight). `peak`: the
         tensor-core FLOP/s it runs at (None: the dense BF16 rate; an fp8 GEMM passes `hw.fp8_flops`, priced with
-        the same fitted efficiency, `sim.specs.quantization`)."""
-        tm = self.gemm_tile_m
+        the same fitted efficiency); `tile_m`: the rows a kernel of another family pads M to (None: the fitted
+        tile; Marlin's 16, `sim.specs.quantization`)."""
+        tm = self.gemm_tile_m if tile_m is None else tile_m
         m_tiles = -(-m // tm)
         if self.gemm_waves and hw.sm_count > 0:
             tiles = m_tiles * -(-n // self.gemm_tile_n)

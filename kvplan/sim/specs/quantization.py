@@ -19,7 +19,10 @@ only); the embedding table and the LM head stay in the model dtype, as vLLM keep
   Alistarh 2024, github.com/IST-DASLab/marlin, "Benchmarks": an A10 at group size 128) measures the ideal speedup
   over FP16, 3.87x = 16 / 4.125 bits, the byte ratio alone, at batch sizes up to 16-32, and its ideal is the
   roofline max(bytes / bandwidth, FLOPs / peak) with the same FLOP rate as FP16: the BF16 GEMM law's own
-  efficiencies therefore carry over with no extra constant (its measurement sets that constant to 1).
+  efficiencies therefore carry over with no extra constant (its measurement sets that constant to 1). One thing
+  differs: Marlin pads the batch to 16 rows (`MARLIN_TILE_ROWS`) where the law's fitted cuBLAS tile is 128; with
+  128 rows of FLOPs a one-row int4 decode would price compute bound at the BF16 rate, below the ideal speedup the
+  README measures at every batch size up to 16.
 - mxfp4 (gpt-oss checkpoints only; no `--quantization` spelling): the routed experts in 4-bit values with one
   8-bit scale per 32 (4.25 bits: 0.53125 bytes), weight-only.
 `--quantization` on a built-in model means that model's checkpoint in the method (`awq`: its AWQ int4 checkpoint);
@@ -36,6 +39,9 @@ from kvplan.sim.specs.arch import ModelSpec
 from kvplan.sim.specs.hardware import HARDWARE, HardwareSpec
 
 SCALE_BYTES = 2  # one fp16 scale per group (AWQ, GPTQ)
+# Marlin computes the batch in blocks of 16 rows (its m16n8k16 tensor-core tiles; marlin_cuda_kernel.cu predicates
+# "batchsizes that are not multiples of 16"): a decode of a few rows pays 16 rows of FLOPs, not the law's 128
+MARLIN_TILE_ROWS = 16
 
 
 def int_weight_bytes(bits: int, group_size: int, zero_points: bool) -> float:
@@ -55,12 +61,13 @@ class Quantization:
     weight_bytes: float
     fp8_gemm: bool = False
     experts_only: bool = False
+    tile_rows: int | None = None  # rows its GEMM kernel pads M to; None: the GEMM law's fitted tile (cuBLAS-class)
 
 
 METHODS: dict[str, Quantization] = {q.name: q for q in (
     Quantization("fp8", 1.0, fp8_gemm=True),
-    Quantization("awq", int_weight_bytes(4, 128, zero_points=True)),
-    Quantization("gptq", int_weight_bytes(4, 128, zero_points=False)),
+    Quantization("awq", int_weight_bytes(4, 128, zero_points=True), tile_rows=MARLIN_TILE_ROWS),
+    Quantization("gptq", int_weight_bytes(4, 128, zero_points=False), tile_rows=MARLIN_TILE_ROWS),
     Quantization("mxfp4", 0.53125, experts_only=True),
 )}
 assert set(QUANTIZATIONS) - {"none"} <= set(METHODS), "every --quantization choice needs its bytes here"
@@ -90,6 +97,12 @@ def quantized(model: ModelSpec, name: str, hardware: HardwareSpec) -> ModelSpec:
         raise UserError(f"--quantization: fp8 needs FP8 tensor cores, which {hardware.name} lacks; allowed on: "
                         f"{', '.join(FP8_GPUS)}; on {hardware.name}: none, awq or gptq")
     return with_method(model, method)
+
+
+def gemm_tile_rows(model: ModelSpec) -> int | None:
+    """Rows the model's layer GEMM kernels pad the batch to (None: the GEMM law's fitted tile)."""
+    method = METHODS.get(model.quantization or "")
+    return None if method is None else method.tile_rows
 
 
 def gemm_peak(model: ModelSpec, hardware: HardwareSpec) -> float:
