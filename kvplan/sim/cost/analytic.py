@@ -175,8 +175,8 @@ class AnalyticCost:
         gemms, elementwise, self._weight_bytes = step_ops(m, tp, pp, self.kv_dtype_bytes)
         shape_key = (m.hidden_size, m.num_heads, m.num_kv_heads, m.intermediate_size, m.gated_mlp, tp)
         measured = self.table.series if self.table is not None else {}
-        # a profile's GEMMs were measured on the model dtype's weights: a quantized model's run other kernels
-        gemm_measured = measured if m.quantization is None else {}
+        # a profile's GEMMs were measured on the model dtype's weights: GEMMs over quantized weights run other kernels
+        gemm_measured = measured if m.weight_dtype_bytes is None else {}
         self._table_gemms = [(op, ("op", op.name, *shape_key)) for op in gemms
                              if ("op", op.name, *shape_key) in gemm_measured]
         self._gemms = [op for op in gemms if ("op", op.name, *shape_key) not in gemm_measured]
