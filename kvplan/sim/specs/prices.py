@@ -166,7 +166,8 @@ def price_table(block: dict | str | None, where: str = "prices") -> PriceTable:
     if block is None:
         return PriceTable(dict(PRICES))
     if isinstance(block, (str, Path)):
-        block = {"file": str(block)}
+        entries, kind = _from_file(str(block), where)
+        return PriceTable(entries, kind)
     if not isinstance(block, dict):
         raise UserError(f"{where}: {short_repr(block)} is not a mapping; allowed: kind, file and GPU: price entries")
     entries = dict(PRICES)
