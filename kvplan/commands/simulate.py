@@ -86,13 +86,12 @@ def add_price_options(p: argparse.ArgumentParser) -> None:
                    help="which price column the cost uses (default: the file's kind, else on_demand)")
 
 
-def prices_from_args(args: argparse.Namespace, block: dict | None = None):  # -> sim.specs.prices.PriceTable
+def prices_from_args(args: argparse.Namespace, base=None):  # -> sim.specs.prices.PriceTable
     """The price table the cost fields use: --prices FILE (over the built-in table; it replaces an experiment's
-    `prices:` block `block`), else that block, else the built-ins; --price-kind over the kind either gives."""
+    `prices:` block), else `base` (that block's table), else the built-ins; --price-kind over either's kind."""
     from kvplan.sim.specs.prices import price_table, with_kind
 
-    table = price_table(block if args.prices is None else str(args.prices),
-                        "prices" if args.prices is None else "--prices")
+    table = price_table(str(args.prices), "--prices") if args.prices is not None else base or price_table(None)
     return table if args.price_kind is None else with_kind(table, args.price_kind)
 
 

@@ -74,6 +74,9 @@ def cost_fields(table: PriceTable, hardware: str, gpus: int, summary: dict, info
     if share is not None:
         out["usd_per_m_input_tokens"] = per_million(hour * share, input_rate)
         out["usd_per_m_output_tokens"] = per_million(hour * (1.0 - share), output_rate)
+    elif "busy_s" not in info:
+        out["cost_note"] = ("the run's summary has no GPU time to split the cost by (written before kvplan "
+                            "recorded it): rerun it for per-token prices")
     else:
         out["cost_note"] = "the run computed nothing (no busy GPU time): no per-token price"
     rate = float(summary.get("request_throughput") or 0.0) if goodput is None else float(goodput)
