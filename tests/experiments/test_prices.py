@@ -76,7 +76,7 @@ def test_a_missing_gpu_names_the_table():
 def test_a_bad_file_names_the_file_and_key(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("h200: {on_demand: -3}\n")
-    with pytest.raises(UserError, match=f"{path}.h200.on_demand: -3 is not a price"):
+    with pytest.raises(UserError, match=f"{path}: h200.on_demand: -3 is not a price"):
         price_table({"file": str(path)})
 
 

@@ -91,11 +91,11 @@ def test_simulate_json_carries_the_cost_and_price_flags_change_it(tmp_path, caps
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ("h100-sxm: -2\n", ".h100-sxm.on_demand: -2 is not a price; allowed: a number of dollars per GPU-hour"),
-    ("h100-sxm: {on_demand: .nan}\n", ".h100-sxm.on_demand: nan is not a price"),
-    ("tpu: 1\n", ".tpu: unknown GPU; allowed: kind, file, or a GPU of a100-40gb"),
-    ("kind: spot\n", ".kind: 'spot'; allowed: on_demand, reserved"),
-    ("h100-sxm: {price: 2}\n", ".h100-sxm.price: unknown key; allowed: on_demand, reserved, source, date"),
+    ("h100-sxm: -2\n", ": h100-sxm.on_demand: -2 is not a price; allowed: a number of dollars per GPU-hour"),
+    ("h100-sxm: {on_demand: .nan}\n", ": h100-sxm.on_demand: nan is not a price"),
+    ("tpu: 1\n", ": tpu: unknown GPU; allowed: kind, file, or a GPU of a100-40gb"),
+    ("kind: spot\n", ": kind: 'spot'; allowed: on_demand, reserved"),
+    ("h100-sxm: {price: 2}\n", ": h100-sxm.price: unknown key; allowed: on_demand, reserved, source, date"),
 ])
 def test_bad_prices_are_one_line_and_exit_2(tmp_path, capsys, text, says):
     prices = tmp_path / "p.yaml"
