@@ -38,6 +38,10 @@ def test_overrides_files_and_kinds(tmp_path):
     assert table.kind == "reserved"
     assert table.gpu_hour("h100-sxm") == 2.5  # a bare number is both columns: no discount assumed
     assert table.gpu_hour("h200") == 3.0 and table.entries["h200"].on_demand == PRICES["h200"].on_demand
+    # provenance: the kept built-in on-demand figure keeps its source and date; a replaced one is the user's
+    assert PRICES["h200"].source in table.entries["h200"].source and "reserved from prices.h200" in \
+        table.entries["h200"].source and table.entries["h200"].date == f"on demand: {PRICES['h200'].date}"
+    assert table.entries["h100-sxm"].source == "user price (prices.h100-sxm)" and table.entries["h100-sxm"].date == ""
     assert table.entries["l4"] == PRICES["l4"]
     path = tmp_path / "prices.json"
     path.write_text(json.dumps({"kind": "reserved", "l40s": {"on_demand": 2.0, "reserved": 1.5, "source": "q",

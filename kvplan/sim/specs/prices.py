@@ -145,8 +145,14 @@ def _entry(hardware: str, value: object, base: GpuPrice | None, where: str) -> G
         reserved = _number(value["reserved"], f"{where}.reserved")
     else:
         reserved = on_demand if "on_demand" in value or base is None else base.reserved
-    return GpuPrice(hardware, on_demand, reserved, str(value.get("source", f"user price ({where})")),
-                    str(value.get("date", "")))
+    # only a reserved figure over a built-in entry keeps the built-in on-demand one, with its provenance
+    partial = base is not None and "on_demand" not in value
+    source, date = value.get("source"), value.get("date")
+    if source is None:
+        source = f"reserved from {where}; on demand: {base.source}" if partial and base else f"user price ({where})"
+    if date is None:
+        date = f"on demand: {base.date}" if partial and base else ""
+    return GpuPrice(hardware, on_demand, reserved, str(source), str(date))
 
 
 def _at(where: str, key: object) -> str:
