@@ -23,12 +23,12 @@ from kvplan.experiments import model_range
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
 from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, span
 from kvplan.experiments.results import cell, load_line, point_table
-from kvplan.experiments.schema import INTEGER_TARGETS, Experiment
+from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, Experiment
 from kvplan.sim.gpu.model_error import ModelError
 
 WIDTH = 100
 UNITS = {"max_rate": "req/s", "max_goodput": "req/s", "max_concurrency": "users", "max_burst_scale": "x rate",
-         "min_replicas": "replicas"}
+         "min_replicas": "replicas", "min_cost": "replicas"}
 TOP_LEVEL = ("model", "hardware")  # swept keys whose values name themselves ("h100-sxm", not "hardware=h100-sxm")
 
 
@@ -70,7 +70,7 @@ def answer_table(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
         if exp.search:
             value = row["answer"]
             text = _number(value)
-            if exp.search["target"] == "min_replicas" and math.isfinite(value):
+            if exp.search["target"] in REPLICA_TARGETS and math.isfinite(value):
                 text += f" = {row['gpus']:g} GPUs"
             cells += [text if math.isfinite(value) else "none", span(exp, row) if math.isfinite(value) else "-"]
             if ranged:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from kvplan.experiments import model_range
-from kvplan.experiments.schema import Experiment
+from kvplan.experiments.schema import REPLICA_TARGETS, Experiment
 
 UNTESTED = "one seed: the separation is not tested by a seed spread"
 
@@ -47,7 +47,7 @@ def interval(exp: Experiment, row: pd.Series) -> tuple[float, float]:
         value = float(row[exp.objective["metric"]])
         return float(row.get("objective_low", value)), float(row.get("objective_high", value))
     low, high = float(row["answer_low"]), float(row["answer_high"])
-    if exp.search["target"] == "min_replicas":
+    if exp.search["target"] in REPLICA_TARGETS:
         per = float(row.get("gpus_per_replica", 1))
         return low * per, (high * per if math.isfinite(high) else math.inf)
     return (low if math.isfinite(low) else -math.inf), high
@@ -73,7 +73,7 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
 def tied(exp: Experiment, best: pd.Series, other: pd.Series) -> bool:
     """Is `other` tied with `best` (see the module docstring)?"""
     mine, theirs = interval(exp, best), interval(exp, other)
-    if exp.search and exp.search["target"] == "min_replicas":
+    if exp.search and exp.search["target"] in REPLICA_TARGETS:
         if not _overlap(mine, theirs):
             return False
         one_count = mine[0] == mine[1] == theirs[0] == theirs[1]
@@ -96,7 +96,7 @@ def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
         if found.empty:
             return Recommendation(None, "", f"no point meets the SLOs inside the searched range "
                                             f"[{exp.search['low']:g}, {exp.search['high']:g}]")
-        if target == "min_replicas":  # what is bought is GPUs: 3 replicas at TP 2 beat 2 at TP 4
+        if target in REPLICA_TARGETS:  # what is bought is GPUs: 3 replicas at TP 2 beat 2 at TP 4
             ranked = found.sort_values(["gpus", "answer", metric], ascending=[True, True, ascending], kind="stable")
             ranking = "ranked by GPUs (replicas x TP x PP), then replicas"
         else:

@@ -28,11 +28,12 @@ from kvplan.experiments.results import (
     slo_lines,
 )
 from kvplan.experiments.runner import Outcome
-from kvplan.experiments.schema import SLO_KEYS, Experiment
+from kvplan.experiments.schema import REPLICA_TARGETS, SLO_KEYS, Experiment
 from kvplan.output import json_text, write_atomic
 
 UNITS = {"max_rate": "req/s (sustained)", "max_goodput": "req/s (sustained)", "max_concurrency": "users",
-         "max_burst_scale": "rate scale (x the recorded trace)", "min_replicas": "replicas"}
+         "max_burst_scale": "rate scale (x the recorded trace)", "min_replicas": "replicas",
+         "min_cost": "replicas"}
 FIGURES = (
     ("latency_vs_rate", "Latency vs offered request rate (stable probes; dotted: each configuration's capacity; "
                         "red cross: its binding SLO at its first failing probe)"),
@@ -63,7 +64,7 @@ def figures(exp: Experiment, outcome: Outcome, runs: pd.DataFrame, points: pd.Da
            "memory_breakdown": plots.memory_breakdown(points),
            "preemptions": plots.per_point(points, swept, "num_preemptions", "Preemptions", "count")}
     if exp.search:
-        gpus = exp.search["target"] == "min_replicas"  # what a replica search buys: GPUs
+        gpus = exp.search["target"] in REPLICA_TARGETS  # what a replica search buys: GPUs
         out["capacity"] = plots.per_point(points, swept, "gpus" if gpus else "answer",
                                           f"Capacity: {exp.search['target']} (median of seeds; red: binding limit)",
                                           "GPUs (replicas x TP x PP)" if gpus else UNITS[exp.search["target"]],
@@ -84,7 +85,7 @@ def latency_figure(exp: Experiment, runs: pd.DataFrame, points: pd.DataFrame,
     """Latency against the load: the offered rate, or for a replica search the GPUs its probes used; each
     configuration's answer dotted and its binding SLO crossed at its first failing probe (`binding_at`)."""
     keys = [k for k in swept if k not in ("workload.rate_scale", "workload.rate", "workload.concurrency")]
-    replicas = exp.search is not None and exp.search["target"] == "min_replicas"
+    replicas = exp.search is not None and exp.search["target"] in REPLICA_TARGETS
     if replicas:
         runs = runs.assign(gpus=runs["cluster.replicas"] * runs["engine.tensor_parallel_size"]
                            * runs["engine.pipeline_parallel_size"])

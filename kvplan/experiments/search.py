@@ -52,7 +52,7 @@ import numpy as np
 from kvplan.experiments.bound import PointBound, point_bound
 from kvplan.experiments.criteria import failures
 from kvplan.experiments.points import Point, expand, run_config
-from kvplan.experiments.schema import INTEGER_TARGETS, SEARCH_TARGETS, Experiment
+from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, SEARCH_TARGETS, Experiment
 
 
 def slo_verdict(exp: Experiment, doc: dict) -> tuple[bool, list[str]]:
@@ -118,14 +118,14 @@ class PointTask:
         if lead is None or lead.lo is None or lead.hi is None:  # no bracket to start from: the full search
             self.leader = None
             low = self.exp.search["low"]
-            if self.bound is not None and self.target == "min_replicas":
+            if self.bound is not None and self.target in REPLICA_TARGETS:
                 return self._climb(low)
             return self._round(low)
         integer = self.target in INTEGER_TARGETS
         self.step = max(lead.hi - lead.lo, 1) if integer else lead.hi / lead.lo
-        start = lead.lo if self.target != "min_replicas" else lead.hi
+        start = lead.lo if self.target not in REPLICA_TARGETS else lead.hi
         if self.edge:  # where the answer moves when every step takes step_scale times as long
-            moved = start * self.step_scale if self.target == "min_replicas" else start / self.step_scale
+            moved = start * self.step_scale if self.target in REPLICA_TARGETS else start / self.step_scale
             low, high = self.exp.search["low"], self.exp.search["high"]
             start = min(max(round(moved) if integer else moved, low), high)
         return self._round(start)
@@ -139,7 +139,7 @@ class PointTask:
         if self.leader is not None or self.gallop:
             return self._guided(met)
         search, target = self.exp.search, self.target
-        upward = target != "min_replicas"  # meets below the answer, fails above it
+        upward = target not in REPLICA_TARGETS  # meets below the answer, fails above it
         value = self.current
         if len(self.probes) == 1:  # the low end
             if upward and not met:
@@ -172,7 +172,7 @@ class PointTask:
     def _guided(self, met: bool) -> list[dict]:
         """Step outwards from the leader's bracket until this seed's answer is bracketed, then bisect."""
         search, target, value = self.exp.search, self.target, self.current
-        upward = target != "min_replicas"
+        upward = target not in REPLICA_TARGETS
         if met == upward:
             self.lo = value
         else:
@@ -224,7 +224,7 @@ class PointTask:
         the first probe: a search always simulates at least once (the answer's runs describe it)."""
         if self.bound is None or not self.probes:
             return False
-        if self.target == "min_replicas":
+        if self.target in REPLICA_TARGETS:
             return int(value) < self.bound.min_replicas(self._rate(), self.step_scale)
         if self.target in ("max_rate", "max_goodput"):
             replicas = int(self.point.config["cluster"]["replicas"])
@@ -255,7 +255,7 @@ class PointTask:
         """The capacity (a rate, a scale, users) or the replicas needed; None when below the searched range."""
         if not self.exp.search or self.outcome.startswith("fails"):
             return None
-        return self.hi if self.target == "min_replicas" else self.lo
+        return self.hi if self.target in REPLICA_TARGETS else self.lo
 
     def runs_in(self, runs, value: object = None):  # runs, and the result: pandas DataFrames (runs.parquet's rows)
         """This task's rows of `runs` (its point, seeds and step scale), only those at one probed `value` when
@@ -287,7 +287,7 @@ def bounded(exp: Experiment, point: Point) -> bool:
     from kvplan.sim.specs.profiles import PROFILED_DEVICES
 
     hardware = str(point.config["hardware"])
-    return (exp.search is not None and exp.search["target"] in ("max_rate", "max_goodput", "min_replicas")
+    return (exp.search is not None and exp.search["target"] in ("max_rate", "max_goodput", *REPLICA_TARGETS)
             and point.config["workload"]["mode"] == "sustained" and not hardware.endswith((".yaml", ".yml"))
             and hardware not in PROFILED_DEVICES)
 
