@@ -36,6 +36,7 @@ def load(path: Path):  # -> (Experiment, list[Point])
     from kvplan.errors import ConfigError
     from kvplan.experiments.check import check_point, resolve
     from kvplan.experiments.fields import SchemaError
+    from kvplan.experiments.min_cost import is_cost_search, screen
     from kvplan.experiments.points import expand
     from kvplan.experiments.schema import load_experiment
     from kvplan.experiments.trace_needs import prefix_warning
@@ -44,7 +45,9 @@ def load(path: Path):  # -> (Experiment, list[Point])
     try:
         resolve(exp)
         points = expand(exp)
-        traces = [check_point(exp, point) for point in points]
+        # a min_cost search rejects the shapes a gate or the memory refuses (min_cost.screen) instead of stopping
+        rejected = {i for i, s in screen(exp, points).items() if s.status} if is_cost_search(exp) else set()
+        traces = [check_point(exp, point) for point in points if point.index not in rejected]
     except ConfigError as exc:  # a field's or the schema's: the key path, now after the file
         raise SchemaError(f"{path}: {exc}") from None
     # once, after every point passed (a refused file says its one line only); workload.trace is not swept, so

@@ -155,6 +155,11 @@ def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width:
     console.print(f"{exp.name}: {what}, {len(points)} configuration(s), seeds {exp.seeds}, {vllm_text(exp, points)}")
     console.print(table)
     console.print(verdict_line(exp, points, rec), style="bold" if terminal else "")
+    if "frontier_cost" in points:  # a min_cost search: the winner's cost, every shape's status, the frontier
+        from kvplan.experiments.min_cost_text import terminal_lines
+
+        for line in terminal_lines(exp, points, rec):
+            console.print(line)
     notes = sorted({str(n) for n in points.get("model_range_note", pd.Series(dtype=str)) if isinstance(n, str) and n})
     if notes:  # why a point has no model range ('-' in the table)
         console.print(f"(-) {'; '.join(notes)}.")
@@ -223,6 +228,10 @@ def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation,
         lines += [exp.description.strip(), ""]
     lines += [f"{len(points)} point(s), {runs} run(s), seeds {exp.seeds}, {vllm_text(exp, points)}.", ""]
     lines += [*markdown_answer(exp, points, rec), ""]
+    if "frontier_cost" in points:
+        from kvplan.experiments.min_cost_text import markdown
+
+        lines += [*markdown(exp, points, rec), ""]
     if exp.search:
         integer = exp.search["target"] in INTEGER_TARGETS
         lines += [f"Search: {exp.search['target']} over [{exp.search['low']:g}, {exp.search['high']:g}]"

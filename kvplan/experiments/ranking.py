@@ -11,6 +11,8 @@ plain point, the range of the objective metric's per-seed values [objective_low,
     min_replicas:   fewest GPUs (replicas x TP x PP), then fewest replicas, then the objective, is best; another
                     point ties with it when their GPU intervals overlap, unless both need one same GPU count at
                     every seed and the best's replica interval lies below the other's.
+    min_cost:       the lowest $/hour (replicas x GPUs per replica x $/GPU-hour: `min_cost`), then fewest GPUs,
+                    replicas, the objective; another point ties with it when their $/hour intervals overlap.
     no search:      among the points meeting the SLOs, the best objective value; another ties with it when their
                     objective intervals overlap.
 
@@ -49,6 +51,8 @@ def interval(exp: Experiment, row: pd.Series) -> tuple[float, float]:
     low, high = float(row["answer_low"]), float(row["answer_high"])
     if exp.search["target"] in REPLICA_TARGETS:
         per = float(row.get("gpus_per_replica", 1))
+        if exp.search["target"] == "min_cost":  # what is bought: GPU-hours at their price
+            per *= float(row["price_per_gpu_hour"])
         return low * per, (high * per if math.isfinite(high) else math.inf)
     return (low if math.isfinite(low) else -math.inf), high
 
@@ -73,6 +77,8 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
 def tied(exp: Experiment, best: pd.Series, other: pd.Series) -> bool:
     """Is `other` tied with `best` (see the module docstring)?"""
     mine, theirs = interval(exp, best), interval(exp, other)
+    if exp.search and exp.search["target"] == "min_cost":
+        return _overlap(mine, theirs)
     if exp.search and exp.search["target"] in REPLICA_TARGETS:
         if not _overlap(mine, theirs):
             return False
@@ -96,7 +102,11 @@ def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
         if found.empty:
             return Recommendation(None, "", f"no point meets the SLOs inside the searched range "
                                             f"[{exp.search['low']:g}, {exp.search['high']:g}]")
-        if target in REPLICA_TARGETS:  # what is bought is GPUs: 3 replicas at TP 2 beat 2 at TP 4
+        if target == "min_cost":
+            ranked = found.sort_values(["shape_cost_per_hour", "gpus", "answer", metric],
+                                       ascending=[True, True, True, ascending], kind="stable")
+            ranking = "ranked by $/hour (replicas x GPUs x $/GPU-hour), then GPUs, then replicas"
+        elif target in REPLICA_TARGETS:  # what is bought is GPUs: 3 replicas at TP 2 beat 2 at TP 4
             ranked = found.sort_values(["gpus", "answer", metric], ascending=[True, True, ascending], kind="stable")
             ranking = "ranked by GPUs (replicas x TP x PP), then replicas"
         else:
@@ -166,5 +176,7 @@ def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
         return f"the highest burst rate scale absorbed within the SLOs: x{value:.4g} ({spread}; " \
                f"{row['offered_rate_rps']:.4g} req/s offered)"
     per = int(row.get("gpus_per_replica", 1))
+    cost = f" at ${row['shape_cost_per_hour']:.4g}/h (${row['price_per_gpu_hour']:.3g}/GPU-h)" \
+        if target == "min_cost" else ""
     return f"the fewest replicas meeting the SLOs: {value:g} ({spread}) = {value * per:g} GPUs ({value:g} " \
-           f"replicas x {per} GPU{'s' if per > 1 else ''} each: TP x PP)"
+           f"replicas x {per} GPU{'s' if per > 1 else ''} each: TP x PP){cost}"

@@ -109,7 +109,7 @@ def median_answer(answers: list[float | None], missing_low: bool) -> float | Non
 
 def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
-    for point in dict.fromkeys(task.point.index for task in outcome.tasks):
+    for point in dict.fromkeys(t.point.index for t in outcome.tasks if t.probes):  # min_cost: searched shapes
         every = [t for t in outcome.tasks if t.point.index == point]
         tasks = [t for t in every if not t.edge]  # the edge searches only give the model range
         at = pd.concat([answer_runs(t, runs) for t in tasks])
@@ -151,6 +151,17 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
             row |= binding.sweep_binding(exp, at).columns()
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def points_table(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.DataFrame:
+    """The points table: `points_frame`, and for a min_cost search every shape with its cost and status
+    (`min_cost.cost_points`)."""
+    points = points_frame(exp, outcome, runs)
+    if outcome.plan is None:
+        return points
+    from kvplan.experiments.min_cost import cost_points
+
+    return cost_points(exp, outcome.plan, points)
 
 
 def skipped_text(exp: Experiment, tasks: list[PointTask]) -> str:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -53,6 +54,9 @@ from kvplan.experiments.bound import PointBound, point_bound
 from kvplan.experiments.criteria import failures
 from kvplan.experiments.points import Point, expand, run_config
 from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, SEARCH_TARGETS, Experiment
+
+if TYPE_CHECKING:
+    from kvplan.experiments.min_cost import CostPlan
 
 
 def slo_verdict(exp: Experiment, doc: dict) -> tuple[bool, list[str]]:
@@ -92,6 +96,7 @@ class PointTask:
     bound: PointBound | None = None  # the point's analytic bounds (experiments.bound): decided probes, a climb
     gallop: bool = False  # a replica search stepping up from its bound, not bisecting [low, high]
     decided: list[object] = field(default_factory=list)  # probed values the bound decided (failed, not simulated)
+    plan: CostPlan | None = None  # a min_cost search: the plan says when the point's first search may start
 
     @property
     def edge(self) -> bool:
@@ -108,8 +113,10 @@ class PointTask:
 
     @property
     def ready(self) -> bool:
-        """May the search start (a guided one waits for its leader)?"""
-        return self.leader is None or self.leader.done
+        """May the search start (a guided one waits for its leader; a min_cost shape for its plan)?"""
+        if self.leader is not None:
+            return self.leader.done
+        return self.plan is None or self.edge or self.plan.admits(self.point.index)
 
     def first(self) -> list[dict]:
         if not self.exp.search:
@@ -265,19 +272,24 @@ class PointTask:
         return mine if value is None else mine[np.isclose(mine["probe"], float(value))]
 
 
-def make_tasks(exp: Experiment, scales: dict[int, tuple[float, float]] | None = None) -> list[PointTask]:
+def make_tasks(exp: Experiment, scales: dict[int, tuple[float, float]] | None = None,
+               plan: CostPlan | None = None) -> list[PointTask]:
     """One task per point and seed for a median-combined search (the first seed's leads the others), else one
-    per point over every seed; then the edge searches of `scales`' points (`edge_tasks`)."""
+    per point over every seed; then the edge searches of `scales`' points (`edge_tasks`). With a min_cost `plan`:
+    only the shapes it may search (not refused by a gate or the memory), each started when the plan says."""
     if exp.search is None:
         return [PointTask(exp, point, list(exp.seeds)) for point in expand(exp)]
     tasks = []
     for point in expand(exp):
+        if plan is not None and plan.shapes[point.index].status:
+            continue
         bound = point_bound(run_config(point.config, exp.seeds[0])) if bounded(exp, point) else None
         if exp.search["combine"] == "all":
-            tasks.append(PointTask(exp, point, list(exp.seeds), bound=bound))
+            tasks.append(PointTask(exp, point, list(exp.seeds), bound=bound, plan=plan))
         else:
-            leader = PointTask(exp, point, [exp.seeds[0]], bound=bound)
-            tasks += [leader, *(PointTask(exp, point, [seed], leader=leader, bound=bound) for seed in exp.seeds[1:])]
+            leader = PointTask(exp, point, [exp.seeds[0]], bound=bound, plan=plan)
+            tasks += [leader, *(PointTask(exp, point, [seed], leader=leader, bound=bound, plan=plan)
+                                for seed in exp.seeds[1:])]
     return tasks + edge_tasks(tasks, scales or {})
 
 

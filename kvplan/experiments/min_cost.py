@@ -1,0 +1,259 @@
+"""The cheapest deployment: `search: {target: min_cost}` over the experiment's grid of shapes (GPU x TP/PP x
+quantization x whatever else the grid varies).
+
+Each shape is a point whose fewest replicas are searched exactly as `min_replicas` does (`search.PointTask`: the
+analytic bound's climb, each seed on its own), at the workload's rate and SLOs. What a shape costs:
+
+    cost ($/h) = replicas (the median of the seeds' answers) x GPUs per replica (TP x PP) x $/GPU-hour
+
+with the $/GPU-hour of the run's price table (`sim.specs.prices`; a GPU without a price is refused before
+anything runs). The answer is the cheapest shape (`ranking`: a shape whose cost interval over the seeds overlaps
+the cheapest's is a tie, and none is recommended). Before anything is simulated each shape is screened:
+
+    gate        the simulator refuses the shape (a TP the heads cannot split, fp8 on a GPU without fp8, ...)
+    memory      the weights and the least KV do not fit the GPU (the simulator's no-fit message, with its figures)
+    cost bound  its lower bound on cost - the analytic bound's fewest replicas (`experiments.bound`) x GPUs x
+                price - lies above the cost interval's high end of the cheapest shape found so far
+    SLO         searched: no replica count up to search.high meets the SLOs (the failed ones at that count)
+
+Shapes are searched cheapest lower bound first (`CostPlan`), a few at a time, so most costly shapes are never
+simulated. Why pruning cannot change the answer: every seed's answer is at least the bound's fewest replicas
+(fewer are decided to fail), so a shape's cost interval starts at or above its lower bound. A shape is skipped
+only when no shape is still being searched and its bound exceeds the high end T of the best-ranked finished shape
+b's interval; every shape not yet searched then has a median cost above T >= b's median (it ranks below b, so b
+is the winner) and an interval starting above b's (so it is no tie with b). While a shape is still being
+searched T may still rise (a cheaper median with a wider interval), so nothing is skipped then: the plan waits.
+Which losing shapes get simulated can depend on which search finished first; the winner and the ties cannot.
+`prune: false` searches every shape (the full frontier).
+
+The Pareto frontier is drawn over the shapes that meet the SLOs, at their answers: throughput per GPU (tokens/s)
+against the search's latency metric (`search.latency`), and $ per million tokens against it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from kvplan.errors import UserError
+from kvplan.experiments.points import Point, run_config
+from kvplan.experiments.schema import Experiment
+
+NO_FIT = "no memory left for the KV cache"  # sim.run.no_fit_message: a shape the memory refuses, not a gate
+STATUSES = ("winner", "tie", "feasible", "SLO", "memory", "gate", "cost bound")
+COLUMNS = ("status", "status_reason", "price_per_gpu_hour", "lower_bound_replicas", "lower_bound_per_hour",
+           "shape_cost_per_hour", "shape_cost_low", "shape_cost_high", "shape_usd_per_m_input_tokens",
+           "shape_usd_per_m_output_tokens", "shape_goodput_per_usd", "throughput_per_gpu", "usd_per_m_tokens",
+           "frontier_throughput", "frontier_cost")
+
+
+def is_cost_search(exp: Experiment) -> bool:
+    return exp.search is not None and exp.search["target"] == "min_cost"
+
+
+def prices_of(exp: Experiment):  # -> sim.specs.prices.PriceTable
+    """The experiment's price table: its `prices:` block over the built-in dated table."""
+    from kvplan.sim.specs.prices import price_table
+
+    return price_table(getattr(exp, "prices", None), where="prices")
+
+
+@dataclass(slots=True)
+class Shape:
+    """One point of a min_cost grid before anything is simulated (module docstring)."""
+
+    point: int
+    label: str
+    gpus_per_replica: int
+    price: float  # $ per GPU-hour
+    status: str = ""  # "" (to search), "gate" or "memory"
+    reason: str = ""
+    fewest: int = 1  # the fewest replicas the analytic bound allows (at least search.low)
+
+    @property
+    def per_replica(self) -> float:
+        """$ per hour of one replica."""
+        return self.gpus_per_replica * self.price
+
+    @property
+    def lower_bound(self) -> float:
+        """$ per hour of the fewest replicas the analytic bound allows: no seed's answer costs less."""
+        return self.fewest * self.per_replica
+
+
+def screen(exp: Experiment, points: list[Point]) -> dict[int, Shape]:
+    """Every point's shape, price, gate or memory verdict and lower bound on cost (module docstring). A GPU
+    without a price refuses the whole search in one line naming it."""
+    from kvplan.experiments.bound import point_bound
+    from kvplan.experiments.execute import build_probe, build_spec, population
+    from kvplan.experiments.search import bounded
+    from kvplan.sim.run import build_cost
+
+    table = prices_of(exp)
+    shapes = {}
+    for point in points:
+        config = run_config(point.config, exp.seeds[0])
+        hardware = str(config["hardware"])
+        if hardware not in table.entries:
+            raise UserError(f"search.target: min_cost needs the $/GPU-hour of every GPU searched; {hardware} (point "
+                            f"{point.index}, {point.label}) has no price; allowed: add `prices: {{{hardware}: "
+                            "DOLLARS_PER_GPU_HOUR}`, or drop it from the grid")
+        engine = config["engine"]
+        gpus = int(engine.get("tensor_parallel_size", 1)) * int(engine.get("pipeline_parallel_size", 1))
+        shape = Shape(point.index, point.label, gpus, table.gpu_hour(hardware), fewest=exp.search["low"])
+        shapes[point.index] = shape
+        try:
+            build_cost(build_spec(config))
+        except UserError as exc:  # a shape the simulator refuses: rejected with its reason, not the experiment
+            shape.status, shape.reason = ("memory" if NO_FIT in str(exc) else "gate"), str(exc)
+            continue
+        bound = point_bound(config) if bounded(exp, point) else None
+        if bound is not None:
+            rate = build_probe(config).offered_rate(population(config))
+            shape.fewest = min(max(bound.min_replicas(rate), exp.search["low"]), exp.search["high"])
+    return shapes
+
+
+@dataclass(slots=True)
+class CostPlan:
+    """Which shapes are searched, in which order, and which are skipped by the cost bound (module docstring)."""
+
+    exp: Experiment
+    shapes: dict[int, Shape]
+    window: int = 1  # shapes searched at once (the runner's workers)
+    started: set[int] = field(default_factory=set)
+    skipped: dict[int, str] = field(default_factory=dict)  # point -> why the cost bound skipped it
+    order: list[int] = field(default_factory=list)  # the shapes to search, cheapest lower bound first
+
+    def __post_init__(self) -> None:
+        searchable = [s for s in self.shapes.values() if not s.status]
+        self.order = [s.point for s in sorted(searchable, key=lambda s: (s.lower_bound, s.point))]
+
+    def admits(self, point: int) -> bool:
+        return point in self.started
+
+    def release(self, tasks: list) -> list[int]:  # tasks: search.PointTask -> the shapes skipped now
+        """Start shapes (cheapest bound first) while fewer than `window` are being searched; skip every shape left
+        once none is being searched and the next one's bound is above T (module docstring)."""
+        done = {p: all(t.done for t in tasks if t.point.index == p and not t.edge) for p in self.started}
+        active = [p for p, finished in done.items() if not finished]
+        best = self.best([p for p, finished in done.items() if finished], tasks)
+        skipped: list[int] = []
+        while self.order:
+            shape = self.shapes[self.order[0]]
+            if self.exp.search["prune"] and best is not None and shape.lower_bound > best[1]:
+                if active:
+                    break  # T may still rise while a shape is searched: wait
+                for point in self.order:
+                    low = self.shapes[point]
+                    self.skipped[point] = (
+                        f"at least {low.fewest} replicas x {low.gpus_per_replica} GPUs x ${low.price:.3g}/GPU-h = "
+                        f"${low.lower_bound:.4g}/h by the analytic bound, above the ${best[1]:.4g}/h high end of "
+                        f"the cheapest shape's interval ({self.shapes[best[0]].label})")
+                skipped, self.order = list(self.order), []
+                break
+            if len(active) >= self.window:
+                break
+            self.order.pop(0)
+            self.started.add(shape.point)
+            active.append(shape.point)
+        return skipped
+
+    def best(self, finished: list[int], tasks: list) -> tuple[int, float] | None:
+        """(the best-ranked finished shape that meets the SLOs, the high end of its cost interval), or None."""
+        from kvplan.experiments.results import median_answer
+
+        ranked = []
+        for point in finished:
+            answers = [t.answer for t in tasks if t.point.index == point and not t.edge]
+            median = median_answer(answers, False)
+            if median is None:
+                continue
+            per = self.shapes[point].per_replica
+            high = max(answers) * per if all(a is not None for a in answers) else math.inf
+            ranked.append((median * per, self.shapes[point].gpus_per_replica * median, median, point, high))
+        if not ranked:
+            return None
+        top = min(ranked)
+        return top[3], top[4]
+
+
+def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.DataFrame:
+    """The points table of a min_cost search: the searched shapes' rows with their costs, then a row for every
+    shape rejected or skipped before it was simulated; statuses without the winner (`mark_winner`)."""
+    from kvplan.experiments.points import expand
+
+    rows = points.copy()
+    shape = [plan.shapes[int(p)] for p in rows["point"]]
+    rows["price_per_gpu_hour"] = [s.price for s in shape]
+    per = np.array([s.per_replica for s in shape])
+    rows["shape_cost_per_hour"] = rows["answer"].to_numpy(dtype=float) * per
+    rows["shape_cost_low"] = rows["answer_low"].to_numpy(dtype=float) * per
+    rows["shape_cost_high"] = np.where(np.isfinite(rows["answer_high"].to_numpy(dtype=float)),
+                                       rows["answer_high"].to_numpy(dtype=float) * per, math.inf)
+    rows["status"] = np.where(np.isfinite(rows["shape_cost_per_hour"]), "feasible", "SLO")
+    rows["status_reason"] = [slo_reason(exp, row) if status == "SLO" else ""
+                             for (_, row), status in zip(rows.iterrows(), rows["status"], strict=True)]
+    hours = rows["shape_cost_per_hour"]
+    output_mtok_h = rows["output_throughput"] * 3600 / 1e6
+    rows["shape_usd_per_m_input_tokens"] = hours / ((rows["total_token_throughput"] * 3600 / 1e6) - output_mtok_h)
+    rows["shape_usd_per_m_output_tokens"] = hours / output_mtok_h
+    rows["shape_goodput_per_usd"] = rows["request_goodput"] * 3600 / hours
+    rows["usd_per_m_tokens"] = hours / (rows["total_token_throughput"] * 3600 / 1e6)
+    rows["throughput_per_gpu"] = rows["total_token_throughput"] / rows["gpus"]
+    extra = []
+    values = {p.index: p for p in expand(exp)}
+    for index, s in plan.shapes.items():
+        if index in set(rows["point"]):
+            continue
+        status, reason = (s.status, s.reason) if s.status else ("cost bound", plan.skipped.get(index, ""))
+        engine = values[index].config["engine"]
+        extra.append({"point": index, "label": s.label, **values[index].values, "status": status,
+                      "status_reason": reason, "price_per_gpu_hour": s.price, "gpus_per_replica":
+                      s.gpus_per_replica, "binding_limit": "none", "binding_key": "", "binding_votes": 0,
+                      "binding_of": 0, "binding_detail": reason, "answer": math.nan, "answer_low": math.nan, "answer_high": math.nan,
+                      "search_outcome": status, "skipped": "", "answers": "", "model_range_note": "",
+                      "engine.tensor_parallel_size": engine.get("tensor_parallel_size", 1)})
+    out = pd.concat([rows, pd.DataFrame(extra)], ignore_index=True) if extra else rows
+    bound = {i: s for i, s in plan.shapes.items()}
+    out["lower_bound_replicas"] = [bound[int(p)].fewest if not bound[int(p)].status else math.nan
+                                   for p in out["point"]]
+    out["lower_bound_per_hour"] = out["lower_bound_replicas"] * out["gpus_per_replica"] * out["price_per_gpu_hour"]
+    latency = exp.search["latency"]
+    feasible = out["status"] == "feasible"
+    out["frontier_throughput"] = pareto(out[latency], out["throughput_per_gpu"], feasible, maximize=True)
+    out["frontier_cost"] = pareto(out[latency], out["usd_per_m_tokens"], feasible, maximize=False)
+    return out.sort_values("point", kind="stable").reset_index(drop=True)
+
+
+def slo_reason(exp: Experiment, row: pd.Series) -> str:
+    """Why a searched shape meets no SLO up to search.high: the search's outcome and the failed lines there."""
+    outcome, detail = str(row.get("search_outcome") or ""), str(row.get("binding_detail") or "")
+    return detail if detail.startswith(outcome) else "; ".join(x for x in (outcome, detail) if x)
+
+
+def pareto(latency: pd.Series, value: pd.Series, eligible: pd.Series, *, maximize: bool) -> list[bool]:
+    """Which eligible rows are on the Pareto frontier of (lower latency, higher - or lower - value): no other
+    eligible row is at least as good on both and better on one."""
+    x = latency.to_numpy(dtype=float)
+    y = value.to_numpy(dtype=float) * (-1 if maximize else 1)  # lower is better on both axes
+    ok = eligible.to_numpy(dtype=bool) & np.isfinite(x) & np.isfinite(y)
+    out = []
+    for i in range(len(x)):
+        if not ok[i]:
+            out.append(False)
+            continue
+        beaten = ok & (x <= x[i]) & (y <= y[i]) & ((x < x[i]) | (y < y[i]))
+        out.append(not beaten.any())
+    return out
+
+
+def mark_winner(points: pd.DataFrame, rec) -> pd.DataFrame:  # rec: ranking.Recommendation
+    """The recommendation's point is the winner, the points tied for cheapest are ties."""
+    out = points.copy()
+    for index in ([rec.point] if rec.point is not None else []) + list(rec.tie):
+        out.loc[out["point"] == index, "status"] = "winner" if index == rec.point else "tie"
+    return out
