@@ -119,55 +119,101 @@ def screen(exp: Experiment, points: list[Point]) -> dict[int, Shape]:
 
 @dataclass(slots=True)
 class CostPlan:
-    """Which shapes are searched, in which order, and which are skipped by the cost bound (module docstring)."""
+    """Which shapes are searched up to how many replicas, and which are left to the cost bound (module
+    docstring): a cost ceiling C ($/h) that doubles while no answer is settled."""
 
     exp: Experiment
     shapes: dict[int, Shape]
-    window: int = 1  # shapes searched at once (the runner's workers)
-    started: set[int] = field(default_factory=set)
-    skipped: dict[int, str] = field(default_factory=dict)  # point -> why the cost bound skipped it
-    order: list[int] = field(default_factory=list)  # the shapes to search, cheapest lower bound first
-
-    def __post_init__(self) -> None:
-        searchable = [s for s in self.shapes.values() if not s.status]
-        self.order = [s.point for s in sorted(searchable, key=lambda s: (s.lower_bound, s.point))]
+    ceiling: float = 0.0  # C: every search probes at most floor(C / its replica's $/h) replicas for now
+    started: set[int] = field(default_factory=set)  # shapes whose searches were released
+    skipped: dict[int, str] = field(default_factory=dict)  # point -> why the cost bound settled it unsearched
 
     def admits(self, point: int) -> bool:
         return point in self.started
 
-    def release(self, tasks: list) -> list[int]:  # tasks: search.PointTask -> the shapes skipped now
-        """Start shapes (cheapest bound first) while fewer than `window` are being searched; skip every shape left
-        once none is being searched and the next one's bound is above T (module docstring)."""
-        done = {p: all(t.done for t in tasks if t.point.index == p and not t.edge) for p in self.started}
-        active = [p for p, finished in done.items() if not finished]
-        best = self.best([p for p, finished in done.items() if finished], tasks)
-        skipped: list[int] = []
-        while self.order:
-            shape = self.shapes[self.order[0]]
-            if self.exp.search["prune"] and best is not None and shape.lower_bound > best[1]:
-                if active:
-                    break  # T may still rise while a shape is searched: wait
-                for point in self.order:
-                    low = self.shapes[point]
-                    self.skipped[point] = (
-                        f"at least {low.fewest} replicas x {low.gpus_per_replica} GPUs x ${low.price:.3g}/GPU-h = "
-                        f"${low.lower_bound:.4g}/h by the analytic bound, above the ${best[1]:.4g}/h high end of "
-                        f"the cheapest shape's interval ({self.shapes[best[0]].label})")
-                skipped, self.order = list(self.order), []
-                break
-            if len(active) >= self.window:
-                break
-            self.order.pop(0)
-            self.started.add(shape.point)
-            active.append(shape.point)
-        return skipped
+    def cap(self, shape: Shape) -> int:
+        """The most replicas `shape` may probe under the ceiling (search.high without pruning)."""
+        high = int(self.exp.search["high"])
+        if not self.exp.search["prune"]:
+            return high
+        return min(high, math.floor(self.ceiling / shape.per_replica * (1 + 1e-12)))
 
-    def best(self, finished: list[int], tasks: list) -> tuple[int, float] | None:
-        """(the best-ranked finished shape that meets the SLOs, the high end of its cost interval), or None."""
+    def release(self, tasks: list) -> tuple[list[int], list[tuple[int, int]]]:  # tasks: search.PointTask
+        """(shapes settled by the cost bound now, (task index, ceiling) of capped searches to resume). Shapes
+        start when their lower bound is within the ceiling; once no search runs, either the answer is settled
+        (every shape not searched to its end has a lower bound above the best's interval: skipped) or the
+        ceiling doubles (at least to the cheapest bound still relevant) and the relevant shapes go on."""
+        searchable = [s for s in self.shapes.values() if not s.status]
+        if not self.started and not self.ceiling:
+            self.ceiling = 2 * min((s.lower_bound for s in searchable), default=0.0)
+        mine = [(i, t) for i, t in enumerate(tasks) if not t.edge]
+        self._start(tasks)
+        if any(t.point.index in self.started and not t.done for _, t in mine):
+            return [], []  # a search still runs: it may still settle a cheaper answer
+        best = self.best(tasks)
+        limit = best[1] if best is not None else math.inf
+        relevant = {s.point: low for s in searchable if not self.settled(s.point, tasks)
+                    and (low := self.lowest(s, tasks)) <= limit}
+        while relevant:  # raise the ceiling until a relevant search can go on
+            self.ceiling = max(2 * self.ceiling, min(relevant.values()))
+            started = self._start(tasks)
+            resume = [(i, self.cap(self.shapes[t.point.index])) for i, t in mine
+                      if t.capped and t.point.index in relevant and self.cap(self.shapes[t.point.index]) > t.current]
+            if started or resume:
+                return [], resume
+        if not relevant:
+            skipped = [s.point for s in searchable if not self.settled(s.point, tasks)]
+            for point in skipped:
+                shape, low = self.shapes[point], self.lowest(self.shapes[point], tasks)
+                self.skipped[point] = (
+                    f"at least {low / shape.per_replica:g} replicas x {shape.gpus_per_replica} GPUs x "
+                    f"${shape.price:.3g}/GPU-h = ${low:.4g}/h for its cheapest seed ("
+                    f"{'searched up to the cost ceiling' if point in self.started else 'the analytic bound'}), "
+                    f"above ${limit:.4g}/h, the high end of the cheapest shape's interval "
+                    f"({self.shapes[best[0]].label})" if best is not None else "")
+        return skipped, []
+
+    def _start(self, tasks: list) -> list[int]:
+        """Release the shapes whose lower bound lies within the ceiling (every shape without pruning); set every
+        unstarted search's ceiling. Returns the shapes released now."""
+        now = []
+        for shape in self.shapes.values():
+            if shape.status or shape.point in self.started:
+                continue
+            if not self.exp.search["prune"] or shape.lower_bound <= self.ceiling * (1 + 1e-12):
+                self.started.add(shape.point)
+                now.append(shape.point)
+        for task in tasks:
+            if not task.edge and task.current is None and task.point.index in self.started:
+                task.ceiling = self.cap(self.shapes[task.point.index])
+        return now
+
+    def settled(self, point: int, tasks: list) -> bool:
+        """Is every seed's search of the shape at its end (an answer, or failing at search.high)?"""
+        own = [t for t in tasks if t.point.index == point and not t.edge]
+        return point in self.started and all(t.done and not t.capped for t in own)
+
+    def lowest(self, shape: Shape, tasks: list) -> float:
+        """$/h of the cheapest any seed of the shape can still need: its answer, one more than its ceiling
+        where capped, else the analytic bound's fewest (infinite where it fails at search.high)."""
+        values = []
+        for task in (t for t in tasks if t.point.index == shape.point and not t.edge):
+            if task.capped:
+                values.append(task.current + 1)
+            elif task.done and shape.point in self.started:
+                values.append(math.inf if task.answer is None else task.answer)
+            else:
+                values.append(shape.fewest)
+        return min(values, default=shape.fewest) * shape.per_replica
+
+    def best(self, tasks: list) -> tuple[int, float] | None:
+        """(the best-ranked settled shape that meets the SLOs, the high end of its cost interval), or None."""
         from kvplan.experiments.results import median_answer
 
         ranked = []
-        for point in finished:
+        for point in self.started:
+            if not self.settled(point, tasks):
+                continue
             answers = [t.answer for t in tasks if t.point.index == point and not t.edge]
             median = median_answer(answers, False)
             if median is None:
@@ -182,11 +228,14 @@ class CostPlan:
 
 
 def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.DataFrame:
-    """The points table of a min_cost search: the searched shapes' rows with their costs, then a row for every
-    shape rejected or skipped before it was simulated; statuses without the winner (`mark_winner`)."""
+    """The points table of a min_cost search: the searched shapes' rows with their costs (none for a shape the
+    cost bound settled), then a row for every shape rejected or skipped before it was simulated; statuses
+    without the winner (`mark_winner`)."""
     from kvplan.experiments.points import expand
 
     rows = points.copy()
+    capped = rows["point"].isin(list(plan.skipped))  # searched up to the ceiling, then settled by the cost bound
+    rows.loc[capped, ["answer", "answer_low", "answer_high", "gpus"]] = math.nan  # no answer was found
     shape = [plan.shapes[int(p)] for p in rows["point"]]
     rows["price_per_gpu_hour"] = [s.price for s in shape]
     per = np.array([s.per_replica for s in shape])
@@ -194,8 +243,10 @@ def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.Dat
     rows["shape_cost_low"] = rows["answer_low"].to_numpy(dtype=float) * per
     rows["shape_cost_high"] = np.where(np.isfinite(rows["answer_high"].to_numpy(dtype=float)),
                                        rows["answer_high"].to_numpy(dtype=float) * per, math.inf)
-    rows["status"] = np.where(np.isfinite(rows["shape_cost_per_hour"]), "feasible", "SLO")
-    rows["status_reason"] = [slo_reason(exp, row) if status == "SLO" else ""
+    rows["status"] = np.where(capped, "cost bound", np.where(np.isfinite(rows["shape_cost_per_hour"]), "feasible",
+                                                             "SLO"))
+    rows["status_reason"] = [plan.skipped[int(row["point"])] if status == "cost bound" else
+                             slo_reason(exp, row) if status == "SLO" else ""
                              for (_, row), status in zip(rows.iterrows(), rows["status"], strict=True)]
     hours = rows["shape_cost_per_hour"]
     output_mtok_h = rows["output_throughput"] * 3600 / 1e6
@@ -214,7 +265,8 @@ def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.Dat
         extra.append({"point": index, "label": s.label, **values[index].values, "status": status,
                       "status_reason": reason, "price_per_gpu_hour": s.price, "gpus_per_replica":
                       s.gpus_per_replica, "binding_limit": "none", "binding_key": "", "binding_votes": 0,
-                      "binding_of": 0, "binding_detail": reason, "answer": math.nan, "answer_low": math.nan, "answer_high": math.nan,
+                      "binding_of": 0, "binding_detail": reason, "answer": math.nan, "answer_low": math.nan,
+                      "answer_high": math.nan,
                       "search_outcome": status, "skipped": "", "answers": "", "model_range_note": "",
                       "engine.tensor_parallel_size": engine.get("tensor_parallel_size", 1)})
     out = pd.concat([rows, pd.DataFrame(extra)], ignore_index=True) if extra else rows

@@ -99,6 +99,8 @@ def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
     if exp.search:
         target = exp.search["target"]
         found = points[points["answer"].notna()]
+        if target == "min_cost":
+            found = found[found["status"] == "feasible"]  # not a shape the cost bound settled (min_cost)
         if found.empty:
             return Recommendation(None, "", f"no point meets the SLOs inside the searched range "
                                             f"[{exp.search['low']:g}, {exp.search['high']:g}]")

@@ -109,7 +109,7 @@ def median_answer(answers: list[float | None], missing_low: bool) -> float | Non
 
 def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
-    for point in dict.fromkeys(t.point.index for t in outcome.tasks if t.probes):  # min_cost: searched shapes
+    for point in dict.fromkeys(t.point.index for t in outcome.tasks if t.probes or not exp.search):  # searched
         every = [t for t in outcome.tasks if t.point.index == point]
         tasks = [t for t in every if not t.edge]  # the edge searches only give the model range
         at = pd.concat([answer_runs(t, runs) for t in tasks])

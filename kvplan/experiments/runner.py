@@ -270,7 +270,10 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress, task
         """A min_cost plan's next shapes (`min_cost.CostPlan.release`); the shapes it skips end unsearched."""
         if plan is None:
             return
-        skipped = set(plan.release(tasks))
+        skipped, resume = plan.release(tasks)
+        for j, ceiling in resume:
+            if tasks[j].capped and ceiling > tasks[j].current:  # not resumed already by a nested release
+                issue(j, tasks[j].resume(ceiling))
         for j, task in enumerate(tasks):
             if task.point.index in skipped and not task.done:
                 task.done, task.outcome = True, "skipped by the cost bound"

@@ -97,6 +97,8 @@ class PointTask:
     gallop: bool = False  # a replica search stepping up from its bound, not bisecting [low, high]
     decided: list[object] = field(default_factory=list)  # probed values the bound decided (failed, not simulated)
     plan: CostPlan | None = None  # a min_cost search: the plan says when the point's first search may start
+    ceiling: int | None = None  # min_cost: the most replicas probed for now (the plan's cost ceiling)
+    capped: bool = False  # min_cost: ended failing at its ceiling (below search.high); `resume` goes on
 
     @property
     def edge(self) -> bool:
@@ -125,7 +127,7 @@ class PointTask:
         if lead is None or lead.lo is None or lead.hi is None:  # no bracket to start from: the full search
             self.leader = None
             low = self.exp.search["low"]
-            if self.bound is not None and self.target in REPLICA_TARGETS:
+            if self.target in REPLICA_TARGETS and (self.bound is not None or self.ceiling is not None):
                 return self._climb(low)
             return self._round(low)
         integer = self.target in INTEGER_TARGETS
@@ -135,6 +137,8 @@ class PointTask:
             moved = start * self.step_scale if self.target in REPLICA_TARGETS else start / self.step_scale
             low, high = self.exp.search["low"], self.exp.search["high"]
             start = min(max(round(moved) if integer else moved, low), high)
+        if self.ceiling is not None:  # a min_cost ceiling below the leader's answer: probe up to it only
+            start = min(start, self.ceiling)
         return self._round(start)
 
     def next(self, met: bool) -> list[dict]:
@@ -189,7 +193,7 @@ class PointTask:
         integer = target in INTEGER_TARGETS
         outward = self.lo is not None  # the answer lies above what was probed
         if outward:
-            bound = search["high"]
+            bound = self.top
             following = min(value + self.step if integer else value * self.step, bound)
         else:
             bound = search["low"]
@@ -201,6 +205,9 @@ class PointTask:
                 return self._finish(f"fails already at the lowest value searched, {describe(target, value)}")
             if not outward:
                 return self._finish("")  # min_replicas meets at the lowest count searched: hi = low
+            if bound < search["high"]:  # a min_cost ceiling, not the searched range: `resume` may go on
+                self.capped = True
+                return self._finish(f"capped at {describe(target, value)} by the cost ceiling")
             return self._finish(f"fails even with {describe(target, value)}")
         self.step = self.step * 2 if integer else self.step * self.step
         return self._round(following)
@@ -210,14 +217,28 @@ class PointTask:
         there and step up - by 1, doubling (`_guided`) - until a count meets, then bisect the last step. Under the
         search's assumption (more replicas never fail where fewer meet) it finds the answer a bisection of
         [low, high] finds, without probing the large counts a bisection starts with (each the costliest probe)."""
-        assert self.bound is not None
-        search = self.exp.search
-        fewest = min(max(self.bound.min_replicas(self._rate(), self.step_scale), low), search["high"])
+        bounded = self.bound.min_replicas(self._rate(), self.step_scale) if self.bound is not None else low
+        fewest = min(max(bounded, low), self.top)
         self.gallop, self.step = True, 1
         if fewest > low:
             self.lo = fewest - 1
             self.decided += list(range(low, fewest))
         return self._round(fewest)
+
+    @property
+    def top(self) -> int:
+        """The most replicas (or the highest value) this search probes now: search.high, or a min_cost ceiling."""
+        high = self.exp.search["high"]
+        return high if self.ceiling is None else min(high, self.ceiling)
+
+    def resume(self, ceiling: int) -> list[dict]:
+        """Go on with a search capped at its old ceiling (min_cost): the step up it would have taken next, now up
+        to `ceiling` - the climb of `_guided`, so the answer is the one an uncapped search finds."""
+        assert self.capped and ceiling > self.current
+        self.ceiling, self.capped, self.done, self.outcome = ceiling, False, False, ""
+        following = min(self.current + self.step, self.top)
+        self.step *= 2
+        return self._round(following)
 
     def _rate(self) -> float:
         """The probe's offered rate (req/s): the workload's, else the trace's own mean rate."""
