@@ -44,6 +44,8 @@ from kvplan.experiments.schema import Experiment
 
 NO_FIT = "no memory left for the KV cache"  # sim.run.no_fit_message: a shape the memory refuses, not a gate
 STATUSES = ("winner", "tie", "feasible", "SLO", "memory", "gate", "cost bound")
+# The key that moves a shape rejected before its search (the answer's "key that moves it")
+KEYS = {"memory": "engine.gpu_memory_utilization", "gate": "sweep.grid", "cost bound": "search.prune"}
 COLUMNS = ("status", "status_reason", "price_per_gpu_hour", "lower_bound_replicas", "lower_bound_per_hour",
            "shape_cost_per_hour", "shape_cost_low", "shape_cost_high", "shape_usd_per_m_input_tokens",
            "shape_usd_per_m_output_tokens", "shape_goodput_per_usd", "throughput_per_gpu", "usd_per_m_tokens",
@@ -236,6 +238,8 @@ def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.Dat
     rows = points.copy()
     capped = rows["point"].isin(list(plan.skipped))  # searched up to the ceiling, then settled by the cost bound
     rows.loc[capped, ["answer", "answer_low", "answer_high", "gpus"]] = math.nan  # no answer was found
+    rows.loc[capped, ["binding_limit", "binding_key"]] = ["cost bound", "search.prune"]  # not search.high
+    rows.loc[capped, "binding_detail"] = [plan.skipped[int(p)] for p in rows.loc[capped, "point"]]
     shape = [plan.shapes[int(p)] for p in rows["point"]]
     rows["price_per_gpu_hour"] = [s.price for s in shape]
     per = np.array([s.per_replica for s in shape])
@@ -264,7 +268,7 @@ def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.Dat
         engine = values[index].config["engine"]
         extra.append({"point": index, "label": s.label, **values[index].values, "status": status,
                       "status_reason": reason, "price_per_gpu_hour": s.price, "gpus_per_replica":
-                      s.gpus_per_replica, "binding_limit": "none", "binding_key": "", "binding_votes": 0,
+                      s.gpus_per_replica, "binding_limit": status, "binding_key": KEYS[status], "binding_votes": 0,
                       "binding_of": 0, "binding_detail": reason, "answer": math.nan, "answer_low": math.nan,
                       "answer_high": math.nan,
                       "search_outcome": status, "skipped": "", "answers": "", "model_range_note": "",

@@ -69,9 +69,8 @@ def terminal_lines(exp: Experiment, points: pd.DataFrame, rec) -> list[str]:
     """The winner, the shapes' statuses and reasons, and the frontier, short enough for the terminal."""
     lines = [winner_line(exp, points, rec), "Shapes (cheapest first):"]
     for row in shape_rows(points):
-        label, status, replicas, gpus, _, cost, spread, bound, reason = row
-        what = f"{replicas} replicas, {gpus} GPUs, ${cost}/h ({spread})" if replicas != "-" else \
-            f"lower bound ${bound}/h" if bound != "-" else ""
+        label, status, replicas, gpus, _, cost, spread, _, reason = row
+        what = f"{replicas} replicas, {gpus} GPUs, ${cost}/h ({spread})" if replicas != "-" else ""
         lines.append(f"  {label}: {status}" + (f", {what}" if what else "") + (f": {reason}" if reason else ""))
     frontier = frontier_rows(exp, points)
     if frontier:
