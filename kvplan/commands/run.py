@@ -29,6 +29,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--wide", action="store_true", help="print all of summary.md (every column of every point) "
                    "instead of the answer, which fits 100 columns")
+    from kvplan.commands.simulate import add_price_options
+
+    add_price_options(p)  # over the experiment's prices: block
     p.set_defaults(handler=run)
 
 
@@ -97,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.experiments.examples import experiment_path
 
     exp, points = load(experiment_path(args.experiment))
+    from kvplan.commands.simulate import prices_from_args
+
+    exp.prices = prices_from_args(args, exp.prices)
     # The default --out is results/NAME: checked for --explain too, so a dry run does not pass what the run refuses
     out = args.out or Path("results") / safe_name(exp.name, f"{exp.source}: name")
     if args.explain:

@@ -2,7 +2,11 @@
 
 Every answer states its model error (`sim.gpu.model_error`): which source priced the steps, its validation error
 per op family (or step kind) and the step-time band, as `model_error` in --json and one line after the table. A
-single replay reports the band itself (a capacity range needs a search: `kvplan run` with `search:`)."""
+single replay reports the band itself (a capacity range needs a search: `kvplan run` with `search:`).
+
+Every answer states its cost too (`sim.dollars`, docs/cost.md): $/hour of the replicas' GPUs, $ per million input
+and output tokens at the run's sustained rate, and completed requests per dollar, at the built-in dated prices
+or `--prices FILE` / `--price-kind` - as `cost` in --json and one line after the table."""
 
 from __future__ import annotations
 
@@ -68,8 +72,27 @@ def register(verbs: argparse._SubParsersAction) -> None:
                         "too short to pay for starting them runs in one, with a note; default 1)")
     p.add_argument("--out", type=out_path, default=None, help="write the per-request table and time series here")
     p.add_argument("--format", choices=["parquet", "csv"], default="parquet", help="table format for --out")
+    add_price_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
+
+
+def add_price_options(p: argparse.ArgumentParser) -> None:
+    """--prices and --price-kind: what the cost fields are computed with (docs/cost.md)."""
+    p.add_argument("--prices", default=None, metavar="FILE",
+                   help="a YAML or JSON price table over the built-in one: kind: on_demand|reserved and GPU: "
+                        "$/GPU-hour or GPU: {on_demand, reserved, source, date} (docs/cost.md)")
+    p.add_argument("--price-kind", choices=("on_demand", "reserved"), default=None,
+                   help="which price column the cost uses (default: the file's kind, else on_demand)")
+
+
+def prices_from_args(args: argparse.Namespace, base=None):  # -> sim.specs.prices.PriceTable
+    """The price table the cost fields use: --prices FILE (over the built-in table; it replaces an experiment's
+    `prices:` block), else `base` (that block's table), else the built-ins; --price-kind over either's kind."""
+    from kvplan.sim.specs.prices import price_table, with_kind
+
+    table = price_table(str(args.prices), "--prices") if args.prices is not None else base or price_table(None)
+    return table if args.price_kind is None else with_kind(table, args.price_kind)
 
 
 def spec_from_args(args: argparse.Namespace, block_size: int):
@@ -86,12 +109,14 @@ def spec_from_args(args: argparse.Namespace, block_size: int):
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvplan.sim.dollars import cost_fields
     from kvplan.sim.run import check_trace, simulate
 
     if args.out is not None:
         check_out_dir(args.out)
         check_paths({"--trace": args.trace, "--profile": args.profile, "--gpu-profile": args.gpu_profile},
                     {"--out": args.out})
+    prices = prices_from_args(args)  # before any run: a bad price file fails fast
     trace, notes = prepare_trace(args)
     check_trace(trace, str(args.trace))
     notes += profile_notes(args)
@@ -105,8 +130,10 @@ def run(args: argparse.Namespace) -> int:
         result = simulate(trace, spec, processes=args.workers)
         wall = time.perf_counter() - start
         results.append(result)
+        gpus = spec.replicas * spec.tensor_parallel_size * spec.pipeline_parallel_size
         runs.append({"block_size": spec.kv_block_size, "summary": result.summary,
-                     "info": {**result.info, "wall_s": round(wall, 3)}})
+                     "info": {**result.info, "wall_s": round(wall, 3)},
+                     "cost": cost_fields(prices, spec.hardware, gpus, result.summary, result.info)})
     from kvplan.sim.gpu.model_error import model_error_for
 
     model_error = model_error_for(specs[0])  # the block size has no bearing
@@ -142,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nsimulated {runs[0]['summary']['duration_s']:.1f} s per run; wall "
           + ", ".join(f"{r['info']['wall_s']:.2f} s" for r in runs))
     print(model_error.one_line())
+    from kvplan.sim.dollars import cost_line
+
+    for r in runs:  # one line per run: the table stays as narrow as it was
+        print(cost_line(r["cost"]) + (f" (block {r['block_size']})" if len(runs) > 1 else ""))
     sys.stdout.flush()
     print_notes(notes)
     return 0

@@ -111,6 +111,34 @@ def verdict_line(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
     return text + (f"; {UNTESTED}" if len(exp.seeds) < 2 else "") + "."
 
 
+def _money(value: object) -> str:
+    return f"${value:.3g}" if isinstance(value, float | int) and math.isfinite(value) else "n/a"
+
+
+def point_cost(row: pd.Series) -> str:
+    """One point's cost, short: '$33.4/h; per Mtok $0.05 in, $1.21 out; 950 req/$ in SLO', or why none."""
+    if not math.isfinite(row.get("cost_per_hour", math.nan)):
+        return f"no cost: {row.get('cost_note') or 'not priced'}"
+    per = "in SLO" if row["goodput_basis"] == "slo" else "completed"
+    return (f"{_money(row['cost_per_hour'])}/h; per Mtok {_money(row['usd_per_m_input_tokens'])} in, "
+            f"{_money(row['usd_per_m_output_tokens'])} out; {row['goodput_per_usd']:.3g} req/$ {per}")
+
+
+def cost_text(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> str:
+    """The cost line under the answer: the recommended point's (or each tied point's), else every point's range
+    of $/h; with the price kind. The per-point columns are in summary.md and points.parquet."""
+    kind = exp.prices.kind.replace("_", "-")
+    by_point = {int(row["point"]): row for _, row in points.iterrows()}
+    shown = [rec.point] if rec.point is not None else list(rec.tie)
+    if shown:
+        return "Cost: " + "; ".join(f"{short_label(exp, by_point[i])}: {point_cost(by_point[i])}"
+                                    for i in shown) + f" ({kind})."
+    hours = [v for v in points.get("cost_per_hour", pd.Series(dtype=float)) if math.isfinite(v)]
+    if not hours:
+        return f"Cost: none: {points['cost_note'].iloc[0] if 'cost_note' in points else 'not priced'}."
+    return f"Cost: {_money(min(hours))}-{_money(max(hours))}/h over the configurations ({kind})."
+
+
 def slo_text(exp: Experiment) -> str:
     """The SLO lines with their keys: "p99 TTFT <= 1000 ms (slo.p99_ttft_ms)"."""
     lines = [f"{slo_name(k)} <= {v:g} ms (slo.{SUMMARY_TO_SLO[k]})" for k, v in exp.slo.items()]
@@ -155,6 +183,7 @@ def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width:
     console.print(f"{exp.name}: {what}, {len(points)} configuration(s), seeds {exp.seeds}, {vllm_text(exp, points)}")
     console.print(table)
     console.print(verdict_line(exp, points, rec), style="bold" if terminal else "")
+    console.print(cost_text(exp, points, rec))
     if "frontier_cost" in points:  # a min_cost search: the winner's cost, every shape's status, the frontier
         from kvplan.experiments.min_cost_text import terminal_lines
 
@@ -203,12 +232,30 @@ def markdown_answer(exp: Experiment, points: pd.DataFrame, rec: Recommendation) 
     headers, rows = answer_table(exp, points, rec)
     lines = ["## Answer", "", "| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
     lines += ["| " + " | ".join(c.replace("*", "\\*").replace("|", "\\|") for c in row) + " |" for row in rows]
-    lines += ["", verdict_line(exp, points, rec).replace("(*)", "(\\*)"), "", f"SLOs: {slo_text(exp)}.", "",
+    lines += ["", verdict_line(exp, points, rec).replace("(*)", "(\\*)"), "", cost_text(exp, points, rec), "",
+              f"SLOs: {slo_text(exp)}.", "",
               "Gates (besides the SLOs) that can decide an answer:", ""]
     lines += [f"- **{g.short}**{' (`' + g.key + '`)' if g.key else ''}: {g.rule}" for g in gate_lines(exp)]
     lines += ["", "Binding limit per configuration (what stopped its answer, and the votes of its searches):", ""]
     lines += [f"- **{row['label']}**: {row['binding_limit']} ({row['binding_key'] or 'fixed'}), "
               f"{row['binding_votes']} of {row['binding_of']}: {row['binding_detail']}" for _, row in points.iterrows()]
+    return lines
+
+
+def cost_markdown(exp: Experiment, points: pd.DataFrame) -> list[str]:
+    """summary.md's `## Cost`: each point's cost, the prices used (kind, $/GPU-hour, source and date per GPU) and
+    the rules (docs/cost.md)."""
+    lines = ["## Cost", "", f"At {exp.prices.kind.replace('_', '-')} prices (`prices:`, `--prices`, "
+             "`--price-kind`; docs/cost.md). A deployment pays for replicas x TP x PP GPUs every hour; the hour's "
+             "cost is split between input and output tokens by the prefill share of the GPUs' busy time.", ""]
+    lines += [f"- **{row['label']}**: {point_cost(row)}" for _, row in points.iterrows()]
+    hardware = sorted({str(h) for h in points.get("hardware", pd.Series([exp.base["hardware"]]))})
+    lines += ["", "Prices:", ""]
+    for name in hardware:
+        entry = exp.prices.entries.get(name)
+        lines.append(f"- {name}: " + ("not priced" if entry is None else
+                                      f"${exp.prices.gpu_hour(name):.4g}/GPU-hour ({exp.prices.kind}), "
+                                      f"{entry.date or 'undated'}: {entry.source}"))
     return lines
 
 
@@ -252,5 +299,6 @@ def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation,
                                                 else row["search_outcome"])
                   + (f" Skipped: {row['skipped']}." if isinstance(row.get("skipped"), str) and row["skipped"] else "")
                   for _, row in points.iterrows()]
+    lines += ["", *cost_markdown(exp, points)]
     lines += ["", *model_range.markdown(exp, errors)]
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -47,20 +47,12 @@ STATUSES = ("winner", "tie", "feasible", "SLO", "memory", "gate", "cost bound")
 # The key that moves a shape rejected before its search (the answer's "key that moves it")
 KEYS = {"memory": "engine.gpu_memory_utilization", "gate": "sweep.grid", "cost bound": "search.prune"}
 COLUMNS = ("status", "status_reason", "price_per_gpu_hour", "lower_bound_replicas", "lower_bound_per_hour",
-           "shape_cost_per_hour", "shape_cost_low", "shape_cost_high", "shape_usd_per_m_input_tokens",
-           "shape_usd_per_m_output_tokens", "shape_goodput_per_usd", "throughput_per_gpu", "usd_per_m_tokens",
+           "shape_cost_per_hour", "shape_cost_low", "shape_cost_high", "throughput_per_gpu", "usd_per_m_tokens",
            "frontier_throughput", "frontier_cost")
 
 
 def is_cost_search(exp: Experiment) -> bool:
     return exp.search is not None and exp.search["target"] == "min_cost"
-
-
-def prices_of(exp: Experiment):  # -> sim.specs.prices.PriceTable
-    """The experiment's price table: its `prices:` block over the built-in dated table."""
-    from kvplan.sim.specs.prices import price_table
-
-    return price_table(getattr(exp, "prices", None), where="prices")
 
 
 @dataclass(slots=True)
@@ -94,7 +86,7 @@ def screen(exp: Experiment, points: list[Point]) -> dict[int, Shape]:
     from kvplan.experiments.search import bounded
     from kvplan.sim.run import build_cost
 
-    table = prices_of(exp)
+    table = exp.prices  # the prices: block over the built-in dated table (sim.specs.prices)
     shapes = {}
     for point in points:
         config = run_config(point.config, exp.seeds[0])
@@ -252,12 +244,8 @@ def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.Dat
     rows["status_reason"] = [plan.skipped[int(row["point"])] if status == "cost bound" else
                              slo_reason(exp, row) if status == "SLO" else ""
                              for (_, row), status in zip(rows.iterrows(), rows["status"], strict=True)]
-    hours = rows["shape_cost_per_hour"]
-    output_mtok_h = rows["output_throughput"] * 3600 / 1e6
-    rows["shape_usd_per_m_input_tokens"] = hours / ((rows["total_token_throughput"] * 3600 / 1e6) - output_mtok_h)
-    rows["shape_usd_per_m_output_tokens"] = hours / output_mtok_h
-    rows["shape_goodput_per_usd"] = rows["request_goodput"] * 3600 / hours
-    rows["usd_per_m_tokens"] = hours / (rows["total_token_throughput"] * 3600 / 1e6)
+    # the frontier's $ per million tokens (input and output together; the split per kind: sim.dollars' columns)
+    rows["usd_per_m_tokens"] = rows["shape_cost_per_hour"] / (rows["total_token_throughput"] * 3600 / 1e6)
     rows["throughput_per_gpu"] = rows["total_token_throughput"] / rows["gpus"]
     extra = []
     values = {p.index: p for p in expand(exp)}

@@ -36,9 +36,10 @@ def winner_line(exp: Experiment, points: pd.DataFrame, rec) -> str:  # rec: rank
             f"{int(row['gpus_per_replica'])} GPUs = {_n(row['gpus'], 'g')} GPUs, ${_n(row['shape_cost_per_hour'])}/h "
             f"(${_n(row['price_per_gpu_hour'], '.3g')}/GPU-h; ${_n(row['shape_cost_low'])}-"
             f"{_n(row['shape_cost_high'])}/h over {int(row['seeds'])} seed(s)), "
-            f"${_n(row['shape_usd_per_m_input_tokens'], '.3g')}/Mtok in, "
-            f"${_n(row['shape_usd_per_m_output_tokens'], '.3g')}/Mtok out, "
-            f"{_n(row['shape_goodput_per_usd'], '.4g')} good requests per $; verdict {row['verdict']}.")
+            f"${_n(row['usd_per_m_input_tokens'], '.3g')}/Mtok in, "
+            f"${_n(row['usd_per_m_output_tokens'], '.3g')}/Mtok out, "
+            f"{_n(row['goodput_per_usd'], '.4g')} good requests per $ (sim.dollars, at each seed's answer); "
+            f"verdict {row['verdict']}.")
 
 
 def shape_rows(points: pd.DataFrame) -> list[list[str]]:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kvplan.experiments import model_range, plots
-from kvplan.experiments.answer import summary_markdown, vllm_text
+from kvplan.experiments.answer import cost_markdown, summary_markdown, vllm_text
 from kvplan.experiments.criteria import gate_lines
 from kvplan.experiments.min_cost import mark_winner
 from kvplan.experiments.min_cost_text import FRONTIER_HEADERS, SHAPE_HEADERS, frontier_rows, shape_rows, winner_line
@@ -190,6 +190,8 @@ def report_html(exp: Experiment, points: pd.DataFrame, rec: Recommendation, imag
     limits = "".join(f"<li><b>{e(row['label'])}</b>: {e(row['binding_limit'])} "
                      f"({e(row['binding_key'] or 'fixed')}): {e(row['binding_detail'])}</li>"
                      for _, row in points.iterrows())
+    cost = "".join(f"<li>{e(line.removeprefix('- ').replace('**', ''))}</li>" for line in cost_markdown(exp, points)
+                   if line.startswith("- "))
     figs = "".join(f"<figure><img alt='{e(title)}' src='data:image/png;base64,"
                    f"{base64.b64encode(images[name]).decode()}'><figcaption>{e(title)}</figcaption></figure>"
                    for name, title in FIGURES if name in images)
@@ -211,6 +213,9 @@ pre {{ background: #f6f6f6; padding: 1em; }}
 {f"<h2>Capacity</h2><ul>{capacity}</ul>" if capacity else ""}
 {cost_section(exp, points, rec)}
 {model_error}
+<h2>Cost</h2><p>At {e(exp.prices.kind.replace('_', '-'))} prices (docs/cost.md): replicas x TP x PP GPUs paid every
+hour, split between input and output tokens by the prefill share of their busy time; each point, then each GPU's
+price with its source and date.</p><ul>{cost}</ul>
 <h2>Binding limits</h2><p>What stopped each answer from being higher (fewer replicas), and the key that moves
 it.</p><ul>{limits}</ul>
 <h2>SLOs</h2><ul>{slo}</ul>

@@ -14,8 +14,12 @@ binding_detail, and the votes of its searches or runs that named it, binding_vot
 
 Both tables carry the model error (`model_range`): the source that priced the point's GPU and its step-time band
 (model_error_source, model_error_band_lo_pct, model_error_band_hi_pct), and for a search the answer's range over
-that band (capacity_model_lo, capacity_model_hi). runs.parquet also holds the edge searches' runs: their
-`step_scale` is the band edge's factor on every step's compute time (1 for every run of the answer itself).
+that band (capacity_model_lo, capacity_model_hi). Both carry the cost (`sim.dollars`, at the experiment's
+`prices:`): $/h of the run's GPUs, $ per million input and output tokens at its sustained rate, goodput per
+dollar, and the price's kind, source and date - computed from the stored runs, so that other prices re-price a
+result set (`--resume`) without simulating again; a point averages its runs' numbers. runs.parquet also
+holds the edge searches' runs: their `step_scale` is the band edge's factor on every step's compute time (1 for
+every run of the answer itself).
 """
 
 from __future__ import annotations
@@ -34,7 +38,14 @@ from kvplan.experiments.runner import Outcome
 from kvplan.experiments.schema import REPLICA_TARGETS, SEARCH_TARGETS, Experiment
 from kvplan.experiments.search import PointTask
 from kvplan.results.summary import SUMMARY_KEYS
+from kvplan.sim.dollars import COST_KEYS
 
+# the cost columns (`sim.dollars.COST_KEYS`): numbers averaged over a point's runs, words taken from its first
+COST_NUMBERS = ("cost_per_hour", "usd_per_m_input_tokens", "usd_per_m_output_tokens", "goodput_per_usd",
+                "prefill_share", "billed_gpus", "price_per_gpu_hour")
+COST_WORDS = ("goodput_basis", "price_kind", "price_source", "price_date", "cost_note")
+COST_SHOWN = ("cost_per_hour", "usd_per_m_input_tokens", "usd_per_m_output_tokens", "goodput_per_usd")
+assert set(COST_NUMBERS) | set(COST_WORDS) == set(COST_KEYS)
 HEADLINE = ("request_throughput", "request_goodput", "p99_ttft_ms", "p90_tpot_ms", "p90_e2el_ms", "kv_usage_mean",
             "kv_token_utilization", "prefix_cache_hit_rate", "num_preemptions")
 # A probe's counts and signals in runs.parquet (summary.json's "probe"; missing for a burst run).
@@ -62,6 +73,16 @@ def probe_row(doc: dict) -> dict[str, object]:
     return row
 
 
+def run_cost(exp: Experiment, doc: dict, config: dict) -> dict[str, object]:
+    """A run's cost columns (`sim.dollars`) at the experiment's prices: its GPUs are replicas x TP x PP of its
+    hardware. Computed here, from the stored run, so that new prices re-price a result set without a rerun."""
+    from kvplan.sim.dollars import cost_fields
+
+    engine = config["engine"]
+    gpus = config["cluster"]["replicas"] * engine["tensor_parallel_size"] * engine["pipeline_parallel_size"]
+    return cost_fields(exp.prices, config["hardware"], gpus, doc["summary"], doc["info"])
+
+
 def runs_frame(exp: Experiment, outcome: Outcome) -> pd.DataFrame:
     probe_key = SEARCH_TARGETS[exp.search["target"]] if exp.search else None
     rows, seen = [], set()
@@ -81,10 +102,11 @@ def runs_frame(exp: Experiment, outcome: Outcome) -> pd.DataFrame:
                          "offered_rate_rps": doc["offered_rate_rps"], "num_blocks": doc["info"]["num_blocks"],
                          "rejected": doc["info"]["rejected"], "attainment": doc["attainment"], **probe_row(doc),
                          "slo_met": run["met"], "slo_broken": "; ".join(run["broken"]),
-                         "failures": [f.as_dict() for f in failures(exp, doc, config)]})
+                         "failures": [f.as_dict() for f in failures(exp, doc, config)],
+                         **run_cost(exp, doc, config)})
     frame = pd.DataFrame(rows)
     numeric = [c for c in PROBE_COLUMNS if c not in ("verdict", "stopped_early")]
-    for column in ("request_goodput", "workload.rate", "workload.concurrency", *numeric):
+    for column in ("request_goodput", "workload.rate", "workload.concurrency", *numeric, *COST_NUMBERS):
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(float)  # None -> NaN
     return frame.sort_values(["point", "probe", "seed"], kind="stable").reset_index(drop=True)
 
@@ -119,7 +141,8 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
                "seeds": int(at["seed"].nunique()), "slo_met": bool(at["slo_met"].all()),
                **{k: float(pd.to_numeric(at[k], errors="coerce").mean()) for k in (*SUMMARY_KEYS, "offered_rate_rps")},
                "attainment": float(at["attainment"].mean()) if at["attainment"].notna().any() else math.nan,
-               **{k: float(at[k].mean()) for k in COUNTS}, "verdict": "/".join(sorted(set(at["verdict"])))}
+               **{k: float(at[k].mean()) for k in COUNTS}, "verdict": "/".join(sorted(set(at["verdict"]))),
+               **{k: float(at[k].mean()) for k in COST_NUMBERS}, **{k: at[k].iloc[0] for k in COST_WORDS}}
         # the objective's spread over the seeds (for a search: at each seed's own answer)
         per_seed = at.groupby("seed")[exp.objective["metric"]].mean()
         row["objective_low"], row["objective_high"] = float(per_seed.min()), float(per_seed.max())
@@ -194,7 +217,7 @@ def point_table(exp: Experiment, points: pd.DataFrame) -> tuple[list[str], list[
         search[1:1] = ["gpus_per_replica", "gpus"]
     headers = ["point", "label", *(search if exp.search else ["objective_low", "objective_high"]),
                "binding_limit", "binding_key", "slo_met", "verdict",
-               *(["attainment"] if exp.attainment else []), *HEADLINE, *COUNTS]
+               *(["attainment"] if exp.attainment else []), *HEADLINE, *COST_SHOWN, *COUNTS]
     rows = [[cell(row[h]) for h in headers] for _, row in points.iterrows()]
     return headers, rows
 

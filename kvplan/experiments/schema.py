@@ -48,6 +48,8 @@
     seeds: [0, 1]                           # or repeats: N (seeds 0..N-1): every random draw of the workload;
                                             #   default [0] ([0, 1, 2] with a search that draws)
     outputs: {tables: true, plots: true, report: true}
+    prices: {kind: on_demand, h100-sxm: 2.5, file: prices.yaml}   # over the built-in dated $/GPU-hour table
+                                            #   (sim.specs.prices; docs/cost.md): every point's cost fields
 
 Validation happens on load, before any run: every error names the key path, the bad value and what is allowed.
 """
@@ -59,7 +61,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvplan.engine.core.settings import KEY_ALIASES, for_side
-from kvplan.errors import ConfigError
+from kvplan.errors import ConfigError, UserError
 from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
 from kvplan.experiments.min_cost_keys import COST_SEARCH, check_cost_keys
 from kvplan.experiments.written import check_components, parse_engine, spellings
@@ -68,12 +70,13 @@ from kvplan.results.goodput import REQUEST_BOUNDS
 from kvplan.results.summary import SUMMARY_KEYS
 from kvplan.sim.probe import Probe
 from kvplan.sim.routers import ROUTERS
+from kvplan.sim.specs.prices import PriceTable, price_table
 from kvplan.traces.arrivals import MAX_RATE, MIN_RATE, RATE_WHY
 from kvplan.traces.schema import short_repr
 from kvplan.traces.steady import ARRIVALS, MAX_PROBE_REQUESTS
 
 TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "workload", "probe", "sweep", "search",
-            "slo", "objective", "seeds", "repeats", "outputs")
+            "slo", "objective", "seeds", "repeats", "outputs", "prices")
 
 # Every setting the simulator reads, as its declaration says (engine.core.settings): names, defaults, ranges.
 ENGINE: dict[str, Field] = {s.name: s.side_field("sim") for s in for_side("sim")}
@@ -218,6 +221,7 @@ class Experiment:
     seeds: list[int] = field(default_factory=lambda: [0])
     outputs: dict = field(default_factory=lambda: {k: f.default for k, f in OUTPUTS.items()})
     description: str = ""
+    prices: PriceTable = field(default_factory=lambda: price_table(None))  # what the cost fields use
     # Current key path -> the path as the user wrote it (an earlier setting name, a sweep section), for messages
     # about what the file says: `engine.kv_cache_dtype` -> `engine.kv_dtype`, `sweep.grid.engine.block_size`.
     written: dict[str, str] = field(default_factory=dict)
@@ -272,7 +276,18 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     draws = exp.base["workload"]["mode"] != "burst" or "synthetic" in exp.base["workload"]
     exp.seeds = parse_seeds(doc, SEARCH_SEEDS if exp.search and draws else [0])
     exp.outputs = check_fields(doc.get("outputs"), "outputs", OUTPUTS)
+    exp.prices = parse_prices(doc.get("prices"), source)
     return exp
+
+
+def parse_prices(doc: object, source: Path) -> PriceTable:
+    """The `prices:` block over the built-in table; its `file:` relative to the experiment file."""
+    if isinstance(doc, dict) and isinstance(doc.get("file"), str):
+        doc = {**doc, "file": str(source.parent / doc["file"])}
+    try:
+        return price_table(doc)  # type: ignore[arg-type]  # price_table names a non-mapping block itself
+    except UserError as exc:
+        raise SchemaError(str(exc)) from None
 
 
 def parse_workload(doc: object) -> dict:

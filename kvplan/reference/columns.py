@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from kvplan.experiments import model_range, results
 from kvplan.experiments.schema import CLUSTER, ENGINE, SWEEPABLE
 from kvplan.results.summary import SUMMARY_KEYS
+from kvplan.sim.dollars import COST_KEYS, MEANINGS
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ RANGE = (
     Column("capacity_model_hi", "the answer at the error band's high edge (NaN: not searched, or outside the "
                                 "range)", SEARCH),
 )
+COST = tuple(Column(key, MEANINGS[key]) for key in COST_KEYS)  # sim.dollars: every run's and point's cost
 PROBE_MEANINGS = {  # results.PROBE_COLUMNS: the probe's counts and stability signals (sim.stability)
     "verdict": "the probe's verdict before any SLO is read: stable, backlogged, overloaded, or burst (a recorded "
                "trace replayed: no steady state to judge)",
@@ -88,6 +90,7 @@ RUN_COLUMNS: tuple[Column, ...] = (
     Column("slo_broken", "the SLO lines it broke, separated by '; '"),
     Column("failures", "the criteria the run failed, as records (limit, the key that moves it, kind, value, "
                        "bound, excess over the bound, text); empty when it met every one"),
+    *COST,
     *RANGE,
 )
 POINT_COLUMNS: tuple[Column, ...] = (
@@ -128,6 +131,8 @@ POINT_COLUMNS: tuple[Column, ...] = (
     Column("binding_votes", "how many of the point's searches (or runs) named the binding limit"),
     Column("binding_of", "how many searches (or runs) voted"),
     Column("binding_at", "the probed value at which the binding limit failed (NaN for a plain point)"),
+    *(Column(c.name, c.meaning + (", averaged over the point's runs at the answer" if c.name in results.COST_NUMBERS
+                                  else ", of the point's first run")) for c in COST),
 )
 # the model range's columns are the module's own: a renamed one must be renamed here too
 assert {c.name for c in MODEL_ERROR} == set(model_range.POINT_COLUMNS)

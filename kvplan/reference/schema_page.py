@@ -36,6 +36,8 @@ SECTIONS = {
     "seeds": "the seeds every point runs (every random draw of the workload)",
     "repeats": "N: seeds 0 .. N-1 (instead of seeds)",
     "outputs": "which files a run writes besides the tables",
+    "prices": "$/GPU-hour over the built-in dated table: `kind` (on_demand or reserved), `file` (a YAML or JSON "
+              "table), and `GPU: dollars` or `GPU: {on_demand, reserved, source, date}` (docs/cost.md)",
 }
 
 

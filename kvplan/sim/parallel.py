@@ -57,6 +57,8 @@ class ReplicaPart:
     kv_layout: KVLayout | None = None  # a hybrid model's KV cache groups (`Replica.kv_layout`), and its per-kind usage
     kind_block_seconds: list[float] | None = None
     kind_peak_blocks: list[int] | None = None
+    busy_seconds: float = 0.0  # `Replica.busy_seconds` and `prefill_seconds`: GPU time by kind of work
+    prefill_seconds: float = 0.0
 
     def counters(self) -> dict[str, int]:
         return self.counters_at_end
@@ -116,7 +118,8 @@ def run_replica(share: Trace, names: list[int], index: int, cache: CacheConfig, 
                        [(names[r], reason) for r, reason in replica.rejected], replica.usage_seconds,
                        replica.peak_usage, replica.sched.stats.num_steps, replica.num_fast_steps,
                        kv_layout=replica.kv_layout, kind_block_seconds=replica.kind_block_seconds,
-                       kind_peak_blocks=replica.kind_peak_blocks)
+                       kind_peak_blocks=replica.kind_peak_blocks, busy_seconds=replica.busy_seconds,
+                       prefill_seconds=replica.prefill_seconds)
 
 
 def run_parallel(trace: Trace, num_replicas: int, cache: CacheConfig, config: SchedulerConfig, cost: CostModel,

@@ -13,6 +13,12 @@ and completions with the same step-end times that k single steps produce. Reques
 finish inside the stretch. The step running across an arrival may join the stretch unless a request finishes in it
 (the completion would show before the arrival); its prefix-cache registrations and evictions happen when it is
 scheduled, before the arrival either way, so a cache-aware router sees the same cache.
+
+GPU time by kind of work (what a deployment's cost is split by, `sim.dollars`): `busy_seconds` sums every step's
+time; `prefill_seconds` the prefill share of it - each step's time split in proportion to its prompt-token rows
+(prefill chunks, a preempted sequence's recompute included) against its decode rows (one per decoding
+sequence). A decode-only step, and so a whole fast-path stretch, adds nothing to it, so both paths add the same
+floats in the same order.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ class Replica:
         self.series: list[tuple] = []
         self.clock = 0.0  # exact step-end times, accumulated step by step (env.now may differ in the last ulp)
         self.usage_seconds = 0.0  # ∫ KV block usage dt over busy time
+        self.busy_seconds = 0.0  # Σ step times
+        self.prefill_seconds = 0.0  # Σ step time x prefill rows / all rows (see the module docstring)
         self.peak_usage = 0.0
         # A hybrid model's blocks in use per attention kind (its groups' tables): ∫ blocks dt and the peak
         self.kv_layout = layout = cache.hybrid_layout
@@ -145,16 +153,23 @@ class Replica:
                     continue
             step = sched.schedule()  # never empty while requests are unfinished: at least a preemption
             start = self.clock
+            prefill = chunks = 0  # prompt-token rows, and the items computing them
             for item in step.scheduled:
                 track = self.tracks[item.request.request_id]
                 if track.first_scheduled_s != track.first_scheduled_s:  # NaN: first time scheduled
                     track.first_scheduled_s = start
+                if not item.is_decode:
+                    prefill += item.num_new_tokens
+                    chunks += 1
             if self.pricing is None:
                 dt = step_time(self.cost, step, self.block_size, self.attended_limit, self.sliding_window)
             else:  # promotions over their links (a shared store's network, layer-wise loading)
                 dt = self.pricing.step_seconds(self.cost, step, start, self.block_size, self.attended_limit,
                                                self.sliding_window)
             self._account(sched.kv.usage(), dt)
+            self.busy_seconds += dt
+            if prefill:  # decode rows: the scheduled items that are not chunks, and the bulk decodes
+                self.prefill_seconds += dt * prefill / (prefill + len(step.scheduled) - chunks + len(step.decodes))
             end = start + dt
             self.busy_until = end
             yield self.env.timeout(max(end - self.env.now, 0.0))
@@ -301,12 +316,14 @@ class Replica:
         finished = sched.advance_decodes(k, usage)
         if shared is not None:
             shared.end_stretch([self.clock, *ends[:-1]])
-        seconds, peak = self.usage_seconds, self.peak_usage  # `_account` per step, inlined (same sum order)
+        # `_account` and the busy time per step, inlined (same sum order); decode steps add no prefill time
+        seconds, peak, busy = self.usage_seconds, self.peak_usage, self.busy_seconds
         for used, dt in zip(usage, times, strict=False):
             seconds += used * dt
+            busy += dt
             if used > peak:
                 peak = used
-        self.usage_seconds, self.peak_usage = seconds, peak
+        self.usage_seconds, self.peak_usage, self.busy_seconds = seconds, peak, busy
         self._stamp_stretch(running, remaining, ends, features.num_requests)
         for step, request in finished:
             self._close(request, ends[step])

@@ -370,7 +370,8 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
     rejected = cluster.rejected()
     info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
             "steps": sum(r.num_steps for r in replicas), "fast_steps": sum(r.num_fast_steps for r in replicas),
-            "rejected": len(rejected), "rejected_first": references(cluster.trace, rejected)}
+            "rejected": len(rejected), "rejected_first": references(cluster.trace, rejected),
+            **work_seconds(replicas)}
     if front_info is not None:
         info["frontend"] = front_info
     groups = kv_groups_info(replicas, num_blocks, duration)
@@ -381,6 +382,12 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
         tokens = {key: times for r in replicas if r.token_times is not None for key, times in r.token_times.items()}
     return ServingResult(summarize(table, cluster.itl(), kv, goodput), table, series, info, tokens,
                      rejected_rows(cluster.trace, rejected))
+
+
+def work_seconds(replicas: list) -> dict[str, float]:
+    """`info`'s GPU time, summed over the replicas in their order: busy_s (every step) and prefill_busy_s (its
+    prefill share, `sim.replica`), which `sim.dollars` splits a deployment's cost by."""
+    return {"busy_s": sum(r.busy_seconds for r in replicas), "prefill_busy_s": sum(r.prefill_seconds for r in replicas)}
 
 
 def kv_groups_info(replicas: list, num_blocks: int, duration: float) -> dict | None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import datetime
 import json
 
+import pandas as pd
 import pytest
+import yaml
 
 from kvplan.errors import UserError
 from kvplan.sim.specs.hardware import HARDWARE
@@ -74,5 +76,59 @@ def test_a_missing_gpu_names_the_table():
 def test_a_bad_file_names_the_file_and_key(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("h200: {on_demand: -3}\n")
-    with pytest.raises(UserError, match=f"{path}.h200.on_demand: -3 is not a price"):
+    with pytest.raises(UserError, match=f"{path}: h200.on_demand: -3 is not a price"):
         price_table({"file": str(path)})
+
+
+TINY = {"name": "priced", "model": "llama-3-8b", "hardware": "a100-40gb",
+        "workload": {"mode": "burst", "synthetic": {
+            "seed": 4, "requests": 30, "arrivals": {"process": "poisson", "rate": 4},
+            "lengths": {"prompt": {"dist": "lognormal", "median": 300, "sigma": 0.6, "max": 2000},
+                        "output": {"dist": "lognormal", "median": 30, "sigma": 0.5, "max": 200}}}},
+        "cluster": {"replicas": 2}, "slo": {"p99_ttft_ms": 5000},
+        "outputs": {"plots": False, "report": True, "tables": False}}
+
+
+def _run(tmp_path, capsys, doc: dict, *flags: str) -> tuple[pd.Series, dict, str]:
+    """Run (or, with --resume, re-price) the experiment `doc`; its one point's points.parquet row, its
+    result.json point and the terminal answer."""
+    from kvplan.cli import main
+
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet", *flags]) == 0
+    printed = capsys.readouterr().out
+    point = pd.read_parquet(tmp_path / "out" / "points.parquet").iloc[0]
+    return point, json.loads((tmp_path / "out" / "result.json").read_text())["points"][0], printed
+
+
+def test_an_experiment_prices_every_point_and_a_prices_block_reprices_it(tmp_path, capsys):
+    point, doc, printed = _run(tmp_path, capsys, TINY)
+    hour = 2 * PRICES["a100-40gb"].on_demand
+    assert point["cost_per_hour"] == pytest.approx(hour) and doc["cost_per_hour"] == pytest.approx(hour)
+    assert point["price_source"] == PRICES["a100-40gb"].source and point["goodput_basis"] == "slo"
+    assert 0 < point["prefill_share"] < 1 and point["usd_per_m_output_tokens"] > point["usd_per_m_input_tokens"]
+    assert "Cost: base: $" in printed
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## Cost" in summary and PRICES["a100-40gb"].source in summary
+    assert "<h2>Cost</h2>" in (tmp_path / "out" / "report.html").read_text()
+    # a prices: block re-prices the stored runs (--resume: nothing simulated again), JSON and parquet alike
+    repriced, doc2, _ = _run(tmp_path, capsys, {**TINY, "prices": {"kind": "reserved", "a100-40gb": {
+        "on_demand": 3.0, "reserved": 1.0, "source": "quote", "date": "2026-12-01"}}}, "--resume")
+    assert (repriced["cost_per_hour"], repriced["price_kind"], doc2["price_source"]) == (2.0, "reserved", "quote")
+    assert repriced["usd_per_m_output_tokens"] == pytest.approx(point["usd_per_m_output_tokens"] * 2.0 / hour)
+    assert repriced["request_throughput"] == point["request_throughput"]  # the same runs
+    prices = tmp_path / "p.json"
+    prices.write_text(json.dumps({"a100-40gb": 5.0}))
+    flagged, _, _ = _run(tmp_path, capsys, TINY, "--resume", "--prices", str(prices), "--price-kind", "reserved")
+    assert flagged["cost_per_hour"] == 10.0  # a bare price is both columns
+
+
+def test_a_bad_prices_block_names_the_file_and_key(tmp_path, capsys):
+    from kvplan.cli import main
+
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "prices": {"a100-40gb": -1}}))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{path}: prices.a100-40gb.on_demand: -1 is not a price" in err and "\n" not in err

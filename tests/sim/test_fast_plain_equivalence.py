@@ -5,7 +5,7 @@ Compared per run: every finished sequence's raw log row (arrival, first schedule
 output and cached tokens, preemptions, widest inter-token gap - as recorded, NaNs included, before any column
 is derived), the per-request table and KV time series `collect` builds, the summary, the inter-token gap
 multiset, and per replica the scheduler's counters, KV metrics, the counters marked at window edges, the
-rejections, the integrated and peak KV usage and the final clock.
+rejections, the integrated and peak KV usage, the busy and prefill GPU time and the final clock.
 
 The traces are drawn (not seeded draws of a generator) so that hypothesis shrinks a failure to a small trace:
 bursts of simultaneous arrivals between gaps, prompts at block boundaries (k x block - 1, k x block,
@@ -183,6 +183,7 @@ def assert_same_run(fast: Cluster, plain: Cluster) -> None:
         assert strict(x.sched.kv_metrics()) == strict(y.sched.kv_metrics())
         assert x.marks == y.marks
         assert (x.usage_seconds, x.peak_usage, x.clock) == (y.usage_seconds, y.peak_usage, y.clock)
+        assert (x.busy_seconds, x.prefill_seconds) == (y.busy_seconds, y.prefill_seconds)  # the cost's split
 
 
 @dataclass(slots=True)

@@ -149,6 +149,11 @@ def _entry(hardware: str, value: object, base: GpuPrice | None, where: str) -> G
                     str(value.get("date", "")))
 
 
+def _at(where: str, key: object) -> str:
+    """A key's path under `where`: `prices.h100-sxm` in a block, `FILE: h100-sxm` in a file (`where` 'FILE:')."""
+    return f"{where} {key}" if where.endswith(":") else f"{where}.{key}"
+
+
 def _known_gpus() -> list[str]:
     """Every --hardware name: the built-in GPUs and the calibrated devices (cpu-local has no built-in price, but
     a user may give it one)."""
@@ -166,24 +171,26 @@ def price_table(block: dict | str | None, where: str = "prices") -> PriceTable:
     if block is None:
         return PriceTable(dict(PRICES))
     if isinstance(block, (str, Path)):
-        block = {"file": str(block)}
+        entries, kind = _from_file(str(block), where)
+        return PriceTable(entries, kind)
     if not isinstance(block, dict):
-        raise UserError(f"{where}: {short_repr(block)} is not a mapping; allowed: kind, file and GPU: price entries")
+        raise UserError(f"{where.rstrip(':')}: {short_repr(block)} is not a mapping; allowed: kind, file and GPU: "
+                        "price entries")
     entries = dict(PRICES)
     kind = "on_demand"
     if "file" in block:
-        entries, kind = _from_file(block["file"], f"{where}.file")
+        entries, kind = _from_file(block["file"], _at(where, "file"))
     if "kind" in block:
         kind = block["kind"]
         if kind not in KINDS:
-            raise UserError(f"{where}.kind: {short_repr(kind)}; allowed: {', '.join(KINDS)}")
+            raise UserError(f"{_at(where, 'kind')}: {short_repr(kind)}; allowed: {', '.join(KINDS)}")
     known = _known_gpus()
     for key, value in block.items():
         if key in ("kind", "file"):
             continue
         if not isinstance(key, str) or key not in known:
-            raise UserError(f"{where}.{key}: unknown GPU; allowed: kind, file, or a GPU of {listed(known)}")
-        entries[key] = _entry(key, value, entries.get(key), f"{where}.{key}")
+            raise UserError(f"{_at(where, key)}: unknown GPU; allowed: kind, file, or a GPU of {listed(known)}")
+        entries[key] = _entry(key, value, entries.get(key), _at(where, key))
     return PriceTable(entries, kind)
 
 
@@ -200,7 +207,7 @@ def _from_file(path: object, where: str) -> tuple[dict[str, GpuPrice], str]:
         raise UserError(f"{path}: {short_repr(doc)} is not a mapping; allowed: kind and GPU: price entries")
     if "file" in doc:
         raise UserError(f"{path}: file: a price file cannot name another; allowed: kind and GPU: price entries")
-    table = price_table(doc, where=path)
+    table = price_table(doc, where=f"{path}:")
     return table.entries, table.kind
 
 

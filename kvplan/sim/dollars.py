@@ -1,0 +1,108 @@
+"""What an answer costs: the deployment's dollars per hour, per million input and output tokens, and goodput per
+dollar, from a run's summary and GPU time and a price table (`sim.specs.prices`).
+
+The rules (docs/cost.md quotes them):
+- `cost_per_hour` = the $/GPU-hour of the table's kind x GPUs, where GPUs = replicas x tensor x pipeline parallel
+  size, all of one kind. The deployment is paid for every hour it runs, busy or idle.
+- The hour's cost is split between input and output tokens by the GPU time each kind of work took: the prefill
+  share of the replicas' busy time (`sim.replica`: each step's time split by its prefill rows against its decode
+  rows) goes to input tokens, the rest to output tokens; idle time is split in the same proportion.
+- `usd_per_m_input_tokens` = input share x cost_per_hour / (input tokens per hour / 1e6), at the sustained rate:
+  the run's completed requests' prompt tokens per second of its window (a search answer: at the found rate or
+  replicas). `usd_per_m_output_tokens` likewise with the output share and output tokens. So input tokens x
+  their price + output tokens x theirs = the hour's cost, exactly up to rounding.
+- `goodput_per_usd` = requests meeting the SLO per dollar: request_goodput x 3600 / cost_per_hour; without an
+  SLO (no goodput), completed requests per dollar (request_throughput x 3600 / cost_per_hour), and
+  `goodput_basis` says which ("slo" or "completed").
+- A steady-state probe measures its rates over its window but its GPU time over the whole run (warm-up and
+  cool-down included): the split's proportion is the run's.
+A GPU the table does not price (cpu-local, a calibrated profile's device) gets no cost: every dollar field null,
+and `cost_note` says why; that is not an error.
+"""
+
+from __future__ import annotations
+
+from kvplan.errors import UserError
+from kvplan.sim.specs.prices import PriceTable
+
+COST_KEYS = ("cost_per_hour", "usd_per_m_input_tokens", "usd_per_m_output_tokens", "goodput_per_usd",
+             "goodput_basis", "prefill_share", "billed_gpus", "price_kind", "price_per_gpu_hour", "price_source",
+             "price_date", "cost_note")
+MEANINGS = {
+    "cost_per_hour": "$ per hour of the deployment: $/GPU-hour x GPUs (replicas x TP x PP)",
+    "usd_per_m_input_tokens": "$ per million input (prompt) tokens at the sustained rate: the prefill share of "
+                              "the hour's cost over the input tokens served in an hour",
+    "usd_per_m_output_tokens": "$ per million output tokens at the sustained rate: the decode share of the "
+                               "hour's cost over the output tokens served in an hour",
+    "goodput_per_usd": "requests meeting the SLO per dollar (goodput_basis 'completed': completed requests per "
+                       "dollar, where there is no SLO)",
+    "goodput_basis": "what goodput_per_usd counts: slo (requests meeting every per-request SLO bound) or "
+                     "completed (no SLO given)",
+    "prefill_share": "the prefill share of the replicas' busy GPU time, which splits the cost between input and "
+                     "output tokens",
+    "billed_gpus": "GPUs the deployment pays for: replicas x tensor x pipeline parallel size",
+    "price_kind": "the price column used: on_demand or reserved",
+    "price_per_gpu_hour": "$ per GPU-hour of that kind",
+    "price_source": "where the price comes from (URL and offer, or the user's prices: entry)",
+    "price_date": "the ISO day the price was published or read ('' for a user's price without one)",
+    "cost_note": "why the dollar fields are null, when they are ('' otherwise)",
+}
+SECONDS_PER_HOUR = 3600.0
+
+
+def cost_fields(table: PriceTable, hardware: str, gpus: int, summary: dict, info: dict) -> dict:
+    """The cost keys (COST_KEYS) of one run: `summary` its throughputs (request_throughput, output_throughput,
+    total_token_throughput, request_goodput), `info` its GPU time (busy_s, prefill_busy_s)."""
+    out: dict = dict.fromkeys(COST_KEYS)
+    out.update(billed_gpus=gpus, price_kind=table.kind, cost_note="")
+    goodput = summary.get("request_goodput")
+    out["goodput_basis"] = "completed" if goodput is None else "slo"
+    try:
+        price = table.price(hardware)
+    except UserError:
+        out["cost_note"] = (f"no price for {hardware} in the price table (add prices: {{{hardware}: $/GPU-hour}} "
+                            "to price it)")
+        return out
+    per_gpu = table.gpu_hour(hardware)
+    hour = table.deployment_hour(hardware, gpus)
+    out.update(cost_per_hour=hour, price_per_gpu_hour=per_gpu, price_source=price.source, price_date=price.date)
+    busy, prefill = float(info.get("busy_s") or 0.0), float(info.get("prefill_busy_s") or 0.0)
+    share = prefill / busy if busy > 0 else None
+    out["prefill_share"] = share
+    output_rate = float(summary.get("output_throughput") or 0.0)
+    input_rate = float(summary.get("total_token_throughput") or 0.0) - output_rate
+    if share is not None:
+        out["usd_per_m_input_tokens"] = per_million(hour * share, input_rate)
+        out["usd_per_m_output_tokens"] = per_million(hour * (1.0 - share), output_rate)
+    elif "busy_s" not in info:
+        out["cost_note"] = ("the run's summary has no GPU time to split the cost by (written before kvplan "
+                            "recorded it): rerun it for per-token prices")
+    else:
+        out["cost_note"] = "the run computed nothing (no busy GPU time): no per-token price"
+    rate = float(summary.get("request_throughput") or 0.0) if goodput is None else float(goodput)
+    out["goodput_per_usd"] = rate * SECONDS_PER_HOUR / hour
+    return out
+
+
+def per_million(dollars_per_hour: float, tokens_per_s: float) -> float | None:
+    """$ per million tokens: `dollars_per_hour` over the tokens an hour serves at `tokens_per_s` (None at none;
+    0 when that work cost nothing, e.g. no prefill at all)."""
+    if tokens_per_s <= 0:
+        return None
+    return dollars_per_hour / (tokens_per_s * SECONDS_PER_HOUR / 1e6)
+
+
+def cost_line(fields: dict) -> str:
+    """The cost in one line for a terminal: '$/h ..., $/Mtok in ..., out ..., N req/$ (...)', or why none."""
+    if fields["cost_per_hour"] is None:
+        return f"cost: none: {fields['cost_note']}"
+
+    def money(value: float | None) -> str:
+        return "n/a" if value is None else f"${value:.4g}"
+
+    per = "req/$ meeting the SLO" if fields["goodput_basis"] == "slo" else "completed req/$ (no SLO)"
+    gpus = fields['billed_gpus']
+    price = f"{gpus} GPU{'' if gpus == 1 else 's'} x {money(fields['price_per_gpu_hour'])} {fields['price_kind']}"
+    return (f"cost: {money(fields['cost_per_hour'])}/h ({price}, {fields['price_date'] or 'undated'}); "
+            f"{money(fields['usd_per_m_input_tokens'])}/Mtok in, {money(fields['usd_per_m_output_tokens'])}/Mtok "
+            f"out; {fields['goodput_per_usd']:.4g} {per}")
