@@ -34,6 +34,7 @@ from kvplan.sim.spec import COST_MODELS, SimSpec, batch_table
 from kvplan.sim.specs.hardware import GIB, get_hardware
 from kvplan.sim.specs.models import DTYPE_BYTES, MODELS, engine_kv_row_bytes, get_model, sim_kv_dtype
 from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
+from kvplan.sim.specs.quantization import quantized
 from kvplan.sim.vllm_defaults import vllm_batch_defaults
 from kvplan.traces import Trace
 from kvplan.traces.schema import short_repr
@@ -60,6 +61,9 @@ def build_cost(spec: SimSpec) -> tuple[CostModel, int]:
     if cost_name != "analytic" and spec.gpu_profile is not None:  # it would be ignored: say so instead
         raise UserError(f"--gpu-profile {short_repr(str(spec.gpu_profile))}: a per-op GPU profile prices the analytic "
                         f"cost model, not the {cost_name} one; allowed: --cost analytic on a GPU --hardware")
+    if cost_name != "analytic" and spec.quantization != "none":
+        raise UserError(f"--quantization: {spec.quantization}: the {cost_name} cost model prices the measured engine "
+                        "with its own weights; allowed: none, or --cost analytic on a GPU --hardware")
     if cost_name != "analytic" and replica_shape(spec).gpus > 1:
         raise UserError(f"--tensor-parallel-size / --pipeline-parallel-size: {spec.tensor_parallel_size} x "
                          f"{spec.pipeline_parallel_size}: the {cost_name} cost model was measured on one device; "
@@ -117,7 +121,8 @@ def _head_dim(model: str, meta: dict) -> int | None:
 
 
 def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
-    model, hardware = get_model(spec.model), get_hardware(spec.hardware)
+    hardware = get_hardware(spec.hardware)
+    model = quantized(get_model(spec.model), spec.quantization, hardware)  # its weight bytes and GEMM rate
     shape = replica_shape(spec)
     check_shape(model, hardware, shape)
     kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)

@@ -76,6 +76,7 @@ class SimSpec:
     cache_aware_admission_threshold: float = SETTING
     kv_cache_dtype: str = SETTING
     gpu_memory_utilization: float | None = SETTING
+    quantization: str = SETTING
     tensor_parallel_size: int = SETTING
     pipeline_parallel_size: int = SETTING
     enable_expert_parallel: bool = SETTING

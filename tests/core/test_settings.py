@@ -25,8 +25,8 @@ CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "kv_offload
            "preemption_mode": "swap", "victim_policy": "longest_remaining", "schedule": "prefill_first",
            "scheduler_reserve_full_isl": False, "kv_cache_dtype": "int8", "gpu_memory_utilization": 0.5,
            "kv_cache_memory": 3 << 20, "swap_space": 2 << 20, "dtype": "float32", "position_mode": "shifted",
-           "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "enable_expert_parallel": True,
-           "entry_point": "llm", "api_server_latency_ms": 12.5, "vllm_version": "0.33",
+           "quantization": "awq", "tensor_parallel_size": 2, "pipeline_parallel_size": 2,
+           "enable_expert_parallel": True, "entry_point": "llm", "api_server_latency_ms": 12.5, "vllm_version": "0.33",
            "cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5}
 # `allocator` keeps its default above (a reservation allocator has no prefix cache, window or swap); its other
 # values are covered by the simulator's reservation tests. `kv_offloading_backend` has one value kvplan models.

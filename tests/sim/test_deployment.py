@@ -233,8 +233,11 @@ def test_config_json_moe_mla_and_layer_kinds(tmp_path):
     ({"num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 2}, r"decoder_sparse_step: 2: dense layers "
                                                                             r"between MoE layers"),
     ({"kv_lora_rank": 512}, r"lacks 'qk_rope_head_dim' beside kv_lora_rank"),
-    ({"quantization_config": {"quant_method": "awq"}}, r"quantization_config.quant_method: 'awq', whose bytes per "
-                                                       r"weight kvplan does not know; allowed: fp8, mxfp4"),
+    ({"quantization_config": {"quant_method": "bitsandbytes"}}, r"quantization_config.quant_method: 'bitsandbytes', "
+                                                                r"whose bytes per weight kvplan does not know; "
+                                                                r"allowed: fp8, awq, gptq, mxfp4"),
+    ({"quantization_config": {"quant_method": "awq", "bits": 3}}, r"quantization_config.bits: 3, which vLLM's Marlin "
+                                                                  r"kernels do not run; allowed: 4, 8"),
     ({"layer_types": ["sliding_attention"] * 48}, r"sliding_window: not given"),
     ({"num_experts": 8.5, "num_experts_per_tok": 2}, r"num_experts: must be an integer >= 1, got 8.5"),
 ])

@@ -42,6 +42,9 @@ SCHEDULES = ("mixed", "prefill_first")
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
 # vLLM's cache dtype names (`auto`: the model's dtype); the engine stores fp8 as float8_e4m3fn, int8 with scales.
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "int8")
+# vLLM's --quantization names the simulator prices (sim.specs.quantization holds their bytes and GEMM kinds); none:
+# the checkpoint's own weights (vLLM's default, None: what the checkpoint's quantization_config says)
+QUANTIZATIONS = ("none", "fp8", "awq", "gptq")
 POSITION_MODES = ("original", "shifted")
 _UNITS = {"": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30}
@@ -368,6 +371,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("swap_space", "bytes", 64 << 20, "bytes of CPU swap space (preemption_mode: swap)", sides=ENGINE,
        needs=SWAP, unit="bytes"),
     _s("dtype", "choice", "bfloat16", "model weights and activations", sides=ENGINE, choices=MODEL_DTYPES),
+    _s("quantization", "choice", "none", "weight quantization, as vLLM runs it: none, the checkpoint's own "
+       "weights (its quantization_config, if any); fp8, every layer's linear weights in 1 byte and their GEMMs at the "
+       "FP8 tensor-core rate (W8A8, dynamic per-token activation scales; embeddings and LM head stay in the model "
+       "dtype); awq / gptq, the model's 4-bit group-128 checkpoint, weight-only GEMMs through the Marlin kernels. A "
+       "checkpoint that declares one keeps it (naming another is refused)", sides=SIM, choices=QUANTIZATIONS),
     # --- the deployment shape of one replica (the simulator's cost model; the live engine runs one device) ---
     _s("tensor_parallel_size", "int", 1, "GPUs one replica's layers are split across (weights and KV heads "
        "sharded; two all-reduces per layer)", sides=SIM, minimum=1, maximum=MAX_PARALLEL,
@@ -392,7 +400,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
 )}
 # The replica's deployment shape: the simulator prices it, the live engine (one device) refuses anything but 1.
 SHAPE_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")
-# Simulator-only tiers: the engine commands take the flag (so that --help says so) and refuse all but the default.
+# Simulator-only settings (the lower prefix tiers, weight quantization): the engine commands take the flag (so that
+# --help says so) and refuse all but the default.
 SIM_ONLY_TIERS = {
     "kv_disk_blocks": "the disk prefix tier is simulator-only (kvplan simulate --kv-disk-blocks prices it; the "
                       "live engine's tier is --kv-offloading-blocks)",
@@ -400,6 +409,8 @@ SIM_ONLY_TIERS = {
                         "prices it; the live engine's tier is --kv-offloading-blocks)",
     "kv_offloading_write_through": "write-through is simulator-only (the live engine's CPU tier is written back: "
                                    "a block is copied out when the GPU evicts it)",
+    "quantization": "weight quantization is simulator-only (kvplan simulate --quantization prices it; the live "
+                    "engine runs the model's own weights in --dtype)",
 }
 KEY_ALIASES = {key: s.name for s in SETTINGS.values() for key in s.keys}
 NEEDS = {s.name: s.needs for s in SETTINGS.values() if s.needs is not None}

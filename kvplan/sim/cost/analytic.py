@@ -9,8 +9,9 @@ rank of the busiest pipeline stage:
 - layer GEMMs, per op shape (`sim.gpu.shapes`): qkv (h × (heads + 2 kv heads) × d / t), out, up+gate, down over
   M rows, each with the GEMM law (tile and wave quantization, roofline of FLOPs vs weight + activation bytes,
   a kernel floor); an MoE layer's router and shared experts as one more GEMM, its routed experts by
-  `sim.cost.moe` at the GEMM law's efficiencies;
-- LM head: vocab / t × hidden over S rows, nothing when S = 0 (only sampled rows reach it);
+  `sim.cost.moe` at the GEMM law's efficiencies; a quantized model's at its weight width and GEMM rate (fp8: the
+  FP8 tensor cores; awq / gptq: weight-only, the BF16 rate; `sim.specs.quantization`);
+- LM head: vocab / t × hidden over S rows, nothing when S = 0 (only sampled rows reach it), in the model dtype;
 - attention: `sim.gpu.attention.AttentionCost` (docs/attention.md): the larger of its FLOPs (prefill pairs at a
   FlashAttention-class efficiency that depends on the head dim and the keys per query, plus decode pairs) and the
   KV blocks it reads (whole blocks, each with a gather overhead, so the block size shows), plus a floor per layer;
@@ -40,6 +41,7 @@ from kvplan.sim.gpu.host_overhead import HOST
 from kvplan.sim.gpu.laws import GpuLaws, shipped_laws
 from kvplan.sim.specs.arch import ModelSpec, stage_layers
 from kvplan.sim.specs.hardware import HardwareSpec
+from kvplan.sim.specs.quantization import gemm_peak, gemm_tile_rows
 
 if TYPE_CHECKING:  # the table (pandas) is loaded only when a GPU profile is given
     from kvplan.sim.gpu.table import MeasuredTable
@@ -137,6 +139,8 @@ class AnalyticCost:
     _ew_per_token: float = field(init=False, repr=False)
     _table_ew: list[tuple[_Op, tuple]] = field(init=False, repr=False)
     _weight_bytes: float = field(init=False, repr=False)
+    _gemm_peak: float = field(init=False, repr=False)  # FLOP/s of the layer GEMMs (sim.specs.quantization)
+    _gemm_tile: int | None = field(init=False, repr=False)  # rows their kernels pad to (None: the law's)
     _byte_rate: float = field(init=False, repr=False)
     _attention: AttentionCost = field(init=False, repr=False)
     _experts: ExpertCost | None = field(init=False, repr=False)
@@ -171,9 +175,11 @@ class AnalyticCost:
         gemms, elementwise, self._weight_bytes = step_ops(m, tp, pp, self.kv_dtype_bytes)
         shape_key = (m.hidden_size, m.num_heads, m.num_kv_heads, m.intermediate_size, m.gated_mlp, tp)
         measured = self.table.series if self.table is not None else {}
+        # a profile's GEMMs were measured on the model dtype's weights: GEMMs over quantized weights run other kernels
+        gemm_measured = measured if m.weight_dtype_bytes is None else {}
         self._table_gemms = [(op, ("op", op.name, *shape_key)) for op in gemms
-                             if ("op", op.name, *shape_key) in measured]
-        self._gemms = [op for op in gemms if ("op", op.name, *shape_key) not in measured]
+                             if ("op", op.name, *shape_key) in gemm_measured]
+        self._gemms = [op for op in gemms if ("op", op.name, *shape_key) not in gemm_measured]
         self._table_ew = [(op, ("op", op.name, *shape_key)) for op in elementwise
                           if ("op", op.name, *shape_key) in measured]
         rest = [op for op in elementwise if ("op", op.name, *shape_key) not in measured]
@@ -181,12 +187,14 @@ class AnalyticCost:
         self._ew_per_token = sum(op.count * op.bytes_per_token * laws.elementwise_rate(op.law or op.name, hw)
                                  for op in rest)
         self._byte_rate = hw.hbm_bandwidth * laws.gemm_memory_efficiency
-        flop_rate = hw.peak_flops * laws.gemm_compute_efficiency
+        self._gemm_peak, self._gemm_tile = gemm_peak(m, hw), gemm_tile_rows(m)
+        flop_rate = self._gemm_peak * laws.gemm_compute_efficiency
         # the attention kernels keep their own KV-read efficiency (sim.gpu.attention) unless the user sets one
         kv_read = {} if self.memory_efficiency is None else {"memory_efficiency": self.memory_efficiency}
         self._attention = AttentionCost(m, hw, self.block_size, self.kv_dtype_bytes, tp, pp,
                                         self.attention_efficiency, **kv_read)
-        self._experts = ExpertCost.of(m, tp, pp, laws.gemm_tile_m, flop_rate, self._byte_rate) if m.is_moe else None
+        tile = laws.gemm_tile_m if self._gemm_tile is None else self._gemm_tile
+        self._experts = ExpertCost.of(m, tp, pp, tile, flop_rate, self._byte_rate) if m.is_moe else None
         self._hidden_bytes = m.hidden_size * m.dtype_bytes
         share = stage_layers(m.num_layers, pp) / m.num_layers
         self._stage_moe_layers = m.num_moe_layers * share
@@ -241,7 +249,9 @@ class AnalyticCost:
         return step_max(compute, host) if self.async_scheduling else compute + host
 
     def _gemm(self, rows, k: int, n: int):
-        return self._laws.gemm_time(rows, k, n, self.hardware, self._weight_bytes, self.model.dtype_bytes)
+        """A layer GEMM: the layers' weight width, at the rate their quantization runs at."""
+        return self._laws.gemm_time(rows, k, n, self.hardware, self._weight_bytes, self.model.dtype_bytes,
+                                    self._gemm_peak, self._gemm_tile)
 
     def _gemm_law(self, op: _Op) -> Callable:
         return lambda rows: self._gemm(rows, op.k, op.n)
@@ -286,8 +296,10 @@ class AnalyticCost:
 
     def _head_time(self, sampled) -> np.ndarray | float:
         """The LM head over the `sampled` rows, nothing when none is sampled (the `_head` table's term)."""
-        m = self.model
-        return self._gemm(sampled, m.hidden_size, m.vocab_size // self.shape.tp) * (sampled > 0)
+        m = self.model  # the LM head stays in the model dtype, at the BF16 rate, whatever the layers' quantization
+        head = self._laws.gemm_time(sampled, m.hidden_size, m.vocab_size // self.shape.tp, self.hardware,
+                                    m.dtype_bytes, m.dtype_bytes)
+        return head * (sampled > 0)
 
     def _collectives(self, tokens) -> np.ndarray | float:
         """The stage's TP collectives: two all-reduces of the hidden states per layer; with EP an MoE layer's

@@ -3,10 +3,11 @@ HBM bandwidth, SM count, the GPU-to-GPU link and the network) and a small set of
 (`GpuLaws`, fitted on the GPUs that have Vidur profiles by `sim.gpu.fit`, shipped in sim/profiles/gpu_laws.json).
 
 - GEMM (M rows of activations times a K × N weight): floor + max(quantized FLOPs / (peak × e_c), bytes /
-  (HBM × e_m)). The FLOPs are counted in whole output tiles (tile quantization: M rounded up to `tile_m` rows)
-  and, with `waves`, in whole waves of tiles over the SMs (wave quantization: ceil(tiles / SMs) × SMs tiles of
-  tile_m × tile_n); the bytes are the weight read once plus the activations in and out (the roofline's
-  arithmetic intensity). The floor is a fixed kernel time (a few µs: launch-to-finish of the smallest GEMM).
+  (HBM × e_m)), peak the dense BF16 rate, or the FP8 rate for an fp8 (W8A8) model's layer GEMMs. The FLOPs are
+  counted in whole output tiles (tile quantization: M rounded up to `tile_m` rows) and, with `waves`, in whole
+  waves of tiles over the SMs (wave quantization: ceil(tiles / SMs) × SMs tiles of tile_m × tile_n); the bytes are
+  the weight read once plus the activations in and out (the roofline's arithmetic intensity). The floor is a fixed
+  kernel time (a few µs: launch-to-finish of the smallest GEMM).
 - element-wise op (norm, RoPE, activation, residual add, embedding gather, KV write) moving B bytes:
   c_op / clock + B × ((1 / (HBM × η))^p + (1 / (W × clock × r_op))^p)^(1/p). A kernel floor of c_op cycles;
   two per-byte limits combined as a p-norm (p = 1 adds them, p → ∞ takes the slower): the memory system's (a
@@ -68,9 +69,13 @@ class GpuLaws:
     network_latency_s: float = 0.0
     network_efficiency: float = 1.0
 
-    def gemm_time(self, m, k: int, n: int, hw: HardwareSpec, weight_bytes: float = 2.0, act_bytes: float = 2.0):
-        """Seconds of an M × K by K × N GEMM (M a number or an int64 array; K, N one rank's weight)."""
-        tm = self.gemm_tile_m
+    def gemm_time(self, m, k: int, n: int, hw: HardwareSpec, weight_bytes: float = 2.0, act_bytes: float = 2.0,
+                  peak: float | None = None, tile_m: int | None = None):
+        """Seconds of an M × K by K × N GEMM (M a number or an int64 array; K, N one rank's weight). `peak`: the
+        tensor-core FLOP/s it runs at (None: the dense BF16 rate; an fp8 GEMM passes `hw.fp8_flops`, priced with
+        the same fitted efficiency); `tile_m`: the rows a kernel of another family pads M to (None: the fitted
+        tile; Marlin's 16, `sim.specs.quantization`)."""
+        tm = self.gemm_tile_m if tile_m is None else tile_m
         m_tiles = -(-m // tm)
         if self.gemm_waves and hw.sm_count > 0:
             tiles = m_tiles * -(-n // self.gemm_tile_n)
@@ -79,7 +84,7 @@ class GpuLaws:
         else:
             flops = 2.0 * k * n * tm * m_tiles
         moved = k * n * weight_bytes + m * ((k + n) * act_bytes)
-        compute = flops / (hw.peak_flops * self.gemm_compute_efficiency)
+        compute = flops / ((hw.peak_flops if peak is None else peak) * self.gemm_compute_efficiency)
         return self.gemm_floor_s + step_max(compute, moved / (hw.hbm_bandwidth * self.gemm_memory_efficiency))
 
     def elementwise_floor(self, op: str, hw: HardwareSpec) -> float:

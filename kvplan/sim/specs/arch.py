@@ -53,6 +53,9 @@ class ModelSpec:
     # (gpt-oss MXFP4: 4 bits + one 8-bit scale per 32 = 0.53125); None: as the layers' weights / `dtype_bytes`.
     weight_dtype_bytes: float | None = None
     expert_dtype_bytes: float | None = None
+    # The weight quantization method that set those widths (`sim.specs.quantization`: fp8, awq, gptq, mxfp4; the
+    # checkpoint's quantization_config or the `quantization` setting); None: the model dtype's weights.
+    quantization: str | None = None
     # --- multi-head latent attention (0: standard multi-head / grouped-query attention) ---
     kv_lora_rank: int = 0
     q_lora_rank: int = 0  # 0: q is a full hidden x heads x qk_head_dim projection (DeepSeek-V2-Lite)

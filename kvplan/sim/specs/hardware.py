@@ -24,6 +24,14 @@ L4 58, L40S 142, A10G 80, RTX 4090 128). Boost clocks (the element-wise law coun
 rates in cycles) are the datasheet / whitepaper "boost clock": A100 SXM 1410 MHz (A100 whitepaper), H100 SXM and
 H200 1980 MHz, B200 1965 MHz, A40 1740 MHz (A40 datasheet), L4 2040 MHz, L40S 2520 MHz, A10G 1710 MHz, RTX PRO
 6000 Blackwell Server Edition 2617 MHz, RTX 4090 2520 MHz.
+
+Dense FP8 tensor-core rates (what `--quantization fp8` GEMMs run at, `sim.specs.quantization`), each half the
+datasheet's "with sparsity" figure: H100 SXM and H200 1979 TFLOP/s (H100 / H200 datasheets: 3,958 with sparsity),
+B200 4.5 PFLOP/s (HGX B200 datasheet: 9 PFLOP/s FP8 per GPU with sparsity), L40S 733 TFLOP/s (L40S datasheet:
+1,466 with sparsity), L4 242.5 TFLOP/s (L4 datasheet: 485 with sparsity), RTX 4090 330.3 TFLOP/s (Ada whitepaper,
+FP8 with FP32 accumulate, the accumulation vLLM's FP8 GEMMs use; as its BF16 figure), RTX PRO 6000 Blackwell Server
+Edition 1007.6 TFLOP/s (twice its BF16 rate: half of the dense FP4 rate, 4 PFLOP/s FP4 with sparsity in its
+datasheet). The Ampere GPUs (A100, A40, A10G) have no FP8 tensor cores: 0.
 """
 
 from __future__ import annotations
@@ -54,34 +62,35 @@ class HardwareSpec:
     # most threads resident on one SM (CUDA C++ Programming Guide, table of compute capabilities: 2048 on
     # compute capability 8.0, 9.0, 10.0; 1536 on 8.6, 8.9, 12.0): the element-wise cores' width; 0: unknown
     threads_per_sm: int = 0
+    fp8_flops: float = 0.0  # dense FP8 tensor-core FLOP/s; 0: no FP8 tensor cores (Ampere)
 
 
-def _nvlink(name, flops, hbm, memory, host, link, nvls, internode, sms, clock, threads=2048) -> HardwareSpec:
+def _nvlink(name, flops, hbm, memory, host, link, nvls, internode, sms, clock, threads=2048, fp8=0.0) -> HardwareSpec:
     return HardwareSpec(name, flops, hbm, memory, host, 8, "nvlink", link, nvls, internode, sm_count=sms,
-                        clock_hz=clock, threads_per_sm=threads)
+                        clock_hz=clock, threads_per_sm=threads, fp8_flops=fp8)
 
 
 def _pcie(name, flops, hbm, memory, host, internode, sms, clock, link=32e9, kind="pcie4",
-          threads=1536) -> HardwareSpec:
+          threads=1536, fp8=0.0) -> HardwareSpec:
     # every PCIe card listed is compute capability 8.6 (A40, A10G), 8.9 (L4, L40S) or 12.0 (RTX PRO 6000)
     return HardwareSpec(name, flops, hbm, memory, host, 8, kind, link, False, internode, sm_count=sms,
-                        clock_hz=clock, threads_per_sm=threads)
+                        clock_hz=clock, threads_per_sm=threads, fp8_flops=fp8)
 
 
 HARDWARE: dict[str, HardwareSpec] = {spec.name: spec for spec in (
     _nvlink("a100-40gb", 312e12, 1.555e12, 40 * GIB, 25e9, 300e9, False, 25e9, 108, 1.41e9),
     _nvlink("a100-80gb", 312e12, 2.039e12, 80 * GIB, 25e9, 300e9, False, 25e9, 108, 1.41e9),
-    _nvlink("h100-sxm", 989e12, 3.35e12, 80 * GIB, 50e9, 450e9, True, 50e9, 132, 1.98e9),
-    _nvlink("h200", 989e12, 4.8e12, 141e9, 50e9, 450e9, True, 50e9, 132, 1.98e9),
-    _nvlink("b200", 2.25e15, 8.0e12, 180e9, 50e9, 900e9, True, 50e9, 148, 1.965e9),
+    _nvlink("h100-sxm", 989e12, 3.35e12, 80 * GIB, 50e9, 450e9, True, 50e9, 132, 1.98e9, fp8=1979e12),
+    _nvlink("h200", 989e12, 4.8e12, 141e9, 50e9, 450e9, True, 50e9, 132, 1.98e9, fp8=1979e12),
+    _nvlink("b200", 2.25e15, 8.0e12, 180e9, 50e9, 900e9, True, 50e9, 148, 1.965e9, fp8=4.5e15),
     _pcie("a40", 149.7e12, 0.696e12, 48 * GIB, 25e9, 100e9 / 8 / 8, 84, 1.74e9),
-    _pcie("l4", 121e12, 0.3e12, 24 * GIB, 25e9, 100e9 / 8 / 8, 58, 2.04e9),
-    _pcie("l40s", 362e12, 0.864e12, 48 * GIB, 25e9, 400e9 / 8 / 8, 142, 2.52e9),
+    _pcie("l4", 121e12, 0.3e12, 24 * GIB, 25e9, 100e9 / 8 / 8, 58, 2.04e9, fp8=242.5e12),
+    _pcie("l40s", 362e12, 0.864e12, 48 * GIB, 25e9, 400e9 / 8 / 8, 142, 2.52e9, fp8=733e12),
     _pcie("a10g", 125e12, 0.6e12, 24 * GIB, 25e9, 100e9 / 8 / 8, 80, 1.71e9),
     _pcie("rtx-pro-6000", 503.8e12, 1.792e12, 96e9, 50e9, 400e9 / 8 / 8, 188, 2.617e9, link=64e9,
-          kind="pcie5"),
+          kind="pcie5", fp8=1007.6e12),
     HardwareSpec("rtx-4090", 165e12, 1.008e12, 24 * GIB, 25e9, sm_count=128, clock_hz=2.52e9,
-                 threads_per_sm=1536),
+                 threads_per_sm=1536, fp8_flops=330.3e12),
 )}
 
 

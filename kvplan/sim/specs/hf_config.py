@@ -6,16 +6,19 @@ Every field is checked: integers must be integral and in range (`CONFIG_LIMITS`,
 booleans are not numbers, the heads must split the hidden size and the KV heads the heads; each problem is one
 line `CONFIG: key: problem; allowed: ...`. An architecture the cost model cannot price (state-space or linear
 attention layers, MoE layers interleaved with dense ones, an unknown weight quantization) is refused the same
-way, naming the key that says so - never priced as something it is not.
+way, naming the key that says so - never priced as something it is not. A `quantization_config` (fp8, awq, gptq,
+mxfp4) sets the weights' bytes and GEMM kind from the one table of methods, `sim.specs.quantization`.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from kvplan.errors import UserError
 from kvplan.sim.specs.arch import DTYPE_BYTES, ModelSpec
+from kvplan.sim.specs.quantization import METHODS, Quantization, int_weight_bytes, with_method
 from kvplan.traces.specs import read_text, shown
 
 REQUIRED = "hidden_size, num_attention_heads, num_hidden_layers, intermediate_size (or ffn_dim), vocab_size"
@@ -35,9 +38,8 @@ LAYER_KINDS = ("full_attention", "sliding_attention")
 UNPRICEABLE_KEYS = {"ssm_state_size": "state-space (Mamba) layers", "state_size": "state-space (Mamba) layers",
                     "mamba_d_state": "state-space (Mamba) layers", "linear_num_key_heads": "linear-attention layers",
                     "linear_key_head_dim": "linear-attention layers"}
-# Weight quantizations whose bytes per parameter are known: fp8 (DeepSeek-V3, every layer weight one byte) and
-# MXFP4 (gpt-oss: the experts 4-bit values with one 8-bit scale per 32, 4.25 bits; the rest bf16).
-QUANTIZATIONS = ("fp8", "mxfp4")
+# The bits and group sizes of AWQ / GPTQ checkpoints vLLM's Marlin kernels run (`sim.specs.quantization`).
+INT_BITS, INT_GROUPS = (4, 8), (-1, 32, 64, 128)
 
 
 def read_config(path: Path) -> dict:
@@ -78,18 +80,18 @@ def from_hf_config(path: Path) -> ModelSpec:
     hidden, heads = _size(path, cfg, "hidden_size"), _size(path, cfg, "num_attention_heads")
     layers, inter = _size(path, cfg, "num_hidden_layers"), _size(path, cfg, inter_key)
     opt = _model_type(path, cfg) == "opt"
-    weight_bytes, expert_bytes = _quantization(path, cfg)
+    method = _quantization(path, cfg)
     mla = _mla(path, cfg)
     layer_types, window = _layer_kinds(path, cfg, layers)
-    return ModelSpec(
+    spec = ModelSpec(
         name=str(path), num_layers=layers, hidden_size=hidden, num_heads=heads,
         num_kv_heads=_kv_heads(path, cfg, heads),
         head_dim=mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"] if mla else _head_dim(path, cfg, hidden, heads),
         intermediate_size=inter, vocab_size=_size(path, cfg, "vocab_size"),
         dtype_bytes=_dtype_bytes(path, cfg), gated_mlp=not opt,
         tied_embeddings=_flag(path, cfg, "tie_word_embeddings", opt), context_len=_context_len(path, cfg),
-        layer_types=layer_types, sliding_window=window, weight_dtype_bytes=weight_bytes,
-        expert_dtype_bytes=expert_bytes, **_moe(path, cfg, layers, inter), **mla)
+        layer_types=layer_types, sliding_window=window, **_moe(path, cfg, layers, inter), **mla)
+    return spec if method is None else with_method(spec, method)
 
 
 def _text_config(path: Path, cfg: dict) -> dict:
@@ -172,16 +174,27 @@ def _mla(path: Path, cfg: dict) -> dict:
             **{k: _size(path, cfg, k) for k in needed}}
 
 
-def _quantization(path: Path, cfg: dict) -> tuple[float | None, float | None]:
-    """(bytes per layer weight, bytes per routed-expert weight) of a quantized checkpoint; None: the dtype's."""
+def _quantization(path: Path, cfg: dict) -> Quantization | None:
+    """The weight quantization a checkpoint declares (`sim.specs.quantization.METHODS`), an AWQ / GPTQ one at its
+    own bits and group size; None: the dtype's weights."""
     quant = cfg.get("quantization_config")
     if quant is None:
-        return None, None
+        return None
     method = quant.get("quant_method") if isinstance(quant, dict) else None
-    if method not in QUANTIZATIONS:
+    if method not in METHODS:
         raise UserError(f"{path}: quantization_config.quant_method: {shown(method)}, whose bytes per weight kvplan "
-                         f"does not know; allowed: {', '.join(QUANTIZATIONS)}")
-    return (1, None) if method == "fp8" else (None, 0.53125)
+                         f"does not know; allowed: {', '.join(METHODS)}")
+    assert isinstance(quant, dict)
+    if method not in ("awq", "gptq"):
+        return METHODS[method]
+    bits, group = quant.get("bits", 4), quant.get("group_size", 128)
+    for key, value, allowed in (("bits", bits, INT_BITS), ("group_size", group, INT_GROUPS)):
+        if isinstance(value, bool) or value not in allowed:
+            raise UserError(f"{path}: quantization_config.{key}: {shown(value)}, which vLLM's Marlin kernels do not "
+                             f"run; allowed: {', '.join(map(str, allowed))}")
+    # AWQ's groups carry a zero point unless zero_point is false; GPTQ's only when asymmetric (sym false)
+    zeros = quant.get("zero_point", True) is not False if method == "awq" else quant.get("sym", True) is False
+    return replace(METHODS[method], weight_bytes=int_weight_bytes(bits, group, zeros))
 
 
 def _layer_kinds(path: Path, cfg: dict, layers: int) -> tuple[tuple[str, ...] | None, int | None]:

@@ -15,14 +15,17 @@ from kvplan.engine.core.names import did_you_mean
 from kvplan.errors import UserError
 from kvplan.sim.specs.arch import DTYPE_BYTES, ModelSpec
 from kvplan.sim.specs.hf_config import from_hf_config
+from kvplan.sim.specs.quantization import METHODS, with_method
 from kvplan.traces.schema import short_repr
 
 __all__ = ["DTYPE_BYTES", "MODELS", "ModelSpec", "from_hf_config", "get_model"]
 
 
 def _spec(name: str, layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int, *,
-          head_dim: int | None = None, **kw) -> ModelSpec:
-    return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim or hidden // heads, inter, vocab, **kw)
+          head_dim: int | None = None, quantization: str | None = None, **kw) -> ModelSpec:
+    """A spec; `quantization`: the method the published checkpoint is stored in (its quantization_config)."""
+    spec = ModelSpec(name, layers, hidden, heads, kv_heads, head_dim or hidden // heads, inter, vocab, **kw)
+    return with_method(spec, METHODS[quantization]) if quantization else spec
 
 
 # Context lengths are each model's published `max_position_embeddings` (Mistral-7B v0.1: 32768, with a
@@ -70,7 +73,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
           qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
     _spec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, head_dim=192, context_len=163840, num_experts=256,
           experts_per_token=8, shared_experts=1, moe_intermediate_size=2048, dense_layers=3, kv_lora_rank=512,
-          q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, weight_dtype_bytes=1),
+          q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, quantization="fp8"),
     # google/gemma-3-27b-it config.json text_config (the SigLIP vision tower, ~0.4B, is left out): 5 sliding
     # layers of 1024 tokens to 1 full (sliding_window_pattern 6), tied embeddings, gated GELU MLP
     _spec("gemma-3-27b", 62, 5376, 32, 16, 21504, 262208, head_dim=128, tied_embeddings=True, context_len=131072,
@@ -80,10 +83,10 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     # intermediate_size, 4 per token, MXFP4 experts (4-bit values + an 8-bit scale per 32: 0.53125 bytes),
     # attention, router, embeddings and head bf16. Its per-head attention sinks are learned logits: no KV bytes.
     _spec("gpt-oss-20b", 24, 2880, 64, 8, 2880, 201088, head_dim=64, context_len=131072, num_experts=32,
-          experts_per_token=4, moe_intermediate_size=2880, expert_dtype_bytes=0.53125,
+          experts_per_token=4, moe_intermediate_size=2880, quantization="mxfp4",
           layer_types=("sliding_attention", "full_attention") * 12, sliding_window=128),
     _spec("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, head_dim=64, context_len=131072, num_experts=128,
-          experts_per_token=4, moe_intermediate_size=2880, expert_dtype_bytes=0.53125,
+          experts_per_token=4, moe_intermediate_size=2880, quantization="mxfp4",
           layer_types=("sliding_attention", "full_attention") * 18, sliding_window=128),
 )}
 
