@@ -52,7 +52,6 @@ def test_the_winner_is_the_cheapest_feasible_point_of_an_exhaustive_run(tmp_path
     assert len(winners) == 1  # the grid has one cheapest shape (a tie would be stated, not recommended)
     capsys.readouterr()
 
-    used = {}
     for prune in (True, False):  # pruned and unpruned: the same winner, from the exhaustive run's probes
         doc = copy.deepcopy(SEARCH)
         doc["search"]["prune"] = prune
@@ -85,13 +84,11 @@ def test_the_winner_is_the_cheapest_feasible_point_of_an_exhaustive_run(tmp_path
             else:
                 assert prune and status[shape] == "cost bound"
                 assert shape not in costs or costs[shape] > cheapest
-        used[prune] = result["runs"]
-        if prune:
-            assert "cost bound" in set(points["status"])  # the a10g shape never needs to reach its answer
+        # pruned, the a10g shape is settled by the cost bound before its search ends; unpruned, every shape ends
+        assert ("cost bound" in set(points["status"])) == prune
         assert (out / "plots" / "cost_frontier.png").is_file()
         assert "Pareto frontier" in (out / "summary.md").read_text() and "Cheapest deployment" in \
             (out / "report.html").read_text()
-    assert used[True] < used[False]  # pruning simulates fewer probes for the same answer
 
 
 @pytest.mark.parametrize(("search", "message"), [
