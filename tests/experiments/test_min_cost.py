@@ -109,3 +109,27 @@ def test_a_gpu_without_a_price_is_refused(tmp_path, capsys):
     assert main(["run", str(write_yaml(tmp_path / "free.yaml", doc)), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "cpu-local" in err and "has no price" in err
+
+
+def test_equal_costs_are_a_tie_and_nothing_is_recommended():
+    """Two shapes at one $/hour (2 x 4 GPUs at $2/GPU-h, 1 x 8 at $2/GPU-h): a tie, stated, no winner; a third,
+    dearer one is not part of it."""
+    from kvplan.experiments.min_cost import mark_winner
+    from kvplan.experiments.min_cost_text import winner_line
+    from kvplan.experiments.ranking import recommend
+    from tests.experiments.test_runner import experiment
+
+    exp = experiment(slo={"p99_ttft_ms": 1000}, search={"target": "min_cost", "low": 1, "high": 8}, seeds=[0])
+    rows = [(0, "a", 2, 4, 2.0), (1, "b", 1, 8, 2.0), (2, "c", 3, 4, 2.0)]
+    points = pd.DataFrame([{"point": p, "label": label, "answer": float(n), "answer_low": float(n),
+                            "answer_high": float(n), "gpus_per_replica": g, "gpus": float(n * g),
+                            "price_per_gpu_hour": price, "shape_cost_per_hour": n * g * price,
+                            "shape_cost_low": n * g * price, "shape_cost_high": n * g * price,
+                            "status": "feasible", "p90_e2el_ms": 100.0 + p, "answers": f"{n}",
+                            "capacity_rps": 1.0, "capacity_tok_s": 1.0}
+                           for p, label, n, g, price in rows])
+    rec = recommend(exp, points)
+    assert rec.point is None and sorted(rec.tie) == [0, 1]
+    marked = mark_winner(points, rec)
+    assert list(marked["status"]) == ["tie", "tie", "feasible"]
+    assert winner_line(exp, marked, rec).startswith("Tie for the cheapest deployment")
