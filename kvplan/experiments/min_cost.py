@@ -6,25 +6,36 @@ analytic bound's climb, each seed on its own), at the workload's rate and SLOs. 
 
     cost ($/h) = replicas (the median of the seeds' answers) x GPUs per replica (TP x PP) x $/GPU-hour
 
-with the $/GPU-hour of the run's price table (`sim.specs.prices`; a GPU without a price is refused before
+with the $/GPU-hour of the experiment's prices (`sim.specs.prices`; a GPU without a price is refused before
 anything runs). The answer is the cheapest shape (`ranking`: a shape whose cost interval over the seeds overlaps
 the cheapest's is a tie, and none is recommended). Before anything is simulated each shape is screened:
 
     gate        the simulator refuses the shape (a TP the heads cannot split, fp8 on a GPU without fp8, ...)
     memory      the weights and the least KV do not fit the GPU (the simulator's no-fit message, with its figures)
-    cost bound  its lower bound on cost - the analytic bound's fewest replicas (`experiments.bound`) x GPUs x
-                price - lies above the cost interval's high end of the cheapest shape found so far
-    SLO         searched: no replica count up to search.high meets the SLOs (the failed ones at that count)
 
-Shapes are searched cheapest lower bound first (`CostPlan`), a few at a time, so most costly shapes are never
-simulated. Why pruning cannot change the answer: every seed's answer is at least the bound's fewest replicas
-(fewer are decided to fail), so a shape's cost interval starts at or above its lower bound. A shape is skipped
-only when no shape is still being searched and its bound exceeds the high end T of the best-ranked finished shape
-b's interval; every shape not yet searched then has a median cost above T >= b's median (it ranks below b, so b
-is the winner) and an interval starting above b's (so it is no tie with b). While a shape is still being
-searched T may still rise (a cheaper median with a wider interval), so nothing is skipped then: the plan waits.
-Which losing shapes get simulated can depend on which search finished first; the winner and the ties cannot.
-`prune: false` searches every shape (the full frontier).
+then searched under a cost ceiling (`CostPlan`), and reported as
+
+    feasible    searched to its answer (winner, or tie: see above)
+    SLO         searched: no replica count up to search.high meets the SLOs (the failed ones at that count)
+    cost bound  settled without an answer: the cheapest any of its seeds can still need costs more than the
+                high end of the cheapest shape's interval (searched only up to the ceiling, or not at all)
+
+The ceiling C ($/h) starts at twice the cheapest lower bound - a shape's lower bound is the analytic bound's
+fewest replicas (`experiments.bound`: fewer are decided to fail) x GPUs x price. A shape whose lower bound is
+within C is searched, its seeds climbing as min_replicas does but to at most floor(C / its replica's $/h)
+replicas: a seed still failing there is *capped* (`PointTask.capped`). Failing probes of few replicas are the
+cheap ones (an overloaded probe stops early). When no search runs, the best-ranked settled shape b (every seed at
+its answer) gives T, the high end of its $/h interval; a shape not settled is *relevant* while the cheapest any of
+its seeds can still need - its answer, one more than its cap, else its lower bound - costs at most T. With none
+relevant the answer is settled and the rest are `cost bound`; otherwise C doubles (at least to the cheapest
+relevant figure) and the relevant shapes go on (`PointTask.resume`: the step the climb would have taken next).
+
+Why the answer is the unpruned one: a seed's cost is at least the figure used for it, and a median (an interval's
+low end) is at least that of those figures, so every shape left unsettled has a median above T >= b's (it ranks
+below b: b is the cheapest) and an interval starting above b's high end (no tie with b). A resumed search ends
+where an uncapped one does under the search's assumption (more replicas never fail where fewer meet). Which
+losing shapes are searched how far can depend on which search finished first; the winner and the ties cannot.
+`prune: false` searches every shape to its answer (the full frontier).
 
 The Pareto frontier is drawn over the shapes that meet the SLOs, at their answers: throughput per GPU (tokens/s)
 against the search's latency metric (`search.latency`), and $ per million tokens against it.
@@ -237,8 +248,7 @@ def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.Dat
     per = np.array([s.per_replica for s in shape])
     rows["shape_cost_per_hour"] = rows["answer"].to_numpy(dtype=float) * per
     rows["shape_cost_low"] = rows["answer_low"].to_numpy(dtype=float) * per
-    rows["shape_cost_high"] = np.where(np.isfinite(rows["answer_high"].to_numpy(dtype=float)),
-                                       rows["answer_high"].to_numpy(dtype=float) * per, math.inf)
+    rows["shape_cost_high"] = rows["answer_high"].to_numpy(dtype=float) * per  # NaN: a seed found none (open)
     rows["status"] = np.where(capped, "cost bound", np.where(np.isfinite(rows["shape_cost_per_hour"]), "feasible",
                                                              "SLO"))
     rows["status_reason"] = [plan.skipped[int(row["point"])] if status == "cost bound" else

@@ -1,7 +1,8 @@
 """The `search:` keys only a `target: min_cost` search takes (the search itself: `min_cost`).
 
-    prune: true        skip a shape whose analytic lower bound on cost lies above the cheapest feasible cost found
-                       (`min_cost.CostPlan`; the answer is the same either way, pruning only saves simulations)
+    prune: true        search under a cost ceiling and leave a shape unsettled once the cheapest it can still need
+                       costs more than the cheapest found (`min_cost.CostPlan`; the answer is the same either way,
+                       pruning only saves simulations); false: every shape searched to its answer
     latency: METRIC    the latency of the Pareto frontier (a summary key, e.g. p99_ttft_ms); default: the SLO's
                        first latency, else p99_ttft_ms
 """
@@ -15,8 +16,8 @@ from kvplan.results.summary import SUMMARY_KEYS
 LATENCY_KEYS = tuple(k for k in SUMMARY_KEYS if k.endswith("_ms"))
 DEFAULT_LATENCY = "p99_ttft_ms"
 COST_SEARCH: dict[str, Field] = {
-    "prune": Field("bool", True, help="min_cost: skip shapes whose analytic lower bound on cost is above the "
-                   "cheapest feasible cost found (the answer does not change)"),
+    "prune": Field("bool", True, help="min_cost: stop searching a shape once the cheapest it can still need "
+                   "costs more than the cheapest found (the answer does not change); false: search every shape"),
     "latency": Field("choice", None, LATENCY_KEYS, nullable=True,
                      help="min_cost: the latency the Pareto frontier is drawn against; default: the SLO's first "
                      "latency, else p99_ttft_ms"),

@@ -92,8 +92,9 @@ def markdown(exp: Experiment, points: pd.DataFrame, rec) -> list[str]:
     latency = exp.search["latency"]
     lines = ["## Cheapest deployment", "", winner_line(exp, points, rec), "",
              "Every shape: winner, tie, feasible (meets the SLOs, costs more), or rejected - SLO (no replica count up "
-             "to search.high meets them), memory, gate, or cost bound (its analytic lower bound on cost is above "
-             "the cheapest found, so it was never simulated).", "", *_md_table(SHAPE_HEADERS, shape_rows(points)),
+             "to search.high meets them), memory, gate, or cost bound (the cheapest any of its seeds can still need "
+             "costs more than the cheapest shape's interval: searched only up to the cost ceiling, or not at all).", "",
+             *_md_table(SHAPE_HEADERS, shape_rows(points)),
              "", f"Pareto frontier (shapes meeting the SLOs; * on the frontier of lower {latency} and higher "
              "throughput per GPU, or lower $ per million tokens):", "",
              *_md_table((*FRONTIER_HEADERS[:2], latency, *FRONTIER_HEADERS[3:]), frontier_rows(exp, points))]

@@ -214,13 +214,15 @@ def cost_frontier(points: pd.DataFrame, latency: str) -> bytes | None:
                                      (axes[0][1], "usd_per_m_tokens", "frontier_cost",
                                       "$ per million tokens (lower is better)")):
         for i, (_, row) in enumerate(met.iterrows()):
-            ax.plot(row[latency], row[metric], "*" if row["status"] == "winner" else "o", ms=11 if
-                    row["status"] == "winner" else 6, color=f"C{i % 10}", label=str(row["label"]))
+            best = row["status"] in ("winner", "tie")
+            ax.plot(row[latency], row[metric], "*" if best else "o", ms=11 if best else 6, color=f"C{i % 10}",
+                    label=str(row["label"]))
         front = met[met[flag]].sort_values(latency)
         ax.plot(front[latency], front[metric], "-", color="k", lw=1, label="Pareto frontier")
         ax.set(xlabel=latency.replace("_ms", " (ms)"), ylabel=ylabel)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("Shapes meeting the SLOs at their fewest replicas (star: the cheapest)", fontsize=10)
+    fig.suptitle("Shapes meeting the SLOs at their fewest replicas (star: the cheapest, or tied for it)",
+                 fontsize=10)
     return _png(fig)
