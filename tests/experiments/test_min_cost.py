@@ -133,3 +133,10 @@ def test_equal_costs_are_a_tie_and_nothing_is_recommended():
     marked = mark_winner(points, rec)
     assert list(marked["status"]) == ["tie", "tie", "feasible"]
     assert winner_line(exp, marked, rec).startswith("Tie for the cheapest deployment")
+
+
+def test_a_grid_of_refused_shapes_is_refused_in_one_line(tmp_path, capsys):
+    doc = {**SEARCH, "sweep": {"grid": {"hardware": ["a10g"], "engine.tensor_parallel_size": [3]}}}
+    assert main(["run", str(write_yaml(tmp_path / "none.yaml", doc)), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "every shape is refused" in err and "does not divide" in err
