@@ -21,7 +21,7 @@ import pandas as pd
 from kvplan.engine.core.vllm_versions import NEWEST
 from kvplan.experiments import model_range
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
-from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, span
+from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, rank_span, span
 from kvplan.experiments.results import cell, load_line, point_table
 from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, Experiment
 from kvplan.sim.gpu.model_error import ModelError
@@ -91,7 +91,7 @@ def verdict_line(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
     """The recommendation and the next best it is clear of, the tie, or why there is none, in one sentence."""
     by_point = {int(row["point"]): row for _, row in points.iterrows()}
     if rec.tie:
-        shown = ", ".join(f"{short_label(exp, by_point[i])} ({span(exp, by_point[i])})" for i in rec.tie)
+        shown = ", ".join(f"{short_label(exp, by_point[i])} ({rank_span(exp, by_point[i])})" for i in rec.tie)
         return f"Tie: {shown}: their seed intervals overlap, so nothing is recommended (more seeds may separate them)."
     if rec.point is None:
         return f"No recommendation: {rec.why}."
@@ -101,13 +101,13 @@ def verdict_line(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
         text += f", {_number(best['answer'])} {UNITS[exp.search['target']]}"
     else:
         text += f", {exp.objective['metric']} {_number(best[exp.objective['metric']])}"
-    text += f" (seeds {span(exp, best)}"
+    text += f" (seeds {rank_span(exp, best)}"
     if exp.search and any(math.isfinite(best.get(k, math.nan)) for k in model_range.RANGE_COLUMNS):
         text += f"; model range {_number(best['capacity_model_lo'])}-{_number(best['capacity_model_hi'])}"
     text += ")"
     if rec.runner_up is not None:
         other = by_point[rec.runner_up]
-        text += f", clear of the next best, {short_label(exp, other)} ({span(exp, other)})"
+        text += f", clear of the next best, {short_label(exp, other)} ({rank_span(exp, other)})"
     return text + (f"; {UNTESTED}" if len(exp.seeds) < 2 else "") + "."
 
 

@@ -70,6 +70,15 @@ def span(exp: Experiment, row: pd.Series) -> str:
     return f"{low:.4g}-{high:.4g}"
 
 
+def rank_span(exp: Experiment, row: pd.Series) -> str:
+    """The interval a point is ranked by, in words: a min_cost point's $/hour over the seeds ("$33.41-44.64/h",
+    an open end "above"), else `span`."""
+    if not (exp.search and exp.search["target"] == "min_cost"):
+        return span(exp, row)
+    low, high = interval(exp, row)
+    return f"${low:.4g}-{high:.4g}/h" if math.isfinite(high) else f"${low:.4g}-above/h"
+
+
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
@@ -137,14 +146,14 @@ def _decide(exp: Experiment, ranked: pd.DataFrame, why: str, what: str, whats: s
     level = [row for row in others if tied(exp, best, row)]
     if level:
         rows = [best, *level]
-        shown = ", ".join(f"{row['label']} ({span(exp, row)})" for row in rows)
+        shown = ", ".join(f"{row['label']} ({rank_span(exp, row)})" for row in rows)
         return Recommendation(None, "", f"tie: {shown}: the {whats} overlap, so the seeds do not separate them; "
                                         "none is recommended (more seeds may separate them)",
                               [int(row["point"]) for row in rows], [str(row["label"]) for row in rows])
     if others:
         runner_up = others[0]
-        why += f"; its {what} ({span(exp, best)}) is clear of the next best, {runner_up['label']} " \
-               f"({span(exp, runner_up)})"
+        why += f"; its {what} ({rank_span(exp, best)}) is clear of the next best, {runner_up['label']} " \
+               f"({rank_span(exp, runner_up)})"
     if len(exp.seeds) < 2:
         why += f"; {UNTESTED}"
     return Recommendation(int(best["point"]), str(best["label"]), why,
