@@ -145,47 +145,47 @@ class CostPlan:
 
     def release(self, tasks: list) -> tuple[list[int], list[tuple[int, int]]]:  # tasks: search.PointTask
         """(shapes settled by the cost bound now, (task index, ceiling) of capped searches to resume). Shapes
-        start when their lower bound is within the ceiling; once no search runs, either the answer is settled
-        (every shape not searched to its end has a lower bound above the best's interval: skipped) or the
-        ceiling doubles (at least to the cheapest bound still relevant) and the relevant shapes go on."""
+        start when their lower bound is within the ceiling and the best settled interval's high end; once no
+        search runs, either the answer is settled (every shape not searched to its end can only cost more than
+        that high end: skipped) or the ceiling doubles (at least to the cheapest figure still relevant) and the
+        relevant shapes go on."""
         searchable = [s for s in self.shapes.values() if not s.status]
         if not self.started and not self.ceiling:
             self.ceiling = 2 * min((s.lower_bound for s in searchable), default=0.0)
         mine = [(i, t) for i, t in enumerate(tasks) if not t.edge]
-        self._start(tasks)
-        if any(t.point.index in self.started and not t.done for _, t in mine):
-            return [], []  # a search still runs: it may still settle a cheaper answer
         best = self.best(tasks)
         limit = best[1] if best is not None else math.inf
+        self._start(tasks, limit)
+        if any(t.point.index in self.started and not t.done for _, t in mine):
+            return [], []  # a search still runs: it may still settle a cheaper answer
         relevant = {s.point: low for s in searchable if not self.settled(s.point, tasks)
                     and (low := self.lowest(s, tasks)) <= limit}
-        while relevant:  # raise the ceiling until a relevant search can go on
+        while relevant:  # raise the ceiling until a relevant search can go on (C doubles: it ends)
             self.ceiling = max(2 * self.ceiling, min(relevant.values()))
-            started = self._start(tasks)
+            started = self._start(tasks, limit)
             resume = [(i, self.cap(self.shapes[t.point.index])) for i, t in mine
                       if t.capped and t.point.index in relevant and self.cap(self.shapes[t.point.index]) > t.current]
             if started or resume:
                 return [], resume
-        if not relevant:
-            skipped = [s.point for s in searchable if not self.settled(s.point, tasks)]
-            for point in skipped:
-                shape, low = self.shapes[point], self.lowest(self.shapes[point], tasks)
-                self.skipped[point] = (
-                    f"at least {low / shape.per_replica:g} replicas x {shape.gpus_per_replica} GPUs x "
-                    f"${shape.price:.3g}/GPU-h = ${low:.4g}/h for its cheapest seed ("
-                    f"{'searched up to the cost ceiling' if point in self.started else 'the analytic bound'}), "
-                    f"above ${limit:.4g}/h, the high end of the cheapest shape's interval "
-                    f"({self.shapes[best[0]].label})" if best is not None else "")
+        skipped = [s.point for s in searchable if not self.settled(s.point, tasks)]
+        for point in skipped:  # none without a best: then every unsettled shape was relevant
+            assert best is not None
+            shape, low = self.shapes[point], self.lowest(self.shapes[point], tasks)
+            how = "searched up to the cost ceiling" if point in self.started else "the analytic bound: never simulated"
+            self.skipped[point] = (
+                f"at least {low / shape.per_replica:g} replicas x {shape.gpus_per_replica} GPUs x "
+                f"${shape.price:.3g}/GPU-h = ${low:.4g}/h for its cheapest seed ({how}), above ${limit:.4g}/h, the "
+                f"high end of the cheapest shape's interval ({self.shapes[best[0]].label})")
         return skipped, []
 
-    def _start(self, tasks: list) -> list[int]:
-        """Release the shapes whose lower bound lies within the ceiling (every shape without pruning); set every
-        unstarted search's ceiling. Returns the shapes released now."""
+    def _start(self, tasks: list, limit: float) -> list[int]:
+        """Release the shapes whose lower bound lies within the ceiling and `limit` (every shape without
+        pruning); set every unstarted search's ceiling. Returns the shapes released now."""
         now = []
         for shape in self.shapes.values():
             if shape.status or shape.point in self.started:
                 continue
-            if not self.exp.search["prune"] or shape.lower_bound <= self.ceiling * (1 + 1e-12):
+            if not self.exp.search["prune"] or shape.lower_bound <= min(self.ceiling, limit) * (1 + 1e-12):
                 self.started.add(shape.point)
                 now.append(shape.point)
         for task in tasks:
