@@ -14,6 +14,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvplan.arg_types import (
     MAX_TOKENS,
@@ -28,6 +29,9 @@ from kvplan.output import atomic_dir, check_out_dir, check_paths, format_table, 
 from kvplan.results.serving_result import write_tables
 from kvplan.settings_cli import GIVEN, add_setting_flags, check_flag_needs, settings_from_args
 from kvplan.trace_options import UNTIMED_NOTE, add_arrival_options, add_load_options, load_trace, retime_spec
+
+if TYPE_CHECKING:
+    from kvplan.sim.specs.prices import PriceTable
 
 TABLE = (("block", "block_size"), ("kv_blocks", "num_blocks"), ("done", "completed"),
          ("req/s", "request_throughput"), ("out_tok/s", "output_throughput"), ("ttft_ms", "mean_ttft_ms"),
@@ -86,7 +90,7 @@ def add_price_options(p: argparse.ArgumentParser) -> None:
                    help="which price column the cost uses (default: the file's kind, else on_demand)")
 
 
-def prices_from_args(args: argparse.Namespace, base=None):  # -> sim.specs.prices.PriceTable
+def prices_from_args(args: argparse.Namespace, base: PriceTable | None = None) -> PriceTable:
     """The price table the cost fields use: --prices FILE (over the built-in table; it replaces an experiment's
     `prices:` block), else `base` (that block's table), else the built-ins; --price-kind over either's kind."""
     from kvplan.sim.specs.prices import price_table, with_kind

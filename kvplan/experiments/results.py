@@ -38,7 +38,7 @@ from kvplan.experiments.runner import Outcome
 from kvplan.experiments.schema import REPLICA_TARGETS, SEARCH_TARGETS, Experiment
 from kvplan.experiments.search import PointTask
 from kvplan.results.summary import SUMMARY_KEYS
-from kvplan.sim.dollars import COST_KEYS
+from kvplan.sim.dollars import COST_KEYS, cost_fields
 
 # the cost columns (`sim.dollars.COST_KEYS`): numbers averaged over a point's runs, words taken from its first
 COST_NUMBERS = ("cost_per_hour", "usd_per_m_input_tokens", "usd_per_m_output_tokens", "goodput_per_usd",
@@ -46,6 +46,7 @@ COST_NUMBERS = ("cost_per_hour", "usd_per_m_input_tokens", "usd_per_m_output_tok
 COST_WORDS = ("goodput_basis", "price_kind", "price_source", "price_date", "cost_note")
 COST_SHOWN = ("cost_per_hour", "usd_per_m_input_tokens", "usd_per_m_output_tokens", "goodput_per_usd")
 assert set(COST_NUMBERS) | set(COST_WORDS) == set(COST_KEYS)
+
 HEADLINE = ("request_throughput", "request_goodput", "p99_ttft_ms", "p90_tpot_ms", "p90_e2el_ms", "kv_usage_mean",
             "kv_token_utilization", "prefix_cache_hit_rate", "num_preemptions")
 # A probe's counts and signals in runs.parquet (summary.json's "probe"; missing for a burst run).
@@ -76,8 +77,6 @@ def probe_row(doc: dict) -> dict[str, object]:
 def run_cost(exp: Experiment, doc: dict, config: dict) -> dict[str, object]:
     """A run's cost columns (`sim.dollars`) at the experiment's prices: its GPUs are replicas x TP x PP of its
     hardware. Computed here, from the stored run, so that new prices re-price a result set without a rerun."""
-    from kvplan.sim.dollars import cost_fields
-
     engine = config["engine"]
     gpus = config["cluster"]["replicas"] * engine["tensor_parallel_size"] * engine["pipeline_parallel_size"]
     return cost_fields(exp.prices, config["hardware"], gpus, doc["summary"], doc["info"])
