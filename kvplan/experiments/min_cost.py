@@ -22,9 +22,9 @@ then searched under a cost ceiling (`CostPlan`), and reported as
 
 The ceiling C ($/h) starts at twice the cheapest lower bound - a shape's lower bound is the analytic bound's
 fewest replicas (`experiments.bound`: fewer are decided to fail) x GPUs x price. A shape whose lower bound is
-within C (and within T below, once a shape is settled) is searched, its seeds climbing as min_replicas does but to at most floor(C / its replica's $/h)
-replicas: a seed still failing there is *capped* (`PointTask.capped`). Failing probes of few replicas are the
-cheap ones (an overloaded probe stops early). When no search runs, the best-ranked settled shape b (every seed at
+within C (and within T below, once a shape is settled) is searched, its seeds climbing as min_replicas does but
+to at most floor(C / its replica's $/h) replicas: a seed still failing there is *capped* (`PointTask.capped`).
+Failing probes of few replicas are the cheap ones (an overloaded probe stops early). When no search runs, the best-ranked settled shape b (every seed at
 its answer) gives T, the high end of its $/h interval; a shape not settled is *relevant* while the cheapest any of
 its seeds can still need - its answer, one more than its cap, else its lower bound - costs at most T. With none
 relevant the answer is settled and the rest are `cost bound`; otherwise C doubles (at least to the cheapest
