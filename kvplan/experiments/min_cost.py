@@ -24,11 +24,12 @@ The ceiling C ($/h) starts at twice the cheapest lower bound - a shape's lower b
 fewest replicas (`experiments.bound`: fewer are decided to fail) x GPUs x price. A shape whose lower bound is
 within C (and within T below, once a shape is settled) is searched, its seeds climbing as min_replicas does but
 to at most floor(C / its replica's $/h) replicas: a seed still failing there is *capped* (`PointTask.capped`).
-Failing probes of few replicas are the cheap ones (an overloaded probe stops early). When no search runs, the best-ranked settled shape b (every seed at
-its answer) gives T, the high end of its $/h interval; a shape not settled is *relevant* while the cheapest any of
-its seeds can still need - its answer, one more than its cap, else its lower bound - costs at most T. With none
-relevant the answer is settled and the rest are `cost bound`; otherwise C doubles (at least to the cheapest
-relevant figure) and the relevant shapes go on (`PointTask.resume`: the step the climb would have taken next).
+Failing probes of few replicas are the cheap ones (an overloaded probe stops early). When no search runs, the
+best-ranked settled shape b (every seed at its answer) gives T, the high end of its $/h interval; a shape not
+settled is *relevant* while the cheapest any of its seeds can still need - its answer, one more than its cap,
+else its lower bound - costs at most T. With none relevant the answer is settled and the rest are `cost bound`;
+otherwise C doubles (at least to the cheapest relevant figure) and the relevant shapes go on (`PointTask.resume`:
+the step the climb would have taken next).
 
 Why the answer is the unpruned one: a seed's cost is at least the figure used for it, and a median (an interval's
 low end) is at least that of those figures, so every shape left unsettled has a median above T >= b's (it ranks
