@@ -78,6 +78,8 @@ OUTPUTS: dict[str, Output] = {
     "simulate": Output("kvplan simulate --trace traces/samples/mooncake_style.jsonl --model llama-3-8b "
                        "--hardware a100-40gb --block-size 16 64 256"),
     "gpus-needed-70b": Output("kvplan run experiments/gpus_needed_70b.yaml --workers 2"),
+    "cheapest-deployment": Output("kvplan run experiments/cheapest_deployment.yaml --workers 2",
+                                  summary=("Cheapest deployment",), keep="docs/examples/cheapest_deployment"),
     **{f"quantization-{q}": Output("kvplan simulate --trace traces/samples/chat.jsonl --rate 20 --model llama-3-70b "
                                    f"--hardware h100-sxm --tensor-parallel-size 4 --quantization {q}")
        for q in ("none", "fp8", "awq")},

@@ -39,6 +39,7 @@ def load(path: Path):  # -> (Experiment, list[Point])
     from kvplan.errors import ConfigError
     from kvplan.experiments.check import check_point, resolve
     from kvplan.experiments.fields import SchemaError
+    from kvplan.experiments.min_cost import is_cost_search, screen
     from kvplan.experiments.points import expand
     from kvplan.experiments.schema import load_experiment
     from kvplan.experiments.trace_needs import prefix_warning
@@ -47,7 +48,14 @@ def load(path: Path):  # -> (Experiment, list[Point])
     try:
         resolve(exp)
         points = expand(exp)
-        traces = [check_point(exp, point) for point in points]
+        # a min_cost search rejects the shapes a gate or the memory refuses (min_cost.screen) instead of stopping
+        shapes = screen(exp, points) if is_cost_search(exp) else {}
+        rejected = {i for i, s in shapes.items() if s.status}
+        if shapes and len(rejected) == len(points):  # nothing left to search
+            first = shapes[points[0].index]
+            raise SchemaError(f"sweep.grid: every shape is refused before a run, e.g. point 0 ({first.label}): "
+                              f"{first.status}: {first.reason}")
+        traces = [check_point(exp, point) for point in points if point.index not in rejected]
     except ConfigError as exc:  # a field's or the schema's: the key path, now after the file
         raise SchemaError(f"{path}: {exc}") from None
     # once, after every point passed (a refused file says its one line only); workload.trace is not swept, so
@@ -61,11 +69,15 @@ def load(path: Path):  # -> (Experiment, list[Point])
 def explain(exp, points, workers: int = 1) -> dict:
     """The resolved plan, and its estimated wall time on `workers` (`experiments.estimate`: a micro-run now)."""
     from kvplan.experiments.estimate import edge_searches, estimate_plan
+    from kvplan.experiments.min_cost import is_cost_search, screen
     from kvplan.experiments.model_range import edge_scales, point_errors
     from kvplan.experiments.results import slo_lines
 
     searched = f"{exp.search['target']} over [{exp.search['low']:g}, {exp.search['high']:g}]" if exp.search else None
-    estimate = estimate_plan(exp, points, edge_searches(exp, points, edge_scales(point_errors(exp))), workers)
+    # a min_cost search runs only the shapes neither a gate nor the memory refuses (an upper estimate: no pruning)
+    shapes = screen(exp, points) if is_cost_search(exp) else {}
+    runs = [p for p in points if not (p.index in shapes and shapes[p.index].status)]
+    estimate = estimate_plan(exp, runs, edge_searches(exp, runs, edge_scales(point_errors(exp))), workers)
     return {"name": exp.name, "base": exp.base, "seeds": exp.seeds, "search": searched, "slo": slo_lines(exp),
             "objective": exp.objective, "points": [{"point": p.index, "label": p.label, "values": p.values}
                                                    for p in points], "derived": derived_lines(points),

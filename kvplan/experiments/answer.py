@@ -21,14 +21,14 @@ import pandas as pd
 from kvplan.engine.core.vllm_versions import NEWEST
 from kvplan.experiments import model_range
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
-from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, span
+from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, rank_span, span
 from kvplan.experiments.results import cell, load_line, point_table
-from kvplan.experiments.schema import INTEGER_TARGETS, Experiment
+from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, Experiment
 from kvplan.sim.gpu.model_error import ModelError
 
 WIDTH = 100
 UNITS = {"max_rate": "req/s", "max_goodput": "req/s", "max_concurrency": "users", "max_burst_scale": "x rate",
-         "min_replicas": "replicas"}
+         "min_replicas": "replicas", "min_cost": "replicas"}
 TOP_LEVEL = ("model", "hardware")  # swept keys whose values name themselves ("h100-sxm", not "hardware=h100-sxm")
 
 
@@ -70,7 +70,7 @@ def answer_table(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
         if exp.search:
             value = row["answer"]
             text = _number(value)
-            if exp.search["target"] == "min_replicas" and math.isfinite(value):
+            if exp.search["target"] in REPLICA_TARGETS and math.isfinite(value):
                 text += f" = {row['gpus']:g} GPUs"
             cells += [text if math.isfinite(value) else "none", span(exp, row) if math.isfinite(value) else "-"]
             if ranged:
@@ -91,7 +91,7 @@ def verdict_line(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
     """The recommendation and the next best it is clear of, the tie, or why there is none, in one sentence."""
     by_point = {int(row["point"]): row for _, row in points.iterrows()}
     if rec.tie:
-        shown = ", ".join(f"{short_label(exp, by_point[i])} ({span(exp, by_point[i])})" for i in rec.tie)
+        shown = ", ".join(f"{short_label(exp, by_point[i])} ({rank_span(exp, by_point[i])})" for i in rec.tie)
         return f"Tie: {shown}: their seed intervals overlap, so nothing is recommended (more seeds may separate them)."
     if rec.point is None:
         return f"No recommendation: {rec.why}."
@@ -101,13 +101,13 @@ def verdict_line(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
         text += f", {_number(best['answer'])} {UNITS[exp.search['target']]}"
     else:
         text += f", {exp.objective['metric']} {_number(best[exp.objective['metric']])}"
-    text += f" (seeds {span(exp, best)}"
+    text += f" (seeds {rank_span(exp, best)}"
     if exp.search and any(math.isfinite(best.get(k, math.nan)) for k in model_range.RANGE_COLUMNS):
         text += f"; model range {_number(best['capacity_model_lo'])}-{_number(best['capacity_model_hi'])}"
     text += ")"
     if rec.runner_up is not None:
         other = by_point[rec.runner_up]
-        text += f", clear of the next best, {short_label(exp, other)} ({span(exp, other)})"
+        text += f", clear of the next best, {short_label(exp, other)} ({rank_span(exp, other)})"
     return text + (f"; {UNTESTED}" if len(exp.seeds) < 2 else "") + "."
 
 
@@ -184,6 +184,11 @@ def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width:
     console.print(table)
     console.print(verdict_line(exp, points, rec), style="bold" if terminal else "")
     console.print(cost_text(exp, points, rec))
+    if "frontier_cost" in points:  # a min_cost search: the winner's cost, every shape's status, the frontier
+        from kvplan.experiments.min_cost_text import terminal_lines
+
+        for line in terminal_lines(exp, points, rec):
+            console.print(line)
     notes = sorted({str(n) for n in points.get("model_range_note", pd.Series(dtype=str)) if isinstance(n, str) and n})
     if notes:  # why a point has no model range ('-' in the table)
         console.print(f"(-) {'; '.join(notes)}.")
@@ -270,6 +275,10 @@ def summary_markdown(exp: Experiment, points: pd.DataFrame, rec: Recommendation,
         lines += [exp.description.strip(), ""]
     lines += [f"{len(points)} point(s), {runs} run(s), seeds {exp.seeds}, {vllm_text(exp, points)}.", ""]
     lines += [*markdown_answer(exp, points, rec), ""]
+    if "frontier_cost" in points:
+        from kvplan.experiments.min_cost_text import markdown
+
+        lines += [*markdown(exp, points, rec), ""]
     if exp.search:
         integer = exp.search["target"] in INTEGER_TARGETS
         lines += [f"Search: {exp.search['target']} over [{exp.search['low']:g}, {exp.search['high']:g}]"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, slo_name
-from kvplan.experiments.schema import Experiment
+from kvplan.experiments.schema import REPLICA_TARGETS, Experiment
 from kvplan.experiments.search import PointTask, describe
 
 COLUMNS = ("binding_limit", "binding_key", "binding_detail", "binding_votes", "binding_of", "binding_at")
@@ -62,7 +62,7 @@ def top(failed: list[dict]) -> dict:
 def task_votes(task: PointTask, runs: pd.DataFrame) -> list[Vote]:
     """One vote per failing run at the search's first failing probe, or one for the bound it ended at."""
     target, search = task.target, task.exp.search
-    upward = target != "min_replicas"
+    upward = target not in REPLICA_TARGETS
     if task.answer is None:  # failed already at low (upward), or even with high replicas
         edge, value = ("search.low", search["low"]) if upward else ("search.high", search["high"])
         failed = _failed_at(task, runs, value)

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 
 from kvplan.experiments.points import Point, run_config
-from kvplan.experiments.schema import INTEGER_TARGETS, SEARCH_TARGETS, Experiment
+from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, SEARCH_TARGETS, Experiment
 
 GUIDED_PROBES = 3
 WARM_S = 5.0  # simulated seconds of the untimed warm-up run before a point's micro-runs
@@ -211,7 +211,7 @@ def point_cost(exp: Experiment, point: Point) -> float:
         span, simulations = probe_span(config, info["offered_rps"], p99, tail)
         return fixed * simulations + per_second * span
     met = slo_verdict(exp, doc)[0]
-    upward = search["target"] != "min_replicas"  # meets below the answer
+    upward = search["target"] not in REPLICA_TARGETS  # meets below the answer
     above = met == upward  # the answer lies above the middle
     typical = _between(search, mid, search["high"]) if above else _between(search, search["low"], mid)
     at = run_config(point.config, exp.seeds[0], {key: typical})

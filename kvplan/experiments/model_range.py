@@ -18,7 +18,7 @@ import math
 import pandas as pd
 
 from kvplan.experiments.points import expand
-from kvplan.experiments.schema import INTEGER_TARGETS, Experiment
+from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, Experiment
 from kvplan.experiments.search import PointTask
 from kvplan.sim.gpu.model_error import FAMILY_HEADERS, UNKNOWN, ModelError
 
@@ -57,7 +57,7 @@ def capacity_range(exp: Experiment, tasks: list[PointTask], answer: float | None
              for t in edges if t.answer is not None]
     low, high = min([answer, *moved]), max([answer, *moved])
     if len(moved) < len(edges):  # an edge failed even at `low` (or needed more than `high` replicas)
-        if exp.search["target"] == "min_replicas":
+        if exp.search["target"] in REPLICA_TARGETS:
             high = math.nan
         else:
             low = math.nan

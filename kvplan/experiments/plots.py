@@ -200,3 +200,29 @@ def kv_over_time(series: pd.DataFrame, title: str) -> bytes | None:
     bottom.legend(fontsize=8)
     bottom.grid(alpha=0.3)
     return _png(fig)
+
+
+def cost_frontier(points: pd.DataFrame, latency: str) -> bytes | None:
+    """A min_cost search's Pareto frontier: throughput per GPU and $ per million tokens against `latency`, one
+    marker per shape meeting the SLOs (at its answer), the frontier joined by a line; None when no shape meets."""
+    met = points[points["status"].isin(("winner", "tie", "feasible"))]
+    if met.empty:
+        return None
+    fig, axes = _figure(1, 2, size=(11, 4.2))
+    for ax, metric, flag, ylabel in ((axes[0][0], "throughput_per_gpu", "frontier_throughput",
+                                      "tokens/s per GPU (higher is better)"),
+                                     (axes[0][1], "usd_per_m_tokens", "frontier_cost",
+                                      "$ per million tokens (lower is better)")):
+        for i, (_, row) in enumerate(met.iterrows()):
+            best = row["status"] in ("winner", "tie")
+            ax.plot(row[latency], row[metric], "*" if best else "o", ms=11 if best else 6, color=f"C{i % 10}",
+                    label=str(row["label"]))
+        front = met[met[flag]].sort_values(latency)
+        ax.plot(front[latency], front[metric], "-", color="k", lw=1, label="Pareto frontier")
+        ax.set(xlabel=latency.replace("_ms", " (ms)"), ylabel=ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Shapes meeting the SLOs at their fewest replicas (star: the cheapest, or tied for it)",
+                 fontsize=10)
+    return _png(fig)

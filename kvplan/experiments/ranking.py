@@ -11,6 +11,8 @@ plain point, the range of the objective metric's per-seed values [objective_low,
     min_replicas:   fewest GPUs (replicas x TP x PP), then fewest replicas, then the objective, is best; another
                     point ties with it when their GPU intervals overlap, unless both need one same GPU count at
                     every seed and the best's replica interval lies below the other's.
+    min_cost:       the lowest $/hour (replicas x GPUs per replica x $/GPU-hour: `min_cost`), then fewest GPUs,
+                    replicas, the objective; another point ties with it when their $/hour intervals overlap.
     no search:      among the points meeting the SLOs, the best objective value; another ties with it when their
                     objective intervals overlap.
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from kvplan.experiments import model_range
-from kvplan.experiments.schema import Experiment
+from kvplan.experiments.schema import REPLICA_TARGETS, Experiment
 
 UNTESTED = "one seed: the separation is not tested by a seed spread"
 
@@ -47,8 +49,10 @@ def interval(exp: Experiment, row: pd.Series) -> tuple[float, float]:
         value = float(row[exp.objective["metric"]])
         return float(row.get("objective_low", value)), float(row.get("objective_high", value))
     low, high = float(row["answer_low"]), float(row["answer_high"])
-    if exp.search["target"] == "min_replicas":
+    if exp.search["target"] in REPLICA_TARGETS:
         per = float(row.get("gpus_per_replica", 1))
+        if exp.search["target"] == "min_cost":  # what is bought: GPU-hours at their price
+            per *= float(row["price_per_gpu_hour"])
         return low * per, (high * per if math.isfinite(high) else math.inf)
     return (low if math.isfinite(low) else -math.inf), high
 
@@ -66,6 +70,15 @@ def span(exp: Experiment, row: pd.Series) -> str:
     return f"{low:.4g}-{high:.4g}"
 
 
+def rank_span(exp: Experiment, row: pd.Series) -> str:
+    """The interval a point is ranked by, in words: a min_cost point's $/hour over the seeds ("$33.41-44.64/h",
+    an open end "above"), else `span`."""
+    if not (exp.search and exp.search["target"] == "min_cost"):
+        return span(exp, row)
+    low, high = interval(exp, row)
+    return f"${low:.4g}-{high:.4g}/h" if math.isfinite(high) else f"${low:.4g}-above/h"
+
+
 def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
@@ -73,7 +86,9 @@ def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
 def tied(exp: Experiment, best: pd.Series, other: pd.Series) -> bool:
     """Is `other` tied with `best` (see the module docstring)?"""
     mine, theirs = interval(exp, best), interval(exp, other)
-    if exp.search and exp.search["target"] == "min_replicas":
+    if exp.search and exp.search["target"] == "min_cost":
+        return _overlap(mine, theirs)
+    if exp.search and exp.search["target"] in REPLICA_TARGETS:
         if not _overlap(mine, theirs):
             return False
         one_count = mine[0] == mine[1] == theirs[0] == theirs[1]
@@ -93,10 +108,16 @@ def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
     if exp.search:
         target = exp.search["target"]
         found = points[points["answer"].notna()]
+        if target == "min_cost":
+            found = found[found["status"] == "feasible"]  # not a shape the cost bound settled (min_cost)
         if found.empty:
             return Recommendation(None, "", f"no point meets the SLOs inside the searched range "
                                             f"[{exp.search['low']:g}, {exp.search['high']:g}]")
-        if target == "min_replicas":  # what is bought is GPUs: 3 replicas at TP 2 beat 2 at TP 4
+        if target == "min_cost":
+            ranked = found.sort_values(["shape_cost_per_hour", "gpus", "answer", metric],
+                                       ascending=[True, True, True, ascending], kind="stable")
+            ranking = "ranked by $/hour (replicas x GPUs x $/GPU-hour), then GPUs, then replicas"
+        elif target in REPLICA_TARGETS:  # what is bought is GPUs: 3 replicas at TP 2 beat 2 at TP 4
             ranked = found.sort_values(["gpus", "answer", metric], ascending=[True, True, ascending], kind="stable")
             ranking = "ranked by GPUs (replicas x TP x PP), then replicas"
         else:
@@ -125,14 +146,14 @@ def _decide(exp: Experiment, ranked: pd.DataFrame, why: str, what: str, whats: s
     level = [row for row in others if tied(exp, best, row)]
     if level:
         rows = [best, *level]
-        shown = ", ".join(f"{row['label']} ({span(exp, row)})" for row in rows)
+        shown = ", ".join(f"{row['label']} ({rank_span(exp, row)})" for row in rows)
         return Recommendation(None, "", f"tie: {shown}: the {whats} overlap, so the seeds do not separate them; "
                                         "none is recommended (more seeds may separate them)",
                               [int(row["point"]) for row in rows], [str(row["label"]) for row in rows])
     if others:
         runner_up = others[0]
-        why += f"; its {what} ({span(exp, best)}) is clear of the next best, {runner_up['label']} " \
-               f"({span(exp, runner_up)})"
+        why += f"; its {what} ({rank_span(exp, best)}) is clear of the next best, {runner_up['label']} " \
+               f"({rank_span(exp, runner_up)})"
     if len(exp.seeds) < 2:
         why += f"; {UNTESTED}"
     return Recommendation(int(best["point"]), str(best["label"]), why,
@@ -166,5 +187,7 @@ def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
         return f"the highest burst rate scale absorbed within the SLOs: x{value:.4g} ({spread}; " \
                f"{row['offered_rate_rps']:.4g} req/s offered)"
     per = int(row.get("gpus_per_replica", 1))
+    cost = f" at ${row['shape_cost_per_hour']:.4g}/h (${row['price_per_gpu_hour']:.3g}/GPU-h)" \
+        if target == "min_cost" else ""
     return f"the fewest replicas meeting the SLOs: {value:g} ({spread}) = {value * per:g} GPUs ({value:g} " \
-           f"replicas x {per} GPU{'s' if per > 1 else ''} each: TP x PP)"
+           f"replicas x {per} GPU{'s' if per > 1 else ''} each: TP x PP){cost}"

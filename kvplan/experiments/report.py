@@ -16,6 +16,8 @@ import pandas as pd
 from kvplan.experiments import model_range, plots
 from kvplan.experiments.answer import cost_markdown, summary_markdown, vllm_text
 from kvplan.experiments.criteria import gate_lines
+from kvplan.experiments.min_cost import mark_winner
+from kvplan.experiments.min_cost_text import FRONTIER_HEADERS, SHAPE_HEADERS, frontier_rows, shape_rows, winner_line
 from kvplan.experiments.ranking import Recommendation, capacity_sentence, recommend
 from kvplan.experiments.results import (
     COUNTS,
@@ -23,17 +25,20 @@ from kvplan.experiments.results import (
     cell,
     load_line,
     point_table,
-    points_frame,
+    points_table,
     runs_frame,
     slo_lines,
 )
 from kvplan.experiments.runner import Outcome
-from kvplan.experiments.schema import SLO_KEYS, Experiment
+from kvplan.experiments.schema import REPLICA_TARGETS, SLO_KEYS, Experiment
 from kvplan.output import json_text, write_atomic
 
 UNITS = {"max_rate": "req/s (sustained)", "max_goodput": "req/s (sustained)", "max_concurrency": "users",
-         "max_burst_scale": "rate scale (x the recorded trace)", "min_replicas": "replicas"}
+         "max_burst_scale": "rate scale (x the recorded trace)", "min_replicas": "replicas",
+         "min_cost": "replicas"}
 FIGURES = (
+    ("cost_frontier", "Cheapest deployment: the Pareto frontier of the shapes meeting the SLOs (throughput per GPU and "
+                      "$ per million tokens vs latency)"),
     ("latency_vs_rate", "Latency vs offered request rate (stable probes; dotted: each configuration's capacity; "
                         "red cross: its binding SLO at its first failing probe)"),
     ("latency_vs_gpus", "Latency vs GPUs of the replica search (stable probes; dotted: each configuration's answer; "
@@ -63,11 +68,13 @@ def figures(exp: Experiment, outcome: Outcome, runs: pd.DataFrame, points: pd.Da
            "memory_breakdown": plots.memory_breakdown(points),
            "preemptions": plots.per_point(points, swept, "num_preemptions", "Preemptions", "count")}
     if exp.search:
-        gpus = exp.search["target"] == "min_replicas"  # what a replica search buys: GPUs
+        gpus = exp.search["target"] in REPLICA_TARGETS  # what a replica search buys: GPUs
         out["capacity"] = plots.per_point(points, swept, "gpus" if gpus else "answer",
                                           f"Capacity: {exp.search['target']} (median of seeds; red: binding limit)",
                                           "GPUs (replicas x TP x PP)" if gpus else UNITS[exp.search["target"]],
                                           notes=points["binding_limit"])
+    if "frontier_cost" in points:  # a min_cost search
+        out["cost_frontier"] = plots.cost_frontier(points, exp.search["latency"])
     if (runs["prefix_cache_queries"] > 0).any():
         out["prefix_hit_rate"] = plots.per_point(points, swept, "prefix_cache_hit_rate", "Prefix-cache hit rate",
                                                  "hit rate")
@@ -84,7 +91,7 @@ def latency_figure(exp: Experiment, runs: pd.DataFrame, points: pd.DataFrame,
     """Latency against the load: the offered rate, or for a replica search the GPUs its probes used; each
     configuration's answer dotted and its binding SLO crossed at its first failing probe (`binding_at`)."""
     keys = [k for k in swept if k not in ("workload.rate_scale", "workload.rate", "workload.concurrency")]
-    replicas = exp.search is not None and exp.search["target"] == "min_replicas"
+    replicas = exp.search is not None and exp.search["target"] in REPLICA_TARGETS
     if replicas:
         runs = runs.assign(gpus=runs["cluster.replicas"] * runs["engine.tensor_parallel_size"]
                            * runs["engine.pipeline_parallel_size"])
@@ -107,10 +114,12 @@ def latency_figure(exp: Experiment, runs: pd.DataFrame, points: pd.DataFrame,
 def write_results(exp: Experiment, outcome: Outcome, staging: Path) -> None:
     """Everything but the runs themselves, into the staging directory (swapped in whole afterwards)."""
     runs = runs_frame(exp, outcome)
-    points = points_frame(exp, outcome, runs)
+    points = points_table(exp, outcome, runs)
     if exp.search:  # each run beside its point's range (the edge searches' runs included)
         runs = runs.merge(points[["point", *model_range.RANGE_COLUMNS]], on="point", how="left")
     rec = recommend(exp, points)
+    if outcome.plan is not None:
+        points = mark_winner(points, rec)
     write_atomic(staging / "runs.parquet", _parquet(runs))
     write_atomic(staging / "points.parquet", _parquet(points))
     write_atomic(staging / "experiment.yaml", exp.text)
@@ -133,6 +142,18 @@ def write_results(exp: Experiment, outcome: Outcome, staging: Path) -> None:
     if exp.outputs["report"]:
         write_atomic(staging / "report.html", report_html(exp, points, rec, images, len(outcome.runs), runs,
                                                           model_range.html_section(exp, outcome.model_errors)))
+
+
+def cost_section(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> str:
+    """A min_cost search's winner, every shape's status and reason, and the frontier table ("" otherwise)."""
+    if "frontier_cost" not in points:
+        return ""
+    e = html.escape
+    latency = exp.search["latency"]
+    return (f"<h2>Cheapest deployment</h2><p class='rec'>{e(winner_line(exp, points, rec))}</p>"
+            f"<h3>Shapes</h3>{_table(SHAPE_HEADERS, shape_rows(points))}"
+            f"<h3>Pareto frontier (* on it)</h3>"
+            f"{_table((*FRONTIER_HEADERS[:2], latency, *FRONTIER_HEADERS[3:]), frontier_rows(exp, points))}")
 
 
 PROBE_TABLE = ("point", "label", "seed", "probe", "step_scale", "offered_rate_rps", "verdict", *COUNTS, "p99_ttft_ms",
@@ -190,6 +211,7 @@ pre {{ background: #f6f6f6; padding: 1em; }}
 {verdict}
 <p>{e(load_line(exp))}</p>
 {f"<h2>Capacity</h2><ul>{capacity}</ul>" if capacity else ""}
+{cost_section(exp, points, rec)}
 {model_error}
 <h2>Cost</h2><p>At {e(exp.prices.kind.replace('_', '-'))} prices (docs/cost.md): replicas x TP x PP GPUs paid every
 hour, split between input and output tokens by the prefill share of their busy time; each point, then each GPU's

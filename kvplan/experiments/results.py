@@ -35,7 +35,7 @@ from kvplan.experiments.ranking import Recommendation as Recommendation
 from kvplan.experiments.ranking import capacity_sentence as capacity_sentence
 from kvplan.experiments.ranking import recommend as recommend
 from kvplan.experiments.runner import Outcome
-from kvplan.experiments.schema import SEARCH_TARGETS, Experiment
+from kvplan.experiments.schema import REPLICA_TARGETS, SEARCH_TARGETS, Experiment
 from kvplan.experiments.search import PointTask
 from kvplan.results.summary import SUMMARY_KEYS
 from kvplan.sim.dollars import COST_KEYS, cost_fields
@@ -130,7 +130,7 @@ def median_answer(answers: list[float | None], missing_low: bool) -> float | Non
 
 def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
-    for point in dict.fromkeys(task.point.index for task in outcome.tasks):
+    for point in dict.fromkeys(t.point.index for t in outcome.tasks if t.probes or not exp.search):  # searched
         every = [t for t in outcome.tasks if t.point.index == point]
         tasks = [t for t in every if not t.edge]  # the edge searches only give the model range
         at = pd.concat([answer_runs(t, runs) for t in tasks])
@@ -147,10 +147,10 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
         row["objective_low"], row["objective_high"] = float(per_seed.min()), float(per_seed.max())
         if exp.search:
             answers = [t.answer for t in tasks]
-            median = median_answer(answers, exp.search["target"] != "min_replicas")
+            median = median_answer(answers, exp.search["target"] not in REPLICA_TARGETS)
             found = [a for a in answers if a is not None]
             whole = len(found) == len(answers)  # else an end is open: below the range, or replicas above it
-            upward = exp.search["target"] != "min_replicas"
+            upward = exp.search["target"] not in REPLICA_TARGETS
             row["answer"] = math.nan if median is None else float(median)
             row["answer_low"] = float(min(found)) if found and (whole or not upward) else math.nan
             row["answer_high"] = float(max(found)) if found and (whole or upward) else math.nan
@@ -163,7 +163,7 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
             row["probes"] = sum(v not in t.decided for t in tasks for v, _ in t.probes)  # simulated ones
             row["capacity_rps"] = row["request_throughput"]  # sustained: completions per second of window
             row["capacity_tok_s"] = row["total_token_throughput"]
-            if exp.search["target"] == "min_replicas":  # what the answer costs: every replica's GPUs
+            if exp.search["target"] in REPLICA_TARGETS:  # what the answer costs: every replica's GPUs
                 engine = first.config.get("engine", {})
                 row["gpus_per_replica"] = engine.get("tensor_parallel_size", 1) * \
                     engine.get("pipeline_parallel_size", 1)
@@ -173,6 +173,17 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
             row |= binding.sweep_binding(exp, at).columns()
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def points_table(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.DataFrame:
+    """The points table: `points_frame`, and for a min_cost search every shape with its cost and status
+    (`min_cost.cost_points`)."""
+    points = points_frame(exp, outcome, runs)
+    if outcome.plan is None:
+        return points
+    from kvplan.experiments.min_cost import cost_points
+
+    return cost_points(exp, outcome.plan, points)
 
 
 def skipped_text(exp: Experiment, tasks: list[PointTask]) -> str:
@@ -201,7 +212,7 @@ def slo_lines(exp: Experiment) -> list[str]:
 def point_table(exp: Experiment, points: pd.DataFrame) -> tuple[list[str], list[list[object]]]:
     search = ["answer", "answer_low", "answer_high", *model_range.RANGE_COLUMNS, "capacity_rps", "capacity_tok_s",
               "search_outcome", "objective_low", "objective_high"]
-    if exp.search and exp.search["target"] == "min_replicas":
+    if exp.search and exp.search["target"] in REPLICA_TARGETS:
         search[1:1] = ["gpus_per_replica", "gpus"]
     headers = ["point", "label", *(search if exp.search else ["objective_low", "objective_high"]),
                "binding_limit", "binding_key", "slo_met", "verdict",

@@ -23,8 +23,9 @@ from pathlib import Path
 from kvplan.errors import UserError
 from kvplan.experiments.estimate import edge_searches, search_probes
 from kvplan.experiments.execute import execute_run, read_run
+from kvplan.experiments.min_cost import CostPlan, is_cost_search, screen
 from kvplan.experiments.model_range import edge_scales, point_errors
-from kvplan.experiments.points import run_key
+from kvplan.experiments.points import expand, run_key
 from kvplan.experiments.progress import Progress
 from kvplan.experiments.schema import Experiment
 from kvplan.experiments.search import PointTask, edge_tasks, make_tasks, slo_verdict
@@ -120,6 +121,7 @@ class Outcome:
     made: int = 0  # runs simulated now
     reused: int = 0  # finished runs found in the staging directory (--resume)
     model_errors: dict[int, ModelError] = field(default_factory=dict)  # point index -> its cost model's error
+    plan: CostPlan | None = None  # a min_cost search's shapes, their screening and what the cost bound skipped
 
 
 # What `report.write_results` writes beside runs/ (a test holds the two together): with runs/, the marker and a
@@ -216,6 +218,7 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress, task
     waiting: dict[int, dict[str, dict | None]] = {}  # task index -> its round's run keys -> doc (None: pending)
     inflight: dict[object, str] = {}  # backend handle -> run key
     counted = {i for i, task in enumerate(tasks) if task.done}  # counted by an earlier phase
+    plan = next((t.plan for t in tasks if t.plan is not None), None)
 
     def issue(index: int, configs: list[dict]) -> None:
         keys = [run_key(c) for c in configs]
@@ -261,6 +264,25 @@ def run_points(exp: Experiment, staging: Path, backend, progress: Progress, task
         for j, task in enumerate(tasks):  # guided searches waiting for this one
             if task.leader is tasks[index]:
                 issue(j, task.first())
+        release()
+
+    def release() -> None:
+        """A min_cost plan's next shapes (`min_cost.CostPlan.release`); the shapes it skips end unsearched."""
+        if plan is None:
+            return
+        skipped, resume = plan.release(tasks)
+        for j, ceiling in resume:
+            if tasks[j].capped and ceiling > tasks[j].current:  # not resumed already by a nested release
+                issue(j, tasks[j].resume(ceiling))
+        for j, task in enumerate(tasks):
+            if task.point.index in skipped and not task.done:
+                task.done, task.outcome = True, "skipped by the cost bound"
+                counted.add(j)
+                progress.ended(0)
+            elif task.ready and not task.done and task.current is None and j not in waiting:
+                issue(j, task.first())
+
+    release()
 
     for i, task in enumerate(tasks):
         if task.ready and not task.done and task.current is None:
@@ -277,9 +299,9 @@ def recommended_points(exp: Experiment, outcome: Outcome) -> list[int]:
     """The point the finished searches recommend (`results.recommend`, as the result set will say), or every
     point tied for best when the seeds do not separate them: each gets its model range. A model range never
     breaks a tie (`ranking`), so searching it for the tied points cannot change which points are tied for best."""
-    from kvplan.experiments.results import points_frame, recommend, runs_frame
+    from kvplan.experiments.results import points_table, recommend, runs_frame
 
-    rec = recommend(exp, points_frame(exp, outcome, runs_frame(exp, outcome)))
+    rec = recommend(exp, points_table(exp, outcome, runs_frame(exp, outcome)))
     return list(rec.tie) if rec.tie else ([] if rec.point is None else [rec.point])
 
 
@@ -294,7 +316,8 @@ def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str
     staging = prepare_staging(out, resume)
     pool = LocalBackend(workers) if backend == "local" else RayBackend(ray_address, workers)
     try:
-        tasks = make_tasks(exp, scales if mode == "every_point" else None)
+        plan = CostPlan(exp, screen(exp, expand(exp)), max(workers, 1)) if is_cost_search(exp) else None
+        tasks = make_tasks(exp, scales if mode == "every_point" else None, plan)
         noun = "searches" if exp.search and (exp.search["combine"] == "median" or scales) else "points"
         # the recommended point's edge searches count from the start: the total does not grow at the end
         pending = edge_searches(exp, [t.point for t in tasks if not t.edge], scales) if mode == "recommended" else 0
@@ -302,14 +325,14 @@ def run_experiment(exp: Experiment, out: Path, *, workers: int = 1, backend: str
         meter = Progress(len(tasks) + pending, noun, runs_per_item=prior, enabled=progress).start()
         try:
             outcome = run_points(exp, staging, pool, meter, tasks)
-            outcome.model_errors = errors
+            outcome.model_errors, outcome.plan = errors, plan
             best = recommended_points(exp, outcome) if mode == "recommended" else []
             more = edge_tasks(tasks, {p: scales[p] for p in best if p in scales})
             # fewer when the recommended point has no band (or none won); more when points tie for best
             meter.set_total(len(tasks) + len(more))
             if more:  # the recommended (or tied) points' model range, searched once every answer is known
                 outcome = run_points(exp, staging, pool, meter, tasks + more, outcome.runs)
-                outcome.model_errors = errors
+                outcome.model_errors, outcome.plan = errors, plan
         finally:
             meter.close()
     finally:

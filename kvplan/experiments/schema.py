@@ -34,8 +34,11 @@
       low: 0.25                             #   stable and meets the SLOs; max_goodput: the same with the
       high: 256                             #   attainment SLO (DistServe's goodput); max_concurrency: the most
       tolerance: 0.05                       #   users; max_burst_scale: the highest burst rate_scale;
-      combine: median                       #   min_replicas: the fewest cluster.replicas. combine: median of
+      combine: median                       #   min_replicas: the fewest cluster.replicas; min_cost: the cheapest
+                                            #   point at its fewest replicas (min_cost.py). combine: median of
                                             #   the seeds' answers with their range, or all (every seed must pass)
+      prune: true                           # min_cost only (min_cost.py): skip shapes whose analytic cost bound
+      latency: p99_ttft_ms                  #   is above the cheapest found; the frontier's latency metric
       model_range: recommended              # the answer re-searched at the model-error band's edges: for the
                                             #   recommended point, every_point, or none (search.py)
     slo:                                    # a run meets its SLO when every line holds
@@ -60,6 +63,7 @@ from pathlib import Path
 from kvplan.engine.core.settings import KEY_ALIASES, for_side
 from kvplan.errors import ConfigError, UserError
 from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
+from kvplan.experiments.min_cost_keys import COST_SEARCH, check_cost_keys
 from kvplan.experiments.written import check_components, parse_engine, spellings
 from kvplan.limits import MAX_REPLICAS, MAX_TOKENS, MAX_USERS, REPLICAS_WHY, USERS_WHY
 from kvplan.results.goodput import REQUEST_BOUNDS
@@ -150,10 +154,12 @@ SWEEPABLE: dict[str, Field] = {**TOP, **{f"engine.{k}": f for k, f in ENGINE.ite
 # A search target -> (the key it varies, the load mode it implies or None for any, integer steps?).
 SEARCH_TARGETS = {"max_rate": "workload.rate", "max_goodput": "workload.rate",
                   "max_concurrency": "workload.concurrency", "max_burst_scale": "workload.rate_scale",
-                  "min_replicas": "cluster.replicas"}
+                  "min_replicas": "cluster.replicas", "min_cost": "cluster.replicas"}
 TARGET_MODES = {"max_rate": "sustained", "max_goodput": "sustained", "max_concurrency": "concurrency",
                 "max_burst_scale": "burst"}
-INTEGER_TARGETS = ("max_concurrency", "min_replicas")
+INTEGER_TARGETS = ("max_concurrency", "min_replicas", "min_cost")
+# Targets that search each point's fewest replicas (min_cost then ranks the points by what they cost: min_cost.py)
+REPLICA_TARGETS = ("min_replicas", "min_cost")
 # The finest bisection step: below float64's resolution sqrt(lo * hi) stops moving and the search would never end;
 # 1e-4 (a 0.01% step) is already finer than the seeds' spread of any probe.
 MIN_TOLERANCE = 1e-4
@@ -171,9 +177,10 @@ SEARCH: dict[str, Field] = {"target": Field("choice", None, tuple(SEARCH_TARGETS
                                              "their range; all: every seed must meet"),
                             "model_range": Field("choice", "recommended", ("recommended", "every_point", "none"),
                                                  help="where the answer is re-searched at the edges of the cost "
-                                                 "model's error band: the recommended point, every point, or none")}
+                                                 "model's error band: the recommended point, every point, or none"),
+                            **COST_SEARCH}
 SEARCH_DEFAULTS = {"max_rate": (0.25, 256.0), "max_goodput": (0.25, 256.0), "max_concurrency": (1, 1024),
-                   "max_burst_scale": (0.25, 16.0), "min_replicas": (1, 64)}
+                   "max_burst_scale": (0.25, 16.0), "min_replicas": (1, 64), "min_cost": (1, 64)}
 SEARCH_SEEDS = [0, 1, 2]  # a search's default seeds: capacity is reported as a median with its range
 MAX_POINTS = 10_000  # points of one sweep
 MAX_SEED = 2**63 - 1  # a 64-bit seed, as the CLI and synthetic specs take
@@ -424,6 +431,7 @@ def parse_search(doc: object, exp: Experiment) -> dict | None:
         _, problem = replace(SWEEPABLE[varied], nullable=False).parse(search[key])
         if problem is not None:
             raise SchemaError(f"search.{key}: {target} varies {varied}, which {problem}")
+    check_cost_keys(doc, search, exp.slo)
     if search["low"] >= search["high"]:
         raise SchemaError(f"search.low: must be below search.high ({short_repr(search['high'])}), got "
                           f"{short_repr(search['low'])}")

@@ -46,13 +46,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvplan.experiments.bound import PointBound, point_bound
 from kvplan.experiments.criteria import failures
 from kvplan.experiments.points import Point, expand, run_config
-from kvplan.experiments.schema import INTEGER_TARGETS, SEARCH_TARGETS, Experiment
+from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, SEARCH_TARGETS, Experiment
+
+if TYPE_CHECKING:
+    from kvplan.experiments.min_cost import CostPlan
 
 
 def slo_verdict(exp: Experiment, doc: dict) -> tuple[bool, list[str]]:
@@ -92,6 +96,9 @@ class PointTask:
     bound: PointBound | None = None  # the point's analytic bounds (experiments.bound): decided probes, a climb
     gallop: bool = False  # a replica search stepping up from its bound, not bisecting [low, high]
     decided: list[object] = field(default_factory=list)  # probed values the bound decided (failed, not simulated)
+    plan: CostPlan | None = None  # a min_cost search: the plan says when the point's first search may start
+    ceiling: int | None = None  # min_cost: the most replicas probed for now (the plan's cost ceiling)
+    capped: bool = False  # min_cost: ended failing at its ceiling (below search.high); `resume` goes on
 
     @property
     def edge(self) -> bool:
@@ -108,8 +115,10 @@ class PointTask:
 
     @property
     def ready(self) -> bool:
-        """May the search start (a guided one waits for its leader)?"""
-        return self.leader is None or self.leader.done
+        """May the search start (a guided one waits for its leader; a min_cost shape for its plan)?"""
+        if self.leader is not None:
+            return self.leader.done
+        return self.plan is None or self.edge or self.plan.admits(self.point.index)
 
     def first(self) -> list[dict]:
         if not self.exp.search:
@@ -118,16 +127,18 @@ class PointTask:
         if lead is None or lead.lo is None or lead.hi is None:  # no bracket to start from: the full search
             self.leader = None
             low = self.exp.search["low"]
-            if self.bound is not None and self.target == "min_replicas":
+            if self.target in REPLICA_TARGETS and (self.bound is not None or self.ceiling is not None):
                 return self._climb(low)
             return self._round(low)
         integer = self.target in INTEGER_TARGETS
         self.step = max(lead.hi - lead.lo, 1) if integer else lead.hi / lead.lo
-        start = lead.lo if self.target != "min_replicas" else lead.hi
+        start = lead.lo if self.target not in REPLICA_TARGETS else lead.hi
         if self.edge:  # where the answer moves when every step takes step_scale times as long
-            moved = start * self.step_scale if self.target == "min_replicas" else start / self.step_scale
+            moved = start * self.step_scale if self.target in REPLICA_TARGETS else start / self.step_scale
             low, high = self.exp.search["low"], self.exp.search["high"]
             start = min(max(round(moved) if integer else moved, low), high)
+        if self.ceiling is not None:  # a min_cost ceiling below the leader's answer: probe up to it only
+            start = min(start, self.ceiling)
         return self._round(start)
 
     def next(self, met: bool) -> list[dict]:
@@ -139,7 +150,7 @@ class PointTask:
         if self.leader is not None or self.gallop:
             return self._guided(met)
         search, target = self.exp.search, self.target
-        upward = target != "min_replicas"  # meets below the answer, fails above it
+        upward = target not in REPLICA_TARGETS  # meets below the answer, fails above it
         value = self.current
         if len(self.probes) == 1:  # the low end
             if upward and not met:
@@ -172,7 +183,7 @@ class PointTask:
     def _guided(self, met: bool) -> list[dict]:
         """Step outwards from the leader's bracket until this seed's answer is bracketed, then bisect."""
         search, target, value = self.exp.search, self.target, self.current
-        upward = target != "min_replicas"
+        upward = target not in REPLICA_TARGETS
         if met == upward:
             self.lo = value
         else:
@@ -182,7 +193,7 @@ class PointTask:
         integer = target in INTEGER_TARGETS
         outward = self.lo is not None  # the answer lies above what was probed
         if outward:
-            bound = search["high"]
+            bound = self.top
             following = min(value + self.step if integer else value * self.step, bound)
         else:
             bound = search["low"]
@@ -194,6 +205,9 @@ class PointTask:
                 return self._finish(f"fails already at the lowest value searched, {describe(target, value)}")
             if not outward:
                 return self._finish("")  # min_replicas meets at the lowest count searched: hi = low
+            if bound < search["high"]:  # a min_cost ceiling, not the searched range: `resume` may go on
+                self.capped = True
+                return self._finish(f"capped at {describe(target, value)} by the cost ceiling")
             return self._finish(f"fails even with {describe(target, value)}")
         self.step = self.step * 2 if integer else self.step * self.step
         return self._round(following)
@@ -203,14 +217,28 @@ class PointTask:
         there and step up - by 1, doubling (`_guided`) - until a count meets, then bisect the last step. Under the
         search's assumption (more replicas never fail where fewer meet) it finds the answer a bisection of
         [low, high] finds, without probing the large counts a bisection starts with (each the costliest probe)."""
-        assert self.bound is not None
-        search = self.exp.search
-        fewest = min(max(self.bound.min_replicas(self._rate(), self.step_scale), low), search["high"])
+        bounded = self.bound.min_replicas(self._rate(), self.step_scale) if self.bound is not None else low
+        fewest = min(max(bounded, low), self.top)
         self.gallop, self.step = True, 1
         if fewest > low:
             self.lo = fewest - 1
             self.decided += list(range(low, fewest))
         return self._round(fewest)
+
+    @property
+    def top(self) -> int:
+        """The most replicas (or the highest value) this search probes now: search.high, or a min_cost ceiling."""
+        high = self.exp.search["high"]
+        return high if self.ceiling is None else min(high, self.ceiling)
+
+    def resume(self, ceiling: int) -> list[dict]:
+        """Go on with a search capped at its old ceiling (min_cost): the step up it would have taken next, now up
+        to `ceiling` - the climb of `_guided`, so the answer is the one an uncapped search finds."""
+        assert self.capped and ceiling > self.current
+        self.ceiling, self.capped, self.done, self.outcome = ceiling, False, False, ""
+        following = min(self.current + self.step, self.top)
+        self.step *= 2
+        return self._round(following)
 
     def _rate(self) -> float:
         """The probe's offered rate (req/s): the workload's, else the trace's own mean rate."""
@@ -224,7 +252,7 @@ class PointTask:
         the first probe: a search always simulates at least once (the answer's runs describe it)."""
         if self.bound is None or not self.probes:
             return False
-        if self.target == "min_replicas":
+        if self.target in REPLICA_TARGETS:
             return int(value) < self.bound.min_replicas(self._rate(), self.step_scale)
         if self.target in ("max_rate", "max_goodput"):
             replicas = int(self.point.config["cluster"]["replicas"])
@@ -255,7 +283,7 @@ class PointTask:
         """The capacity (a rate, a scale, users) or the replicas needed; None when below the searched range."""
         if not self.exp.search or self.outcome.startswith("fails"):
             return None
-        return self.hi if self.target == "min_replicas" else self.lo
+        return self.hi if self.target in REPLICA_TARGETS else self.lo
 
     def runs_in(self, runs, value: object = None):  # runs, and the result: pandas DataFrames (runs.parquet's rows)
         """This task's rows of `runs` (its point, seeds and step scale), only those at one probed `value` when
@@ -265,19 +293,24 @@ class PointTask:
         return mine if value is None else mine[np.isclose(mine["probe"], float(value))]
 
 
-def make_tasks(exp: Experiment, scales: dict[int, tuple[float, float]] | None = None) -> list[PointTask]:
+def make_tasks(exp: Experiment, scales: dict[int, tuple[float, float]] | None = None,
+               plan: CostPlan | None = None) -> list[PointTask]:
     """One task per point and seed for a median-combined search (the first seed's leads the others), else one
-    per point over every seed; then the edge searches of `scales`' points (`edge_tasks`)."""
+    per point over every seed; then the edge searches of `scales`' points (`edge_tasks`). With a min_cost `plan`:
+    only the shapes it may search (not refused by a gate or the memory), each started when the plan says."""
     if exp.search is None:
         return [PointTask(exp, point, list(exp.seeds)) for point in expand(exp)]
     tasks = []
     for point in expand(exp):
+        if plan is not None and plan.shapes[point.index].status:
+            continue
         bound = point_bound(run_config(point.config, exp.seeds[0])) if bounded(exp, point) else None
         if exp.search["combine"] == "all":
-            tasks.append(PointTask(exp, point, list(exp.seeds), bound=bound))
+            tasks.append(PointTask(exp, point, list(exp.seeds), bound=bound, plan=plan))
         else:
-            leader = PointTask(exp, point, [exp.seeds[0]], bound=bound)
-            tasks += [leader, *(PointTask(exp, point, [seed], leader=leader, bound=bound) for seed in exp.seeds[1:])]
+            leader = PointTask(exp, point, [exp.seeds[0]], bound=bound, plan=plan)
+            tasks += [leader, *(PointTask(exp, point, [seed], leader=leader, bound=bound, plan=plan)
+                                for seed in exp.seeds[1:])]
     return tasks + edge_tasks(tasks, scales or {})
 
 
@@ -287,7 +320,7 @@ def bounded(exp: Experiment, point: Point) -> bool:
     from kvplan.sim.specs.profiles import PROFILED_DEVICES
 
     hardware = str(point.config["hardware"])
-    return (exp.search is not None and exp.search["target"] in ("max_rate", "max_goodput", "min_replicas")
+    return (exp.search is not None and exp.search["target"] in ("max_rate", "max_goodput", *REPLICA_TARGETS)
             and point.config["workload"]["mode"] == "sustained" and not hardware.endswith((".yaml", ".yml"))
             and hardware not in PROFILED_DEVICES)
 
