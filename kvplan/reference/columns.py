@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvplan.experiments import model_range, results
+from kvplan.experiments import min_cost, model_range, results
 from kvplan.experiments.schema import CLUSTER, ENGINE, SWEEPABLE
 from kvplan.results.summary import SUMMARY_KEYS
 from kvplan.sim.dollars import COST_KEYS, MEANINGS
@@ -93,6 +93,31 @@ RUN_COLUMNS: tuple[Column, ...] = (
     *COST,
     *RANGE,
 )
+MIN_COST_SEARCH = "a min_cost search"
+MIN_COST = (
+    Column("status", f"the shape's place in the answer: {', '.join(min_cost.STATUSES)}", MIN_COST_SEARCH),
+    Column("status_reason", "why a shape was rejected or left unsearched (memory figures, the gate's line, the "
+                            "failed SLOs, the cost bound); empty for a winner or a feasible shape", MIN_COST_SEARCH),
+    Column("price_per_gpu_hour", "$ per GPU-hour of the shape's GPU (the experiment's prices, its kind)",
+           MIN_COST_SEARCH),
+    Column("lower_bound_replicas", "the analytic bound's fewest replicas for the offered rate (experiments.bound)",
+           MIN_COST_SEARCH),
+    Column("lower_bound_per_hour", "$/h of those replicas: no search of the shape can answer cheaper",
+           MIN_COST_SEARCH),
+    Column("shape_cost_per_hour", "$/h at the shape's answer: replicas x GPUs per replica x $/GPU-hour (NaN: no "
+                                  "answer)", MIN_COST_SEARCH),
+    Column("shape_cost_low", "$/h at the lowest seed's answer", MIN_COST_SEARCH),
+    Column("shape_cost_high", "$/h at the highest seed's answer", MIN_COST_SEARCH),
+    Column("throughput_per_gpu", "tokens per second per GPU at the answer (the frontier's throughput axis)",
+           MIN_COST_SEARCH),
+    Column("usd_per_m_tokens", "$ per million tokens (input and output) at the answer (the frontier's cost axis)",
+           MIN_COST_SEARCH),
+    Column("frontier_throughput", "on the Pareto frontier of throughput per GPU against the latency metric",
+           MIN_COST_SEARCH),
+    Column("frontier_cost", "on the Pareto frontier of $ per million tokens against the latency metric",
+           MIN_COST_SEARCH),
+)
+assert tuple(c.name for c in MIN_COST) == min_cost.COLUMNS  # the module's own columns, renamed in both or neither
 POINT_COLUMNS: tuple[Column, ...] = (
     Column("point", "the point's index"),
     Column("label", "the point's label: its swept values"),
@@ -133,17 +158,20 @@ POINT_COLUMNS: tuple[Column, ...] = (
     Column("binding_at", "the probed value at which the binding limit failed (NaN for a plain point)"),
     *(Column(c.name, c.meaning + (", averaged over the point's runs at the answer" if c.name in results.COST_NUMBERS
                                   else ", of the point's first run")) for c in COST),
+    *MIN_COST,
 )
 # the model range's columns are the module's own: a renamed one must be renamed here too
 assert {c.name for c in MODEL_ERROR} == set(model_range.POINT_COLUMNS)
 assert {c.name for c in RANGE} == set(model_range.RANGE_COLUMNS)
 
 
-def undocumented(columns: Iterable[str], declared: tuple[Column, ...]) -> tuple[list[str], list[str]]:
+def undocumented(columns: Iterable[str], declared: tuple[Column, ...],
+                 absent: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """(columns no entry names, fixed entries the columns lack): both empty when `declared` describes a table
-    that has every conditional column. A family needs one member present."""
+    that has every conditional column but those of the experiments `absent` names (`when`). A family needs one
+    member present."""
     columns = list(columns)
     named = {name for c in declared for name in c.names()}
     unknown = [c for c in columns if c not in named]
-    missing = [c.name for c in declared if not set(c.names()) & set(columns)]
+    missing = [c.name for c in declared if c.when not in absent and not set(c.names()) & set(columns)]
     return unknown, missing
