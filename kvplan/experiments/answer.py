@@ -182,13 +182,14 @@ def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width:
         f"{exp.objective['goal']} {exp.objective['metric']}"
     console.print(f"{exp.name}: {what}, {len(points)} configuration(s), seeds {exp.seeds}, {vllm_text(exp, points)}")
     console.print(table)
-    console.print(verdict_line(exp, points, rec), style="bold" if terminal else "")
-    console.print(cost_text(exp, points, rec))
-    if "frontier_cost" in points:  # a min_cost search: the winner's cost, every shape's status, the frontier
+    if "frontier_cost" in points:  # a min_cost search: its winner line says the verdict and the cost once
         from kvplan.experiments.min_cost_text import terminal_lines
 
         for line in terminal_lines(exp, points, rec):
             console.print(line)
+    else:
+        console.print(verdict_line(exp, points, rec), style="bold" if terminal else "")
+        console.print(cost_text(exp, points, rec))
     notes = sorted({str(n) for n in points.get("model_range_note", pd.Series(dtype=str)) if isinstance(n, str) and n})
     if notes:  # why a point has no model range ('-' in the table)
         console.print(f"(-) {'; '.join(notes)}.")

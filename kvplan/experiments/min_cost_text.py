@@ -9,8 +9,8 @@ import pandas as pd
 
 from kvplan.experiments.schema import Experiment
 
-SHAPE_HEADERS = ("shape", "status", "replicas", "GPUs", "$/GPU-h", "$/h", "$/h over seeds", "lower bound $/h",
-                 "reason")
+SHAPE_HEADERS = ("shape", "status", "replicas", "GPUs", "$/GPU-h", "$/h", "$/h over seeds", "$/Mtok in/out",
+                 "lower bound $/h", "reason")
 FRONTIER_HEADERS = ("shape", "status", "latency", "tok/s per GPU", "$/Mtok", "frontier: tok/s/GPU",
                     "frontier: $/Mtok")
 
@@ -38,7 +38,7 @@ def winner_line(exp: Experiment, points: pd.DataFrame, rec) -> str:  # rec: rank
             f"{_n(row['shape_cost_high'])}/h over {int(row['seeds'])} seed(s)), "
             f"${_n(row['usd_per_m_input_tokens'], '.3g')}/Mtok in, "
             f"${_n(row['usd_per_m_output_tokens'], '.3g')}/Mtok out, "
-            f"{_n(row['goodput_per_usd'], '.4g')} good requests per $ (sim.dollars, at each seed's answer); "
+            f"{_n(row['goodput_per_usd'], '.4g')} good requests per $ (sim.dollars, at the answer); "
             f"verdict {row['verdict']}.")
 
 
@@ -53,7 +53,8 @@ def shape_rows(points: pd.DataFrame) -> list[list[str]]:
                      _n(row.get("gpus"), "g") if searched else "-", _n(row["price_per_gpu_hour"], ".3g"),
                      _n(row["shape_cost_per_hour"]),
                      f"{_n(row['shape_cost_low'])}-{_n(row['shape_cost_high'])}" if searched else "-",
-                     _n(row["lower_bound_per_hour"]), str(row["status_reason"] or "")])
+                     f"{_n(row['usd_per_m_input_tokens'], '.3g')}/{_n(row['usd_per_m_output_tokens'], '.3g')}"
+                     if searched else "-", _n(row["lower_bound_per_hour"]), str(row["status_reason"] or "")])
     return rows
 
 
@@ -70,8 +71,9 @@ def terminal_lines(exp: Experiment, points: pd.DataFrame, rec) -> list[str]:
     """The winner, the shapes' statuses and reasons, and the frontier, short enough for the terminal."""
     lines = [winner_line(exp, points, rec), "Shapes (cheapest first):"]
     for row in shape_rows(points):
-        label, status, replicas, gpus, _, cost, spread, _, reason = row
-        what = f"{replicas} replicas, {gpus} GPUs, ${cost}/h ({spread})" if replicas != "-" else ""
+        label, status, replicas, gpus, _, cost, spread, per_token, _, reason = row
+        what = f"{replicas} replicas, {gpus} GPUs, ${cost}/h ({spread}), ${per_token} per Mtok in/out" \
+            if replicas != "-" else ""
         lines.append(f"  {label}: {status}" + (f", {what}" if what else "") + (f": {reason}" if reason else ""))
     frontier = frontier_rows(exp, points)
     if frontier:

@@ -168,11 +168,28 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
                 row["gpus_per_replica"] = engine.get("tensor_parallel_size", 1) * \
                     engine.get("pipeline_parallel_size", 1)
                 row["gpus"] = row["answer"] * row["gpus_per_replica"]
+                row |= answer_cost(row)
             row |= binding.search_binding(tasks, runs).columns()
         else:
             row |= binding.sweep_binding(exp, at).columns()
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def answer_cost(row: dict) -> dict[str, float]:
+    """A replica search's cost at its answer (the median of the seeds' replica counts), not the mean over the
+    seeds' own answers, whose deployments may differ (1, 2, 2 replicas average to a deployment nobody runs): $/h is
+    the answer's replicas' GPUs x the price, and the per-token prices and requests per $ are the seeds' runs'
+    averages re-priced from their mean $/h to the answer's (the tokens and the prefill share stay the runs')."""
+    paid = row["cost_per_hour"]
+    if not (math.isfinite(row["answer"]) and math.isfinite(paid) and paid > 0):
+        return {}
+    cost = row["answer"] * row["gpus_per_replica"] * row["price_per_gpu_hour"]
+    factor = cost / paid
+    return {"cost_per_hour": cost, "billed_gpus": row["gpus"],
+            "usd_per_m_input_tokens": row["usd_per_m_input_tokens"] * factor,
+            "usd_per_m_output_tokens": row["usd_per_m_output_tokens"] * factor,
+            "goodput_per_usd": row["goodput_per_usd"] / factor}
 
 
 def points_table(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.DataFrame:
