@@ -59,8 +59,8 @@ STATUSES = ("winner", "tie", "feasible", "SLO", "memory", "gate", "cost bound")
 # The key that moves a shape rejected before its search (the answer's "key that moves it")
 KEYS = {"memory": "engine.gpu_memory_utilization", "gate": "sweep.grid", "cost bound": "search.prune"}
 COLUMNS = ("status", "status_reason", "price_per_gpu_hour", "lower_bound_replicas", "lower_bound_per_hour",
-           "shape_cost_per_hour", "shape_cost_low", "shape_cost_high", "throughput_per_gpu", "usd_per_m_tokens",
-           "frontier_throughput", "frontier_cost")
+           "shape_cost_per_hour", "shape_cost_low", "shape_cost_high", "shape_cost_model_lo", "shape_cost_model_hi",
+           "throughput_per_gpu", "usd_per_m_tokens", "frontier_throughput", "frontier_cost")
 
 
 def is_cost_search(exp: Experiment) -> bool:
@@ -250,6 +250,10 @@ def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.Dat
     rows["shape_cost_per_hour"] = rows["answer"].to_numpy(dtype=float) * per
     rows["shape_cost_low"] = rows["answer_low"].to_numpy(dtype=float) * per
     rows["shape_cost_high"] = rows["answer_high"].to_numpy(dtype=float) * per  # NaN: a seed found none (open)
+    # the GPU model's error band on the cost: the replicas re-found with every step's compute at the band's edges
+    # (model_range; NaN where the point has no range or an edge search ended outside [low, high])
+    rows["shape_cost_model_lo"] = rows["capacity_model_lo"].to_numpy(dtype=float) * per
+    rows["shape_cost_model_hi"] = rows["capacity_model_hi"].to_numpy(dtype=float) * per
     rows["status"] = np.where(capped, "cost bound", np.where(np.isfinite(rows["shape_cost_per_hour"]), "feasible",
                                                              "SLO"))
     rows["status_reason"] = [plan.skipped[int(row["point"])] if status == "cost bound" else

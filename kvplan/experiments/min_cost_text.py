@@ -9,8 +9,8 @@ import pandas as pd
 
 from kvplan.experiments.schema import Experiment
 
-SHAPE_HEADERS = ("shape", "status", "replicas", "GPUs", "$/GPU-h", "$/h", "$/h over seeds", "$/Mtok in/out",
-                 "lower bound $/h", "reason")
+SHAPE_HEADERS = ("shape", "status", "replicas", "GPUs", "$/GPU-h", "$/h", "$/h over seeds", "$/h model range",
+                 "$/Mtok in/out", "lower bound $/h", "reason")
 FRONTIER_HEADERS = ("shape", "status", "latency", "tok/s per GPU", "$/Mtok", "frontier: tok/s/GPU",
                     "frontier: $/Mtok")
 
@@ -35,11 +35,21 @@ def winner_line(exp: Experiment, points: pd.DataFrame, rec) -> str:  # rec: rank
     return (f"Cheapest deployment holding {held}: {row['label']}: {_n(row['answer'], 'g')} replicas x "
             f"{int(row['gpus_per_replica'])} GPUs = {_n(row['gpus'], 'g')} GPUs, ${_n(row['shape_cost_per_hour'])}/h "
             f"(${_n(row['price_per_gpu_hour'], '.3g')}/GPU-h; ${_n(row['shape_cost_low'])}-"
-            f"{_n(row['shape_cost_high'])}/h over {int(row['seeds'])} seed(s)), "
+            f"{_n(row['shape_cost_high'])}/h over {int(row['seeds'])} seed(s), {model_range(row)} over the GPU "
+            "model's error band), "
             f"${_n(row['usd_per_m_input_tokens'], '.3g')}/Mtok in, "
             f"${_n(row['usd_per_m_output_tokens'], '.3g')}/Mtok out, "
             f"{_n(row['goodput_per_usd'], '.4g')} good requests per $ (sim.dollars, at the answer); "
             f"verdict {row['verdict']}.")
+
+
+def model_range(row: pd.Series) -> str:
+    """The $/h the GPU model's error band allows ("-": the point has no model range; an open end reads '?')."""
+    ends = [row.get("shape_cost_model_lo"), row.get("shape_cost_model_hi")]
+    known = [isinstance(v, int | float) and math.isfinite(v) for v in ends]
+    if not any(known):
+        return "-"
+    return "-".join(_n(v) if ok else "?" for v, ok in zip(ends, known, strict=True))
 
 
 def shape_rows(points: pd.DataFrame) -> list[list[str]]:
@@ -53,6 +63,7 @@ def shape_rows(points: pd.DataFrame) -> list[list[str]]:
                      _n(row.get("gpus"), "g") if searched else "-", _n(row["price_per_gpu_hour"], ".3g"),
                      _n(row["shape_cost_per_hour"]),
                      f"{_n(row['shape_cost_low'])}-{_n(row['shape_cost_high'])}" if searched else "-",
+                     model_range(row) if searched else "-",
                      f"{_n(row['usd_per_m_input_tokens'], '.3g')}/{_n(row['usd_per_m_output_tokens'], '.3g')}"
                      if searched else "-", _n(row["lower_bound_per_hour"]), str(row["status_reason"] or "")])
     return rows
@@ -71,9 +82,9 @@ def terminal_lines(exp: Experiment, points: pd.DataFrame, rec) -> list[str]:
     """The winner, the shapes' statuses and reasons, and the frontier, short enough for the terminal."""
     lines = [winner_line(exp, points, rec), "Shapes (cheapest first):"]
     for row in shape_rows(points):
-        label, status, replicas, gpus, _, cost, spread, per_token, _, reason = row
-        what = f"{replicas} replicas, {gpus} GPUs, ${cost}/h ({spread}), ${per_token} per Mtok in/out" \
-            if replicas != "-" else ""
+        label, status, replicas, gpus, _, cost, spread, by_model, per_token, _, reason = row
+        what = f"{replicas} replicas, {gpus} GPUs, ${cost}/h (seeds {spread}, model range {by_model}), " \
+            f"${per_token} per Mtok in/out" if replicas != "-" else ""
         lines.append(f"  {label}: {status}" + (f", {what}" if what else "") + (f": {reason}" if reason else ""))
     frontier = frontier_rows(exp, points)
     if frontier:

@@ -108,6 +108,9 @@ MIN_COST = (
                                   "answer)", MIN_COST_SEARCH),
     Column("shape_cost_low", "$/h at the lowest seed's answer", MIN_COST_SEARCH),
     Column("shape_cost_high", "$/h at the highest seed's answer", MIN_COST_SEARCH),
+    Column("shape_cost_model_lo", "$/h at the low end of the answer's model range (the replicas re-found with the "
+                                  "GPU model's step-time band; NaN: no range)", MIN_COST_SEARCH),
+    Column("shape_cost_model_hi", "$/h at the high end of the answer's model range", MIN_COST_SEARCH),
     Column("throughput_per_gpu", "tokens per second per GPU at the answer (the frontier's throughput axis)",
            MIN_COST_SEARCH),
     Column("usd_per_m_tokens", "$ per million tokens (input and output) at the answer (the frontier's cost axis)",

@@ -56,6 +56,7 @@ def test_the_winner_is_the_cheapest_feasible_point_of_an_exhaustive_run(tmp_path
     for prune in (True, False):  # pruned and unpruned: the same winner, from the exhaustive run's probes
         doc = copy.deepcopy(SEARCH)
         doc["search"]["prune"] = prune
+        doc["search"]["model_range"] = "recommended" if prune else "none"  # once: the band's cost (below)
         assert main(["run", str(write_yaml(tmp_path / "mc.yaml", doc)), "--out", str(out), "--resume"]) == 0
         text = capsys.readouterr().out
         points = pd.read_parquet(out / "points.parquet")
@@ -68,6 +69,11 @@ def test_the_winner_is_the_cheapest_feasible_point_of_an_exhaustive_run(tmp_path
         assert (row["hardware"], int(row["engine.tensor_parallel_size"])) == winners[0]
         assert row["answer"] == fewest[winners[0]]
         assert math.isclose(row["shape_cost_per_hour"], cheapest, rel_tol=1e-9)
+        if prune:  # the GPU model's error band on the winner's cost: its replicas re-found at the band's edges
+            assert row["capacity_model_lo"] <= row["answer"] <= row["capacity_model_hi"]
+            assert row["shape_cost_model_lo"] == row["capacity_model_lo"] * row["gpus_per_replica"] * \
+                row["price_per_gpu_hour"] and row["shape_cost_model_hi"] >= row["shape_cost_model_lo"]
+            assert "over the GPU model's error band" in " ".join(text.split())  # wrapped at 100 columns
         assert f"Cheapest deployment holding 40 req/s: {row['label']}: {int(row['answer'])} replicas" in text
         status = dict(zip(zip(points["hardware"], points["engine.tensor_parallel_size"], strict=True), points["status"],
                           strict=True))
