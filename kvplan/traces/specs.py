@@ -32,11 +32,17 @@ def check_file(path: str | Path, flag: str, allowed: str) -> Path:
     if not str(path).strip():  # Path("") is the current directory
         raise UserError(f"{flag}: empty path; allowed: {allowed}")
     path = Path(path)
-    if path.is_dir():
+    try:
+        is_dir, exists, is_file = path.is_dir(), path.exists(), path.is_file()
+    except OSError as exc:  # a name past the system's limit, a component without permission: the stat fails
+        shown = short_repr(str(path), 40)
+        raise UserError(f"{flag}: {shown} ({len(str(path))} characters): cannot be looked up: "
+                        f"{exc.strerror or exc}; allowed: {allowed}") from None
+    if is_dir:
         raise UserError(f"{flag}: {path}: is a directory; allowed: {allowed}")
-    if not path.exists():
+    if not exists:
         raise UserError(f"{flag}: {path}: no such file; allowed: {allowed}")
-    if not path.is_file():
+    if not is_file:
         raise UserError(f"{flag}: {path}: not a regular file; allowed: {allowed}")
     return path
 

@@ -12,7 +12,7 @@ import yaml
 
 from kvplan.engine.core.settings import KEY_ALIASES, NEEDS, ON, SETTINGS, Setting, for_side
 from kvplan.errors import ConfigError
-from kvplan.experiments.schema import SEARCH_TARGETS, SWEEPABLE
+from kvplan.experiments.schema import INTEGER_TARGETS, SEARCH_TARGETS, SWEEPABLE
 from tests.badinput.contract import SAMPLE, refused
 
 BASE = {"name": "t", "model": "llama-3-8b", "hardware": "a100-40gb", "workload": {"trace": "sample:chat"}}
@@ -209,7 +209,7 @@ def test_a_search_end_past_its_variable_is_refused_naming_the_end(capsys, tmp_pa
     if end == "low":  # below the variable's smallest value (and a high it allows)
         smallest = field.minimum if field.minimum is not None else field.above
         search = {"target": target, "low": smallest / 10 if smallest else -1, "high": field.maximum}
-        if target in ("max_concurrency", "min_replicas"):
+        if target in INTEGER_TARGETS:  # counts (users, replicas): a fraction is refused first for not being one
             search["low"] = 0
     slo = {"attainment": {"ttft_ms": 1000, "fraction": 0.9}} if target == "max_goodput" else {"p99_ttft_ms": 1000}
     line = refused(capsys, ["run", experiment(tmp_path, slo=slo, search=search), "--explain"], f"search.{end}: ")
