@@ -71,7 +71,9 @@ def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
             "kv_bytes_per_token_per_decode_rank": per_rank, "prefill_tp": p_tp, "decode_tp": d_tp,
             "prefill_replicas": pd.prefill_replicas, "decode_replicas": pd.decode_replicas,
             "prefill_hardware": p_spec.hardware, "decode_hardware": d_spec.hardware,
-            "prefill_num_blocks": p_blocks, "decode_num_blocks": d_blocks}
+            "prefill_num_blocks": p_blocks, "decode_num_blocks": d_blocks,
+            # (entry_point openai_server's API-server work and hops are not modelled here yet)
+            "times": "the engines' and an instant proxy's: no API server in front of either pool"}
     result = collect(cluster, goodput)
     result.info.update(disaggregation=info, max_model_len=d_cache.max_model_len, vllm_version=spec.vllm_version,
                        max_num_batched_tokens=d_config.max_num_batched_tokens, max_num_seqs=d_config.max_num_seqs)
