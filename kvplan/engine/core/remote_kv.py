@@ -138,15 +138,18 @@ class RemoteKV:
         caller bounds a stretch by, as it does arrivals."""
         return bool(self.received) or any(r.status is not RECEIVING for r in self.holding)
 
-    def park(self, request: Request, out: SchedulerOutput) -> bool:
+    def park(self, request: Request, out: SchedulerOutput, admitted: dict[str, int]) -> bool:
         """Admit the waiting queue's head, a remote-prefill request: blocks for its prompt beyond its prefix
-        hits, then RECEIVING (see the module). False, changing nothing, when the blocks do not fit; the caller
-        checked the sequence slot and budget, and pops the request from `waiting` on True."""
+        hits, then RECEIVING (see the module). False, changing nothing, when the blocks do not fit beside the
+        blocks in-flight prefills still need (`inflight_prefill_blocks`; `admitted`: the requests admitted from
+        the queue earlier in this step, with their tokens); the caller checked the sequence slot and budget,
+        and pops the request from `waiting` on True."""
         sched = self.sched
         kv = sched.kv
         hits = kv.find_cached_prefix(request)  # capped below the prompt: at least one token is external
         first = len(hits) * sched.block_size
-        copies = kv.allocate(request, request.prompt_len - first, hits, sched.admission_reserve())
+        reserve = sched.admission_reserve() + self.inflight_prefill_blocks(admitted)
+        copies = kv.allocate(request, request.prompt_len - first, hits, reserve)
         if copies is None:
             return False
         assert not copies, "a load's blocks follow block-aligned hits: nothing is shared to copy"
@@ -161,20 +164,41 @@ class RemoteKV:
         out.kv_loads.append(KVLoad(request, first, list(ids[first // sched.block_size:])))
         return True
 
+    def inflight_prefill_blocks(self, admitted: dict[str, int]) -> int:
+        """vLLM 0.34's reservation for an async load (`_inflight_prefill_reserved_blocks`): the blocks the
+        running requests still mid-prompt need to hold their whole sequence (a parked load holds its prompt's
+        already: none). Mid-prompt: admitted in this step with a chunk that ends short of its tokens, or, from an
+        earlier step, its computed tokens short of its tokens - less the one token a request that sampled in its
+        last step has pending. (A recompute whose chunk ended one token short looks like that too: vLLM counts
+        it, this does not.)"""
+        sched = self.sched
+        bs, limit, ids = sched.block_size, sched.cache_config.max_model_len, sched.kv.block_ids
+        total = 0
+        for r in sched.running:
+            n = admitted.get(r.request_id)
+            pending = r.num_tokens - r.num_computed_tokens
+            if (pending > n) if n is not None else (pending > (1 if r.num_output_tokens else 0)):
+                total += max(0, -(-min(r.num_tokens, limit) // bs) - len(ids[r.request_id]))
+        return total
+
     def admit_held(self, out: SchedulerOutput, budget: int) -> int | None:
         """Admit the received holders in load order (see the module): the budget left, or None when one was
         refused (admissions end for the step)."""
         sched = self.sched
         for request in list(self.holding):
+            # (vLLM's loop checks the slot and budget before it looks at the next holder: a received one is not
+            # promoted, its blocks not keyed, until there is room to admit it)
+            if budget <= 0 or not sched.has_seq_room(request.seq_slots):
+                return None
             if request.status is RECEIVING:
                 rid = request.request_id
                 if rid not in self.received:
                     continue
                 self.received.discard(rid)
                 self._promote(request)
-            if budget <= 0 or not sched.has_seq_room(request.seq_slots):
-                return None
-            copies = sched.kv.allocate(request, 1, None, sched.admission_reserve())
+            # vLLM asks the watermark of it even though its blocks are held (`allocate` would not: it needs none)
+            reserve = sched.admission_reserve()
+            copies = sched.kv.allocate(request, 1, None, reserve) if sched.kv.num_free_blocks >= reserve else None
             if copies is None:
                 return None
             self.holding.remove(request)
