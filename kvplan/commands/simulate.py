@@ -122,7 +122,7 @@ def spec_from_args(args: argparse.Namespace, block_size: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvplan.sim.dollars import cost_fields
+    from kvplan.sim.dollars import cost_fields, pools_cost_fields
     from kvplan.sim.run import check_trace, simulate
 
     if args.out is not None:
@@ -148,7 +148,10 @@ def run(args: argparse.Namespace) -> int:
                  "info": {**result.info, "wall_s": round(wall, 3)}}
         if spec.disaggregation is None:
             entry["cost"] = cost_fields(prices, spec.hardware, gpus, result.summary, result.info)
-        else:  # per-request TTFT parts (sim.pd_run); the two pools' prices wait for the P/D cost (notes)
+        else:  # each pool priced on its hardware (sim.dollars), and the per-request TTFT parts (sim.pd_run)
+            pools = [(p["hardware"], p["gpus"], p["busy_s"], p["prefill_busy_s"])
+                     for p in result.info["disaggregation"]["pools"]]
+            entry["cost"] = pools_cost_fields(prices, pools, result.summary)
             entry["requests"] = pd_requests(result.requests)
         runs.append(entry)
     from kvplan.sim.gpu.model_error import model_error_for
@@ -200,8 +203,6 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.sim.dollars import cost_line
 
     for r in runs:  # one line per run: the table stays as narrow as it was
-        if "cost" not in r:
-            continue  # (a disaggregated run: priced per pool in a later step)
         print(cost_line(r["cost"]) + (f" (block {r['block_size']})" if len(runs) > 1 else ""))
     sys.stdout.flush()
     print_notes(notes)

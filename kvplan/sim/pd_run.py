@@ -75,6 +75,12 @@ def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
             # (entry_point openai_server's API-server work and hops are not modelled here yet)
             "times": "the engines' and an instant proxy's: no API server in front of either pool"}
     result = collect(cluster, goodput)
+    pp = spec.pipeline_parallel_size
+    info["pools"] = [{"role": role, "hardware": pool_spec.hardware, "gpus": len(pool.replicas) * tp * pp,
+                      "busy_s": sum(r.busy_seconds for r in pool.replicas),
+                      "prefill_busy_s": sum(r.prefill_seconds for r in pool.replicas)}
+                     for role, pool, pool_spec, tp in (("prefill", cluster.prefill, p_spec, p_tp),
+                                                       ("decode", cluster.decode, d_spec, d_tp))]
     failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))
     result.info.update(disaggregation=info, max_model_len=d_cache.max_model_len, vllm_version=spec.vllm_version,
                        num_blocks=d_blocks,  # the decode pool's per replica (the prefill pool's: disaggregation)

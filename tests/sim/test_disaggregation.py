@@ -141,3 +141,22 @@ def test_the_text_answer_states_the_ttft_parts(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "disaggregated: 2 prefill (h100-sxm, TP 1) + 1 decode (h100-sxm, TP 1) over rdma" in captured.out
     assert "TTFT parts, mean ms: prefill_ttft " in captured.out and "1 longer than max_model_len" in captured.err
+
+
+def test_each_pool_is_priced_on_its_hardware_and_split_by_its_own_prefill_share():
+    from kvplan.sim.dollars import cost_fields, pools_cost_fields
+    from kvplan.sim.specs.prices import price_table
+
+    table = price_table(None)
+    summary = {"request_throughput": 2.0, "output_throughput": 100.0, "total_token_throughput": 500.0}
+    pools = [("h100-sxm", 2, 10.0, 10.0), ("h200", 4, 20.0, 5.0)]  # prefill pool: all prefill; decode: a quarter
+    out = pools_cost_fields(table, pools, summary)
+    h100, h200 = table.gpu_hour("h100-sxm"), table.gpu_hour("h200")
+    assert out["cost_per_hour"] == pytest.approx(2 * h100 + 4 * h200) and out["billed_gpus"] == 6
+    input_hour = 2 * h100 + 4 * h200 * 0.25
+    assert out["usd_per_m_input_tokens"] == pytest.approx(input_hour / (400 * 3600 / 1e6))
+    assert out["usd_per_m_output_tokens"] == pytest.approx(4 * h200 * 0.75 / (100 * 3600 / 1e6))
+    assert out["prefill_share"] == pytest.approx(input_hour / out["cost_per_hour"])
+    # one pool: exactly the co-located answer
+    assert pools_cost_fields(table, [("h200", 4, 20.0, 5.0)], summary) == cost_fields(
+        table, "h200", 4, summary, {"busy_s": 20.0, "prefill_busy_s": 5.0})
