@@ -11,6 +11,9 @@ The rules (docs/cost.md quotes them):
   the run's completed requests' prompt tokens per second of its window (a search answer: at the found rate or
   replicas). `usd_per_m_output_tokens` likewise with the output share and output tokens. So input tokens x
   their price + output tokens x theirs = the hour's cost, exactly up to rounding.
+- A disaggregated deployment (`pools_cost_fields`) pays for each pool's GPUs at its hardware's price; each pool's
+  hour is split by its own prefill share (a prefill pool's work is nearly all prefill), `prefill_share` is the
+  share of the whole hour that went to input tokens, and `price_per_gpu_hour` the hour over all the GPUs.
 - `goodput_per_usd` = requests meeting the SLO per dollar: request_goodput x 3600 / cost_per_hour; without an
   SLO (no goodput), completed requests per dollar (request_throughput x 3600 / cost_per_hour), and
   `goodput_basis` says which ("slo" or "completed").
