@@ -115,6 +115,8 @@ def test_json_reports_each_requests_transfer_and_admission_wait(tmp_path, capsys
     (["--kv-link-bandwidth=-5e9"], "argument --kv-link-bandwidth: '-5e9'; allowed: a finite number > 0"),
     (["--kv-link", "pcie"], "argument --kv-link: invalid choice: 'pcie'"),
     (["--kv-link", "nvlink", "--decode-hardware", "a100-80gb"], "--kv-link: nvlink joins GPUs of one node"),
+    (["--replicas", "2"], "--replicas: 2 with --prefill-replicas / --decode-replicas"),
+    (["--kv-link-concurrency", "0"], "argument --kv-link-concurrency: '0'; allowed: an integer >= 1"),
 ])
 def test_bad_input_says_what_is_allowed(flags, message, tmp_path, capsys):
     path = tmp_path / "t.jsonl"
