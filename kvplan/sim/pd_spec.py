@@ -128,12 +128,11 @@ class Disaggregation:
     kv_link_latency_ms: float | None = None
     kv_link_concurrency: int = 1
 
-    def check(self, prefix: str = "--") -> None:
-        """Every field against its option (`prefix` "--": flags; else YAML keys under that prefix)."""
+    def check(self) -> None:
+        """Every field against its option, named by its flag (a YAML block: `disaggregation_from_mapping`)."""
         for f in fields(self):
             option = OPTIONS[f.name]
-            where = option.flag if prefix == "--" else f"{prefix}{f.name}"
-            option.check(getattr(self, f.name), where)
+            option.check(getattr(self, f.name), option.flag)
 
     def tp(self, spec: SimSpec) -> tuple[int, int]:
         """(prefill TP, decode TP), checked against the TP rule (see the module)."""
@@ -187,3 +186,21 @@ def disaggregation_from_args(args: argparse.Namespace) -> Disaggregation | None:
     pd = Disaggregation(**given)
     pd.check()
     return pd
+
+
+def disaggregation_from_mapping(mapping: object, where: str = "disaggregation") -> Disaggregation:
+    """A deployment from a YAML mapping (an experiment's `disaggregation:` block): the same options by their field
+    names, each checked by its option; an unknown key or a missing replica count is named with what is allowed."""
+    from kvplan.engine.core.names import did_you_mean
+
+    if not isinstance(mapping, dict):
+        raise UserError(f"{where}: {short_repr(mapping)}; allowed: a mapping of {listed(OPTIONS)}")
+    for key in mapping:
+        if key not in OPTIONS:
+            raise UserError(f"{where}.{key}: unknown key; {did_you_mean(key, OPTIONS)}allowed: {listed(OPTIONS)}")
+    for key in ("prefill_replicas", "decode_replicas"):
+        if key not in mapping:
+            raise UserError(f"{where}.{key}: missing; allowed: {OPTIONS[key].allowed}")
+    for key, value in mapping.items():
+        OPTIONS[key].check(value, f"{where}.{key}")
+    return Disaggregation(**mapping)

@@ -162,3 +162,23 @@ def test_each_pool_is_priced_on_its_hardware_and_split_by_its_own_prefill_share(
     # one pool: exactly the co-located answer
     assert pools_cost_fields(table, [("h200", 4, 20.0, 5.0)], summary) == cost_fields(
         table, "h200", 4, summary, {"busy_s": 20.0, "prefill_busy_s": 5.0})
+
+
+def test_a_yaml_block_is_checked_key_by_key():
+    from kvplan.errors import UserError
+    from kvplan.sim.pd_spec import disaggregation_from_mapping
+
+    pd = disaggregation_from_mapping({"prefill_replicas": 2, "decode_replicas": 3, "kv_link": "nvlink"})
+    assert (pd.prefill_replicas, pd.decode_replicas, pd.kv_link, pd.kv_link_concurrency) == (2, 3, "nvlink", 1)
+    for block, message in [
+        ({"prefill_replica": 2, "decode_replicas": 1}, "disaggregation.prefill_replica: unknown key; did you mean"),
+        ({"decode_replicas": 1}, "disaggregation.prefill_replicas: missing; allowed: an integer >= 1"),
+        ({"prefill_replicas": 0, "decode_replicas": 1}, "disaggregation.prefill_replicas: 0; allowed: an integer >= 1"),
+        ({"prefill_replicas": 1, "decode_replicas": 1, "kv_link_bandwidth": -1.0},
+         "disaggregation.kv_link_bandwidth: -1.0; allowed: a finite number > 0"),
+        ({"prefill_replicas": 1, "decode_replicas": True}, "disaggregation.decode_replicas: True; allowed"),
+        ([1, 2], "disaggregation: [1, 2]; allowed: a mapping of"),
+    ]:
+        with pytest.raises(UserError) as err:
+            disaggregation_from_mapping(block)
+        assert message in str(err.value), (block, str(err.value))
