@@ -41,6 +41,8 @@ def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
     if spec.cost != "analytic":
         raise UserError(f"--cost: {spec.cost}: a disaggregated run prices each pool on its own hardware and TP; "
                         "allowed: analytic")
+    if spec.record_tokens:
+        raise UserError("record_tokens: every token's time is not recorded in a disaggregated run yet; allowed: off")
     if spec.entry_point != "llm" and spec.api_server_latency_ms is not None:
         raise UserError("--api-server-latency-ms: the P/D proxy's hops are not modelled yet; allowed: unset")
     p_spec, d_spec = pd.pool_specs(spec)
@@ -62,7 +64,7 @@ def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
     links = [make_link(pd, bandwidth, latency, busiest * bs) for _ in range(pd.decode_replicas)]
     moved = per_rank * bs * d_tp * spec.pipeline_parallel_size  # every decode rank's bytes per block
     interval = sample_interval(d_spec, trace, d_cost)
-    fast_path = spec.fast_path and not spec.record_tokens
+    fast_path = spec.fast_path
     cluster = DisaggCluster(trace, (pd.prefill_replicas, make_router(pd.prefill_router), p_cache, p_config, p_cost),
                             (pd.decode_replicas, make_router(pd.decode_router), d_cache, d_config, d_cost), links,
                             moved, sample_interval_s=interval, fast_path=fast_path)
