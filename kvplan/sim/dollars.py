@@ -11,6 +11,9 @@ The rules (docs/cost.md quotes them):
   the run's completed requests' prompt tokens per second of its window (a search answer: at the found rate or
   replicas). `usd_per_m_output_tokens` likewise with the output share and output tokens. So input tokens x
   their price + output tokens x theirs = the hour's cost, exactly up to rounding.
+- A disaggregated deployment (`pools_cost_fields`) pays for each pool's GPUs at its hardware's price; each pool's
+  hour is split by its own prefill share (a prefill pool's work is nearly all prefill), `prefill_share` is the
+  share of the whole hour that went to input tokens, and `price_per_gpu_hour` the hour over all the GPUs.
 - `goodput_per_usd` = requests meeting the SLO per dollar: request_goodput x 3600 / cost_per_hour; without an
   SLO (no goodput), completed requests per dollar (request_throughput x 3600 / cost_per_hour), and
   `goodput_basis` says which ("slo" or "completed").
@@ -53,28 +56,53 @@ SECONDS_PER_HOUR = 3600.0
 def cost_fields(table: PriceTable, hardware: str, gpus: int, summary: dict, info: dict) -> dict:
     """The cost keys (COST_KEYS) of one run: `summary` its throughputs (request_throughput, output_throughput,
     total_token_throughput, request_goodput), `info` its GPU time (busy_s, prefill_busy_s)."""
+    if "busy_s" not in info:
+        return pools_cost_fields(table, [(hardware, gpus, None, None)], summary)
+    return pools_cost_fields(table, [(hardware, gpus, float(info.get("busy_s") or 0.0),
+                                      float(info.get("prefill_busy_s") or 0.0))], summary)
+
+
+Pool = tuple[str, int, float | None, float | None]  # (hardware, GPUs, busy_s, prefill_busy_s; None: not recorded)
+
+
+def pools_cost_fields(table: PriceTable, pools: list[Pool], summary: dict) -> dict:
+    """`cost_fields` of a deployment of one or more pools (a disaggregated one: prefill and decode), each of its
+    own hardware: the hour is the pools' sum, each pool's hour split between input and output tokens by its own
+    prefill share of its busy time; `prefill_share` is the resulting share of the whole hour and
+    `price_per_gpu_hour` the hour over the GPUs (the table's price, with one kind of GPU)."""
+    gpus = sum(pool[1] for pool in pools)
     out: dict = dict.fromkeys(COST_KEYS)
     out.update(billed_gpus=gpus, price_kind=table.kind, cost_note="")
     goodput = summary.get("request_goodput")
     out["goodput_basis"] = "completed" if goodput is None else "slo"
-    try:
-        price = table.price(hardware)
-    except UserError:
-        out["cost_note"] = (f"no price for {hardware} in the price table (add prices: {{{hardware}: $/GPU-hour}} "
-                            "to price it)")
-        return out
-    per_gpu = table.gpu_hour(hardware)
-    hour = table.deployment_hour(hardware, gpus)
-    out.update(cost_per_hour=hour, price_per_gpu_hour=per_gpu, price_source=price.source, price_date=price.date)
-    busy, prefill = float(info.get("busy_s") or 0.0), float(info.get("prefill_busy_s") or 0.0)
-    share = prefill / busy if busy > 0 else None
-    out["prefill_share"] = share
+    for hardware, *_ in pools:
+        try:
+            table.price(hardware)
+        except UserError:
+            out["cost_note"] = (f"no price for {hardware} in the price table (add prices: {{{hardware}: "
+                                "$/GPU-hour} to price it)")
+            return out
+    hours = [table.deployment_hour(hardware, n) for hardware, n, _, _ in pools]
+    hour = hours[0] if len(hours) == 1 else sum(hours)
+    kinds = list(dict.fromkeys(pool[0] for pool in pools))
+    prices = [table.price(k) for k in kinds]
+    out.update(cost_per_hour=hour, price_per_gpu_hour=table.gpu_hour(kinds[0]) if len(kinds) == 1 else hour / gpus,
+               price_source="; ".join(dict.fromkeys(p.source for p in prices)),
+               price_date="; ".join(dict.fromkeys(p.date for p in prices)))
+    shares = [prefill / busy if busy and prefill is not None else None for _, _, busy, prefill in pools]
     output_rate = float(summary.get("output_throughput") or 0.0)
     input_rate = float(summary.get("total_token_throughput") or 0.0) - output_rate
-    if share is not None:
-        out["usd_per_m_input_tokens"] = per_million(hour * share, input_rate)
-        out["usd_per_m_output_tokens"] = per_million(hour * (1.0 - share), output_rate)
-    elif "busy_s" not in info:
+    known = [share for share in shares if share is not None]
+    if len(known) == len(shares):
+        if len(hours) == 1:  # (the one-pool expressions as they always were: the same floats)
+            input_hour, output_hour, share = hours[0] * known[0], hours[0] * (1.0 - known[0]), known[0]
+        else:
+            input_hour = sum(h * k for h, k in zip(hours, known, strict=True))
+            output_hour, share = hour - input_hour, input_hour / hour
+        out["prefill_share"] = share
+        out["usd_per_m_input_tokens"] = per_million(input_hour, input_rate)
+        out["usd_per_m_output_tokens"] = per_million(output_hour, output_rate)
+    elif any(busy is None for _, _, busy, _ in pools):
         out["cost_note"] = ("the run's summary has no GPU time to split the cost by (written before kvplan "
                             "recorded it): rerun it for per-token prices")
     else:
