@@ -27,6 +27,8 @@ from kvplan.engine.core.setting_classes import core_config
 from kvplan.engine.core.settings import SETTINGS
 from kvplan.engine.cpu_linear import can_pack, pack_linears
 from kvplan.engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
+from kvplan.engine.kv_transfer.config import KVTransferConfig
+from kvplan.engine.kv_transfer.producer import KVProducer, remote_decode
 from kvplan.engine.model_runner import ModelRunner
 from kvplan.engine.models import load_model
 from kvplan.engine.options import engine_options
@@ -76,8 +78,10 @@ class _Group:
 
 class LLM:
     def __init__(self, model: str, *, seed: int = 0, device: str | None = None, attention_backend: str | None = None,
-                 profile_path: str | Path | None = None, **settings: object) -> None:
-        """`settings`: any of `EngineOptions` (engine.core.settings declares them: names, defaults, ranges)."""
+                 profile_path: str | Path | None = None, kv_transfer: KVTransferConfig | None = None,
+                 **settings: object) -> None:
+        """`settings`: any of `EngineOptions` (engine.core.settings declares them: names, defaults, ranges);
+        `kv_transfer`: this instance's `--kv-transfer-config` (a producer serves its staged KV on kv_port)."""
         if isinstance(settings.get("dtype"), torch.dtype):
             settings["dtype"] = str(settings["dtype"]).removeprefix("torch.")
         o = self.options = engine_options(settings)
@@ -124,6 +128,8 @@ class LLM:
             "window_tokens": o.window_tokens, "position_mode": o.position_mode,
             "threads": torch.get_num_threads(), "torch": str(torch.__version__)}
         self.profiler = None if profile_path is None else StepProfiler(profile_path, self.profile_meta)
+        self.kv_transfer = kv_transfer
+        self.kv_producer = KVProducer(kv_transfer, self.kv_cache) if kv_transfer and kv_transfer.is_producer else None
 
     @staticmethod
     def _kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -168,16 +174,20 @@ class LLM:
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, arrival_s: float | None = None, priority: int = 0,
-                    teacher_token_ids: Sequence[int] | None = None) -> str:
+                    teacher_token_ids: Sequence[int] | None = None, kv_transfer_params: object = None) -> str:
         """Queue a request. `teacher_token_ids` scores a continuation instead of sampling one: each step
         produces the next given token (max_tokens = their count, n = 1) and records its log-probability under
         the step's logits, read back with `teacher_logprobs` when the request finishes: the decode path, cache
-        policy and KV dtype included (perplexity under a bounded cache)."""
+        policy and KV dtype included (perplexity under a bounded cache). `kv_transfer_params` (vLLM's): with
+        `do_remote_decode` the request's KV is staged for a decode instance when it finishes (one sequence)."""
         params = params or SamplingParams()
         if teacher_token_ids is not None:
             params = SamplingParams(max_tokens=len(teacher_token_ids), ignore_eos=True)
         tokens = self.encode(prompt)
         self.check_prompt(tokens, params)
+        keep_kv = remote_decode(kv_transfer_params, self.kv_transfer)
+        if keep_kv and (params.n != 1 or params.beam_width or teacher_token_ids is not None):
+            raise UserError("kv_transfer_params.do_remote_decode: one sequence per request; allowed: n 1, no beams")
         rid = request_id if request_id is not None else f"req-{self._counter}"
         if rid in self._groups:
             raise UserError(f"request id {rid!r} is already in use")
@@ -201,6 +211,8 @@ class LLM:
         self._groups[rid] = group
         self._owner[rid] = (rid, 0)
         self.scheduler.add_request(request)
+        if keep_kv and self.kv_producer is not None:
+            self.kv_producer.wanted.add(rid)
         return rid
 
     def new_output_tokens(self, request_id: str, sent: dict[int, int]) -> list[tuple[int, list[int]]]:
@@ -223,6 +235,8 @@ class LLM:
 
     def abort(self, request_id: str) -> None:
         group = self._groups.pop(request_id, None)
+        if self.kv_producer is not None:
+            self.kv_producer.aborted(request_id)
         if group is not None:
             for request in group.sequences.values():
                 self.scheduler.abort(request.request_id)
@@ -245,6 +259,8 @@ class LLM:
             mark = self._lap(times, "forward", mark)
             self._sample(out, prepared.sampled_items, logits, sampled)
             mark = self._lap(times, "sample", mark)
+        if self.kv_producer is not None and self.kv_producer.wanted:
+            self.kv_producer.before_update(out)
         result = self.scheduler.update(out, sampled)
         self._advance_beams(out, result)
         now = self._lap(times, "update", mark)
@@ -343,8 +359,11 @@ class LLM:
             completions.append(CompletionOutput(index, tokens, self._decode(tokens), request.finish_reason,
                                                 group.logprobs.get(index) if group.params.logprobs is not None
                                                 else None))
+        staged = (self.kv_producer.finished(group.request_id, len(group.prompt_token_ids))
+                  if self.kv_producer is not None and group.request_id in self.kv_producer.wanted else None)
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions, group.metrics,
-                             teacher_logprobs=group.teacher_logprobs if group.teacher is not None else None)
+                             teacher_logprobs=group.teacher_logprobs if group.teacher is not None else None,
+                             kv_transfer_params=staged)
 
     def _beam_output(self, group: _Group) -> RequestOutput:
         completions = [CompletionOutput(i, h.token_ids, self._decode(h.token_ids), "stop" if h.finished_on_eos
@@ -386,6 +405,8 @@ class LLM:
     def close(self) -> None:
         if self.profiler is not None:
             self.profiler.close()
+        if self.kv_producer is not None:
+            self.kv_producer.close()
 
     def __enter__(self) -> LLM:
         return self

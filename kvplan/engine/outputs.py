@@ -57,3 +57,4 @@ class RequestOutput:
     metrics: RequestMetrics
     finished: bool = True
     teacher_logprobs: list[float] | None = None  # scoring requests: log p of each given continuation token
+    kv_transfer_params: dict | None = None  # a remote-decode request: where a decode instance reads its KV

@@ -42,6 +42,7 @@ class TokenDelta:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" on the last delta of a sequence
     cached_tokens: int | None = None  # on the last delta: prompt tokens the prefix cache served at admission
+    kv_transfer_params: dict | None = None  # on the last delta of a remote-decode request: where its KV waits
 
 
 @dataclass(slots=True)
@@ -110,7 +111,7 @@ class AsyncEngine:
 
     # -- called from handlers (any thread) ------------------------------------------------------------------
     async def add(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
-                  events: asyncio.Queue, key: object = None) -> RequestStream:
+                  events: asyncio.Queue, key: object = None, kv_transfer_params: dict | None = None) -> RequestStream:
         """Submit a request; returns once the engine accepted it. Raises ValueError (a request that cannot run:
         the message says why), QueueFull, or RuntimeError when the engine thread is gone."""
         if not self.alive:
@@ -122,7 +123,7 @@ class AsyncEngine:
             self._pending += 1
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, events, key, loop.create_future(), time.perf_counter())
-        self._commands.put(("add", request_id, list(prompt_token_ids), params, stream))
+        self._commands.put(("add", request_id, list(prompt_token_ids), params, stream, kv_transfer_params))
         await stream.accepted
         return RequestStream(self, request_id)
 
@@ -167,11 +168,13 @@ class AsyncEngine:
             else:
                 command[1](self.llm.scheduler.reset_prefix_cache())
 
-    def _add(self, request_id: str, tokens: list[int], params: SamplingParams, stream: _Stream) -> None:
+    def _add(self, request_id: str, tokens: list[int], params: SamplingParams, stream: _Stream,
+             kv_transfer_params: dict | None) -> None:
         with self._pending_lock:
             self._pending -= 1
         try:
-            self.llm.add_request(tokens, params, request_id=request_id, arrival_s=stream.arrival_s)
+            self.llm.add_request(tokens, params, request_id=request_id, arrival_s=stream.arrival_s,
+                                 kv_transfer_params=kv_transfer_params)
         except ValueError as exc:
             stream.answer(exc)
             return
@@ -196,7 +199,7 @@ class AsyncEngine:
             stream = self._streams.pop(output.request_id)
             for completion in output.outputs:
                 self._send(stream, completion.index, completion.token_ids[stream.sent.get(completion.index, 0):],
-                           now, completion.finish_reason, output.metrics.num_cached_tokens)
+                           now, completion.finish_reason, output.metrics.num_cached_tokens, output.kv_transfer_params)
             if self.metrics is not None:
                 reasons = {c.finish_reason for c in output.outputs}
                 self.metrics.finished("length" if reasons == {"length"} else "stop", stream.arrival_s, now)
@@ -206,12 +209,12 @@ class AsyncEngine:
                 self._send(stream, index, new, now, None)
 
     def _send(self, stream: _Stream, index: int, new: list[int], now: float, reason: str | None,
-              cached: int | None = None) -> None:
+              cached: int | None = None, kv_transfer_params: dict | None = None) -> None:
         """Deliver a sequence's new tokens (and, on its last delta, why it ended)."""
         if not new and reason is None:
             return
         stream.sent[index] = stream.sent.get(index, 0) + len(new)
-        stream.deliver(TokenDelta(index, new, reason, cached))
+        stream.deliver(TokenDelta(index, new, reason, cached, kv_transfer_params))
         if self.metrics is None or not new:
             return
         self.metrics.generation_tokens.inc(len(new))
