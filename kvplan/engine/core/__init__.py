@@ -20,6 +20,8 @@ Layout (one concept per module):
 * `preemption`    - preempting and swapping sequence groups all or nothing
 * `beam_group`    - beam-search groups advancing in lockstep
 * `step_update`   - applying a step's results
+* `remote_kv`     - prefill/decode disaggregation: requests receiving their prompt's KV, or holding it for a
+                    remote decode (vLLM's P/D with a pull connector; the API the engine and simulator drive)
 * `decode_steps`  - one decode step applied to one or k steps at once (the simulator's fast paths)
 * `metrics`       - counters, gauges and the memory breakdown
 """
@@ -27,11 +29,12 @@ Layout (one concept per module):
 from kvplan.engine.core.config import CacheConfig, ConfigError, SchedulerConfig
 from kvplan.engine.core.metrics import MemoryBreakdown, SchedulerStats, block_sharing, kv_snapshot, memory_breakdown
 from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput, UpdateOutput
+from kvplan.engine.core.remote_kv import KVLoad, wants_remote_decode, wants_remote_prefill
 from kvplan.engine.core.request import Request, RequestStatus, make_request
 from kvplan.engine.core.scheduler import Scheduler
 
 __all__ = [
-    "CacheConfig", "ConfigError", "MemoryBreakdown", "Request", "RequestStatus", "ScheduledRequest", "Scheduler",
-    "SchedulerConfig", "SchedulerOutput", "SchedulerStats", "UpdateOutput", "block_sharing", "kv_snapshot",
-    "make_request", "memory_breakdown",
+    "CacheConfig", "ConfigError", "KVLoad", "MemoryBreakdown", "Request", "RequestStatus", "ScheduledRequest",
+    "Scheduler", "SchedulerConfig", "SchedulerOutput", "SchedulerStats", "UpdateOutput", "block_sharing", "kv_snapshot",
+    "make_request", "memory_breakdown", "wants_remote_decode", "wants_remote_prefill",
 ]

@@ -7,6 +7,9 @@ budget (`Scheduler.chunk`); under `scheduler_reserve_full_isl`, blocks for its w
 queue is served in order: the first head refused ends the step's admissions. A beam group back from recompute is
 admitted all at once or not at all (`beam_group`).
 
+Prefill/decode disaggregation (`remote_kv`): requests holding blocks while they wait (their remote KV received
+or arriving) are served before the queue; a head that receives its prompt's KV takes blocks for it and parks.
+
 Cache-aware admission (vLLM 0.34's `cache_aware_admission_window` N and `_threshold` u): before a step's
 admissions, once KV usage is at least u, the plain waiting requests (status WAITING, nothing computed) among the
 first N of the queue are put in order of their cached prefix on the GPU, deepest first, ties by position; every
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvplan.engine.core.remote_kv import wants_remote_prefill
 from kvplan.engine.core.request import Request, RequestStatus
 from kvplan.engine.core.request_queue import FCFSQueue
 
@@ -70,10 +74,21 @@ class Admission:
         """Admit waiting requests in queue order while the rule lets the head in (see the module)."""
         sched = self.sched
         kv, waiting = sched.kv, sched.waiting
+        if sched.remote.holding:
+            left = sched.remote.admit_held(out, budget)
+            if left is None:
+                return
+            budget = left
         if sched.cache_aware_window:
             self.reorder_window()
         while len(waiting) and budget > 0:
             request = waiting.peek()
+            if request.kv_transfer_params is not None and wants_remote_prefill(request):
+                # a decode-side request: it takes a sequence slot only once its KV has arrived, and no budget
+                if not sched.has_seq_room(request.seq_slots) or not sched.remote.park(request, out):
+                    break
+                waiting.pop()
+                continue
             if request.beam and request.grouped:  # a beam group back from recompute: all of it or none
                 left = sched.beams.admit_group(request, out, budget)
                 if left is None:
@@ -127,6 +142,8 @@ class Admission:
         if kv.tiers or (sched.cache_aware_window and len(sched.waiting) > 1):
             return False
         request = sched.waiting.peek()
+        if request.kv_transfer_params is not None or sched.remote.holding:
+            return False  # P/D admissions are not planned here: never counted as blocked
         sched.refresh_prefill_cap()  # the cap the next `schedule` plans with, not the last one's
         budget = sched.config.max_num_batched_tokens
         if not sched.prefill_first:

@@ -15,9 +15,13 @@ each copy's source instead.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvplan.engine.core.request import Request
 from kvplan.engine.core.tier_transfers import TierTransfer
+
+if TYPE_CHECKING:
+    from kvplan.engine.core.remote_kv import KVLoad
 
 
 @dataclass(slots=True)
@@ -53,6 +57,8 @@ class SchedulerOutput:
     # Plain count-only decodes scheduled in bulk (one token each, ahead of `scheduled` in running order); only
     # under the scheduler's `DecodeMode.BULK` - the simulator's fast path (see `decode_steps`).
     decodes: list[Request] = field(default_factory=list)
+    # P/D, decode side: the receives to start, one per request that began waiting for remote KV (`remote_kv`)
+    kv_loads: list[KVLoad] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -64,3 +70,5 @@ class UpdateOutput:
     finished: list[Request] = field(default_factory=list)
     forked: list[Request] = field(default_factory=list)  # children created for n > 1 in this update
     released: dict[str, list[int]] = field(default_factory=dict)  # sink+window: request id -> block ids
+    # P/D, prefill side: request id -> the block ids it finished holding for a remote decode to read (`remote_kv`)
+    kv_sends: dict[str, list[int]] = field(default_factory=dict)

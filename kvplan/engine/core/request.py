@@ -11,12 +11,18 @@ Lifecycle::
        │   recompute     │  └──swap──► SWAPPED ──swap in──► RUNNING
        └── PREEMPTED ◄───┘
     any non-final state ──abort / reject──► ABORTED
+
+A request with `kv_transfer_params` takes part in prefill/decode disaggregation (vLLM's P/D; `remote_kv`): on
+the decode side (`do_remote_prefill`) it waits in WAITING_FOR_REMOTE_KVS, holding the blocks of its prompt, until
+its KV has been received; on the prefill side (`do_remote_decode`) it finishes holding its blocks until the
+decode side has read them.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvplan.engine.core.block_keys import BlockKeys, HashBlockKeys, TokenBlockKeys
 from kvplan.errors import UserError
@@ -29,10 +35,12 @@ class RequestStatus(enum.IntEnum):
     PREEMPTED = 3  # freed by recompute preemption, waiting to be re-admitted
     FINISHED = 4
     ABORTED = 5
+    # Decode side of P/D (vLLM's name): blocks for the prompt held, its KV being received (`remote_kv`)
+    WAITING_FOR_REMOTE_KVS = 6
 
     @property
     def is_final(self) -> bool:
-        return self >= RequestStatus.FINISHED
+        return self is RequestStatus.FINISHED or self is RequestStatus.ABORTED
 
 
 @dataclass(slots=True, eq=False)
@@ -63,6 +71,9 @@ class Request:
     children_ids: list[str] = field(default_factory=list)
     forked: bool = False  # n > 1 requests: True once the children exist
     finish_reason: str | None = None
+    # vLLM's per-request P/D parameters, as its proxy sends them (`remote_kv`: `do_remote_prefill` marks the
+    # decode side's request, `do_remote_decode` the prefill side's; the other keys are the connector's); None: none
+    kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -147,7 +158,8 @@ def sample_index(request_id: str) -> int:
 def make_request(request_id: str, *, max_tokens: int, prompt_len: int | None = None,
                  prompt_token_ids: list[int] | None = None, prefix_hashes: list[int] | None = None,
                  hash_granularity: int = 0, arrival_s: float = 0.0, priority: int = 0, n: int = 1,
-                 beam: bool = False, stop_token_ids: frozenset[int] | set[int] = frozenset()) -> Request:
+                 beam: bool = False, stop_token_ids: frozenset[int] | set[int] = frozenset(),
+                 kv_transfer_params: dict[str, Any] | None = None) -> Request:
     """Build a request from token ids (engine) or from lengths plus optional trace prefix hashes (simulator)."""
     tokens = list(prompt_token_ids) if prompt_token_ids is not None else None
     if tokens is not None:
@@ -163,7 +175,8 @@ def make_request(request_id: str, *, max_tokens: int, prompt_len: int | None = N
     return Request(request_id=request_id, prompt_len=prompt_len, max_tokens=max_tokens, arrival_s=arrival_s,
                    priority=priority, n=n, beam=beam, token_ids=tokens,
                    prefix_hashes=tuple(prefix_hashes) if prefix_hashes else None,
-                   hash_granularity=hash_granularity, stop_token_ids=frozenset(stop_token_ids))
+                   hash_granularity=hash_granularity, stop_token_ids=frozenset(stop_token_ids),
+                   kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params is not None else None)
 
 
 def attach_block_keys(request: Request, block_size: int) -> None:

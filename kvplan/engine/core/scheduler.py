@@ -36,6 +36,11 @@ Admission gate (`scheduler_reserve_full_isl`, vLLM's name and default): a waitin
 the blocks for its whole prompt (and output to recompute) beyond its prefix hits fit in the free blocks with the
 watermark to spare, not just its first chunk; off, the first chunk decides (vLLM <= 0.10).
 
+Prefill/decode disaggregation (`remote_kv`, vLLM's P/D): a request with `kv_transfer_params` either receives its
+prompt's KV (decode side: WAITING_FOR_REMOTE_KVS holding its blocks, `SchedulerOutput.kv_loads`, then
+`finished_recving`) or keeps its blocks after finishing for the decode side to read (prefill side:
+`UpdateOutput.kv_sends`, then `finished_sending`). Without such requests nothing here changes.
+
 `update(step, sampled)` (`step_update`) applies the step's results. Decodes can be stepped in bulk, one step or
 k at once, in count-only runs (`decode_steps`). Requests that could never run are rejected at
 `add_request` and reported in the next step.
@@ -56,6 +61,7 @@ from kvplan.engine.core.kv_manager import KVCacheManager
 from kvplan.engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
 from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput, UpdateOutput
 from kvplan.engine.core.preemption import GroupPreemption
+from kvplan.engine.core.remote_kv import RemoteKV
 from kvplan.engine.core.request import Request, RequestStatus, attach_block_keys
 from kvplan.engine.core.request_queue import make_queue
 from kvplan.engine.core.reservation import ReservationAllocator
@@ -84,7 +90,8 @@ class Scheduler:
     Invariants between calls:
 
     * every live request (`requests`) is in exactly one of `waiting` (WAITING or PREEMPTED, holding no KV),
-      `running` (RUNNING, its KV for every computed token in `kv`) or `swapped` (SWAPPED, its KV on the CPU);
+      `running` (RUNNING, its KV for every computed token in `kv`), `swapped` (SWAPPED, its KV on the CPU) or
+      `remote.holding` (WAITING_FOR_REMOTE_KVS, or WAITING once received: holding its prompt's blocks);
       members of a sequence group are adjacent in `swapped`, in group order, and resident all or none;
     * `num_running_seqs` is the running requests' `seq_slots`, at most `max_num_seqs`;
     * the prefix cache keys exactly the full blocks of steps already scheduled (a step's blocks are keyed when it is
@@ -146,6 +153,7 @@ class Scheduler:
         self.beams = BeamGroups(self)
         self.updates = StepUpdate(self)
         self.decode_steps = DecodeSteps(self)
+        self.remote = RemoteKV(self)
 
     # -- requests ------------------------------------------------------------------------------------------
     def add_request(self, request: Request) -> bool:
@@ -175,6 +183,8 @@ class Scheduler:
                     f"exceeds max_model_len {limit}")
         if request.n > self.config.max_num_seqs:
             return f"n = {request.n} parallel sequences exceed max_num_seqs {self.config.max_num_seqs}"
+        if request.kv_transfer_params is not None and (request.n > 1 or request.beam):
+            return "kv_transfer_params (prefill/decode disaggregation) need n = 1 and no beam search"
         if request.beam and (self.windowed or self.cache_config.allocator != "paged"):
             return ("beam search shares blocks copy-on-write and keeps every beam's whole history: it needs the "
                     "paged allocator without a sink+window cache or sliding-window layers")
@@ -196,9 +206,12 @@ class Scheduler:
             self.stop_running(request)
         elif request.status is RequestStatus.SWAPPED:
             self.swapped.remove(request)
+        elif request in self.remote.holding:
+            self.remote.abort(request)  # its blocks: freed now, or once the transfer writing them is over
         else:
             self.waiting.remove(request)
-        self.kv.free(request)
+        if request.request_id not in self.remote.aborted_loads:
+            self.kv.free(request)
         request.status = RequestStatus.ABORTED
         request.finish_reason = "abort"
         return True
@@ -223,11 +236,22 @@ class Scheduler:
         return child
 
     def has_unfinished(self) -> bool:
-        return bool(self.running or self.swapped or len(self.waiting))
+        return bool(self.running or self.swapped or len(self.waiting) or self.remote.holding)
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.running) + len(self.swapped) + len(self.waiting)
+        return len(self.running) + len(self.swapped) + len(self.waiting) + len(self.remote.holding)
+
+    # -- prefill/decode disaggregation: the engine's reports (`remote_kv`) -----------------------------------
+    def finished_recving(self, request_ids: list[str] | set[str] | tuple[str, ...]) -> None:
+        """The KV of these WAITING_FOR_REMOTE_KVS requests has arrived: each is admitted from the next
+        `schedule()` on, recomputing its last prompt token (vLLM's `finished_recving`)."""
+        self.remote.finished_recving(request_ids)
+
+    def finished_sending(self, request_ids: list[str] | set[str] | tuple[str, ...]) -> None:
+        """The remote decode side has read these finished prefill-side requests' blocks: free them (vLLM's
+        `finished_sending`)."""
+        self.remote.finished_sending(request_ids)
 
     # -- lifecycle transitions and admission rules (the components' API) ------------------------------------
     def start_running(self, request: Request, fork: bool = False) -> None:
@@ -243,8 +267,10 @@ class Scheduler:
         self.num_running_seqs -= request.seq_slots
 
     def finish(self, request: Request, reason: str, result: UpdateOutput | None) -> None:
-        """End a running request, freeing its blocks; the caller drops it from `running` (`drop_finished`)."""
-        self.kv.free(request)
+        """End a running request, freeing its blocks (a prefill-side P/D request keeps them: `remote_kv`); the
+        caller drops it from `running` (`drop_finished`)."""
+        if request.kv_transfer_params is None or not self.remote.hold_finished(request, reason, result):
+            self.kv.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.request_id]
@@ -316,7 +342,8 @@ class Scheduler:
             budget = self.preemption.schedule_swapped(out, budget)
             if not self.swapped and not (self.prefill_first and not out.is_empty):
                 self.admissions.schedule_waiting(out, budget)
-        if out.is_empty and not out.preempted and self.has_unfinished():
+        # (requests receiving remote KV wait for the engine's report, not for a step: no work is due then)
+        if out.is_empty and not out.preempted and self.has_unfinished() and not self.remote.holding:
             raise RuntimeError(f"scheduler bug: an empty step with {len(self.running)} running, {len(self.swapped)} "
                                f"swapped and {len(self.waiting)} waiting requests ({self.kv.num_free_blocks} of "
                                f"{self.cache_config.num_blocks} blocks free)")
