@@ -68,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
           f"http://{args.host}:{args.port}", flush=True)
     if transfer is not None:
         print(f"kvplan serve: {transfer.kv_connector} ({transfer.semantics} semantics), {transfer.kv_role}"
-              + (f", KV served on {llm.kv_producer.server.host}:{llm.kv_producer.server.port}"
-                 if llm.kv_producer is not None else ""), flush=True)
+              + (f", KV served on {server.host}:{server.port}"
+                 if llm.kv_connector is not None and (server := llm.kv_connector.server) is not None else ""),
+              flush=True)
     try:
         serve(llm, name, host=args.host, port=args.port, max_queue_len=args.max_queue_len,
               log_level=args.log_level)

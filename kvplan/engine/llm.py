@@ -28,7 +28,7 @@ from kvplan.engine.core.settings import SETTINGS
 from kvplan.engine.cpu_linear import can_pack, pack_linears
 from kvplan.engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
 from kvplan.engine.kv_transfer.config import KVTransferConfig
-from kvplan.engine.kv_transfer.producer import KVProducer, remote_decode
+from kvplan.engine.kv_transfer.connector import KVConnector, check_params
 from kvplan.engine.model_runner import ModelRunner
 from kvplan.engine.models import load_model
 from kvplan.engine.options import engine_options
@@ -81,7 +81,8 @@ class LLM:
                  profile_path: str | Path | None = None, kv_transfer: KVTransferConfig | None = None,
                  **settings: object) -> None:
         """`settings`: any of `EngineOptions` (engine.core.settings declares them: names, defaults, ranges);
-        `kv_transfer`: this instance's `--kv-transfer-config` (a producer serves its staged KV on kv_port)."""
+        `kv_transfer`: this instance's `--kv-transfer-config` (engine.kv_transfer.connector: a producer serves
+        held KV on kv_port, a consumer pulls it)."""
         if isinstance(settings.get("dtype"), torch.dtype):
             settings["dtype"] = str(settings["dtype"]).removeprefix("torch.")
         o = self.options = engine_options(settings)
@@ -129,7 +130,7 @@ class LLM:
             "threads": torch.get_num_threads(), "torch": str(torch.__version__)}
         self.profiler = None if profile_path is None else StepProfiler(profile_path, self.profile_meta)
         self.kv_transfer = kv_transfer
-        self.kv_producer = KVProducer(kv_transfer, self.kv_cache) if kv_transfer and kv_transfer.is_producer else None
+        self.kv_connector = KVConnector(kv_transfer, self.kv_cache) if kv_transfer is not None else None
 
     @staticmethod
     def _kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -174,20 +175,19 @@ class LLM:
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, arrival_s: float | None = None, priority: int = 0,
-                    teacher_token_ids: Sequence[int] | None = None, kv_transfer_params: object = None) -> str:
+                    teacher_token_ids: Sequence[int] | None = None, kv_transfer_params: dict | None = None) -> str:
         """Queue a request. `teacher_token_ids` scores a continuation instead of sampling one: each step
         produces the next given token (max_tokens = their count, n = 1) and records its log-probability under
         the step's logits, read back with `teacher_logprobs` when the request finishes: the decode path, cache
         policy and KV dtype included (perplexity under a bounded cache). `kv_transfer_params` (vLLM's): with
-        `do_remote_decode` the request's KV is staged for a decode instance when it finishes (one sequence)."""
+        `do_remote_decode` the request finishes holding its KV for a decode instance; with `do_remote_prefill` its
+        prompt's KV is read from the prefill instance the params name (engine.kv_transfer.connector)."""
         params = params or SamplingParams()
         if teacher_token_ids is not None:
             params = SamplingParams(max_tokens=len(teacher_token_ids), ignore_eos=True)
         tokens = self.encode(prompt)
         self.check_prompt(tokens, params)
-        keep_kv = remote_decode(kv_transfer_params, self.kv_transfer)
-        if keep_kv and (params.n != 1 or params.beam_width or teacher_token_ids is not None):
-            raise UserError("kv_transfer_params.do_remote_decode: one sequence per request; allowed: n 1, no beams")
+        check_params(kv_transfer_params, self.kv_transfer)
         rid = request_id if request_id is not None else f"req-{self._counter}"
         if rid in self._groups:
             raise UserError(f"request id {rid!r} is already in use")
@@ -195,7 +195,8 @@ class LLM:
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.loaded.eos_token_ids))
         width = params.beam_width
         request = make_request(rid, prompt_token_ids=tokens, max_tokens=params.max_tokens, n=width or params.n,
-                               beam=width > 0, stop_token_ids=stops, arrival_s=arrival_s or 0.0, priority=priority)
+                               beam=width > 0, stop_token_ids=stops, arrival_s=arrival_s or 0.0, priority=priority,
+                               kv_transfer_params=kv_transfer_params)
         reason = self.scheduler.rejection_reason(request)
         if reason is not None:
             raise UserError(f"request {rid} cannot run: {reason}")
@@ -211,8 +212,6 @@ class LLM:
         self._groups[rid] = group
         self._owner[rid] = (rid, 0)
         self.scheduler.add_request(request)
-        if keep_kv and self.kv_producer is not None:
-            self.kv_producer.wanted.add(rid)
         return rid
 
     def new_output_tokens(self, request_id: str, sent: dict[int, int]) -> list[tuple[int, list[int]]]:
@@ -235,8 +234,6 @@ class LLM:
 
     def abort(self, request_id: str) -> None:
         group = self._groups.pop(request_id, None)
-        if self.kv_producer is not None:
-            self.kv_producer.aborted(request_id)
         if group is not None:
             for request in group.sequences.values():
                 self.scheduler.abort(request.request_id)
@@ -247,8 +244,11 @@ class LLM:
         """Run one scheduler step; returns the requests that finished in it."""
         times: dict[str, float] = {}
         mark = self._clock()
+        failed = self._kv_reports()
         out = self.scheduler.schedule()
         usage = self.scheduler.kv.usage()  # the blocks this step holds (the simulator reads it at the same point)
+        if self.kv_connector is not None:
+            self.kv_connector.start(out)
         mark = scheduled_at = self._lap(times, "schedule", mark)
         self.runner.apply_memory_ops(out)
         sampled: list = [None] * len(out.scheduled)
@@ -259,16 +259,36 @@ class LLM:
             mark = self._lap(times, "forward", mark)
             self._sample(out, prepared.sampled_items, logits, sampled)
             mark = self._lap(times, "sample", mark)
-        if self.kv_producer is not None and self.kv_producer.wanted:
-            self.kv_producer.before_update(out)
         result = self.scheduler.update(out, sampled)
+        if self.kv_connector is not None:
+            self.kv_connector.exported(result, {r.request_id: r.prompt_len for r in result.finished})
         self._advance_beams(out, result)
         now = self._lap(times, "update", mark)
         finished = self._record(out, result, scheduled_at, now)
         self.last_step = StepTrace(out, result, times, usage)
         if self.profiler is not None:
             self.profiler.record(out, self.kv_cache.layout.block_size, times)
-        return finished
+        if self.kv_connector is not None:
+            self.kv_connector.idle_wait(out)
+        return failed + finished
+
+    def _kv_reports(self) -> list[RequestOutput]:
+        """P/D: the connector's reports to the core, and an output for each request whose KV pull failed (vLLM's
+        kv_load_failure_policy fail: the request ends with the reason)."""
+        if self.kv_connector is None:
+            return []
+        self.kv_connector.reports(self.scheduler)
+        failed = []
+        for rid, why in self.kv_connector.failed.items():
+            group = self._groups.pop(rid, None)
+            if group is not None:
+                self._owner.pop(rid, None)
+                group.metrics.finished_s = time.perf_counter()
+                failed.append(RequestOutput(rid, group.prompt, group.prompt_token_ids,
+                                            [CompletionOutput(0, [], None, "error")], group.metrics,
+                                            error=f"KV transfer failed: {why}"))
+        self.kv_connector.failed.clear()
+        return failed
 
     def _clock(self) -> float:
         if self.device.type == "cuda":
@@ -359,8 +379,7 @@ class LLM:
             completions.append(CompletionOutput(index, tokens, self._decode(tokens), request.finish_reason,
                                                 group.logprobs.get(index) if group.params.logprobs is not None
                                                 else None))
-        staged = (self.kv_producer.finished(group.request_id, len(group.prompt_token_ids))
-                  if self.kv_producer is not None and group.request_id in self.kv_producer.wanted else None)
+        staged = self.kv_connector.sent_params.pop(group.request_id, None) if self.kv_connector else None
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions, group.metrics,
                              teacher_logprobs=group.teacher_logprobs if group.teacher is not None else None,
                              kv_transfer_params=staged)
@@ -405,8 +424,8 @@ class LLM:
     def close(self) -> None:
         if self.profiler is not None:
             self.profiler.close()
-        if self.kv_producer is not None:
-            self.kv_producer.close()
+        if self.kv_connector is not None:
+            self.kv_connector.close()
 
     def __enter__(self) -> LLM:
         return self

@@ -58,3 +58,4 @@ class RequestOutput:
     finished: bool = True
     teacher_logprobs: list[float] | None = None  # scoring requests: log p of each given continuation token
     kv_transfer_params: dict | None = None  # a remote-decode request: where a decode instance reads its KV
+    error: str | None = None  # a request that failed (its KV never arrived): why; its finish_reason is "error"

@@ -19,12 +19,19 @@ upstream's own status for a 4xx; a stream already started ends with an error eve
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import uuid
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvplan.errors import UserError
+from kvplan.strict_json import loads
 
 PREFILL_FIELDS_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
 REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -41,8 +48,6 @@ class UpstreamError(Exception):
 
 def parse_urls(text: str, flag: str) -> list[str]:
     """`http://host:port[,http://host:port...]` -> the base URLs (no trailing slash)."""
-    from urllib.parse import urlsplit
-
     urls = [u.strip().rstrip("/") for u in text.split(",")]
     for url in urls:
         parts = urlsplit(url)
@@ -77,23 +82,19 @@ def error_body(message: str, status: int) -> dict:
 
 class PDProxy:
     def __init__(self, prefill: list[str], decode: list[str], timeout_s: float) -> None:
-        import httpx
-
         self.prefill, self.decode, self.timeout_s = Pool("prefill", prefill), Pool("decode", decode), timeout_s
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(max_connections=256))
 
     async def _open(self, pool: Pool, path: str, body: dict, headers: dict):
         """A response from the first instance of `pool` (round robin) that accepts the connection; the caller
         closes it. Connection refusals move on to the next instance; anything else is final."""
-        import httpx
-
         refused = []
         for url in pool.order():
             request = self.client.build_request("POST", url + path, json=body, headers=headers)
             try:
                 return url, await self.client.send(request, stream=True)
             except httpx.ConnectError as exc:
-                refused.append(f"{url} ({exc or 'refused'})")
+                refused.append(f"{url} ({str(exc) or 'refused'})")
             except httpx.TimeoutException:
                 raise UpstreamError(f"{pool.name} instance {url} did not answer within {self.timeout_s:g} s",
                                     502) from None
@@ -102,8 +103,6 @@ class PDProxy:
         raise UpstreamError(f"no {pool.name} instance could be reached: {'; '.join(refused)}", 503)
 
     async def _whole(self, url: str, response, pool: Pool) -> dict:
-        import httpx
-
         try:
             raw = await response.aread()
         except httpx.HTTPError as exc:
@@ -155,10 +154,8 @@ class PDProxy:
         except UpstreamError as exc:
             return exc.status, error_body(str(exc), exc.status)
 
-    async def _relay(self, url: str, response) -> AsyncIterator[bytes]:
+    async def _relay(self, url: str, response: httpx.Response) -> AsyncIterator[bytes]:
         """The decode instance's SSE bytes as they come; a broken or stalled stream ends with an error event."""
-        import httpx
-
         try:
             async for chunk in response.aiter_raw():
                 yield chunk
@@ -177,13 +174,13 @@ def _event(message: str) -> bytes:
     return f"data: {json.dumps(error_body(message, 502))}\n\n".encode()
 
 
-def build_proxy_app(proxy: PDProxy):
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+def build_proxy_app(proxy: PDProxy) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        await proxy.close()
 
-    from kvplan.strict_json import loads
-
-    app = FastAPI(title="kvplan P/D proxy", docs_url=None, redoc_url=None)
+    app = FastAPI(title="kvplan P/D proxy", docs_url=None, redoc_url=None, lifespan=lifespan)
 
     @app.get("/health")
     async def health() -> Response:
@@ -208,10 +205,6 @@ def build_proxy_app(proxy: PDProxy):
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         return await forward(request, "/v1/chat/completions")
-
-    @app.on_event("shutdown")
-    async def shutdown() -> None:
-        await proxy.close()
 
     return app
 

@@ -1,20 +1,18 @@
 """The KV transport between a prefill and a decode process on one machine (NIXL pull semantics, over a loopback
 TCP socket).
 
-Prefill side: when a request that asked to be decoded elsewhere (`do_remote_decode`) finishes, the engine copies
-its KV blocks - K and V of every layer, and the per-token scales of a quantized cache - out of the paged cache
-into `KVExports` under a transfer id, with a lease (`kv_lease_duration`); `KVExportServer` serves them. That is
-vLLM NIXL's `kv_buffer_device: cpu` (a host staging buffer). The copy is taken in the engine thread between the
-step's update and the next forward, the only moment nothing writes those blocks.
+Prefill side: a request that asked to be decoded elsewhere (`do_remote_decode`) finishes holding its blocks (the
+core's `remote_kv`); the engine exports them in `KVExports` under the request id, with a lease
+(`kv_lease_duration`), and `KVExportServer` serves them: K and V of every layer, and the per-token scales of a
+quantized cache, read out of the paged cache when the decode side asks.
 
-Decode side: `pull` connects, names the transfer id and its own cache layout, receives the tensors, and
-acknowledges; the prefill side then drops the export (vLLM's `finished_sending`). `scatter` writes them into the
-blocks the decode engine allocated.
+Decode side: `pull` connects, names the transfer id, the first block it needs (after its local prefix hits) and
+its own cache layout, receives the tensors, and acknowledges; the prefill side's engine then frees the blocks
+(vLLM's `finished_sending`). `scatter` writes them into the blocks the decode engine allocated.
 
 Deadlines: every socket operation on both sides runs under the transfer's remaining time (`transfer_timeout`):
-a dead or silent peer is a `KVTransferError` within that bound, never a hang. An export nobody reads is dropped
-when its lease ends; the staged bytes are bounded (`capacity_bytes`, the paged cache's size by default: the
-prefill side never holds more than its own cache could).
+a dead or silent peer is a `KVTransferError` within that bound, never a hang. An export nobody reads ends with
+its lease (the blocks are freed as if read).
 
 Wire format (both directions): an 8-byte big-endian length, a JSON header of at most MAX_HEADER bytes, then the
 raw bytes the header announces (the tensors in order, C-contiguous).
@@ -80,64 +78,64 @@ def scatter(cache: PagedKVCache, block_ids: list[int], tensors: list[torch.Tenso
 
 @dataclass(slots=True)
 class _Export:
-    tensors: list[torch.Tensor]
-    num_bytes: int
+    block_ids: list[int]
     expires_s: float  # time.monotonic() at which the lease ends
 
 
 class KVExports:
-    """The prefill side's staged KV, by transfer id, each with a lease; thread-safe (the engine thread adds, the
-    server's threads read and drop)."""
+    """The prefill side's held blocks, by transfer id (the request id), each with a lease; thread-safe: the engine
+    thread adds and drains, the server's threads read.
 
-    def __init__(self, lease_s: float, capacity_bytes: int) -> None:
-        self.lease_s, self.capacity_bytes = lease_s, capacity_bytes
+    A read copies the blocks out under the lock, and the engine frees a request's blocks only after draining it
+    from `done()` - which happens only once its lease has ended or its reader acknowledged, both under the same
+    lock: so no block is read after the engine may have reused it."""
+
+    def __init__(self, cache: PagedKVCache, lease_s: float) -> None:
+        self.cache, self.lease_s = cache, lease_s
         self._lock = threading.Lock()
         self._exports: dict[str, _Export] = {}
-        self.num_bytes = 0
-        self.finished_sending: list[str] = []  # read and acknowledged, or expired: the engine may forget them
+        self._done: list[str] = []  # read and acknowledged, or expired: the engine frees their blocks
 
-    def add(self, transfer_id: str, tensors: list[torch.Tensor]) -> float:
-        """Stage `tensors`; returns when the lease ends (time.monotonic()). Refused when the staged bytes would
-        exceed the capacity."""
-        size = sum(t.numel() * t.element_size() for t in tensors)
+    def add(self, transfer_id: str, block_ids: list[int]) -> float:
+        """Serve `block_ids` under `transfer_id` until its lease ends; returns when that is (time.monotonic())."""
         with self._lock:
-            self._expire()
             if transfer_id in self._exports:
-                raise KVTransferError(f"transfer id {transfer_id!r} is already staged")
-            if self.num_bytes + size > self.capacity_bytes:
-                raise KVTransferError(f"staging {size} bytes of KV would exceed the prefill side's staging capacity "
-                                      f"({self.num_bytes} of {self.capacity_bytes} bytes held for decode instances "
-                                      "that have not read them yet)")
+                raise KVTransferError(f"transfer id {transfer_id!r} is already exported")
             expires = time.monotonic() + self.lease_s
-            self._exports[transfer_id] = _Export(tensors, size, expires)
-            self.num_bytes += size
+            self._exports[transfer_id] = _Export(list(block_ids), expires)
             return expires
 
-    def get(self, transfer_id: str) -> list[torch.Tensor] | None:
+    def read(self, transfer_id: str, first_block: int) -> list[torch.Tensor] | None:
+        """`gather` of the export's blocks from `first_block` on (the reader's local prefix hits skipped); None
+        when there is no such export (never made, already acknowledged, or expired)."""
         with self._lock:
             self._expire()
             export = self._exports.get(transfer_id)
-            return None if export is None else export.tensors
+            if export is None:
+                return None
+            return gather(self.cache, export.block_ids[first_block:])
 
-    def drop(self, transfer_id: str) -> None:
+    def acknowledge(self, transfer_id: str) -> None:
         with self._lock:
-            self._drop(transfer_id)
+            if self._exports.pop(transfer_id, None) is not None:
+                self._done.append(transfer_id)
+
+    def done(self) -> list[str]:
+        """The transfer ids whose blocks may be freed now (acknowledged or expired), each once."""
+        with self._lock:
+            self._expire()
+            done, self._done = self._done, []
+            return done
 
     def __len__(self) -> int:
         with self._lock:
-            self._expire()
             return len(self._exports)
-
-    def _drop(self, transfer_id: str) -> None:
-        export = self._exports.pop(transfer_id, None)
-        if export is not None:
-            self.num_bytes -= export.num_bytes
-            self.finished_sending.append(transfer_id)
 
     def _expire(self) -> None:
         now = time.monotonic()
         for transfer_id in [t for t, e in self._exports.items() if e.expires_s <= now]:
-            self._drop(transfer_id)
+            del self._exports[transfer_id]
+            self._done.append(transfer_id)
 
 
 class _Deadline:
@@ -156,7 +154,7 @@ def _send(sock: socket.socket, header: dict, tensors: list[torch.Tensor], deadli
     deadline.arm(sock)
     sock.sendall(struct.pack(">Q", len(raw)) + raw)
     for tensor in tensors:
-        view = memoryview(tensor.view(torch.uint8).numpy()).cast("B")
+        view = tensor.view(torch.uint8).numpy().data.cast("B")
         for start in range(0, len(view), CHUNK):
             deadline.arm(sock)
             sock.sendall(view[start:start + CHUNK])
@@ -187,8 +185,8 @@ def _recv_header(sock: socket.socket, deadline: _Deadline) -> dict:
 class KVExportServer:
     """Serves `KVExports` on host:port: one thread per connection, each bounded by `timeout_s`."""
 
-    def __init__(self, exports: KVExports, layout: KVLayout, host: str, port: int, timeout_s: float) -> None:
-        self.exports, self.layout, self.timeout_s = exports, layout_dict(layout), timeout_s
+    def __init__(self, exports: KVExports, host: str, port: int, timeout_s: float) -> None:
+        self.exports, self.layout, self.timeout_s = exports, layout_dict(exports.cache.layout), timeout_s
         outer = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -216,29 +214,32 @@ class KVExportServer:
     def _serve(self, sock: socket.socket) -> None:
         deadline = _Deadline(self.timeout_s, "KV export")
         request = _recv_header(sock, deadline)
-        transfer_id = str(request.get("transfer_id"))
-        tensors = self.exports.get(transfer_id)
+        transfer_id, first_block = str(request.get("transfer_id")), request.get("first_block", 0)
+        tensors = self.exports.read(transfer_id, first_block) if isinstance(first_block, int) else None
         if request.get("layout") != self.layout:
             _send(sock, {"error": f"the decode cache layout {request.get('layout')} differs from the prefill "
                                   f"cache layout {self.layout}"}, [], deadline)
         elif tensors is None:
-            _send(sock, {"error": f"no KV staged under transfer id {transfer_id!r} (never staged, already read, "
-                                  "or its lease ended)"}, [], deadline)
+            _send(sock, {"error": f"no KV exported under transfer id {transfer_id!r} (never exported, already "
+                                  "read, or its lease ended)"}, [], deadline)
         else:
             meta = [[str(t.dtype).removeprefix("torch."), list(t.shape)] for t in tensors]
             _send(sock, {"tensors": meta}, tensors, deadline)
             if _recv_header(sock, deadline).get("done") is True:
-                self.exports.drop(transfer_id)
+                self.exports.acknowledge(transfer_id)
 
 
-def pull(host: str, port: int, transfer_id: str, layout: KVLayout, timeout_s: float) -> list[torch.Tensor]:
-    """The KV staged under `transfer_id` on host:port, as `gather` returned it there; acknowledged, so the
-    prefill side frees it. Any failure, including running past `timeout_s` in all, is a KVTransferError."""
+def pull(host: str, port: int, transfer_id: str, layout: KVLayout, timeout_s: float,
+         first_block: int = 0) -> list[torch.Tensor]:
+    """The blocks exported under `transfer_id` on host:port from `first_block` on, as `gather` returns them;
+    acknowledged, so the prefill side frees them. Any failure, including running past `timeout_s` in all, is a
+    KVTransferError."""
     what = f"KV pull of {transfer_id!r} from {host}:{port}"
     deadline = _Deadline(timeout_s, what)
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
-            _send(sock, {"transfer_id": transfer_id, "layout": layout_dict(layout)}, [], deadline)
+            _send(sock, {"transfer_id": transfer_id, "first_block": first_block, "layout": layout_dict(layout)}, [],
+                  deadline)
             header = _recv_header(sock, deadline)
             if "error" in header:
                 raise KVTransferError(f"{what}: {header['error']}")

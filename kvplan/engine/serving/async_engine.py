@@ -32,6 +32,10 @@ class EngineDied(RuntimeError):
     """Delivered to every open stream when the engine thread has crashed (a bug): the answer is incomplete."""
 
 
+class RequestFailed(EngineDied):
+    """Delivered to one request's stream when it failed in the engine (P/D: its KV never arrived)."""
+
+
 class QueueFull(Exception):
     """More requests wait for admission than the server accepts (the HTTP layer answers 503)."""
 
@@ -58,7 +62,7 @@ class _Stream:
     first_token_s: float | None = None
     last_token_s: dict[int, float] = field(default_factory=dict)
 
-    def deliver(self, item: TokenDelta | EngineDied | None) -> None:
+    def deliver(self, item: TokenDelta | EngineDied | None) -> None:  # EngineDied includes RequestFailed
         self._call(self.events.put_nowait, (self.key, item))
 
     def answer(self, error: BaseException | None) -> None:
@@ -197,6 +201,11 @@ class AsyncEngine:
         now = time.perf_counter()
         for output in finished:
             stream = self._streams.pop(output.request_id)
+            if output.error is not None:
+                if self.metrics is not None:
+                    self.metrics.finished("error", stream.arrival_s, now)
+                stream.deliver(RequestFailed(output.error))
+                continue
             for completion in output.outputs:
                 self._send(stream, completion.index, completion.token_ids[stream.sent.get(completion.index, 0):],
                            now, completion.finish_reason, output.metrics.num_cached_tokens, output.kv_transfer_params)

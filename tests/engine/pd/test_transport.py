@@ -1,6 +1,6 @@
 """The KV transport over a real loopback socket, in one process: blocks of every cache dtype (quantized ones with
-their scales) arrive byte for byte in other block ids; an export is dropped once read and acknowledged, or when
-its lease ends; staging beyond the capacity is refused; a silent or absent peer is an error within the deadline."""
+their scales) arrive byte for byte in other block ids, from a given first block on; an export ends once read and
+acknowledged, or when its lease ends; a silent or absent peer is an error within the deadline."""
 
 from __future__ import annotations
 
@@ -11,14 +11,7 @@ import pytest
 import torch
 
 from kvplan.engine.kv_cache import KVLayout, PagedKVCache
-from kvplan.engine.kv_transfer.transport import (
-    KVExports,
-    KVExportServer,
-    KVTransferError,
-    gather,
-    pull,
-    scatter,
-)
+from kvplan.engine.kv_transfer.transport import KVExports, KVExportServer, KVTransferError, pull, scatter
 
 CPU = torch.device("cpu")
 
@@ -46,41 +39,37 @@ def poll(condition, timeout_s: float = 5.0) -> bool:
 def test_blocks_arrive_byte_for_byte_in_other_block_ids(dtype):
     layout = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, block_size=4, dtype=dtype)
     source, target = filled_cache(layout, 1), PagedKVCache(layout, 12, 0, CPU)
-    exports = KVExports(lease_s=30, capacity_bytes=10**8)
-    exports.add("r1", gather(source, [7, 2, 9]))
-    server = KVExportServer(exports, layout, "127.0.0.1", 0, timeout_s=5)
+    exports = KVExports(source, lease_s=30)
+    exports.add("r1", [4, 7, 2, 9])
+    server = KVExportServer(exports, "127.0.0.1", 0, timeout_s=5)
     server.start()
     try:
-        scatter(target, [0, 1, 5], pull("127.0.0.1", server.port, "r1", layout, timeout_s=5))
+        # the reader has the first block locally (a prefix hit): it asks from the second on
+        scatter(target, [0, 1, 5], pull("127.0.0.1", server.port, "r1", layout, timeout_s=5, first_block=1))
         pairs = [(a, b) for la, lb in zip(source.layers, target.layers, strict=True)
                  for a, b in zip(la.tensors(), lb.tensors(), strict=True)]
         assert len(pairs) == (8 if layout.quantized else 4)  # K, V (and their scales) of both layers
         for a, b in pairs:
             assert torch.equal(a.view(torch.uint8)[[7, 2, 9]], b.view(torch.uint8)[[0, 1, 5]])
             assert not b.view(torch.uint8)[[2, 3, 4]].any()  # nothing else written
-        assert poll(lambda: len(exports) == 0) and exports.finished_sending == ["r1"] and exports.num_bytes == 0
-        with pytest.raises(KVTransferError, match="no KV staged under transfer id 'r1'"):
+        assert poll(lambda: len(exports) == 0) and exports.done() == ["r1"] and exports.done() == []
+        with pytest.raises(KVTransferError, match="no KV exported under transfer id 'r1'"):
             pull("127.0.0.1", server.port, "r1", layout, timeout_s=5)
-        other = KVLayout(2, 2, 8, 8, dtype)
-        exports.add("r2", gather(source, [1]))
-        with pytest.raises(KVTransferError, match="the decode cache layout .* differs from the prefill"):
-            pull("127.0.0.1", server.port, "r2", other, timeout_s=5)
+        exports.add("r2", [1])
+        with pytest.raises(KVTransferError, match=r"the decode cache layout .* differs from the prefill"):
+            pull("127.0.0.1", server.port, "r2", KVLayout(2, 2, 8, 8, dtype), timeout_s=5)
+        assert len(exports) == 1  # a refused read acknowledges nothing
     finally:
         server.stop()
 
 
-def test_leases_end_and_capacity_bounds_the_staged_bytes():
-    layout = KVLayout(1, 1, 4, 2, torch.float32)
-    cache = filled_cache(layout, 2)
-    one_block = layout.bytes_per_block
-    exports = KVExports(lease_s=0.05, capacity_bytes=2 * one_block)
-    exports.add("a", gather(cache, [0]))
-    exports.add("b", gather(cache, [1]))
-    with pytest.raises(KVTransferError, match="exceed the prefill side's staging capacity"):
-        exports.add("c", gather(cache, [2]))
-    assert poll(lambda: len(exports) == 0)  # both leases ended
-    assert sorted(exports.finished_sending) == ["a", "b"] and exports.num_bytes == 0
-    exports.add("c", gather(cache, [2]))  # room again
+def test_a_lease_ends_an_unread_export():
+    exports = KVExports(filled_cache(KVLayout(1, 1, 4, 2, torch.float32), 2), lease_s=0.05)
+    exports.add("a", [0])
+    exports.add("b", [1, 2])
+    assert exports.read("a", 0) is not None
+    assert poll(lambda: exports.read("a", 0) is None)  # the lease ended
+    assert sorted(exports.done()) == ["a", "b"] and len(exports) == 0
 
 
 def test_a_silent_or_absent_peer_fails_within_the_deadline():
