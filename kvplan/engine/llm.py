@@ -272,6 +272,16 @@ class LLM:
             self.kv_connector.idle_wait(out)
         return failed + finished
 
+    @property
+    def holds_kv_for_remote(self) -> bool:
+        """P/D prefill side: finished requests' blocks are held until decode instances have read them."""
+        return bool(self.scheduler.remote.sending)
+
+    def release_read_kv(self) -> None:
+        """Between steps of an idle engine: free the held blocks that have been read or outlived their lease."""
+        if self.kv_connector is not None:
+            self.kv_connector.reports(self.scheduler)
+
     def _kv_reports(self) -> list[RequestOutput]:
         """P/D: the connector's reports to the core, and an output for each request whose KV pull failed (vLLM's
         kv_load_failure_policy fail: the request ends with the reason)."""

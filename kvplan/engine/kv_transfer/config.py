@@ -10,6 +10,9 @@ one vLLM connector's semantics:
   the KV is; the decode instance allocates blocks, reads the prefill side's blocks into them, tells the prefill
   side it is done (the prefill side then frees them), and recomputes only the last prompt token.
 
+The KV always crosses host memory here (`kv_buffer_device` is accepted as `cuda` or `cpu` and changes nothing:
+vLLM NIXL's `cpu` means a host staging buffer). `kv_port` is where a prefill instance serves its KV (loopback).
+
 Every other name vLLM 0.34 registers is refused with a line saying kvplan does not implement it; a name vLLM 0.34
 does not have is refused with the allowed names. Like vLLM's NIXL connector, kvplan's roles are placeholders for
 who serves which side: each request's `kv_transfer_params` decides (`do_remote_decode`: this instance prefills;
@@ -45,7 +48,7 @@ ROLES = ("kv_producer", "kv_consumer", "kv_both")
 PRODUCERS = ("kv_producer", "kv_both")  # vLLM's KVProducer set: may keep KV for a remote decode
 CONSUMERS = ("kv_consumer", "kv_both")  # vLLM's KVConsumer set: may decode from remote KV
 BUFFER_DEVICES = ("cuda", "cpu")  # vLLM also has xpu; kvplan's engine runs on CUDA or the CPU
-LOAD_FAILURE_POLICIES = ("fail", "recompute")
+LOAD_FAILURE_POLICIES = ("fail",)  # vLLM also has "recompute"; the shared core has no recompute-after-failure path
 DEFAULT_KV_PORT = 14579  # vLLM's kv_port default
 FIELDS = ("kv_connector", "engine_id", "kv_buffer_device", "kv_role", "kv_port", "kv_connector_extra_config",
           "kv_connector_module_path", "enable_permute_local_kv", "kv_load_failure_policy")
@@ -127,9 +130,11 @@ def from_mapping(doc: dict, where: str = FLAG) -> KVTransferConfig:
     if device not in BUFFER_DEVICES:
         raise UserError(f"{where}: kv_buffer_device {short_repr(device)}; allowed: {', '.join(BUFFER_DEVICES)}")
     policy = doc.get("kv_load_failure_policy", "fail")
+    if policy == "recompute":
+        raise UserError(f"{where}: kv_load_failure_policy recompute (vLLM's local recompute after a failed load) is "
+                        "not modelled by kvplan's scheduler; allowed: fail")
     if policy not in LOAD_FAILURE_POLICIES:
-        raise UserError(f"{where}: kv_load_failure_policy {short_repr(policy)}; allowed: "
-                        f"{', '.join(LOAD_FAILURE_POLICIES)}")
+        raise UserError(f"{where}: kv_load_failure_policy {short_repr(policy)} is not a vLLM policy; allowed: fail")
     port = doc.get("kv_port", DEFAULT_KV_PORT)
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise UserError(f"{where}: kv_port {short_repr(port)}; allowed: an integer port in [1, 65535]")

@@ -122,23 +122,26 @@ class PDProxy:
             raise UpstreamError(f"{pool.name} instance {url} answered something that is not a JSON object", 502)
         return doc
 
-    async def prefill_step(self, path: str, body: dict, request_id: str) -> dict:
-        """Step 1: the prefill instance's `kv_transfer_params`."""
+    async def prefill_step(self, path: str, body: dict, request_id: str) -> dict | None:
+        """Step 1: the prefill instance's `kv_transfer_params`; None when it holds no KV for the decode side (its
+        one token ended the request - an end-of-sequence token - as vLLM's pull connector keeps only length-capped
+        requests' blocks): the decode instance then computes the prompt itself, as behind vLLM's proxy."""
         request = {k: v for k, v in body.items() if k not in PREFILL_FIELDS_DROPPED}
         request.update(max_tokens=1, stream=False, kv_transfer_params=dict(REMOTE_DECODE))
         if "max_completion_tokens" in request:
             request["max_completion_tokens"] = 1
         url, response = await self._open(self.prefill, path, request, {"X-Request-Id": request_id})
         params = (await self._whole(url, response, self.prefill)).get("kv_transfer_params")
-        if not isinstance(params, dict):
-            raise UpstreamError(f"prefill instance {url} returned no kv_transfer_params (is it started with "
-                                "--kv-transfer-config and kv_role kv_producer or kv_both?)", 502)
+        if params is not None and not isinstance(params, dict):
+            raise UpstreamError(f"prefill instance {url} returned kv_transfer_params that are not an object", 502)
         return params
 
-    async def decode_step(self, path: str, body: dict, params: dict, request_id: str):
+    async def decode_step(self, path: str, body: dict, params: dict | None, request_id: str):
         """Step 2: (the decode instance, its open response)."""
-        return await self._open(self.decode, path, {**body, "kv_transfer_params": params},
-                                {"X-Request-Id": request_id})
+        request = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+        if params is not None:
+            request["kv_transfer_params"] = params
+        return await self._open(self.decode, path, request, {"X-Request-Id": request_id})
 
     async def handle(self, path: str, body: dict):
         """-> (status, JSON body) for a whole answer, or (200, an async iterator of SSE bytes) for a stream."""

@@ -27,6 +27,10 @@ from kvplan.engine.llm import LLM
 from kvplan.engine.sampling import SamplingParams
 from kvplan.engine.serving.metrics import ServingMetrics
 
+# an idle prefill instance holding KV for decode instances wakes this often to free what they have read (or what
+# outlived its lease): otherwise those blocks would stay held until the next request arrives
+HELD_KV_POLL_S = 0.05
+
 
 class EngineDied(RuntimeError):
     """Delivered to every open stream when the engine thread has crashed (a bug): the answer is incomplete."""
@@ -144,10 +148,13 @@ class AsyncEngine:
     # -- the engine thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while self._drain(block=not self.llm.has_unfinished_requests()):
+            while self._drain(block=not self.llm.has_unfinished_requests(),
+                              timeout=HELD_KV_POLL_S if self.llm.holds_kv_for_remote else None):
                 if self.llm.has_unfinished_requests():
                     finished = self.llm.step()
                     self._publish(finished)
+                elif self.llm.holds_kv_for_remote:
+                    self.llm.release_read_kv()
                 self._observe()
         except BaseException as exc:  # a bug: every open stream gets the error, and /health reports it
             self.error = exc
@@ -155,11 +162,12 @@ class AsyncEngine:
                 stream.deliver(EngineDied(f"the engine loop stopped: {exc!r}"))
             traceback.print_exc()  # a bug in kvplan: its traceback goes to the server's log
 
-    def _drain(self, block: bool) -> bool:
-        """Apply queued commands (waiting for one when idle); False once told to stop."""
+    def _drain(self, block: bool, timeout: float | None = None) -> bool:
+        """Apply queued commands (waiting for one when idle, at most `timeout` if given); False once told to
+        stop."""
         while True:
             try:
-                command = self._commands.get(block=block)
+                command = self._commands.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
                 return True
             block = False

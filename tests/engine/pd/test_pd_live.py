@@ -3,11 +3,13 @@ in front of them:
 
 * the KV the prefill process exposes equals what a co-located engine computed for the same prompt;
 * greedy output through the proxy (prefill -> KV pull -> decode) equals the co-located engine's token for token,
-  streamed and whole, and a dead decode instance in the pool is skipped;
+  streamed and whole, a dead decode instance in the pool is skipped, and the idle prefill instance frees the
+  blocks it held once they have been read;
+* params an instance cannot honour (its role, a prefill TP above the decode TP) are 400s naming the key;
 * killing the decode process mid-stream ends the client's stream with an error event, and a request after that
-  gets 503 naming the unreachable instance: nothing hangs.
+  gets 503 naming the unreachable instance: nothing hangs (the module's last test: it ends the decode process).
 
-The three server processes start together once for the module (each start loads torch: ~2 s)."""
+The two server processes start together once for the module (each start loads torch: ~2 s)."""
 
 from __future__ import annotations
 
@@ -45,11 +47,10 @@ def transfer_config(role: str, port: int) -> str:
 
 @pytest.fixture(scope="module")
 def instances(tiny_models):
-    """{"prefill": url, "decode": url, "doomed": (url, process) a decode instance the kill test ends, "kv_port"}."""
+    """{"prefill": url, "decode": url, "processes": {name: process}, "kv_port": port, "model": path}."""
     model = tiny_models["tiny-llama"]
     kv_port = free_port()
-    roles = {"prefill": transfer_config("kv_producer", kv_port), "decode": transfer_config("kv_consumer", 1),
-             "doomed": transfer_config("kv_consumer", 1)}
+    roles = {"prefill": transfer_config("kv_producer", kv_port), "decode": transfer_config("kv_consumer", 1)}
     with tempfile.TemporaryDirectory(prefix="kvplan-pd-") as folder:
         started = {}
         for name, config in roles.items():
@@ -63,8 +64,8 @@ def instances(tiny_models):
         try:
             for url, process, log in started.values():
                 wait_healthy(url, process, 120, log)
-            yield {"prefill": started["prefill"][0], "decode": started["decode"][0],
-                   "doomed": started["doomed"][:2], "kv_port": kv_port, "model": model}
+            yield {**{name: url for name, (url, _, _) in started.items()}, "kv_port": kv_port, "model": model,
+                   "processes": {name: process for name, (_, process, _) in started.items()}}
         finally:
             for _, process, _ in started.values():
                 process.kill()
@@ -143,10 +144,43 @@ def test_greedy_output_through_the_proxy_equals_the_co_located_engine(instances)
                     assert events[-1] == "[DONE]"
                     tokens = [t for e in events[:-1] for t in json.loads(e)["choices"][0]["token_ids"]]
             assert tokens == expected[i]
+    assert poll(lambda: kv_usage(instances["prefill"]) == 0)  # every held block read and freed while idle
+
+
+def kv_usage(url: str) -> float:
+    from kvplan.endpoint import scrape
+
+    samples = scrape.parse(httpx.get(f"{url}/metrics", timeout=DEADLINE_S).text)
+    return sum(v for name, _, v in samples if name == "vllm:kv_cache_usage_perc")
+
+
+def poll(condition) -> bool:
+    end = time.monotonic() + DEADLINE_S
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.parametrize(("where", "params", "message"), [
+    ("decode", {"do_remote_prefill": True, "remote_request_id": "x", "remote_host": "127.0.0.1", "remote_port": 1,
+                "tp_size": 2}, "kv_transfer_params.tp_size: decode tensor_parallel_size 1 with prefill "
+                               "tensor_parallel_size 2; allowed: a decode TP that is a multiple of the prefill TP"),
+    ("decode", {"do_remote_prefill": True, "remote_request_id": "x", "remote_host": "127.0.0.1", "tp_size": 1},
+     "kv_transfer_params.remote_port: None; allowed: the int the prefill instance returned"),
+    ("decode", {"do_remote_decode": True}, "do_remote_decode: this instance has kv_role kv_consumer; allowed on an "
+                                           "instance started with kv_role kv_producer or kv_both"),
+    ("prefill", {"do_remote_prefill": True}, "do_remote_prefill: this instance has kv_role kv_producer"),
+])
+def test_params_an_instance_cannot_honour_are_400s_naming_the_key(instances, where, params, message):
+    answer = httpx.post(f"{instances[where]}/v1/completions", timeout=DEADLINE_S,
+                        json={"prompt": [1, 2, 3], "max_tokens": 2, "kv_transfer_params": params})
+    assert answer.status_code == 400 and message in answer.json()["error"]["message"], answer.text
 
 
 def test_a_killed_decode_instance_fails_its_requests_and_nothing_hangs(instances):
-    doomed_url, doomed = instances["doomed"]
+    doomed_url, doomed = instances["decode"], instances["processes"]["decode"]
     with proxy([instances["prefill"]], [doomed_url], timeout_s=5) as url:
         body = {"prompt": prompts()[0], "max_tokens": 300, "temperature": 0, "stream": True}
         start = time.monotonic()
@@ -166,3 +200,6 @@ def test_a_killed_decode_instance_fails_its_requests_and_nothing_hangs(instances
         again = httpx.post(f"{url}/v1/completions", json={**body, "stream": False}, timeout=DEADLINE_S)
         assert again.status_code == 503
         assert f"no decode instance could be reached: {doomed_url}" in again.json()["error"]["message"]
+
+
+
