@@ -69,6 +69,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     # simulation each and compare them.
     # Prefix caching defaults to on for the paged allocator and off for a reservation baseline, which has none.
     add_setting_flags(p, "sim", multiple=["block_size"], defaults={"enable_prefix_caching": None})
+    from kvplan.sim.pd_spec import add_pd_flags
+
+    add_pd_flags(p)  # --prefill-replicas N --decode-replicas M ...: a disaggregated deployment (sim.pd_spec)
     p.add_argument("--sample-interval", type=POSITIVE, default=None, help="seconds between time-series samples")
     p.add_argument("--no-fast-path", action="store_true", help="step by step (identical results, slower)")
     p.add_argument("--workers", type=integer(1, 256), default=1,
@@ -100,16 +103,22 @@ def prices_from_args(args: argparse.Namespace, base: PriceTable | None = None) -
 
 
 def spec_from_args(args: argparse.Namespace, block_size: int):
+    from kvplan.sim.pd_spec import disaggregation_from_args
     from kvplan.sim.spec import SimSpec
 
     settings = settings_from_args(args, "sim")
     if settings["enable_prefix_caching"] is None:  # not given: on, except for a reservation allocator (none to use)
         settings["enable_prefix_caching"] = settings["allocator"] == "paged"
     check_flag_needs(args, settings)
+    pd = disaggregation_from_args(args)
+    if pd is not None and args.replicas != 1:
+        raise UserError(f"--replicas: {args.replicas} with --prefill-replicas / --decode-replicas, which give the "
+                        "pools' sizes; allowed: 1 (unset) in a disaggregated run")
     return SimSpec(model=args.model, hardware=args.hardware, cost=args.cost, profile=args.profile,
                    gpu_profile=args.gpu_profile, replicas=args.replicas, router=args.router,
                    **{**settings, "block_size": block_size},
-                   sample_interval_s=args.sample_interval, fast_path=not args.no_fast_path)
+                   sample_interval_s=args.sample_interval, fast_path=not args.no_fast_path,
+                   disaggregation=pd)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,9 +144,13 @@ def run(args: argparse.Namespace) -> int:
         wall = time.perf_counter() - start
         results.append(result)
         gpus = spec.replicas * spec.tensor_parallel_size * spec.pipeline_parallel_size
-        runs.append({"block_size": spec.kv_block_size, "summary": result.summary,
-                     "info": {**result.info, "wall_s": round(wall, 3)},
-                     "cost": cost_fields(prices, spec.hardware, gpus, result.summary, result.info)})
+        entry = {"block_size": spec.kv_block_size, "summary": result.summary,
+                 "info": {**result.info, "wall_s": round(wall, 3)}}
+        if spec.disaggregation is None:
+            entry["cost"] = cost_fields(prices, spec.hardware, gpus, result.summary, result.info)
+        else:  # per-request TTFT parts (sim.pd_run); the two pools' prices wait for the P/D cost (notes)
+            entry["requests"] = pd_requests(result.requests)
+        runs.append(entry)
     from kvplan.sim.gpu.model_error import model_error_for
 
     model_error = model_error_for(specs[0])  # the block size has no bearing
@@ -165,6 +178,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
     shape = f" at TP {tp} x PP {pp} ({args.replicas * tp * pp} GPUs in all)" if tp * pp > 1 else ""
+    pd_info = runs[0]["info"].get("disaggregation")
+    if pd_info is not None:
+        shape = (f" disaggregated: {pd_info['prefill_replicas']} prefill ({pd_info['prefill_hardware']}, TP "
+                 f"{pd_info['prefill_tp']}) + {pd_info['decode_replicas']} decode ({pd_info['decode_hardware']}, TP "
+                 f"{pd_info['decode_tp']}) over {pd_info['kv_link']}")
     print(f"{args.trace}: {len(trace)} requests on {args.replicas} x {args.model} / {args.hardware}{shape} "
           f"({args.cost} cost, router {args.router}, eviction {args.eviction_policy}, "
           f"preemption {args.preemption_mode})\n")
@@ -176,10 +194,21 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.sim.dollars import cost_line
 
     for r in runs:  # one line per run: the table stays as narrow as it was
+        if "cost" not in r:
+            continue  # (a disaggregated run: priced per pool in a later step)
         print(cost_line(r["cost"]) + (f" (block {r['block_size']})" if len(runs) > 1 else ""))
     sys.stdout.flush()
     print_notes(notes)
     return 0
+
+
+def pd_requests(table) -> list[dict]:
+    """A disaggregated run's per-request TTFT parts, for --json (sim.pd_run's columns)."""
+    from kvplan.sim.pd_run import PARTS
+
+    keys = ("request_id", "prefill_replica", "replica", "ttft_ms", *PARTS, "kv_transfer_bytes")
+    return [{k: v.item() if hasattr(v, "item") else v for k, v in zip(keys, row, strict=True)}
+            for row in table[list(keys)].itertuples(index=False, name=None)]
 
 
 def profile_notes(args: argparse.Namespace) -> list[str]:

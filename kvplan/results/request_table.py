@@ -32,11 +32,15 @@ class RequestLog:
     def __len__(self) -> int:
         return len(self.columns["request"])
 
-    def to_frame(self, request_ids: np.ndarray | None = None) -> pd.DataFrame:
-        """The per-request table, ordered by (request, sample), with the derived latency columns."""
+    def raw_frame(self) -> pd.DataFrame:
+        """The recorded columns (`RAW_COLUMNS`), ordered by (request, sample), without the derived ones."""
         frame = pd.DataFrame({name: np.frombuffer(col, dtype=np.int64 if name in _INT_COLUMNS else np.float64)
                               for name, col in self.columns.items()})
-        frame = frame.sort_values(["request", "sample"], kind="stable").reset_index(drop=True)
+        return frame.sort_values(["request", "sample"], kind="stable").reset_index(drop=True)
+
+    def to_frame(self, request_ids: np.ndarray | None = None) -> pd.DataFrame:
+        """The per-request table, ordered by (request, sample), with the derived latency columns."""
+        frame = self.raw_frame()
         if request_ids is not None:
             frame.insert(0, "request_id", np.asarray(request_ids)[frame["request"].to_numpy()])
         return add_latency_columns(frame)

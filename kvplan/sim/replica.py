@@ -30,7 +30,7 @@ from itertools import accumulate, pairwise
 import numpy as np
 import simpy
 
-from kvplan.engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig
+from kvplan.engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig, SchedulerOutput
 from kvplan.engine.core.decode_steps import DecodeMode
 from kvplan.engine.core.kv_groups import HybridKVCacheManager
 from kvplan.engine.core.metrics import TIER_COUNTER_KEYS, TIER_NAMES
@@ -109,6 +109,8 @@ class Replica:
         self.pricing: TierPricing | None = None  # set by the cluster for a replica with prefix tiers
         self.block_bytes: float | None = None  # a KV block's bytes (every rank's): what tier counters move
         self.shared_view: SharedView | None = None  # this replica's view of the cluster's shared prefix store
+        # P/D (`sim.disagg`): sees each scheduled step and its start (the KV loads it starts)
+        self.on_schedule: Callable[[SchedulerOutput, float], None] | None = None
         self.process = env.process(self._run())
 
     @property
@@ -128,9 +130,13 @@ class Replica:
             del self.tracks[request.request_id]
             self.rejected.append((row, request.finish_reason or "rejected"))
             return False
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed(request.arrival_s)
+        self.wake(request.arrival_s)
         return True
+
+    def wake(self, now: float) -> None:
+        """Resume an idle replica at `now`: a request arrived, or (P/D) a transfer it waits on is over."""
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed(now)
 
     # -- the step loop -------------------------------------------------------------------------------------
     def _run(self):
@@ -151,8 +157,16 @@ class Replica:
                     self.busy_until = ends[-1]
                     yield self.env.timeout(max(ends[-1] - self.env.now, 0.0))
                     continue
-            step = sched.schedule()  # never empty while requests are unfinished: at least a preemption
+            step = sched.schedule()  # never empty while requests are unfinished - but for P/D's (`remote_kv`)
             start = self.clock
+            if self.on_schedule is not None:
+                self.on_schedule(step, start)
+                if step.is_empty and not step.preempted:  # only transfers pending: idle until one is over
+                    self._wake = self.env.event()
+                    self.busy_until = math.inf
+                    self.clock = max(self.clock, (yield self._wake))
+                    self._wake = None
+                    continue
             prefill = chunks = 0  # prompt-token rows, and the items computing them
             for item in step.scheduled:
                 track = self.tracks[item.request.request_id]

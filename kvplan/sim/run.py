@@ -319,6 +319,10 @@ def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | Non
     `processes` > 1 spreads the replicas of a long round-robin run over that many processes (`sim.parallel`:
     the same result)."""
     check_trace(trace)
+    if spec.disaggregation is not None:
+        from kvplan.sim.pd_run import simulate_disaggregated
+
+        return simulate_disaggregated(trace, spec, spec.disaggregation, goodput)
     router = make_router(spec.router)
     cost, num_blocks = build_cost(spec)
     cache, config = build_configs(spec, trace, num_blocks, cost)

@@ -14,6 +14,7 @@ from typing import Any
 from kvplan.engine.core.setting_classes import SETTING, check_side, side_fields
 from kvplan.engine.core.settings import SETTINGS
 from kvplan.engine.core.vllm_versions import VERSIONS
+from kvplan.sim.pd_spec import Disaggregation
 
 COST_MODELS = ("analytic", "calibrated", "recorded")
 # Settings left unset that take what the simulated vLLM would run: its batch defaults for the hardware and entry
@@ -43,6 +44,8 @@ class SimSpec:
     record_tokens: bool = False  # keep every token time (ServingResult.token_times); step by step
     cost_options: dict[str, Any] = field(default_factory=dict)  # AnalyticCost efficiency / overhead overrides
     filled_defaults: tuple[str, ...] = ()  # the settings vLLM's own defaults filled in (set on construction)
+    # prefill and decode pools instead of `replicas` co-located ones (sim.pd_spec; None: co-located)
+    disaggregation: Disaggregation | None = None
     # Every `sim` setting of engine.core.settings, with its side default (checked there on import).
     block_size: int | None = SETTING
     num_blocks: int | None = SETTING

@@ -126,6 +126,11 @@ class RemoteKV:
                 raise ValueError(f"finished_sending: request {rid!r} holds no blocks for a remote decode")
             self.sched.kv.free(request)
 
+    @property
+    def pending(self) -> bool:
+        """Whether anything waits on the engine's reports (a load, or blocks held for a remote decode)."""
+        return bool(self.holding or self.sending or self.aborted_loads)
+
     # -- the scheduler's hooks -----------------------------------------------------------------------------
     def admission_due(self) -> bool:
         """Whether a holder could be admitted at the next step (received, or refused before): the decode fast

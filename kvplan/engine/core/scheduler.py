@@ -342,8 +342,9 @@ class Scheduler:
             budget = self.preemption.schedule_swapped(out, budget)
             if not self.swapped and not (self.prefill_first and not out.is_empty):
                 self.admissions.schedule_waiting(out, budget)
-        # (requests receiving remote KV wait for the engine's report, not for a step: no work is due then)
-        if out.is_empty and not out.preempted and self.has_unfinished() and not self.remote.holding:
+        # (requests receiving remote KV, or blocks held for a remote decode, wait for the engine's report, not for
+        # a step: no work may be due then)
+        if out.is_empty and not out.preempted and self.has_unfinished() and not self.remote.pending:
             raise RuntimeError(f"scheduler bug: an empty step with {len(self.running)} running, {len(self.swapped)} "
                                f"swapped and {len(self.waiting)} waiting requests ({self.kv.num_free_blocks} of "
                                f"{self.cache_config.num_blocks} blocks free)")

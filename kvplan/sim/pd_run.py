@@ -1,0 +1,129 @@
+"""Build and run a disaggregated simulation (`SimSpec.disaggregation`), and its result: the per-request table as
+the client behind vLLM's P/D proxy sees it, with each request's TTFT split into its parts (`sim.disagg`).
+
+Table columns beyond the usual ones (`results.request_table`), per request: `prefill_replica`, `prefill_ttft_ms`
+(arrival to the prefill replica's token: its queueing and prefill), `decode_admission_wait_ms` (handoff to the
+transfer's start, plus the transfer's end to the step that schedules it), `transfer_ms` (link queueing, latency
+and bytes), `first_decode_step_ms` (that step) and `kv_transfer_bytes` (every rank's). `replica` is the decode
+replica (numbered after the prefill ones), `first_scheduled_s` and `cached_prompt_tokens` are the prefill
+replica's (queueing_ms is the prefill queue). TTFT = prefill_ttft + decode_admission_wait + transfer +
+first_decode_step. The summary adds `mean_/median_/p99_` of each part (`PART_KEYS`), beside the usual keys.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kvplan.errors import UserError
+from kvplan.results.rejected import references, rejected_rows
+from kvplan.results.request_table import add_latency_columns
+from kvplan.results.serving_result import ServingResult
+from kvplan.results.summary import kv_summary, summarize
+from kvplan.sim.cost.analytic import AnalyticCost
+from kvplan.sim.disagg import DisaggCluster
+from kvplan.sim.pd_spec import Disaggregation
+from kvplan.sim.pd_transfer import link_figures, make_link, rank_bytes_per_token
+from kvplan.sim.replica import SERIES_COLUMNS
+from kvplan.sim.routers import make_router
+from kvplan.sim.spec import SimSpec
+from kvplan.sim.specs.hardware import get_hardware
+from kvplan.traces import Trace
+
+PARTS = ("prefill_ttft_ms", "decode_admission_wait_ms", "transfer_ms", "first_decode_step_ms")
+PART_KEYS = tuple(f"{stat}_{part}" for part in PARTS for stat in ("mean", "median", "p99"))
+
+
+def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
+                           goodput: dict[str, float | None] | None = None) -> ServingResult:
+    from kvplan.sim.run import build_configs, build_cost, sample_interval
+
+    if spec.cost != "analytic":
+        raise UserError(f"--cost: {spec.cost}: a disaggregated run prices each pool on its own hardware and TP; "
+                        "allowed: analytic")
+    if spec.entry_point != "llm" and spec.api_server_latency_ms is not None:
+        raise UserError("--api-server-latency-ms: the P/D proxy's hops are not modelled yet; allowed: unset")
+    p_spec, d_spec = pd.pool_specs(spec)
+    pools = []
+    for pool_spec in (p_spec, d_spec):
+        cost, num_blocks = build_cost(pool_spec)
+        cache, config = build_configs(pool_spec, trace, num_blocks, cost)
+        pools.append((pool_spec, cost, num_blocks, cache, config))
+    (_, p_cost, p_blocks, p_cache, p_config), (_, d_cost, d_blocks, d_cache, d_config) = pools
+    if p_cache.block_size != d_cache.block_size:
+        raise UserError(f"--block-size: the pools' block sizes differ ({p_cache.block_size}, {d_cache.block_size});"
+                        " allowed: one --block-size for both")
+    assert isinstance(p_cost, AnalyticCost) and isinstance(d_cost, AnalyticCost)  # (checked above)
+    p_tp, d_tp = pd.tp(spec)
+    bs = d_cache.block_size
+    per_rank, busiest = rank_bytes_per_token(d_cost.model, d_cost.kv_dtype_bytes, p_tp, d_tp,
+                                             spec.pipeline_parallel_size)
+    bandwidth, latency = link_figures(pd, get_hardware(p_spec.hardware), get_hardware(d_spec.hardware))
+    links = [make_link(pd, bandwidth, latency, busiest * bs) for _ in range(pd.decode_replicas)]
+    moved = per_rank * bs * d_tp * spec.pipeline_parallel_size  # every decode rank's bytes per block
+    interval = sample_interval(d_spec, trace, d_cost)
+    fast_path = spec.fast_path and not spec.record_tokens
+    cluster = DisaggCluster(trace, (pd.prefill_replicas, make_router(pd.prefill_router), p_cache, p_config, p_cost),
+                            (pd.decode_replicas, make_router(pd.decode_router), d_cache, d_config, d_cost), links,
+                            moved, sample_interval_s=interval, fast_path=fast_path)
+    cluster.run()
+    info = {"link_bandwidth_bytes_per_s": bandwidth, "link_latency_s": latency, "kv_link": pd.kv_link,
+            "kv_bytes_per_token_per_decode_rank": per_rank, "prefill_tp": p_tp, "decode_tp": d_tp,
+            "prefill_replicas": pd.prefill_replicas, "decode_replicas": pd.decode_replicas,
+            "prefill_hardware": p_spec.hardware, "decode_hardware": d_spec.hardware,
+            "prefill_num_blocks": p_blocks, "decode_num_blocks": d_blocks,
+            # (entry_point openai_server's API-server work and hops are not modelled here yet)
+            "times": "the engines' and an instant proxy's: no API server in front of either pool"}
+    result = collect(cluster, goodput)
+    result.info.update(disaggregation=info, max_model_len=d_cache.max_model_len, vllm_version=spec.vllm_version,
+                       max_num_batched_tokens=d_config.max_num_batched_tokens, max_num_seqs=d_config.max_num_seqs)
+    return result
+
+
+def request_table(cluster: DisaggCluster) -> pd.DataFrame:
+    """The client's per-request table with the TTFT parts (see the module)."""
+    frame = cluster.decode.log.raw_frame()
+    rows = frame["request"].to_numpy()
+    prefill = cluster.prefill.log.raw_frame().set_index("request")
+    arrival = cluster.trace.arrival_s[rows]
+    handoff = np.asarray(cluster.handoff_s)[rows]
+    start = np.asarray(cluster.transfer_start_s)[rows]
+    end = np.asarray(cluster.transfer_end_s)[rows]
+    decode_scheduled = frame["first_scheduled_s"].to_numpy()
+    frame["arrival_s"] = arrival
+    frame["first_scheduled_s"] = prefill["first_scheduled_s"].reindex(rows).to_numpy()
+    frame["cached_prompt_tokens"] = prefill["cached_prompt_tokens"].reindex(rows).to_numpy()
+    frame["prefill_replica"] = np.asarray(cluster.prefill_replica)[rows]
+    frame["prefill_ttft_ms"] = (handoff - arrival) * 1e3
+    frame["decode_admission_wait_ms"] = ((start - handoff) + (decode_scheduled - end)) * 1e3
+    frame["transfer_ms"] = (end - start) * 1e3
+    frame["first_decode_step_ms"] = (frame["first_token_s"].to_numpy() - decode_scheduled) * 1e3
+    frame["kv_transfer_bytes"] = np.asarray(cluster.transfer_bytes)[rows]
+    frame.insert(0, "request_id", np.asarray(cluster.trace.request_id)[rows])
+    return add_latency_columns(frame)
+
+
+def part_summary(table: pd.DataFrame) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for part in PARTS:
+        values = table[part].to_numpy(dtype=float) if len(table) else np.array([])
+        for stat, fn in (("mean", np.mean), ("median", np.median), ("p99", lambda v: np.percentile(v, 99))):
+            out[f"{stat}_{part}"] = float(fn(values)) if len(values) else None
+    return out
+
+
+def collect(cluster: DisaggCluster, goodput: dict[str, float | None] | None) -> ServingResult:
+    series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
+    table = request_table(cluster)
+    duration = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
+    replicas = cluster.replicas
+    kv = kv_summary(sum(r.usage_seconds for r in replicas), duration * len(replicas),
+                    max(r.peak_usage for r in replicas), series, cluster.counters())
+    rejected = cluster.rejected()
+    info = {"replicas": len(replicas), "block_size": replicas[0].block_size,
+            "steps": sum(r.num_steps for r in replicas), "fast_steps": sum(r.num_fast_steps for r in replicas),
+            "rejected": len(rejected), "rejected_first": references(cluster.trace, rejected),
+            "busy_s": sum(r.busy_seconds for r in replicas),
+            "prefill_busy_s": sum(r.prefill_seconds for r in replicas)}
+    summary = {**summarize(table, cluster.itl(), kv, goodput), **part_summary(table)}
+    return ServingResult(summary, table, series, info, None, rejected_rows(cluster.trace, rejected))

@@ -1,0 +1,188 @@
+"""What a disaggregated (prefill/decode) deployment is: `Disaggregation`, its options declared once in `PD_OPTIONS`
+(the `kvplan simulate` flags, and the checks every other entry runs, come from that table), and the pools' own
+`SimSpec`s.
+
+A deployment is `prefill_replicas` prefill instances and `decode_replicas` decode instances of one model, each
+pool on its own hardware and tensor-parallel degree (the run's when unset), each behind its own router (vLLM's
+toy P/D proxy picks each pool round robin), joined by a KV link (`sim.pd_transfer`).
+
+The TP rule: a decode TP that is a multiple of the prefill TP (each decode rank reads the prefill rank holding
+its heads, vLLM's NIXL connector); a decode TP smaller than the prefill TP is refused - the issue's rule, which
+is vLLM <= 0.12's NIXL rule ("Decode TP cannot be smaller than prefill TP"; vLLM 0.34 accepts either direction
+when one divides the other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
+
+from kvplan.engine.core.settings import describe_range
+from kvplan.errors import UserError, listed, short_repr
+from kvplan.limits import MAX_REPLICAS
+
+if TYPE_CHECKING:
+    from kvplan.sim.spec import SimSpec
+
+KV_LINKS = ("rdma", "nvlink")
+POOL_ROUTERS = ("round_robin", "least_outstanding", "least_kv_usage", "prefix_aware")  # sim.routers.ROUTERS
+
+
+@dataclass(frozen=True, slots=True)
+class PDOption:
+    """One option: its `Disaggregation` field, kind ('int', 'float', 'str', 'choice'), bounds and help. The flag
+    is `--` + the name with dashes."""
+
+    name: str
+    kind: str
+    help: str
+    minimum: float | None = None  # inclusive
+    above: float | None = None  # exclusive
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def allowed(self) -> str:
+        if self.kind == "choice":
+            return listed(self.choices)
+        if self.kind == "str":
+            return "a name"
+        noun = "an integer" if self.kind == "int" else "a finite number"
+        return describe_range(noun, self.minimum, self.maximum, self.above)
+
+    def problem(self, value: object) -> str | None:
+        """What is wrong with `value` (None: nothing); None values mean unset and are always allowed."""
+        if value is None:
+            return None
+        if self.kind == "choice":
+            return None if value in self.choices else "not one of them"
+        if self.kind == "str":
+            return None if isinstance(value, str) and value else "not a name"
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                self.kind == "int" and not isinstance(value, int)) or not math.isfinite(value):
+            return "wrong kind"
+        if (self.minimum is not None and value < self.minimum) or (self.above is not None and value <= self.above) \
+                or (self.maximum is not None and value > self.maximum):
+            return "out of range"
+        return None
+
+    def check(self, value: object, where: str) -> None:
+        if self.problem(value) is not None:
+            raise UserError(f"{where}: {short_repr(value)}; allowed: {self.allowed}")
+
+    def parse(self, text: str) -> object:
+        """The argparse type: a value of the kind, checked (argparse names the flag and exits 2)."""
+        try:
+            value: object = int(text) if self.kind == "int" else float(text) if self.kind == "float" else text
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{short_repr(text)}; allowed: {self.allowed}") from None
+        if self.problem(value) is not None:
+            raise argparse.ArgumentTypeError(f"{short_repr(text)}; allowed: {self.allowed}")
+        return value
+
+
+PD_OPTIONS = (
+    PDOption("prefill_replicas", "int", "prefill instances (with --decode-replicas: a disaggregated deployment)",
+             minimum=1, maximum=MAX_REPLICAS),
+    PDOption("decode_replicas", "int", "decode instances (with --prefill-replicas)", minimum=1, maximum=MAX_REPLICAS),
+    PDOption("prefill_hardware", "str", "the prefill pool's hardware (default: --hardware)"),
+    PDOption("decode_hardware", "str", "the decode pool's hardware (default: --hardware)"),
+    PDOption("prefill_tensor_parallel_size", "int", "the prefill pool's TP (default: --tensor-parallel-size)",
+             minimum=1, maximum=64),
+    PDOption("decode_tensor_parallel_size", "int", "the decode pool's TP, a multiple of the prefill TP (default: "
+             "--tensor-parallel-size)", minimum=1, maximum=64),
+    PDOption("prefill_router", "choice", "how the proxy picks a prefill instance", choices=POOL_ROUTERS),
+    PDOption("decode_router", "choice", "how the proxy picks a decode instance", choices=POOL_ROUTERS),
+    PDOption("kv_link", "choice", "the KV link: rdma (across nodes: the hardware's per-GPU network) or nvlink (in "
+             "a node: its per-GPU NVLink)", choices=KV_LINKS),
+    PDOption("kv_link_bandwidth", "float", "achieved bytes/s per GPU of the KV link (default: the hardware "
+             "table's figure x its achieved fraction, sim.pd_transfer)", above=0),
+    PDOption("kv_link_latency_ms", "float", "fixed latency per KV transfer, ms (default: sim.pd_transfer's)",
+             minimum=0),
+    PDOption("kv_link_concurrency", "int", "transfers a decode instance's link carries at once, each at "
+             "bandwidth / concurrency (default 1: one at a time at the full bandwidth)", minimum=1, maximum=1024),
+)
+OPTIONS = {o.name: o for o in PD_OPTIONS}
+
+
+@dataclass(slots=True)
+class Disaggregation:
+    """A P/D deployment (see the module); None fields take the run's value or the link's default."""
+
+    prefill_replicas: int
+    decode_replicas: int
+    prefill_hardware: str | None = None
+    decode_hardware: str | None = None
+    prefill_tensor_parallel_size: int | None = None
+    decode_tensor_parallel_size: int | None = None
+    prefill_router: str = "round_robin"
+    decode_router: str = "round_robin"
+    kv_link: str = "rdma"
+    kv_link_bandwidth: float | None = None
+    kv_link_latency_ms: float | None = None
+    kv_link_concurrency: int = 1
+
+    def check(self, prefix: str = "--") -> None:
+        """Every field against its option (`prefix` "--": flags; else YAML keys under that prefix)."""
+        for f in fields(self):
+            option = OPTIONS[f.name]
+            where = option.flag if prefix == "--" else f"{prefix}{f.name}"
+            option.check(getattr(self, f.name), where)
+
+    def tp(self, spec: SimSpec) -> tuple[int, int]:
+        """(prefill TP, decode TP), checked against the TP rule (see the module)."""
+        p = self.prefill_tensor_parallel_size or spec.tensor_parallel_size
+        d = self.decode_tensor_parallel_size or spec.tensor_parallel_size
+        if d < p or d % p:
+            raise UserError(f"--decode-tensor-parallel-size: {d} with a prefill TP of {p}: each decode rank reads "
+                            f"the prefill rank holding its KV heads; allowed: a multiple of {p} (vLLM's NIXL rule: "
+                            "decode TP cannot be smaller than prefill TP)")
+        return p, d
+
+    def pool_specs(self, spec: SimSpec) -> tuple[SimSpec, SimSpec]:
+        """The prefill pool's and the decode pool's `SimSpec`: the run's, with the pool's replicas, hardware and
+        TP; settings vLLM filled from the run's hardware are filled again from the pool's."""
+        p_tp, d_tp = self.tp(spec)
+        return (pool_spec(spec, self.prefill_replicas, self.prefill_hardware or spec.hardware, p_tp),
+                pool_spec(spec, self.decode_replicas, self.decode_hardware or spec.hardware, d_tp))
+
+
+def pool_spec(spec: SimSpec, replicas: int, hardware: str, tp: int) -> SimSpec:
+    refill: dict[str, Any] = {name: None for name in spec.filled_defaults}
+    return replace(spec, replicas=replicas, hardware=hardware, tensor_parallel_size=tp, disaggregation=None,
+                   filled_defaults=(), **refill)
+
+
+def add_pd_flags(parser: argparse.ArgumentParser) -> None:
+    """`kvplan simulate`'s P/D flags, one per option."""
+    group = parser.add_argument_group("prefill/decode disaggregation")
+    for option in PD_OPTIONS:
+        kw: dict[str, object] = {"help": option.help, "default": None}
+        if option.kind == "choice":
+            kw["choices"] = option.choices
+        else:
+            kw["type"] = option.parse
+        group.add_argument(option.flag, **kw)  # type: ignore[arg-type]
+
+
+def disaggregation_from_args(args: argparse.Namespace) -> Disaggregation | None:
+    """The deployment the flags describe, or None when neither replica count is given (co-located). Any other P/D
+    flag alone is refused: it would be ignored."""
+    given = {o.name: getattr(args, o.name) for o in PD_OPTIONS if getattr(args, o.name) is not None}
+    if not given:
+        return None
+    for name in ("prefill_replicas", "decode_replicas"):
+        if name not in given:
+            other = sorted(set(given) - {name})
+            raise UserError(f"{OPTIONS[name].flag}: missing; {', '.join(OPTIONS[n].flag for n in other)} describe "
+                            "a disaggregated deployment; allowed: both --prefill-replicas and --decode-replicas, "
+                            "or no P/D flag")
+    pd = Disaggregation(**given)
+    pd.check()
+    return pd
