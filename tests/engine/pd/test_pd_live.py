@@ -5,6 +5,7 @@ in front of them:
 * greedy output through the proxy (prefill -> KV pull -> decode) equals the co-located engine's token for token,
   streamed and whole, a dead decode instance in the pool is skipped, and the idle prefill instance frees the
   blocks it held once they have been read;
+* `kvplan replay --endpoint PROXY` replays a trace through the pair end to end, greedy tokens as co-located;
 * params an instance cannot honour (its role, a prefill TP above the decode TP) are 400s naming the key;
 * killing the decode process mid-stream ends the client's stream with an error event, and a request after that
   gets 503 naming the unreachable instance: nothing hangs (the module's last test: it ends the decode process).
@@ -34,8 +35,8 @@ from kvplan.engine.kv_transfer.transport import pull, scatter
 from kvplan.engine.llm import LLM
 from kvplan.engine.sampling import SamplingParams
 
-TINY = ["--dtype", "float32", "--block-size", "8", "--num-blocks", "64", "--max-num-batched-tokens", "64",
-        "--max-model-len", "320"]
+TINY = ["--served-model-name", "tiny", "--dtype", "float32", "--block-size", "8", "--num-blocks", "64",
+        "--max-num-batched-tokens", "64", "--max-model-len", "320"]
 OPTIONS = dict(dtype="float32", block_size=8, num_gpu_blocks_override=64, max_num_batched_tokens=64, max_model_len=320)
 DEADLINE_S = 20  # every wait in this module is bounded by this
 
@@ -177,6 +178,31 @@ def test_params_an_instance_cannot_honour_are_400s_naming_the_key(instances, whe
     answer = httpx.post(f"{instances[where]}/v1/completions", timeout=DEADLINE_S,
                         json={"prompt": [1, 2, 3], "max_tokens": 2, "kv_transfer_params": params})
     assert answer.status_code == 400 and message in answer.json()["error"]["message"], answer.text
+
+
+def test_a_trace_replayed_through_the_proxy(instances, tmp_path, capsys):
+    from kvplan import traces
+    from kvplan.cli import main
+    from kvplan.endpoint.prompts import endpoint_requests
+    from kvplan.traces.io import render
+    from kvplan.traces.synth import synthesize
+
+    spec = {"seed": 4, "requests": 12, "arrivals": {"process": "poisson", "rate": 40},
+            "lengths": {"prompt": {"dist": "lognormal", "median": 30, "sigma": 0.7, "max": 120},
+                        "output": {"dist": "lognormal", "median": 10, "sigma": 0.5, "max": 40}}}
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(render(synthesize(spec), "jsonl"))
+    with proxy([instances["prefill"]], [instances["decode"]]) as url:
+        assert main(["replay", "--endpoint", url, "--model", "tiny", "--vocab-size", "512", "--trace", str(path),
+                     "--temperature", "0", "--out", str(tmp_path / "r")]) == 0, capsys.readouterr().err
+    assert "12 completed, 0 failed" in capsys.readouterr().out
+    lines = (tmp_path / "r" / "tokens.jsonl").read_text().splitlines()
+    streamed = {d["row"]: d["token_ids"] for d in map(json.loads, lines)}
+    requests = endpoint_requests(traces.load(path), vocab_size=512, seed=0)
+    with LLM(instances["model"], **OPTIONS) as co_located:
+        outputs = co_located.generate([r.prompt for r in requests], [
+            SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests])
+    assert [streamed[r.row] for r in requests] == [o.outputs[0].token_ids for o in outputs]
 
 
 def test_a_killed_decode_instance_fails_its_requests_and_nothing_hangs(instances):
