@@ -40,8 +40,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     pd.add_argument("--prefill", metavar="URL[,URL]", help="the prefill instances (round robin)")
     pd.add_argument("--decode", metavar="URL[,URL]", help="the decode instances (round robin)")
     pd.add_argument("--upstream-timeout", type=number(above=0, high=3600), default=30.0, metavar="S",
-                    help="the longest wait for one upstream step: connecting, the whole prefill answer, each chunk "
-                         "of the decode answer (default 30)")
+                    help="the longest wait for the next byte from an upstream instance: connecting, the prefill "
+                         "answer, each chunk of the decode answer; past it the request fails with 502 (default 30)")
     p.set_defaults(handler=run)
 
 
