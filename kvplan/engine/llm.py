@@ -212,6 +212,8 @@ class LLM:
         self._groups[rid] = group
         self._owner[rid] = (rid, 0)
         self.scheduler.add_request(request)
+        if self.kv_connector is not None:
+            self.kv_connector.expect(rid, kv_transfer_params)
         return rid
 
     def new_output_tokens(self, request_id: str, sent: dict[int, int]) -> list[tuple[int, list[int]]]:
@@ -234,6 +236,8 @@ class LLM:
 
     def abort(self, request_id: str) -> None:
         group = self._groups.pop(request_id, None)
+        if self.kv_connector is not None:
+            self.kv_connector.forget(request_id)
         if group is not None:
             for request in group.sequences.values():
                 self.scheduler.abort(request.request_id)

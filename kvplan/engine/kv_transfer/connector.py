@@ -13,9 +13,12 @@ Prefill side (`kv_producer`/`kv_both`): a finished `do_remote_decode` request's 
 `remote_request_id`, `remote_host`, `remote_port`, `tp_size`, `pp_size`, `remote_num_tokens`,
 `remote_blocks_expiry_time` (Unix time), `transfer_mode` "pull".
 
-Decode side (`kv_consumer`/`kv_both`): a pull that fails (the prefill side gone, silent past `transfer_timeout`, or
-its export expired) fails its request - vLLM's `kv_load_failure_policy: fail`: the request is aborted in the core
-(its blocks freed once the transfer is over) and its output says why.
+Decode side (`kv_consumer`/`kv_both`): while a `do_remote_prefill` request waits in this instance's queue (before
+its blocks are allocated and its pull starts), the connector renews its lease on the prefill side every
+lease / 6 (vLLM 0.34's heartbeat), so a long queue here does not lose the KV there. A pull that fails (the
+prefill side gone, silent past `transfer_timeout`, or its export expired) fails its request - vLLM's
+`kv_load_failure_policy: fail`: the request is aborted in the core (its blocks freed once the transfer is over)
+and its output says why.
 """
 
 from __future__ import annotations
@@ -26,12 +29,20 @@ import time
 from kvplan.engine.core import Scheduler, SchedulerOutput, UpdateOutput
 from kvplan.engine.kv_cache import PagedKVCache
 from kvplan.engine.kv_transfer.config import KVTransferConfig, check_tp_pair
-from kvplan.engine.kv_transfer.transport import KVExports, KVExportServer, KVTransferError, pull, scatter
+from kvplan.engine.kv_transfer.transport import (
+    KVExports,
+    KVExportServer,
+    KVTransferError,
+    extend_leases,
+    pull,
+    scatter,
+)
 from kvplan.errors import UserError
 
 TP_SIZE = 1  # the live engine runs one device per instance (engine.core.settings.SHAPE_SETTINGS)
 MAX_PULLS = 4  # pulls in flight at once (threads); more wait their turn, each still under its own deadline
 IDLE_WAIT_S = 0.005  # a step with nothing to compute waits this long for a pull to land instead of spinning
+HEARTBEATS_PER_LEASE = 6  # vLLM 0.34 NIXL: a decode side renews its queued requests' leases every lease // 6
 
 
 def check_params(params: object, config: KVTransferConfig | None) -> None:
@@ -75,6 +86,31 @@ class KVConnector:
         self._pulls: dict[str, tuple[list[int], concurrent.futures.Future]] = {}  # request id -> blocks, pull
         self.sent_params: dict[str, dict] = {}  # prefill side: request id -> its output's kv_transfer_params
         self.failed: dict[str, str] = {}  # decode side: request id -> why its pull failed (until the engine reads it)
+        self._queued: dict[str, tuple[str, int, str]] = {}  # decode side, not yet pulling: id -> host, port, theirs
+        self._beat_every_s = config.kv_lease_duration_s / HEARTBEATS_PER_LEASE
+        self._next_beat_s = time.monotonic() + self._beat_every_s
+
+    def expect(self, request_id: str, params: dict | None) -> None:
+        """A request added to the core: a remote-prefill one's lease is renewed until its pull starts."""
+        if params is not None and params.get("do_remote_prefill"):
+            self._queued[request_id] = (params["remote_host"], params["remote_port"], params["remote_request_id"])
+
+    def forget(self, request_id: str) -> None:
+        """An aborted request: no more heartbeats for it."""
+        self._queued.pop(request_id, None)
+
+    def _heartbeat(self) -> None:
+        """Renew the leases of the requests queued here, one message per prefill instance, off the engine thread
+        (a failure is ignored: the request's pull will report it)."""
+        now = time.monotonic()
+        if not self._queued or now < self._next_beat_s:
+            return
+        self._next_beat_s = now + self._beat_every_s
+        by_server: dict[tuple[str, int], list[str]] = {}
+        for host, port, theirs in self._queued.values():
+            by_server.setdefault((host, port), []).append(theirs)
+        for (host, port), ids in by_server.items():
+            self._pool.submit(extend_leases, host, port, ids, self.config.transfer_timeout_s)
 
     # -- the step's hooks ------------------------------------------------------------------------------------
     def reports(self, scheduler: Scheduler) -> None:
@@ -97,11 +133,13 @@ class KVConnector:
                     scheduler.abort(rid)  # held until the finished_recving below says the transfer is over
         if landed:
             scheduler.finished_recving(landed)
+        self._heartbeat()
 
     def start(self, out: SchedulerOutput) -> None:
         """One pull per new load: the prefill side's blocks from the load's first token on."""
         bs = self.cache.layout.block_size
         for load in out.kv_loads:
+            self._queued.pop(load.request_id, None)
             params = load.kv_transfer_params
             future = self._pool.submit(pull, params["remote_host"], params["remote_port"],
                                        params["remote_request_id"], self.cache.layout, self.config.transfer_timeout_s,

@@ -11,11 +11,13 @@ Both calls carry one `X-Request-Id`.
 
 Deadlines: every wait on an upstream - connecting, sending, each read of its answer (a whole answer arrives only
 when it is computed, so that is its first read; a stream's chunks are each one read) - has `timeout_s` (httpx's
-per-operation timeouts); nothing waits longer for the next byte. Retries: an instance that refuses the connection (dead, not started) is skipped
-and the request goes to the next one of its pool, each tried at most once; an instance that accepted the request
-and then failed is not retried (the request may have run there). Failures reach the client as one JSON error:
-503 when no instance of a pool could be reached, 502 when an instance failed or broke a deadline mid-request, the
-upstream's own status for a 4xx; a stream already started ends with an error event.
+per-operation timeouts); nothing waits longer for the next byte.
+
+Retries: an instance that refuses the connection (dead, not started) is skipped and the request goes to the next
+one of its pool, each tried at most once; an instance that accepted the request and then failed is not retried
+(the request may have run there). Failures reach the client as one JSON error: 503 when no instance of a pool
+could be reached, 502 when an instance failed or broke a deadline mid-request, the upstream's own status for a
+4xx; a stream already started ends with an error event.
 """
 
 from __future__ import annotations

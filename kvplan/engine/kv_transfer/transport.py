@@ -27,6 +27,7 @@ import socketserver
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +115,17 @@ class KVExports:
             if export is None:
                 return None
             return gather(self.cache, export.block_ids[first_block:])
+
+    def extend(self, transfer_ids: list[str]) -> int:
+        """Restart the lease of each live export named (vLLM 0.34's heartbeat from a decode side whose request
+        still waits there); how many were extended."""
+        with self._lock:
+            self._expire()
+            expires = time.monotonic() + self.lease_s
+            live = [self._exports[t] for t in transfer_ids if t in self._exports]
+            for export in live:
+                export.expires_s = expires
+            return len(live)
 
     def acknowledge(self, transfer_id: str) -> None:
         with self._lock:
@@ -214,12 +226,18 @@ class KVExportServer:
     def _serve(self, sock: socket.socket) -> None:
         deadline = _Deadline(self.timeout_s, "KV export")
         request = _recv_header(sock, deadline)
-        transfer_id, first_block = str(request.get("transfer_id")), request.get("first_block", 0)
-        tensors = self.exports.read(transfer_id, first_block) if isinstance(first_block, int) else None
+        if request.get("op") == "extend":  # a decode side's heartbeat for the requests still queued there
+            ids = request.get("transfer_ids")
+            extended = self.exports.extend([str(i) for i in ids]) if isinstance(ids, list) else 0
+            _send(sock, {"extended": extended}, [], deadline)
+            return
         if request.get("layout") != self.layout:
             _send(sock, {"error": f"the decode cache layout {request.get('layout')} differs from the prefill "
                                   f"cache layout {self.layout}"}, [], deadline)
-        elif tensors is None:
+            return
+        transfer_id, first_block = str(request.get("transfer_id")), request.get("first_block", 0)
+        tensors = self.exports.read(transfer_id, first_block) if isinstance(first_block, int) else None
+        if tensors is None:
             _send(sock, {"error": f"no KV exported under transfer id {transfer_id!r} (never exported, already "
                                   "read, or its lease ended)"}, [], deadline)
         else:
@@ -229,31 +247,46 @@ class KVExportServer:
                 self.exports.acknowledge(transfer_id)
 
 
+@contextlib.contextmanager
+def _connection(host: str, port: int, timeout_s: float, what: str) -> Iterator[tuple[socket.socket, _Deadline]]:
+    """A connection to a KV server with the exchange's deadline; every failure is a KVTransferError."""
+    deadline = _Deadline(timeout_s, what)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            yield sock, deadline
+    except TimeoutError:
+        raise KVTransferError(f"{what}: no answer within {timeout_s:g} s") from None
+    except OSError as exc:
+        raise KVTransferError(f"{what}: {exc.strerror or exc}") from None
+
+
 def pull(host: str, port: int, transfer_id: str, layout: KVLayout, timeout_s: float,
          first_block: int = 0) -> list[torch.Tensor]:
     """The blocks exported under `transfer_id` on host:port from `first_block` on, as `gather` returns them;
     acknowledged, so the prefill side frees them. Any failure, including running past `timeout_s` in all, is a
     KVTransferError."""
     what = f"KV pull of {transfer_id!r} from {host}:{port}"
-    deadline = _Deadline(timeout_s, what)
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s) as sock:
-            _send(sock, {"transfer_id": transfer_id, "first_block": first_block, "layout": layout_dict(layout)}, [],
-                  deadline)
-            header = _recv_header(sock, deadline)
-            if "error" in header:
-                raise KVTransferError(f"{what}: {header['error']}")
-            tensors = []
-            for dtype_name, shape in header["tensors"]:
-                dtype = getattr(torch, dtype_name)
-                count = 1
-                for dim in shape:
-                    count *= dim
-                raw = _recv_exact(sock, count * torch.empty((), dtype=dtype).element_size(), deadline)
-                tensors.append(torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape))
-            _send(sock, {"done": True}, [], deadline)
-            return tensors
-    except TimeoutError:
-        raise KVTransferError(f"{what}: no answer within {timeout_s:g} s") from None
-    except OSError as exc:
-        raise KVTransferError(f"{what}: {exc.strerror or exc}") from None
+    with _connection(host, port, timeout_s, what) as (sock, deadline):
+        _send(sock, {"transfer_id": transfer_id, "first_block": first_block, "layout": layout_dict(layout)}, [],
+              deadline)
+        header = _recv_header(sock, deadline)
+        if "error" in header:
+            raise KVTransferError(f"{what}: {header['error']}")
+        tensors = []
+        for dtype_name, shape in header["tensors"]:
+            dtype = getattr(torch, dtype_name)
+            count = 1
+            for dim in shape:
+                count *= dim
+            raw = _recv_exact(sock, count * torch.empty((), dtype=dtype).element_size(), deadline)
+            tensors.append(torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape))
+        _send(sock, {"done": True}, [], deadline)
+        return tensors
+
+
+def extend_leases(host: str, port: int, transfer_ids: list[str], timeout_s: float) -> int:
+    """Ask the prefill side on host:port to restart the leases of `transfer_ids`; how many it still held. A
+    KVTransferError when it cannot be reached within `timeout_s`."""
+    with _connection(host, port, timeout_s, f"KV lease heartbeat to {host}:{port}") as (sock, deadline):
+        _send(sock, {"op": "extend", "transfer_ids": transfer_ids}, [], deadline)
+        return int(_recv_header(sock, deadline).get("extended", 0))

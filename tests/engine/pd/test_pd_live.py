@@ -43,7 +43,7 @@ DEADLINE_S = 20  # every wait in this module is bounded by this
 
 def transfer_config(role: str, port: int) -> str:
     return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "kv_port": port,
-                       "kv_connector_extra_config": {"kv_lease_duration": 10, "transfer_timeout": 5}})
+                       "kv_connector_extra_config": {"kv_lease_duration": 120, "transfer_timeout": 5}})
 
 
 @pytest.fixture(scope="module")
@@ -101,25 +101,25 @@ def prompts() -> list[list[int]]:
 
 def test_the_exposed_kv_equals_a_co_located_prefill(instances):
     prompt = prompts()[2]
-    answer = httpx.post(f"{instances['prefill']}/v1/completions", timeout=DEADLINE_S, json={
-        "prompt": prompt, "max_tokens": 1, "temperature": 0, "kv_transfer_params": {"do_remote_decode": True}})
-    assert answer.status_code == 200, answer.text
-    params = answer.json()["kv_transfer_params"]
-    assert params["do_remote_prefill"] is True and params["remote_port"] == instances["kv_port"]
-    assert params["remote_num_tokens"] == 21 and len(params["remote_block_ids"]) == 3  # 21 tokens, blocks of 8
-
     config = parse_kv_transfer_config(transfer_config("kv_producer", free_port()))
-    with LLM(instances["model"], kv_transfer=config, **OPTIONS) as co_located:
-        co_located.add_request(prompt, SamplingParams(temperature=0, max_tokens=1),
-                               kv_transfer_params={"do_remote_decode": True})
-        while not (done := co_located.step()):
-            pass
-        held = done[0].kv_transfer_params["remote_block_ids"]
+    with LLM(instances["model"], kv_transfer=config, **OPTIONS) as co_located:  # loaded before the prefill's lease
+        answer = httpx.post(f"{instances['prefill']}/v1/completions", timeout=DEADLINE_S, json={
+            "prompt": prompt, "max_tokens": 1, "temperature": 0, "kv_transfer_params": {"do_remote_decode": True}})
+        assert answer.status_code == 200, answer.text
+        params = answer.json()["kv_transfer_params"]
+        assert params["do_remote_prefill"] is True and params["remote_port"] == instances["kv_port"]
+        assert params["remote_num_tokens"] == 21 and len(params["remote_block_ids"]) == 3  # 21 tokens, blocks of 8
         cache = co_located.kv_cache
         received = PagedKVCache(cache.layout, 16, 0, torch.device("cpu"))
         mine = [11, 4, 7]  # blocks this reader allocated: any ids
         scatter(received, mine, pull("127.0.0.1", params["remote_port"], params["remote_request_id"], cache.layout,
                                      timeout_s=DEADLINE_S))
+
+        co_located.add_request(prompt, SamplingParams(temperature=0, max_tokens=1),
+                               kv_transfer_params={"do_remote_decode": True})
+        while not (done := co_located.step()):
+            pass
+        held = done[0].kv_transfer_params["remote_block_ids"]
         for theirs, ours in zip(cache.layers, received.layers, strict=True):
             for a, b in zip(theirs.tensors(), ours.tensors(), strict=True):
                 a, b = a[held].flatten(1), b[mine].flatten(1)

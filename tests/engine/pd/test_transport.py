@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from kvplan.engine.kv_cache import KVLayout, PagedKVCache
-from kvplan.engine.kv_transfer.transport import KVExports, KVExportServer, KVTransferError, pull, scatter
+from kvplan.engine.kv_transfer.transport import (
+    KVExports,
+    KVExportServer,
+    KVTransferError,
+    extend_leases,
+    pull,
+    scatter,
+)
 
 CPU = torch.device("cpu")
 
@@ -72,6 +79,20 @@ def test_a_lease_ends_an_unread_export():
     assert sorted(exports.done()) == ["a", "b"] and len(exports) == 0
 
 
+def test_a_heartbeat_restarts_the_leases_it_names():
+    exports = KVExports(filled_cache(KVLayout(1, 1, 4, 2, torch.float32), 3), lease_s=60)
+    exports.add("a", [0])
+    exports.add("b", [1])
+    before = {t: e.expires_s for t, e in exports._exports.items()}
+    server = KVExportServer(exports, "127.0.0.1", 0, timeout_s=5)
+    server.start()
+    try:
+        assert extend_leases("127.0.0.1", server.port, ["a", "gone"], timeout_s=5) == 1  # "gone": none such
+    finally:
+        server.stop()
+    assert exports._exports["a"].expires_s > before["a"] and exports._exports["b"].expires_s == before["b"]
+
+
 def test_a_silent_or_absent_peer_fails_within_the_deadline():
     layout = KVLayout(1, 1, 4, 2, torch.float32)
     with socket.socket() as silent:  # accepts connections (the backlog) and never answers
@@ -84,3 +105,5 @@ def test_a_silent_or_absent_peer_fails_within_the_deadline():
         port = silent.getsockname()[1]
     with pytest.raises(KVTransferError, match=f"KV pull of 'r' from 127.0.0.1:{port}: "):
         pull("127.0.0.1", port, "r", layout, timeout_s=0.3)  # closed: refused at once
+    with pytest.raises(KVTransferError, match=f"KV lease heartbeat to 127.0.0.1:{port}: "):
+        extend_leases("127.0.0.1", port, ["r"], timeout_s=0.3)
