@@ -4,8 +4,9 @@ One engine loop steps continuously while requests arrive; a client that disconne
 queue answers 503 with Retry-After.
 
 Prefill/decode disaggregation (vLLM's names): `--kv-transfer-config '{"kv_connector":"NixlConnector",
-"kv_role":"kv_producer"}'` makes this instance stage the KV of requests sent with kv_transfer_params
-{do_remote_decode: true} for a decode instance (engine.kv_transfer.config says what each field does);
+"kv_role":"kv_producer"}'` makes this instance hold the KV of requests sent with kv_transfer_params
+{do_remote_decode: true} for a decode instance to read, `kv_consumer` makes it read a prefill instance's KV for
+requests sent with the params that instance returned, `kv_both` does both (engine.kv_transfer.config);
 `--pd-proxy --prefill URL[,URL] --decode URL[,URL]` runs the proxy that sends each request through a prefill and a
 decode instance (engine.kv_transfer.proxy)."""
 

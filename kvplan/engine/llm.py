@@ -393,10 +393,10 @@ class LLM:
             completions.append(CompletionOutput(index, tokens, self._decode(tokens), request.finish_reason,
                                                 group.logprobs.get(index) if group.params.logprobs is not None
                                                 else None))
-        staged = self.kv_connector.sent_params.pop(group.request_id, None) if self.kv_connector else None
+        transfer = self.kv_connector.sent_params.pop(group.request_id, None) if self.kv_connector else None
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions, group.metrics,
                              teacher_logprobs=group.teacher_logprobs if group.teacher is not None else None,
-                             kv_transfer_params=staged)
+                             kv_transfer_params=transfer)
 
     def _beam_output(self, group: _Group) -> RequestOutput:
         completions = [CompletionOutput(i, h.token_ids, self._decode(h.token_ids), "stop" if h.finished_on_eos

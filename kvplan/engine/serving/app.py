@@ -106,7 +106,7 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         prompts = completion_prompts(body, llm.encode, llm.loaded.vocab_size)
         parsed = parse_common(body, prompts, 16, llm.max_model_len, llm.loaded.vocab_size)
         if parsed.kv_transfer_params is not None and len(prompts) > 1:
-            raise BadRequest("kv_transfer_params: one prompt per request (its KV is staged under the request's id); "
+            raise BadRequest("kv_transfer_params: one prompt per request (its KV is held under the request's id); "
                              f"got {len(prompts)} prompts", "kv_transfer_params")
         return await _serve(request, parsed, chat=False)
 
