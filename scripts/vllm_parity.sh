@@ -5,7 +5,7 @@
 # --no-deps, a CPU torch (pinned), and the few pure-Python packages that importing vLLM's scheduler and config needs.
 # vllm._C is not needed: the scheduler and KV cache manager are pure Python. Then runs the comparison on many seeded
 # scenarios of each family (plain, hybrid, cache-aware admission, chunked prefill off with a long-prefill
-# threshold), kvplan's side given the installed release's vllm_version.
+# threshold, P/D remote KV through a pull connector), kvplan's side given the installed release's vllm_version.
 #
 #   scripts/vllm_parity.sh [--scenarios N] [--first-seed S] [--vllm-version V | --all] [--venv DIR]
 #

@@ -190,6 +190,12 @@ def run(args: argparse.Namespace) -> int:
     print(format_table([h for h, _ in TABLE], rows))
     print(f"\nsimulated {runs[0]['summary']['duration_s']:.1f} s per run; wall "
           + ", ".join(f"{r['info']['wall_s']:.2f} s" for r in runs))
+    if pd_info is not None:
+        from kvplan.sim.pd_run import PARTS
+
+        summary = runs[0]["summary"]
+        print("TTFT parts, mean ms: " + ", ".join(f"{part.removesuffix('_ms')} {summary['mean_' + part]:.2f}"
+                                                  for part in PARTS))
     print(model_error.one_line())
     from kvplan.sim.dollars import cost_line
 

@@ -36,7 +36,7 @@ PART_KEYS = tuple(f"{stat}_{part}" for part in PARTS for stat in ("mean", "media
 
 def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
                            goodput: dict[str, float | None] | None = None) -> ServingResult:
-    from kvplan.sim.run import build_configs, build_cost, sample_interval
+    from kvplan.sim.run import build_configs, build_cost, over_length, sample_interval
 
     if spec.cost != "analytic":
         raise UserError(f"--cost: {spec.cost}: a disaggregated run prices each pool on its own hardware and TP; "
@@ -75,7 +75,10 @@ def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
             # (entry_point openai_server's API-server work and hops are not modelled here yet)
             "times": "the engines' and an instant proxy's: no API server in front of either pool"}
     result = collect(cluster, goodput)
+    failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))
     result.info.update(disaggregation=info, max_model_len=d_cache.max_model_len, vllm_version=spec.vllm_version,
+                       num_blocks=d_blocks,  # the decode pool's per replica (the prefill pool's: disaggregation)
+                       rejected_failed=failed, rejected_over_length=over_length(trace, d_cache.max_model_len),
                        max_num_batched_tokens=d_config.max_num_batched_tokens, max_num_seqs=d_config.max_num_seqs)
     return result
 

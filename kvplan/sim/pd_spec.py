@@ -174,7 +174,8 @@ def add_pd_flags(parser: argparse.ArgumentParser) -> None:
 def disaggregation_from_args(args: argparse.Namespace) -> Disaggregation | None:
     """The deployment the flags describe, or None when neither replica count is given (co-located). Any other P/D
     flag alone is refused: it would be ignored."""
-    given = {o.name: getattr(args, o.name) for o in PD_OPTIONS if getattr(args, o.name) is not None}
+    # (a parser without these flags - another command's - describes a co-located run)
+    given = {o.name: getattr(args, o.name) for o in PD_OPTIONS if getattr(args, o.name, None) is not None}
     if not given:
         return None
     for name in ("prefill_replicas", "decode_replicas"):

@@ -4,11 +4,13 @@ Without vLLM the comparison is skipped with the reason; `scripts/vllm_parity.sh`
 with vLLM's wheel and runs it. `KVPLAN_PARITY_SCENARIOS` (default 20) sets how many seeded scenarios,
 `KVPLAN_PARITY_FIRST_SEED` (default 0) the first seed; the summary line is printed (run with -s to see it). The
 same seeds run twice: on a model of full-attention layers only, and on a hybrid one (sliding-window groups beside
-a full-attention group, `make_hybrid_scenario`).
+a full-attention group, `make_hybrid_scenario`); and once with P/D requests (`vllm_parity_remote`: vLLM's
+scheduler with a pull connector).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -129,6 +131,65 @@ def test_unchunked_scenarios_identical_to_vllm():
     compare_with_vllm(make_unchunked_scenario, "unchunked long-prefill ")
 
 
+def test_remote_scenarios_exercise_loads_and_held_blocks():
+    """The P/D generator alone (no vLLM): kvplan finishes every request, loads park and wait, sends hold blocks,
+    and holders are refused at times (so the remote comparison means something)."""
+    from tests.core.vllm_parity_remote import KvplanRemoteSide, make_remote_scenario, run_remote
+
+    parked = held = waited = 0
+    for seed in range(10):
+        remote = make_remote_scenario(seed)
+        side = KvplanRemoteSide(remote)
+        records = run_remote(side, remote)
+        finished = sorted(rid for r in records for rid in r.step.finished)
+        assert finished == sorted(a.request_id for a in remote.base.arrivals), seed
+        parked += sum(1 for r in records if r.holding)
+        held += sum(1 for rid in remote.role.values() if rid == "send")
+        waited += sum(1 for a, b in itertools.pairwise(records) if set(a.holding) & set(b.holding))
+    assert parked >= 20 and held >= 10 and waited >= 10, (parked, held, waited)
+
+
+def test_remote_scenarios_identical_to_vllm():
+    """P/D: decode-side requests loading their prompt's KV (WAITING_FOR_REMOTE_KVS) and prefill-side requests
+    holding their blocks, against vLLM's scheduler with `ParityConnector` (NIXL's scheduler-side rules)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed here; scripts/vllm_parity.sh builds an environment "
+                                       "with its wheel and runs this comparison")
+    if vllm_minor() not in since("0.34"):
+        pytest.skip(f"vLLM {vllm_version()}: kvplan's remote-KV admission follows 0.34's")
+    from tests.core.vllm_parity_remote import (
+        KvplanRemoteSide,
+        VllmRemoteSide,
+        make_remote_scenario,
+        remote_difference,
+        run_remote,
+    )
+
+    tally, failures = Tally(), []
+    seeds = _seeds()
+    for seed in seeds:
+        ours = run_remote(KvplanRemoteSide(make_remote_scenario(seed)), make_remote_scenario(seed))
+        remote = make_remote_scenario(seed)
+        theirs = run_remote(VllmRemoteSide(remote), remote)
+        difference = remote_difference(ours, theirs)
+        if difference is not None:
+            failures.append(f"{describe(remote.base)}\n    {difference}")
+        else:
+            tally.add([r.step for r in ours])
+    report_line(f"{len(seeds)} P/D remote-KV scenarios", seeds, failures, tally)
+
+
+def report_line(what: str, seeds: range, failures: list[str], tally: Tally) -> None:
+    verdict = "identical" if not failures else f"{len(failures)} differ"
+    line = f"vLLM {vllm_version()}: {what} (seeds {seeds.start}-{seeds.stop - 1}), {verdict}; identical ones: " \
+           f"{tally.line()}"
+    print(f"\nparity: {line}")
+    report = os.environ.get("KVPLAN_PARITY_REPORT")
+    if report:
+        with open(report, "a") as f:  # every comparison's line
+            f.write(line + "\n" + "\n".join(failures) + ("\n" if failures else ""))
+    assert not failures, f"{len(failures)} of {len(seeds)} scenarios differ from vLLM:\n" + "\n".join(failures[:5])
+
+
 def compare_with_vllm(make, label: str) -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed here; scripts/vllm_parity.sh builds an environment "
                                        "with its wheel and runs this comparison")
@@ -143,12 +204,4 @@ def compare_with_vllm(make, label: str) -> None:
             failures.append(f"{describe(scenario)}\n    {difference}")
         else:
             tally.add(ours)
-    verdict = "identical" if not failures else f"{len(failures)} differ"
-    line = f"vLLM {vllm_version()}: {len(seeds)} {label}scenarios (seeds {seeds.start}-{seeds.stop - 1}), " \
-           f"{verdict}; identical ones: {tally.line()}"
-    print(f"\nparity: {line}")
-    report = os.environ.get("KVPLAN_PARITY_REPORT")
-    if report:
-        with open(report, "a") as f:  # both comparisons' lines
-            f.write(line + "\n" + "\n".join(failures) + ("\n" if failures else ""))
-    assert not failures, f"{len(failures)} of {len(seeds)} scenarios differ from vLLM:\n" + "\n".join(failures[:5])
+    report_line(f"{len(seeds)} {label}scenarios", seeds, failures, tally)

@@ -130,3 +130,14 @@ def test_one_replica_count_alone_is_refused(tmp_path, capsys):
     path.write_text('{"timestamp": 0, "input_length": 40, "output_length": 5}\n')
     assert main(["simulate", "--trace", str(path), "--prefill-replicas", "2"]) == 2
     assert "--decode-replicas: missing" in capsys.readouterr().err
+
+
+def test_the_text_answer_states_the_ttft_parts(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 40, "output_length": 5}\n'
+                    '{"timestamp": 1, "input_length": 9000, "output_length": 5}\n')  # too long: rejected, counted
+    assert main(["simulate", "--trace", str(path), "--prefill-replicas", "2", "--decode-replicas", "1",
+                 "--max-model-len", "4096"]) == 0
+    captured = capsys.readouterr()
+    assert "disaggregated: 2 prefill (h100-sxm, TP 1) + 1 decode (h100-sxm, TP 1) over rdma" in captured.out
+    assert "TTFT parts, mean ms: prefill_ttft " in captured.out and "1 longer than max_model_len" in captured.err

@@ -81,11 +81,12 @@ class Admission:
             budget = left
         if sched.cache_aware_window:
             self.reorder_window()
+        admitted: dict[str, int] = {}  # this step's admissions and their tokens (an async load's reservation)
         while len(waiting) and budget > 0:
             request = waiting.peek()
             if request.kv_transfer_params is not None and wants_remote_prefill(request):
                 # a decode-side request: it takes a sequence slot only once its KV has arrived, and no budget
-                if not sched.has_seq_room(request.seq_slots) or not sched.remote.park(request, out):
+                if not sched.has_seq_room(request.seq_slots) or not sched.remote.park(request, out, admitted):
                     break
                 waiting.pop()
                 continue
@@ -113,6 +114,7 @@ class Admission:
             sched.start_running(request)
             budget -= n
             sched.emit(out, request, n, copies, cached_tokens)
+            admitted[request.request_id] = n
 
     def head_blocked(self) -> bool:
         """Whether the head of the waiting queue stays waiting through every step in which each running request

@@ -13,28 +13,35 @@ How a request is marked. `Request.kv_transfer_params` is vLLM's per-request dict
 * `{"do_remote_prefill": True, ...}` - the decode side's request. At its admission from the head of the waiting
   queue (it needs a free sequence slot and token budget left, as any admission) it takes its local prefix-cache
   hits, then blocks for the rest of its prompt - the "external" tokens, vLLM's `get_num_new_matched_tokens` -
-  with the watermark to spare, computing nothing (vLLM: `allocate_slots` with `num_new_tokens = 0`; no room:
-  it stays at the head and admissions end for the step). It then waits in WAITING_FOR_REMOTE_KVS, holding those
-  blocks, counted among the waiting requests, and `SchedulerOutput.kv_loads` carries a `KVLoad` telling the
-  engine what to receive into which blocks. The connector clears `do_remote_prefill` then (one transfer per
-  request: a preempted request later recomputes locally). The engine reports the transfer done with
-  `finished_recving([id])`; at the next `schedule()` the request's blocks are keyed in the prefix cache (vLLM
-  delays caching them until the KV has arrived), its computed count is set to prompt - 1 (the last prompt token
-  is recomputed to sample the first output token, as vLLM does) and it is admitted with that one token, ahead
-  of the waiting queue, before any new load is started.
+  computing nothing (vLLM: `allocate_slots` with `num_new_tokens = 0`), with the watermark to spare beside the
+  blocks the running requests still mid-prompt need to hold their whole sequence (vLLM 0.34's
+  `_inflight_prefill_reserved_blocks`: a load cannot be preempted, so it must not take what they will need). No
+  room: it stays at the head and admissions end for the step. It then waits in WAITING_FOR_REMOTE_KVS, holding
+  those blocks, counted among the waiting requests (the long-prefill cap's count included), and
+  `SchedulerOutput.kv_loads` carries a `KVLoad` telling the engine what to receive into which blocks. The
+  connector clears `do_remote_prefill` then (one transfer per request: a preempted request later recomputes
+  locally). The engine reports the transfer done with `finished_recving([id])`; at a later `schedule()` the
+  request's blocks are keyed in the prefix cache (vLLM delays caching them until the KV has arrived), its
+  computed count is set to prompt - 1 (the last prompt token is recomputed to sample the first output token, as
+  vLLM does) and it is admitted with that one token, the watermark asked of it, ahead of the waiting queue.
 
 Order (vLLM's `kv_holding_waiting`): requests holding blocks while they wait are served first each step, in the
-order they started their loads; one still receiving is skipped; one received but refused (no sequence slot or
-budget left) ends the step's admissions, as the head of the waiting queue does.
+order they started their loads, each only while a sequence slot and budget are left (vLLM's loop checks them
+before it looks at the next holder, so a received holder is not even promoted - its blocks not keyed - without
+room); one still receiving is skipped; one received but refused ends the step's admissions, as the head of the
+waiting queue does.
 
 An abort while receiving keeps the blocks until `finished_recving` reports the transfer over (the remote side is
 still writing them, vLLM's `_aborted_kv_loads`); an abort after it frees them at once.
 
+Checked step for step against vLLM 0.34's scheduler with a pull connector that has NIXL's scheduler-side rules
+(tests/core/vllm_parity_remote.py, run by scripts/vllm_parity.sh).
+
 Differences from vLLM, kept out by rejection or documented: n > 1 and beam search with kv_transfer_params are
 rejected (vLLM's P/D proxy sends n = 1); a load failure policy does not exist (transfers succeed); vLLM 0.34's
-`max_num_inflight_kv_loads` cap and its reservation of the blocks in-flight loads still need are not modelled (a
-parked load holds all of its prompt's blocks, so that reservation is zero blocks for it); under the priority
-policy parked requests are still served in the order their loads started.
+`max_num_inflight_kv_loads` cap (off by default) is not modelled; under the priority policy parked requests are
+still served in the order their loads started; a recompute whose chunk ended one token short is not counted as
+mid-prompt (`inflight_prefill_blocks`).
 """
 
 from __future__ import annotations
@@ -138,15 +145,18 @@ class RemoteKV:
         caller bounds a stretch by, as it does arrivals."""
         return bool(self.received) or any(r.status is not RECEIVING for r in self.holding)
 
-    def park(self, request: Request, out: SchedulerOutput) -> bool:
+    def park(self, request: Request, out: SchedulerOutput, admitted: dict[str, int]) -> bool:
         """Admit the waiting queue's head, a remote-prefill request: blocks for its prompt beyond its prefix
-        hits, then RECEIVING (see the module). False, changing nothing, when the blocks do not fit; the caller
-        checked the sequence slot and budget, and pops the request from `waiting` on True."""
+        hits, then RECEIVING (see the module). False, changing nothing, when the blocks do not fit beside the
+        blocks in-flight prefills still need (`inflight_prefill_blocks`; `admitted`: the requests admitted from
+        the queue earlier in this step, with their tokens); the caller checked the sequence slot and budget,
+        and pops the request from `waiting` on True."""
         sched = self.sched
         kv = sched.kv
         hits = kv.find_cached_prefix(request)  # capped below the prompt: at least one token is external
         first = len(hits) * sched.block_size
-        copies = kv.allocate(request, request.prompt_len - first, hits, sched.admission_reserve())
+        reserve = sched.admission_reserve() + self.inflight_prefill_blocks(admitted)
+        copies = kv.allocate(request, request.prompt_len - first, hits, reserve)
         if copies is None:
             return False
         assert not copies, "a load's blocks follow block-aligned hits: nothing is shared to copy"
@@ -161,20 +171,41 @@ class RemoteKV:
         out.kv_loads.append(KVLoad(request, first, list(ids[first // sched.block_size:])))
         return True
 
+    def inflight_prefill_blocks(self, admitted: dict[str, int]) -> int:
+        """vLLM 0.34's reservation for an async load (`_inflight_prefill_reserved_blocks`): the blocks the
+        running requests still mid-prompt need to hold their whole sequence (a parked load holds its prompt's
+        already: none). Mid-prompt: admitted in this step with a chunk that ends short of its tokens, or, from an
+        earlier step, its computed tokens short of its tokens - less the one token a request that sampled in its
+        last step has pending. (A recompute whose chunk ended one token short looks like that too: vLLM counts
+        it, this does not.)"""
+        sched = self.sched
+        bs, limit, ids = sched.block_size, sched.cache_config.max_model_len, sched.kv.block_ids
+        total = 0
+        for r in sched.running:
+            n = admitted.get(r.request_id)
+            pending = r.num_tokens - r.num_computed_tokens
+            if (pending > n) if n is not None else (pending > (1 if r.num_output_tokens else 0)):
+                total += max(0, -(-min(r.num_tokens, limit) // bs) - len(ids[r.request_id]))
+        return total
+
     def admit_held(self, out: SchedulerOutput, budget: int) -> int | None:
         """Admit the received holders in load order (see the module): the budget left, or None when one was
         refused (admissions end for the step)."""
         sched = self.sched
         for request in list(self.holding):
+            # (vLLM's loop checks the slot and budget before it looks at the next holder: a received one is not
+            # promoted, its blocks not keyed, until there is room to admit it)
+            if budget <= 0 or not sched.has_seq_room(request.seq_slots):
+                return None
             if request.status is RECEIVING:
                 rid = request.request_id
                 if rid not in self.received:
                     continue
                 self.received.discard(rid)
                 self._promote(request)
-            if budget <= 0 or not sched.has_seq_room(request.seq_slots):
-                return None
-            copies = sched.kv.allocate(request, 1, None, sched.admission_reserve())
+            # vLLM asks the watermark of it even though its blocks are held (`allocate` would not: it needs none)
+            reserve = sched.admission_reserve()
+            copies = sched.kv.allocate(request, 1, None, reserve) if sched.kv.num_free_blocks >= reserve else None
             if copies is None:
                 return None
             self.holding.remove(request)

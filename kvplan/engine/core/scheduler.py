@@ -324,7 +324,9 @@ class Scheduler:
     def refresh_prefill_cap(self) -> None:
         """The long-prefill cap of the step about to be scheduled: vLLM applies `long_prefill_token_threshold`
         only when more than one request is in the system (`head_blocked` plans with it before `schedule` runs)."""
-        self._cap = self._long_prefill if len(self.running) + len(self.waiting) + len(self.swapped) > 1 else INF
+        # (vLLM counts the requests holding blocks while they wait for remote KV among the waiting)
+        self._cap = self._long_prefill if (len(self.running) + len(self.waiting) + len(self.swapped)
+                                           + len(self.remote.holding)) > 1 else INF
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(self.step_id)
