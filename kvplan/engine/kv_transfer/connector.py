@@ -33,7 +33,7 @@ from kvplan.engine.kv_transfer.transport import (
     KVExports,
     KVExportServer,
     KVTransferError,
-    extend_leases,
+    lease_op,
     pull,
     scatter,
 )
@@ -96,8 +96,12 @@ class KVConnector:
             self._queued[request_id] = (params["remote_host"], params["remote_port"], params["remote_request_id"])
 
     def forget(self, request_id: str) -> None:
-        """An aborted request: no more heartbeats for it."""
-        self._queued.pop(request_id, None)
+        """An aborted request: a remote-prefill one still queued here tells the prefill side to free its blocks
+        now rather than at its lease's end (vLLM notifies it the same way), off the engine thread."""
+        queued = self._queued.pop(request_id, None)
+        if queued is not None:
+            host, port, theirs = queued
+            self._pool.submit(lease_op, host, port, "release", [theirs], self.config.transfer_timeout_s)
 
     def _heartbeat(self) -> None:
         """Renew the leases of the requests queued here, one message per prefill instance, off the engine thread
@@ -110,7 +114,7 @@ class KVConnector:
         for host, port, theirs in self._queued.values():
             by_server.setdefault((host, port), []).append(theirs)
         for (host, port), ids in by_server.items():
-            self._pool.submit(extend_leases, host, port, ids, self.config.transfer_timeout_s)
+            self._pool.submit(lease_op, host, port, "extend", ids, self.config.transfer_timeout_s)
 
     # -- the step's hooks ------------------------------------------------------------------------------------
     def reports(self, scheduler: Scheduler) -> None:

@@ -10,6 +10,9 @@ Decode side: `pull` connects, names the transfer id, the first block it needs (a
 its own cache layout, receives the tensors, and acknowledges; the prefill side's engine then frees the blocks
 (vLLM's `finished_sending`). `scatter` writes them into the blocks the decode engine allocated.
 
+Leases: a decode side renews the leases of its requests still queued (`lease_op` "extend", vLLM 0.34's heartbeat)
+and ends those of requests aborted before their pull (`lease_op` "release", vLLM's notification without blocks).
+
 Deadlines: every socket operation on both sides runs under the transfer's remaining time (`transfer_timeout`):
 a dead or silent peer is a `KVTransferError` within that bound, never a hang. An export nobody reads ends with
 its lease (the blocks are freed as if read).
@@ -36,6 +39,7 @@ from kvplan.engine.kv_cache import QUANTIZED_DTYPES, KVLayout, PagedKVCache
 
 MAX_HEADER = 1 << 20  # a header is a few hundred bytes; anything larger is not a kvplan peer
 CHUNK = 1 << 20  # bytes per recv/send call
+LEASE_OPS = ("extend", "release")  # what a decode side may ask of a prefill side's exports besides a pull
 
 
 class KVTransferError(RuntimeError):
@@ -127,10 +131,13 @@ class KVExports:
                 export.expires_s = expires
             return len(live)
 
-    def acknowledge(self, transfer_id: str) -> None:
+    def release(self, transfer_ids: list[str]) -> int:
+        """End the exports named (read and acknowledged, or their request aborted on the decode side before it
+        read them: vLLM's notification with no blocks); how many there were."""
         with self._lock:
-            if self._exports.pop(transfer_id, None) is not None:
-                self._done.append(transfer_id)
+            gone = [t for t in transfer_ids if self._exports.pop(t, None) is not None]
+            self._done.extend(gone)
+            return len(gone)
 
     def done(self) -> list[str]:
         """The transfer ids whose blocks may be freed now (acknowledged or expired), each once."""
@@ -226,10 +233,11 @@ class KVExportServer:
     def _serve(self, sock: socket.socket) -> None:
         deadline = _Deadline(self.timeout_s, "KV export")
         request = _recv_header(sock, deadline)
-        if request.get("op") == "extend":  # a decode side's heartbeat for the requests still queued there
-            ids = request.get("transfer_ids")
-            extended = self.exports.extend([str(i) for i in ids]) if isinstance(ids, list) else 0
-            _send(sock, {"extended": extended}, [], deadline)
+        op, ids = request.get("op"), request.get("transfer_ids")
+        if op in LEASE_OPS:  # a decode side's heartbeat for its queued requests, or its abort of some of them
+            names = [str(i) for i in ids] if isinstance(ids, list) else []
+            count = self.exports.extend(names) if op == "extend" else self.exports.release(names)
+            _send(sock, {"count": count}, [], deadline)
             return
         if request.get("layout") != self.layout:
             _send(sock, {"error": f"the decode cache layout {request.get('layout')} differs from the prefill "
@@ -244,7 +252,7 @@ class KVExportServer:
             meta = [[str(t.dtype).removeprefix("torch."), list(t.shape)] for t in tensors]
             _send(sock, {"tensors": meta}, tensors, deadline)
             if _recv_header(sock, deadline).get("done") is True:
-                self.exports.acknowledge(transfer_id)
+                self.exports.release([transfer_id])
 
 
 @contextlib.contextmanager
@@ -284,9 +292,10 @@ def pull(host: str, port: int, transfer_id: str, layout: KVLayout, timeout_s: fl
         return tensors
 
 
-def extend_leases(host: str, port: int, transfer_ids: list[str], timeout_s: float) -> int:
-    """Ask the prefill side on host:port to restart the leases of `transfer_ids`; how many it still held. A
-    KVTransferError when it cannot be reached within `timeout_s`."""
-    with _connection(host, port, timeout_s, f"KV lease heartbeat to {host}:{port}") as (sock, deadline):
-        _send(sock, {"op": "extend", "transfer_ids": transfer_ids}, [], deadline)
-        return int(_recv_header(sock, deadline).get("extended", 0))
+def lease_op(host: str, port: int, op: str, transfer_ids: list[str], timeout_s: float) -> int:
+    """Ask the prefill side on host:port to `extend` (restart) or `release` (end) the leases of `transfer_ids`;
+    how many it still held. A KVTransferError when it cannot be reached within `timeout_s`."""
+    assert op in LEASE_OPS
+    with _connection(host, port, timeout_s, f"KV lease {op} at {host}:{port}") as (sock, deadline):
+        _send(sock, {"op": op, "transfer_ids": transfer_ids}, [], deadline)
+        return int(_recv_header(sock, deadline).get("count", 0))

@@ -1,6 +1,7 @@
 """The KV transport over a real loopback socket, in one process: blocks of every cache dtype (quantized ones with
 their scales) arrive byte for byte in other block ids, from a given first block on; an export ends once read and
-acknowledged, or when its lease ends; a silent or absent peer is an error within the deadline."""
+acknowledged, when its lease ends, or when the decode side releases it (a heartbeat restarts the lease); a silent or
+absent peer is an error within the deadline."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from kvplan.engine.kv_transfer.transport import (
     KVExports,
     KVExportServer,
     KVTransferError,
-    extend_leases,
+    lease_op,
     pull,
     scatter,
 )
@@ -79,7 +80,7 @@ def test_a_lease_ends_an_unread_export():
     assert sorted(exports.done()) == ["a", "b"] and len(exports) == 0
 
 
-def test_a_heartbeat_restarts_the_leases_it_names():
+def test_a_heartbeat_restarts_the_leases_it_names_and_a_release_ends_them():
     exports = KVExports(filled_cache(KVLayout(1, 1, 4, 2, torch.float32), 3), lease_s=60)
     exports.add("a", [0])
     exports.add("b", [1])
@@ -87,10 +88,12 @@ def test_a_heartbeat_restarts_the_leases_it_names():
     server = KVExportServer(exports, "127.0.0.1", 0, timeout_s=5)
     server.start()
     try:
-        assert extend_leases("127.0.0.1", server.port, ["a", "gone"], timeout_s=5) == 1  # "gone": none such
+        assert lease_op("127.0.0.1", server.port, "extend", ["a", "gone"], timeout_s=5) == 1  # "gone": none such
+        assert exports._exports["a"].expires_s > before["a"] and exports._exports["b"].expires_s == before["b"]
+        assert lease_op("127.0.0.1", server.port, "release", ["b"], timeout_s=5) == 1  # its reader was aborted
+        assert exports.done() == ["b"] and len(exports) == 1
     finally:
         server.stop()
-    assert exports._exports["a"].expires_s > before["a"] and exports._exports["b"].expires_s == before["b"]
 
 
 def test_a_silent_or_absent_peer_fails_within_the_deadline():
@@ -105,5 +108,5 @@ def test_a_silent_or_absent_peer_fails_within_the_deadline():
         port = silent.getsockname()[1]
     with pytest.raises(KVTransferError, match=f"KV pull of 'r' from 127.0.0.1:{port}: "):
         pull("127.0.0.1", port, "r", layout, timeout_s=0.3)  # closed: refused at once
-    with pytest.raises(KVTransferError, match=f"KV lease heartbeat to 127.0.0.1:{port}: "):
-        extend_leases("127.0.0.1", port, ["r"], timeout_s=0.3)
+    with pytest.raises(KVTransferError, match=f"KV lease extend at 127.0.0.1:{port}: "):
+        lease_op("127.0.0.1", port, "extend", ["r"], timeout_s=0.3)
