@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     transfer = None if args.kv_transfer_config is None else parse_kv_transfer_config(args.kv_transfer_config)
     check_listen(args.host, args.port)  # before the model loads; uvicorn would exit with its own log lines
+    if transfer is not None and transfer.is_producer:  # where this instance serves its KV (loopback)
+        check_listen("127.0.0.1", transfer.kv_port, "--kv-transfer-config: kv_port")
     llm = LLM(args.model, seed=args.seed, kv_transfer=transfer, **asdict(options))
     name = args.served_model_name or args.model
     layout = llm.kv_cache.layout
@@ -101,7 +103,7 @@ def run_proxy(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_listen(host: str, port: int) -> None:
+def check_listen(host: str, port: int, key: str = "--port") -> None:
     """The server can listen on host:port: the name resolves and the port is free (bound once here, then closed;
     uvicorn binds it again with the same SO_REUSEADDR)."""
     import socket
@@ -116,5 +118,5 @@ def check_listen(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as exc:
-            raise UserError(f"--port: cannot listen on {short(host)}:{port} ({exc.strerror}); allowed: a free port "
+            raise UserError(f"{key}: cannot listen on {short(host)}:{port} ({exc.strerror}); allowed: a free port "
                             "on an address of this machine") from None

@@ -7,7 +7,8 @@ Per request on /v1/completions or /v1/chat/completions:
    (round robin); its answer's `kv_transfer_params` say where the KV waits; its one sampled token is discarded.
 2. decode: the original request, with those `kv_transfer_params`, goes to the next decode instance (round robin);
    its answer (streamed or whole) goes back to the client as it comes.
-Both calls carry one `X-Request-Id`.
+Both calls carry one `X-Request-Id`. GET /v1/models answers as the first decode instance that answers; /health is
+the proxy's own.
 
 Deadlines: every wait on an upstream - connecting, sending, each read of its answer (a whole answer arrives only
 when it is computed, so that is its first read; a stream's chunks are each one read) - has `timeout_s` (httpx's
@@ -88,12 +89,12 @@ class PDProxy:
         self.prefill, self.decode, self.timeout_s = Pool("prefill", prefill), Pool("decode", decode), timeout_s
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(max_connections=256))
 
-    async def _open(self, pool: Pool, path: str, body: dict, headers: dict):
+    async def _open(self, pool: Pool, path: str, body: dict | None, headers: dict, method: str = "POST"):
         """A response from the first instance of `pool` (round robin) that accepts the connection; the caller
         closes it. Connection refusals move on to the next instance; anything else is final."""
         refused = []
         for url in pool.order():
-            request = self.client.build_request("POST", url + path, json=body, headers=headers)
+            request = self.client.build_request(method, url + path, json=body, headers=headers)
             try:
                 return url, await self.client.send(request, stream=True)
             except httpx.ConnectError as exc:
@@ -172,6 +173,15 @@ class PDProxy:
         finally:
             await response.aclose()
 
+    async def models(self) -> tuple[int, dict]:
+        """GET /v1/models of the first decode instance that answers (the model the pair serves, and its limits:
+        a replay reads max_model_len and vocab_size there)."""
+        try:
+            url, response = await self._open(self.decode, "/v1/models", None, {}, method="GET")
+            return 200, await self._whole(url, response, self.decode)
+        except UpstreamError as exc:
+            return exc.status, error_body(str(exc), exc.status)
+
     async def close(self) -> None:
         await self.client.aclose()
 
@@ -203,6 +213,11 @@ def build_proxy_app(proxy: PDProxy) -> FastAPI:
         if isinstance(answer, dict):
             return JSONResponse(answer, status_code=status)
         return StreamingResponse(answer, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        status, body = await proxy.models()
+        return JSONResponse(body, status_code=status)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -4,6 +4,7 @@ configs parse to the documented defaults; each bad input is one line naming the 
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -87,8 +88,19 @@ def test_a_decode_tp_smaller_than_the_prefill_tp_is_refused():
      "--model: the proxy loads no model"),
     (["serve", "--model", "tiny-llama", "--decode", "http://b:2"], "--decode: only with --pd-proxy"),
     (["serve"], "--model: required"),
+    (["serve", "--model", "tiny-llama", "--port", "{free}", "--kv-transfer-config",
+      '{"kv_connector":"NixlConnector","kv_role":"kv_producer","kv_port":{taken}}'],
+     "--kv-transfer-config: kv_port: cannot listen on '127.0.0.1':{taken} (Address already in use)"),
 ])
 def test_serve_refuses_bad_pd_flags_in_one_line(argv, message, capsys):
-    assert main(argv) == 2
+    from kvplan.endpoint.local_server import free_port
+
+    with socket.socket() as taken:  # a port another process listens on
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = {"{taken}": str(taken.getsockname()[1]), "{free}": str(free_port())}
+        for name, port in ports.items():
+            argv, message = [a.replace(name, port) for a in argv], message.replace(name, port)
+        assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err

@@ -193,6 +193,8 @@ def test_a_trace_replayed_through_the_proxy(instances, tmp_path, capsys):
     path = tmp_path / "trace.jsonl"
     path.write_bytes(render(synthesize(spec), "jsonl"))
     with proxy([instances["prefill"]], [instances["decode"]]) as url:
+        models = httpx.get(f"{url}/v1/models", timeout=DEADLINE_S).json()["data"][0]  # the decode instance's
+        assert (models["id"], models["max_model_len"], models["vocab_size"]) == ("tiny", 320, 512)
         assert main(["replay", "--endpoint", url, "--model", "tiny", "--vocab-size", "512", "--trace", str(path),
                      "--temperature", "0", "--out", str(tmp_path / "r")]) == 0, capsys.readouterr().err
     assert "12 completed, 0 failed" in capsys.readouterr().out
