@@ -292,6 +292,10 @@ class LLM:
         if self.kv_connector is None:
             return []
         self.kv_connector.reports(self.scheduler)
+        for rid, (start, end) in self.kv_connector.load_times.items():
+            if rid in self._groups:
+                self._groups[rid].metrics.kv_load_start_s, self._groups[rid].metrics.kv_load_end_s = start, end
+        self.kv_connector.load_times.clear()
         failed = []
         for rid, why in self.kv_connector.failed.items():
             group = self._groups.pop(rid, None)

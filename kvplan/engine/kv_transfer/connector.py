@@ -87,6 +87,11 @@ class KVConnector:
         self.sent_params: dict[str, dict] = {}  # prefill side: request id -> its output's kv_transfer_params
         self.failed: dict[str, str] = {}  # decode side: request id -> why its pull failed (until the engine reads it)
         self._queued: dict[str, tuple[str, int, str]] = {}  # decode side, not yet pulling: id -> host, port, theirs
+        # decode side, time.perf_counter(): when the core parked a request and its pull was submitted, and when the
+        # pull's bytes were in; `load_times` holds both for landed pulls until the engine copies them out
+        self._submitted: dict[str, float] = {}
+        self._ended: dict[str, float] = {}
+        self.load_times: dict[str, tuple[float, float]] = {}
         self._beat_every_s = config.kv_lease_duration_s / HEARTBEATS_PER_LEASE
         self._next_beat_s = time.monotonic() + self._beat_every_s
 
@@ -130,8 +135,10 @@ class KVConnector:
             del self._pulls[rid]
             landed.append(rid)
             try:
-                scatter(self.cache, blocks, future.result())
+                tensors, self.load_times[rid] = future.result(), (self._submitted.pop(rid), self._ended.pop(rid))
+                scatter(self.cache, blocks, tensors)
             except KVTransferError as exc:
+                self._submitted.pop(rid, None)
                 self.failed[rid] = str(exc)
                 if rid in scheduler.requests:
                     scheduler.abort(rid)  # held until the finished_recving below says the transfer is over
@@ -145,10 +152,17 @@ class KVConnector:
         for load in out.kv_loads:
             self._queued.pop(load.request_id, None)
             params = load.kv_transfer_params
-            future = self._pool.submit(pull, params["remote_host"], params["remote_port"],
-                                       params["remote_request_id"], self.cache.layout, self.config.transfer_timeout_s,
-                                       load.first_token // bs)
-            self._pulls[load.request_id] = (list(load.block_ids), future)
+            rid = load.request_id
+            self._submitted[rid] = time.perf_counter()
+            future = self._pool.submit(self._pull, rid, params["remote_host"], params["remote_port"],
+                                       params["remote_request_id"], load.first_token // bs)
+            self._pulls[rid] = (list(load.block_ids), future)
+
+    def _pull(self, rid: str, host: str, port: int, theirs: str, first_block: int) -> list:
+        """A worker's pull, noting when its bytes were in (the request's transfer end)."""
+        tensors = pull(host, port, theirs, self.cache.layout, self.config.transfer_timeout_s, first_block)
+        self._ended[rid] = time.perf_counter()
+        return tensors
 
     def idle_wait(self, out: SchedulerOutput) -> None:
         """A step that computed nothing while pulls are in flight waits briefly for one, not spinning the loop."""
