@@ -130,6 +130,9 @@ class LLM:
             "threads": torch.get_num_threads(), "torch": str(torch.__version__)}
         self.profiler = None if profile_path is None else StepProfiler(profile_path, self.profile_meta)
         self.kv_transfer = kv_transfer
+        if kv_transfer is not None and o.window_tokens:  # released blocks leave holes no transfer can carry
+            raise UserError("--kv-transfer-config with a sink+window cache: the window releases blocks a decode "
+                            "instance would need; allowed: no window_tokens on a prefill/decode instance")
         self.kv_connector = KVConnector(kv_transfer, self.kv_cache) if kv_transfer is not None else None
 
     @staticmethod

@@ -1,18 +1,21 @@
 """A prefill and a decode engine (`LLM`) in one process, over the real transport: greedy tokens equal a co-located
 engine's, the decode side records when each pull began and ended, the prefill side frees its held blocks once
-read; a pull that fails ends its request with the reason and frees the decode side's blocks."""
+read; a pull that fails ends its request with the reason and frees the decode side's blocks; a sink+window cache is
+refused."""
 
 from __future__ import annotations
 
 import json
 import time
 
+import pytest
 import torch
 
 from kvplan.endpoint.local_server import free_port
 from kvplan.engine.kv_transfer.config import parse_kv_transfer_config
 from kvplan.engine.llm import LLM
 from kvplan.engine.sampling import SamplingParams
+from kvplan.errors import UserError
 
 OPTIONS = dict(dtype="float32", block_size=8, num_gpu_blocks_override=64, max_num_batched_tokens=64, max_model_len=320)
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -59,3 +62,8 @@ def test_a_pair_in_one_process(tiny_models):
         assert failed.error.startswith("KV transfer failed: KV pull of 'never-exported'")
         assert "no KV exported under transfer id 'never-exported'" in failed.error
         assert not decode.has_unfinished_requests() and decode.scheduler.kv.num_free_blocks == 64
+
+
+def test_a_windowed_cache_cannot_take_part(tiny_models):
+    with pytest.raises(UserError, match="sink\\+window cache: the window releases blocks a decode instance would"):
+        LLM(tiny_models["tiny-llama"], kv_transfer=config("kv_both"), window_tokens=32, **OPTIONS)
