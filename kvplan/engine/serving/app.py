@@ -137,6 +137,10 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         return body
 
     async def _serve(request: Request, parsed: ParsedRequest, chat: bool) -> Response:
+        if parsed.stream and (parsed.kv_transfer_params or {}).get("do_remote_decode"):
+            raise BadRequest("kv_transfer_params.do_remote_decode: the answer carrying the params is a whole one; "
+                             "allowed: stream false (as vLLM's P/D proxy sends the prefill request)",
+                             "kv_transfer_params")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(ids)}"
         events: asyncio.Queue = asyncio.Queue()
         streams = await _add_all(rid, parsed, events)

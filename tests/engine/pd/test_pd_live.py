@@ -173,10 +173,14 @@ def poll(condition) -> bool:
     ("decode", {"do_remote_decode": True}, "do_remote_decode: this instance has kv_role kv_consumer; allowed on an "
                                            "instance started with kv_role kv_producer or kv_both"),
     ("prefill", {"do_remote_prefill": True}, "do_remote_prefill: this instance has kv_role kv_producer"),
+    ("prefill", {"do_remote_decode": True, "stream": True}, "do_remote_decode: the answer carrying the params is a "
+                                                            "whole one; allowed: stream false"),
 ])
 def test_params_an_instance_cannot_honour_are_400s_naming_the_key(instances, where, params, message):
+    params = dict(params)
+    stream = params.pop("stream", False)  # a field of the request beside the params
     answer = httpx.post(f"{instances[where]}/v1/completions", timeout=DEADLINE_S,
-                        json={"prompt": [1, 2, 3], "max_tokens": 2, "kv_transfer_params": params})
+                        json={"prompt": [1, 2, 3], "max_tokens": 2, "stream": stream, "kv_transfer_params": params})
     assert answer.status_code == 400 and message in answer.json()["error"]["message"], answer.text
 
 
