@@ -1,7 +1,7 @@
 """A prefill and a decode engine (`LLM`) in one process, over the real transport: greedy tokens equal a co-located
 engine's, the decode side records when each pull began and ended, the prefill side frees its held blocks once
-read; a pull that fails ends its request with the reason and frees the decode side's blocks; a sink+window cache is
-refused."""
+read, or at once when the decode side aborts the request before reading; a pull that fails ends its request with the
+reason and frees the decode side's blocks; a sink+window cache is refused."""
 
 from __future__ import annotations
 
@@ -55,6 +55,14 @@ def test_a_pair_in_one_process(tiny_models):
             while prefill.holds_kv_for_remote and time.monotonic() < end:  # the read acknowledgement lands
                 prefill.release_read_kv()
             assert prefill.scheduler.kv.num_free_blocks == 64
+
+        # aborted on the decode side while still queued (before its pull): the prefill side frees at once
+        first = run(prefill, prompts[1], SamplingParams(temperature=0, max_tokens=1), {"do_remote_decode": True})
+        decode.abort(decode.add_request(prompts[1], GREEDY, kv_transfer_params=first.kv_transfer_params))
+        end = time.monotonic() + 20
+        while prefill.holds_kv_for_remote and time.monotonic() < end:  # the release lands (lease: 30 s)
+            prefill.release_read_kv()
+        assert prefill.scheduler.kv.num_free_blocks == 64 and not decode.has_unfinished_requests()
 
         bogus = {**first.kv_transfer_params, "remote_request_id": "never-exported"}
         failed = run(decode, prompts[0], GREEDY, bogus)
