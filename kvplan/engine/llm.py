@@ -27,6 +27,8 @@ from kvplan.engine.core.setting_classes import core_config
 from kvplan.engine.core.settings import SETTINGS
 from kvplan.engine.cpu_linear import can_pack, pack_linears
 from kvplan.engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
+from kvplan.engine.kv_transfer.config import KVTransferConfig
+from kvplan.engine.kv_transfer.connector import KVConnector, check_params
 from kvplan.engine.model_runner import ModelRunner
 from kvplan.engine.models import load_model
 from kvplan.engine.options import engine_options
@@ -76,8 +78,11 @@ class _Group:
 
 class LLM:
     def __init__(self, model: str, *, seed: int = 0, device: str | None = None, attention_backend: str | None = None,
-                 profile_path: str | Path | None = None, **settings: object) -> None:
-        """`settings`: any of `EngineOptions` (engine.core.settings declares them: names, defaults, ranges)."""
+                 profile_path: str | Path | None = None, kv_transfer: KVTransferConfig | None = None,
+                 **settings: object) -> None:
+        """`settings`: any of `EngineOptions` (engine.core.settings declares them: names, defaults, ranges);
+        `kv_transfer`: this instance's `--kv-transfer-config` (engine.kv_transfer.connector: a producer serves
+        held KV on kv_port, a consumer pulls it)."""
         if isinstance(settings.get("dtype"), torch.dtype):
             settings["dtype"] = str(settings["dtype"]).removeprefix("torch.")
         o = self.options = engine_options(settings)
@@ -124,6 +129,11 @@ class LLM:
             "window_tokens": o.window_tokens, "position_mode": o.position_mode,
             "threads": torch.get_num_threads(), "torch": str(torch.__version__)}
         self.profiler = None if profile_path is None else StepProfiler(profile_path, self.profile_meta)
+        self.kv_transfer = kv_transfer
+        if kv_transfer is not None and o.window_tokens:  # released blocks leave holes no transfer can carry
+            raise UserError("--kv-transfer-config with a sink+window cache: the window releases blocks a decode "
+                            "instance would need; allowed: no window_tokens on a prefill/decode instance")
+        self.kv_connector = KVConnector(kv_transfer, self.kv_cache) if kv_transfer is not None else None
 
     @staticmethod
     def _kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -168,16 +178,19 @@ class LLM:
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, arrival_s: float | None = None, priority: int = 0,
-                    teacher_token_ids: Sequence[int] | None = None) -> str:
+                    teacher_token_ids: Sequence[int] | None = None, kv_transfer_params: dict | None = None) -> str:
         """Queue a request. `teacher_token_ids` scores a continuation instead of sampling one: each step
         produces the next given token (max_tokens = their count, n = 1) and records its log-probability under
         the step's logits, read back with `teacher_logprobs` when the request finishes: the decode path, cache
-        policy and KV dtype included (perplexity under a bounded cache)."""
+        policy and KV dtype included (perplexity under a bounded cache). `kv_transfer_params` (vLLM's): with
+        `do_remote_decode` the request finishes holding its KV for a decode instance; with `do_remote_prefill` its
+        prompt's KV is read from the prefill instance the params name (engine.kv_transfer.connector)."""
         params = params or SamplingParams()
         if teacher_token_ids is not None:
             params = SamplingParams(max_tokens=len(teacher_token_ids), ignore_eos=True)
         tokens = self.encode(prompt)
         self.check_prompt(tokens, params)
+        check_params(kv_transfer_params, self.kv_transfer)
         rid = request_id if request_id is not None else f"req-{self._counter}"
         if rid in self._groups:
             raise UserError(f"request id {rid!r} is already in use")
@@ -185,7 +198,8 @@ class LLM:
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.loaded.eos_token_ids))
         width = params.beam_width
         request = make_request(rid, prompt_token_ids=tokens, max_tokens=params.max_tokens, n=width or params.n,
-                               beam=width > 0, stop_token_ids=stops, arrival_s=arrival_s or 0.0, priority=priority)
+                               beam=width > 0, stop_token_ids=stops, arrival_s=arrival_s or 0.0, priority=priority,
+                               kv_transfer_params=kv_transfer_params)
         reason = self.scheduler.rejection_reason(request)
         if reason is not None:
             raise UserError(f"request {rid} cannot run: {reason}")
@@ -201,6 +215,8 @@ class LLM:
         self._groups[rid] = group
         self._owner[rid] = (rid, 0)
         self.scheduler.add_request(request)
+        if self.kv_connector is not None:
+            self.kv_connector.expect(rid, kv_transfer_params)
         return rid
 
     def new_output_tokens(self, request_id: str, sent: dict[int, int]) -> list[tuple[int, list[int]]]:
@@ -223,6 +239,8 @@ class LLM:
 
     def abort(self, request_id: str) -> None:
         group = self._groups.pop(request_id, None)
+        if self.kv_connector is not None:
+            self.kv_connector.forget(request_id)
         if group is not None:
             for request in group.sequences.values():
                 self.scheduler.abort(request.request_id)
@@ -233,8 +251,11 @@ class LLM:
         """Run one scheduler step; returns the requests that finished in it."""
         times: dict[str, float] = {}
         mark = self._clock()
+        failed = self._kv_reports()
         out = self.scheduler.schedule()
         usage = self.scheduler.kv.usage()  # the blocks this step holds (the simulator reads it at the same point)
+        if self.kv_connector is not None:
+            self.kv_connector.start(out)
         mark = scheduled_at = self._lap(times, "schedule", mark)
         self.runner.apply_memory_ops(out)
         sampled: list = [None] * len(out.scheduled)
@@ -246,13 +267,49 @@ class LLM:
             self._sample(out, prepared.sampled_items, logits, sampled)
             mark = self._lap(times, "sample", mark)
         result = self.scheduler.update(out, sampled)
+        if self.kv_connector is not None:
+            self.kv_connector.exported(result, {r.request_id: r.prompt_len for r in result.finished})
         self._advance_beams(out, result)
         now = self._lap(times, "update", mark)
         finished = self._record(out, result, scheduled_at, now)
         self.last_step = StepTrace(out, result, times, usage)
         if self.profiler is not None:
             self.profiler.record(out, self.kv_cache.layout.block_size, times)
-        return finished
+        if self.kv_connector is not None:
+            self.kv_connector.idle_wait(out)
+        return failed + finished
+
+    @property
+    def holds_kv_for_remote(self) -> bool:
+        """P/D prefill side: finished requests' blocks are held until decode instances have read them."""
+        return bool(self.scheduler.remote.sending)
+
+    def release_read_kv(self) -> None:
+        """Between steps of an idle engine: free the held blocks that have been read or outlived their lease."""
+        if self.kv_connector is not None:
+            self.kv_connector.reports(self.scheduler)
+
+    def _kv_reports(self) -> list[RequestOutput]:
+        """P/D: the connector's reports to the core, and an output for each request whose KV pull failed (vLLM's
+        kv_load_failure_policy fail: the request ends with the reason)."""
+        if self.kv_connector is None:
+            return []
+        self.kv_connector.reports(self.scheduler)
+        for rid, (start, end) in self.kv_connector.load_times.items():
+            if rid in self._groups:
+                self._groups[rid].metrics.kv_load_start_s, self._groups[rid].metrics.kv_load_end_s = start, end
+        self.kv_connector.load_times.clear()
+        failed = []
+        for rid, why in self.kv_connector.failed.items():
+            group = self._groups.pop(rid, None)
+            if group is not None:
+                self._owner.pop(rid, None)
+                group.metrics.finished_s = time.perf_counter()
+                failed.append(RequestOutput(rid, group.prompt, group.prompt_token_ids,
+                                            [CompletionOutput(0, [], None, "error")], group.metrics,
+                                            error=f"KV transfer failed: {why}"))
+        self.kv_connector.failed.clear()
+        return failed
 
     def _clock(self) -> float:
         if self.device.type == "cuda":
@@ -343,8 +400,10 @@ class LLM:
             completions.append(CompletionOutput(index, tokens, self._decode(tokens), request.finish_reason,
                                                 group.logprobs.get(index) if group.params.logprobs is not None
                                                 else None))
+        transfer = self.kv_connector.sent_params.pop(group.request_id, None) if self.kv_connector else None
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions, group.metrics,
-                             teacher_logprobs=group.teacher_logprobs if group.teacher is not None else None)
+                             teacher_logprobs=group.teacher_logprobs if group.teacher is not None else None,
+                             kv_transfer_params=transfer)
 
     def _beam_output(self, group: _Group) -> RequestOutput:
         completions = [CompletionOutput(i, h.token_ids, self._decode(h.token_ids), "stop" if h.finished_on_eos
@@ -386,6 +445,8 @@ class LLM:
     def close(self) -> None:
         if self.profiler is not None:
             self.profiler.close()
+        if self.kv_connector is not None:
+            self.kv_connector.close()
 
     def __enter__(self) -> LLM:
         return self

@@ -16,6 +16,10 @@ class RequestMetrics:
     token_times_s: list[float] = field(default_factory=list)  # when each output token of sequence 0 appeared
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    # P/D decode side (time.perf_counter()): when the request got its blocks and its KV pull began (the end of its
+    # admission wait), and when the prefill side's KV had arrived (the end of the transfer)
+    kv_load_start_s: float | None = None
+    kv_load_end_s: float | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -57,3 +61,5 @@ class RequestOutput:
     metrics: RequestMetrics
     finished: bool = True
     teacher_logprobs: list[float] | None = None  # scoring requests: log p of each given continuation token
+    kv_transfer_params: dict | None = None  # a remote-decode request: where a decode instance reads its KV
+    error: str | None = None  # a request that failed (its KV never arrived): why; its finish_reason is "error"

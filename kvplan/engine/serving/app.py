@@ -105,6 +105,9 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         body = await _body(request)
         prompts = completion_prompts(body, llm.encode, llm.loaded.vocab_size)
         parsed = parse_common(body, prompts, 16, llm.max_model_len, llm.loaded.vocab_size)
+        if parsed.kv_transfer_params is not None and len(prompts) > 1:
+            raise BadRequest("kv_transfer_params: one prompt per request (its KV is held under the request's id); "
+                             f"got {len(prompts)} prompts", "kv_transfer_params")
         return await _serve(request, parsed, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -134,6 +137,10 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         return body
 
     async def _serve(request: Request, parsed: ParsedRequest, chat: bool) -> Response:
+        if parsed.stream and (parsed.kv_transfer_params or {}).get("do_remote_decode"):
+            raise BadRequest("kv_transfer_params.do_remote_decode: the answer carrying the params is a whole one; "
+                             "allowed: stream false (as vLLM's P/D proxy sends the prefill request)",
+                             "kv_transfer_params")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(ids)}"
         events: asyncio.Queue = asyncio.Queue()
         streams = await _add_all(rid, parsed, events)
@@ -149,7 +156,8 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         streams: list[RequestStream] = []
         try:
             for p, tokens in enumerate(parsed.prompts):
-                streams.append(await engine.add(f"{rid}-{p}", tokens, parsed.params, events, key=p))
+                streams.append(await engine.add(f"{rid}-{p}", tokens, parsed.params, events, key=p,
+                                                kv_transfer_params=parsed.kv_transfer_params))
         except BaseException as exc:
             for stream in streams:
                 stream.abort()
@@ -176,6 +184,7 @@ class _Reply:
         self.choices, self.streams, self.events = choices, streams, events
         self.open = len(streams)
         self.cached: dict[int, int] = {}  # prompt -> its tokens served from the prefix cache
+        self.kv_transfer_params: dict | None = None  # a remote-decode request's (vLLM puts it in the response)
 
     async def deltas(self):
         """(choice, new text, new token ids) per engine delta, until every engine request has ended."""
@@ -196,6 +205,8 @@ class _Reply:
         choice.token_ids += delta.token_ids
         if delta.cached_tokens is not None:
             self.cached[key] = delta.cached_tokens
+        if delta.kv_transfer_params is not None:
+            self.kv_transfer_params = delta.kv_transfer_params
         text, stopped = self.detok.advance(choice, final=delta.finish_reason is not None)
         choice.finish_reason = "stop" if stopped else delta.finish_reason
         n = self.parsed.params.n
@@ -232,7 +243,10 @@ class _Reply:
             self.close()
         ordered = sorted(self.choices.values(), key=lambda c: c.index)
         choices = [self._choice(c, c.text, c.token_ids, whole=True) for c in ordered]
-        return JSONResponse({**self._head(chunk=False), "choices": choices, "usage": self._usage()})
+        body = {**self._head(chunk=False), "choices": choices, "usage": self._usage()}
+        if self.kv_transfer_params is not None:
+            body["kv_transfer_params"] = self.kv_transfer_params
+        return JSONResponse(body)
 
     async def _collect(self) -> None:
         async for _delta in self.deltas():

@@ -27,9 +27,17 @@ from kvplan.engine.llm import LLM
 from kvplan.engine.sampling import SamplingParams
 from kvplan.engine.serving.metrics import ServingMetrics
 
+# an idle prefill instance holding KV for decode instances wakes this often to free what they have read (or what
+# outlived its lease): otherwise those blocks would stay held until the next request arrives
+HELD_KV_POLL_S = 0.05
+
 
 class EngineDied(RuntimeError):
     """Delivered to every open stream when the engine thread has crashed (a bug): the answer is incomplete."""
+
+
+class RequestFailed(EngineDied):
+    """Delivered to one request's stream when it failed in the engine (P/D: its KV never arrived)."""
 
 
 class QueueFull(Exception):
@@ -42,6 +50,7 @@ class TokenDelta:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" on the last delta of a sequence
     cached_tokens: int | None = None  # on the last delta: prompt tokens the prefix cache served at admission
+    kv_transfer_params: dict | None = None  # on the last delta of a remote-decode request: where its KV waits
 
 
 @dataclass(slots=True)
@@ -57,7 +66,7 @@ class _Stream:
     first_token_s: float | None = None
     last_token_s: dict[int, float] = field(default_factory=dict)
 
-    def deliver(self, item: TokenDelta | EngineDied | None) -> None:
+    def deliver(self, item: TokenDelta | EngineDied | None) -> None:  # EngineDied includes RequestFailed
         self._call(self.events.put_nowait, (self.key, item))
 
     def answer(self, error: BaseException | None) -> None:
@@ -110,7 +119,7 @@ class AsyncEngine:
 
     # -- called from handlers (any thread) ------------------------------------------------------------------
     async def add(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
-                  events: asyncio.Queue, key: object = None) -> RequestStream:
+                  events: asyncio.Queue, key: object = None, kv_transfer_params: dict | None = None) -> RequestStream:
         """Submit a request; returns once the engine accepted it. Raises ValueError (a request that cannot run:
         the message says why), QueueFull, or RuntimeError when the engine thread is gone."""
         if not self.alive:
@@ -122,7 +131,7 @@ class AsyncEngine:
             self._pending += 1
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, events, key, loop.create_future(), time.perf_counter())
-        self._commands.put(("add", request_id, list(prompt_token_ids), params, stream))
+        self._commands.put(("add", request_id, list(prompt_token_ids), params, stream, kv_transfer_params))
         await stream.accepted
         return RequestStream(self, request_id)
 
@@ -139,10 +148,13 @@ class AsyncEngine:
     # -- the engine thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while self._drain(block=not self.llm.has_unfinished_requests()):
+            while self._drain(block=not self.llm.has_unfinished_requests(),
+                              timeout=HELD_KV_POLL_S if self.llm.holds_kv_for_remote else None):
                 if self.llm.has_unfinished_requests():
                     finished = self.llm.step()
                     self._publish(finished)
+                elif self.llm.holds_kv_for_remote:
+                    self.llm.release_read_kv()
                 self._observe()
         except BaseException as exc:  # a bug: every open stream gets the error, and /health reports it
             self.error = exc
@@ -150,11 +162,12 @@ class AsyncEngine:
                 stream.deliver(EngineDied(f"the engine loop stopped: {exc!r}"))
             traceback.print_exc()  # a bug in kvplan: its traceback goes to the server's log
 
-    def _drain(self, block: bool) -> bool:
-        """Apply queued commands (waiting for one when idle); False once told to stop."""
+    def _drain(self, block: bool, timeout: float | None = None) -> bool:
+        """Apply queued commands (waiting for one when idle, at most `timeout` if given); False once told to
+        stop."""
         while True:
             try:
-                command = self._commands.get(block=block)
+                command = self._commands.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
                 return True
             block = False
@@ -167,11 +180,13 @@ class AsyncEngine:
             else:
                 command[1](self.llm.scheduler.reset_prefix_cache())
 
-    def _add(self, request_id: str, tokens: list[int], params: SamplingParams, stream: _Stream) -> None:
+    def _add(self, request_id: str, tokens: list[int], params: SamplingParams, stream: _Stream,
+             kv_transfer_params: dict | None) -> None:
         with self._pending_lock:
             self._pending -= 1
         try:
-            self.llm.add_request(tokens, params, request_id=request_id, arrival_s=stream.arrival_s)
+            self.llm.add_request(tokens, params, request_id=request_id, arrival_s=stream.arrival_s,
+                                 kv_transfer_params=kv_transfer_params)
         except ValueError as exc:
             stream.answer(exc)
             return
@@ -194,9 +209,14 @@ class AsyncEngine:
         now = time.perf_counter()
         for output in finished:
             stream = self._streams.pop(output.request_id)
+            if output.error is not None:
+                if self.metrics is not None:
+                    self.metrics.finished("error", stream.arrival_s, now)
+                stream.deliver(RequestFailed(output.error))
+                continue
             for completion in output.outputs:
                 self._send(stream, completion.index, completion.token_ids[stream.sent.get(completion.index, 0):],
-                           now, completion.finish_reason, output.metrics.num_cached_tokens)
+                           now, completion.finish_reason, output.metrics.num_cached_tokens, output.kv_transfer_params)
             if self.metrics is not None:
                 reasons = {c.finish_reason for c in output.outputs}
                 self.metrics.finished("length" if reasons == {"length"} else "stop", stream.arrival_s, now)
@@ -206,12 +226,12 @@ class AsyncEngine:
                 self._send(stream, index, new, now, None)
 
     def _send(self, stream: _Stream, index: int, new: list[int], now: float, reason: str | None,
-              cached: int | None = None) -> None:
+              cached: int | None = None, kv_transfer_params: dict | None = None) -> None:
         """Deliver a sequence's new tokens (and, on its last delta, why it ended)."""
         if not new and reason is None:
             return
         stream.sent[index] = stream.sent.get(index, 0) + len(new)
-        stream.deliver(TokenDelta(index, new, reason, cached))
+        stream.deliver(TokenDelta(index, new, reason, cached, kv_transfer_params))
         if self.metrics is None or not new:
             return
         self.metrics.generation_tokens.inc(len(new))

@@ -38,6 +38,7 @@ class ParsedRequest:
     include_usage: bool
     return_token_ids: bool
     stop: tuple[str, ...]  # stop strings: the text is cut before the first one and the sequence ends
+    kv_transfer_params: dict | None = None  # vLLM's P/D fields (engine.kv_transfer.producer reads them)
 
 
 def _number(body: dict, key: str, default: float, low: float, high: float) -> float:
@@ -85,7 +86,7 @@ _NEUTRAL = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (No
 # fields read by parse_common, completion_prompts or chat_prompt, and those that never change an answer
 _HONOURED = ("model", "prompt", "messages", "n", "best_of", "max_tokens", "max_completion_tokens", "temperature",
              "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options",
-             "return_token_ids", "user", "metadata", "store", "request_id", "service_tier")
+             "return_token_ids", "user", "metadata", "store", "request_id", "service_tier", "kv_transfer_params")
 
 
 def _same(value: object, neutral: object) -> bool:
@@ -139,8 +140,11 @@ def parse_common(body: dict, prompts: list[list[int]], default_max_tokens: int, 
         top_k=max(0, _integer(body, "top_k", 0, -1, vocab_size)), max_tokens=max_tokens,
         seed=_integer(body, "seed", None, 0, 2**62), stop_token_ids=tuple(stop_ids),
         ignore_eos=_flag(body, "ignore_eos"))
+    transfer = body.get("kv_transfer_params")
+    if transfer is not None and not isinstance(transfer, dict):
+        raise BadRequest(f"kv_transfer_params: an object, got {_short(transfer)}", "kv_transfer_params")
     return ParsedRequest(prompts, params, _flag(body, "stream"), _flag(options, "include_usage"),
-                         _flag(body, "return_token_ids"), _stop(body))
+                         _flag(body, "return_token_ids"), _stop(body), transfer)
 
 
 def completion_prompts(body: dict, encode, vocab_size: int) -> list[list[int]]:
