@@ -83,6 +83,10 @@ OUTPUTS: dict[str, Output] = {
     **{f"quantization-{q}": Output("kvplan simulate --trace traces/samples/chat.jsonl --rate 20 --model llama-3-70b "
                                    f"--hardware h100-sxm --tensor-parallel-size 4 --quantization {q}")
        for q in ("none", "fp8", "awq")},
+    # one GPU for prefill and one for decode against two co-located replicas: the same two GPUs, the same load
+    **{f"pd-{name}": Output("kvplan simulate --trace traces/samples/chat.jsonl --model llama-3-8b --hardware h100-sxm "
+                            f"--rate 10 --entry-point llm {flags}")
+       for name, flags in (("split", "--prefill-replicas 1 --decode-replicas 1"), ("colocated", "--replicas 2"))},
     "cache-aware-admission": Output("kvplan run experiments/cache_aware_admission.yaml --workers 2",
                                     summary=("Points",)),
     "trace-samples": Output("kvplan trace samples"),
