@@ -131,3 +131,33 @@ def check_experiment(exp) -> None:  # exp: schema.Experiment (imported by it)
                               f"{point.label}): each decode rank reads the prefill rank holding its KV heads; "
                               f"allowed: a multiple of {p_tp} (vLLM's NIXL rule: decode TP cannot be smaller than "
                               "prefill TP)")
+
+
+def per_gpu_line(exp, points) -> str | None:  # exp: schema.Experiment, points: the points frame
+    """The P:D question's answer in one line: the best disaggregated point and the best co-located one by what
+    each GPU serves - a rate search's answer over the point's GPUs, else its goodput per GPU - and their ratio;
+    None when the experiment has no P/D point, or none of one kind has a figure."""
+    if not used(exp) or "gpus" not in points:
+        return None
+    searched = exp.search is not None and exp.search["target"] in ("max_rate", "max_goodput")
+    figure = points["answer"] / points["gpus"] if searched else points["goodput_per_gpu"]
+    unit = "req/s per GPU at the searched rate" if searched else "goodput req/s per GPU"
+    split = points["gpus"].notna() & _is_split(exp, points)
+    best = []
+    for kind in (split, ~split):
+        ranked = figure[kind].dropna()
+        if ranked.empty:
+            return None
+        best.append(ranked.idxmax())
+    (p, c) = best
+    ratio = figure[p] / figure[c]
+    return (f"Per GPU ({unit}): best disaggregated {points['label'][p]} ({points['gpus'][p]:g} GPUs) "
+            f"{figure[p]:.4g} vs best co-located {points['label'][c]} ({points['gpus'][c]:g} GPUs) "
+            f"{figure[c]:.4g}: {ratio:.2f}x.")
+
+
+def _is_split(exp, points):
+    """Which points are disaggregated: by their swept block (`shape` text) or the base block."""
+    if KEY in points:
+        return points[KEY] != "co-located"
+    return points["gpus"].notna() & (exp.base.get(KEY) is not None)
