@@ -157,6 +157,8 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
         trace, front = pop.trace, None  # a closed loop's users see the engine's times (no API server modelled)
     interval = spec.sample_interval_s or duration / SAMPLES_PER_PROBE
     cluster: Cluster | DisaggCluster
+    pd_info: dict = {}
+    extra: dict = {}
     if pd is None:
         cost, num_blocks = build_cost(spec)
         cost = scaled(cost, step_scale)
