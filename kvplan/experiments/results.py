@@ -64,6 +64,7 @@ def flatten(config: dict) -> dict[str, object]:
         out.update({f"{section}.{k}": v for k, v in config[section].items()})
     block = config.get(pd_block.KEY)  # a P/D point's pools (None in each column: co-located)
     out.update({f"{pd_block.KEY}.{k}": (block or {}).get(k) for k in OPTIONS})
+    out[pd_block.KEY] = pd_block.shape(block)  # (a swept whole block groups the runs by this)
     out["gpus"] = pd_block.gpus(config)
     for key in ("mode", "rate", "concurrency", "rate_scale"):
         out[f"workload.{key}"] = config["workload"][key]

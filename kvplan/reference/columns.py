@@ -77,6 +77,7 @@ RUN_COLUMNS: tuple[Column, ...] = (
     Column("engine.<setting>", "every engine setting of the run's configuration", members=tuple(
         f"engine.{k}" for k in ENGINE)),
     Column("cluster.<key>", "the cluster's replicas and router", members=tuple(f"cluster.{k}" for k in CLUSTER)),
+    Column("disaggregation", "the run's deployment in short: co-located, or xPyD with the pools' TP when set"),
     Column("disaggregation.<option>", "the run's prefill/decode pools (experiments.pd_block; null in each: "
            "co-located)", members=tuple(f"disaggregation.{k}" for k in OPTIONS)),
     Column("gpus", "the deployment's GPUs: replicas x TP x PP, or each P/D pool's replicas x its TP, x PP"),
