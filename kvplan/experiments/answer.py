@@ -21,6 +21,7 @@ import pandas as pd
 from kvplan.engine.core.vllm_versions import NEWEST
 from kvplan.experiments import model_range
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
+from kvplan.experiments.pd_block import per_gpu_line
 from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, rank_span, span
 from kvplan.experiments.results import cell, load_line, point_table
 from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, Experiment
@@ -190,6 +191,8 @@ def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width:
     else:
         console.print(verdict_line(exp, points, rec), style="bold" if terminal else "")
         console.print(cost_text(exp, points, rec))
+    if (per_gpu := per_gpu_line(exp, points)) is not None:  # P/D vs co-located on what a GPU serves
+        console.print(per_gpu)
     notes = sorted({str(n) for n in points.get("model_range_note", pd.Series(dtype=str)) if isinstance(n, str) and n})
     if notes:  # why a point has no model range ('-' in the table)
         console.print(f"(-) {'; '.join(notes)}.")
@@ -233,7 +236,9 @@ def markdown_answer(exp: Experiment, points: pd.DataFrame, rec: Recommendation) 
     headers, rows = answer_table(exp, points, rec)
     lines = ["## Answer", "", "| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
     lines += ["| " + " | ".join(c.replace("*", "\\*").replace("|", "\\|") for c in row) + " |" for row in rows]
+    per_gpu = per_gpu_line(exp, points)
     lines += ["", verdict_line(exp, points, rec).replace("(*)", "(\\*)"), "", cost_text(exp, points, rec), "",
+              *([per_gpu, ""] if per_gpu else []),
               f"SLOs: {slo_text(exp)}.", "",
               "Gates (besides the SLOs) that can decide an answer:", ""]
     lines += [f"- **{g.short}**{' (`' + g.key + '`)' if g.key else ''}: {g.rule}" for g in gate_lines(exp)]

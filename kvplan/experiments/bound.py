@@ -77,11 +77,14 @@ def step_floor(cost, tokens: np.ndarray):  # cost: sim.cost.CostModel -> seconds
 
 def point_bound(config: dict) -> PointBound | None:
     """The bounds of one run configuration (a point's, any seed: the trace's population is the same); None when
-    the model leaves no KV memory on the GPU (the simulator refuses such a point)."""
+    the model leaves no KV memory on the GPU (the simulator refuses such a point), and for a disaggregated point
+    (its pools split the rows: the bound above is one co-located replica's; no P/D form yet)."""
     from kvplan.experiments.execute import build_spec, population
     from kvplan.sim.run import build_configs, build_cost, resolve_max_model_len
 
     spec = build_spec(config)
+    if spec.disaggregation is not None:
+        return None
     pop = population(config)
     trace = pop.trace
     cost, num_blocks = build_cost(spec)

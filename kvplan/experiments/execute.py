@@ -87,14 +87,16 @@ def build_probe(config: dict):  # -> Probe
 
 
 def build_spec(config: dict):  # -> SimSpec
-    """The simulator configured as the run says: a profile path as hardware means its calibrated cost."""
+    """The simulator configured as the run says: a profile path as hardware means its calibrated cost; a
+    `disaggregation` block, P/D pools (`experiments.pd_block`)."""
+    from kvplan.experiments.pd_block import KEY, spec_of
     from kvplan.sim.spec import SimSpec
 
     hardware, cost, profile = config["hardware"], "analytic", None
     if hardware.endswith((".yaml", ".yml")):
         cost, profile = "calibrated", hardware
     return SimSpec(model=config["model"], hardware=hardware, cost=cost, profile=profile, **config["engine"],
-                   **config["cluster"])
+                   **config["cluster"], disaggregation=spec_of(config.get(KEY)))
 
 
 def attainment_share(requests, bounds: dict | None) -> float | None:

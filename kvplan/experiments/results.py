@@ -29,7 +29,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from kvplan.experiments import binding, model_range
+from kvplan.experiments import binding, model_range, pd_block
 from kvplan.experiments.criteria import failures
 from kvplan.experiments.ranking import Recommendation as Recommendation
 from kvplan.experiments.ranking import capacity_sentence as capacity_sentence
@@ -38,7 +38,8 @@ from kvplan.experiments.runner import Outcome
 from kvplan.experiments.schema import REPLICA_TARGETS, SEARCH_TARGETS, Experiment
 from kvplan.experiments.search import PointTask
 from kvplan.results.summary import SUMMARY_KEYS
-from kvplan.sim.dollars import COST_KEYS, cost_fields
+from kvplan.sim.dollars import COST_KEYS, cost_fields, pools_cost_fields
+from kvplan.sim.pd_spec import OPTIONS
 
 # the cost columns (`sim.dollars.COST_KEYS`): numbers averaged over a point's runs, words taken from its first
 COST_NUMBERS = ("cost_per_hour", "usd_per_m_input_tokens", "usd_per_m_output_tokens", "goodput_per_usd",
@@ -61,6 +62,10 @@ def flatten(config: dict) -> dict[str, object]:
     out = {"model": config["model"], "hardware": config["hardware"]}
     for section in ("engine", "cluster"):
         out.update({f"{section}.{k}": v for k, v in config[section].items()})
+    block = config.get(pd_block.KEY)  # a P/D point's pools (None in each column: co-located)
+    out.update({f"{pd_block.KEY}.{k}": (block or {}).get(k) for k in OPTIONS})
+    out[pd_block.KEY] = pd_block.shape(block)  # (a swept whole block groups the runs by this)
+    out["gpus"] = pd_block.gpus(config)
     for key in ("mode", "rate", "concurrency", "rate_scale"):
         out[f"workload.{key}"] = config["workload"][key]
     return out
@@ -77,9 +82,11 @@ def probe_row(doc: dict) -> dict[str, object]:
 def run_cost(exp: Experiment, doc: dict, config: dict) -> dict[str, object]:
     """A run's cost columns (`sim.dollars`) at the experiment's prices: its GPUs are replicas x TP x PP of its
     hardware. Computed here, from the stored run, so that new prices re-price a result set without a rerun."""
-    engine = config["engine"]
-    gpus = config["cluster"]["replicas"] * engine["tensor_parallel_size"] * engine["pipeline_parallel_size"]
-    return cost_fields(exp.prices, config["hardware"], gpus, doc["summary"], doc["info"])
+    pools = (doc["info"].get(pd_block.KEY) or {}).get("pools")
+    if pools is not None:  # a P/D run: each pool's GPUs at its hardware's price, its hour split by its own work
+        return pools_cost_fields(exp.prices, [(p["hardware"], p["gpus"], p["busy_s"], p["prefill_busy_s"])
+                                              for p in pools], doc["summary"])
+    return cost_fields(exp.prices, config["hardware"], pd_block.gpus(config), doc["summary"], doc["info"])
 
 
 def runs_frame(exp: Experiment, outcome: Outcome) -> pd.DataFrame:
@@ -135,13 +142,19 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
         tasks = [t for t in every if not t.edge]  # the edge searches only give the model range
         at = pd.concat([answer_runs(t, runs) for t in tasks])
         first = tasks[0].point
-        row = {"point": point, "label": first.label, **first.values,
+        row = {"point": point, "label": first.label,
+               **{k: pd_block.label_value(k, v) for k, v in first.values.items()},
                **model_range.error_columns(outcome.model_errors.get(point)),
                "seeds": int(at["seed"].nunique()), "slo_met": bool(at["slo_met"].all()),
                **{k: float(pd.to_numeric(at[k], errors="coerce").mean()) for k in (*SUMMARY_KEYS, "offered_rate_rps")},
                "attainment": float(at["attainment"].mean()) if at["attainment"].notna().any() else math.nan,
                **{k: float(at[k].mean()) for k in COUNTS}, "verdict": "/".join(sorted(set(at["verdict"]))),
-               **{k: float(at[k].mean()) for k in COST_NUMBERS}, **{k: at[k].iloc[0] for k in COST_WORDS}}
+               **{k: float(at[k].mean()) for k in COST_NUMBERS}, **{k: at[k].iloc[0] for k in COST_WORDS},
+               "gpus": float(at["gpus"].mean())}
+        # what each GPU of the deployment serves within the SLOs (DistServe's per-GPU goodput; completions
+        # per second where no SLO defines goodput): how a P:D shape and a co-located one of other sizes compare
+        served = row["request_goodput"] if math.isfinite(row["request_goodput"]) else row["request_throughput"]
+        row["goodput_per_gpu"] = served / row["gpus"]
         # the objective's spread over the seeds (for a search: at each seed's own answer)
         per_seed = at.groupby("seed")[exp.objective["metric"]].mean()
         row["objective_low"], row["objective_high"] = float(per_seed.min()), float(per_seed.max())
@@ -231,7 +244,9 @@ def point_table(exp: Experiment, points: pd.DataFrame) -> tuple[list[str], list[
               "search_outcome", "objective_low", "objective_high"]
     if exp.search and exp.search["target"] in REPLICA_TARGETS:
         search[1:1] = ["gpus_per_replica", "gpus"]
-    headers = ["point", "label", *(search if exp.search else ["objective_low", "objective_high"]),
+    # P/D and co-located shapes of different sizes: compared per GPU
+    per_gpu = ["gpus", "goodput_per_gpu"] if pd_block.used(exp) and "gpus" not in search else []
+    headers = ["point", "label", *per_gpu, *(search if exp.search else ["objective_low", "objective_high"]),
                "binding_limit", "binding_key", "slo_met", "verdict",
                *(["attainment"] if exp.attainment else []), *HEADLINE, *COST_SHOWN, *COUNTS]
     rows = [[cell(row[h]) for h in headers] for _, row in points.iterrows()]

@@ -7,6 +7,7 @@
                                             #   calibrated profile (.yaml from `kvplan calibrate`)
     engine: {block_size: 16, ...}           # serving knobs, vLLM's names (ENGINE below)
     cluster: {replicas: 1, router: round_robin}
+    disaggregation: {prefill_replicas: 1, decode_replicas: 2}   # prefill/decode pools (experiments.pd_block)
     workload:                               # exactly one of trace / synthetic
       trace: sample:mooncake_style          # a file (relative to this one) or sample:NAME (`kvplan trace samples`)
       mode: sustained                       # how load is offered (the question asked; LOAD below):
@@ -58,10 +59,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from kvplan.engine.core.settings import KEY_ALIASES, for_side
 from kvplan.errors import ConfigError, UserError
+from kvplan.experiments import pd_block
 from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
 from kvplan.experiments.min_cost_keys import COST_SEARCH, check_cost_keys
 from kvplan.experiments.written import check_components, parse_engine, spellings
@@ -75,8 +78,8 @@ from kvplan.traces.arrivals import MAX_RATE, MIN_RATE, RATE_WHY
 from kvplan.traces.schema import short_repr
 from kvplan.traces.steady import ARRIVALS, MAX_PROBE_REQUESTS
 
-TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "workload", "probe", "sweep", "search",
-            "slo", "objective", "seeds", "repeats", "outputs", "prices")
+TOP_KEYS = ("name", "description", "model", "hardware", "engine", "cluster", "disaggregation", "workload", "probe",
+            "sweep", "search", "slo", "objective", "seeds", "repeats", "outputs", "prices")
 
 # Every setting the simulator reads, as its declaration says (engine.core.settings): names, defaults, ranges.
 ENGINE: dict[str, Field] = {s.name: s.side_field("sim") for s in for_side("sim")}
@@ -260,6 +263,7 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     base = {key: f.check(doc.get(key, f.default), key) for key, f in TOP.items()}
     base["engine"], written = parse_engine(doc.get("engine"), ENGINE)
     base["cluster"] = check_fields(doc.get("cluster"), "cluster", CLUSTER)
+    base[pd_block.KEY] = pd_block.parse_block(doc.get(pd_block.KEY), pd_block.KEY)
     base["workload"] = parse_workload(doc.get("workload"))
     base["probe"] = check_fields(doc.get("probe"), "probe", PROBE)
     description = Field("str", nullable=True).check(doc.get("description") or None, "description") or ""
@@ -270,6 +274,7 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     exp.slo, exp.attainment = parse_slo(doc.get("slo"))
     exp.search = parse_search(doc.get("search"), exp)
     check_load(exp, doc.get("workload") or {}, "probe" in doc)
+    pd_block.check_experiment(exp)
     exp.objective = check_fields(doc.get("objective"), "objective", OBJECTIVE)
     # A search reports a median over seeds - unless it replays a recorded trace as is (burst), where no seed
     # draws anything.
@@ -333,7 +338,7 @@ def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list], dict[str
     check_mapping(doc, "sweep", ("grid", "zip"))
     axes: dict[str, dict[str, list]] = {}
     written: dict[str, str] = {}  # current key -> its path as written, over both sections
-    sweepable = [*SWEEPABLE, *(f"engine.{k}" for k in KEY_ALIASES)]
+    sweepable = [*SWEEPABLE, *(f"engine.{k}" for k in KEY_ALIASES), *pd_block.SWEEP_KEYS]
     for kind in ("grid", "zip"):
         raw = check_mapping(doc.get(kind) or {}, f"sweep.{kind}", sweepable)
         paths = spellings(raw, f"sweep.{kind}.", written)
@@ -343,7 +348,8 @@ def parse_sweep(doc: object) -> tuple[dict[str, list], dict[str, list], dict[str
             values = raw[where.removeprefix(f"sweep.{kind}.")]
             if not isinstance(values, list) or not values:
                 raise SchemaError(f"{where}: must be a non-empty list of values, got {short_repr(values)}")
-            axes[kind][key] = [SWEEPABLE[key].check(v, f"{where}[{i}]") for i, v in enumerate(values)]
+            check = SWEEPABLE[key].check if key in SWEEPABLE else partial(pd_block.check_sweep_value, key)
+            axes[kind][key] = [check(v, f"{where}[{i}]") for i, v in enumerate(values)]
             if kind == "grid" and len(set(map(repr, axes[kind][key]))) != len(values):
                 raise SchemaError(f"{where}: lists a value twice: {short_repr(values)}")
     if not axes["grid"] and not axes["zip"]:  # `sweep: {grid: {}}` ran one point where a sweep was meant

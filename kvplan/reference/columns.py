@@ -13,9 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvplan.experiments import min_cost, model_range, results
+from kvplan.experiments.pd_block import SWEEP_KEYS
 from kvplan.experiments.schema import CLUSTER, ENGINE, SWEEPABLE
 from kvplan.results.summary import SUMMARY_KEYS
 from kvplan.sim.dollars import COST_KEYS, MEANINGS
+from kvplan.sim.pd_spec import OPTIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,10 @@ RUN_COLUMNS: tuple[Column, ...] = (
     Column("engine.<setting>", "every engine setting of the run's configuration", members=tuple(
         f"engine.{k}" for k in ENGINE)),
     Column("cluster.<key>", "the cluster's replicas and router", members=tuple(f"cluster.{k}" for k in CLUSTER)),
+    Column("disaggregation", "the run's deployment in short: co-located, or xPyD with the pools' TP when set"),
+    Column("disaggregation.<option>", "the run's prefill/decode pools (experiments.pd_block; null in each: "
+           "co-located)", members=tuple(f"disaggregation.{k}" for k in OPTIONS)),
+    Column("gpus", "the deployment's GPUs: replicas x TP x PP, or each P/D pool's replicas x its TP, x PP"),
     Column("workload.<key>", "the load: mode, rate, concurrency, rate_scale", members=tuple(
         f"workload.{k}" for k in ("mode", "rate", "concurrency", "rate_scale"))),
     Column("step_scale", "the factor on every step's compute time: 1 for the answer's runs, a band edge's factor "
@@ -125,7 +131,10 @@ POINT_COLUMNS: tuple[Column, ...] = (
     Column("point", "the point's index"),
     Column("label", "the point's label: its swept values"),
     Column("<swept key>", "one column per key the sweep varies (`engine.block_size`, `cluster.replicas`, ...)",
-           "a sweep", members=tuple(SWEEPABLE)),
+           "a sweep", members=(*SWEEPABLE, *SWEEP_KEYS)),
+    Column("gpus", "the deployment's GPUs, averaged over the runs at the answer (a replica search: the answer's "
+           "replicas x GPUs per replica)"),
+    Column("goodput_per_gpu", "request_goodput (request_throughput without an SLO) over gpus, at the answer"),
     *MODEL_ERROR,
     Column("seeds", "how many seeds the point's answer is over"),
     Column("slo_met", "whether every seed's run at the answer met the SLOs"),
@@ -149,7 +158,6 @@ POINT_COLUMNS: tuple[Column, ...] = (
     Column("capacity_rps", "requests per second served at the answer", SEARCH),
     Column("capacity_tok_s", "tokens per second served at the answer", SEARCH),
     Column("gpus_per_replica", "tensor x pipeline parallel size", "a min_replicas search"),
-    Column("gpus", "the answer's GPUs: replicas x GPUs per replica", "a min_replicas search"),
     Column("binding_limit", "what stopped the answer from being better: an SLO (p99 TTFT, ...), KV memory, a "
                             "stability gate or a bound of the searched range; for a plain point the SLO it fails "
                             "or has the least headroom on ('none' without SLOs)"),

@@ -27,6 +27,8 @@ SECTIONS = {
                 "(`.yaml` from `kvplan calibrate`)",
     "engine": "serving settings by their names ([Settings](settings.md)): the base every point starts from",
     "cluster": "replicas and the router in front of them",
+    "disaggregation": "prefill/decode pools instead of co-located replicas (the `kvplan simulate` P/D options by "
+                      "their field names; experiments.pd_block): a P:D grid sweeps its options or whole blocks",
     "workload": "required: the requests (a trace file or a synthetic spec) and how load is offered",
     "probe": "how long a steady-state probe runs and what it trims (modes sustained and concurrency)",
     "sweep": "the points: a grid's cross product times zipped rows of values",

@@ -63,6 +63,9 @@ class DisaggCluster:
                  block_bytes_moved: float, *, sample_interval_s: float = 1.0, fast_path: bool = True) -> None:
         self.env = simpy.Environment()
         self.trace = trace
+        self.closed_loop = None  # (a steady-state probe reads it: P/D runs open-loop arrivals only)
+        self.stopped = self.env.event()
+        self.stop_reason = ""
         self.sample_interval_s = sample_interval_s
         self.arrivals = trace.arrival_s.tolist()
         self.next_row = 0
@@ -78,6 +81,8 @@ class DisaggCluster:
         self.handoff_s, self.transfer_start_s, self.transfer_end_s = list(nan), list(nan), list(nan)
         self.transfer_bytes = [0.0] * n
         self._pending: list[float] = []  # transfer ends not yet reached (a heap)
+        for replica in self.replicas:
+            replica.stopped = self.stopped
         for replica in self.prefill.replicas:
             replica.on_close = self._handoff(replica)
         for replica in self.decode.replicas:
@@ -165,9 +170,26 @@ class DisaggCluster:
         prefill.sched.finished_sending([request_id])
         prefill.wake(end)
 
-    def run(self) -> str:
-        self.env.run()
-        return ""
+    def run(self, until_s: float | None = None) -> str:
+        """Run to the end (every request finished), to `until_s`, or to a `stop()`; returns why it stopped
+        ("" when everything finished) - as `sim.cluster.Cluster.run`, which a steady-state probe also drives."""
+        if until_s is None:
+            self.env.run()
+        else:
+            for replica in self.replicas:
+                replica.stop_at_s = until_s
+            self.env.process(self._horizon(until_s))
+            self.env.run(until=self.stopped)
+        return self.stop_reason
+
+    def _horizon(self, until_s: float):
+        yield self.env.timeout(until_s)
+        self.stop(f"horizon {until_s:g} s")
+
+    def stop(self, reason: str) -> None:
+        if not self.stopped.triggered:
+            self.stop_reason = reason
+            self.stopped.succeed()
 
     # -- results -------------------------------------------------------------------------------------------
     def itl(self) -> ItlLog:

@@ -12,6 +12,8 @@ first_decode_step. The summary adds `mean_/median_/p99_` of each part (`PART_KEY
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -20,7 +22,9 @@ from kvplan.results.rejected import references, rejected_rows
 from kvplan.results.request_table import add_latency_columns
 from kvplan.results.serving_result import ServingResult
 from kvplan.results.summary import kv_summary, summarize
+from kvplan.sim.cost import CostModel
 from kvplan.sim.cost.analytic import AnalyticCost
+from kvplan.sim.cost.scaled import scaled
 from kvplan.sim.disagg import DisaggCluster
 from kvplan.sim.pd_spec import Disaggregation
 from kvplan.sim.pd_transfer import link_figures, make_link, rank_bytes_per_token
@@ -36,7 +40,24 @@ PART_KEYS = tuple(f"{stat}_{part}" for part in PARTS for stat in ("mean", "media
 
 def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
                            goodput: dict[str, float | None] | None = None) -> ServingResult:
-    from kvplan.sim.run import build_configs, build_cost, over_length, sample_interval
+    from kvplan.sim.run import sample_interval
+
+    cluster, info, extra = build_cluster(trace, spec, pd, lambda d_spec, d_cost: sample_interval(d_spec, trace,
+                                                                                                d_cost))
+    cluster.run()
+    result = collect(cluster, goodput)
+    info["pools"] = pools_info(cluster, info, spec.pipeline_parallel_size)
+    result.info.update(disaggregation=info, **extra)
+    return result
+
+
+def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Callable[[SimSpec, CostModel], float],
+                  step_scale: float = 1.0, lengths: Trace | None = None) -> tuple[DisaggCluster, dict, dict]:
+    """The pools, links and cluster of a P/D run, not yet run; with info["disaggregation"] (less its pools: they
+    are known after the run, `pools_info`) and the run's other info keys. `interval(decode spec, decode cost)`:
+    the sampling interval; `step_scale` multiplies every step's compute time in both pools (`sim.cost.scaled`);
+    `lengths`: the trace whose lengths size the pools' scheduler limits (a probe's population; default `trace`)."""
+    from kvplan.sim.run import build_configs, build_cost, over_length
 
     if spec.cost != "analytic":
         raise UserError(f"--cost: {spec.cost}: a disaggregated run prices each pool on its own hardware and TP; "
@@ -49,7 +70,7 @@ def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
     pools = []
     for pool_spec in (p_spec, d_spec):
         cost, num_blocks = build_cost(pool_spec)
-        cache, config = build_configs(pool_spec, trace, num_blocks, cost)
+        cache, config = build_configs(pool_spec, trace if lengths is None else lengths, num_blocks, cost)
         pools.append((pool_spec, cost, num_blocks, cache, config))
     (_, p_cost, p_blocks, p_cache, p_config), (_, d_cost, d_blocks, d_cache, d_config) = pools
     if p_cache.block_size != d_cache.block_size:
@@ -63,12 +84,12 @@ def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
     bandwidth, latency = link_figures(pd, get_hardware(p_spec.hardware), get_hardware(d_spec.hardware))
     links = [make_link(pd, bandwidth, latency, busiest * bs) for _ in range(pd.decode_replicas)]
     moved = per_rank * bs * d_tp * spec.pipeline_parallel_size  # every decode rank's bytes per block
-    interval = sample_interval(d_spec, trace, d_cost)
-    fast_path = spec.fast_path
-    cluster = DisaggCluster(trace, (pd.prefill_replicas, make_router(pd.prefill_router), p_cache, p_config, p_cost),
-                            (pd.decode_replicas, make_router(pd.decode_router), d_cache, d_config, d_cost), links,
-                            moved, sample_interval_s=interval, fast_path=fast_path)
-    cluster.run()
+    every = interval(d_spec, d_cost)
+    cluster = DisaggCluster(trace, (pd.prefill_replicas, make_router(pd.prefill_router), p_cache, p_config,
+                                    scaled(p_cost, step_scale)),
+                            (pd.decode_replicas, make_router(pd.decode_router), d_cache, d_config,
+                             scaled(d_cost, step_scale)), links, moved, sample_interval_s=every,
+                            fast_path=spec.fast_path)
     info = {"link_bandwidth_bytes_per_s": bandwidth, "link_latency_s": latency, "kv_link": pd.kv_link,
             "kv_bytes_per_token_per_decode_rank": per_rank, "prefill_tp": p_tp, "decode_tp": d_tp,
             "prefill_replicas": pd.prefill_replicas, "decode_replicas": pd.decode_replicas,
@@ -76,19 +97,20 @@ def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
             "prefill_num_blocks": p_blocks, "decode_num_blocks": d_blocks,
             # (entry_point openai_server's API-server work and hops are not modelled here yet)
             "times": "the engines' and an instant proxy's: no API server in front of either pool"}
-    result = collect(cluster, goodput)
-    pp = spec.pipeline_parallel_size
-    info["pools"] = [{"role": role, "hardware": pool_spec.hardware, "gpus": len(pool.replicas) * tp * pp,
-                      "busy_s": sum(r.busy_seconds for r in pool.replicas),
-                      "prefill_busy_s": sum(r.prefill_seconds for r in pool.replicas)}
-                     for role, pool, pool_spec, tp in (("prefill", cluster.prefill, p_spec, p_tp),
-                                                       ("decode", cluster.decode, d_spec, d_tp))]
     failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))
-    result.info.update(disaggregation=info, max_model_len=d_cache.max_model_len, vllm_version=spec.vllm_version,
-                       num_blocks=d_blocks,  # the decode pool's per replica (the prefill pool's: disaggregation)
-                       rejected_failed=failed, rejected_over_length=over_length(trace, d_cache.max_model_len),
-                       max_num_batched_tokens=d_config.max_num_batched_tokens, max_num_seqs=d_config.max_num_seqs)
-    return result
+    extra = {"max_model_len": d_cache.max_model_len, "vllm_version": spec.vllm_version,
+             "num_blocks": d_blocks,  # the decode pool's per replica (the prefill pool's: disaggregation)
+             "rejected_failed": failed, "rejected_over_length": over_length(trace, d_cache.max_model_len),
+             "max_num_batched_tokens": d_config.max_num_batched_tokens, "max_num_seqs": d_config.max_num_seqs}
+    return cluster, info, extra
+
+
+def pools_info(cluster: DisaggCluster, info: dict, pp: int) -> list[dict]:
+    """Each pool's role, hardware, GPUs and GPU time (what `sim.dollars.pools_cost_fields` prices)."""
+    return [{"role": role, "hardware": info[f"{role}_hardware"], "gpus": len(pool.replicas) * info[f"{role}_tp"] * pp,
+             "busy_s": sum(r.busy_seconds for r in pool.replicas),
+             "prefill_busy_s": sum(r.prefill_seconds for r in pool.replicas)}
+            for role, pool in (("prefill", cluster.prefill), ("decode", cluster.decode))]
 
 
 def request_table(cluster: DisaggCluster) -> pd.DataFrame:

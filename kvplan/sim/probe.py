@@ -36,7 +36,10 @@ from kvplan.results.summary import kv_summary, latency_summary
 from kvplan.sim.closed_loop import ClosedLoop
 from kvplan.sim.cluster import Cluster
 from kvplan.sim.cost.scaled import scaled
+from kvplan.sim.disagg import DisaggCluster
 from kvplan.sim.frontend import FrontendRun
+from kvplan.sim.pd_run import build_cluster, part_summary, pools_info
+from kvplan.sim.pd_run import request_table as pd_request_table
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
 from kvplan.sim.run import build_configs, build_cost, check_trace, client_view, through_frontend, work_seconds
@@ -137,28 +140,44 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
          step_scale: float) -> ServingResult:
     w0, w1, grace = probe.edges(duration)
     loop = None
+    pd = spec.disaggregation
     if probe.mode == "sustained":
         rate = probe.offered_rate(pop)
         trace = open_loop(pop, rate, duration, seed, probe.arrivals)
         check_trace(trace, f"a {rate:g} req/s, {duration:g} s probe")
-        # the clients' arrivals through the API server: the engine sees each one later (sim.frontend)
-        trace, front = through_frontend(spec, trace)
+        # the clients' arrivals through the API server: the engine sees each one later (sim.frontend); a P/D
+        # run's proxy and API servers are not modelled (sim.pd_run)
+        trace, front = through_frontend(spec, trace) if pd is None else (trace, None)
+    elif pd is not None:
+        raise UserError(f"workload.mode: {probe.mode}: a closed loop through P/D pools is not modelled; allowed: "
+                        "sustained (or burst)")
     else:
         rate = math.nan
         loop = ClosedLoop(pop, probe.concurrency, probe.think_s, duration, seed)
         trace, front = pop.trace, None  # a closed loop's users see the engine's times (no API server modelled)
-    cost, num_blocks = build_cost(spec)
-    cost = scaled(cost, step_scale)
-    cache, config = build_configs(spec, pop.trace, num_blocks, cost)  # the population's lengths: the same per probe
     interval = spec.sample_interval_s or duration / SAMPLES_PER_PROBE
-    cluster = Cluster(trace, spec.replicas, make_router(spec.router), cache, config, cost,
-                      sample_interval_s=interval, fast_path=spec.fast_path, closed_loop=loop,
-                      layerwise=spec.kv_offloading_layerwise)
-    limit = max(OVERLOAD_MIN_WAITING, rate / spec.replicas * probe.overload_wait_s) if loop is None else math.inf
+    cluster: Cluster | DisaggCluster
+    pd_info: dict = {}
+    extra: dict = {}
+    if pd is None:
+        cost, num_blocks = build_cost(spec)
+        cost = scaled(cost, step_scale)
+        cache, config = build_configs(spec, pop.trace, num_blocks, cost)  # the population's lengths: per probe same
+        cluster = Cluster(trace, spec.replicas, make_router(spec.router), cache, config, cost,
+                          sample_interval_s=interval, fast_path=spec.fast_path, closed_loop=loop,
+                          layerwise=spec.kv_offloading_layerwise)
+        shares = [spec.replicas] * spec.replicas  # replicas sharing the arrivals, per replica
+    else:
+        # (the pools' KV capacity and scheduler limits from the population's lengths, as above)
+        cluster, pd_info, extra = build_cluster(trace, spec, pd, lambda *_: interval, step_scale, pop.trace)
+        num_blocks = extra["num_blocks"]
+        shares = [pd.prefill_replicas] * pd.prefill_replicas + [pd.decode_replicas] * pd.decode_replicas
+    limits = [max(OVERLOAD_MIN_WAITING, rate / n * probe.overload_wait_s) if loop is None else math.inf
+              for n in shares]
 
     def check(replica) -> None:
         waiting = len(replica.sched.waiting)
-        if waiting >= limit:
+        if waiting >= limits[replica.index]:
             cluster.stop(f"{waiting} requests waiting on replica {replica.index} at {replica.clock:.0f} s, more "
                          f"than {probe.overload_wait_s:g} s of its arrivals")
 
@@ -168,11 +187,16 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
     reason = cluster.run(until_s=duration + grace)
     stopped = cluster.env.now
     early = "" if reason.startswith("horizon") else reason
-    return _collect(cluster, num_blocks, probe, (w0, w1), stopped, early, duration, rate, front)
+    result = _collect(cluster, num_blocks, probe, (w0, w1), stopped, early, duration, rate, front)
+    if isinstance(cluster, DisaggCluster):
+        pd_info["pools"] = pools_info(cluster, pd_info, spec.pipeline_parallel_size)
+        result.info.update(disaggregation=pd_info, **{k: v for k, v in extra.items() if k != "num_blocks"})
+    return result
 
 
-def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[float, float], stopped: float,
-             early: str, duration: float, rate: float, front: FrontendRun | None = None) -> ServingResult:
+def _collect(cluster: Cluster | DisaggCluster, num_blocks: int, probe: Probe, window: tuple[float, float],
+             stopped: float, early: str, duration: float, rate: float,
+             front: FrontendRun | None = None) -> ServingResult:
     trace = cluster.trace
     w0, w1 = window
     length = w1 - w0
@@ -181,7 +205,10 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
     offered = trace.arrival_s if front is None else front.client_arrival_s  # every arrival, sent or not yet
     arrival = offered[:sent]
     series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
-    table, front_info = client_view(cluster.log.to_frame(trace.request_id), series, front)
+    if isinstance(cluster, DisaggCluster):  # the client's table behind the proxy, with the TTFT's parts
+        table, front_info = pd_request_table(cluster), None
+    else:
+        table, front_info = client_view(cluster.log.to_frame(trace.request_id), series, front)
     table.insert(list(table.columns).index("arrival_s"), "phase", _phase(table["arrival_s"].to_numpy(), w0, w1))
     finished = np.zeros(sent, dtype=bool)
     if len(table):
@@ -219,6 +246,8 @@ def _collect(cluster: Cluster, num_blocks: int, probe: Probe, window: tuple[floa
     verdict, reasons = judge(signals, Bounds.of(asdict(probe), open_loop=loop_free))
 
     summary = latency_summary(frame, cluster.itl(), probe.goodput, duration_s=length)
+    if isinstance(cluster, DisaggCluster):
+        summary.update(part_summary(frame))
     done = table[(table["finish_s"] >= w0) & (table["finish_s"] < w1)]
     output = int(done["output_tokens"].sum())
     prompt = int(done.loc[done["sample"] == 0, "prompt_tokens"].sum())
@@ -258,7 +287,7 @@ def _phase(arrival_s: np.ndarray, w0: float, w1: float) -> np.ndarray:
     return np.where(arrival_s < w0, "warmup", np.where(arrival_s < w1, "measured", "cooldown"))
 
 
-def _window_counters(cluster: Cluster) -> dict[str, int]:
+def _window_counters(cluster: Cluster | DisaggCluster) -> dict[str, int]:
     """The counters' change across the window, summed over replicas (a replica with no sample past an edge -
     idle since before it - changed nothing after it)."""
     totals: dict[str, int] = {}

@@ -1,0 +1,163 @@
+"""An experiment's `disaggregation:` block: a prefill/decode deployment (`sim.pd_spec.Disaggregation`) for every
+point, and what a sweep may vary of it.
+
+    disaggregation: {prefill_replicas: 1, decode_replicas: 2, kv_link: rdma}   # the options' field names
+    sweep:
+      grid: {disaggregation.decode_replicas: [1, 2, 3]}       # a P:D grid (the block must exist)
+      zip: {disaggregation: [null, {prefill_replicas: 1, decode_replicas: 1}], cluster.replicas: [2, 1]}
+                                                            # whole blocks: null is co-located (cluster.replicas)
+
+In a point's configuration the block is every option with its value (None: the run's or the link's default), or
+None for a co-located point; `cluster.replicas` is then unused (each pool has its own count). A P/D point runs
+the P/D simulator (`sim.pd_run`): in mode sustained (steady-state probes) or burst; concurrency (a closed loop)
+and the replica searches (which vary `cluster.replicas`) are refused in one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+
+from kvplan.errors import UserError
+from kvplan.experiments.fields import SchemaError
+from kvplan.sim.pd_spec import OPTIONS, Disaggregation, disaggregation_from_mapping
+
+KEY = "disaggregation"
+SWEEP_KEYS = (KEY, *(f"{KEY}.{name}" for name in OPTIONS))
+OPTION_DEFAULTS = {f.name: f.default for f in fields(Disaggregation)}  # (the replica counts have none)
+
+
+def parse_block(value: object, where: str) -> dict | None:
+    """A block (or None: co-located) as a point stores it: every option, checked, named by `where`'s key path."""
+    if value is None:
+        return None
+    try:
+        return asdict(disaggregation_from_mapping(value, where))
+    except UserError as exc:
+        raise SchemaError(str(exc)) from None
+
+
+def check_sweep_value(key: str, value: object, where: str) -> object:
+    """One swept value of a `disaggregation` key: a whole block (or null), or one option's value."""
+    if key == KEY:
+        return parse_block(value, where)
+    option = OPTIONS[key.removeprefix(f"{KEY}.")]
+    if value is None and option.name in ("prefill_replicas", "decode_replicas"):
+        raise SchemaError(f"{where}: null; allowed: {option.allowed}")
+    try:
+        option.check(value, where)
+    except UserError as exc:
+        raise SchemaError(str(exc)) from None
+    return value
+
+
+def shape(block: dict | None) -> str:
+    """A block in a point's label and the points table: `co-located`, or `xPyD` with the pools' TP when set
+    (`1P2D tp1/2`), the link when not the default's, and `+` when another option is set."""
+    if block is None:
+        return "co-located"
+    text = f"{block['prefill_replicas']}P{block['decode_replicas']}D"
+    p_tp, d_tp = block["prefill_tensor_parallel_size"], block["decode_tensor_parallel_size"]
+    if p_tp is not None or d_tp is not None:
+        text += f" tp{p_tp or '-'}/{d_tp or '-'}"
+    if block["kv_link"] != "rdma":
+        text += f" {block['kv_link']}"
+    named = ("prefill_replicas", "decode_replicas", "prefill_tensor_parallel_size", "decode_tensor_parallel_size",
+             "kv_link")
+    others = {k: v for k, v in block.items() if k not in named}
+    return text + ("+" if others != {k: OPTION_DEFAULTS[k] for k in others} else "")
+
+
+def label_value(key: str, value: object) -> object:
+    """How a swept value shows in a label and in the points table (a whole block by its `shape`)."""
+    return shape(value) if key == KEY else value  # type: ignore[arg-type]  # (a block or None)
+
+
+def spec_of(block: dict | None) -> Disaggregation | None:
+    return None if block is None else Disaggregation(**block)
+
+
+def gpus(config: dict) -> int:
+    """The GPUs a point's deployment holds: each pool's replicas x its TP (the run's when unset) x PP; a
+    co-located point's replicas x TP x PP."""
+    engine = config["engine"]
+    tp, pp = engine["tensor_parallel_size"], engine["pipeline_parallel_size"]
+    block = config.get(KEY)
+    if block is None:
+        return config["cluster"]["replicas"] * tp * pp
+    return (block["prefill_replicas"] * (block["prefill_tensor_parallel_size"] or tp)
+            + block["decode_replicas"] * (block["decode_tensor_parallel_size"] or tp)) * pp
+
+
+def used(exp) -> bool:  # exp: schema.Experiment
+    """Whether any point of the experiment is disaggregated."""
+    return exp.base.get(KEY) is not None or any(key == KEY or key.startswith(f"{KEY}.")
+                                                for key in (*exp.sweep_grid, *exp.sweep_zip))
+
+
+def check_experiment(exp) -> None:  # exp: schema.Experiment (imported by it)
+    """Every point's block against the rules a run would refuse later: the TP rule (named by the key that sets
+    the decode TP), a mode and a search target P/D supports; the sweep's option keys need a base block."""
+    from kvplan.experiments.points import expand
+
+    swept = {*exp.sweep_grid, *exp.sweep_zip}
+    if exp.base.get(KEY) is None and KEY not in swept:
+        for key in sorted(swept):
+            if key.startswith(f"{KEY}."):
+                raise SchemaError(f"{exp.written.get(key, key)}: varies an option of the disaggregation block, "
+                                  "which this experiment does not have; allowed: add a disaggregation block, or "
+                                  "sweep whole blocks (sweep key disaggregation)")
+    if KEY in swept and any(k.startswith(f"{KEY}.") for k in swept):
+        raise SchemaError("sweep: varies both whole disaggregation blocks and an option of one; allowed: one of "
+                          "them")
+    for point in expand(exp):
+        block = point.config.get(KEY)
+        if block is None:
+            continue
+        where = exp.written.get(KEY, KEY) if KEY in point.values else KEY
+        mode = exp.base["workload"]["mode"]
+        if mode == "concurrency":
+            raise SchemaError(f"{where}: a disaggregated point runs in mode sustained or burst; allowed: "
+                              "workload.mode sustained or burst (a closed loop through P/D is not modelled)")
+        if exp.search and exp.search["target"] in ("min_replicas", "min_cost"):
+            raise SchemaError(f"search.target: {exp.search['target']} varies cluster.replicas, which a "
+                              "disaggregated point does not use; allowed: max_rate, max_goodput or max_burst_scale "
+                              "(sweep the pools' replicas for a P:D grid)")
+        tp = point.config["engine"]["tensor_parallel_size"]
+        p_tp = block["prefill_tensor_parallel_size"] or tp
+        d_tp = block["decode_tensor_parallel_size"] or tp
+        if d_tp < p_tp or d_tp % p_tp:
+            key = f"{KEY}.decode_tensor_parallel_size"
+            raise SchemaError(f"{exp.written.get(key, key)}: {d_tp} with a prefill TP of {p_tp} (point "
+                              f"{point.label}): each decode rank reads the prefill rank holding its KV heads; "
+                              f"allowed: a multiple of {p_tp} (vLLM's NIXL rule: decode TP cannot be smaller than "
+                              "prefill TP)")
+
+
+def per_gpu_line(exp, points) -> str | None:  # exp: schema.Experiment, points: the points frame
+    """The P:D question's answer in one line: the best disaggregated point and the best co-located one by what
+    each GPU serves - a rate search's answer over the point's GPUs, else its goodput per GPU - and their ratio;
+    None when the experiment has no P/D point, or none of one kind has a figure."""
+    if not used(exp) or "gpus" not in points:
+        return None
+    searched = exp.search is not None and exp.search["target"] in ("max_rate", "max_goodput")
+    figure = points["answer"] / points["gpus"] if searched else points["goodput_per_gpu"]
+    unit = "req/s per GPU at the searched rate" if searched else "goodput req/s per GPU"
+    split = points["gpus"].notna() & _is_split(exp, points)
+    best = []
+    for kind in (split, ~split):
+        ranked = figure[kind].dropna()
+        if ranked.empty:
+            return None
+        best.append(ranked.idxmax())
+    (p, c) = best
+    ratio = figure[p] / figure[c]
+    return (f"Per GPU ({unit}): best disaggregated {points['label'][p]} ({points['gpus'][p]:g} GPUs) "
+            f"{figure[p]:.4g} vs best co-located {points['label'][c]} ({points['gpus'][c]:g} GPUs) "
+            f"{figure[c]:.4g}: {ratio:.2f}x.")
+
+
+def _is_split(exp, points):
+    """Which points are disaggregated: by their swept block (`shape` text) or the base block."""
+    if KEY in points:
+        return points[KEY] != "co-located"
+    return points["gpus"].notna() & (exp.base.get(KEY) is not None)

@@ -1,0 +1,117 @@
+"""An experiment's `disaggregation:` block (experiments.pd_block): it parses into every point's configuration and
+the run's SimSpec, refuses bad input in one line naming the key path (exit 2), and a P/D point runs through the
+steady-state probe and a rate search, its rows carrying the P/D columns and its cost the pools' GPUs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from kvplan.cli import main
+from kvplan.experiments.execute import build_spec
+from kvplan.experiments.fields import SchemaError
+from kvplan.experiments.pd_block import gpus
+from kvplan.experiments.points import expand, run_config
+from kvplan.experiments.schema import parse_experiment
+
+WORKLOAD = {"synthetic": {"seed": 4, "requests": 120, "arrivals": {"process": "poisson", "rate": 4},
+                          "lengths": {"prompt": {"dist": "lognormal", "median": 600, "sigma": 0.6, "max": 3000},
+                                      "output": {"dist": "lognormal", "median": 60, "sigma": 0.5, "max": 300}}}}
+BASE = {"name": "t", "model": "llama-3-8b", "hardware": "h100-sxm", "engine": {"entry_point": "llm"},
+        "workload": WORKLOAD}
+PD = {"prefill_replicas": 1, "decode_replicas": 2}
+
+
+def experiment(**doc):
+    return parse_experiment({**BASE, **doc}, Path("t.yaml"))
+
+
+def test_the_block_reaches_every_point_and_the_spec():
+    exp = experiment(disaggregation={**PD, "decode_tensor_parallel_size": 2},
+                     sweep={"grid": {"disaggregation.prefill_replicas": [1, 2]}})
+    points = expand(exp)
+    assert [p.label for p in points] == ["prefill_replicas=1", "prefill_replicas=2"]
+    spec = build_spec(run_config(points[1].config, 0))
+    assert (spec.disaggregation.prefill_replicas, spec.disaggregation.decode_replicas) == (2, 2)
+    assert spec.disaggregation.decode_tensor_parallel_size == 2
+    assert [gpus(p.config) for p in points] == [1 + 4, 2 + 4]  # each pool's replicas x its TP
+
+
+def test_whole_blocks_sweep_against_co_located_points():
+    exp = experiment(sweep={"zip": {"disaggregation": [None, PD], "cluster.replicas": [3, 1]}})
+    points = expand(exp)
+    assert [p.label for p in points] == ["disaggregation=co-located replicas=3", "disaggregation=1P2D replicas=1"]
+    assert build_spec(run_config(points[0].config, 0)).disaggregation is None
+    assert [gpus(p.config) for p in points] == [3, 3]
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    ({"disaggregation": {**PD, "prefill_replicas": 0}}, "disaggregation.prefill_replicas: 0; allowed: an integer"),
+    ({"disaggregation": {"prefill_replicas": 1}}, "disaggregation.decode_replicas: missing"),
+    ({"disaggregation": {**PD, "kv_link_bandwidth": 0}}, "disaggregation.kv_link_bandwidth: 0; allowed: a finite"),
+    ({"disaggregation": {**PD, "kv_link": "pcie"}}, "disaggregation.kv_link: 'pcie'; allowed: rdma, nvlink"),
+    ({"disaggregation": {**PD, "prefil_replicas": 1}}, "disaggregation.prefil_replicas: unknown key; did you mean"),
+    ({"disaggregation": {**PD, "prefill_tensor_parallel_size": 2, "decode_tensor_parallel_size": 1}},
+     "disaggregation.decode_tensor_parallel_size: 1 with a prefill TP of 2 (point base)"),
+    ({"disaggregation": {**PD, "prefill_tensor_parallel_size": 2},
+      "sweep": {"grid": {"disaggregation.decode_tensor_parallel_size": [2, 3]}}},
+     "sweep.grid.disaggregation.decode_tensor_parallel_size: 3 with a prefill TP of 2"),
+    ({"sweep": {"zip": {"disaggregation": [None, {"decode_replicas": 0, "prefill_replicas": 1}]}}},
+     "sweep.zip.disaggregation[1].decode_replicas: 0; allowed"),
+    ({"sweep": {"grid": {"disaggregation.decode_replicas": [1, 2]}}},
+     "sweep.grid.disaggregation.decode_replicas: varies an option of the disaggregation block, which this"),
+    ({"disaggregation": PD, "workload": {**WORKLOAD, "concurrency": 4}},
+     "disaggregation: a disaggregated point runs in mode sustained or burst"),
+    ({"disaggregation": PD, "slo": {"p99_ttft_ms": 500}, "search": {"target": "min_replicas", "low": 1, "high": 4}},
+     "search.target: min_replicas varies cluster.replicas, which a disaggregated point does not use"),
+])
+def test_bad_blocks_name_the_key_path(doc, expected):
+    if doc.get("workload", {}).get("concurrency"):
+        doc["workload"] = {**doc["workload"], "mode": "concurrency"}
+    with pytest.raises(SchemaError) as info:
+        experiment(**doc)
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_cli_refuses_a_bad_block_in_one_line(tmp_path, capsys):
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "disaggregation": {**PD, "decode_replicas": 0}}))
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "disaggregation.decode_replicas: 0; allowed: an integer" in err
+
+
+def test_a_pd_sweep_and_a_rate_search_run(tmp_path, capsys):
+    probe = {"duration_s": 20, "min_requests": 40}
+    sweep = {"zip": {"disaggregation": [None, PD], "cluster.replicas": [3, 1]}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "workload": {**WORKLOAD, "rate": 3}, "probe": probe, "sweep": sweep,
+                                    "slo": {"p99_ttft_ms": 2000}, "outputs": {"plots": False, "report": False}}))
+    assert main(["run", str(path), "--out", str(tmp_path / "sweep")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # (the answer wraps at its width)
+    assert "Per GPU (goodput req/s per GPU): best disaggregated replicas=1 disaggregation=1P2D (3 GPUs)" in printed
+    assert "vs best co-located replicas=3 disaggregation=co-located (3 GPUs)" in printed
+    runs = pd.read_parquet(tmp_path / "sweep" / "runs.parquet").set_index("point")
+    assert runs.loc[1, "disaggregation.decode_replicas"] == 2 and pd.isna(runs.loc[0, "disaggregation.kv_link"])
+    assert list(runs["gpus"]) == [3, 3] and list(runs["billed_gpus"]) == [3, 3]
+    assert (runs["verdict"] == "stable").all() and (runs["measured_requests"] >= 40).all()
+
+    # a rate search on the P/D point alone: it brackets a rate, and its runs carry the TTFT's parts
+    path.write_text(yaml.safe_dump({**BASE, "disaggregation": PD, "probe": {"duration_s": 8, "min_requests": 20},
+                                    "seeds": [0],
+                                    "search": {"target": "max_rate", "low": 2, "high": 16, "tolerance": 0.5,
+                                               "model_range": "none"},
+                                    "slo": {"p99_ttft_ms": 100, "p90_tpot_ms": 30},
+                                    "outputs": {"plots": False, "report": False}}))
+    assert main(["run", str(path), "--out", str(tmp_path / "search"), "--json"]) == 0
+    capsys.readouterr()
+    points = pd.read_parquet(tmp_path / "search" / "points.parquet")
+    answer = float(points["answer"].iloc[0])
+    assert 2 <= answer < 16 and points["gpus"].iloc[0] == 3 and points["search_outcome"].iloc[0] == "found"
+    docs = [json.loads(p.read_text()) for p in (tmp_path / "search" / "runs").glob("*/summary.json")]
+    assert all(d["info"]["disaggregation"]["decode_replicas"] == 2 for d in docs)
+    assert all(d["summary"]["mean_transfer_ms"] > 0 for d in docs if d["summary"]["mean_transfer_ms"] is not None)
