@@ -21,13 +21,14 @@ from kvplan.sim.cost import CostModel
 from kvplan.sim.links import wire_tiers, without_shared
 from kvplan.sim.replica import Replica
 from kvplan.sim.routers import Router
+from kvplan.sim.stopping import Stoppable
 from kvplan.traces import Trace
 
 # A BurstGPT failure kept with --keep-failed: 0 output tokens (and often 0 prompt tokens) leave nothing to run.
 UNSERVABLE = "a failed request in the trace (0 prompt or 0 output tokens): nothing to serve"
 
 
-class Cluster:
+class Cluster(Stoppable):
     def __init__(self, trace: Trace, num_replicas: int, router: Router, cache: CacheConfig, config: SchedulerConfig,
                  cost: CostModel, *, sample_interval_s: float = 1.0, fast_path: bool = True,
                  record_tokens: bool = False, closed_loop: ClosedLoop | None = None, layerwise: bool = False) -> None:
@@ -79,25 +80,10 @@ class Cluster:
     def run(self, until_s: float | None = None) -> str:
         """Run to the end (every request finished), to `until_s`, or to a `stop()`; returns why it stopped
         ("" when everything finished)."""
-        if until_s is None:
-            self.env.run()
-        else:
-            for replica in self.replicas:
-                replica.stop_at_s = until_s
-            self.env.process(self._horizon(until_s))
-            self.env.run(until=self.stopped)
+        self.run_to(until_s)
         if self.closed_loop is not None:
             self.trace = self.closed_loop.sent_trace()
         return self.stop_reason
-
-    def _horizon(self, until_s: float):
-        yield self.env.timeout(until_s)
-        self.stop(f"horizon {until_s:g} s")
-
-    def stop(self, reason: str) -> None:
-        if not self.stopped.triggered:
-            self.stop_reason = reason
-            self.stopped.succeed()
 
     def _arrivals(self):
         for row, arrival in enumerate(self.arrivals):

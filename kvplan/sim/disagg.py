@@ -39,6 +39,7 @@ from kvplan.sim.cost import CostModel
 from kvplan.sim.pd_transfer import KVLink
 from kvplan.sim.replica import Replica
 from kvplan.sim.routers import Router
+from kvplan.sim.stopping import Stoppable
 from kvplan.traces import Trace
 
 
@@ -54,7 +55,7 @@ class Pool:
                          for i in range(count)]
 
 
-class DisaggCluster:
+class DisaggCluster(Stoppable):
     """x prefill and y decode replicas and the links between them (see the module). Per trace row it records
     the prefill replica, the handoff time, the transfer's start and end, and the bytes moved."""
 
@@ -173,23 +174,8 @@ class DisaggCluster:
     def run(self, until_s: float | None = None) -> str:
         """Run to the end (every request finished), to `until_s`, or to a `stop()`; returns why it stopped
         ("" when everything finished) - as `sim.cluster.Cluster.run`, which a steady-state probe also drives."""
-        if until_s is None:
-            self.env.run()
-        else:
-            for replica in self.replicas:
-                replica.stop_at_s = until_s
-            self.env.process(self._horizon(until_s))
-            self.env.run(until=self.stopped)
+        self.run_to(until_s)
         return self.stop_reason
-
-    def _horizon(self, until_s: float):
-        yield self.env.timeout(until_s)
-        self.stop(f"horizon {until_s:g} s")
-
-    def stop(self, reason: str) -> None:
-        if not self.stopped.triggered:
-            self.stop_reason = reason
-            self.stopped.succeed()
 
     # -- results -------------------------------------------------------------------------------------------
     def itl(self) -> ItlLog:
