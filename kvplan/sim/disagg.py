@@ -7,7 +7,8 @@ A request's path, as vLLM's toy proxy drives it (tests/v1/kv_connector/nixl_inte
    kv_transfer_params do_remote_decode; the replica prefills it and samples one token (discarded), and keeps its
    blocks (`remote_kv`);
 2. at that token - the prefill replica's TTFT - the proxy sends the original request with do_remote_prefill to a
-   decode replica (the decode router); the HTTP hops take no time here;
+   decode replica (the decode router); with the API servers modelled (`sim.pd_frontend`) its engine sees it
+   after the hop and that instance's API server, else at once;
 3. the decode replica admits it when a sequence slot and blocks for its prompt are free (after its local prefix
    hits), at the start of a step: the transfer starts then (NIXL's pull: the decode worker reads when that step
    runs), over the decode replica's KV link (`pd_transfer`); when it is over the prefill replica frees its
@@ -21,13 +22,15 @@ the transfer's start, and from the transfer's end to the step that schedules it)
 
 The decode replicas' fast path (whole decode stretches at once) is bounded, as by an arrival, by the earliest
 moment anything can reach them: a transfer's end, or a prefill replica's next completion (no earlier than the end
-of its step under way, or the next arrival when it is idle).
+of its step under way, or the next arrival when it is idle), or a hand-off still on its way.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import simpy
 
@@ -41,6 +44,9 @@ from kvplan.sim.replica import Replica
 from kvplan.sim.routers import Router
 from kvplan.sim.stopping import Stoppable
 from kvplan.traces import Trace
+
+if TYPE_CHECKING:
+    from kvplan.sim.pd_frontend import PDFrontend
 
 
 class Pool:
@@ -61,7 +67,8 @@ class DisaggCluster(Stoppable):
 
     def __init__(self, trace: Trace, prefill: tuple[int, Router, CacheConfig, SchedulerConfig, CostModel],
                  decode: tuple[int, Router, CacheConfig, SchedulerConfig, CostModel], links: list[KVLink],
-                 block_bytes_moved: float, *, sample_interval_s: float = 1.0, fast_path: bool = True) -> None:
+                 block_bytes_moved: float, *, sample_interval_s: float = 1.0, fast_path: bool = True,
+                 decode_entry: Callable[[int, int, float], float] | None = None) -> None:
         self.env = simpy.Environment()
         self.trace = trace
         self.closed_loop = None  # (a steady-state probe reads it: P/D runs open-loop arrivals only)
@@ -80,8 +87,12 @@ class DisaggCluster(Stoppable):
         nan = [math.nan] * n
         self.prefill_replica = [-1] * n
         self.handoff_s, self.transfer_start_s, self.transfer_end_s = list(nan), list(nan), list(nan)
+        # decode_entry(decode position, row, handoff) -> when the decode engine sees the request (None: at once)
+        self.decode_entry = decode_entry
+        self.decode_arrival_s = list(nan)
+        self.frontend: PDFrontend | None = None  # the API servers (set by sim.pd_run; its tables read it)
         self.transfer_bytes = [0.0] * n
-        self._pending: list[float] = []  # transfer ends not yet reached (a heap)
+        self._pending: list[float] = []  # transfer ends and hand-offs not yet reached (a heap)
         for replica in self.replicas:
             replica.stopped = self.stopped
         for replica in self.prefill.replicas:
@@ -139,15 +150,31 @@ class DisaggCluster(Stoppable):
 
     def _handoff(self, prefill: Replica):
         def close(row: int, sample: int, end: float) -> None:
-            """The prefill replica's one token: the proxy sends the request on to a decode replica."""
+            """The prefill replica's one token: the proxy sends the request on to a decode replica, whose engine
+            sees it at once, or when `decode_entry` says (its API server's hop, queue and work)."""
             self.handoff_s[row] = end
-            request = self._request(row, end, int(self.trace.output_tokens[row]),
-                                    {"do_remote_prefill": True, "remote_engine_id": prefill.index})
-            if not self.decode.router.pick(request, self.decode.replicas).submit(request, row):
-                # refused by the decode side: it still tells the prefill side to free (vLLM's empty notify)
-                prefill.sched.finished_sending([str(row)])
-                prefill.wake(end)
+            params = {"do_remote_prefill": True, "remote_engine_id": prefill.index}
+            request = self._request(row, end, int(self.trace.output_tokens[row]), params)
+            replica = self.decode.router.pick(request, self.decode.replicas)  # (the proxy picks, then sends)
+            reach = end if self.decode_entry is None else \
+                self.decode_entry(replica.index - len(self.prefill.replicas), row, end)
+            self.decode_arrival_s[row] = request.arrival_s = reach
+            if reach > end:
+                heapq.heappush(self._pending, reach)  # (the decode fast path's bound: something reaches it then)
+                self.env.process(self._submit_later(request, row, reach, replica, prefill))
+            else:
+                self._submit(request, row, replica, prefill)
         return close
+
+    def _submit_later(self, request: Request, row: int, reach: float, replica: Replica, prefill: Replica):
+        yield self.env.timeout(reach - self.env.now)
+        self._submit(request, row, replica, prefill)
+
+    def _submit(self, request: Request, row: int, replica: Replica, prefill: Replica) -> None:
+        if not replica.submit(request, row):
+            # refused by the decode side: it still tells the prefill side to free (vLLM's empty notify)
+            prefill.sched.finished_sending([str(row)])
+            prefill.wake(request.arrival_s)
 
     def _loads(self, decode: Replica):
         link = self.links[decode.index - len(self.prefill.replicas)]

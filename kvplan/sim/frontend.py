@@ -46,6 +46,7 @@ from kvplan.sim.gpu import host_overhead as host
 
 # PR #54628's two `openai` (completions) rows: client TTFT - server TTFT, ms; the prompts were 512 tokens
 PUBLISHED_OVERHEAD_S, PUBLISHED_PROMPT_TOKENS = (8.4e-3 + 12.0e-3) / 2, 512
+SOURCE = host.SOURCE + "; latency_s: vLLM PR #54628 (client vs server TTFT), less that work"
 MAX_BACKGROUND = 0.95  # outbound utilization beyond which the inbound share is taken as this (already saturated)
 
 
@@ -146,7 +147,7 @@ class FrontendRun:
                 "mean_added_ttft_ms": float(np.nanmean(added)) if len(added) else 0.0,
                 "delivery_ms": self.cost.delivery_s(mean_batch) * 1e3, "mean_batch": mean_batch,
                 "constants": {f.name: getattr(self.cost, f.name) for f in fields(self.cost)},
-                "source": host.SOURCE + "; latency_s: vLLM PR #54628 (client vs server TTFT), less that work"}
+                "source": SOURCE}
 
 
 def frontend_for(entry_point: str, latency_ms: float | None = None) -> FrontendCost | None:

@@ -2,12 +2,15 @@
 the client behind vLLM's P/D proxy sees it, with each request's TTFT split into its parts (`sim.disagg`).
 
 Table columns beyond the usual ones (`results.request_table`), per request: `prefill_replica`, `prefill_ttft_ms`
-(arrival to the prefill replica's token: its queueing and prefill), `decode_admission_wait_ms` (handoff to the
-transfer's start, plus the transfer's end to the step that schedules it), `transfer_ms` (link queueing, latency
-and bytes), `first_decode_step_ms` (that step) and `kv_transfer_bytes` (every rank's). `replica` is the decode
-replica (numbered after the prefill ones), `first_scheduled_s` and `cached_prompt_tokens` are the prefill
-replica's (queueing_ms is the prefill queue). TTFT = prefill_ttft + decode_admission_wait + transfer +
-first_decode_step. The summary adds `mean_/median_/p99_` of each part (`PART_KEYS`), beside the usual keys.
+(the prefill engine's arrival to its token: queueing and prefill), `api_servers_ms` (with entry_point
+openai_server, `sim.pd_frontend`: the prefill instance's API server before its engine, the hand-off's hop and the
+decode instance's API server, and the first token's delivery; 0 without), `decode_admission_wait_ms` (the decode
+engine's arrival to the transfer's start, plus the transfer's end to the step that schedules it), `transfer_ms`
+(link queueing, latency and bytes), `first_decode_step_ms` (that step) and `kv_transfer_bytes` (every rank's).
+`replica` is the decode replica (numbered after the prefill ones), `first_scheduled_s` and `cached_prompt_tokens`
+are the prefill replica's (queueing_ms is the prefill queue). TTFT = prefill_ttft + api_servers +
+decode_admission_wait + transfer + first_decode_step. The summary adds `mean_/median_/p99_` of each part
+(`PART_KEYS`), beside the usual keys.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from kvplan.sim.cost import CostModel
 from kvplan.sim.cost.analytic import AnalyticCost
 from kvplan.sim.cost.scaled import scaled
 from kvplan.sim.disagg import DisaggCluster
+from kvplan.sim.frontend import frontend_for
+from kvplan.sim.pd_frontend import PDFrontend
 from kvplan.sim.pd_spec import Disaggregation
 from kvplan.sim.pd_transfer import link_figures, make_link, rank_bytes_per_token
 from kvplan.sim.replica import SERIES_COLUMNS
@@ -34,7 +39,7 @@ from kvplan.sim.spec import SimSpec
 from kvplan.sim.specs.hardware import get_hardware
 from kvplan.traces import Trace
 
-PARTS = ("prefill_ttft_ms", "decode_admission_wait_ms", "transfer_ms", "first_decode_step_ms")
+PARTS = ("prefill_ttft_ms", "api_servers_ms", "decode_admission_wait_ms", "transfer_ms", "first_decode_step_ms")
 PART_KEYS = tuple(f"{stat}_{part}" for part in PARTS for stat in ("mean", "median", "p99"))
 
 
@@ -64,8 +69,6 @@ def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Cal
                         "allowed: analytic")
     if spec.record_tokens:
         raise UserError("record_tokens: every token's time is not recorded in a disaggregated run yet; allowed: off")
-    if spec.entry_point != "llm" and spec.api_server_latency_ms is not None:
-        raise UserError("--api-server-latency-ms: the P/D proxy's hops are not modelled yet; allowed: unset")
     p_spec, d_spec = pd.pool_specs(spec)
     pools = []
     for pool_spec in (p_spec, d_spec):
@@ -85,18 +88,23 @@ def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Cal
     links = [make_link(pd, bandwidth, latency, busiest * bs) for _ in range(pd.decode_replicas)]
     moved = per_rank * bs * d_tp * spec.pipeline_parallel_size  # every decode rank's bytes per block
     every = interval(d_spec, d_cost)
-    cluster = DisaggCluster(trace, (pd.prefill_replicas, make_router(pd.prefill_router), p_cache, p_config,
+    front_cost = frontend_for(spec.entry_point, spec.api_server_latency_ms)
+    front = None if front_cost is None else \
+        PDFrontend.start(front_cost, trace, pd.prefill_replicas, pd.decode_replicas)
+    engine_trace = trace if front is None else trace.with_columns(arrival_s=front.prefill.engine_arrival_s)
+    cluster = DisaggCluster(engine_trace, (pd.prefill_replicas, make_router(pd.prefill_router), p_cache, p_config,
                                     scaled(p_cost, step_scale)),
                             (pd.decode_replicas, make_router(pd.decode_router), d_cache, d_config,
                              scaled(d_cost, step_scale)), links, moved, sample_interval_s=every,
-                            fast_path=spec.fast_path)
+                            fast_path=spec.fast_path, decode_entry=None if front is None else front.decode_entry)
+    cluster.frontend = front
     info = {"link_bandwidth_bytes_per_s": bandwidth, "link_latency_s": latency, "kv_link": pd.kv_link,
             "kv_bytes_per_token_per_decode_rank": per_rank, "prefill_tp": p_tp, "decode_tp": d_tp,
             "prefill_replicas": pd.prefill_replicas, "decode_replicas": pd.decode_replicas,
             "prefill_hardware": p_spec.hardware, "decode_hardware": d_spec.hardware,
             "prefill_num_blocks": p_blocks, "decode_num_blocks": d_blocks,
-            # (entry_point openai_server's API-server work and hops are not modelled here yet)
-            "times": "the engines' and an instant proxy's: no API server in front of either pool"}
+            "times": "the engines' and an instant proxy's: no API server in front of either pool" if front is None
+            else "as a client of the proxy sees them: each instance's API server modelled (sim.pd_frontend)"}
     failed = int(np.count_nonzero((trace.prompt_tokens < 1) | (trace.output_tokens < 1)))
     extra = {"max_model_len": d_cache.max_model_len, "vllm_version": spec.vllm_version,
              "num_blocks": d_blocks,  # the decode pool's per replica (the prefill pool's: disaggregation)
@@ -113,27 +121,60 @@ def pools_info(cluster: DisaggCluster, info: dict, pp: int) -> list[dict]:
             for role, pool in (("prefill", cluster.prefill), ("decode", cluster.decode))]
 
 
+def decode_batch(cluster: DisaggCluster) -> float:
+    """The decode replicas' mean running batch over their busy samples (the batch a step's tokens are
+    detokenized in, `FrontendCost.delivery_s`)."""
+    running = [row[2] for r in cluster.decode.replicas for row in r.series if row[2] > 0]
+    return float(np.mean(running)) if running else 1.0
+
+
 def request_table(cluster: DisaggCluster) -> pd.DataFrame:
-    """The client's per-request table with the TTFT parts (see the module)."""
+    """The client's per-request table with the TTFT parts (see the module); with the API servers modelled, the
+    engines' times are kept beside the client's (`*_engine_s`, `*_engine_ms`: the prefill engine's arrival, the
+    decode engine's tokens)."""
     frame = cluster.decode.log.raw_frame()
     rows = frame["request"].to_numpy()
     prefill = cluster.prefill.log.raw_frame().set_index("request")
-    arrival = cluster.trace.arrival_s[rows]
+    front = cluster.frontend
+    engine_arrival = cluster.trace.arrival_s[rows]
+    arrival = engine_arrival if front is None else front.prefill.client_arrival_s[rows]
     handoff = np.asarray(cluster.handoff_s)[rows]
+    reach = np.asarray(cluster.decode_arrival_s)[rows]
     start = np.asarray(cluster.transfer_start_s)[rows]
     end = np.asarray(cluster.transfer_end_s)[rows]
     decode_scheduled = frame["first_scheduled_s"].to_numpy()
+    first_engine = frame["first_token_s"].to_numpy()
+    delivery = 0.0 if front is None else front.cost.delivery_s(decode_batch(cluster))
+    if front is not None:
+        frame["engine_arrival_s"] = engine_arrival
+        frame["first_token_engine_s"] = frame["first_token_s"]
+        frame["finish_engine_s"] = frame["finish_s"]
+        frame["first_token_s"] = frame["first_token_s"] + delivery
+        frame["finish_s"] = frame["finish_s"] + delivery
     frame["arrival_s"] = arrival
     frame["first_scheduled_s"] = prefill["first_scheduled_s"].reindex(rows).to_numpy()
     frame["cached_prompt_tokens"] = prefill["cached_prompt_tokens"].reindex(rows).to_numpy()
     frame["prefill_replica"] = np.asarray(cluster.prefill_replica)[rows]
-    frame["prefill_ttft_ms"] = (handoff - arrival) * 1e3
-    frame["decode_admission_wait_ms"] = ((start - handoff) + (decode_scheduled - end)) * 1e3
+    frame["prefill_ttft_ms"] = (handoff - engine_arrival) * 1e3
+    frame["api_servers_ms"] = ((engine_arrival - arrival) + (reach - handoff) + delivery) * 1e3
+    frame["decode_admission_wait_ms"] = ((start - reach) + (decode_scheduled - end)) * 1e3
     frame["transfer_ms"] = (end - start) * 1e3
-    frame["first_decode_step_ms"] = (frame["first_token_s"].to_numpy() - decode_scheduled) * 1e3
+    frame["first_decode_step_ms"] = (first_engine - decode_scheduled) * 1e3
     frame["kv_transfer_bytes"] = np.asarray(cluster.transfer_bytes)[rows]
     frame.insert(0, "request_id", np.asarray(cluster.trace.request_id)[rows])
     return add_latency_columns(frame)
+
+
+def frontend_info(cluster: DisaggCluster, table: pd.DataFrame) -> dict | None:
+    """What the API servers did over the run (`PDFrontend.info`); None without them."""
+    front = cluster.frontend
+    if front is None:
+        return None
+    first = table[table["sample"] == 0] if len(table) else table
+    span = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
+    return front.info(table["api_servers_ms"].to_numpy(dtype=float), decode_batch(cluster), span,
+                      len(cluster.prefill.replicas), len(cluster.decode.replicas),
+                      float(table["output_tokens"].sum()), float(first["prompt_tokens"].sum()), len(first))
 
 
 def part_summary(table: pd.DataFrame) -> dict[str, float | None]:
@@ -158,5 +199,8 @@ def collect(cluster: DisaggCluster, goodput: dict[str, float | None] | None) -> 
             "rejected": len(rejected), "rejected_first": references(cluster.trace, rejected),
             "busy_s": sum(r.busy_seconds for r in replicas),
             "prefill_busy_s": sum(r.prefill_seconds for r in replicas)}
+    front = frontend_info(cluster, table)
+    if front is not None:
+        info["frontend"] = front
     summary = {**summarize(table, cluster.itl(), kv, goodput), **part_summary(table)}
     return ServingResult(summary, table, series, info, None, rejected_rows(cluster.trace, rejected))

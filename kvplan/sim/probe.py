@@ -39,6 +39,7 @@ from kvplan.sim.cost.scaled import scaled
 from kvplan.sim.disagg import DisaggCluster
 from kvplan.sim.frontend import FrontendRun
 from kvplan.sim.pd_run import build_cluster, part_summary, pools_info
+from kvplan.sim.pd_run import frontend_info as pd_frontend_info
 from kvplan.sim.pd_run import request_table as pd_request_table
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
@@ -146,7 +147,7 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
         trace = open_loop(pop, rate, duration, seed, probe.arrivals)
         check_trace(trace, f"a {rate:g} req/s, {duration:g} s probe")
         # the clients' arrivals through the API server: the engine sees each one later (sim.frontend); a P/D
-        # run's proxy and API servers are not modelled (sim.pd_run)
+        # run's API servers are its cluster's (sim.pd_frontend, below)
         trace, front = through_frontend(spec, trace) if pd is None else (trace, None)
     elif pd is not None:
         raise UserError(f"workload.mode: {probe.mode}: a closed loop through P/D pools is not modelled; allowed: "
@@ -170,6 +171,7 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
     else:
         # (the pools' KV capacity and scheduler limits from the population's lengths, as above)
         cluster, pd_info, extra = build_cluster(trace, spec, pd, lambda *_: interval, step_scale, pop.trace)
+        front = None if cluster.frontend is None else cluster.frontend.prefill
         num_blocks = extra["num_blocks"]
         shares = [pd.prefill_replicas] * pd.prefill_replicas + [pd.decode_replicas] * pd.decode_replicas
     limits = [max(OVERLOAD_MIN_WAITING, rate / n * probe.overload_wait_s) if loop is None else math.inf
@@ -206,7 +208,8 @@ def _collect(cluster: Cluster | DisaggCluster, num_blocks: int, probe: Probe, wi
     arrival = offered[:sent]
     series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
     if isinstance(cluster, DisaggCluster):  # the client's table behind the proxy, with the TTFT's parts
-        table, front_info = pd_request_table(cluster), None
+        table = pd_request_table(cluster)
+        front_info = pd_frontend_info(cluster, table)
     else:
         table, front_info = client_view(cluster.log.to_frame(trace.request_id), series, front)
     table.insert(list(table.columns).index("arrival_s"), "phase", _phase(table["arrival_s"].to_numpy(), w0, w1))

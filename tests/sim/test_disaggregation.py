@@ -18,11 +18,13 @@ from kvplan.sim.specs.models import get_model
 from kvplan.traces import Trace
 from tests.sim.helpers import random_trace
 
-PARTS = ["prefill_ttft_ms", "decode_admission_wait_ms", "transfer_ms", "first_decode_step_ms"]
+PARTS = ["prefill_ttft_ms", "api_servers_ms", "decode_admission_wait_ms", "transfer_ms", "first_decode_step_ms"]
 
 
-def pd_run(trace: Trace, fast_path: bool = True, **pd):
-    spec = SimSpec(model="llama-3-8b", hardware="h100-sxm", fast_path=fast_path,
+def pd_run(trace: Trace, fast_path: bool = True, entry_point: str = "openai_server",
+           api_server_latency_ms: float | None = None, **pd):
+    spec = SimSpec(model="llama-3-8b", hardware="h100-sxm", fast_path=fast_path, entry_point=entry_point,
+                   api_server_latency_ms=api_server_latency_ms,
                    disaggregation=Disaggregation(pd.pop("prefill_replicas", 1), pd.pop("decode_replicas", 1), **pd))
     return simulate(trace, spec)
 
@@ -83,8 +85,9 @@ def test_an_instant_link_matches_co_located_replicas_for_requests_alone():
     serving the prompt for one token, the transfer and admission wait are nothing, and the decode replica's
     tokens come as a co-located replica's: TTFT = the one-token TTFT + one step, TPOT the same."""
     trace = sparse_trace()
-    pd = pd_run(trace, kv_link_bandwidth=1e30, kv_link_latency_ms=0.0).requests
-    spec = SimSpec(model="llama-3-8b", hardware="h100-sxm", entry_point="llm")  # P/D models no API server yet
+    pd = pd_run(trace, entry_point="llm", kv_link_bandwidth=1e30, kv_link_latency_ms=0.0).requests
+    assert (pd["api_servers_ms"] == 0).all()
+    spec = SimSpec(model="llama-3-8b", hardware="h100-sxm", entry_point="llm")  # the engines' own times
     one_token = simulate(trace.with_columns(output_tokens=np.ones(len(trace), dtype=np.int64)), spec).requests
     colo = simulate(trace, spec).requests
     np.testing.assert_allclose(pd["prefill_ttft_ms"], one_token["ttft_ms"], rtol=1e-9)
@@ -92,6 +95,62 @@ def test_an_instant_link_matches_co_located_replicas_for_requests_alone():
     np.testing.assert_allclose(pd["ttft_ms"], one_token["ttft_ms"] + pd["first_decode_step_ms"], rtol=1e-9)
     many = pd["output_tokens"] > 1
     np.testing.assert_allclose(pd["tpot_ms"][many], colo["tpot_ms"][many], rtol=1e-9)
+
+
+def test_the_api_servers_add_both_instances_inbound_work_the_hops_and_the_delivery():
+    """Reference: each request alone (no API-server queue, decode batch 1), by hand from the constants: the prefill
+    instance's hop and inbound work, the one token back to the proxy, the decode instance's hop and inbound work
+    (the prompt tokenized again), and the first token's delivery. The engines' times are those without the API
+    servers, kept as *_engine columns; every request's parts still sum to its TTFT."""
+    from kvplan.sim.frontend import FrontendCost
+
+    trace = sparse_trace()
+    bare = pd_run(trace, entry_point="llm").requests
+    front = pd_run(trace).requests
+    c = FrontendCost()
+    inbound = c.request_s + c.prompt_token_s * trace.prompt_tokens
+    by_hand = (2 * (c.latency_s + inbound) + 2 * c.output_token_s) * 1e3
+    # (the inbound work is slowed by each server's tiny outbound share over the 25 s span: < 1e-4 here)
+    np.testing.assert_allclose(front["api_servers_ms"], by_hand, rtol=1e-4)
+    np.testing.assert_allclose(front[PARTS].sum(axis=1), front["ttft_ms"], rtol=0, atol=1e-9)
+    for part in ("prefill_ttft_ms", "decode_admission_wait_ms", "transfer_ms", "first_decode_step_ms"):
+        np.testing.assert_allclose(front[part], bare[part], rtol=1e-9, atol=1e-9)
+    # the engines' view: the prefill engine's arrival to the decode engine's token (the hand-off's hop inside)
+    np.testing.assert_allclose(front["ttft_engine_ms"],
+                               (front["first_token_engine_s"] - front["engine_arrival_s"]) * 1e3, rtol=1e-9)
+    np.testing.assert_allclose(front["ttft_ms"] - bare["ttft_ms"], by_hand, rtol=1e-4)
+    # a fitted transport latency moves both hops
+    slower = pd_run(trace, api_server_latency_ms=c.latency_s * 1e3 + 5.0).requests
+    np.testing.assert_allclose(slower["api_servers_ms"] - front["api_servers_ms"], 10.0, rtol=1e-6)
+
+
+def test_hand_offs_queue_first_come_first_served_at_the_decode_api_server():
+    """A burst of hand-offs to one decode instance: each waits for the work of those before it (brute force)."""
+    from kvplan.sim.frontend import FrontendCost
+    from kvplan.sim.pd_frontend import PDFrontend
+
+    cost = FrontendCost(request_s=1e-3, prompt_token_s=1e-5, output_token_s=0.0, latency_s=2e-3)
+    prompts = np.array([100, 2000, 50, 700])
+    trace = Trace.build(np.zeros(4), prompts, np.ones(4, dtype=np.int64))
+    front = PDFrontend.start(cost, trace, 1, 2)
+    assert front.decode_slowdown == 1.0  # (no outbound work at all)
+    got = [front.decode_entry(0, 0, 0.010), front.decode_entry(0, 1, 0.010), front.decode_entry(1, 2, 0.010),
+           front.decode_entry(0, 3, 0.050)]
+    service = 1e-3 + 1e-5 * prompts
+    expect, free = [], [0.0, 0.0]
+    for index, row, end in ((0, 0, 0.010), (0, 1, 0.010), (1, 2, 0.010), (0, 3, 0.050)):
+        free[index] = max(end + 2e-3, free[index]) + service[row]
+        expect.append(free[index])
+    np.testing.assert_allclose(got, expect, rtol=1e-12)
+    assert got[1] > got[0] + service[1] - 1e-12 and got[2] == pytest.approx(0.012 + service[2])
+
+
+def test_fast_path_and_step_by_step_agree_with_the_api_servers_on():
+    trace = random_trace(5, 100, rate=60, prompt=(50, 1500), output=(1, 80))
+    stepped = pd_run(trace, False, prefill_replicas=1, decode_replicas=2).requests
+    fast = pd_run(trace, True, prefill_replicas=1, decode_replicas=2).requests
+    assert stepped.drop(columns=["request_id"]).equals(fast.drop(columns=["request_id"]))
+    assert (fast["api_servers_ms"] > 0).all()
 
 
 def test_json_reports_each_requests_transfer_and_admission_wait(tmp_path, capsys):
