@@ -85,7 +85,7 @@ OUTPUTS: dict[str, Output] = {
        for q in ("none", "fp8", "awq")},
     # one GPU for prefill and one for decode against two co-located replicas: the same two GPUs, the same load
     **{f"pd-{name}": Output("kvplan simulate --trace traces/samples/chat.jsonl --model llama-3-8b --hardware h100-sxm "
-                            f"--rate 10 --entry-point llm {flags}")
+                            f"--rate 10 {flags}")
        for name, flags in (("split", "--prefill-replicas 1 --decode-replicas 1"), ("colocated", "--replicas 2"))},
     "cache-aware-admission": Output("kvplan run experiments/cache_aware_admission.yaml --workers 2",
                                     summary=("Points",)),
