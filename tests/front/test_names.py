@@ -28,7 +28,7 @@ TYPOS = [
 MODEL_TYPOS = [
     ("llama-3-70", ["llama-3-70b"]),
     ("llama-405b", ["llama-3.1-405b"]),  # its parts begin the name's parts, in order
-    ("llama-70b", ["llama-3-70b", "llama-3.1-70b"]),
+    ("llama-70b", ["llama-3-70b", "llama-2-70b", "llama-3.1-70b"]),
     ("qwen3", ["qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b"]),
     ("qwen-3-8b", ["qwen3-8b"]),
     ("deepseek", ["deepseek-v2-lite", "deepseek-v3"]),

@@ -51,12 +51,25 @@ def test_builtin_specs_and_hf_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     spec = get_model(str(tmp_path))
     assert spec.num_params == get_model("smollm2-135m").num_params
-    with pytest.raises(ValueError, match=r"allowed: a built-in model \(.*26 in all: `kvplan simulate --help` "
+    with pytest.raises(ValueError, match=r"allowed: a built-in model \(.*29 in all: `kvplan simulate --help` "
                                          r"lists them\)"):
         get_model("gpt-5")
     with pytest.raises(ValueError, match="allowed: a100-40gb, a100-80gb, a10g, a40, b200, h100-sxm, h200, l4, "
                                          "l40s, rtx-4090, rtx-pro-6000"):
         get_hardware("tpu")
+
+
+def test_the_published_papers_models_match_their_configs():
+    """OPT-66B (DistServe), Llama-2-70B and BLOOM-176B (Splitwise), as their HF config.json state them: the sizes in
+    their names, and a token's fp16 KV (2 x layers x KV heads x head dim x 2 bytes)."""
+    expected = {"opt-66b": (65e9, 67e9, 2 * 64 * 72 * 128 * 2, 2048),
+                "llama-2-70b": (68e9, 70e9, 2 * 80 * 8 * 128 * 2, 4096),
+                "bloom-176b": (175e9, 177e9, 2 * 70 * 112 * 128 * 2, None)}
+    for name, (low, high, kv_bytes, context) in expected.items():
+        spec = get_model(name)
+        assert low < spec.num_params < high, name
+        assert (spec.kv_bytes_per_token(), spec.context_len) == (kv_bytes, context), name
+    assert not get_model("bloom-176b").gated_mlp and get_model("bloom-176b").tied_embeddings
 
 
 def _attention_by_hand(pair_flops, kv_token, layers, rate, pairs, queries, context, blocks, requests, kv_rate):

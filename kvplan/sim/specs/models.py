@@ -38,6 +38,13 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     _spec("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, context_len=32768),
     _spec("mistral-7b", 32, 4096, 32, 8, 14336, 32000, context_len=32768),
     _spec("opt-13b", 40, 5120, 40, 40, 20480, 50272, gated_mlp=False, tied_embeddings=True, context_len=2048),
+    # facebook/opt-66b config.json (ffn_dim 36864, max_position_embeddings 2048): DistServe's (OSDI'24) 66B model
+    _spec("opt-66b", 64, 9216, 72, 72, 36864, 50272, gated_mlp=False, tied_embeddings=True, context_len=2048),
+    # meta-llama/Llama-2-70b-hf config.json (GQA: 8 KV heads; max_position_embeddings 4096): Splitwise's Llama-70B
+    _spec("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, context_len=4096),
+    # bigscience/bloom config.json (n_layer 70, n_head 112, MHA; GELU MLP of 4 x hidden; word embeddings tied to the
+    # head; ALiBi, so no max_position_embeddings: the context is left unstated): Splitwise's (ISCA'24) main model
+    _spec("bloom-176b", 70, 14336, 112, 112, 4 * 14336, 250880, gated_mlp=False, tied_embeddings=True),
     _spec("smollm2-135m", 30, 576, 9, 3, 1536, 49152, tied_embeddings=True, context_len=8192),
     # the engine's random benchmark model (kvplan/engine/models.py)
     _spec("llama-100m", 12, 768, 12, 4, 2048, 32000, tied_embeddings=True, context_len=2048),
