@@ -15,6 +15,7 @@ and the replica searches (which vary `cluster.replicas`) are refused in one line
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, fields
 
 from kvplan.errors import UserError
@@ -23,6 +24,7 @@ from kvplan.sim.pd_spec import OPTIONS, Disaggregation, disaggregation_from_mapp
 
 KEY = "disaggregation"
 SWEEP_KEYS = (KEY, *(f"{KEY}.{name}" for name in OPTIONS))
+PER = {"per_gpu": "per GPU", "per_usd": "per $"}
 OPTION_DEFAULTS = {f.name: f.default for f in fields(Disaggregation)}  # (the replica counts have none)
 
 
@@ -76,16 +78,22 @@ def spec_of(block: dict | None) -> Disaggregation | None:
     return None if block is None else Disaggregation(**block)
 
 
-def gpus(config: dict) -> int:
-    """The GPUs a point's deployment holds: each pool's replicas x its TP (the run's when unset) x PP; a
-    co-located point's replicas x TP x PP."""
+def pools(config: dict) -> list[tuple[str, int]]:
+    """A point's deployment as (hardware, GPUs) per pool: a co-located point's one pool of replicas x TP x PP;
+    a P/D point's prefill and decode pools, each its replicas x its TP (the run's when unset) x PP."""
     engine = config["engine"]
     tp, pp = engine["tensor_parallel_size"], engine["pipeline_parallel_size"]
     block = config.get(KEY)
     if block is None:
-        return config["cluster"]["replicas"] * tp * pp
-    return (block["prefill_replicas"] * (block["prefill_tensor_parallel_size"] or tp)
-            + block["decode_replicas"] * (block["decode_tensor_parallel_size"] or tp)) * pp
+        return [(config["hardware"], config["cluster"]["replicas"] * tp * pp)]
+    return [(block[f"{role}_hardware"] or config["hardware"],
+             block[f"{role}_replicas"] * (block[f"{role}_tensor_parallel_size"] or tp) * pp)
+            for role in ("prefill", "decode")]
+
+
+def gpus(config: dict) -> int:
+    """The GPUs a point's deployment holds: its pools' (`pools`)."""
+    return sum(n for _, n in pools(config))
 
 
 def used(exp) -> bool:  # exp: schema.Experiment
@@ -133,27 +141,66 @@ def check_experiment(exp) -> None:  # exp: schema.Experiment (imported by it)
                               "prefill TP)")
 
 
-def per_gpu_line(exp, points) -> str | None:  # exp: schema.Experiment, points: the points frame
-    """The P:D question's answer in one line: the best disaggregated point and the best co-located one by what
-    each GPU serves - a rate search's answer over the point's GPUs, else its goodput per GPU - and their ratio;
-    None when the experiment has no P/D point, or none of one kind has a figure."""
+def comparison(exp, points) -> dict | None:  # exp: schema.Experiment, points: the points frame
+    """The P:D question's answer: the best disaggregated point and the best co-located one by what a GPU serves
+    (a rate search's answer per GPU, else the goodput per GPU) - or by what a dollar buys, when the search ranks
+    per $ (`rank_by`) - each with both figures and its $/hour, their ratios, and the best co-located point on the
+    P/D point's own number of GPUs where that is another one; None when the experiment has no P/D point, or no
+    point of one kind has the figure."""
+    from kvplan.experiments.rank_by import COLUMNS, RATE_TARGETS, rank_by
+
     if not used(exp) or "gpus" not in points:
         return None
-    searched = exp.search is not None and exp.search["target"] in ("max_rate", "max_goodput")
-    figure = points["answer"] / points["gpus"] if searched else points["goodput_per_gpu"]
-    unit = "req/s per GPU at the searched rate" if searched else "goodput req/s per GPU"
+    searched = exp.search is not None and exp.search["target"] in RATE_TARGETS
+    figures = {"per_gpu": points[COLUMNS["per_gpu"]] if searched else points["goodput_per_gpu"],
+               "per_usd": points[COLUMNS["per_usd"]] if searched else points["goodput_per_usd"]}
+    by = "per_usd" if rank_by(exp) == "per_usd" else "per_gpu"
     split = points["gpus"].notna() & _is_split(exp, points)
     best = []
     for kind in (split, ~split):
-        ranked = figure[kind].dropna()
+        ranked = figures[by][kind].dropna()
         if ranked.empty:
             return None
         best.append(ranked.idxmax())
-    (p, c) = best
-    ratio = figure[p] / figure[c]
-    return (f"Per GPU ({unit}): best disaggregated {points['label'][p]} ({points['gpus'][p]:g} GPUs) "
-            f"{figure[p]:.4g} vs best co-located {points['label'][c]} ({points['gpus'][c]:g} GPUs) "
-            f"{figure[c]:.4g}: {ratio:.2f}x.")
+    p, c = best
+    same = figures[by][~split & (points["gpus"] == points["gpus"][p])].dropna()
+
+    def side(i) -> dict:
+        return {"point": int(points["point"][i]), "label": str(points["label"][i]), "gpus": float(points["gpus"][i]),
+                "cost_per_hour": float(points["cost_per_hour"][i]),
+                **{name: float(figure[i]) for name, figure in figures.items()}}
+
+    return {"by": by, "basis": "answer" if searched else "goodput", "disaggregated": side(p), "co_located": side(c),
+            "same_gpus": side(same.idxmax()) if not same.empty and same.idxmax() != c else None,
+            **{f"ratio_{name}": float(figure[p] / figure[c]) for name, figure in figures.items()}}
+
+
+def comparison_line(exp, points) -> str | None:
+    """`comparison` in one sentence (None where there is none)."""
+    doc = comparison(exp, points)
+    if doc is None:
+        return None
+
+    def side(s: dict, units: bool = True) -> str:
+        hour = f", ${s['cost_per_hour']:.3g}/h" if math.isfinite(s["cost_per_hour"]) else ", not priced"
+        return (f"{s['label']} ({s['gpus']:g} GPUs{hour}) {_figure(s['per_gpu'])}{' req/s per GPU' if units else ''}"
+                f", {_figure(s['per_usd'])}{' req/$' if units else ''}")
+
+    what = "at the searched rate" if doc["basis"] == "answer" else "goodput"
+    text = (f"P/D vs co-located ({what}; the best of each {PER[doc['by']]}): disaggregated "
+            f"{side(doc['disaggregated'])} vs co-located {side(doc['co_located'], False)}: "
+            f"{_ratio(doc['ratio_per_gpu'])} per GPU, {_ratio(doc['ratio_per_usd'])} per $")
+    if doc["same_gpus"] is not None:
+        text += f"; co-located on the same GPUs: {side(doc['same_gpus'], False)}"
+    return text + "."
+
+
+def _figure(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else "n/a"
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2f}x" if math.isfinite(value) else "n/a"
 
 
 def _is_split(exp, points):

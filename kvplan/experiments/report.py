@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvplan.experiments import model_range, plots
+from kvplan.experiments import model_range, pd_block, plots
 from kvplan.experiments.answer import cost_markdown, summary_markdown, vllm_text
 from kvplan.experiments.criteria import gate_lines
 from kvplan.experiments.min_cost import mark_winner
 from kvplan.experiments.min_cost_text import FRONTIER_HEADERS, SHAPE_HEADERS, frontier_rows, shape_rows, winner_line
+from kvplan.experiments.rank_by import rank_by
 from kvplan.experiments.ranking import Recommendation, capacity_sentence, recommend
 from kvplan.experiments.results import (
     COUNTS,
@@ -128,7 +129,8 @@ def write_results(exp: Experiment, outcome: Outcome, staging: Path) -> None:
     doc = {"name": exp.name, "recommendation": {"point": rec.point, "label": rec.label, "why": rec.why,
                                                 "tie": [{"point": i, "label": label} for i, label in
                                                         zip(rec.tie, rec.tie_labels, strict=True)],
-                                                "runner_up": rec.runner_up},
+                                                "runner_up": rec.runner_up, "rank_by": rank_by(exp)},
+           "pd_vs_co_located": pd_block.comparison(exp, points),
            "slo": slo_lines(exp), "gates": [{"name": g.name, "condition": g.short, "key": g.key or None}
                                             for g in gate_lines(exp)],
            "runs": len(outcome.runs), "runs_made": outcome.made,

@@ -31,6 +31,7 @@ import pandas as pd
 
 from kvplan.experiments import binding, model_range, pd_block
 from kvplan.experiments.criteria import failures
+from kvplan.experiments.rank_by import COLUMNS, RATE_TARGETS, rank_by, ranked_columns
 from kvplan.experiments.ranking import Recommendation as Recommendation
 from kvplan.experiments.ranking import capacity_sentence as capacity_sentence
 from kvplan.experiments.ranking import recommend as recommend
@@ -182,6 +183,8 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
                     engine.get("pipeline_parallel_size", 1)
                 row["gpus"] = row["answer"] * row["gpus_per_replica"]
                 row |= answer_cost(row)
+            if exp.search["target"] in RATE_TARGETS:  # what `search.rank_by` may rank by
+                row |= ranked_columns(row)
             row |= binding.search_binding(tasks, runs).columns()
         else:
             row |= binding.sweep_binding(exp, at).columns()
@@ -244,6 +247,8 @@ def point_table(exp: Experiment, points: pd.DataFrame) -> tuple[list[str], list[
               "search_outcome", "objective_low", "objective_high"]
     if exp.search and exp.search["target"] in REPLICA_TARGETS:
         search[1:1] = ["gpus_per_replica", "gpus"]
+    elif exp.search and exp.search["target"] in RATE_TARGETS and (pd_block.used(exp) or rank_by(exp) != "rate"):
+        search[1:1] = ["gpus", *(COLUMNS[by] for by in ("per_gpu", "per_usd"))]  # what the points are ranked by
     # P/D and co-located shapes of different sizes: compared per GPU
     per_gpu = ["gpus", "goodput_per_gpu"] if pd_block.used(exp) and "gpus" not in search else []
     headers = ["point", "label", *per_gpu, *(search if exp.search else ["objective_low", "objective_high"]),

@@ -34,6 +34,7 @@ class Column:
 
 
 SEARCH = "a search"
+RATE_SEARCH = "a max_rate or max_goodput search"
 SUMMARY = Column("(every summary metric)", "the run's summary: see [Summary metrics](#summary-metrics)",
                  members=SUMMARY_KEYS)
 MODEL_ERROR = (
@@ -155,6 +156,10 @@ POINT_COLUMNS: tuple[Column, ...] = (
     Column("probes", "how many probes the point's searches ran", SEARCH),
     Column("skipped", "the probed values the analytic bound decided fail without simulating them, and the bound "
                       "(experiments.bound); empty when none", SEARCH),
+    Column("answer_per_gpu", "the answer over gpus: req/s per GPU (what search.rank_by per_gpu ranks by)",
+           RATE_SEARCH),
+    Column("answer_per_usd", "requests per $ at the answer: answer x 3600 / cost_per_hour (what search.rank_by "
+                             "per_usd ranks by; NaN: not priced)", RATE_SEARCH),
     Column("capacity_rps", "requests per second served at the answer", SEARCH),
     Column("capacity_tok_s", "tokens per second served at the answer", SEARCH),
     Column("gpus_per_replica", "tensor x pipeline parallel size", "a min_replicas search"),

@@ -17,6 +17,7 @@ from kvplan.experiments.fields import SchemaError
 from kvplan.experiments.pd_block import gpus
 from kvplan.experiments.points import expand, run_config
 from kvplan.experiments.schema import parse_experiment
+from kvplan.reference.columns import MIN_COST_SEARCH, POINT_COLUMNS, undocumented
 
 WORKLOAD = {"synthetic": {"seed": 4, "requests": 120, "arrivals": {"process": "poisson", "rate": 4},
                           "lengths": {"prompt": {"dist": "lognormal", "median": 600, "sigma": 0.6, "max": 3000},
@@ -93,8 +94,9 @@ def test_a_pd_sweep_and_a_rate_search_run(tmp_path, capsys):
                                     "slo": {"p99_ttft_ms": 2000}, "outputs": {"plots": False, "report": False}}))
     assert main(["run", str(path), "--out", str(tmp_path / "sweep")]) == 0
     printed = " ".join(capsys.readouterr().out.split())  # (the answer wraps at its width)
-    assert "Per GPU (goodput req/s per GPU): best disaggregated replicas=1 disaggregation=1P2D (3 GPUs)" in printed
-    assert "vs best co-located replicas=3 disaggregation=co-located (3 GPUs)" in printed
+    assert "P/D vs co-located (goodput; the best of each per GPU): disaggregated replicas=1 disaggregation=1P2D " \
+           "(3 GPUs, $" in printed
+    assert "vs co-located replicas=3 disaggregation=co-located (3 GPUs, $" in printed and "x per $." in printed
     runs = pd.read_parquet(tmp_path / "sweep" / "runs.parquet").set_index("point")
     assert runs.loc[1, "disaggregation.decode_replicas"] == 2 and pd.isna(runs.loc[0, "disaggregation.kv_link"])
     assert list(runs["gpus"]) == [3, 3] and list(runs["billed_gpus"]) == [3, 3]
@@ -112,6 +114,11 @@ def test_a_pd_sweep_and_a_rate_search_run(tmp_path, capsys):
     points = pd.read_parquet(tmp_path / "search" / "points.parquet")
     answer = float(points["answer"].iloc[0])
     assert 2 <= answer < 16 and points["gpus"].iloc[0] == 3 and points["search_outcome"].iloc[0] == "found"
+    # what search.rank_by ranks by: the answer per GPU and per $ (one size of point: the rate itself)
+    assert points["answer_per_gpu"].iloc[0] == pytest.approx(answer / 3)
+    assert points["answer_per_usd"].iloc[0] == pytest.approx(answer * 3600 / points["cost_per_hour"].iloc[0])
+    assert undocumented(points.columns, POINT_COLUMNS, (MIN_COST_SEARCH, "a sweep", "a min_replicas search"))[0] == []
+    assert json.loads((tmp_path / "search" / "result.json").read_text())["recommendation"]["rank_by"] == "rate"
     docs = [json.loads(p.read_text()) for p in (tmp_path / "search" / "runs").glob("*/summary.json")]
     assert all(d["info"]["disaggregation"]["decode_replicas"] == 2 for d in docs)
     assert all(d["summary"]["mean_transfer_ms"] > 0 for d in docs if d["summary"]["mean_transfer_ms"] is not None)
