@@ -2,8 +2,11 @@
 point, and what a sweep may vary of it.
 
     disaggregation: {prefill_replicas: 1, decode_replicas: 2, kv_link: rdma}   # the options' field names
+    disaggregation: {prefill_replicas: 1, decode_replicas: 2, decode_max_num_seqs: 64}   # a pool's own setting
+                                                            # (sim.pd_spec.POOL_SETTINGS: prefill_/decode_<setting>)
     sweep:
       grid: {disaggregation.decode_replicas: [1, 2, 3]}       # a P:D grid (the block must exist)
+      grid: {disaggregation.prefill_max_num_batched_tokens: [2048, 8192]}   # a pool's setting
       zip: {disaggregation: [null, {prefill_replicas: 1, decode_replicas: 1}], cluster.replicas: [2, 1]}
                                                             # whole blocks: null is co-located (cluster.replicas)
 
@@ -16,7 +19,6 @@ and the replica searches (which vary `cluster.replicas`) are refused in one line
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, fields
 
 from kvplan.errors import UserError
 from kvplan.experiments.fields import SchemaError
@@ -25,7 +27,7 @@ from kvplan.sim.pd_spec import OPTIONS, Disaggregation, disaggregation_from_mapp
 KEY = "disaggregation"
 SWEEP_KEYS = (KEY, *(f"{KEY}.{name}" for name in OPTIONS))
 PER = {"per_gpu": "per GPU", "per_usd": "per $"}
-OPTION_DEFAULTS = {f.name: f.default for f in fields(Disaggregation)}  # (the replica counts have none)
+OPTION_DEFAULTS = Disaggregation(1, 1).options()  # (the replica counts: placeholders)
 
 
 def parse_block(value: object, where: str) -> dict | None:
@@ -33,7 +35,7 @@ def parse_block(value: object, where: str) -> dict | None:
     if value is None:
         return None
     try:
-        return asdict(disaggregation_from_mapping(value, where))
+        return disaggregation_from_mapping(value, where).options()
     except UserError as exc:
         raise SchemaError(str(exc)) from None
 
@@ -75,20 +77,21 @@ def label_value(key: str, value: object) -> object:
 
 
 def spec_of(block: dict | None) -> Disaggregation | None:
-    return None if block is None else Disaggregation(**block)
+    return None if block is None else Disaggregation.of(block)
 
 
 def pools(config: dict) -> list[tuple[str, int]]:
     """A point's deployment as (hardware, GPUs) per pool: a co-located point's one pool of replicas x TP x PP;
-    a P/D point's prefill and decode pools, each its replicas x its TP (the run's when unset) x PP."""
+    a P/D point's prefill and decode pools, each its replicas x its TP x its PP (the run's where the pool sets
+    none)."""
     engine = config["engine"]
     tp, pp = engine["tensor_parallel_size"], engine["pipeline_parallel_size"]
     block = config.get(KEY)
     if block is None:
         return [(config["hardware"], config["cluster"]["replicas"] * tp * pp)]
     return [(block[f"{role}_hardware"] or config["hardware"],
-             block[f"{role}_replicas"] * (block[f"{role}_tensor_parallel_size"] or tp) * pp)
-            for role in ("prefill", "decode")]
+             block[f"{role}_replicas"] * (block[f"{role}_tensor_parallel_size"] or tp)
+             * (block.get(f"{role}_pipeline_parallel_size") or pp)) for role in ("prefill", "decode")]
 
 
 def gpus(config: dict) -> int:

@@ -81,7 +81,7 @@ RUN_COLUMNS: tuple[Column, ...] = (
     Column("disaggregation", "the run's deployment in short: co-located, or xPyD with the pools' TP when set"),
     Column("disaggregation.<option>", "the run's prefill/decode pools (experiments.pd_block; null in each: "
            "co-located)", members=tuple(f"disaggregation.{k}" for k in OPTIONS)),
-    Column("gpus", "the deployment's GPUs: replicas x TP x PP, or each P/D pool's replicas x its TP, x PP"),
+    Column("gpus", "the deployment's GPUs: replicas x TP x PP, or each P/D pool's replicas x its TP x its PP"),
     Column("workload.<key>", "the load: mode, rate, concurrency, rate_scale", members=tuple(
         f"workload.{k}" for k in ("mode", "rate", "concurrency", "rate_scale"))),
     Column("step_scale", "the factor on every step's compute time: 1 for the answer's runs, a band edge's factor "

@@ -50,12 +50,28 @@ def test_whole_blocks_sweep_against_co_located_points():
     assert [gpus(p.config) for p in points] == [3, 3]
 
 
+def test_a_pool_setting_is_a_block_key_and_a_sweep_key():
+    exp = experiment(disaggregation={**PD, "prefill_pipeline_parallel_size": 2},
+                     sweep={"grid": {"disaggregation.decode_max_num_seqs": [1, 64]}})
+    points = expand(exp)
+    assert [p.label for p in points] == ["decode_max_num_seqs=1", "decode_max_num_seqs=64"]
+    spec = build_spec(run_config(points[0].config, 0))
+    assert spec.disaggregation.pool("decode") == {"max_num_seqs": 1}
+    assert spec.disaggregation.pool("prefill") == {"pipeline_parallel_size": 2}
+    assert [gpus(p.config) for p in points] == [2 + 2, 2 + 2]  # the prefill pool's replica on 2 stages
+
+
 @pytest.mark.parametrize(("doc", "expected"), [
     ({"disaggregation": {**PD, "prefill_replicas": 0}}, "disaggregation.prefill_replicas: 0; allowed: an integer"),
     ({"disaggregation": {"prefill_replicas": 1}}, "disaggregation.decode_replicas: missing"),
     ({"disaggregation": {**PD, "kv_link_bandwidth": 0}}, "disaggregation.kv_link_bandwidth: 0; allowed: a finite"),
     ({"disaggregation": {**PD, "kv_link": "pcie"}}, "disaggregation.kv_link: 'pcie'; allowed: rdma, nvlink"),
     ({"disaggregation": {**PD, "prefil_replicas": 1}}, "disaggregation.prefil_replicas: unknown key; did you mean"),
+    ({"disaggregation": {**PD, "decode_max_num_seqs": 0}}, "disaggregation.decode_max_num_seqs: 0; allowed: an int"),
+    ({"disaggregation": {**PD, "decode_block_size": 32}}, "disaggregation.decode_block_size: the transfer moves "
+                                                           "whole blocks"),
+    ({"disaggregation": PD, "sweep": {"grid": {"disaggregation.prefill_max_num_batched_tokens": [512, -1]}}},
+     "sweep.grid.disaggregation.prefill_max_num_batched_tokens[1]: -1; allowed: an integer >= 1"),
     ({"disaggregation": {**PD, "prefill_tensor_parallel_size": 2, "decode_tensor_parallel_size": 1}},
      "disaggregation.decode_tensor_parallel_size: 1 with a prefill TP of 2 (point base)"),
     ({"disaggregation": {**PD, "prefill_tensor_parallel_size": 2},
