@@ -7,7 +7,7 @@
     min_replicas:  lo [fails] ----- mid ----- hi [meets]; ends when hi = lo + 1; answer = hi
 
 Analytic bounds (`experiments.bound`, for a sustained load searched over its rate or its replicas on a GPU by
-name): a probe whose verdict the bound already knows - a rate above the rate bound, fewer replicas than the
+name; a disaggregated point's rate bound is the smallest of its pools' and its KV link's): a probe whose verdict the bound already knows - a rate above the rate bound, fewer replicas than the
 offered rate needs by it - is decided to fail without a simulation (never the search's first probe); the other
 probes are the ones the search would make without the bound, so the answer is the same. A replica search with a
 bound does not bisect [low, high]: it climbs from the bound's fewest replicas (at least `low`) by 1, 2, 4, ...
