@@ -199,7 +199,10 @@ def comparison_line(exp, points) -> str | None:
 
 
 def _figure(value: float) -> str:
-    return f"{value:.4g}" if math.isfinite(value) else "n/a"
+    """4 significant digits; 10,000 and above whole, with commas (requests per $ run to tens of thousands)."""
+    if not math.isfinite(value):
+        return "n/a"
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
 
 
 def _ratio(value: float) -> str:
