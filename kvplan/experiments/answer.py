@@ -24,7 +24,7 @@ from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
 from kvplan.experiments.pd_block import comparison_line
 from kvplan.experiments.rank_by import COLUMNS, rank_by
 from kvplan.experiments.rank_by import UNITS as RANK_UNITS
-from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, rank_span, span
+from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, fixed_gpus, rank_span, span
 from kvplan.experiments.results import cell, load_line, point_table
 from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, Experiment
 from kvplan.sim.gpu.model_error import ModelError
@@ -106,7 +106,8 @@ def verdict_line(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
     best = by_point[rec.point]
     text = f"Recommended (*): {short_label(exp, best)}"
     if exp.search:
-        text += f", {_number(best['answer'])} {UNITS[exp.search['target']]}"
+        unit = "decode replicas" if fixed_gpus(best) else UNITS[exp.search["target"]]  # (a P/D replica search)
+        text += f", {_number(best['answer'])} {unit}"
         if rank_by(exp) != "rate":
             text += f" = {_number(best[COLUMNS[rank_by(exp)]])} {RANK_UNITS[rank_by(exp)]}"
     else:

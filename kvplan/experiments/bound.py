@@ -46,6 +46,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvplan.limits import MAX_REPLICAS
+
 SLACK = 1.25  # a probe is decided to fail only above SLACK x the bound (module docstring)
 
 
@@ -104,7 +106,18 @@ class PDBound:
         return SLACK * min(part.rate(step_scale) for part in self.parts)
 
     def min_replicas(self, rate: float, step_scale: float = 1.0) -> int:
-        return 1  # (a replica search refuses a disaggregated point: `pd_block.check_experiment`)
+        """The fewest decode replicas a probe at `rate` req/s may meet with (a P/D point's replica search varies
+        its decode pool: `pd_block.varied_key`): each part that grows with them - the decode pool, the links - needs
+        rate / (SLACK x its rate per instance); past MAX_REPLICAS when the prefill pool alone cannot keep up."""
+        fewest = 1
+        for part in self.parts:
+            rate_per = SLACK * part.rate(step_scale) / part.instances
+            if part.name == "prefill pool":
+                if SLACK * part.rate(step_scale) < rate:
+                    return MAX_REPLICAS + 1
+            elif math.isfinite(rate_per) and rate_per > 0:
+                fewest = max(fewest, math.ceil(rate / rate_per))
+        return fewest
 
     def as_text(self) -> str:
         binding = min(self.parts, key=lambda part: part.rate())

@@ -12,12 +12,16 @@ point, and what a sweep may vary of it.
 
 In a point's configuration the block is every option with its value (None: the run's or the link's default), or
 None for a co-located point; `cluster.replicas` is then unused (each pool has its own count). A P/D point runs
-the P/D simulator (`sim.pd_run`): in mode sustained (steady-state probes) or burst; concurrency (a closed loop)
-and the replica searches (which vary `cluster.replicas`) are refused in one line.
+the P/D simulator (`sim.pd_run`): in mode sustained (steady-state probes) or burst; concurrency (a closed loop) is
+refused in one line. A `min_replicas` search of a P/D point varies its decode pool (`varied_key`), the prefill
+pool as the point sets it: sweeping `disaggregation.prefill_replicas` beside it finds the P:D shape with the
+fewest GPUs in all (the ranking's); `min_cost` is refused for P/D points (its cost plan prices one kind of
+replica).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 from kvplan.errors import UserError
@@ -99,6 +103,52 @@ def gpus(config: dict) -> int:
     return sum(n for _, n in pools(config))
 
 
+def varied_key(exp, config: dict) -> str | None:  # exp: schema.Experiment
+    """The key a point's search varies: a replica search of a P/D point its decode pool's replicas (the module);
+    otherwise the target's (`schema.SEARCH_TARGETS`); None without a search."""
+    from kvplan.experiments.schema import REPLICA_TARGETS, SEARCH_TARGETS
+
+    if not exp.search:
+        return None
+    if exp.search["target"] in REPLICA_TARGETS and config.get(KEY) is not None:
+        return f"{KEY}.decode_replicas"
+    return SEARCH_TARGETS[exp.search["target"]]
+
+
+def with_value(config: dict, key: str, value: object) -> dict:
+    """A copy of `config` with the dotted `key` set to `value`."""
+    out = copy.deepcopy(config)
+    *parents, leaf = key.split(".")
+    inner = out
+    for part in parents:
+        inner = inner[part]
+    inner[leaf] = value
+    return out
+
+
+def replica_unit(exp, config: dict) -> tuple[int, int]:  # exp: schema.Experiment with a replica search
+    """(the GPUs a replica search does not vary, the GPUs each replica it counts adds): a co-located point's
+    (0, TP x PP); a P/D point's (its prefill pool's, one decode replica's TP x PP)."""
+    key = varied_key(exp, config)
+    assert key is not None
+    fixed = gpus(with_value(config, key, 0))
+    return fixed, gpus(with_value(config, key, 1)) - fixed
+
+
+def answer_hour(exp, config: dict, replicas: float) -> float:  # exp: schema.Experiment with a replica search
+    """$/hour of the point's deployment at `replicas` of the searched pool (each pool at its GPU's price); NaN
+    where the prices lack a GPU."""
+    key = varied_key(exp, config)
+    assert key is not None
+    deployed = pools(with_value(config, key, 1))
+    fixed = pools(with_value(config, key, 0))
+    try:  # (the searched pool: its GPUs per replica x replicas; the others as they are)
+        return sum(exp.prices.gpu_hour(hw) * (n0 + (n1 - n0) * replicas)
+                   for (hw, n1), (_, n0) in zip(deployed, fixed, strict=True))
+    except UserError:
+        return math.nan
+
+
 def used(exp) -> bool:  # exp: schema.Experiment
     """Whether any point of the experiment is disaggregated."""
     return exp.base.get(KEY) is not None or any(key == KEY or key.startswith(f"{KEY}.")
@@ -129,10 +179,15 @@ def check_experiment(exp) -> None:  # exp: schema.Experiment (imported by it)
         if mode == "concurrency":
             raise SchemaError(f"{where}: a disaggregated point runs in mode sustained or burst; allowed: "
                               "workload.mode sustained or burst (a closed loop through P/D is not modelled)")
-        if exp.search and exp.search["target"] in ("min_replicas", "min_cost"):
-            raise SchemaError(f"search.target: {exp.search['target']} varies cluster.replicas, which a "
-                              "disaggregated point does not use; allowed: max_rate, max_goodput or max_burst_scale "
-                              "(sweep the pools' replicas for a P:D grid)")
+        if exp.search and exp.search["target"] == "min_cost":
+            raise SchemaError("search.target: min_cost prices replicas of one kind, and a disaggregated point has "
+                              "two pools; allowed: min_replicas (the fewest decode replicas: GPUs in all rank the "
+                              "points), max_rate, max_goodput or max_burst_scale")
+        decode = f"{KEY}.decode_replicas"
+        if exp.search and exp.search["target"] == "min_replicas" and decode in swept:
+            raise SchemaError(f"search.target: min_replicas varies {decode} on a disaggregated point, which the "
+                              f"sweep also sets ({exp.written.get(decode, decode)}); allowed: one of them (sweep "
+                              f"{KEY}.prefill_replicas for a P:D grid)")
         tp = point.config["engine"]["tensor_parallel_size"]
         p_tp = block["prefill_tensor_parallel_size"] or tp
         d_tp = block["decode_tensor_parallel_size"] or tp

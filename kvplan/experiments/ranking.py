@@ -52,13 +52,20 @@ def interval(exp: Experiment, row: pd.Series) -> tuple[float, float]:
         value = float(row[exp.objective["metric"]])
         return float(row.get("objective_low", value)), float(row.get("objective_high", value))
     low, high = float(row["answer_low"]), float(row["answer_high"])
-    if exp.search["target"] in REPLICA_TARGETS:
-        per = float(row.get("gpus_per_replica", 1))
+    if exp.search["target"] in REPLICA_TARGETS:  # GPUs: a P/D point's prefill pool (fixed) + decode replicas x per
+        per, fixed = float(row.get("gpus_per_replica", 1)), fixed_gpus(row)
         if exp.search["target"] == "min_cost":  # what is bought: GPU-hours at their price
             per *= float(row["price_per_gpu_hour"])
-        return low * per, (high * per if math.isfinite(high) else math.inf)
+        return low * per + fixed, (high * per + fixed if math.isfinite(high) else math.inf)
     by = scale(exp, row)
     return (low / by if math.isfinite(low) else -math.inf), high / by
+
+
+def fixed_gpus(row: pd.Series) -> float:
+    """A replica search's GPUs it does not vary (a P/D point's prefill pool); 0 where none (a min_cost shape the
+    search never reached has no such column value)."""
+    value = float(row.get("fixed_gpus", 0.0))
+    return value if math.isfinite(value) else 0.0
 
 
 def scale(exp: Experiment, row: pd.Series) -> float:
@@ -132,7 +139,9 @@ def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
             ranking = "ranked by $/hour (replicas x GPUs x $/GPU-hour), then GPUs, then replicas"
         elif target in REPLICA_TARGETS:  # what is bought is GPUs: 3 replicas at TP 2 beat 2 at TP 4
             ranked = found.sort_values(["gpus", "answer", metric], ascending=[True, True, ascending], kind="stable")
-            ranking = "ranked by GPUs (replicas x TP x PP), then replicas"
+            pd_points = "fixed_gpus" in found and bool((found["fixed_gpus"] > 0).any())
+            ranking = "ranked by GPUs (" + ("a P/D point's prefill pool + decode replicas x TP x PP" if pd_points
+                                            else "replicas x TP x PP") + "), then replicas"
         else:
             by = rank_by(exp)
             column = COLUMNS[by]
@@ -210,5 +219,10 @@ def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
     per = int(row.get("gpus_per_replica", 1))
     cost = f" at ${row['shape_cost_per_hour']:.4g}/h (${row['price_per_gpu_hour']:.3g}/GPU-h)" \
         if target == "min_cost" else ""
+    each = f"{per} GPU{'s' if per > 1 else ''} each: TP x PP"
+    fixed = fixed_gpus(row)
+    if fixed:  # a P/D point: its decode pool searched, its prefill pool as set
+        return f"the fewest decode replicas meeting the SLOs: {value:g} ({spread}) = {fixed + value * per:g} GPUs " \
+               f"({fixed:g} in the prefill pool + {value:g} decode replicas x {each})"
     return f"the fewest replicas meeting the SLOs: {value:g} ({spread}) = {value * per:g} GPUs ({value:g} " \
-           f"replicas x {per} GPU{'s' if per > 1 else ''} each: TP x PP){cost}"
+           f"replicas x {each}){cost}"

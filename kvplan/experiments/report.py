@@ -93,9 +93,7 @@ def latency_figure(exp: Experiment, runs: pd.DataFrame, points: pd.DataFrame,
     configuration's answer dotted and its binding SLO crossed at its first failing probe (`binding_at`)."""
     keys = [k for k in swept if k not in ("workload.rate_scale", "workload.rate", "workload.concurrency")]
     replicas = exp.search is not None and exp.search["target"] in REPLICA_TARGETS
-    if replicas:
-        runs = runs.assign(gpus=runs["cluster.replicas"] * runs["engine.tensor_parallel_size"]
-                           * runs["engine.pipeline_parallel_size"])
+    # (runs.parquet's gpus: each run's deployment at its probed replicas, a P/D point's pools included)
     x, answer = ("gpus", "gpus") if replicas else ("offered_rate_rps", "offered_rate_rps")
     knees = {" ".join(f"{k.split('.')[-1]}={row[k]}" for k in keys) or "base": row[answer]
              for _, row in points.iterrows()} if exp.search else None

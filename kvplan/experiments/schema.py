@@ -35,7 +35,8 @@
       low: 0.25                             #   stable and meets the SLOs; max_goodput: the same with the
       high: 256                             #   attainment SLO (DistServe's goodput); max_concurrency: the most
       tolerance: 0.05                       #   users; max_burst_scale: the highest burst rate_scale;
-      combine: median                       #   min_replicas: the fewest cluster.replicas; min_cost: the cheapest
+      combine: median                       #   min_replicas: the fewest cluster.replicas (a P/D point: decode
+                                            #   replicas, pd_block.varied_key); min_cost: the cheapest
                                             #   point at its fewest replicas (min_cost.py). combine: median of
                                             #   the seeds' answers with their range, or all (every seed must pass)
       prune: true                           # min_cost only (min_cost.py): skip shapes whose analytic cost bound

@@ -53,8 +53,9 @@ import numpy as np
 
 from kvplan.experiments.bound import PDBound, PointBound, point_bound
 from kvplan.experiments.criteria import failures
+from kvplan.experiments.pd_block import varied_key
 from kvplan.experiments.points import Point, expand, run_config
-from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, SEARCH_TARGETS, Experiment
+from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, Experiment
 
 if TYPE_CHECKING:
     from kvplan.experiments.min_cost import CostPlan
@@ -113,7 +114,8 @@ class PointTask:
 
     @property
     def key(self) -> str | None:
-        return SEARCH_TARGETS[self.target] if self.exp.search else None
+        """The key the search varies (`pd_block.varied_key`: a P/D point's replica search, its decode pool's)."""
+        return varied_key(self.exp, self.point.config)
 
     @property
     def ready(self) -> bool:

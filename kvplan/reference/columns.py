@@ -162,7 +162,10 @@ POINT_COLUMNS: tuple[Column, ...] = (
                              "per_usd ranks by; NaN: not priced)", RATE_SEARCH),
     Column("capacity_rps", "requests per second served at the answer", SEARCH),
     Column("capacity_tok_s", "tokens per second served at the answer", SEARCH),
-    Column("gpus_per_replica", "tensor x pipeline parallel size", "a min_replicas search"),
+    Column("gpus_per_replica", "tensor x pipeline parallel size (a P/D point: of a decode replica)",
+           "a min_replicas search"),
+    Column("fixed_gpus", "the GPUs the replica search does not vary: a P/D point's prefill pool (0 co-located); "
+                         "gpus = fixed_gpus + answer x gpus_per_replica", "a min_replicas search"),
     Column("binding_limit", "what stopped the answer from being better: an SLO (p99 TTFT, ...), KV memory, a "
                             "stability gate or a bound of the searched range; for a plain point the SLO it fails "
                             "or has the least headroom on ('none' without SLOs)"),

@@ -12,6 +12,7 @@ from kvplan.experiments.bound import SLACK, PDBound, point_bound
 from kvplan.experiments.execute import simulate_config
 from kvplan.experiments.points import expand, run_config
 from kvplan.experiments.search import PointTask, make_tasks
+from kvplan.limits import MAX_REPLICAS
 from tests.experiments.test_runner import TINY_WORKLOAD, drive_one, experiment
 
 PD = {"prefill_replicas": 1, "decode_replicas": 1}
@@ -77,3 +78,13 @@ def test_a_bounded_pd_search_skips_only_failing_probes_and_keeps_the_answer():
         assert sorted(simulated) == sorted(v for v in every if v not in with_bound.decided)
     assert bounded.bound.as_text().startswith("at most ") and "req/s by the prefill pool (1 x " in \
         bounded.bound.as_text()
+
+
+def test_the_fewest_decode_replicas_a_rate_may_meet_with():
+    bound = bound_of(workload=DECODE_HEAVY)  # the decode pool binds: one instance's part is the smallest
+    prefill, decode, _ = (part.rate() for part in bound.parts)
+    assert 2.5 * decode < prefill
+    assert bound.min_replicas(0.5 * SLACK * decode) == 1
+    assert bound.min_replicas(2.5 * SLACK * decode) == 3
+    assert bound.min_replicas(2.5 * SLACK * decode, step_scale=1.5) == 4  # each step 1.5x as long: 3.75 -> 4
+    assert bound.min_replicas(1.01 * SLACK * prefill) > MAX_REPLICAS  # the prefill pool alone cannot keep up

@@ -83,8 +83,13 @@ def test_a_pool_setting_is_a_block_key_and_a_sweep_key():
      "sweep.grid.disaggregation.decode_replicas: varies an option of the disaggregation block, which this"),
     ({"disaggregation": PD, "workload": {**WORKLOAD, "concurrency": 4}},
      "disaggregation: a disaggregated point runs in mode sustained or burst"),
-    ({"disaggregation": PD, "slo": {"p99_ttft_ms": 500}, "search": {"target": "min_replicas", "low": 1, "high": 4}},
-     "search.target: min_replicas varies cluster.replicas, which a disaggregated point does not use"),
+    ({"disaggregation": PD, "slo": {"p99_ttft_ms": 500}, "search": {"target": "min_cost", "low": 1, "high": 4}},
+     "search.target: min_cost prices replicas of one kind, and a disaggregated point has two pools; allowed: "
+     "min_replicas"),
+    ({"disaggregation": PD, "slo": {"p99_ttft_ms": 500}, "search": {"target": "min_replicas", "low": 1, "high": 4},
+      "sweep": {"grid": {"disaggregation.decode_replicas": [1, 2]}}},
+     "search.target: min_replicas varies disaggregation.decode_replicas on a disaggregated point, which the sweep "
+     "also sets (sweep.grid.disaggregation.decode_replicas)"),
 ])
 def test_bad_blocks_name_the_key_path(doc, expected):
     if doc.get("workload", {}).get("concurrency"):
@@ -138,3 +143,30 @@ def test_a_pd_sweep_and_a_rate_search_run(tmp_path, capsys):
     docs = [json.loads(p.read_text()) for p in (tmp_path / "search" / "runs").glob("*/summary.json")]
     assert all(d["info"]["disaggregation"]["decode_replicas"] == 2 for d in docs)
     assert all(d["summary"]["mean_transfer_ms"] > 0 for d in docs if d["summary"]["mean_transfer_ms"] is not None)
+
+
+def test_a_replica_search_of_pd_points_counts_decode_replicas_and_ranks_by_all_their_gpus(tmp_path, capsys):
+    """min_replicas on P/D points varies the decode pool (the prefill pool as each point sets it): 1P1D misses the
+    TPOT bound (~10.4 ms at 150 req/s), 2 decode replicas meet it, and 1P2D (3 GPUs) beats 2P2D (4 GPUs)."""
+    short = {"prompt": {"dist": "lognormal", "median": 100, "sigma": 0.3, "max": 400},
+             "output": {"dist": "lognormal", "median": 100, "sigma": 0.3, "max": 300}}
+    path = tmp_path / "pd_replicas.yaml"
+    path.write_text(yaml.safe_dump({
+        **BASE, "workload": {"synthetic": {**WORKLOAD["synthetic"], "lengths": short}, "rate": 150},
+        "probe": {"duration_s": 20, "min_requests": 40}, "disaggregation": {**PD, "decode_replicas": 1},
+        "sweep": {"grid": {"disaggregation.prefill_replicas": [1, 2]}}, "seeds": [0],
+        "search": {"target": "min_replicas", "low": 1, "high": 4, "model_range": "none"},
+        "slo": {"p90_tpot_ms": 9.5}, "outputs": {"plots": False, "report": False}}))
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "Recommended (*): prefill_replicas=1, 2 decode replicas" in printed
+    points = pd.read_parquet(tmp_path / "out" / "points.parquet").set_index("label")
+    assert list(points["answer"]) == [2, 2] and list(points["fixed_gpus"]) == [1, 2]
+    assert list(points["gpus"]) == [3, 4] and list(points["gpus_per_replica"]) == [1, 1]
+    assert points["cost_per_hour"].iloc[1] == pytest.approx(points["cost_per_hour"].iloc[0] * 4 / 3)
+    runs = pd.read_parquet(tmp_path / "out" / "runs.parquet")
+    assert (runs["probe"] == runs["disaggregation.decode_replicas"]).all()  # the probed count is the decode pool's
+    assert set(runs["gpus"] - runs["disaggregation.decode_replicas"]) == {1, 2}
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "the fewest decode replicas meeting the SLOs: 2 (model range not searched (search.model_range: none); " \
+           "1 seed) = 3 GPUs (1 in the prefill pool + 2 decode replicas x 1 GPU each: TP x PP)" in summary
