@@ -13,10 +13,9 @@ point, and what a sweep may vary of it.
 In a point's configuration the block is every option with its value (None: the run's or the link's default), or
 None for a co-located point; `cluster.replicas` is then unused (each pool has its own count). A P/D point runs
 the P/D simulator (`sim.pd_run`): in mode sustained (steady-state probes) or burst; concurrency (a closed loop) is
-refused in one line. A `min_replicas` search of a P/D point varies its decode pool (`varied_key`), the prefill
-pool as the point sets it: sweeping `disaggregation.prefill_replicas` beside it finds the P:D shape with the
-fewest GPUs in all (the ranking's); `min_cost` is refused for P/D points (its cost plan prices one kind of
-replica).
+refused in one line. A replica search (`min_replicas`, `min_cost`) of a P/D point varies its decode pool
+(`varied_key`), the prefill pool as the point sets it: sweeping `disaggregation.prefill_replicas` beside it finds
+the P:D shape with the fewest GPUs in all, or the cheapest (each pool at its GPU's price: `min_cost.Shape`).
 """
 
 from __future__ import annotations
@@ -179,15 +178,11 @@ def check_experiment(exp) -> None:  # exp: schema.Experiment (imported by it)
         if mode == "concurrency":
             raise SchemaError(f"{where}: a disaggregated point runs in mode sustained or burst; allowed: "
                               "workload.mode sustained or burst (a closed loop through P/D is not modelled)")
-        if exp.search and exp.search["target"] == "min_cost":
-            raise SchemaError("search.target: min_cost prices replicas of one kind, and a disaggregated point has "
-                              "two pools; allowed: min_replicas (the fewest decode replicas: GPUs in all rank the "
-                              "points), max_rate, max_goodput or max_burst_scale")
         decode = f"{KEY}.decode_replicas"
-        if exp.search and exp.search["target"] == "min_replicas" and decode in swept:
-            raise SchemaError(f"search.target: min_replicas varies {decode} on a disaggregated point, which the "
-                              f"sweep also sets ({exp.written.get(decode, decode)}); allowed: one of them (sweep "
-                              f"{KEY}.prefill_replicas for a P:D grid)")
+        if exp.search and exp.search["target"] in ("min_replicas", "min_cost") and decode in swept:
+            raise SchemaError(f"search.target: {exp.search['target']} varies {decode} on a disaggregated point, "
+                              f"which the sweep also sets ({exp.written.get(decode, decode)}); allowed: one of them "
+                              f"(sweep {KEY}.prefill_replicas for a P:D grid)")
         tp = point.config["engine"]["tensor_parallel_size"]
         p_tp = block["prefill_tensor_parallel_size"] or tp
         d_tp = block["decode_tensor_parallel_size"] or tp
@@ -213,15 +208,15 @@ def comparison(exp, points) -> dict | None:  # exp: schema.Experiment, points: t
     figures = {"per_gpu": points[COLUMNS["per_gpu"]] if searched else points["goodput_per_gpu"],
                "per_usd": points[COLUMNS["per_usd"]] if searched else points["goodput_per_usd"]}
     by = "per_usd" if rank_by(exp) == "per_usd" else "per_gpu"
-    split = points["gpus"].notna() & _is_split(exp, points)
+    split, sized = _is_split(exp, points), points["gpus"].notna()  # (a shape min_cost never searched has no GPUs)
     best = []
-    for kind in (split, ~split):
+    for kind in (split & sized, ~split & sized):
         ranked = figures[by][kind].dropna()
         if ranked.empty:
             return None
         best.append(ranked.idxmax())
     p, c = best
-    same = figures[by][~split & (points["gpus"] == points["gpus"][p])].dropna()
+    same = figures[by][~split & sized & (points["gpus"] == points["gpus"][p])].dropna()
 
     def side(i) -> dict:
         return {"point": int(points["point"][i]), "label": str(points["label"][i]), "gpus": float(points["gpus"][i]),

@@ -52,10 +52,11 @@ def interval(exp: Experiment, row: pd.Series) -> tuple[float, float]:
         value = float(row[exp.objective["metric"]])
         return float(row.get("objective_low", value)), float(row.get("objective_high", value))
     low, high = float(row["answer_low"]), float(row["answer_high"])
+    if exp.search["target"] == "min_cost":  # what is bought: GPU-hours at their price (min_cost.Shape.hour)
+        high_cost = float(row["shape_cost_high"])
+        return float(row["shape_cost_low"]), (high_cost if math.isfinite(high) else math.inf)
     if exp.search["target"] in REPLICA_TARGETS:  # GPUs: a P/D point's prefill pool (fixed) + decode replicas x per
         per, fixed = float(row.get("gpus_per_replica", 1)), fixed_gpus(row)
-        if exp.search["target"] == "min_cost":  # what is bought: GPU-hours at their price
-            per *= float(row["price_per_gpu_hour"])
         return low * per + fixed, (high * per + fixed if math.isfinite(high) else math.inf)
     by = scale(exp, row)
     return (low / by if math.isfinite(low) else -math.inf), high / by

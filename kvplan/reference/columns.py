@@ -105,14 +105,15 @@ MIN_COST = (
     Column("status", f"the shape's place in the answer: {', '.join(min_cost.STATUSES)}", MIN_COST_SEARCH),
     Column("status_reason", "why a shape was rejected or left unsearched (memory figures, the gate's line, the "
                             "failed SLOs, the cost bound); empty for a winner or a feasible shape", MIN_COST_SEARCH),
-    Column("price_per_gpu_hour", "$ per GPU-hour of the shape's GPU (the experiment's prices, its kind)",
+    Column("price_per_gpu_hour", "$ per GPU-hour of the shape's GPU (a P/D shape: its decode pool's; the "
+                                 "experiment's prices, its kind)",
            MIN_COST_SEARCH),
     Column("lower_bound_replicas", "the analytic bound's fewest replicas for the offered rate (experiments.bound)",
            MIN_COST_SEARCH),
-    Column("lower_bound_per_hour", "$/h of those replicas: no search of the shape can answer cheaper",
-           MIN_COST_SEARCH),
-    Column("shape_cost_per_hour", "$/h at the shape's answer: replicas x GPUs per replica x $/GPU-hour (NaN: no "
-                                  "answer)", MIN_COST_SEARCH),
+    Column("lower_bound_per_hour", "$/h of those replicas (+ a P/D shape's prefill pool): no search of the shape "
+                                   "can answer cheaper", MIN_COST_SEARCH),
+    Column("shape_cost_per_hour", "$/h at the shape's answer: replicas x GPUs per replica x $/GPU-hour, + a P/D "
+                                  "shape's prefill pool at its GPU's price (NaN: no answer)", MIN_COST_SEARCH),
     Column("shape_cost_low", "$/h at the lowest seed's answer", MIN_COST_SEARCH),
     Column("shape_cost_high", "$/h at the highest seed's answer", MIN_COST_SEARCH),
     Column("shape_cost_model_lo", "$/h at the low end of the answer's model range (the replicas re-found with the "

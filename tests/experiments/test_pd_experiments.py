@@ -83,9 +83,6 @@ def test_a_pool_setting_is_a_block_key_and_a_sweep_key():
      "sweep.grid.disaggregation.decode_replicas: varies an option of the disaggregation block, which this"),
     ({"disaggregation": PD, "workload": {**WORKLOAD, "concurrency": 4}},
      "disaggregation: a disaggregated point runs in mode sustained or burst"),
-    ({"disaggregation": PD, "slo": {"p99_ttft_ms": 500}, "search": {"target": "min_cost", "low": 1, "high": 4}},
-     "search.target: min_cost prices replicas of one kind, and a disaggregated point has two pools; allowed: "
-     "min_replicas"),
     ({"disaggregation": PD, "slo": {"p99_ttft_ms": 500}, "search": {"target": "min_replicas", "low": 1, "high": 4},
       "sweep": {"grid": {"disaggregation.decode_replicas": [1, 2]}}},
      "search.target: min_replicas varies disaggregation.decode_replicas on a disaggregated point, which the sweep "
@@ -170,3 +167,32 @@ def test_a_replica_search_of_pd_points_counts_decode_replicas_and_ranks_by_all_t
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "the fewest decode replicas meeting the SLOs: 2 (model range not searched (search.model_range: none); " \
            "1 seed) = 3 GPUs (1 in the prefill pool + 2 decode replicas x 1 GPU each: TP x PP)" in summary
+
+
+def test_a_cost_search_of_pd_shapes_pays_each_pool_at_its_gpus_price(tmp_path, capsys):
+    """min_cost on P/D shapes: the prefill pool is paid as set, the decode replicas searched, each pool at its own
+    GPU's price - in the answer, the lower bound and the cost bound's reason."""
+    from kvplan.sim.specs.prices import price_table
+
+    short = {"prompt": {"dist": "lognormal", "median": 100, "sigma": 0.3, "max": 400},
+             "output": {"dist": "lognormal", "median": 100, "sigma": 0.3, "max": 300}}
+    cheap = {**PD, "decode_replicas": 1, "decode_hardware": "a100-80gb"}
+    path = tmp_path / "pd_cost.yaml"
+    path.write_text(yaml.safe_dump({
+        **BASE, "workload": {"synthetic": {**WORKLOAD["synthetic"], "lengths": short}, "rate": 150},
+        "probe": {"duration_s": 20, "min_requests": 40}, "seeds": [0],
+        "sweep": {"zip": {"disaggregation": [{**PD, "decode_replicas": 1}, cheap]}},
+        "search": {"target": "min_cost", "low": 1, "high": 4, "model_range": "none"},
+        "slo": {"p90_tpot_ms": 12}, "outputs": {"plots": False, "report": False}}))
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    h100, a100 = (price_table(None).gpu_hour(name) for name in ("h100-sxm", "a100-80gb"))
+    points = pd.read_parquet(tmp_path / "out" / "points.parquet").set_index("point")
+    winner = points.loc[0]
+    assert winner["status"] == "winner" and winner["fixed_gpus"] == 1 and winner["gpus"] == 1 + winner["answer"]
+    assert winner["shape_cost_per_hour"] == pytest.approx(h100 + winner["answer"] * h100)
+    assert points.loc[1, "lower_bound_per_hour"] == pytest.approx(h100 + points.loc[1, "lower_bound_replicas"] * a100)
+    assert f"1 prefill GPUs + {winner['answer']:g} decode replicas x 1 GPUs" in printed
+    if points.loc[1, "status"] == "cost bound":  # the A100 decode pool: TPOT 12 ms needs more than the ceiling
+        assert f"at least the prefill pool's ${h100:.4g}/h + " in points.loc[1, "status_reason"]
+    assert "P/D vs co-located" not in printed  # (no co-located point: no comparison)
