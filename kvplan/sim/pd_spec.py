@@ -40,8 +40,8 @@ POOL_ROUTERS = ("round_robin", "least_outstanding", "least_kv_usage", "prefix_aw
 @dataclass(frozen=True, slots=True)
 class PDOption:
     """One option: its `Disaggregation` field, kind ('int', 'float', 'str', 'choice'), bounds and help - or a
-    pool's value of a serving setting (`field`: the setting's own, which then checks and parses it). The flag is
-    `--` + the name with dashes."""
+    pool's value of a serving setting (`declared`: the setting's own field, which then checks and parses it). The
+    flag is `--` + the name with dashes."""
 
     name: str
     kind: str
@@ -179,7 +179,7 @@ class Disaggregation:
     def options(self) -> dict[str, Any]:
         """Every option by name with its value (None: unset): how a point stores the block, `of`'s inverse."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pool_settings"}
-        return out | {name: self.pool_settings.get(name) for name in POOL_NAMES}
+        return out | {o.name: self.pool_settings.get(o.name) for o in POOL_OPTIONS}  # (in the options' order)
 
     def pool(self, role: str) -> dict[str, Any]:
         """`role`'s pool's own settings, by setting name (`POOL_SETTINGS`)."""
@@ -259,7 +259,8 @@ def disaggregation_from_mapping(mapping: object, where: str = "disaggregation") 
     if not isinstance(mapping, dict):
         raise UserError(f"{where}: {short_repr(mapping)}; allowed: a mapping of {listed(OPTIONS)}")
     for key in mapping:
-        setting = key.split("_", 1)[1] if key.startswith(tuple(f"{role}_" for role in ROLES)) else ""
+        own = isinstance(key, str) and key.startswith(tuple(f"{role}_" for role in ROLES))
+        setting = key.split("_", 1)[1] if own else ""
         if setting in SHARED_SETTINGS:
             raise UserError(f"{where}.{key}: {SHARED_SETTINGS[setting]} (vLLM's NIXL connector refuses a "
                             f"mismatch); allowed: engine.{setting} for both pools")
