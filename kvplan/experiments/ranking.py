@@ -224,6 +224,6 @@ def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
     fixed = fixed_gpus(row)
     if fixed:  # a P/D point: its decode pool searched, its prefill pool as set
         return f"the fewest decode replicas meeting the SLOs: {value:g} ({spread}) = {fixed + value * per:g} GPUs " \
-               f"({fixed:g} in the prefill pool + {value:g} decode replicas x {each})"
+               f"({fixed:g} in the prefill pool + {value:g} decode replicas x {each}){cost}"
     return f"the fewest replicas meeting the SLOs: {value:g} ({spread}) = {value * per:g} GPUs ({value:g} " \
            f"replicas x {each}){cost}"
