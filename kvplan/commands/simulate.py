@@ -183,9 +183,11 @@ def run(args: argparse.Namespace) -> int:
     shape = f" at TP {tp} x PP {pp} ({args.replicas * tp * pp} GPUs in all)" if tp * pp > 1 else ""
     pd_info = runs[0]["info"].get("disaggregation")
     if pd_info is not None:
-        shape = (f" disaggregated: {pd_info['prefill_replicas']} prefill ({pd_info['prefill_hardware']}, TP "
-                 f"{pd_info['prefill_tp']}) + {pd_info['decode_replicas']} decode ({pd_info['decode_hardware']}, TP "
-                 f"{pd_info['decode_tp']}) over {pd_info['kv_link']}")
+        shape = " disaggregated: " + " + ".join(
+            f"{pd_info[f'{role}_replicas']} {role} ({pd_info[f'{role}_hardware']}, TP {pd_info[f'{role}_tp']}"
+            f"{'' if pd_info.get(f'{role}_pp', 1) == 1 else ' x PP ' + str(pd_info[f'{role}_pp'])})"
+            for role in ("prefill", "decode")
+        ) + f" over {pd_info['kv_link']}"
     print(f"{args.trace}: {len(trace)} requests on {args.replicas} x {args.model} / {args.hardware}{shape} "
           f"({args.cost} cost, router {args.router}, eviction {args.eviction_policy}, "
           f"preemption {args.preemption_mode})\n")

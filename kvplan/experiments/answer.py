@@ -21,8 +21,10 @@ import pandas as pd
 from kvplan.engine.core.vllm_versions import NEWEST
 from kvplan.experiments import model_range
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
-from kvplan.experiments.pd_block import per_gpu_line
-from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, rank_span, span
+from kvplan.experiments.pd_block import comparison_line
+from kvplan.experiments.rank_by import COLUMNS, rank_by
+from kvplan.experiments.rank_by import UNITS as RANK_UNITS
+from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, fixed_gpus, rank_span, span
 from kvplan.experiments.results import cell, load_line, point_table
 from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, Experiment
 from kvplan.sim.gpu.model_error import ModelError
@@ -59,8 +61,10 @@ def answer_table(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
     """The answer's table: headers and rows of text. The first column marks the recommended point `*` and the
     tied ones `=`."""
     ranged = exp.search is not None and points[list(model_range.RANGE_COLUMNS)].notna().any(axis=None)
+    by = rank_by(exp)  # a rate ranked per GPU or per $: that figure beside the answer
     if exp.search:
-        headers = ["", "configuration", UNITS[exp.search["target"]], "seeds", *(["model range"] if ranged else [])]
+        headers = ["", "configuration", UNITS[exp.search["target"]], *([RANK_UNITS[by]] if by != "rate" else []),
+                   "seeds", *(["model range"] if ranged else [])]
     else:
         headers = ["", "configuration", exp.objective["metric"], "seeds", "SLOs met"]
     headers += ["binding limit", "key that moves it"]
@@ -73,7 +77,10 @@ def answer_table(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
             text = _number(value)
             if exp.search["target"] in REPLICA_TARGETS and math.isfinite(value):
                 text += f" = {row['gpus']:g} GPUs"
-            cells += [text if math.isfinite(value) else "none", span(exp, row) if math.isfinite(value) else "-"]
+            cells.append(text if math.isfinite(value) else "none")
+            if by != "rate":
+                cells.append(_number(row[COLUMNS[by]]))
+            cells.append(span(exp, row) if math.isfinite(value) else "-")
             if ranged:
                 low, high = row["capacity_model_lo"], row["capacity_model_hi"]
                 cells.append("-" if not (math.isfinite(low) or math.isfinite(high)) else
@@ -99,7 +106,10 @@ def verdict_line(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
     best = by_point[rec.point]
     text = f"Recommended (*): {short_label(exp, best)}"
     if exp.search:
-        text += f", {_number(best['answer'])} {UNITS[exp.search['target']]}"
+        unit = "decode replicas" if fixed_gpus(best) else UNITS[exp.search["target"]]  # (a P/D replica search)
+        text += f", {_number(best['answer'])} {unit}"
+        if rank_by(exp) != "rate":
+            text += f" = {_number(best[COLUMNS[rank_by(exp)]])} {RANK_UNITS[rank_by(exp)]}"
     else:
         text += f", {exp.objective['metric']} {_number(best[exp.objective['metric']])}"
     text += f" (seeds {rank_span(exp, best)}"
@@ -181,6 +191,8 @@ def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width:
     search = exp.search
     what = f"{search['target']} ({UNITS[search['target']]})" if search else \
         f"{exp.objective['goal']} {exp.objective['metric']}"
+    if rank_by(exp) != "rate":
+        what += f" ranked in {RANK_UNITS[rank_by(exp)]} (search.rank_by: {rank_by(exp)})"
     console.print(f"{exp.name}: {what}, {len(points)} configuration(s), seeds {exp.seeds}, {vllm_text(exp, points)}")
     console.print(table)
     if "frontier_cost" in points:  # a min_cost search: its winner line says the verdict and the cost once
@@ -191,7 +203,7 @@ def render(exp: Experiment, points: pd.DataFrame, rec: Recommendation, *, width:
     else:
         console.print(verdict_line(exp, points, rec), style="bold" if terminal else "")
         console.print(cost_text(exp, points, rec))
-    if (per_gpu := per_gpu_line(exp, points)) is not None:  # P/D vs co-located on what a GPU serves
+    if (per_gpu := comparison_line(exp, points)) is not None:  # P/D vs co-located per GPU and per $
         console.print(per_gpu)
     notes = sorted({str(n) for n in points.get("model_range_note", pd.Series(dtype=str)) if isinstance(n, str) and n})
     if notes:  # why a point has no model range ('-' in the table)
@@ -236,7 +248,7 @@ def markdown_answer(exp: Experiment, points: pd.DataFrame, rec: Recommendation) 
     headers, rows = answer_table(exp, points, rec)
     lines = ["## Answer", "", "| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
     lines += ["| " + " | ".join(c.replace("*", "\\*").replace("|", "\\|") for c in row) + " |" for row in rows]
-    per_gpu = per_gpu_line(exp, points)
+    per_gpu = comparison_line(exp, points)
     lines += ["", verdict_line(exp, points, rec).replace("(*)", "(\\*)"), "", cost_text(exp, points, rec), "",
               *([per_gpu, ""] if per_gpu else []),
               f"SLOs: {slo_text(exp)}.", "",

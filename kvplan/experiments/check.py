@@ -125,12 +125,12 @@ def check_point(exp: Experiment, point: Point):  # -> traces.Trace
     """Build the point's workload and simulator exactly as its first run will (nothing is simulated); returns the
     workload as built (at the search's high end)."""
     from kvplan.experiments.execute import build_probe, build_spec, build_trace
-    from kvplan.experiments.schema import SEARCH_TARGETS
+    from kvplan.experiments.pd_block import varied_key
     from kvplan.sim.frontend import frontend_for
     from kvplan.sim.run import build_configs, build_cost, check_trace
     from kvplan.traces.steady import population
 
-    varied = SEARCH_TARGETS[exp.search["target"]] if exp.search else None
+    varied = varied_key(exp, point.config)
     ends = {f"search.{end} {exp.search[end]:g}: ": {varied: exp.search[end]} for end in ("low", "high")} \
         if exp.search else {"": None}
     end = ""

@@ -39,8 +39,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from kvplan.experiments.pd_block import varied_key
 from kvplan.experiments.points import Point, run_config
-from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, SEARCH_TARGETS, Experiment
+from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, Experiment
 
 GUIDED_PROBES = 3
 WARM_S = 5.0  # simulated seconds of the untimed warm-up run before a point's micro-runs
@@ -154,7 +155,7 @@ def point_cost(exp: Experiment, point: Point) -> float:
     search = exp.search
     probe: dict[str, object] | None = None
     if search is not None:
-        key, mid = SEARCH_TARGETS[search["target"]], _between(search, search["low"], search["high"])
+        key, mid = varied_key(exp, point.config), _between(search, search["low"], search["high"])
         probe = {key: mid}
     # per-request SLO bounds are judged inside a run, as `search.PointTask` passes them
     extra = {"attainment": exp.attainment} if exp.attainment else {}

@@ -6,6 +6,10 @@ analytic bound's climb, each seed on its own), at the workload's rate and SLOs. 
 
     cost ($/h) = replicas (the median of the seeds' answers) x GPUs per replica (TP x PP) x $/GPU-hour
 
+A P/D shape's search counts its decode replicas (`pd_block.varied_key`) and its prefill pool is paid as it is:
+cost = the prefill pool's $/h + decode replicas x a decode replica's GPUs x its GPU's $/GPU-hour (each pool at its
+own GPU's price); every figure below is in that form (`Shape.fixed_per_hour`: 0 for a co-located shape).
+
 with the $/GPU-hour of the experiment's prices (`sim.specs.prices`; a GPU without a price is refused before
 anything runs). The answer is the cheapest shape (`ranking`: a shape whose cost interval over the seeds overlaps
 the cheapest's is a tie, and none is recommended). Before anything is simulated each shape is screened:
@@ -74,10 +78,16 @@ class Shape:
     point: int
     label: str
     gpus_per_replica: int
-    price: float  # $ per GPU-hour
+    price: float  # $ per GPU-hour (of the searched pool's GPU)
     status: str = ""  # "" (to search), "gate" or "memory"
     reason: str = ""
     fewest: int = 1  # the fewest replicas the analytic bound allows (at least search.low)
+    fixed_gpus: int = 0  # a P/D shape's prefill pool, which its search does not vary (module docstring)
+    fixed_per_hour: float = 0.0  # its $/h
+
+    def hour(self, replicas: float) -> float:
+        """$ per hour of the shape at `replicas` of its searched pool."""
+        return self.fixed_per_hour + replicas * self.per_replica
 
     @property
     def per_replica(self) -> float:
@@ -87,7 +97,7 @@ class Shape:
     @property
     def lower_bound(self) -> float:
         """$ per hour of the fewest replicas the analytic bound allows: no seed's answer costs less."""
-        return self.fewest * self.per_replica
+        return self.hour(self.fewest)
 
 
 def screen(exp: Experiment, points: list[Point]) -> dict[int, Shape]:
@@ -95,6 +105,7 @@ def screen(exp: Experiment, points: list[Point]) -> dict[int, Shape]:
     without a price refuses the whole search in one line naming it."""
     from kvplan.experiments.bound import point_bound
     from kvplan.experiments.execute import build_probe, build_spec, population
+    from kvplan.experiments.pd_block import answer_hour, pools, replica_unit
     from kvplan.experiments.search import bounded
     from kvplan.sim.run import build_cost
 
@@ -102,14 +113,14 @@ def screen(exp: Experiment, points: list[Point]) -> dict[int, Shape]:
     shapes = {}
     for point in points:
         config = run_config(point.config, exp.seeds[0])
-        hardware = str(config["hardware"])
-        if hardware not in table.entries:
-            raise UserError(f"search.target: min_cost needs the $/GPU-hour of every GPU searched; {hardware} (point "
-                            f"{point.index}, {point.label}) has no price; allowed: add `prices: {{{hardware}: "
-                            "DOLLARS_PER_GPU_HOUR}`, or drop it from the grid")
-        engine = config["engine"]
-        gpus = int(engine.get("tensor_parallel_size", 1)) * int(engine.get("pipeline_parallel_size", 1))
-        shape = Shape(point.index, point.label, gpus, table.gpu_hour(hardware), fewest=exp.search["low"])
+        for hardware, _ in pools(config):  # (a P/D shape: each pool's GPU; the searched pool's is the last)
+            if hardware not in table.entries:
+                raise UserError(f"search.target: min_cost needs the $/GPU-hour of every GPU searched; {hardware} "
+                                f"(point {point.index}, {point.label}) has no price; allowed: add `prices: "
+                                f"{{{hardware}: DOLLARS_PER_GPU_HOUR}}`, or drop it from the grid")
+        fixed, gpus = replica_unit(exp, config)
+        shape = Shape(point.index, point.label, gpus, table.gpu_hour(hardware), fewest=exp.search["low"],
+                      fixed_gpus=fixed, fixed_per_hour=answer_hour(exp, config, 0))
         shapes[point.index] = shape
         try:
             build_cost(build_spec(config))
@@ -142,7 +153,7 @@ class CostPlan:
         high = int(self.exp.search["high"])
         if not self.exp.search["prune"]:
             return high
-        return min(high, math.floor(self.ceiling / shape.per_replica * (1 + 1e-12)))
+        return min(high, math.floor((self.ceiling - shape.fixed_per_hour) / shape.per_replica * (1 + 1e-12)))
 
     def release(self, tasks: list) -> tuple[list[int], list[tuple[int, int]]]:  # tasks: search.PointTask
         """(shapes settled by the cost bound now, (task index, ceiling) of capped searches to resume). Shapes
@@ -173,10 +184,12 @@ class CostPlan:
             assert best is not None
             shape, low = self.shapes[point], self.lowest(self.shapes[point], tasks)
             how = "searched up to the cost ceiling" if point in self.started else "the analytic bound: never simulated"
+            prefill = f"the prefill pool's ${shape.fixed_per_hour:.4g}/h + " if shape.fixed_per_hour else ""
             self.skipped[point] = (
-                f"at least {low / shape.per_replica:g} replicas x {shape.gpus_per_replica} GPUs x "
-                f"${shape.price:.3g}/GPU-h = ${low:.4g}/h for its cheapest seed ({how}), above ${limit:.4g}/h, the "
-                f"high end of the cheapest shape's interval ({self.shapes[best[0]].label})")
+                f"at least {prefill}{(low - shape.fixed_per_hour) / shape.per_replica:g} replicas x "
+                f"{shape.gpus_per_replica} GPUs x ${shape.price:.3g}/GPU-h = ${low:.4g}/h for its cheapest seed "
+                f"({how}), above ${limit:.4g}/h, the high end of the cheapest shape's interval "
+                f"({self.shapes[best[0]].label})")
         return skipped, []
 
     def _start(self, tasks: list, limit: float) -> list[int]:
@@ -210,7 +223,7 @@ class CostPlan:
                 values.append(math.inf if task.answer is None else task.answer)
             else:
                 values.append(shape.fewest)
-        return min(values, default=shape.fewest) * shape.per_replica
+        return shape.hour(min(values, default=shape.fewest))
 
     def best(self, tasks: list) -> tuple[int, float] | None:
         """(the best-ranked settled shape that meets the SLOs, the high end of its cost interval), or None."""
@@ -224,9 +237,10 @@ class CostPlan:
             median = median_answer(answers, False)
             if median is None:
                 continue
-            per = self.shapes[point].per_replica
-            high = max(answers) * per if all(a is not None for a in answers) else math.inf
-            ranked.append((median * per, self.shapes[point].gpus_per_replica * median, median, point, high))
+            shape = self.shapes[point]
+            high = shape.hour(max(answers)) if all(a is not None for a in answers) else math.inf
+            ranked.append((shape.hour(median), shape.fixed_gpus + shape.gpus_per_replica * median, median, point,
+                           high))
         if not ranked:
             return None
         top = min(ranked)
@@ -247,13 +261,14 @@ def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.Dat
     shape = [plan.shapes[int(p)] for p in rows["point"]]
     rows["price_per_gpu_hour"] = [s.price for s in shape]
     per = np.array([s.per_replica for s in shape])
-    rows["shape_cost_per_hour"] = rows["answer"].to_numpy(dtype=float) * per
-    rows["shape_cost_low"] = rows["answer_low"].to_numpy(dtype=float) * per
-    rows["shape_cost_high"] = rows["answer_high"].to_numpy(dtype=float) * per  # NaN: a seed found none (open)
+    fixed = np.array([s.fixed_per_hour for s in shape])  # (a P/D shape's prefill pool; 0 co-located)
+    rows["shape_cost_per_hour"] = fixed + rows["answer"].to_numpy(dtype=float) * per
+    rows["shape_cost_low"] = fixed + rows["answer_low"].to_numpy(dtype=float) * per
+    rows["shape_cost_high"] = fixed + rows["answer_high"].to_numpy(dtype=float) * per  # NaN: a seed found none
     # the GPU model's error band on the cost: the replicas re-found with every step's compute at the band's edges
     # (model_range; NaN where the point has no range or an edge search ended outside [low, high])
-    rows["shape_cost_model_lo"] = rows["capacity_model_lo"].to_numpy(dtype=float) * per
-    rows["shape_cost_model_hi"] = rows["capacity_model_hi"].to_numpy(dtype=float) * per
+    rows["shape_cost_model_lo"] = fixed + rows["capacity_model_lo"].to_numpy(dtype=float) * per
+    rows["shape_cost_model_hi"] = fixed + rows["capacity_model_hi"].to_numpy(dtype=float) * per
     rows["status"] = np.where(capped, "cost bound", np.where(np.isfinite(rows["shape_cost_per_hour"]), "feasible",
                                                              "SLO"))
     rows["status_reason"] = [plan.skipped[int(row["point"])] if status == "cost bound" else
@@ -271,7 +286,8 @@ def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.Dat
         engine = values[index].config["engine"]
         extra.append({"point": index, "label": s.label, **values[index].values, "status": status,
                       "status_reason": reason, "price_per_gpu_hour": s.price, "gpus_per_replica":
-                      s.gpus_per_replica, "binding_limit": status, "binding_key": KEYS[status], "binding_votes": 0,
+                      s.gpus_per_replica, "fixed_gpus": s.fixed_gpus, "binding_limit": status,
+                      "binding_key": KEYS[status], "binding_votes": 0,
                       "binding_of": 0, "binding_detail": reason, "answer": math.nan, "answer_low": math.nan,
                       "answer_high": math.nan,
                       "search_outcome": status, "skipped": "", "answers": "", "model_range_note": "",
@@ -280,7 +296,8 @@ def cost_points(exp: Experiment, plan: CostPlan, points: pd.DataFrame) -> pd.Dat
     bound = {i: s for i, s in plan.shapes.items()}
     out["lower_bound_replicas"] = [bound[int(p)].fewest if not bound[int(p)].status else math.nan
                                    for p in out["point"]]
-    out["lower_bound_per_hour"] = out["lower_bound_replicas"] * out["gpus_per_replica"] * out["price_per_gpu_hour"]
+    out["lower_bound_per_hour"] = out["lower_bound_replicas"] * out["gpus_per_replica"] * out["price_per_gpu_hour"] \
+        + [bound[int(p)].fixed_per_hour for p in out["point"]]  # (a P/D shape's prefill pool)
     latency = exp.search["latency"]
     feasible = out["status"] == "feasible"
     out["frontier_throughput"] = pareto(out[latency], out["throughput_per_gpu"], feasible, maximize=True)

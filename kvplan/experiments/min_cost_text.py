@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 
+from kvplan.experiments.ranking import fixed_gpus
 from kvplan.experiments.schema import Experiment
 
 SHAPE_HEADERS = ("shape", "status", "replicas", "GPUs", "$/GPU-h", "$/h", "$/h over seeds", "$/h model range",
@@ -32,9 +33,13 @@ def winner_line(exp: Experiment, points: pd.DataFrame, rec) -> str:  # rec: rank
     if rec.point is None:
         return f"No deployment holds {held} within the SLOs: {rec.why}."
     row = by_point[rec.point]
-    return (f"Cheapest deployment holding {held}: {row['label']}: {_n(row['answer'], 'g')} replicas x "
+    fixed = fixed_gpus(row)
+    prefill = f"{fixed:g} prefill GPUs + " if fixed else ""
+    replicas = "decode replicas" if prefill else "replicas"  # (a P/D shape: its decode pool searched)
+    return (f"Cheapest deployment holding {held}: {row['label']}: {prefill}{_n(row['answer'], 'g')} {replicas} x "
             f"{int(row['gpus_per_replica'])} GPUs = {_n(row['gpus'], 'g')} GPUs, ${_n(row['shape_cost_per_hour'])}/h "
-            f"(${_n(row['price_per_gpu_hour'], '.3g')}/GPU-h; ${_n(row['shape_cost_low'])}-"
+            f"(${_n(row['price_per_gpu_hour'], '.3g')}/GPU-h{' for the decode GPUs' if prefill else ''}; "
+            f"${_n(row['shape_cost_low'])}-"
             f"{_n(row['shape_cost_high'])}/h over {int(row['seeds'])} seed(s), {model_range(row)} over the GPU "
             "model's error band), "
             f"${_n(row['usd_per_m_input_tokens'], '.3g')}/Mtok in, "

@@ -4,7 +4,9 @@ Each point has an interval over its seeds: for a search, the seeds' answers [ans
 open where a seed's answer lies outside the searched range: below it for a rate, above it for replicas); for a
 plain point, the range of the objective metric's per-seed values [objective_low, objective_high].
 
-    search (rates, scales, users): the highest median answer is best; another point ties with it when their
+    search (rates, scales, users): the highest median answer is best - for a rate, per GPU or per $ when
+                    `search.rank_by` says so (`rank_by`: each interval divided by the point's GPUs or $/s,
+                    the same divisor as its answer); another point ties with it when their
                     seed intervals overlap - or, when both have a model range from different cost-model sources
                     (their errors are independent), when those ranges overlap. Ranges from one source are not
                     compared: a step-time error moves every point it prices the same way.
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from kvplan.experiments import model_range
+from kvplan.experiments.rank_by import COLUMNS, UNITS, divisor, rank_by
 from kvplan.experiments.schema import REPLICA_TARGETS, Experiment
 
 UNTESTED = "one seed: the separation is not tested by a seed spread"
@@ -49,12 +52,26 @@ def interval(exp: Experiment, row: pd.Series) -> tuple[float, float]:
         value = float(row[exp.objective["metric"]])
         return float(row.get("objective_low", value)), float(row.get("objective_high", value))
     low, high = float(row["answer_low"]), float(row["answer_high"])
-    if exp.search["target"] in REPLICA_TARGETS:
-        per = float(row.get("gpus_per_replica", 1))
-        if exp.search["target"] == "min_cost":  # what is bought: GPU-hours at their price
-            per *= float(row["price_per_gpu_hour"])
-        return low * per, (high * per if math.isfinite(high) else math.inf)
-    return (low if math.isfinite(low) else -math.inf), high
+    if exp.search["target"] == "min_cost":  # what is bought: GPU-hours at their price (min_cost.Shape.hour)
+        high_cost = float(row["shape_cost_high"])
+        return float(row["shape_cost_low"]), (high_cost if math.isfinite(high) else math.inf)
+    if exp.search["target"] in REPLICA_TARGETS:  # GPUs: a P/D point's prefill pool (fixed) + decode replicas x per
+        per, fixed = float(row.get("gpus_per_replica", 1)), fixed_gpus(row)
+        return low * per + fixed, (high * per + fixed if math.isfinite(high) else math.inf)
+    by = scale(exp, row)
+    return (low / by if math.isfinite(low) else -math.inf), high / by
+
+
+def fixed_gpus(row: pd.Series) -> float:
+    """A replica search's GPUs it does not vary (a P/D point's prefill pool); 0 where none (a min_cost shape the
+    search never reached has no such column value)."""
+    value = float(row.get("fixed_gpus", 0.0))
+    return value if math.isfinite(value) else 0.0
+
+
+def scale(exp: Experiment, row: pd.Series) -> float:
+    """What the point's answer is divided by to be ranked (`rank_by`; 1 for a rate, or without a rate search)."""
+    return divisor(rank_by(exp), float(row.get("gpus", math.nan)), float(row.get("cost_per_hour", math.nan)))
 
 
 def span(exp: Experiment, row: pd.Series) -> str:
@@ -72,7 +89,11 @@ def span(exp: Experiment, row: pd.Series) -> str:
 
 def rank_span(exp: Experiment, row: pd.Series) -> str:
     """The interval a point is ranked by, in words: a min_cost point's $/hour over the seeds ("$33.41-44.64/h",
-    an open end "above"), else `span`."""
+    an open end "above"), a rate's per GPU or per $ ("3.2-3.5 req/s per GPU", `rank_by`), else `span`."""
+    if exp.search and rank_by(exp) != "rate":
+        low, high = interval(exp, row)
+        shown = "below" if not math.isfinite(low) else f"{low:.4g}"
+        return f"{shown}-{high:.4g} {UNITS[rank_by(exp)]}"
     if not (exp.search and exp.search["target"] == "min_cost"):
         return span(exp, row)
     low, high = interval(exp, row)
@@ -96,8 +117,8 @@ def tied(exp: Experiment, best: pd.Series, other: pd.Series) -> bool:
     if _overlap(mine, theirs):
         return True
     if exp.search and best.get("model_error_source") != other.get("model_error_source"):
-        ranges = [(float(r.get("capacity_model_lo", math.nan)), float(r.get("capacity_model_hi", math.nan)))
-                  for r in (best, other)]
+        ranges = [(float(r.get("capacity_model_lo", math.nan)) / scale(exp, r),
+                   float(r.get("capacity_model_hi", math.nan)) / scale(exp, r)) for r in (best, other)]
         return all(math.isfinite(v) for pair in ranges for v in pair) and _overlap(*ranges)
     return False
 
@@ -119,10 +140,20 @@ def recommend(exp: Experiment, points: pd.DataFrame) -> Recommendation:
             ranking = "ranked by $/hour (replicas x GPUs x $/GPU-hour), then GPUs, then replicas"
         elif target in REPLICA_TARGETS:  # what is bought is GPUs: 3 replicas at TP 2 beat 2 at TP 4
             ranked = found.sort_values(["gpus", "answer", metric], ascending=[True, True, ascending], kind="stable")
-            ranking = "ranked by GPUs (replicas x TP x PP), then replicas"
+            pd_points = "fixed_gpus" in found and bool((found["fixed_gpus"] > 0).any())
+            ranking = "ranked by GPUs (" + ("a P/D point's prefill pool + decode replicas x TP x PP" if pd_points
+                                            else "replicas x TP x PP") + "), then replicas"
         else:
-            ranked = found.sort_values(["answer", metric], ascending=[False, ascending], kind="stable")
-            ranking = "ranked by the median answer"
+            by = rank_by(exp)
+            column = COLUMNS[by]
+            if by != "rate":  # (a point without the divisor - no price - cannot be placed)
+                found = found[found[column].notna()]
+                if found.empty:
+                    return Recommendation(None, "", f"no point has a figure {UNITS[by]} (search.rank_by: {by})")
+            ranked = found.sort_values([column, metric], ascending=[False, ascending], kind="stable")
+            ranking = "ranked by the median answer" + ("" if by == "rate" else
+                                                       f" in {UNITS[by]} ({ranked.iloc[0][column]:.4g}; "
+                                                       f"search.rank_by: {by})")
         return _decide(exp, ranked, capacity_sentence(exp, ranked.iloc[0]) + "; " + ranking, "seed interval",
                        "seed intervals")
     eligible = points[points["slo_met"]] if (exp.slo or exp.attainment) else points
@@ -189,5 +220,10 @@ def capacity_sentence(exp: Experiment, row: pd.Series) -> str:
     per = int(row.get("gpus_per_replica", 1))
     cost = f" at ${row['shape_cost_per_hour']:.4g}/h (${row['price_per_gpu_hour']:.3g}/GPU-h)" \
         if target == "min_cost" else ""
+    each = f"{per} GPU{'s' if per > 1 else ''} each: TP x PP"
+    fixed = fixed_gpus(row)
+    if fixed:  # a P/D point: its decode pool searched, its prefill pool as set
+        return f"the fewest decode replicas meeting the SLOs: {value:g} ({spread}) = {fixed + value * per:g} GPUs " \
+               f"({fixed:g} in the prefill pool + {value:g} decode replicas x {each}){cost}"
     return f"the fewest replicas meeting the SLOs: {value:g} ({spread}) = {value * per:g} GPUs ({value:g} " \
-           f"replicas x {per} GPU{'s' if per > 1 else ''} each: TP x PP){cost}"
+           f"replicas x {each}){cost}"

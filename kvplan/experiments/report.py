@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvplan.experiments import model_range, plots
+from kvplan.experiments import model_range, pd_block, plots
 from kvplan.experiments.answer import cost_markdown, summary_markdown, vllm_text
 from kvplan.experiments.criteria import gate_lines
 from kvplan.experiments.min_cost import mark_winner
 from kvplan.experiments.min_cost_text import FRONTIER_HEADERS, SHAPE_HEADERS, frontier_rows, shape_rows, winner_line
+from kvplan.experiments.rank_by import rank_by
 from kvplan.experiments.ranking import Recommendation, capacity_sentence, recommend
 from kvplan.experiments.results import (
     COUNTS,
@@ -92,9 +93,7 @@ def latency_figure(exp: Experiment, runs: pd.DataFrame, points: pd.DataFrame,
     configuration's answer dotted and its binding SLO crossed at its first failing probe (`binding_at`)."""
     keys = [k for k in swept if k not in ("workload.rate_scale", "workload.rate", "workload.concurrency")]
     replicas = exp.search is not None and exp.search["target"] in REPLICA_TARGETS
-    if replicas:
-        runs = runs.assign(gpus=runs["cluster.replicas"] * runs["engine.tensor_parallel_size"]
-                           * runs["engine.pipeline_parallel_size"])
+    # (runs.parquet's gpus: each run's deployment at its probed replicas, a P/D point's pools included)
     x, answer = ("gpus", "gpus") if replicas else ("offered_rate_rps", "offered_rate_rps")
     knees = {" ".join(f"{k.split('.')[-1]}={row[k]}" for k in keys) or "base": row[answer]
              for _, row in points.iterrows()} if exp.search else None
@@ -128,7 +127,8 @@ def write_results(exp: Experiment, outcome: Outcome, staging: Path) -> None:
     doc = {"name": exp.name, "recommendation": {"point": rec.point, "label": rec.label, "why": rec.why,
                                                 "tie": [{"point": i, "label": label} for i, label in
                                                         zip(rec.tie, rec.tie_labels, strict=True)],
-                                                "runner_up": rec.runner_up},
+                                                "runner_up": rec.runner_up, "rank_by": rank_by(exp)},
+           "pd_vs_co_located": pd_block.comparison(exp, points),
            "slo": slo_lines(exp), "gates": [{"name": g.name, "condition": g.short, "key": g.key or None}
                                             for g in gate_lines(exp)],
            "runs": len(outcome.runs), "runs_made": outcome.made,

@@ -31,11 +31,12 @@ import pandas as pd
 
 from kvplan.experiments import binding, model_range, pd_block
 from kvplan.experiments.criteria import failures
+from kvplan.experiments.rank_by import COLUMNS, RATE_TARGETS, rank_by, ranked_columns
 from kvplan.experiments.ranking import Recommendation as Recommendation
 from kvplan.experiments.ranking import capacity_sentence as capacity_sentence
 from kvplan.experiments.ranking import recommend as recommend
 from kvplan.experiments.runner import Outcome
-from kvplan.experiments.schema import REPLICA_TARGETS, SEARCH_TARGETS, Experiment
+from kvplan.experiments.schema import REPLICA_TARGETS, Experiment
 from kvplan.experiments.search import PointTask
 from kvplan.results.summary import SUMMARY_KEYS
 from kvplan.sim.dollars import COST_KEYS, cost_fields, pools_cost_fields
@@ -90,7 +91,6 @@ def run_cost(exp: Experiment, doc: dict, config: dict) -> dict[str, object]:
 
 
 def runs_frame(exp: Experiment, outcome: Outcome) -> pd.DataFrame:
-    probe_key = SEARCH_TARGETS[exp.search["target"]] if exp.search else None
     rows, seen = [], set()
     for key, run in outcome.runs.items():
         doc, config = run["doc"], run["config"]
@@ -100,6 +100,7 @@ def runs_frame(exp: Experiment, outcome: Outcome) -> pd.DataFrame:
                 continue
             seen.add((point.index, key))
             flat = flatten(config)
+            probe_key = pd_block.varied_key(exp, point.config)  # (a P/D replica search: its decode pool's)
             rows.append({"point": point.index, "label": point.label, "seed": config["seed"],
                          "probe": float(flat[probe_key]) if probe_key else math.nan, "run": key, **flat,
                          "step_scale": float(config.get("step_scale", 1.0)),
@@ -176,12 +177,13 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
             row["probes"] = sum(v not in t.decided for t in tasks for v, _ in t.probes)  # simulated ones
             row["capacity_rps"] = row["request_throughput"]  # sustained: completions per second of window
             row["capacity_tok_s"] = row["total_token_throughput"]
-            if exp.search["target"] in REPLICA_TARGETS:  # what the answer costs: every replica's GPUs
-                engine = first.config.get("engine", {})
-                row["gpus_per_replica"] = engine.get("tensor_parallel_size", 1) * \
-                    engine.get("pipeline_parallel_size", 1)
-                row["gpus"] = row["answer"] * row["gpus_per_replica"]
-                row |= answer_cost(row)
+            if exp.search["target"] in REPLICA_TARGETS:  # what the answer costs: every replica's GPUs (and a P/D
+                # point's prefill pool, which its search does not vary)
+                row["fixed_gpus"], row["gpus_per_replica"] = pd_block.replica_unit(exp, first.config)
+                row["gpus"] = row["fixed_gpus"] + row["answer"] * row["gpus_per_replica"]
+                row |= answer_cost(row, pd_block.answer_hour(exp, first.config, row["answer"]))
+            if exp.search["target"] in RATE_TARGETS:  # what `search.rank_by` may rank by
+                row |= ranked_columns(row)
             row |= binding.search_binding(tasks, runs).columns()
         else:
             row |= binding.sweep_binding(exp, at).columns()
@@ -189,15 +191,15 @@ def points_frame(exp: Experiment, outcome: Outcome, runs: pd.DataFrame) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def answer_cost(row: dict) -> dict[str, float]:
+def answer_cost(row: dict, cost: float) -> dict[str, float]:
     """A replica search's cost at its answer (the median of the seeds' replica counts), not the mean over the
     seeds' own answers, whose deployments may differ (1, 2, 2 replicas average to a deployment nobody runs): $/h is
-    the answer's replicas' GPUs x the price, and the per-token prices and requests per $ are the seeds' runs'
-    averages re-priced from their mean $/h to the answer's (the tokens and the prefill share stay the runs')."""
+    `cost`, the answer's GPUs at their prices (`pd_block.answer_hour`), and the per-token prices and requests per $
+    are the seeds' runs' averages re-priced from their mean $/h to the answer's (the tokens and the prefill share
+    stay the runs')."""
     paid = row["cost_per_hour"]
-    if not (math.isfinite(row["answer"]) and math.isfinite(paid) and paid > 0):
+    if not (math.isfinite(row["answer"]) and math.isfinite(paid) and paid > 0 and math.isfinite(cost)):
         return {}
-    cost = row["answer"] * row["gpus_per_replica"] * row["price_per_gpu_hour"]
     factor = cost / paid
     return {"cost_per_hour": cost, "billed_gpus": row["gpus"],
             "usd_per_m_input_tokens": row["usd_per_m_input_tokens"] * factor,
@@ -243,7 +245,9 @@ def point_table(exp: Experiment, points: pd.DataFrame) -> tuple[list[str], list[
     search = ["answer", "answer_low", "answer_high", *model_range.RANGE_COLUMNS, "capacity_rps", "capacity_tok_s",
               "search_outcome", "objective_low", "objective_high"]
     if exp.search and exp.search["target"] in REPLICA_TARGETS:
-        search[1:1] = ["gpus_per_replica", "gpus"]
+        search[1:1] = ["fixed_gpus", "gpus_per_replica", "gpus"]
+    elif exp.search and exp.search["target"] in RATE_TARGETS and (pd_block.used(exp) or rank_by(exp) != "rate"):
+        search[1:1] = ["gpus", *(COLUMNS[by] for by in ("per_gpu", "per_usd"))]  # what the points are ranked by
     # P/D and co-located shapes of different sizes: compared per GPU
     per_gpu = ["gpus", "goodput_per_gpu"] if pd_block.used(exp) and "gpus" not in search else []
     headers = ["point", "label", *per_gpu, *(search if exp.search else ["objective_low", "objective_high"]),

@@ -35,13 +35,16 @@
       low: 0.25                             #   stable and meets the SLOs; max_goodput: the same with the
       high: 256                             #   attainment SLO (DistServe's goodput); max_concurrency: the most
       tolerance: 0.05                       #   users; max_burst_scale: the highest burst rate_scale;
-      combine: median                       #   min_replicas: the fewest cluster.replicas; min_cost: the cheapest
+      combine: median                       #   min_replicas: the fewest cluster.replicas (a P/D point: decode
+                                            #   replicas, pd_block.varied_key); min_cost: the cheapest
                                             #   point at its fewest replicas (min_cost.py). combine: median of
                                             #   the seeds' answers with their range, or all (every seed must pass)
       prune: true                           # min_cost only (min_cost.py): skip shapes whose analytic cost bound
       latency: p99_ttft_ms                  #   is above the cheapest found; the frontier's latency metric
       model_range: recommended              # the answer re-searched at the model-error band's edges: for the
                                             #   recommended point, every_point, or none (search.py)
+      rank_by: per_gpu                      # max_rate/max_goodput: rank by the answer (rate), per GPU or per $
+                                            #   (rank_by.py; default per_gpu when the points' GPUs differ)
     slo:                                    # a run meets its SLO when every line holds
       p99_ttft_ms: 2000                     # {p50,p90,p99}_{ttft,tpot,itl,e2el}_ms: upper bounds
       attainment: {ttft_ms: 1000, tpot_ms: 80, fraction: 0.95}  # share of requests within all the bounds
@@ -64,7 +67,7 @@ from pathlib import Path
 
 from kvplan.engine.core.settings import KEY_ALIASES, for_side
 from kvplan.errors import ConfigError, UserError
-from kvplan.experiments import pd_block
+from kvplan.experiments import pd_block, rank_by
 from kvplan.experiments.fields import Field, SchemaError, check_fields, check_mapping
 from kvplan.experiments.min_cost_keys import COST_SEARCH, check_cost_keys
 from kvplan.experiments.written import check_components, parse_engine, spellings
@@ -181,7 +184,7 @@ SEARCH: dict[str, Field] = {"target": Field("choice", None, tuple(SEARCH_TARGETS
                             "model_range": Field("choice", "recommended", ("recommended", "every_point", "none"),
                                                  help="where the answer is re-searched at the edges of the cost "
                                                  "model's error band: the recommended point, every point, or none"),
-                            **COST_SEARCH}
+                            "rank_by": rank_by.FIELD, **COST_SEARCH}
 SEARCH_DEFAULTS = {"max_rate": (0.25, 256.0), "max_goodput": (0.25, 256.0), "max_concurrency": (1, 1024),
                    "max_burst_scale": (0.25, 16.0), "min_replicas": (1, 64), "min_cost": (1, 64)}
 SEARCH_SEEDS = [0, 1, 2]  # a search's default seeds: capacity is reported as a median with its range
@@ -282,6 +285,7 @@ def parse_experiment(doc: object, source: Path, text: str = "") -> Experiment:
     exp.seeds = parse_seeds(doc, SEARCH_SEEDS if exp.search and draws else [0])
     exp.outputs = check_fields(doc.get("outputs"), "outputs", OUTPUTS)
     exp.prices = parse_prices(doc.get("prices"), source)
+    rank_by.resolve(exp)  # (its default and per_usd's check need the points and the prices)
     return exp
 
 
@@ -438,6 +442,7 @@ def parse_search(doc: object, exp: Experiment) -> dict | None:
         if problem is not None:
             raise SchemaError(f"search.{key}: {target} varies {varied}, which {problem}")
     check_cost_keys(doc, search, exp.slo)
+    rank_by.check(doc, search)
     if search["low"] >= search["high"]:
         raise SchemaError(f"search.low: must be below search.high ({short_repr(search['high'])}), got "
                           f"{short_repr(search['low'])}")

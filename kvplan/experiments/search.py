@@ -7,9 +7,10 @@
     min_replicas:  lo [fails] ----- mid ----- hi [meets]; ends when hi = lo + 1; answer = hi
 
 Analytic bounds (`experiments.bound`, for a sustained load searched over its rate or its replicas on a GPU by
-name): a probe whose verdict the bound already knows - a rate above the rate bound, fewer replicas than the
-offered rate needs by it - is decided to fail without a simulation (never the search's first probe); the other
-probes are the ones the search would make without the bound, so the answer is the same. A replica search with a
+name; a disaggregated point's rate bound is the smallest of its pools' and its KV link's): a probe whose verdict
+the bound already knows - a rate above the rate bound, fewer replicas than the offered rate needs by it - is
+decided to fail without a simulation (never the search's first probe); the other probes are the ones the search
+would make without the bound, so the answer is the same. A replica search with a
 bound does not bisect [low, high]: it climbs from the bound's fewest replicas (at least `low`) by 1, 2, 4, ...
 until a count meets, then bisects the last step - the answer a bisection finds under the assumption below,
 without probing the large counts a bisection starts with. The values decided are listed in the answer
@@ -50,10 +51,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvplan.experiments.bound import PointBound, point_bound
+from kvplan.experiments.bound import PDBound, PointBound, point_bound
 from kvplan.experiments.criteria import failures
+from kvplan.experiments.pd_block import varied_key
 from kvplan.experiments.points import Point, expand, run_config
-from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, SEARCH_TARGETS, Experiment
+from kvplan.experiments.schema import INTEGER_TARGETS, REPLICA_TARGETS, Experiment
 
 if TYPE_CHECKING:
     from kvplan.experiments.min_cost import CostPlan
@@ -93,7 +95,8 @@ class PointTask:
     leader: PointTask | None = None  # a guided search starts from this (finished) search's bracket
     step: float = 0.0  # a guided search's current outward step (a ratio, or a width for integer targets)
     step_scale: float = 1.0  # every step's compute time x this: 1, or an edge of the model-error band
-    bound: PointBound | None = None  # the point's analytic bounds (experiments.bound): decided probes, a climb
+    bound: PointBound | PDBound | None = None  # the point's analytic bounds (experiments.bound): decided probes,
+    # a climb
     gallop: bool = False  # a replica search stepping up from its bound, not bisecting [low, high]
     decided: list[object] = field(default_factory=list)  # probed values the bound decided (failed, not simulated)
     plan: CostPlan | None = None  # a min_cost search: the plan says when the point's first search may start
@@ -111,7 +114,8 @@ class PointTask:
 
     @property
     def key(self) -> str | None:
-        return SEARCH_TARGETS[self.target] if self.exp.search else None
+        """The key the search varies (`pd_block.varied_key`: a P/D point's replica search, its decode pool's)."""
+        return varied_key(self.exp, self.point.config)
 
     @property
     def ready(self) -> bool:

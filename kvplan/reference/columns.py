@@ -34,6 +34,7 @@ class Column:
 
 
 SEARCH = "a search"
+RATE_SEARCH = "a max_rate or max_goodput search"
 SUMMARY = Column("(every summary metric)", "the run's summary: see [Summary metrics](#summary-metrics)",
                  members=SUMMARY_KEYS)
 MODEL_ERROR = (
@@ -80,7 +81,7 @@ RUN_COLUMNS: tuple[Column, ...] = (
     Column("disaggregation", "the run's deployment in short: co-located, or xPyD with the pools' TP when set"),
     Column("disaggregation.<option>", "the run's prefill/decode pools (experiments.pd_block; null in each: "
            "co-located)", members=tuple(f"disaggregation.{k}" for k in OPTIONS)),
-    Column("gpus", "the deployment's GPUs: replicas x TP x PP, or each P/D pool's replicas x its TP, x PP"),
+    Column("gpus", "the deployment's GPUs: replicas x TP x PP, or each P/D pool's replicas x its TP x its PP"),
     Column("workload.<key>", "the load: mode, rate, concurrency, rate_scale", members=tuple(
         f"workload.{k}" for k in ("mode", "rate", "concurrency", "rate_scale"))),
     Column("step_scale", "the factor on every step's compute time: 1 for the answer's runs, a band edge's factor "
@@ -104,14 +105,15 @@ MIN_COST = (
     Column("status", f"the shape's place in the answer: {', '.join(min_cost.STATUSES)}", MIN_COST_SEARCH),
     Column("status_reason", "why a shape was rejected or left unsearched (memory figures, the gate's line, the "
                             "failed SLOs, the cost bound); empty for a winner or a feasible shape", MIN_COST_SEARCH),
-    Column("price_per_gpu_hour", "$ per GPU-hour of the shape's GPU (the experiment's prices, its kind)",
+    Column("price_per_gpu_hour", "$ per GPU-hour of the shape's GPU (a P/D shape: its decode pool's; the "
+                                 "experiment's prices, its kind)",
            MIN_COST_SEARCH),
     Column("lower_bound_replicas", "the analytic bound's fewest replicas for the offered rate (experiments.bound)",
            MIN_COST_SEARCH),
-    Column("lower_bound_per_hour", "$/h of those replicas: no search of the shape can answer cheaper",
-           MIN_COST_SEARCH),
-    Column("shape_cost_per_hour", "$/h at the shape's answer: replicas x GPUs per replica x $/GPU-hour (NaN: no "
-                                  "answer)", MIN_COST_SEARCH),
+    Column("lower_bound_per_hour", "$/h of those replicas (+ a P/D shape's prefill pool): no search of the shape "
+                                   "can answer cheaper", MIN_COST_SEARCH),
+    Column("shape_cost_per_hour", "$/h at the shape's answer: replicas x GPUs per replica x $/GPU-hour, + a P/D "
+                                  "shape's prefill pool at its GPU's price (NaN: no answer)", MIN_COST_SEARCH),
     Column("shape_cost_low", "$/h at the lowest seed's answer", MIN_COST_SEARCH),
     Column("shape_cost_high", "$/h at the highest seed's answer", MIN_COST_SEARCH),
     Column("shape_cost_model_lo", "$/h at the low end of the answer's model range (the replicas re-found with the "
@@ -155,9 +157,16 @@ POINT_COLUMNS: tuple[Column, ...] = (
     Column("probes", "how many probes the point's searches ran", SEARCH),
     Column("skipped", "the probed values the analytic bound decided fail without simulating them, and the bound "
                       "(experiments.bound); empty when none", SEARCH),
+    Column("answer_per_gpu", "the answer over gpus: req/s per GPU (what search.rank_by per_gpu ranks by)",
+           RATE_SEARCH),
+    Column("answer_per_usd", "requests per $ at the answer: answer x 3600 / cost_per_hour (what search.rank_by "
+                             "per_usd ranks by; NaN: not priced)", RATE_SEARCH),
     Column("capacity_rps", "requests per second served at the answer", SEARCH),
     Column("capacity_tok_s", "tokens per second served at the answer", SEARCH),
-    Column("gpus_per_replica", "tensor x pipeline parallel size", "a min_replicas search"),
+    Column("gpus_per_replica", "tensor x pipeline parallel size (a P/D point: of a decode replica)",
+           "a min_replicas search"),
+    Column("fixed_gpus", "the GPUs the replica search does not vary: a P/D point's prefill pool (0 co-located); "
+                         "gpus = fixed_gpus + answer x gpus_per_replica", "a min_replicas search"),
     Column("binding_limit", "what stopped the answer from being better: an SLO (p99 TTFT, ...), KV memory, a "
                             "stability gate or a bound of the searched range; for a plain point the SLO it fails "
                             "or has the least headroom on ('none' without SLOs)"),

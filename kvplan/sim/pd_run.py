@@ -51,7 +51,7 @@ def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
                                                                                                 d_cost))
     cluster.run()
     result = collect(cluster, goodput)
-    info["pools"] = pools_info(cluster, info, spec.pipeline_parallel_size)
+    info["pools"] = pools_info(cluster, info)
     result.info.update(disaggregation=info, **extra)
     return result
 
@@ -81,12 +81,12 @@ def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Cal
                         " allowed: one --block-size for both")
     assert isinstance(p_cost, AnalyticCost) and isinstance(d_cost, AnalyticCost)  # (checked above)
     p_tp, d_tp = pd.tp(spec)
+    p_pp, d_pp = p_spec.pipeline_parallel_size, d_spec.pipeline_parallel_size
     bs = d_cache.block_size
-    per_rank, busiest = rank_bytes_per_token(d_cost.model, d_cost.kv_dtype_bytes, p_tp, d_tp,
-                                             spec.pipeline_parallel_size)
+    per_rank, busiest = rank_bytes_per_token(d_cost.model, d_cost.kv_dtype_bytes, p_tp, d_tp, p_pp, d_pp)
     bandwidth, latency = link_figures(pd, get_hardware(p_spec.hardware), get_hardware(d_spec.hardware))
     links = [make_link(pd, bandwidth, latency, busiest * bs) for _ in range(pd.decode_replicas)]
-    moved = per_rank * bs * d_tp * spec.pipeline_parallel_size  # every decode rank's bytes per block
+    moved = per_rank * bs * d_tp * d_pp  # every decode rank's bytes per block
     every = interval(d_spec, d_cost)
     front_cost = frontend_for(spec.entry_point, spec.api_server_latency_ms)
     front = None if front_cost is None else \
@@ -100,6 +100,7 @@ def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Cal
     cluster.frontend = front
     info = {"link_bandwidth_bytes_per_s": bandwidth, "link_latency_s": latency, "kv_link": pd.kv_link,
             "kv_bytes_per_token_per_decode_rank": per_rank, "prefill_tp": p_tp, "decode_tp": d_tp,
+            "prefill_pp": p_pp, "decode_pp": d_pp,
             "prefill_replicas": pd.prefill_replicas, "decode_replicas": pd.decode_replicas,
             "prefill_hardware": p_spec.hardware, "decode_hardware": d_spec.hardware,
             "prefill_num_blocks": p_blocks, "decode_num_blocks": d_blocks,
@@ -113,9 +114,11 @@ def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Cal
     return cluster, info, extra
 
 
-def pools_info(cluster: DisaggCluster, info: dict, pp: int) -> list[dict]:
-    """Each pool's role, hardware, GPUs and GPU time (what `sim.dollars.pools_cost_fields` prices)."""
-    return [{"role": role, "hardware": info[f"{role}_hardware"], "gpus": len(pool.replicas) * info[f"{role}_tp"] * pp,
+def pools_info(cluster: DisaggCluster, info: dict) -> list[dict]:
+    """Each pool's role, hardware, GPUs (replicas x its TP x its PP) and GPU time (what
+    `sim.dollars.pools_cost_fields` prices)."""
+    return [{"role": role, "hardware": info[f"{role}_hardware"],
+             "gpus": len(pool.replicas) * info[f"{role}_tp"] * info[f"{role}_pp"],
              "busy_s": sum(r.busy_seconds for r in pool.replicas),
              "prefill_busy_s": sum(r.prefill_seconds for r in pool.replicas)}
             for role, pool in (("prefill", cluster.prefill), ("decode", cluster.decode))]

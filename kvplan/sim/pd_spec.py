@@ -6,6 +6,13 @@ A deployment is `prefill_replicas` prefill instances and `decode_replicas` decod
 pool on its own hardware and tensor-parallel degree (the run's when unset), each behind its own router (vLLM's
 toy P/D proxy picks each pool round robin), joined by a KV link (`sim.pd_transfer`).
 
+Each pool may also set its own value of the serving settings in `POOL_SETTINGS` (`prefill_max_num_seqs`, flag
+`--prefill-max-num-seqs`, ...; the run's value when unset): its pipeline stages, its scheduler's limits, chunking
+and prefix caching, and its share of GPU memory. Their options are generated from that tuple and each setting's
+declaration (`engine.core.settings`: kind, range, help). `block_size` and `kv_cache_dtype` are not among them:
+the transfer moves whole blocks of one layout, so the two pools must agree on both (vLLM's NIXL connector refuses
+a mismatch), and they stay the run's.
+
 The TP rule: a decode TP that is a multiple of the prefill TP (each decode rank reads the prefill rank holding
 its heads, vLLM's NIXL connector); a decode TP smaller than the prefill TP is refused - the issue's rule, which
 is vLLM <= 0.12's NIXL rule ("Decode TP cannot be smaller than prefill TP"; vLLM 0.34 accepts either direction
@@ -16,10 +23,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from kvplan.engine.core.settings import describe_range
+from kvplan.engine.core.settings import SETTINGS, Field, describe_range
 from kvplan.errors import UserError, listed, short_repr
 from kvplan.limits import MAX_REPLICAS
 
@@ -32,8 +39,9 @@ POOL_ROUTERS = ("round_robin", "least_outstanding", "least_kv_usage", "prefix_aw
 
 @dataclass(frozen=True, slots=True)
 class PDOption:
-    """One option: its `Disaggregation` field, kind ('int', 'float', 'str', 'choice'), bounds and help. The flag
-    is `--` + the name with dashes."""
+    """One option: its `Disaggregation` field, kind ('int', 'float', 'str', 'choice'), bounds and help - or a
+    pool's value of a serving setting (`declared`: the setting's own field, which then checks and parses it). The
+    flag is `--` + the name with dashes."""
 
     name: str
     kind: str
@@ -42,6 +50,7 @@ class PDOption:
     above: float | None = None  # exclusive
     maximum: float | None = None
     choices: tuple[str, ...] = ()
+    declared: Field | None = None  # a pool's setting (`POOL_SETTINGS`): its field as the simulator takes it
 
     @property
     def flag(self) -> str:
@@ -49,6 +58,8 @@ class PDOption:
 
     @property
     def allowed(self) -> str:
+        if self.declared is not None:
+            return self.declared.allowed()
         if self.kind == "choice":
             return listed(self.choices)
         if self.kind == "str":
@@ -60,6 +71,8 @@ class PDOption:
         """What is wrong with `value` (None: nothing); None values mean unset and are always allowed."""
         if value is None:
             return None
+        if self.declared is not None:
+            return self.declared.parse(value)[1]
         if self.kind == "choice":
             return None if value in self.choices else "not one of them"
         if self.kind == "str":
@@ -78,6 +91,11 @@ class PDOption:
 
     def parse(self, text: str) -> object:
         """The argparse type: a value of the kind, checked (argparse names the flag and exits 2)."""
+        if self.declared is not None:
+            parsed, problem = self.declared.parse_text(text)
+            if problem is not None:
+                raise argparse.ArgumentTypeError(f"{short_repr(text)}; allowed: {self.allowed}")
+            return parsed
         try:
             value: object = int(text) if self.kind == "int" else float(text) if self.kind == "float" else text
         except ValueError:
@@ -87,6 +105,24 @@ class PDOption:
         return value
 
 
+# The serving settings a pool may set for itself (module docstring); each must be a `sim` setting.
+POOL_SETTINGS = ("pipeline_parallel_size", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                 "long_prefill_token_threshold", "enable_prefix_caching", "gpu_memory_utilization")
+# Settings both pools must share, and why (a pool's own value is refused with this reason)
+SHARED_SETTINGS = {"block_size": "the transfer moves whole blocks, so both pools use one block size",
+                   "kv_cache_dtype": "the transfer copies the KV bytes as they are, so both pools use one KV dtype"}
+ROLES = ("prefill", "decode")
+
+
+def pool_option(role: str, setting: str) -> PDOption:
+    """The option of `role`'s pool's own value of `setting`, from the setting's declaration."""
+    declared = SETTINGS[setting]
+    assert "sim" in declared.sides, setting
+    return PDOption(f"{role}_{setting}", declared.kind, f"the {role} pool's {setting}: {declared.help} (default: "
+                    f"{declared.flag})", declared=declared.side_field("sim"))
+
+
+POOL_OPTIONS = tuple(pool_option(role, setting) for role in ROLES for setting in POOL_SETTINGS)
 PD_OPTIONS = (
     PDOption("prefill_replicas", "int", "prefill instances (with --decode-replicas: a disaggregated deployment)",
              minimum=1, maximum=MAX_REPLICAS),
@@ -107,8 +143,10 @@ PD_OPTIONS = (
              minimum=0),
     PDOption("kv_link_concurrency", "int", "transfers a decode instance's link carries at once, each at "
              "bandwidth / concurrency (default 1: one at a time at the full bandwidth)", minimum=1, maximum=1024),
+    *POOL_OPTIONS,
 )
 OPTIONS = {o.name: o for o in PD_OPTIONS}
+POOL_NAMES = frozenset(o.name for o in POOL_OPTIONS)
 
 
 @dataclass(slots=True)
@@ -127,12 +165,32 @@ class Disaggregation:
     kv_link_bandwidth: float | None = None
     kv_link_latency_ms: float | None = None
     kv_link_concurrency: int = 1
+    # the pools' own settings: `POOL_OPTIONS`' names (prefill_max_num_seqs, ...) -> their values, the set ones only
+    pool_settings: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> Disaggregation:
+        """From options by name (the flags', a YAML block's, a point's): the pools' settings into `pool_settings`,
+        in their canonical form (8.0 -> 8), unset (None) ones left out. Unchecked: `check` says what is wrong."""
+        own = {name: OPTIONS[name].declared.parse(value)[0] for name, value in options.items()  # type: ignore[union-attr]
+               if name in POOL_NAMES and value is not None}
+        return cls(**{k: v for k, v in options.items() if k not in POOL_NAMES}, pool_settings=own)
+
+    def options(self) -> dict[str, Any]:
+        """Every option by name with its value (None: unset): how a point stores the block, `of`'s inverse."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pool_settings"}
+        return out | {o.name: self.pool_settings.get(o.name) for o in POOL_OPTIONS}  # (in the options' order)
+
+    def pool(self, role: str) -> dict[str, Any]:
+        """`role`'s pool's own settings, by setting name (`POOL_SETTINGS`)."""
+        return {name.removeprefix(f"{role}_"): value for name, value in self.pool_settings.items()
+                if name.startswith(f"{role}_")}
 
     def check(self) -> None:
-        """Every field against its option, named by its flag (a YAML block: `disaggregation_from_mapping`)."""
-        for f in fields(self):
-            option = OPTIONS[f.name]
-            option.check(getattr(self, f.name), option.flag)
+        """Every option against its declaration, named by its flag (a YAML block: `disaggregation_from_mapping`)."""
+        for name, value in self.options().items():
+            option = OPTIONS[name]
+            option.check(value, option.flag)
 
     def tp(self, spec: SimSpec) -> tuple[int, int]:
         """(prefill TP, decode TP), checked against the TP rule (see the module)."""
@@ -145,17 +203,20 @@ class Disaggregation:
         return p, d
 
     def pool_specs(self, spec: SimSpec) -> tuple[SimSpec, SimSpec]:
-        """The prefill pool's and the decode pool's `SimSpec`: the run's, with the pool's replicas, hardware and
-        TP; settings vLLM filled from the run's hardware are filled again from the pool's."""
+        """The prefill pool's and the decode pool's `SimSpec`: the run's, with the pool's replicas, hardware, TP
+        and own settings (`pool`); settings vLLM filled from the run's hardware are filled again from the pool's
+        (unless the pool sets them)."""
         p_tp, d_tp = self.tp(spec)
-        return (pool_spec(spec, self.prefill_replicas, self.prefill_hardware or spec.hardware, p_tp),
-                pool_spec(spec, self.decode_replicas, self.decode_hardware or spec.hardware, d_tp))
+        return (pool_spec(spec, self.prefill_replicas, self.prefill_hardware or spec.hardware, p_tp,
+                          self.pool("prefill")),
+                pool_spec(spec, self.decode_replicas, self.decode_hardware or spec.hardware, d_tp,
+                          self.pool("decode")))
 
 
-def pool_spec(spec: SimSpec, replicas: int, hardware: str, tp: int) -> SimSpec:
+def pool_spec(spec: SimSpec, replicas: int, hardware: str, tp: int, own: dict[str, Any]) -> SimSpec:
     refill: dict[str, Any] = {name: None for name in spec.filled_defaults}
     return replace(spec, replicas=replicas, hardware=hardware, tensor_parallel_size=tp, disaggregation=None,
-                   filled_defaults=(), **refill)
+                   filled_defaults=(), **{**refill, **own})
 
 
 def add_pd_flags(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +228,8 @@ def add_pd_flags(parser: argparse.ArgumentParser) -> None:
             kw["choices"] = option.choices
         else:
             kw["type"] = option.parse
+        if option.kind == "bool":
+            kw["metavar"] = "true|false"
         group.add_argument(option.flag, **kw)  # type: ignore[arg-type]
 
 
@@ -183,7 +246,7 @@ def disaggregation_from_args(args: argparse.Namespace) -> Disaggregation | None:
             raise UserError(f"{OPTIONS[name].flag}: missing; {', '.join(OPTIONS[n].flag for n in other)} describe "
                             "a disaggregated deployment; allowed: both --prefill-replicas and --decode-replicas, "
                             "or no P/D flag")
-    pd = Disaggregation(**given)
+    pd = Disaggregation.of(given)
     pd.check()
     return pd
 
@@ -196,6 +259,11 @@ def disaggregation_from_mapping(mapping: object, where: str = "disaggregation") 
     if not isinstance(mapping, dict):
         raise UserError(f"{where}: {short_repr(mapping)}; allowed: a mapping of {listed(OPTIONS)}")
     for key in mapping:
+        own = isinstance(key, str) and key.startswith(tuple(f"{role}_" for role in ROLES))
+        setting = key.split("_", 1)[1] if own else ""
+        if setting in SHARED_SETTINGS:
+            raise UserError(f"{where}.{key}: {SHARED_SETTINGS[setting]} (vLLM's NIXL connector refuses a "
+                            f"mismatch); allowed: engine.{setting} for both pools")
         if key not in OPTIONS:
             raise UserError(f"{where}.{key}: unknown key; {did_you_mean(key, OPTIONS)}allowed: {listed(OPTIONS)}")
     for key in ("prefill_replicas", "decode_replicas"):
@@ -203,4 +271,4 @@ def disaggregation_from_mapping(mapping: object, where: str = "disaggregation") 
             raise UserError(f"{where}.{key}: missing; allowed: {OPTIONS[key].allowed}")
     for key, value in mapping.items():
         OPTIONS[key].check(value, f"{where}.{key}")
-    return Disaggregation(**mapping)
+    return Disaggregation.of(mapping)

@@ -11,7 +11,9 @@ so a load of b blocks moves b x block_size tokens per rank. Each decode rank rea
   k times.
 
 Ranks move their shares in parallel, each over its own GPU's link, so a transfer takes latency + the busiest
-rank's bytes / the per-GPU bandwidth; the busiest is a prefill rank (it sends k shares, k >= 1).
+rank's bytes / the per-GPU bandwidth; the busiest is a prefill rank (it sends k shares, k >= 1) - unless the
+pools have different pipeline stages: a rank holds its stage's layers, and a decode rank of fewer stages than the
+prefill side reads more layers than any one prefill rank sends.
 
 Time (`KVLink`): a decode instance's ingress is `concurrency` first-come-first-served lanes (`links.Link`), each
 at bandwidth / concurrency; a transfer takes the lane free first, waits for it, then holds it for latency +
@@ -40,10 +42,15 @@ LATENCY_S = {"nvlink": 5e-6, "rdma": NETWORK_LATENCY_S}
 
 
 def rank_bytes_per_token(model: ModelSpec, kv_dtype_bytes: float | None, prefill_tp: int, decode_tp: int,
-                         pp: int = 1) -> tuple[float, float]:
-    """(bytes a decode rank reads, bytes the busiest prefill rank sends) per token of a load (see the module)."""
-    per_decode_rank = model.kv_bytes_per_token(kv_dtype_bytes, decode_tp, pp)
-    return per_decode_rank, per_decode_rank * (decode_tp // prefill_tp)
+                         prefill_pp: int = 1, decode_pp: int | None = None) -> tuple[float, float]:
+    """(bytes a decode rank reads, bytes the busiest rank moves) per token of a load (see the module). With the
+    pools' own pipeline stages (decode_pp: prefill_pp's when None), a rank holds its stage's layers: a prefill
+    rank sends its layers' shares to k decode ranks, a decode rank reads its own layers' share; the busiest is
+    the larger (a decode rank with fewer stages than the prefill side reads more than any prefill rank sends)."""
+    decode_pp = prefill_pp if decode_pp is None else decode_pp
+    per_decode_rank = model.kv_bytes_per_token(kv_dtype_bytes, decode_tp, decode_pp)
+    sent = model.kv_bytes_per_token(kv_dtype_bytes, decode_tp, prefill_pp) * (decode_tp // prefill_tp)
+    return per_decode_rank, max(sent, per_decode_rank)
 
 
 def link_figures(pd: Disaggregation, prefill_hw: HardwareSpec, decode_hw: HardwareSpec) -> tuple[float, float]:

@@ -191,7 +191,7 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
     early = "" if reason.startswith("horizon") else reason
     result = _collect(cluster, num_blocks, probe, (w0, w1), stopped, early, duration, rate, front)
     if isinstance(cluster, DisaggCluster):
-        pd_info["pools"] = pools_info(cluster, pd_info, spec.pipeline_parallel_size)
+        pd_info["pools"] = pools_info(cluster, pd_info)
         result.info.update(disaggregation=pd_info, **{k: v for k, v in extra.items() if k != "num_blocks"})
     return result
 

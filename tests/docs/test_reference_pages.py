@@ -19,7 +19,7 @@ from kvplan.experiments import schema
 from kvplan.reference import PAGES, pages
 from kvplan.reference.cells import table
 from kvplan.reference.cli_page import cli_page, commands, visible
-from kvplan.reference.columns import MIN_COST_SEARCH, POINT_COLUMNS, RUN_COLUMNS, undocumented
+from kvplan.reference.columns import MIN_COST_SEARCH, POINT_COLUMNS, RATE_SEARCH, RUN_COLUMNS, undocumented
 from kvplan.reference.settings_page import settings_page
 from kvplan.results.summary import SUMMARY_HELP, SUMMARY_KEYS
 from kvplan.sim.specs.hardware import HARDWARE
@@ -113,7 +113,8 @@ def test_every_column_of_the_result_tables_has_a_meaning(tmp_path, capsys):
     capsys.readouterr()
     for name, declared in (("runs", RUN_COLUMNS), ("points", POINT_COLUMNS)):
         columns = pd.read_parquet(tmp_path / "out" / f"{name}.parquet").columns
-        absent = (MIN_COST_SEARCH,) if name == "points" else ()  # tests/experiments/test_min_cost.py checks them
+        # (tests/experiments/test_min_cost.py and test_pd_experiments.py check those)
+        absent = (MIN_COST_SEARCH, RATE_SEARCH) if name == "points" else ()
         assert undocumented(columns, declared, absent) == ([], []), f"{name}.parquet: (undescribed, no longer there)"
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from kvplan.cli import main
-from kvplan.reference.columns import POINT_COLUMNS, undocumented
+from kvplan.reference.columns import POINT_COLUMNS, RATE_SEARCH, undocumented
 from tests.experiments.test_runner import TINY_WORKLOAD, write_yaml
 
 HIGH = 4
@@ -61,7 +61,7 @@ def test_the_winner_is_the_cheapest_feasible_point_of_an_exhaustive_run(tmp_path
         text = capsys.readouterr().out
         points = pd.read_parquet(out / "points.parquet")
         # every column described in the reference (reference.columns), the min_cost ones included
-        assert undocumented(points.columns, POINT_COLUMNS) == ([], [])
+        assert undocumented(points.columns, POINT_COLUMNS, (RATE_SEARCH,)) == ([], [])
         result = json.loads((out / "result.json").read_text())
         won = points[points["status"] == "winner"]
         assert len(won) == 1 and int(won["point"].iloc[0]) == result["recommendation"]["point"]
