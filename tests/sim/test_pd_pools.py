@@ -21,7 +21,8 @@ BURST = Trace.build(np.zeros(16), np.full(16, 800), np.full(16, 50))  # 16 reque
 
 
 def pd_run(**options):
-    spec = SimSpec(model="llama-3-8b", hardware="h100-sxm",
+    # the engines' own times (no API servers, whose queue would stagger the burst before the prefill engine)
+    spec = SimSpec(model="llama-3-8b", hardware="h100-sxm", entry_point="llm",
                    disaggregation=Disaggregation.of({"prefill_replicas": 1, "decode_replicas": 1, **options}))
     return simulate(BURST, spec)
 
