@@ -20,14 +20,20 @@ the transfer's start, and from the transfer's end to the step that schedules it)
 (that step). The per-request table keeps each part (`*_ms`) and the summary their means and percentiles.
 
 The decode replicas' fast path (whole decode stretches at once) is bounded, as by an arrival, by the earliest
-moment anything can reach them: a transfer's end, or a prefill replica's next completion (no earlier than the end
-of its step under way, or the next arrival when it is idle).
+moment anything can reach them: a transfer's end, a delayed handoff, or a prefill replica's next completion (no
+earlier than the end of its step under way, or the next arrival when it is idle).
+
+Recorded (`RecordedHandoffs`, `kvplan validate` against a live pair): what happens between the instances is taken
+from the live run instead of modelled - when each request reached each instance (the proxy's hops), how long its
+pull took from the start of the decode step that began it, and when the prefill instance's export of it ended.
+Priced by each instance's own recorded steps, the cluster then reproduces the live pair's timeline.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
 
 import simpy
 
@@ -43,16 +49,29 @@ from kvplan.sim.stopping import Stoppable
 from kvplan.traces import Trace
 
 
+@dataclass(slots=True)
+class RecordedHandoffs:
+    """A live pair's record per trace row, seconds on its trace clock (see the module): when the request reached
+    the prefill instance and the decode instance, its pull's duration from the start of the decode step that began
+    it, and when the prefill instance's export of it ended (read)."""
+
+    prefill_arrival_s: list[float]
+    decode_arrival_s: list[float]
+    transfer_s: list[float]
+    release_s: list[float]
+
+
 class Pool:
     """One pool's replicas, router and cost (the replicas are numbered across both pools: prefill first)."""
 
     def __init__(self, cluster: DisaggCluster, first_index: int, count: int, router: Router, cache: CacheConfig,
-                 config: SchedulerConfig, cost: CostModel, next_arrival, fast_path: bool) -> None:
+                 config: SchedulerConfig, cost: CostModel, next_arrival, fast_path: bool,
+                 record_tokens: bool = False) -> None:
         self.router = router
         self.log = RequestLog()
         self.replicas = [Replica(cluster.env, first_index + i, cache, config, cost, self.log, next_arrival,
-                                 sample_interval_s=cluster.sample_interval_s, fast_path=fast_path)
-                         for i in range(count)]
+                                 sample_interval_s=cluster.sample_interval_s, fast_path=fast_path,
+                                 record_tokens=record_tokens) for i in range(count)]
 
 
 class DisaggCluster(Stoppable):
@@ -61,19 +80,23 @@ class DisaggCluster(Stoppable):
 
     def __init__(self, trace: Trace, prefill: tuple[int, Router, CacheConfig, SchedulerConfig, CostModel],
                  decode: tuple[int, Router, CacheConfig, SchedulerConfig, CostModel], links: list[KVLink],
-                 block_bytes_moved: float, *, sample_interval_s: float = 1.0, fast_path: bool = True) -> None:
+                 block_bytes_moved: float, *, sample_interval_s: float = 1.0, fast_path: bool = True,
+                 record_tokens: bool = False, recorded: RecordedHandoffs | None = None) -> None:
         self.env = simpy.Environment()
         self.trace = trace
         self.closed_loop = None  # (a steady-state probe reads it: P/D runs open-loop arrivals only)
         self.stopped = self.env.event()
         self.stop_reason = ""
         self.sample_interval_s = sample_interval_s
-        self.arrivals = trace.arrival_s.tolist()
+        self.recorded = recorded
+        # when each request reaches a prefill replica: at its arrival, or when the live pair's proxy got it there
+        self.arrivals = trace.arrival_s.tolist() if recorded is None else list(recorded.prefill_arrival_s)
         self.next_row = 0
         self.unservable: list[tuple[int, str]] = []
         x, y = prefill[0], decode[0]
-        self.prefill = Pool(self, 0, x, *prefill[1:], self._prefill_bound, fast_path)
-        self.decode = Pool(self, x, y, *decode[1:], self._decode_bound, fast_path)
+        fast_path = fast_path and not record_tokens  # every token time is stamped step by step
+        self.prefill = Pool(self, 0, x, *prefill[1:], self._prefill_bound, fast_path, record_tokens)
+        self.decode = Pool(self, x, y, *decode[1:], self._decode_bound, fast_path, record_tokens)
         self.links = links  # one per decode replica, in its order
         self.block_bytes_moved = block_bytes_moved  # every rank's bytes per block moved
         n = len(trace)
@@ -81,7 +104,7 @@ class DisaggCluster(Stoppable):
         self.prefill_replica = [-1] * n
         self.handoff_s, self.transfer_start_s, self.transfer_end_s = list(nan), list(nan), list(nan)
         self.transfer_bytes = [0.0] * n
-        self._pending: list[float] = []  # transfer ends not yet reached (a heap)
+        self._pending: list[float] = []  # transfer ends and delayed handoffs not yet reached (a heap)
         for replica in self.replicas:
             replica.stopped = self.stopped
         for replica in self.prefill.replicas:
@@ -141,13 +164,25 @@ class DisaggCluster(Stoppable):
         def close(row: int, sample: int, end: float) -> None:
             """The prefill replica's one token: the proxy sends the request on to a decode replica."""
             self.handoff_s[row] = end
-            request = self._request(row, end, int(self.trace.output_tokens[row]),
-                                    {"do_remote_prefill": True, "remote_engine_id": prefill.index})
-            if not self.decode.router.pick(request, self.decode.replicas).submit(request, row):
-                # refused by the decode side: it still tells the prefill side to free (vLLM's empty notify)
-                prefill.sched.finished_sending([str(row)])
-                prefill.wake(end)
+            at = end if self.recorded is None else self.recorded.decode_arrival_s[row]
+            if at > end:  # the live proxy's hop
+                heapq.heappush(self._pending, at)
+                self.env.process(self._submit_at(at, row, prefill))
+            else:
+                self._submit(end, row, prefill)
         return close
+
+    def _submit_at(self, at: float, row: int, prefill: Replica):
+        yield self.env.timeout(at - self.env.now)
+        self._submit(at, row, prefill)
+
+    def _submit(self, at: float, row: int, prefill: Replica) -> None:
+        request = self._request(row, at, int(self.trace.output_tokens[row]),
+                                {"do_remote_prefill": True, "remote_engine_id": prefill.index})
+        if not self.decode.router.pick(request, self.decode.replicas).submit(request, row):
+            # refused by the decode side: it still tells the prefill side to free (vLLM's empty notify)
+            prefill.sched.finished_sending([str(row)])
+            prefill.wake(at)
 
     def _loads(self, decode: Replica):
         link = self.links[decode.index - len(self.prefill.replicas)]
@@ -155,19 +190,26 @@ class DisaggCluster(Stoppable):
         def start(step: SchedulerOutput, now: float) -> None:
             for load in step.kv_loads:
                 row = int(load.request_id)
-                end = link.transfer(now, len(load.block_ids))
+                recorded = self.recorded
+                end = link.transfer(now, len(load.block_ids)) if recorded is None else now + recorded.transfer_s[row]
                 self.transfer_start_s[row], self.transfer_end_s[row] = now, end
                 self.transfer_bytes[row] = len(load.block_ids) * self.block_bytes_moved
                 heapq.heappush(self._pending, end)
                 prefill = self.prefill.replicas[self.prefill_replica[row]]
-                self.env.process(self._finish(load.request_id, end, prefill, decode))
+                self.env.process(self._received(load.request_id, end, decode))
+                self.env.process(self._read(load.request_id, end if recorded is None else recorded.release_s[row],
+                                            prefill))
         return start
 
-    def _finish(self, request_id: str, end: float, prefill: Replica, decode: Replica):
+    def _received(self, request_id: str, end: float, decode: Replica):
         yield self.env.timeout(max(end - self.env.now, 0.0))
         if request_id in decode.sched.requests:  # (nothing aborts in a simulation)
             decode.sched.finished_recving([request_id])
             decode.wake(end)
+
+    def _read(self, request_id: str, end: float, prefill: Replica):
+        """The prefill side learns its export was read (at the transfer's end; recorded: when the live one did)."""
+        yield self.env.timeout(max(end - self.env.now, 0.0))
         prefill.sched.finished_sending([request_id])
         prefill.wake(end)
 
@@ -180,6 +222,12 @@ class DisaggCluster(Stoppable):
     # -- results -------------------------------------------------------------------------------------------
     def itl(self) -> ItlLog:
         return ItlLog().merge(r.itl for r in self.decode.replicas)
+
+    def token_times(self, pool: Pool) -> dict[tuple[int, int], list[float]] | None:
+        """Every token time per (row, sample) of a pool's replicas (None: not recorded)."""
+        if pool.replicas[0].token_times is None:
+            return None
+        return {key: times for r in pool.replicas for key, times in (r.token_times or {}).items()}
 
     def series_rows(self) -> list[tuple]:
         return [row for r in self.replicas for row in r.series]

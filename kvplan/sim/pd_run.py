@@ -13,6 +13,7 @@ first_decode_step. The summary adds `mean_/median_/p99_` of each part (`PART_KEY
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -25,15 +26,18 @@ from kvplan.results.summary import kv_summary, summarize
 from kvplan.sim.cost import CostModel
 from kvplan.sim.cost.analytic import AnalyticCost
 from kvplan.sim.cost.scaled import scaled
-from kvplan.sim.disagg import DisaggCluster
-from kvplan.sim.pd_spec import Disaggregation
+from kvplan.sim.disagg import DisaggCluster, RecordedHandoffs
+from kvplan.sim.pd_spec import OPTIONS, Disaggregation
 from kvplan.sim.pd_transfer import link_figures, make_link, rank_bytes_per_token
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
 from kvplan.sim.spec import SimSpec
 from kvplan.sim.specs.hardware import get_hardware
+from kvplan.sim.specs.models import DTYPE_BYTES, get_model, sim_kv_dtype
 from kvplan.traces import Trace
 
+# what a pool sets for itself: a cost measured on one device cannot price it
+SHAPE_FIELDS = ("prefill_hardware", "decode_hardware", "prefill_tensor_parallel_size", "decode_tensor_parallel_size")
 PARTS = ("prefill_ttft_ms", "decode_admission_wait_ms", "transfer_ms", "first_decode_step_ms")
 PART_KEYS = tuple(f"{stat}_{part}" for part in PARTS for stat in ("mean", "median", "p99"))
 
@@ -52,21 +56,25 @@ def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
 
 
 def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Callable[[SimSpec, CostModel], float],
-                  step_scale: float = 1.0, lengths: Trace | None = None) -> tuple[DisaggCluster, dict, dict]:
+                  step_scale: float = 1.0, lengths: Trace | None = None, *, profiles: tuple[str, str] | None = None,
+                  recorded: RecordedHandoffs | None = None) -> tuple[DisaggCluster, dict, dict]:
     """The pools, links and cluster of a P/D run, not yet run; with info["disaggregation"] (less its pools: they
     are known after the run, `pools_info`) and the run's other info keys. `interval(decode spec, decode cost)`:
     the sampling interval; `step_scale` multiplies every step's compute time in both pools (`sim.cost.scaled`);
-    `lengths`: the trace whose lengths size the pools' scheduler limits (a probe's population; default `trace`)."""
+    `lengths`: the trace whose lengths size the pools' scheduler limits (a probe's population; default `trace`).
+    A calibrated or recorded cost (one device's measurements) prices pools that run on the run's own hardware and
+    TP; `profiles`: each pool's own (prefill, decode) profile - a live pair's recorded steps, one per instance -
+    and `recorded` the live pair's handoffs (`sim.disagg`)."""
     from kvplan.sim.run import build_configs, build_cost, over_length
 
-    if spec.cost != "analytic":
-        raise UserError(f"--cost: {spec.cost}: a disaggregated run prices each pool on its own hardware and TP; "
-                        "allowed: analytic")
-    if spec.record_tokens:
-        raise UserError("record_tokens: every token's time is not recorded in a disaggregated run yet; allowed: off")
+    if spec.cost != "analytic" and any(getattr(pd, f) is not None for f in SHAPE_FIELDS):
+        raise UserError(f"--cost: {spec.cost}: it was measured on one device, and the pools set their own "
+                        f"hardware or TP; allowed: analytic, or no {', '.join(OPTIONS[f].flag for f in SHAPE_FIELDS)}")
     if spec.entry_point != "llm" and spec.api_server_latency_ms is not None:
         raise UserError("--api-server-latency-ms: the P/D proxy's hops are not modelled yet; allowed: unset")
     p_spec, d_spec = pd.pool_specs(spec)
+    if profiles is not None:
+        p_spec, d_spec = replace(p_spec, profile=profiles[0]), replace(d_spec, profile=profiles[1])
     pools = []
     for pool_spec in (p_spec, d_spec):
         cost, num_blocks = build_cost(pool_spec)
@@ -76,11 +84,14 @@ def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Cal
     if p_cache.block_size != d_cache.block_size:
         raise UserError(f"--block-size: the pools' block sizes differ ({p_cache.block_size}, {d_cache.block_size});"
                         " allowed: one --block-size for both")
-    assert isinstance(p_cost, AnalyticCost) and isinstance(d_cost, AnalyticCost)  # (checked above)
     p_tp, d_tp = pd.tp(spec)
     bs = d_cache.block_size
-    per_rank, busiest = rank_bytes_per_token(d_cost.model, d_cost.kv_dtype_bytes, p_tp, d_tp,
-                                             spec.pipeline_parallel_size)
+    if isinstance(d_cost, AnalyticCost):
+        model, kv_bytes = d_cost.model, d_cost.kv_dtype_bytes
+    else:  # the model's layout, in the run's KV dtype
+        kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)
+        model, kv_bytes = get_model(spec.model), None if kv_dtype is None else DTYPE_BYTES[kv_dtype]
+    per_rank, busiest = rank_bytes_per_token(model, kv_bytes, p_tp, d_tp, spec.pipeline_parallel_size)
     bandwidth, latency = link_figures(pd, get_hardware(p_spec.hardware), get_hardware(d_spec.hardware))
     links = [make_link(pd, bandwidth, latency, busiest * bs) for _ in range(pd.decode_replicas)]
     moved = per_rank * bs * d_tp * spec.pipeline_parallel_size  # every decode rank's bytes per block
@@ -89,7 +100,8 @@ def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Cal
                                     scaled(p_cost, step_scale)),
                             (pd.decode_replicas, make_router(pd.decode_router), d_cache, d_config,
                              scaled(d_cost, step_scale)), links, moved, sample_interval_s=every,
-                            fast_path=spec.fast_path)
+                            fast_path=spec.fast_path and spec.cost != "recorded", record_tokens=spec.record_tokens,
+                            recorded=recorded)
     info = {"link_bandwidth_bytes_per_s": bandwidth, "link_latency_s": latency, "kv_link": pd.kv_link,
             "kv_bytes_per_token_per_decode_rank": per_rank, "prefill_tp": p_tp, "decode_tp": d_tp,
             "prefill_replicas": pd.prefill_replicas, "decode_replicas": pd.decode_replicas,
@@ -159,4 +171,5 @@ def collect(cluster: DisaggCluster, goodput: dict[str, float | None] | None) -> 
             "busy_s": sum(r.busy_seconds for r in replicas),
             "prefill_busy_s": sum(r.prefill_seconds for r in replicas)}
     summary = {**summarize(table, cluster.itl(), kv, goodput), **part_summary(table)}
-    return ServingResult(summary, table, series, info, None, rejected_rows(cluster.trace, rejected))
+    return ServingResult(summary, table, series, info, cluster.token_times(cluster.decode),
+                         rejected_rows(cluster.trace, rejected))
