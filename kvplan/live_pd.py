@@ -14,6 +14,8 @@ trace clock's origin on it and hands it to both. Recorded per request on that cl
 first step boundary at or after that time), when the decode step that began its pull started, when the pull began
 and ended, and when the prefill instance's export of it ended.
 
+Each instance runs torch on its own half of the machine's cores (as each instance of a real pair has its own GPU).
+
 Deadlines: loading is bounded by `LOAD_S`, the run by `stall_s` without any message from an instance; an instance that
 dies, raises or stalls fails the run (`PairFailed`, one line) and both processes are ended - never a hang.
 """
@@ -24,6 +26,7 @@ import contextlib
 import json
 import math
 import multiprocessing as mp
+import os
 import threading
 import time
 import traceback
@@ -140,11 +143,16 @@ def _worker(role: str, model: str, options: dict, seed: int, temperature: float,
             outbox: Connection, steps_path: str, interval: float, stall_s: float) -> None:
     """One instance (a spawned process): load, say ready, serve its inbox under the replay discipline, send its run."""
     try:
+        import torch
+
         from kvplan.engine.kv_transfer.config import parse_kv_transfer_config
         from kvplan.engine.llm import LLM
         from kvplan.engine.models import resolve_model
         from kvplan.engine.replay import LiveReplay
 
+        # Each instance its own half of the machine's cores, as each instance of a real pair has its own GPU: two
+        # engines each spinning up every core's threads fight for them (torch's OpenMP threads spin while waiting).
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // len(ROLES)))
         llm = LLM(model, seed=seed, kv_transfer=parse_kv_transfer_config(config), **options)
         layout = llm.kv_cache.layout
         meta = {**llm.profile_meta, "model_path": str(resolve_model(model)), "max_model_len": llm.max_model_len,
@@ -152,7 +160,7 @@ def _worker(role: str, model: str, options: dict, seed: int, temperature: float,
                 "kv_bytes_per_block": sum(t[0].numel() * t.element_size() for layer in llm.kv_cache.layers
                                           for t in layer.tensors()), "block_size": layout.block_size}
         outbox.send(("ready", meta))
-        if not inbox.poll(LOAD_S):
+        if not inbox.poll(LOAD_S + stall_s):
             raise RuntimeError("no start from the proxy")
         source = InboxArrivals(inbox, inbox.recv(), stall_s)
         run = InstanceRun(role, None, meta, steps_path)
@@ -191,7 +199,8 @@ def _worker(role: str, model: str, options: dict, seed: int, temperature: float,
 
 
 def run_pair(model: str, trace: Trace, options, out: Path, *, seed: int = 0,
-             temperature: float = 1.0, stall_s: float = 60.0, transfer_timeout_s: float = 30.0) -> PairRun:
+             temperature: float = 1.0, stall_s: float = 60.0, transfer_timeout_s: float = 30.0,
+             load_s: float = LOAD_S) -> PairRun:
     """Serve `trace` on a live prefill/decode pair (see the module); each instance's step profile goes to
     out/ROLE.steps.jsonl."""
     from kvplan.endpoint.local_server import free_port
@@ -208,19 +217,25 @@ def run_pair(model: str, trace: Trace, options, out: Path, *, seed: int = 0,
             role, model, asdict(options), seed, temperature, kv_config(role, port, transfer_timeout_s), inbox_r,
             outbox_w, str(out / f"{role}.steps.jsonl"), sample_interval(trace), stall_s))
         inboxes[role], outboxes[role] = inbox_w, outbox_r
-    for p in procs.values():
-        p.start()
+        procs[role].start()
+        inbox_r.close()  # the child's ends: closed here, so that a dead child is an EOF on its outbox
+        outbox_w.close()
+    ok = False
     try:
-        return _proxy(trace, procs, inboxes, outboxes, stall_s, seed, replay_requests)
+        result = _proxy(trace, procs, inboxes, outboxes, stall_s, load_s, seed, replay_requests)
+        ok = True
+        return result
     finally:
-        for p in procs.values():
-            p.join(timeout=5)
+        for p in procs.values():  # done: they are exiting; failed: end them now
+            p.join(timeout=5 if ok else 0)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+        for conn in (*inboxes.values(), *outboxes.values()):
+            conn.close()
 
 
-def _proxy(trace: Trace, procs: dict, inboxes: dict, outboxes: dict, stall_s: float, seed: int,
+def _proxy(trace: Trace, procs: dict, inboxes: dict, outboxes: dict, stall_s: float, load_s: float, seed: int,
            replay_requests) -> PairRun:
     """The parent's loop: every message from either instance, and each request sent at its arrival."""
     from kvplan.engine.replay import ReplayRequest
@@ -262,11 +277,20 @@ def _proxy(trace: Trace, procs: dict, inboxes: dict, outboxes: dict, stall_s: fl
                                                      kv_transfer_params=params))
         return len(ready)
 
-    give_up = time.monotonic() + LOAD_S
+    def check_alive() -> None:
+        for role, p in procs.items():
+            if role not in done and not p.is_alive() and p.exitcode is not None:
+                if outboxes[role] in by_conn:
+                    receive(0.1)  # its last words, if any
+                raise PairFailed(f"live P/D pair: the {role} instance (pid {p.pid}) exited with code {p.exitcode} "
+                                 "before it finished")
+
+    give_up = time.monotonic() + load_s
     while len(metas) < len(ROLES):
         if time.monotonic() > give_up:
-            raise PairFailed(f"live P/D pair: the instances did not load within {LOAD_S:g} s")
+            raise PairFailed(f"live P/D pair: the instances did not load within {load_s:g} s")
         receive(0.5)
+        check_alive()
     meta = metas["decode"]
     requests = replay_requests(trace, meta["vocab_size"], meta["max_model_len"], seed)
     if any(r.n != 1 for r in requests):
@@ -288,11 +312,7 @@ def _proxy(trace: Trace, procs: dict, inboxes: dict, outboxes: dict, stall_s: fl
         wait_s = 0.05 if sent == len(requests) else min(0.05, max(requests[sent].arrival_s - now, 0.0))
         if receive(wait_s) or sent < len(requests):
             heard = time.monotonic()
-        for role, p in procs.items():
-            if role not in done and not p.is_alive() and p.exitcode is not None:
-                receive(0.1)  # its last words, if any
-                raise PairFailed(f"live P/D pair: the {role} instance (pid {p.pid}) exited with code {p.exitcode} "
-                                 "before it finished")
+        check_alive()
         if time.monotonic() - heard > stall_s:
             raise PairFailed(f"live P/D pair: stalled: nothing from either instance for {stall_s:g} s (prefill "
                              f"{'done' if 'prefill' in done else 'running'}, decode "

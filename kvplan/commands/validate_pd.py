@@ -19,6 +19,7 @@ import argparse
 import math
 import sys
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -102,11 +103,16 @@ def run_pd(args: argparse.Namespace, pd: Disaggregation) -> int:
             from kvplan.sim.pd_run import PART_KEYS, simulate_disaggregated
             from kvplan.validation import LATENCY_KEYS, RATE_KEYS
 
-            spec = pair_spec(options, runs[0], trace, cost="calibrated", profile=profile)
-            sim = simulate_disaggregated(trace, spec, link_deployment(link, pd, sim_block_bytes(spec)))
-            write_tables(sim, where / "sim-calibrated", "parquet")
-            entry["timing"] = timing_entry(lives, sim, (*LATENCY_KEYS, *RATE_KEYS, *PART_KEYS))
-            sims["calibrated"] = sim
+            keys = (*LATENCY_KEYS, *RATE_KEYS, *PART_KEYS)
+            entry["speed"] = in_run_speed(profile, runs)
+            for label, key, path in (("calibrated", "timing", profile),
+                                     ("in-run-speed", "timing_in_run_speed",
+                                      scaled_profile(profile, entry["speed"]["factor"], where))):
+                spec = pair_spec(options, runs[0], trace, cost="calibrated", profile=path)
+                sim = simulate_disaggregated(trace, spec, link_deployment(link, pd, sim_block_bytes(spec)))
+                write_tables(sim, where / f"sim-{label}", "parquet")
+                entry[key] = timing_entry(lives, sim, keys)
+                sims[label] = sim
         from kvplan.commands.validate import cdf_plot_of
 
         (where / "cdf.png").write_bytes(cdf_plot_of(lives, sims, f"live P/D pair: {len(lives)} run(s) vs simulation"))
@@ -125,6 +131,27 @@ def run_pd(args: argparse.Namespace, pd: Disaggregation) -> int:
         print(f"\nwrote {args.out}/report.md, validation.json, and per live run: each instance's steps, the pair's "
               "record and its tables")
     return 0  # (as a co-located validation: the verdict is the report's)
+
+
+def in_run_speed(profile: str, runs: list) -> dict:
+    """How fast the instances' own steps went against the profile (Σ measured / Σ profile-predicted, per instance
+    and run, and over all): an oracle for this machine's speed, which leaves the model's error."""
+    from kvplan.commands.validate import in_run_factor
+    from kvplan.sim.cost.calibrated import load_profile
+
+    cost = load_profile(profile)
+    per = [{role: round(in_run_factor(cost, Path(getattr(run, role).steps_path)), 4) for role in ("prefill", "decode")}
+           for run in runs]
+    return {"instances": per, "factor": float(np.mean([f for p in per for f in p.values()]))}
+
+
+def scaled_profile(profile: str, factor: float, where: Path) -> str:
+    from kvplan.sim.cost.calibrated import load_profile, save_profile
+
+    path = where / "profile-in-run-speed.yaml"
+    save_profile(load_profile(profile).scaled(factor), path, f"{profile}, scaled by the live pair's own step speed: "
+                 f"x{factor:.4f}")
+    return str(path)
 
 
 def _round(value: float | None) -> float | None:

@@ -94,6 +94,11 @@ def pair_parts(c: dict) -> list:
     parts: list = [f"live run {i + 1}: prefill instance busy {_pct(b['prefill'])}, decode instance busy "
                    f"{_pct(b['decode'])}" for i, b in enumerate(c["instances_busy_fraction"])]
     parts.append(link_sentence(c))
+    if "speed" in c:
+        runs = "; ".join(f"run {i + 1}: prefill {f['prefill']:.3f}, decode {f['decode']:.3f}"
+                         for i, f in enumerate(c["speed"]["instances"]))
+        parts.append(f"the instances' own steps vs the profile (>1 = slower): {runs} (in_run_adj at "
+                     f"x{c['speed']['factor']:.3f})")
     parts += [f"policy (live run {p['repeat']}, {p['instance']} instance): {policy_sentence(p)}"
               for p in c.get("policy", [])]
     for t in c.get("timeline", []):
