@@ -59,7 +59,7 @@ class Output:
     command: str
     summary: tuple[str, ...] = ()
     keep: str | None = None
-    # a command that writes a result directory (`kvplan validate`): --out is a temporary one, shown as this path
+    # the --out a command names (`kvplan validate`): it runs with a temporary one instead, shown as this path
     out_dir: str | None = None
 
     def is_run(self) -> bool:
@@ -101,7 +101,8 @@ OUTPUTS: dict[str, Output] = {
                                        "--hardware cpu-local"),
     # the live prefill/decode pair (two SmolLM2 processes on this machine) against the P/D simulator
     "pd-validate": Output("kvplan validate --trace docs/validation/pd-trace.jsonl --model smollm2-135m "
-                          "--max-model-len 1024 --prefill-replicas 1 --decode-replicas 1 --repeats 2",
+                          "--max-model-len 1024 --prefill-replicas 1 --decode-replicas 1 --repeats 2 "
+                          "--out results/pd-validate",
                           out_dir="results/pd-validate"),
 }
 
@@ -111,8 +112,10 @@ def run(name: str, out: Output, workdir: Path) -> tuple[str, float]:
     then the summary.md sections asked for. A failing command stops the script, naming the output."""
     argv = shlex.split(out.command)
     result_dir = workdir / name
-    if out.is_run() or out.out_dir is not None:
+    if out.is_run():
         argv += ["--out", str(result_dir)]
+    if out.out_dir is not None:
+        argv[argv.index("--out") + 1] = str(result_dir)
     env = {**os.environ, "COLUMNS": COLUMNS, "NO_COLOR": "1", "TERM": "dumb",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     start = time.perf_counter()
@@ -123,8 +126,7 @@ def run(name: str, out: Output, workdir: Path) -> tuple[str, float]:
         raise SystemExit(f"docs_outputs: {name}: `{out.command}` exited {proc.returncode}:\n{proc.stderr[-2000:]}")
     shown_dir = out.out_dir or f"results/{experiment_name(argv)}"
     shown = proc.stdout.replace(str(result_dir), shown_dir).replace(f"{ROOT}/", "")
-    typed = out.command + (f" --out {out.out_dir}" if out.out_dir is not None else "")
-    lines = ["```text", f"$ {typed}", shown.rstrip("\n"), "```"]
+    lines = ["```text", f"$ {out.command}", shown.rstrip("\n"), "```"]
     if out.keep is not None:
         keep_result_set(result_dir, ROOT / out.keep)
     if out.summary:
