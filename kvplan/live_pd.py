@@ -76,7 +76,7 @@ class InboxArrivals:
     the trace clock, under the lock `due` reads under; None closes the inbox."""
 
     def __init__(self, inbox: Connection, origin: float, stall_s: float) -> None:
-        self._origin, self.stall_s = origin, stall_s
+        self.origin_s, self.stall_s = origin, stall_s
         self._lock = threading.Lock()
         self._pending: list = []
         self._closed = False
@@ -96,12 +96,12 @@ class InboxArrivals:
                 if request is None:
                     self._closed = True
                     return
-                request.arrival_s = time.perf_counter() - self._origin
+                request.arrival_s = time.perf_counter() - self.origin_s
                 self.arrived_s[request.row] = request.arrival_s
                 self._pending.append(request)
 
     def origin(self, clock: Callable[[], float]) -> tuple[float, float]:
-        return self._origin, -math.inf
+        return self.origin_s, -math.inf
 
     def closed(self) -> bool:
         with self._lock:
@@ -164,7 +164,7 @@ def _worker(role: str, model: str, options: dict, seed: int, temperature: float,
             raise RuntimeError("no start from the proxy")
         source = InboxArrivals(inbox, inbox.recv(), stall_s)
         run = InstanceRun(role, None, meta, steps_path)
-        origin = source._origin
+        origin = source.origin_s
         connector = llm.kv_connector
         assert connector is not None
 
