@@ -92,7 +92,8 @@ class Arrivals(Protocol):
 
 
 class ListArrivals:
-    """A trace known in advance: requests sorted by arrival_s; the engine sleeps until the next one."""
+    """A trace known in advance: requests sorted by arrival_s; the engine sleeps until the next one (it waits for
+    arrivals only: a P/D instance, whose engine also waits for transfers, takes its requests from an inbox)."""
 
     def __init__(self, requests: Sequence[ReplayRequest], sleep: Callable[[float], None] = time.sleep) -> None:
         if any(b.arrival_s < a.arrival_s for a, b in pairwise(requests)):
@@ -110,8 +111,9 @@ class ListArrivals:
         if self.closed():
             return None
         start = max(now, self.requests[self.i].arrival_s)
-        if start - now_s() > 0:
-            self.sleep(start - now_s())
+        ahead = start - now_s()
+        if ahead > 0:
+            self.sleep(ahead)
         return start
 
     def due(self, until: float) -> list[ReplayRequest]:
