@@ -93,9 +93,11 @@ class MetricRow:
         return target is None or abs(self.error_pct) <= max(target, self.band_pct)
 
 
-def timing_rows(lives: list[ServingResult], sim: ServingResult) -> list[MetricRow]:
+def timing_rows(lives: list[ServingResult], sim: ServingResult,
+                keys: tuple[str, ...] = (*LATENCY_KEYS, *RATE_KEYS)) -> list[MetricRow]:
+    """Per summary key: the live runs' median and band, the simulation and its error."""
     rows = []
-    for key in (*LATENCY_KEYS, *RATE_KEYS):
+    for key in keys:
         values = np.array([r.summary[key] for r in lives], dtype=float)
         live = float(np.median(values))
         band = float((values.max() - values.min()) / 2 / live * 100) if live and len(values) > 1 else 0.0

@@ -59,6 +59,8 @@ class Output:
     command: str
     summary: tuple[str, ...] = ()
     keep: str | None = None
+    # the --out a command names (`kvplan validate`): it runs with a temporary one instead, shown as this path
+    out_dir: str | None = None
 
     def is_run(self) -> bool:
         return self.command.startswith("kvplan run ") and "--explain" not in self.command
@@ -97,6 +99,11 @@ OUTPUTS: dict[str, Output] = {
                                 "--hardware cpu-local"),
     "from-results-concurrency": Output("kvplan validate --from-results tests/measured/data/vllm-bench-conc4.json "
                                        "--hardware cpu-local"),
+    # the live prefill/decode pair (two SmolLM2 processes on this machine) against the P/D simulator
+    "pd-validate": Output("kvplan validate --trace docs/validation/pd-trace.jsonl --model smollm2-135m "
+                          "--max-model-len 1024 --prefill-replicas 1 --decode-replicas 1 --repeats 2 "
+                          "--out results/pd-validate",
+                          out_dir="results/pd-validate"),
 }
 
 
@@ -107,6 +114,8 @@ def run(name: str, out: Output, workdir: Path) -> tuple[str, float]:
     result_dir = workdir / name
     if out.is_run():
         argv += ["--out", str(result_dir)]
+    if out.out_dir is not None:
+        argv[argv.index("--out") + 1] = str(result_dir)
     env = {**os.environ, "COLUMNS": COLUMNS, "NO_COLOR": "1", "TERM": "dumb",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     start = time.perf_counter()
@@ -115,7 +124,8 @@ def run(name: str, out: Output, workdir: Path) -> tuple[str, float]:
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"docs_outputs: {name}: `{out.command}` exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    shown = proc.stdout.replace(str(result_dir), f"results/{experiment_name(argv)}").replace(f"{ROOT}/", "")
+    shown_dir = out.out_dir or f"results/{experiment_name(argv)}"
+    shown = proc.stdout.replace(str(result_dir), shown_dir).replace(f"{ROOT}/", "")
     lines = ["```text", f"$ {out.command}", shown.rstrip("\n"), "```"]
     if out.keep is not None:
         keep_result_set(result_dir, ROOT / out.keep)

@@ -6,6 +6,10 @@ Modes: `policy` - the simulator is priced by each live run's own step durations,
 exactly (the proof that the simulator's policy layer is the engine's); `timing` - the simulator uses a calibrated
 profile (the error a user gets); `both` (default).
 
+With --prefill-replicas 1 --decode-replicas 1 the live side is a prefill/decode pair - two engine processes, KV over
+kvplan's loopback transport, this process as vLLM's proxy - and the simulator the P/D one: policy identity per
+instance and of every request's TTFT parts, timing error with the parts (kvplan.commands.validate_pd).
+
 With --endpoint URL the live runs are replays against an OpenAI-compatible server (`kvplan replay --endpoint`)
 and the mode is timing: a black box shows no steps to price a policy check with. The server's kind is detected
 (or --server) and the simulator takes the KV configuration it publishes (vLLM's cache_config_info, SGLang's
@@ -62,6 +66,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
                    help="timing: skip the speed probe around each live run (and the speed-adjusted comparison)")
     add_endpoint_arguments(p)
+    from kvplan.sim.pd_spec import add_pd_flags
+
+    add_pd_flags(p)  # a live prefill/decode pair (kvplan.commands.validate_pd)
     p.add_argument("--out", type=out_path, default=None,
                    help="result directory (replaced whole on success; required for a live run)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -123,6 +130,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--repeats: must be >= 1, got {args.repeats}")
     check_out_dir(args.out)
     check_paths({"--trace": args.trace, "--profile": args.profile, "--configs": args.configs}, {"--out": args.out})
+    from kvplan.sim.pd_spec import disaggregation_from_args
+
+    pd = disaggregation_from_args(args)
+    if pd is not None:
+        from kvplan.commands.validate_pd import run_pd
+
+        return run_pd(args, pd)
     if args.endpoint is not None:
         check_endpoint_args(args)
     profile = resolve_profile(args)
@@ -286,11 +300,12 @@ def in_run_factor(cost, steps_path: Path) -> float:
     return float(sum(s.duration_s for s in steps) / predicted_seconds(cost, steps).sum())
 
 
-def timing_entry(lives, sim) -> list[dict]:
+def timing_entry(lives, sim, keys: tuple[str, ...] | None = None) -> list[dict]:
     from kvplan.validation import timing_rows
 
+    rows = timing_rows(lives, sim) if keys is None else timing_rows(lives, sim, keys)
     return [{"metric": m.metric, "live": m.live, "band_pct": m.band_pct, "simulated": m.simulated,
-             "error_pct": m.error_pct} for m in timing_rows(lives, sim)]
+             "error_pct": m.error_pct} for m in rows]
 
 
 def check_policy(trace, live, options, meta: dict, steps: Path) -> tuple:

@@ -80,8 +80,46 @@ def drift_sentence(c: dict) -> str:
     return f"drift probe before and after each repeat: {seconds} s ({reference}){note}"
 
 
+def link_sentence(c: dict) -> str:
+    k = c["link"]
+    return (f"KV link declared from this run's {k['pulls']} pulls ({k['how']}): latency {k['latency_s'] * 1e3:.3g} ms, "
+            f"{k['seconds_per_block'] * 1e3:.3g} ms per {k['live_block_bytes']}-byte block "
+            f"({k['bandwidth_bytes_per_s'] / 1e6:.3g} MB/s per pull), {k['concurrency']} pulls at once; mean pull "
+            f"{(k['mean_pull_s'] or 0) * 1e3:.3g} ms")
+
+
+def pair_parts(c: dict) -> list:
+    """A P/D validation's own sentences: each instance's busy time, the link, the per-instance policy and the
+    timeline of every request's TTFT parts."""
+    parts: list = [f"live run {i + 1}: prefill instance busy {_pct(b['prefill'])}, decode instance busy "
+                   f"{_pct(b['decode'])}" for i, b in enumerate(c["instances_busy_fraction"])]
+    parts.append(link_sentence(c))
+    if "speed" in c:
+        runs = "; ".join(f"run {i + 1}: prefill {f['prefill']:.3f}, decode {f['decode']:.3f}"
+                         for i, f in enumerate(c["speed"]["instances"]))
+        parts.append(f"the instances' own steps vs the profile (>1 = slower): {runs} (in_run_adj at "
+                     f"x{c['speed']['factor']:.3f})")
+    parts += [f"policy (live run {p['repeat']}, {p['instance']} instance): {policy_sentence(p)}"
+              for p in c.get("policy", [])]
+    for t in c.get("timeline", []):
+        verdict = "identical" if t["identical"] else "DIFFERENT: " + "; ".join(t["differences"])
+        parts.append(f"timeline (live run {t['repeat']}): every request's TTFT parts (prefill_ttft, "
+                     f"decode_admission_wait, transfer, first_decode_step) {verdict} (max diff "
+                     f"{t['max_diff_ms']:.2g} ms)")
+    return parts
+
+
+def _pct(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.0%}"
+
+
 def config_parts(c: dict) -> list:
     """A configuration's report: sentences (str) and tables ((title, headers, rows))."""
+    if "link" in c:  # a live P/D pair (kvplan.commands.validate_pd)
+        parts = pair_parts(c)
+        if "timing" in c:
+            parts.append(("timing, cold repeats (the verdict; the TTFT parts in ms)", *timing_table(c)))
+        return parts
     parts: list = []
     if "server" in c:
         s = c["server"]
@@ -116,9 +154,17 @@ def _busy(c: dict) -> str:
     return ", ".join("unknown" if b is None else f"{b:.0%}" for b in c["busy_fraction"])
 
 
+def pd_line(doc: dict) -> str:
+    d = doc["disaggregation"]
+    return (f"P/D validation: {d['prefill_replicas']} prefill + {d['decode_replicas']} decode instance(s), "
+            f"{d['transport']}; the simulator: sim.disagg")
+
+
 def report_text(doc: dict) -> str:
     parts = [f"{doc['trace']}: {doc['requests']} requests, {doc['model']}, {doc['repeats']} live run(s) per "
              f"configuration, mode {doc['mode']}"]
+    if "disaggregation" in doc:
+        parts.append(pd_line(doc))
     for c in doc["configs"]:
         release = c.get("options", {}).get("vllm_version")  # the release both sides' schedulers follow
         parts.append(f"\n== {c['name']} ({c['num_blocks']} KV blocks, engine busy {_busy(c)}"
@@ -147,6 +193,10 @@ def report_markdown(doc: dict) -> str:
              "measure of how fast the machine (or the endpoint: the drift probe) ran around the live runs; "
              "in_run_adj: scaled by the live runs' own steps (measured ÷ profile-predicted), an oracle for the "
              "machine's speed that leaves the model's error.", ""]
+    if "disaggregation" in doc:
+        lines[0] = "# kvplan validate report: a live prefill/decode pair"
+        lines += [pd_line(doc) + ". Policy: the P/D simulator priced by each instance's own recorded steps, the "
+                  "proxy's hops, each pull's duration and each export's end taken from the live record.", ""]
     if doc.get("partial"):
         lines += [f"**Partial**: {'; '.join(doc['partial'])}", ""]
     for title, headers, rows in target_tables(doc):

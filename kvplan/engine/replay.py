@@ -13,6 +13,13 @@ time exactly (policy validation):
 A step's recorded duration is end − start: its compute, swaps and copies, and the loop's own overhead between
 steps. Tokens sampled in a step are stamped with the step's end. The step profile (`engine.profiler`) gets
 `start_s` and `end_s` for every step.
+
+The requests come from an `Arrivals`: a trace known in advance (`ListArrivals`, the co-located replay), or, for an
+instance of a prefill/decode pair, what its proxy sends it as the run goes (`kvplan.live_pd`). Every event from
+outside the engine - a request reaching it, and in a P/D pair a pull that landed or an export that was read - carries
+the time it happened on the shared clock, and the engine takes it at the first step boundary at or after that time
+(the connector's `cut_s`), as a simulated replica does. A P/D step that computes nothing (only transfers pending) takes
+no time, as in the simulator (`sim.replica`): the engine waits for the next event and the next step starts at it.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
+from typing import Protocol
 
 from kvplan.engine.core import RequestStatus
 from kvplan.engine.core.metrics import TIER_COUNTER_KEYS
@@ -44,6 +52,7 @@ class ReplayRequest:
     max_tokens: int
     n: int = 1
     priority: int = 0
+    kv_transfer_params: dict | None = None  # P/D: what the proxy sends (engine.core.remote_kv)
 
 
 @dataclass(slots=True)
@@ -60,22 +69,80 @@ class ReplayLog:
     block_size: int
 
 
+class Arrivals(Protocol):
+    """Where a replay's requests come from, on the trace clock (seconds; `now_s()` reads it)."""
+
+    def origin(self, clock: Callable[[], float]) -> tuple[float, float]:
+        """(the clock's value at trace time 0, the trace time the engine starts at)."""
+        ...
+
+    def closed(self) -> bool:
+        """No request will come beyond those `due` returned."""
+        ...
+
+    def wait(self, now: float, now_s: Callable[[], float], events: Callable[[], float | None] | None) -> float | None:
+        """When the engine, idle since `now`, starts its next step: the next arrival's time, or the engine's next
+        event's (`events`, None: none pending), whichever is first, once it has happened (at or after `now`); None
+        when nothing will come."""
+        ...
+
+    def due(self, until: float) -> list[ReplayRequest]:
+        """The requests not yet returned that arrived at or before `until`, in arrival order."""
+        ...
+
+
+class ListArrivals:
+    """A trace known in advance: requests sorted by arrival_s; the engine sleeps until the next one (it waits for
+    arrivals only: a P/D instance, whose engine also waits for transfers, takes its requests from an inbox)."""
+
+    def __init__(self, requests: Sequence[ReplayRequest], sleep: Callable[[float], None] = time.sleep) -> None:
+        if any(b.arrival_s < a.arrival_s for a, b in pairwise(requests)):
+            raise ValueError("replay: requests must be sorted by arrival_s")
+        self.requests, self.sleep, self.i = requests, sleep, 0
+
+    def origin(self, clock: Callable[[], float]) -> tuple[float, float]:
+        t0 = self.requests[0].arrival_s if self.requests else 0.0
+        return clock() - t0, t0
+
+    def closed(self) -> bool:
+        return self.i >= len(self.requests)
+
+    def wait(self, now: float, now_s: Callable[[], float], events: Callable[[], float | None] | None) -> float | None:
+        if self.closed():
+            return None
+        start = max(now, self.requests[self.i].arrival_s)
+        ahead = start - now_s()
+        if ahead > 0:
+            self.sleep(ahead)
+        return start
+
+    def due(self, until: float) -> list[ReplayRequest]:
+        first = self.i
+        while self.i < len(self.requests) and self.requests[self.i].arrival_s <= until:
+            self.i += 1
+        return list(self.requests[first:self.i])
+
+
 class LiveReplay:
     def __init__(self, llm: LLM, *, temperature: float = 1.0, seed: int = 0, sample_interval_s: float = 0.0,
                  profile_path: str | Path | None = None, clock: Callable[[], float] = time.perf_counter,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 on_step: Callable[[list, float, float], None] | None = None) -> None:
         self.llm = llm
         self.temperature, self.seed = temperature, seed
         self.sample_interval_s = sample_interval_s
         self.profile_path = profile_path
         self.clock, self.sleep = clock, sleep
+        # (a step's outputs, its start, its end; `llm.last_step` is the step): a P/D instance's proxy and record
+        self.on_step = on_step
 
-    def run(self, requests: Sequence[ReplayRequest]) -> ReplayLog:
+    def run(self, requests: Sequence[ReplayRequest] | Arrivals) -> ReplayLog:
         llm = self.llm
+        source = ListArrivals(requests, self.sleep) if isinstance(requests, Sequence) else requests
         profiler = None if self.profile_path is None else StepProfiler(self.profile_path, {
             **llm.profile_meta, "replay": True})
         try:
-            log = self._serve(requests, profiler)
+            log = self._serve(source, profiler)
         except BaseException:
             if profiler is not None:
                 profiler.discard()
@@ -84,12 +151,17 @@ class LiveReplay:
             profiler.close()
         return log
 
-    def _serve(self, requests: Sequence[ReplayRequest], profiler: StepProfiler | None) -> ReplayLog:
-        llm, sched = self.llm, self.llm.scheduler
-        if any(b.arrival_s < a.arrival_s for a, b in pairwise(requests)):
-            raise ValueError("replay: requests must be sorted by arrival_s")
-        t0 = requests[0].arrival_s if requests else 0.0
-        origin = self.clock() - t0
+    def _serve(self, source: Arrivals, profiler: StepProfiler | None) -> ReplayLog:
+        llm, sched, connector = self.llm, self.llm.scheduler, self.llm.kv_connector
+        origin, now = source.origin(self.clock)  # now: the end of the last step on the trace clock
+
+        def now_s() -> float:
+            return self.clock() - origin
+
+        def engine_event() -> float | None:
+            at = None if connector is None else connector.next_event_s()
+            return None if at is None else at - origin
+
         live: dict[str, SequenceTiming] = {}
         done: list[SequenceTiming] = []
         rejected: list[tuple[int, str]] = []
@@ -97,29 +169,35 @@ class LiveReplay:
         next_sample = 0.0
         usage_seconds = peak = busy = 0.0
         steps = 0
-        now = t0  # the end of the last step on the trace clock
-        i = 0
-        while i < len(requests) or llm.has_unfinished_requests():
-            if not llm.has_unfinished_requests():
-                start = max(now, requests[i].arrival_s)
-                wait = start - (self.clock() - origin)
-                if wait > 0:
-                    self.sleep(wait)
+        idle = False  # P/D: the last step computed nothing; the next starts at the next event
+        while not source.closed() or llm.has_unfinished_requests() or llm.holds_kv_for_remote:
+            if idle or not llm.has_unfinished_requests():
+                start = source.wait(now, now_s, engine_event if connector is not None else None)
+                if start is None:
+                    break
+                idle = False
             else:
                 start = now
-            while i < len(requests) and requests[i].arrival_s <= start:
-                self._admit(requests[i], live, rejected)
-                i += 1
+            if connector is not None:
+                connector.cut_s = origin + start
+            for request in source.due(start):
+                self._admit(request, live, rejected)
             if not llm.has_unfinished_requests():
+                llm.release_read_kv()  # P/D: exports read while idle are freed (the simulator frees them then)
                 now = start
                 continue
             if start >= next_sample:
                 series.append(self._sample(start))
                 next_sample = (math.floor(start / self.sample_interval_s) + 1) * self.sample_interval_s \
                     if self.sample_interval_s else math.inf
-            llm.step()
-            end = self.clock() - origin
+            outputs = llm.step()
+            end = now_s()
             trace = llm.last_step
+            if connector is not None and trace.output.is_empty and not trace.output.preempted:
+                idle, now = True, start  # only transfers pending: no time passes (sim.replica does the same)
+                if self.on_step is not None:
+                    self.on_step(outputs, start, start)
+                continue
             steps += 1
             busy += end - start
             usage_seconds += trace.kv_usage * (end - start)
@@ -128,6 +206,8 @@ class LiveReplay:
             if profiler is not None:
                 profiler.record(trace.output, llm.kv_cache.layout.block_size, trace.times_s, start_s=start,
                                 end_s=end)
+            if self.on_step is not None:
+                self.on_step(outputs, start, end)
             now = end
         m = sched.kv_metrics()
         counters = {k: int(m[k]) for k in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions",
@@ -143,7 +223,7 @@ class LiveReplay:
                                 ignore_eos=True, seed=self.seed * 1_000_003 + request.row)
         try:
             self.llm.add_request(request.prompt_token_ids, params, request_id=rid, arrival_s=request.arrival_s,
-                                 priority=request.priority)
+                                 priority=request.priority, kv_transfer_params=request.kv_transfer_params)
         except ValueError as exc:
             rejected.append((request.row, str(exc)))
             return

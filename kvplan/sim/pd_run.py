@@ -5,7 +5,8 @@ Table columns beyond the usual ones (`results.request_table`), per request: `pre
 (the prefill engine's arrival to its token: queueing and prefill), `api_servers_ms` (with entry_point
 openai_server, `sim.pd_frontend`: the prefill instance's API server before its engine, the hand-off's hop and the
 decode instance's API server, and the first token's delivery; 0 without), `decode_admission_wait_ms` (the decode
-engine's arrival to the transfer's start, plus the transfer's end to the step that schedules it), `transfer_ms`
+engine's arrival - the hand-off without API servers - to the transfer's start, plus the transfer's end to the step
+that schedules it), `transfer_ms`
 (link queueing, latency and bytes), `first_decode_step_ms` (that step) and `kv_transfer_bytes` (every rank's).
 `replica` is the decode replica (numbered after the prefill ones), `first_scheduled_s` and `cached_prompt_tokens`
 are the prefill replica's (queueing_ms is the prefill queue). TTFT = prefill_ttft + api_servers +
@@ -16,6 +17,7 @@ decode_admission_wait + transfer + first_decode_step. The summary adds `mean_/me
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -28,17 +30,20 @@ from kvplan.results.summary import kv_summary, summarize
 from kvplan.sim.cost import CostModel
 from kvplan.sim.cost.analytic import AnalyticCost
 from kvplan.sim.cost.scaled import scaled
-from kvplan.sim.disagg import DisaggCluster
+from kvplan.sim.disagg import DisaggCluster, RecordedHandoffs
 from kvplan.sim.frontend import frontend_for
 from kvplan.sim.pd_frontend import PDFrontend
-from kvplan.sim.pd_spec import Disaggregation
+from kvplan.sim.pd_spec import OPTIONS, Disaggregation
 from kvplan.sim.pd_transfer import link_figures, make_link, rank_bytes_per_token
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
 from kvplan.sim.spec import SimSpec
 from kvplan.sim.specs.hardware import get_hardware
+from kvplan.sim.specs.models import DTYPE_BYTES, get_model, sim_kv_dtype
 from kvplan.traces import Trace
 
+# what a pool sets for itself: a cost measured on one device cannot price it
+SHAPE_FIELDS = ("prefill_hardware", "decode_hardware", "prefill_tensor_parallel_size", "decode_tensor_parallel_size")
 PARTS = ("prefill_ttft_ms", "api_servers_ms", "decode_admission_wait_ms", "transfer_ms", "first_decode_step_ms")
 PART_KEYS = tuple(f"{stat}_{part}" for part in PARTS for stat in ("mean", "median", "p99"))
 
@@ -57,19 +62,23 @@ def simulate_disaggregated(trace: Trace, spec: SimSpec, pd: Disaggregation,
 
 
 def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Callable[[SimSpec, CostModel], float],
-                  step_scale: float = 1.0, lengths: Trace | None = None) -> tuple[DisaggCluster, dict, dict]:
+                  step_scale: float = 1.0, lengths: Trace | None = None, *, profiles: tuple[str, str] | None = None,
+                  recorded: RecordedHandoffs | None = None) -> tuple[DisaggCluster, dict, dict]:
     """The pools, links and cluster of a P/D run, not yet run; with info["disaggregation"] (less its pools: they
     are known after the run, `pools_info`) and the run's other info keys. `interval(decode spec, decode cost)`:
     the sampling interval; `step_scale` multiplies every step's compute time in both pools (`sim.cost.scaled`);
-    `lengths`: the trace whose lengths size the pools' scheduler limits (a probe's population; default `trace`)."""
+    `lengths`: the trace whose lengths size the pools' scheduler limits (a probe's population; default `trace`).
+    A calibrated or recorded cost (one device's measurements) prices pools that run on the run's own hardware and
+    TP; `profiles`: each pool's own (prefill, decode) profile - a live pair's recorded steps, one per instance -
+    and `recorded` the live pair's handoffs (`sim.disagg`)."""
     from kvplan.sim.run import build_configs, build_cost, over_length
 
-    if spec.cost != "analytic":
-        raise UserError(f"--cost: {spec.cost}: a disaggregated run prices each pool on its own hardware and TP; "
-                        "allowed: analytic")
-    if spec.record_tokens:
-        raise UserError("record_tokens: every token's time is not recorded in a disaggregated run yet; allowed: off")
+    if spec.cost != "analytic" and any(getattr(pd, f) is not None for f in SHAPE_FIELDS):
+        raise UserError(f"--cost: {spec.cost}: it was measured on one device, and the pools set their own "
+                        f"hardware or TP; allowed: analytic, or no {', '.join(OPTIONS[f].flag for f in SHAPE_FIELDS)}")
     p_spec, d_spec = pd.pool_specs(spec)
+    if profiles is not None:
+        p_spec, d_spec = replace(p_spec, profile=profiles[0]), replace(d_spec, profile=profiles[1])
     pools = []
     for pool_spec in (p_spec, d_spec):
         cost, num_blocks = build_cost(pool_spec)
@@ -79,16 +88,21 @@ def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Cal
     if p_cache.block_size != d_cache.block_size:
         raise UserError(f"--block-size: the pools' block sizes differ ({p_cache.block_size}, {d_cache.block_size});"
                         " allowed: one --block-size for both")
-    assert isinstance(p_cost, AnalyticCost) and isinstance(d_cost, AnalyticCost)  # (checked above)
     p_tp, d_tp = pd.tp(spec)
     p_pp, d_pp = p_spec.pipeline_parallel_size, d_spec.pipeline_parallel_size
     bs = d_cache.block_size
-    per_rank, busiest = rank_bytes_per_token(d_cost.model, d_cost.kv_dtype_bytes, p_tp, d_tp, p_pp, d_pp)
+    if isinstance(d_cost, AnalyticCost):
+        model, kv_bytes = d_cost.model, d_cost.kv_dtype_bytes
+    else:  # the model's layout, in the run's KV dtype
+        kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)
+        model, kv_bytes = get_model(spec.model), None if kv_dtype is None else DTYPE_BYTES[kv_dtype]
+    per_rank, busiest = rank_bytes_per_token(model, kv_bytes, p_tp, d_tp, p_pp, d_pp)
     bandwidth, latency = link_figures(pd, get_hardware(p_spec.hardware), get_hardware(d_spec.hardware))
     links = [make_link(pd, bandwidth, latency, busiest * bs) for _ in range(pd.decode_replicas)]
     moved = per_rank * bs * d_tp * d_pp  # every decode rank's bytes per block
     every = interval(d_spec, d_cost)
-    front_cost = frontend_for(spec.entry_point, spec.api_server_latency_ms)
+    # the API servers (sim.pd_frontend); a live pair's record has its own hops (its proxy sends to the engines)
+    front_cost = None if recorded is not None else frontend_for(spec.entry_point, spec.api_server_latency_ms)
     front = None if front_cost is None else \
         PDFrontend.start(front_cost, trace, pd.prefill_replicas, pd.decode_replicas)
     engine_trace = trace if front is None else trace.with_columns(arrival_s=front.prefill.engine_arrival_s)
@@ -96,7 +110,8 @@ def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Cal
                                     scaled(p_cost, step_scale)),
                             (pd.decode_replicas, make_router(pd.decode_router), d_cache, d_config,
                              scaled(d_cost, step_scale)), links, moved, sample_interval_s=every,
-                            fast_path=spec.fast_path, decode_entry=None if front is None else front.decode_entry)
+                            fast_path=spec.fast_path and spec.cost != "recorded", record_tokens=spec.record_tokens,
+                            recorded=recorded, decode_entry=None if front is None else front.decode_entry)
     cluster.frontend = front
     info = {"link_bandwidth_bytes_per_s": bandwidth, "link_latency_s": latency, "kv_link": pd.kv_link,
             "kv_bytes_per_token_per_decode_rank": per_rank, "prefill_tp": p_tp, "decode_tp": d_tp,
@@ -159,8 +174,11 @@ def request_table(cluster: DisaggCluster) -> pd.DataFrame:
     frame["cached_prompt_tokens"] = prefill["cached_prompt_tokens"].reindex(rows).to_numpy()
     frame["prefill_replica"] = np.asarray(cluster.prefill_replica)[rows]
     frame["prefill_ttft_ms"] = (handoff - engine_arrival) * 1e3
-    frame["api_servers_ms"] = ((engine_arrival - arrival) + (reach - handoff) + delivery) * 1e3
-    frame["decode_admission_wait_ms"] = ((start - reach) + (decode_scheduled - end)) * 1e3
+    # the hand-off's hop: the API servers' part when they are modelled, else the admission wait's (a live pair's
+    # recorded proxy hop included, as the live side counts it)
+    entered = reach if front is not None else handoff
+    frame["api_servers_ms"] = ((engine_arrival - arrival) + (entered - handoff) + delivery) * 1e3
+    frame["decode_admission_wait_ms"] = ((start - entered) + (decode_scheduled - end)) * 1e3
     frame["transfer_ms"] = (end - start) * 1e3
     frame["first_decode_step_ms"] = (first_engine - decode_scheduled) * 1e3
     frame["kv_transfer_bytes"] = np.asarray(cluster.transfer_bytes)[rows]
@@ -206,4 +224,5 @@ def collect(cluster: DisaggCluster, goodput: dict[str, float | None] | None) -> 
     if front is not None:
         info["frontend"] = front
     summary = {**summarize(table, cluster.itl(), kv, goodput), **part_summary(table)}
-    return ServingResult(summary, table, series, info, None, rejected_rows(cluster.trace, rejected))
+    return ServingResult(summary, table, series, info, cluster.token_times(cluster.decode),
+                         rejected_rows(cluster.trace, rejected))

@@ -24,6 +24,7 @@ and its output says why.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 
 from kvplan.engine.core import Scheduler, SchedulerOutput, UpdateOutput
@@ -92,6 +93,12 @@ class KVConnector:
         self._submitted: dict[str, float] = {}
         self._ended: dict[str, float] = {}
         self.load_times: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()  # a pull's end is stamped and published at once (see `cut_s`)
+        # A replay's step boundary (time.perf_counter()): when set, an event - a landed pull, an export read or
+        # expired - is taken at the first step whose boundary is at or after its end, however soon this thread
+        # sees it (engine.replay: the simulator takes it at that boundary too); None (serving): as soon as seen
+        self.cut_s: float | None = None
+        self.released_s: dict[str, float] = {}  # prefill side: request id -> when its export ended (read/expired)
         self._beat_every_s = config.kv_lease_duration_s / HEARTBEATS_PER_LEASE
         self._next_beat_s = time.monotonic() + self._beat_every_s
 
@@ -124,12 +131,22 @@ class KVConnector:
     # -- the step's hooks ------------------------------------------------------------------------------------
     def reports(self, scheduler: Scheduler) -> None:
         """Tell the core which exports are over and which pulls have landed (writing their blocks now)."""
+        cut = self.cut_s
         if self.exports is not None:
-            done = [rid for rid in self.exports.done() if rid in scheduler.remote.sending]
+            ended = self.exports.done(cut)
+            self.released_s.update(ended)
+            done = [rid for rid, _ in ended if rid in scheduler.remote.sending]
             if done:
                 scheduler.finished_sending(done)
         landed = []
         for rid, (blocks, future) in list(self._pulls.items()):
+            if cut is not None:
+                with self._lock:
+                    end = self._ended.get(rid)
+                if end is not None and end > cut:
+                    continue  # landed after this step's boundary: the next step takes it
+                if end is not None:  # its bytes are in; the worker is returning them
+                    concurrent.futures.wait([future], timeout=self.config.transfer_timeout_s)
             if not future.done():
                 continue
             del self._pulls[rid]
@@ -161,8 +178,19 @@ class KVConnector:
     def _pull(self, rid: str, host: str, port: int, theirs: str, first_block: int) -> list:
         """A worker's pull, noting when its bytes were in (the request's transfer end)."""
         tensors = pull(host, port, theirs, self.cache.layout, self.config.transfer_timeout_s, first_block)
-        self._ended[rid] = time.perf_counter()
+        with self._lock:
+            self._ended[rid] = time.perf_counter()
         return tensors
+
+    def next_event_s(self) -> float | None:
+        """When the earliest event not yet taken by `reports` happened (time.perf_counter(): a pull that landed or
+        failed, an export read or expired), or None: what an idle replay step waits for."""
+        times = [] if self.exports is None else [self.exports.first_end_s()]
+        with self._lock:
+            times += [self._ended.get(rid) for rid in self._pulls]
+        times += [time.perf_counter() for _, future in self._pulls.values() if future.done()
+                  and future.exception() is not None]  # a failure: take it at once
+        return min((t for t in times if t is not None), default=None)
 
     def idle_wait(self, out: SchedulerOutput) -> None:
         """A step that computed nothing while pulls are in flight waits briefly for one, not spinning the loop."""

@@ -99,7 +99,9 @@ class KVExports:
         self.cache, self.lease_s = cache, lease_s
         self._lock = threading.Lock()
         self._exports: dict[str, _Export] = {}
-        self._done: list[str] = []  # read and acknowledged, or expired: the engine frees their blocks
+        # (transfer id, time.perf_counter() when it ended): read and acknowledged, or expired - the engine frees
+        # their blocks; the time is taken under the lock that publishes it (see `done`)
+        self._done: list[tuple[str, float]] = []
 
     def add(self, transfer_id: str, block_ids: list[int]) -> float:
         """Serve `block_ids` under `transfer_id` until its lease ends; returns when that is (time.monotonic())."""
@@ -136,15 +138,26 @@ class KVExports:
         read them: vLLM's notification with no blocks); how many there were."""
         with self._lock:
             gone = [t for t in transfer_ids if self._exports.pop(t, None) is not None]
-            self._done.extend(gone)
+            now = time.perf_counter()
+            self._done.extend((t, now) for t in gone)
             return len(gone)
 
-    def done(self) -> list[str]:
-        """The transfer ids whose blocks may be freed now (acknowledged or expired), each once."""
+    def done(self, cut_s: float | None = None) -> list[tuple[str, float]]:
+        """(transfer id, when it ended) of the exports whose blocks may be freed now (acknowledged or expired),
+        each once; with `cut_s` (a
+        time.perf_counter() in the past) only those that ended by then - all of them: each end is stamped under
+        the lock this reads under."""
         with self._lock:
             self._expire()
-            done, self._done = self._done, []
+            done = [(t, at) for t, at in self._done if cut_s is None or at <= cut_s]
+            self._done = [(t, at) for t, at in self._done if cut_s is not None and at > cut_s]
             return done
+
+    def first_end_s(self) -> float | None:
+        """When the earliest export not yet drained by `done` ended (time.perf_counter()), or None."""
+        with self._lock:
+            self._expire()
+            return min((at for _, at in self._done), default=None)
 
     def __len__(self) -> int:
         with self._lock:
@@ -154,7 +167,7 @@ class KVExports:
         now = time.monotonic()
         for transfer_id in [t for t, e in self._exports.items() if e.expires_s <= now]:
             del self._exports[transfer_id]
-            self._done.append(transfer_id)
+            self._done.append((transfer_id, time.perf_counter()))
 
 
 class _Deadline:

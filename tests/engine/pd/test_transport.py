@@ -60,7 +60,7 @@ def test_blocks_arrive_byte_for_byte_in_other_block_ids(dtype):
         for a, b in pairs:
             assert torch.equal(a.view(torch.uint8)[[7, 2, 9]], b.view(torch.uint8)[[0, 1, 5]])
             assert not b.view(torch.uint8)[[2, 3, 4]].any()  # nothing else written
-        assert poll(lambda: len(exports) == 0) and exports.done() == ["r1"] and exports.done() == []
+        assert poll(lambda: len(exports) == 0) and [t for t, _ in exports.done()] == ["r1"] and exports.done() == []
         with pytest.raises(KVTransferError, match="no KV exported under transfer id 'r1'"):
             pull("127.0.0.1", server.port, "r1", layout, timeout_s=5)
         exports.add("r2", [1])
@@ -77,7 +77,7 @@ def test_a_lease_ends_an_unread_export():
     exports.add("b", [1, 2])
     assert exports.read("a", 0) is not None
     assert poll(lambda: exports.read("a", 0) is None)  # the lease ended
-    assert sorted(exports.done()) == ["a", "b"] and len(exports) == 0
+    assert sorted(t for t, _ in exports.done()) == ["a", "b"] and len(exports) == 0
 
 
 def test_a_heartbeat_restarts_the_leases_it_names_and_a_release_ends_them():
@@ -91,7 +91,7 @@ def test_a_heartbeat_restarts_the_leases_it_names_and_a_release_ends_them():
         assert lease_op("127.0.0.1", server.port, "extend", ["a", "gone"], timeout_s=5) == 1  # "gone": none such
         assert exports._exports["a"].expires_s > before["a"] and exports._exports["b"].expires_s == before["b"]
         assert lease_op("127.0.0.1", server.port, "release", ["b"], timeout_s=5) == 1  # its reader was aborted
-        assert exports.done() == ["b"] and len(exports) == 1
+        assert [t for t, _ in exports.done()] == ["b"] and len(exports) == 1
     finally:
         server.stop()
 
