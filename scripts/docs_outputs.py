@@ -89,6 +89,7 @@ OUTPUTS: dict[str, Output] = {
     **{f"pd-{name}": Output("kvplan simulate --trace traces/samples/chat.jsonl --model llama-3-8b --hardware h100-sxm "
                             f"--rate 10 {flags}")
        for name, flags in (("split", "--prefill-replicas 1 --decode-replicas 1"), ("colocated", "--replicas 2"))},
+    "pd-ratio": Output("kvplan run experiments/pd_ratio.yaml --workers 2"),
     "cache-aware-admission": Output("kvplan run experiments/cache_aware_admission.yaml --workers 2",
                                     summary=("Points",)),
     "trace-samples": Output("kvplan trace samples"),

@@ -141,6 +141,17 @@ def test_goodput_counts_requests_meeting_every_bound():
     assert goodput_count(table, {"itl_ms": 10}) == 0 and goodput_count(table, {"itl_ms": 20}) == 4
 
 
+def test_a_one_token_request_meets_the_gap_bounds_as_vllm_counts_it():
+    """vLLM's goodput takes a one-token output's TPOT as 0: it has no gap to be slow. A missing TTFT still fails,
+    and so does a missing TPOT of a longer sequence (it never produced its second token)."""
+    table = pd.DataFrame({"request": [0, 1, 2, 3], "sample": [0] * 4, "output_tokens": [1, 1, 5, 1],
+                          "ttft_ms": [100, 100, 100, np.nan], "tpot_ms": [np.nan, np.nan, np.nan, np.nan],
+                          "itl_max_ms": [np.nan] * 4, "e2el_ms": [100, 100, 500, np.nan]})
+    assert goodput_count(table, {"ttft_ms": 500, "tpot_ms": 50}) == 2
+    assert goodput_count(table, {"itl_ms": 10}) == 2 and goodput_count(table, {"tpot_ms": 0}) == 2
+    assert goodput_count(table, {"e2el_ms": 200}) == 2
+
+
 def test_every_per_request_bound_reads_a_column_of_the_per_request_table():
     result = run_probe(population(random_trace(2, 40)), SimSpec(num_blocks=300),
                        Probe(rate=5.0, duration_s=30, min_requests=10,
