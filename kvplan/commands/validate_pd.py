@@ -103,7 +103,8 @@ def run_pd(args: argparse.Namespace, pd: Disaggregation) -> int:
             from kvplan.sim.pd_run import PART_KEYS, simulate_disaggregated
             from kvplan.validation import LATENCY_KEYS, RATE_KEYS
 
-            keys = (*LATENCY_KEYS, *RATE_KEYS, *PART_KEYS)
+            # (the pair has no API servers: that part is 0 on both sides, and left out)
+            keys = (*LATENCY_KEYS, *RATE_KEYS, *(k for k in PART_KEYS if not k.endswith("_api_servers_ms")))
             entry["speed"] = in_run_speed(profile, runs)
             for label, key, path in (("calibrated", "timing", profile),
                                      ("in-run-speed", "timing_in_run_speed",
