@@ -21,8 +21,10 @@ import pandas as pd
 from kvplan.engine.core.vllm_versions import NEWEST
 from kvplan.experiments import model_range
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
+from kvplan.experiments.pd_block import KEY as PD_KEY
 from kvplan.experiments.pd_block import comparison_line
 from kvplan.experiments.rank_by import COLUMNS, rank_by
+from kvplan.experiments.rank_by import HEADERS as RANK_HEADERS
 from kvplan.experiments.rank_by import UNITS as RANK_UNITS
 from kvplan.experiments.ranking import UNTESTED, Recommendation, capacity_sentence, fixed_gpus, rank_span, span
 from kvplan.experiments.results import cell, load_line, point_table
@@ -32,7 +34,8 @@ from kvplan.sim.gpu.model_error import ModelError
 WIDTH = 100
 UNITS = {"max_rate": "req/s", "max_goodput": "req/s", "max_concurrency": "users", "max_burst_scale": "x rate",
          "min_replicas": "replicas", "min_cost": "replicas"}
-TOP_LEVEL = ("model", "hardware")  # swept keys whose values name themselves ("h100-sxm", not "hardware=h100-sxm")
+# swept keys whose values name themselves ("h100-sxm", not "hardware=h100-sxm"; a P/D block by its shape, "1P2D")
+TOP_LEVEL = ("model", "hardware", PD_KEY)
 
 
 def short_label(exp: Experiment, row: pd.Series) -> str:
@@ -63,7 +66,7 @@ def answer_table(exp: Experiment, points: pd.DataFrame, rec: Recommendation) -> 
     ranged = exp.search is not None and points[list(model_range.RANGE_COLUMNS)].notna().any(axis=None)
     by = rank_by(exp)  # a rate ranked per GPU or per $: that figure beside the answer
     if exp.search:
-        headers = ["", "configuration", UNITS[exp.search["target"]], *([RANK_UNITS[by]] if by != "rate" else []),
+        headers = ["", "configuration", UNITS[exp.search["target"]], *([RANK_HEADERS[by]] if by != "rate" else []),
                    "seeds", *(["model range"] if ranged else [])]
     else:
         headers = ["", "configuration", exp.objective["metric"], "seeds", "SLOs met"]

@@ -79,6 +79,12 @@ def label_value(key: str, value: object) -> object:
     return shape(value) if key == KEY else value  # type: ignore[arg-type]  # (a block or None)
 
 
+def label_part(key: str, value: object) -> str:
+    """A swept value in a point's label: `name=value` by the key's last part; a block by its shape alone
+    (`1P2D`, `co-located`: it names itself), which keeps the answer's label column narrow."""
+    return str(label_value(key, value)) if key == KEY else f"{key.split('.')[-1]}={value}"
+
+
 def spec_of(block: dict | None) -> Disaggregation | None:
     return None if block is None else Disaggregation.of(block)
 
@@ -240,8 +246,9 @@ def comparison_line(exp, points) -> str | None:
                 f", {_figure(s['per_usd'])}{' req/$' if units else ''}")
 
     what = "at the searched rate" if doc["basis"] == "answer" else "goodput"
-    text = (f"P/D vs co-located ({what}; the best of each {PER[doc['by']]}): disaggregated "
-            f"{side(doc['disaggregated'])} vs co-located {side(doc['co_located'], False)}: "
+    # (the labels name each kind: `1P2D ...`, `co-located ...`)
+    text = (f"P/D vs co-located ({what}; the best of each {PER[doc['by']]}): "
+            f"{side(doc['disaggregated'])} vs {side(doc['co_located'], False)}: "
             f"{_ratio(doc['ratio_per_gpu'])} per GPU, {_ratio(doc['ratio_per_usd'])} per $")
     if doc["same_gpus"] is not None:
         text += f"; co-located on the same GPUs: {side(doc['same_gpus'], False)}"

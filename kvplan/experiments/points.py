@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 
 from kvplan import __version__
-from kvplan.experiments.pd_block import label_value
+from kvplan.experiments.pd_block import label_part
 from kvplan.experiments.schema import Experiment
 from kvplan.ownership import file_sha256
 from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
@@ -57,8 +57,7 @@ def expand(exp: Experiment) -> list[Point]:
         config = copy.deepcopy(exp.base)
         for key, value in values.items():
             set_path(config, key, value)
-        label = " ".join(f"{key.split('.')[-1]}={label_value(key, value)}" for key, value in values.items()) \
-            or "base"
+        label = " ".join(label_part(key, value) for key, value in values.items()) or "base"
         points.append(Point(len(points), label, values, config))
     return points
 

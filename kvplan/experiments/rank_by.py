@@ -31,6 +31,8 @@ FIELD = Field("choice", None, RANK_BY, nullable=True,
 # each way's points column (`results.points_frame`) and unit
 COLUMNS = {"rate": "answer", "per_gpu": "answer_per_gpu", "per_usd": "answer_per_usd"}
 UNITS = {"rate": "req/s", "per_gpu": "req/s per GPU", "per_usd": "req/$"}
+# the answer table's column head (its title line names the whole unit): short, leaving the labels room
+HEADERS = {"rate": "req/s", "per_gpu": "per GPU", "per_usd": "req/$"}
 
 
 def check(doc: dict, search: dict) -> None:

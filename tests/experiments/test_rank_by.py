@@ -57,7 +57,7 @@ def test_points_of_different_sizes_rank_per_gpu_by_default():
     assert recommend(experiment(rank_by="rate"), frame).label == "pd"  # the raw rate says otherwise
     text = render(exp, frame.assign(binding_limit="none", binding_key="", binding_votes=1, binding_of=1), rec)
     assert "max_rate (req/s) ranked in req/s per GPU (search.rank_by: per_gpu)" in text
-    assert "Recommended (*): disaggregation=co-located replicas=1, 2 req/s = 2 req/s per GPU (seeds 1.95-2.05 " \
+    assert "Recommended (*): co-located replicas=1, 2 req/s = 2 req/s per GPU (seeds 1.95-2.05 " \
            "req/s per GPU)" in " ".join(text.split())
 
 
@@ -80,8 +80,8 @@ def test_per_usd_ranks_by_requests_per_dollar():
     assert doc["ratio_per_gpu"] == pytest.approx(1.5 / 2.0)
     assert doc["ratio_per_usd"] == pytest.approx((4.5 / 6.0) / (2.0 / 4.5))
     line = comparison_line(exp, frame)
-    assert line.startswith("P/D vs co-located (at the searched rate; the best of each per $): disaggregated pd "
-                           "(3 GPUs, $6/h) 1.5 req/s per GPU, 2700 req/$ vs co-located co (1 GPUs, $4.5/h) 2, 1600")
+    assert line.startswith("P/D vs co-located (at the searched rate; the best of each per $): pd "
+                           "(3 GPUs, $6/h) 1.5 req/s per GPU, 2700 req/$ vs co (1 GPUs, $4.5/h) 2, 1600")
     assert "0.75x per GPU, 1.69x per $" in line
 
 
