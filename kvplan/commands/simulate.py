@@ -188,8 +188,12 @@ def run(args: argparse.Namespace) -> int:
             f"{'' if pd_info.get(f'{role}_pp', 1) == 1 else ' x PP ' + str(pd_info[f'{role}_pp'])})"
             for role in ("prefill", "decode")
         ) + f" over {pd_info['kv_link']}"
+    from kvplan.sim.specs.profiles import PROFILED_DEVICES
+
+    # (a profiled device is priced by its calibrated profile whatever --cost says: sim.run.build_cost)
+    cost = "calibrated" if args.hardware in PROFILED_DEVICES and args.cost == "analytic" else args.cost
     print(f"{args.trace}: {len(trace)} requests on {args.replicas} x {args.model} / {args.hardware}{shape} "
-          f"({args.cost} cost, router {args.router}, eviction {args.eviction_policy}, "
+          f"({cost} cost, router {args.router}, eviction {args.eviction_policy}, "
           f"preemption {args.preemption_mode})\n")
     rows = [[{**r["summary"], **r["info"]}[key] for _, key in TABLE] for r in runs]
     print(format_table([h for h, _ in TABLE], rows))

@@ -173,7 +173,6 @@ def _pd_bound(spec, trace, prompt: np.ndarray, output: np.ndarray) -> PDBound | 
     """`PDBound` of a disaggregated spec, over the served requests' lengths (module docstring)."""
     from kvplan.sim.pd_transfer import link_figures, rank_bytes_per_token
     from kvplan.sim.run import build_cost
-    from kvplan.sim.specs.hardware import get_hardware
 
     pd = spec.disaggregation
     p_spec, d_spec = pd.pool_specs(spec)
@@ -189,7 +188,7 @@ def _pd_bound(spec, trace, prompt: np.ndarray, output: np.ndarray) -> PDBound | 
         p_tp, d_tp = pd.tp(spec)
         _, busiest = rank_bytes_per_token(cost.model, cost.kv_dtype_bytes, p_tp, d_tp, p_spec.pipeline_parallel_size,
                                           d_spec.pipeline_parallel_size)
-        bandwidth, _ = link_figures(pd, get_hardware(p_spec.hardware), get_hardware(d_spec.hardware))
+        bandwidth, _ = link_figures(pd, p_spec.hardware, d_spec.hardware)
         blocks = -(-prompt // d_spec.kv_block_size)
         parts.append(PartBound("KV link", bandwidth, float(blocks.sum()) * d_spec.kv_block_size * busiest / n,
                                pd.decode_replicas, False))

@@ -38,7 +38,6 @@ from kvplan.sim.pd_transfer import link_figures, make_link, rank_bytes_per_token
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
 from kvplan.sim.spec import SimSpec
-from kvplan.sim.specs.hardware import get_hardware
 from kvplan.sim.specs.models import DTYPE_BYTES, get_model, sim_kv_dtype
 from kvplan.traces import Trace
 
@@ -97,7 +96,7 @@ def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Cal
         kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)
         model, kv_bytes = get_model(spec.model), None if kv_dtype is None else DTYPE_BYTES[kv_dtype]
     per_rank, busiest = rank_bytes_per_token(model, kv_bytes, p_tp, d_tp, p_pp, d_pp)
-    bandwidth, latency = link_figures(pd, get_hardware(p_spec.hardware), get_hardware(d_spec.hardware))
+    bandwidth, latency = link_figures(pd, p_spec.hardware, d_spec.hardware)
     links = [make_link(pd, bandwidth, latency, busiest * bs) for _ in range(pd.decode_replicas)]
     moved = per_rank * bs * d_tp * d_pp  # every decode rank's bytes per block
     every = interval(d_spec, d_cost)

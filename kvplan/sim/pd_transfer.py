@@ -35,7 +35,8 @@ from kvplan.errors import UserError
 from kvplan.sim.links import NETWORK_LATENCY_S, Link
 from kvplan.sim.pd_spec import Disaggregation
 from kvplan.sim.specs.arch import ModelSpec
-from kvplan.sim.specs.hardware import HardwareSpec
+from kvplan.sim.specs.hardware import get_hardware
+from kvplan.sim.specs.profiles import PROFILED_DEVICES
 
 ACHIEVED = {"nvlink": 0.84, "rdma": 0.87}  # see the module
 LATENCY_S = {"nvlink": 5e-6, "rdma": NETWORK_LATENCY_S}
@@ -53,14 +54,23 @@ def rank_bytes_per_token(model: ModelSpec, kv_dtype_bytes: float | None, prefill
     return per_decode_rank, max(sent, per_decode_rank)
 
 
-def link_figures(pd: Disaggregation, prefill_hw: HardwareSpec, decode_hw: HardwareSpec) -> tuple[float, float]:
-    """(achieved bytes/s per GPU, latency s) of the KV link (see the module)."""
-    if pd.kv_link == "nvlink" and prefill_hw.name != decode_hw.name:
-        raise UserError(f"--kv-link: nvlink joins GPUs of one node, and the pools run on {prefill_hw.name} and "
-                        f"{decode_hw.name}; allowed: rdma, or one hardware for both pools")
+def link_figures(pd: Disaggregation, prefill_hardware: str, decode_hardware: str) -> tuple[float, float]:
+    """(achieved bytes/s per GPU, latency s) of the KV link between the pools' hardware (see the module); a
+    profiled device (`cpu-local`: this machine, through a calibrated profile) has no table entry, so its link
+    is given (`kvplan validate` measures this machine's)."""
+    if pd.kv_link == "nvlink" and prefill_hardware != decode_hardware:
+        raise UserError(f"--kv-link: nvlink joins GPUs of one node, and the pools run on {prefill_hardware} and "
+                        f"{decode_hardware}; allowed: rdma, or one hardware for both pools")
     latency = LATENCY_S[pd.kv_link] if pd.kv_link_latency_ms is None else pd.kv_link_latency_ms / 1e3
     if pd.kv_link_bandwidth is not None:
         return pd.kv_link_bandwidth, latency
+    for name in (prefill_hardware, decode_hardware):
+        if name in PROFILED_DEVICES:
+            raise UserError(f"--kv-link-bandwidth: needed with {name} (this machine, through a calibrated profile: "
+                            "the hardware table has no link for it); allowed: --kv-link-bandwidth BYTES_PER_S "
+                            "(and --kv-link-latency-ms; `kvplan validate --prefill-replicas 1 --decode-replicas 1` "
+                            "measures this machine's)")
+    prefill_hw, decode_hw = get_hardware(prefill_hardware), get_hardware(decode_hardware)
     raw = min(getattr(hw, "link_bandwidth" if pd.kv_link == "nvlink" else "internode_bandwidth")
               for hw in (prefill_hw, decode_hw))
     if raw <= 0:

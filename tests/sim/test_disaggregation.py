@@ -186,6 +186,25 @@ def test_bad_input_says_what_is_allowed(flags, message, tmp_path, capsys):
     assert message in err and len(err.strip().splitlines()) <= 2, err
 
 
+def test_this_machine_through_its_profile_needs_its_link_given(tmp_path, capsys):
+    """cpu-local (a shipped calibrated profile) has no entry in the hardware table: its pools run, its link is
+    asked for by name (not an 'unknown hardware' error), and the header names the cost that priced it."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 40, "output_length": 5}\n'
+                    '{"timestamp": 1, "input_length": 300, "output_length": 9}\n')
+    base = ["simulate", "--trace", str(path), "--model", "smollm2-135m", "--hardware", "cpu-local",
+            "--prefill-replicas", "1", "--decode-replicas", "1", "--max-model-len", "2048"]
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert "--kv-link-bandwidth: needed with cpu-local" in err and "unknown hardware" not in err
+    assert main([*base, "--kv-link-bandwidth", "6e8", "--kv-link-latency-ms", "5", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["transfer_ms"] for r in doc["requests"]] == pytest.approx(
+        [5 + r["kv_transfer_bytes"] / 6e8 * 1e3 for r in doc["requests"]])
+    assert main([*base, "--kv-link-bandwidth", "6e8"]) == 0
+    assert "(calibrated cost," in capsys.readouterr().out
+
+
 def test_one_replica_count_alone_is_refused(tmp_path, capsys):
     path = tmp_path / "t.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 40, "output_length": 5}\n')
