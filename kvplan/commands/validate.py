@@ -32,11 +32,11 @@ import numpy as np
 
 from kvplan.arg_types import integer, out_path
 from kvplan.commands.replay import add_trace_arguments, load_trace
-from kvplan.commands.validate_report import ADJUSTED, report_markdown, report_text
+from kvplan.commands.validate_report import ADJUSTED, print_report, write_report
 from kvplan.endpoint.session import add_endpoint_arguments, within_duration
 from kvplan.engine_args import add_engine_arguments, load_configs, options_from_args
 from kvplan.errors import UserError
-from kvplan.output import atomic_dir, check_out_dir, check_paths, json_text, print_json
+from kvplan.output import atomic_dir, check_out_dir, check_paths
 from kvplan.results.serving_result import write_tables
 
 MODES = ("policy", "timing", "both")
@@ -163,13 +163,9 @@ def run(args: argparse.Namespace) -> int:
             for key, rows in (("targets", "timing"), *((t, k) for _, k, t, _, _ in ADJUSTED)):
                 if results and all(rows in r for r in results):
                     doc[key] = target_summary({r["name"]: [MetricRow(**m) for m in r[rows]] for r in results})
-        (out / "validation.json").write_text(json_text(doc))
-        (out / "report.md").write_text(report_markdown(doc))
-    if args.json:
-        print_json(doc)
-    else:
-        print(report_text(doc))
-        print(f"\nwrote {args.out}/report.md, validation.json, and per configuration: live runs, simulations, cdf.png")
+        write_report(out, doc)
+    print_report(doc, args.json, f"wrote {args.out}/report.md, validation.json, and per configuration: live runs, "
+                 "simulations, cdf.png")
     if stopped:  # what was measured is printed and kept; the exit status says it is not the whole validation
         from kvplan.commands.validate_endpoint import PartialValidation
 

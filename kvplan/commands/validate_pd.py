@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvplan.commands.validate_report import print_report, write_report
 from kvplan.errors import UserError
-from kvplan.output import atomic_dir, json_text, print_json
+from kvplan.output import atomic_dir, json_text
 from kvplan.results.serving_result import ServingResult, write_tables
 from kvplan.sim.pd_spec import OPTIONS, Disaggregation
 
@@ -121,16 +122,9 @@ def run_pd(args: argparse.Namespace, pd: Disaggregation) -> int:
                "mode": args.mode, "profile": profile, "repeats": args.repeats, "duration_s": args.duration,
                "disaggregation": {"prefill_replicas": 1, "decode_replicas": 1, "transport": TRANSPORT},
                "configs": [entry]}
-        from kvplan.commands.validate_report import report_markdown, report_text
-
-        (out / "validation.json").write_text(json_text(doc))
-        (out / "report.md").write_text(report_markdown(doc))
-    if args.json:
-        print_json(doc)
-    else:
-        print(report_text(doc))
-        print(f"\nwrote {args.out}/report.md, validation.json, and per live run: each instance's steps, the pair's "
-              "record and its tables")
+        write_report(out, doc)
+    print_report(doc, args.json, f"wrote {args.out}/report.md, validation.json, and per live run: each instance's "
+                 "steps, the pair's record and its tables")
     return 0  # (as a co-located validation: the verdict is the report's)
 
 

@@ -4,8 +4,9 @@ tables), printed as text or written as markdown, so that both say the same."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from kvplan.output import format_table
+from kvplan.output import format_table, json_text, print_json
 
 # The simulations a timing validation compares beside the profile as calibrated: the profile scaled by a machine
 # speed factor measured independently around the live runs (the speed probe; for an endpoint, the drift probe),
@@ -209,3 +210,18 @@ def report_markdown(doc: dict) -> str:
                 ["", f"{part[0][0].upper()}{part[0][1:]}:", "", *markdown_table(*part[1:]), ""]
         lines += ["", f"![CDFs]({c['name']}/cdf.png)", ""]
     return "\n".join(lines)
+
+
+def write_report(out: Path, doc: dict) -> None:
+    """The validation's files in its result directory: strict JSON and the markdown report."""
+    (out / "validation.json").write_text(json_text(doc))
+    (out / "report.md").write_text(report_markdown(doc))
+
+
+def print_report(doc: dict, as_json: bool, wrote: str) -> None:
+    """The validation on stdout: one JSON object, or the text report and what was written (`wrote`)."""
+    if as_json:
+        print_json(doc)
+    else:
+        print(report_text(doc))
+        print(f"\n{wrote}")
