@@ -22,7 +22,7 @@ from kvplan.engine.core.vllm_versions import NEWEST
 from kvplan.experiments import model_range
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
 from kvplan.experiments.pd_block import KEY as PD_KEY
-from kvplan.experiments.pd_block import comparison_line
+from kvplan.experiments.pd_block import comparison_line, hidden
 from kvplan.experiments.rank_by import COLUMNS, rank_by
 from kvplan.experiments.rank_by import HEADERS as RANK_HEADERS
 from kvplan.experiments.rank_by import UNITS as RANK_UNITS
@@ -46,6 +46,8 @@ def short_label(exp: Experiment, row: pd.Series) -> str:
         value, leaf = row[key], key.split(".")[-1]
         if hasattr(value, "item"):
             value = value.item()
+        if hidden(key, value, row.get(PD_KEY)):
+            continue
         if key in TOP_LEVEL:
             parts.append(str(value))
         elif isinstance(value, bool):

@@ -79,6 +79,13 @@ def label_value(key: str, value: object) -> object:
     return shape(value) if key == KEY else value  # type: ignore[arg-type]  # (a block or None)
 
 
+def hidden(key: str, value: object, block: object) -> bool:
+    """Whether a point's label leaves `key` out: `cluster.replicas` at 1 on a P/D point (`block`: its block, or the
+    block's shape in a points table), which does not use it - each pool has its own count. Any other value still
+    shows, so two points' labels stay distinct."""
+    return key == "cluster.replicas" and value == 1 and block not in (None, shape(None))
+
+
 def label_part(key: str, value: object) -> str:
     """A swept value in a point's label: `name=value` by the key's last part; a block by its shape alone
     (`1P2D`, `co-located`: it names itself), which keeps the answer's label column narrow."""

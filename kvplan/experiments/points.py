@@ -20,7 +20,8 @@ from functools import cache
 from pathlib import Path
 
 from kvplan import __version__
-from kvplan.experiments.pd_block import label_part
+from kvplan.experiments.pd_block import KEY as PD_KEY
+from kvplan.experiments.pd_block import hidden, label_part
 from kvplan.experiments.schema import Experiment
 from kvplan.ownership import file_sha256
 from kvplan.sim.specs.profiles import PROFILED_DEVICES, shipped_profile
@@ -57,7 +58,8 @@ def expand(exp: Experiment) -> list[Point]:
         config = copy.deepcopy(exp.base)
         for key, value in values.items():
             set_path(config, key, value)
-        label = " ".join(label_part(key, value) for key, value in values.items()) or "base"
+        label = " ".join(label_part(key, value) for key, value in values.items()
+                         if not hidden(key, value, values.get(PD_KEY))) or "base"
         points.append(Point(len(points), label, values, config))
     return points
 

@@ -45,7 +45,10 @@ def test_the_block_reaches_every_point_and_the_spec():
 def test_whole_blocks_sweep_against_co_located_points():
     exp = experiment(sweep={"zip": {"disaggregation": [None, PD], "cluster.replicas": [3, 1]}})
     points = expand(exp)
-    assert [p.label for p in points] == ["co-located replicas=3", "1P2D replicas=1"]
+    # a P/D point does not use cluster.replicas: its 1 is left out of the label, any other value shows
+    assert [p.label for p in points] == ["co-located replicas=3", "1P2D"]
+    both = expand(experiment(sweep={"grid": {"disaggregation": [PD], "cluster.replicas": [1, 2]}}))
+    assert [p.label for p in both] == ["1P2D", "1P2D replicas=2"]
     assert build_spec(run_config(points[0].config, 0)).disaggregation is None
     assert [gpus(p.config) for p in points] == [3, 3]
 
@@ -112,7 +115,7 @@ def test_a_pd_sweep_and_a_rate_search_run(tmp_path, capsys):
                                     "slo": {"p99_ttft_ms": 2000}, "outputs": {"plots": False, "report": False}}))
     assert main(["run", str(path), "--out", str(tmp_path / "sweep")]) == 0
     printed = " ".join(capsys.readouterr().out.split())  # (the answer wraps at its width)
-    assert "P/D vs co-located (goodput; the best of each per GPU): replicas=1 1P2D (3 GPUs, $" in printed
+    assert "P/D vs co-located (goodput; the best of each per GPU): 1P2D (3 GPUs, $" in printed
     assert "vs replicas=3 co-located (3 GPUs, $" in printed and "x per $." in printed
     runs = pd.read_parquet(tmp_path / "sweep" / "runs.parquet").set_index("point")
     assert runs.loc[1, "disaggregation.decode_replicas"] == 2 and pd.isna(runs.loc[0, "disaggregation.kv_link"])
