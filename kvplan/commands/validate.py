@@ -207,7 +207,7 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
             if args.mode != "timing":
                 checks.append(check_policy(trace, live, options, meta, where / "steps.jsonl"))
     entry.update({"options": asdict(options), "num_blocks": int(meta["num_blocks"]) if meta else None,
-                  "runs": runs, "busy_fraction": [_round(r.info["busy_fraction"]) for r in lives],
+                  "runs": runs, "busy_fraction": [rounded(r.info["busy_fraction"]) for r in lives],
                   "live_counters": [counters(r) for r in lives],
                   "approximate_gap_requests": [r.info.get("approximate_gap_requests", 0) for r in lives]})
     if checks:
@@ -235,8 +235,9 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
     return entry
 
 
-def _round(value: float) -> float | None:
-    return None if math.isnan(value) else round(value, 3)  # NaN: a server without a running gauge
+def rounded(value: float | None) -> float | None:
+    """A report's figure to 3 places; None for none, or NaN (a server without a running gauge)."""
+    return None if value is None or math.isnan(value) else round(value, 3)
 
 
 def simulate_as(trace, options, meta: dict, profile: str):

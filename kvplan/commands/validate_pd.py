@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvplan.commands.validate import rounded
 from kvplan.commands.validate_report import print_report, write_report
 from kvplan.errors import UserError
 from kvplan.output import atomic_dir, json_text
@@ -91,8 +92,8 @@ def run_pd(args: argparse.Namespace, pd: Disaggregation) -> int:
         entry: dict = {"name": "default", "options": asdict(options), "num_blocks": int(runs[0].decode.meta[
             "num_blocks"]), "runs": [{"repeat": i + 1, "state": "cold", "why": "fresh instances", "reset": None}
                                      for i in range(len(runs))],
-            "busy_fraction": [_round(live.info["busy_fraction"]) for live in lives],
-            "instances_busy_fraction": [{role: _round(getattr(run, role).log.busy_s / live.info["duration_s"])
+            "busy_fraction": [rounded(live.info["busy_fraction"]) for live in lives],
+            "instances_busy_fraction": [{role: rounded(getattr(run, role).log.busy_s / live.info["duration_s"])
                                          for role in ("prefill", "decode")} for run, live in zip(runs, lives,
                                                                                                     strict=True)],
             "link": link}
@@ -147,10 +148,6 @@ def scaled_profile(profile: str, factor: float, where: Path) -> str:
     save_profile(load_profile(profile).scaled(factor), path, f"{profile}, scaled by the live pair's own step speed: "
                  f"x{factor:.4f}")
     return str(path)
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None or math.isnan(value) else round(value, 3)
 
 
 def pair_record(run) -> dict:
@@ -240,11 +237,10 @@ def link_deployment(link: dict, pd: Disaggregation, block_bytes: float) -> Disag
 
 def sim_block_bytes(spec) -> float:
     """A KV block's bytes as the simulator counts them (`sim.pd_run.build_cluster`: the model's layout)."""
-    from kvplan.sim.specs.models import DTYPE_BYTES, get_model, sim_kv_dtype
+    from kvplan.sim.pd_transfer import model_layout
 
-    kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)
-    width = None if kv_dtype is None else DTYPE_BYTES[kv_dtype]
-    return get_model(spec.model).kv_bytes_per_token(width) * spec.kv_block_size
+    model, width = model_layout(spec)
+    return model.kv_bytes_per_token(width) * spec.kv_block_size
 
 
 def pair_spec(options, run, trace, *, cost: str, profile: str | None, record_tokens: bool = False):

@@ -34,11 +34,10 @@ from kvplan.sim.disagg import DisaggCluster, RecordedHandoffs
 from kvplan.sim.frontend import frontend_for
 from kvplan.sim.pd_frontend import PDFrontend
 from kvplan.sim.pd_spec import OPTIONS, Disaggregation
-from kvplan.sim.pd_transfer import link_figures, make_link, rank_bytes_per_token
+from kvplan.sim.pd_transfer import link_figures, make_link, model_layout, rank_bytes_per_token
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
 from kvplan.sim.spec import SimSpec
-from kvplan.sim.specs.models import DTYPE_BYTES, get_model, sim_kv_dtype
 from kvplan.traces import Trace
 
 # what a pool sets for itself: a cost measured on one device cannot price it
@@ -92,9 +91,8 @@ def build_cluster(trace: Trace, spec: SimSpec, pd: Disaggregation, interval: Cal
     bs = d_cache.block_size
     if isinstance(d_cost, AnalyticCost):
         model, kv_bytes = d_cost.model, d_cost.kv_dtype_bytes
-    else:  # the model's layout, in the run's KV dtype
-        kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)
-        model, kv_bytes = get_model(spec.model), None if kv_dtype is None else DTYPE_BYTES[kv_dtype]
+    else:
+        model, kv_bytes = model_layout(spec)
     per_rank, busiest = rank_bytes_per_token(model, kv_bytes, p_tp, d_tp, p_pp, d_pp)
     bandwidth, latency = link_figures(pd, p_spec.hardware, d_spec.hardware)
     links = [make_link(pd, bandwidth, latency, busiest * bs) for _ in range(pd.decode_replicas)]

@@ -30,6 +30,7 @@ per-descriptor cost of fragmented transfers and the first-contact handshake (doc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvplan.errors import UserError
 from kvplan.sim.links import NETWORK_LATENCY_S, Link
@@ -37,6 +38,9 @@ from kvplan.sim.pd_spec import Disaggregation
 from kvplan.sim.specs.arch import ModelSpec
 from kvplan.sim.specs.hardware import get_hardware
 from kvplan.sim.specs.profiles import PROFILED_DEVICES
+
+if TYPE_CHECKING:
+    from kvplan.sim.spec import SimSpec
 
 ACHIEVED = {"nvlink": 0.84, "rdma": 0.87}  # see the module
 LATENCY_S = {"nvlink": 5e-6, "rdma": NETWORK_LATENCY_S}
@@ -52,6 +56,15 @@ def rank_bytes_per_token(model: ModelSpec, kv_dtype_bytes: float | None, prefill
     per_decode_rank = model.kv_bytes_per_token(kv_dtype_bytes, decode_tp, decode_pp)
     sent = model.kv_bytes_per_token(kv_dtype_bytes, decode_tp, prefill_pp) * (decode_tp // prefill_tp)
     return per_decode_rank, max(sent, per_decode_rank)
+
+
+def model_layout(spec: SimSpec) -> tuple[ModelSpec, float | None]:
+    """The run's model and its KV bytes per element (None: the model's own dtype), as a cost measured on one
+    device leaves them: the model's layout in the run's KV cache dtype (an analytic cost carries its own)."""
+    from kvplan.sim.specs.models import DTYPE_BYTES, get_model, sim_kv_dtype
+
+    kv_dtype = sim_kv_dtype(spec.kv_cache_dtype)
+    return get_model(spec.model), None if kv_dtype is None else DTYPE_BYTES[kv_dtype]
 
 
 def link_figures(pd: Disaggregation, prefill_hardware: str, decode_hardware: str) -> tuple[float, float]:

@@ -54,6 +54,12 @@ def test_the_bound_only_skips_probes_that_fail_and_keeps_the_answer():
                      search={"target": "max_rate", "low": 0.25, "high": 256, "tolerance": 0.05}, seeds=[0])
     bounded = make_tasks(exp)[0]
     assert bounded.bound is not None
+    check_bound_skips_only_failing_probes(exp, bounded)
+
+
+def check_bound_skips_only_failing_probes(exp, bounded) -> None:
+    """With its bound a search reaches the answer it reaches without, at thresholds below the bound's ceiling,
+    simulating every probe the plain search does except those the bound decided (all above the ceiling)."""
     ceiling = bounded.bound.max_stable_rate(1)
     for threshold in (0.3, ceiling / 3, ceiling * 0.9):
         with_bound = PointTask(exp, bounded.point, [0], bound=bounded.bound)

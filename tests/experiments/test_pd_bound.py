@@ -11,9 +11,10 @@ import pytest
 from kvplan.experiments.bound import SLACK, PDBound, point_bound
 from kvplan.experiments.execute import simulate_config
 from kvplan.experiments.points import expand, run_config
-from kvplan.experiments.search import PointTask, make_tasks
+from kvplan.experiments.search import make_tasks
 from kvplan.limits import MAX_REPLICAS
-from tests.experiments.test_runner import TINY_WORKLOAD, drive_one, experiment
+from tests.experiments.test_bound import check_bound_skips_only_failing_probes
+from tests.experiments.test_runner import TINY_WORKLOAD, experiment
 
 PD = {"prefill_replicas": 1, "decode_replicas": 1}
 # prompts of ~100 tokens and outputs of ~400: the decode pool's rows bind (TINY_WORKLOAD's ~300 / ~60: the prefill's)
@@ -68,14 +69,7 @@ def test_a_bounded_pd_search_skips_only_failing_probes_and_keeps_the_answer():
     assert isinstance(bounded.bound, PDBound)
     ceiling = bounded.bound.max_stable_rate(1)
     assert math.isfinite(ceiling) and ceiling < 4096
-    for threshold in (0.3, ceiling / 3, ceiling * 0.9):
-        with_bound = PointTask(exp, bounded.point, [0], bound=bounded.bound)
-        without = PointTask(exp, bounded.point, [0])
-        simulated = drive_one(with_bound, lambda rate, t=threshold: rate <= t)
-        every = drive_one(without, lambda rate, t=threshold: rate <= t)
-        assert with_bound.answer == without.answer
-        assert with_bound.decided and all(v > ceiling for v in with_bound.decided)
-        assert sorted(simulated) == sorted(v for v in every if v not in with_bound.decided)
+    check_bound_skips_only_failing_probes(exp, bounded)
     assert bounded.bound.as_text().startswith("at most ") and "req/s by the prefill pool (1 x " in \
         bounded.bound.as_text()
 
