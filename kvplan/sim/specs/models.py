@@ -53,6 +53,9 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     _spec("tiny-llama", 2, 64, 4, 2, 128, 512, context_len=512),
     _spec("tiny-qwen2", 2, 64, 4, 2, 128, 512, context_len=512),
     _spec("tiny-gpt2", 2, 64, 4, 4, 256, 512, gated_mlp=False, tied_embeddings=True, context_len=512),
+    # meta-llama/Llama-3.2-1B config.json (16 layers, GQA 32/8 heads of 64, tied embeddings, rope-scaled to 131072
+    # positions): the Llama 3 tokenizer's vocabulary, so a draft model for Llama-3/3.1 targets
+    _spec("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, head_dim=64, tied_embeddings=True, context_len=131072),
     # Llama 3.1 (meta-llama/Llama-3.1-{8B,70B,405B} config.json: rope-scaled to 131072 positions)
     _spec("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, context_len=131072),
     _spec("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, context_len=131072),
