@@ -27,7 +27,8 @@ CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "kv_offload
            "kv_cache_memory": 3 << 20, "swap_space": 2 << 20, "dtype": "float32", "position_mode": "shifted",
            "quantization": "awq", "tensor_parallel_size": 2, "pipeline_parallel_size": 2,
            "enable_expert_parallel": True, "entry_point": "llm", "api_server_latency_ms": 12.5, "vllm_version": "0.33",
-           "cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5}
+           "cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5,
+           "speculative_config": '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}'}
 # `allocator` keeps its default above (a reservation allocator has no prefix cache, window or swap); its other
 # values are covered by the simulator's reservation tests. `kv_offloading_backend` has one value kvplan models.
 # The cache-aware window needs vLLM 0.34 and the fcfs policy, both changed above (tests/core/test_cache_aware.py
@@ -37,6 +38,9 @@ UNCHANGED = {"allocator", "kv_offloading_backend", *CACHE_AWARE}
 # Given together with kv_offloading_blocks, a size must name the same blocks (tests/engine/test_cpu_tier.py and
 # tests/sim/test_prefix_tiers_sim.py): the engine and the simulator are given the blocks alone here.
 ALTERNATIVES = {"kv_offloading_size"}
+# Speculative decoding refuses the sink+window cache set above (it rolls drafts back in place): the live engine is
+# built with it in tests/engine/test_spec_decode.py.
+NOT_WITH_WINDOW = {"speculative_config"}
 
 
 def test_every_setting_has_a_changed_value_here_and_a_side():
@@ -101,7 +105,8 @@ def test_the_live_engine_reads_every_engine_setting(monkeypatch):
         return seen[-1]
 
     monkeypatch.setattr(llm_module, "engine_options", recording)
-    engine_side = {s.name: CHANGED[s.name] for s in for_side("engine") if s.name not in ALTERNATIVES}
+    engine_side = {s.name: CHANGED[s.name] for s in for_side("engine")
+                   if s.name not in ALTERNATIVES and s.name not in NOT_WITH_WINDOW}
     # num_blocks is derived from kv_cache_memory when not given: read both ways
     llm = llm_module.LLM("tiny-llama", **{**engine_side, "num_blocks": None})
     first = seen[-1].read
@@ -109,7 +114,7 @@ def test_the_live_engine_reads_every_engine_setting(monkeypatch):
     assert {s.name for s in for_side("engine")} <= first | seen[-1].read
     for config, made in (("cache", llm.scheduler.cache_config), ("scheduler", llm.scheduler.config)):
         for s in for_side("engine"):
-            if s.config == config and s.name not in ("num_blocks", "max_model_len"):  # derived by the engine
+            if s.config == config and s.name not in ("num_blocks", "max_model_len", *NOT_WITH_WINDOW):  # (derived)
                 assert getattr(made, s.name) == CHANGED[s.name], s.name
 
 

@@ -82,7 +82,8 @@ class Admission:
         if sched.cache_aware_window:
             self.reorder_window()
         admitted: dict[str, int] = {}  # this step's admissions and their tokens (an async load's reservation)
-        while len(waiting) and budget > 0:
+        rows, spec = sched.draft_slots, sched.spec_steps  # speculative decoding's budget rows and lookahead slots
+        while len(waiting) and budget > rows:
             request = waiting.peek()
             if request.kv_transfer_params is not None and wants_remote_prefill(request):
                 # a decode-side request: it takes a sequence slot only once its KV has arrived, and no budget
@@ -96,7 +97,7 @@ class Admission:
                     break
                 budget = left
                 continue
-            plan = self.plan(request, budget)
+            plan = self.plan(request, budget - rows)
             if plan is None:
                 break
             hits, n = plan
@@ -104,7 +105,8 @@ class Admission:
             reserve = sched.admission_reserve()
             if sched.reserve_full_isl and not kv.fits_whole(request, hits, reserve):
                 break
-            copies = kv.allocate(request, n, hits, reserve)
+            slots = n if spec is None else spec.slots(cached_tokens or request.num_computed_tokens, n)
+            copies = kv.allocate(request, slots, hits, reserve)
             if copies is None:
                 break
             waiting.pop()
@@ -112,7 +114,7 @@ class Admission:
             if request.status is RequestStatus.WAITING:
                 request.num_cached_tokens = cached_tokens
             sched.start_running(request)
-            budget -= n
+            budget -= n + rows
             sched.emit(out, request, n, copies, cached_tokens)
             admitted[request.request_id] = n
 

@@ -20,6 +20,7 @@ from kvplan.engine.core.settings import (  # noqa: F401 (the names the core's us
     SETTINGS,
     Field,
 )
+from kvplan.engine.core.speculative import SpeculativeConfig, parse_speculative_config
 from kvplan.engine.core.vllm_versions import VERSIONS, VllmVersion, since
 from kvplan.errors import ConfigError
 
@@ -232,6 +233,7 @@ class SchedulerConfig:
     vllm_version: str = SETTING
     cache_aware_admission_window: int = SETTING
     cache_aware_admission_threshold: float = SETTING
+    speculative_config: str | None = SETTING
 
     def __post_init__(self) -> None:
         check_settings(self, "scheduler", "scheduler")
@@ -247,3 +249,8 @@ class SchedulerConfig:
     @property
     def version(self) -> VllmVersion:
         return VERSIONS[self.vllm_version]
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """`speculative_config` parsed (None: off); checked already, so this never raises."""
+        return parse_speculative_config(self.speculative_config, "scheduler.speculative_config")

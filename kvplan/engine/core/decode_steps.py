@@ -153,7 +153,8 @@ class DecodeSteps:
     def horizon(self, limit: int) -> int:
         """Largest k <= limit for which `advance(k)` is exact (0 when no fast path applies)."""
         sched = self.sched
-        if limit <= 0 or not sched.running or sched.swapped or sched.has_rejections or sched.remote.admission_due():
+        if (limit <= 0 or not sched.running or sched.swapped or sched.has_rejections or sched.remote.admission_due()
+                or sched.spec_steps is not None):  # speculative decoding: a step's length depends on acceptance
             return 0
         backlog = len(sched.waiting) > 0
         if backlog and not sched.admissions.head_blocked():

@@ -17,7 +17,7 @@ A block shared by several tables is counted once, with the most tokens any holde
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,38 @@ class SchedulerStats:
     num_swap_outs: int = 0
     num_rejected: int = 0
     num_finished: int = 0
+    # speculative decoding, vLLM's SpecDecodingStats: steps of a request that verified drafts, the drafts
+    # verified and accepted, and per draft position how many were verified / accepted
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_draft_tokens_per_pos: list[int] = field(default_factory=list)
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Count one request's verification of `num_draft_tokens` drafts, the first `num_accepted_tokens` kept."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        grow = num_draft_tokens - len(self.num_draft_tokens_per_pos)
+        if grow > 0:
+            self.num_draft_tokens_per_pos.extend([0] * grow)
+            self.num_accepted_tokens_per_pos.extend([0] * grow)
+        for i in range(num_draft_tokens):
+            self.num_draft_tokens_per_pos[i] += 1
+        for i in range(num_accepted_tokens):
+            self.num_accepted_tokens_per_pos[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Drafts accepted / drafts verified (None: none verified)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens a verifying step emits per request on average: accepted drafts + 1 (vLLM's mean acceptance
+        length)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
 
 @dataclass(slots=True)

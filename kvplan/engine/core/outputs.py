@@ -14,6 +14,7 @@ each copy's source instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,10 @@ class ScheduledRequest:
     samples: bool  # this step computes the request's last pending token, so a token is sampled
     is_decode: bool  # a one-token step on a generated token (everything else is prefill or recompute)
     copies: tuple[tuple[int, int], ...] = ()  # this request's copy-on-write pairs (also in SchedulerOutput)
+    # speculative decoding: the drafts this step verifies, the last len() of its num_new_tokens (vLLM's
+    # scheduled_spec_decode_tokens); a step that verifies drafts samples, at the last verified token and at each
+    # draft
+    spec_token_ids: Sequence[int] = ()
 
     @property
     def request_id(self) -> str:
@@ -72,3 +77,6 @@ class UpdateOutput:
     released: dict[str, list[int]] = field(default_factory=dict)  # sink+window: request id -> block ids
     # P/D, prefill side: request id -> the block ids it finished holding for a remote decode to read (`remote_kv`)
     kv_sends: dict[str, list[int]] = field(default_factory=dict)
+    # speculative decoding: request id -> (drafts verified, drafts accepted) for each request whose step verified
+    # drafts (the replay records and the simulator's validation read it)
+    spec: dict[str, tuple[int, int]] = field(default_factory=dict)

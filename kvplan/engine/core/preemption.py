@@ -66,6 +66,8 @@ class GroupPreemption:
         for request in group:
             sched.stop_running(request)
             request.num_preemptions += 1
+            if request.spec_token_ids:  # drafts of a sequence that is no longer computed (vLLM drops them too)
+                request.spec_token_ids = []
             sched.stats.num_preemptions += 1
             out.preempted.append(request.request_id)
             refund += self._unschedule(request, out, undone)
@@ -98,7 +100,7 @@ class GroupPreemption:
                     undone.update(item.copies)
                     out.copies = [c for c in out.copies if c not in undone]
                 del out.scheduled[i]
-                return item.num_new_tokens
+                return item.num_new_tokens + self.sched.draft_slots  # (its drafting rows: vLLM's input budget)
         return 0
 
     def schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:

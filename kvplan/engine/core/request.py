@@ -74,11 +74,19 @@ class Request:
     # vLLM's per-request P/D parameters, as its proxy sends them (`remote_kv`: `do_remote_prefill` marks the
     # decode side's request, `do_remote_decode` the prefill side's; the other keys are the connector's); None: none
     kv_transfer_params: dict[str, Any] | None = None
+    # speculative decoding: drafts proposed for its next step (`Scheduler.set_drafts`; placeholder ids in
+    # count-only runs), scheduled after its verified tokens and cleared once a step schedules it (vLLM's)
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         """Prompt plus generated tokens: what a recompute must cover."""
         return self.prompt_len + self.num_output_tokens
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Verified tokens plus the drafts waiting to be verified (vLLM's name)."""
+        return self.prompt_len + self.num_output_tokens + len(self.spec_token_ids)
 
     @property
     def num_tokens_to_compute(self) -> int:

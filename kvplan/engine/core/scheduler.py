@@ -44,6 +44,10 @@ prompt's KV (decode side: WAITING_FOR_REMOTE_KVS holding its blocks, `SchedulerO
 `update(step, sampled)` (`step_update`) applies the step's results. Decodes can be stepped in bulk, one step or
 k at once, in count-only runs (`decode_steps`). Requests that could never run are rejected at
 `add_request` and reported in the next step.
+
+Speculative decoding (`speculative_config`, vLLM's; `spec_steps`): running requests' drafts (`set_drafts`) are
+scheduled after their verified tokens, with lookahead slots and draft rows of the budget as vLLM takes them, and
+`update(step, sampled, accepted)` rolls the rejected drafts back. Off, nothing here changes.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from kvplan.engine.core.remote_kv import RemoteKV
 from kvplan.engine.core.request import Request, RequestStatus, attach_block_keys
 from kvplan.engine.core.request_queue import make_queue
 from kvplan.engine.core.reservation import ReservationAllocator
+from kvplan.engine.core.spec_steps import SpecSteps
 from kvplan.engine.core.step_update import StepUpdate
 from kvplan.engine.core.tier_transfers import promotions_of
 from kvplan.engine.core.victims import pick_victim
@@ -96,14 +101,18 @@ class Scheduler:
     * `num_running_seqs` is the running requests' `seq_slots`, at most `max_num_seqs`;
     * the prefix cache keys exactly the full blocks of steps already scheduled (a step's blocks are keyed when it is
       scheduled and unkeyed again if its request is preempted before it runs);
-    * `step_id` and `stats.num_steps` count the steps scheduled, a fast-forwarded stretch's included.
+    * `step_id` and `stats.num_steps` count the steps scheduled, a fast-forwarded stretch's included;
+    * with speculative decoding on (`spec_steps` not None) decodes are never stepped in bulk or fast-forwarded:
+      `decode_mode` is PER_REQUEST and `decode_horizon` 0 (a step's length depends on its acceptances).
 
     Extension points - what differs between the live engine and the simulator:
 
     * `decode_mode`: `DecodeMode.PER_REQUEST` (the default: every request through the general loop, as a run
       that samples real tokens needs) or `DecodeMode.BULK` (count-only runs: the leading plain decodes of a step
       as one list, `SchedulerOutput.decodes`); set it before the first `schedule()`;
-    * `update(out, sampled)`: `sampled` None runs count-only;
+    * `update(out, sampled, accepted)`: `sampled` None runs count-only (`accepted`: drafts kept per scheduled
+      request, where drafts were verified);
+    * `set_drafts(drafts)`: speculative decoding's drafts for the next step;
     * `decode_horizon(limit)`, `advance_decodes(k, usage)` and `waiting_head_blocked()`: the decode fast path,
       k pure-decode cycles applied at once, exactly as k `schedule()` + `update()` cycles would.
     """
@@ -154,6 +163,18 @@ class Scheduler:
         self.updates = StepUpdate(self)
         self.decode_steps = DecodeSteps(self)
         self.remote = RemoteKV(self)
+        #: speculative decoding (None: off) and the budget rows a scheduled request takes for drafting
+        self.spec_steps: SpecSteps | None = None
+        self.draft_slots = 0
+        spec = self.config.speculative
+        if spec is not None:
+            if self.windowed or self.cache_config.allocator != "paged":
+                raise ConfigError("scheduler.speculative_config: rolls rejected drafts back in place, which needs "
+                                  "the paged allocator without a sink+window cache or sliding-window layers; "
+                                  "allowed: null with this cache")
+            self.spec_steps = SpecSteps(self, spec)
+            self.draft_slots = spec.draft_slots
+            self.decode_mode = DecodeMode.PER_REQUEST  # no bulk decodes: a step's length depends on acceptance
 
     # -- requests ------------------------------------------------------------------------------------------
     def add_request(self, request: Request) -> bool:
@@ -185,6 +206,9 @@ class Scheduler:
             return f"n = {request.n} parallel sequences exceed max_num_seqs {self.config.max_num_seqs}"
         if request.kv_transfer_params is not None and (request.n > 1 or request.beam):
             return "kv_transfer_params (prefill/decode disaggregation) need n = 1 and no beam search"
+        if request.beam and self.spec_steps is not None:
+            return ("beam search advances every beam one token per step; speculative decoding (speculative_config) "
+                    "does not apply to it")
         if request.beam and (self.windowed or self.cache_config.allocator != "paged"):
             return ("beam search shares blocks copy-on-write and keeps every beam's whole history: it needs the "
                     "paged allocator without a sink+window cache or sliding-window layers")
@@ -310,12 +334,20 @@ class Scheduler:
         """Put `n` tokens of `request` into the step, keying the blocks the step fills (vLLM's timing)."""
         start = request.num_computed_tokens
         end = start + n
+        verified = request.prompt_len + request.num_output_tokens  # num_tokens
+        drafts: list[int] = []
+        if request.spec_token_ids:  # the drafts that fit are verified; the rest are trimmed, all are cleared
+            if end > verified:
+                drafts = request.spec_token_ids[:end - verified]
+            request.spec_token_ids = []
+            if end > verified:
+                end = verified  # only verified tokens are ever keyed
         if self.keys_wanted and end >= (request.num_hashed_blocks + 1) * self.block_size:
             self.kv.commit(request, end)  # a block fills in this step: key it now
-        samples = end == request.prompt_len + request.num_output_tokens  # all of num_tokens
+        samples = end == verified  # all of num_tokens
         out.scheduled.append(ScheduledRequest(
             request, n, start, cached_tokens, self.kv.block_ids[request.request_id], samples,
-            samples and n == 1 and start >= request.prompt_len, copies))
+            samples and n == 1 and start >= request.prompt_len, copies, drafts))
         out.num_batched_tokens += n
         if copies:
             out.copies.extend(copies)
@@ -379,35 +411,50 @@ class Scheduler:
         return bool(out.scheduled)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        kv = self.kv
+        kv, spec, rows = self.kv, self.spec_steps, self.draft_slots
         first = self.decode_steps.schedule_leading(out, budget) if self.decode_mode is DecodeMode.BULK else 0
         budget -= first
         for request in self.running[first:]:  # a copy: preemption edits the list
-            if budget <= 0:
+            if budget <= rows:  # (each request takes `rows` more for drafting: 0 without a draft model)
                 break
             if request.status is not RUNNING:
                 continue  # preempted as a victim earlier in this loop
             # num_tokens_to_compute, inlined (this loop runs once per running request per step)
             pending = request.prompt_len + request.num_output_tokens - request.num_computed_tokens
-            n = pending if pending <= budget and pending <= self._cap else self.chunk(pending, budget)
+            room = budget - rows
+            if spec is not None:  # its drafts too (num_tokens_with_spec), short of max_model_len
+                pending = spec.cap(request, pending + len(request.spec_token_ids))
+            n = pending if pending <= room and pending <= self._cap else self.chunk(pending, room)
             if n == 0:
                 continue
-            copies = kv.allocate(request, n)
+            slots = n if spec is None else spec.slots(request.num_computed_tokens, n)
+            copies = kv.allocate(request, slots)
             while copies is None and request.status is RUNNING:
                 budget += self.preemption.preempt(pick_victim(self.config.victim_policy, self.running), out)
                 if request.status is RUNNING:
-                    copies = kv.allocate(request, n)
+                    copies = kv.allocate(request, slots)
             if copies is None:
                 continue
-            budget -= n
+            budget -= n + rows
             self.emit(out, request, n, copies, 0)
         return budget
 
     # -- update, beams and the decode fast path (the components' entry points) ------------------------------
-    def update(self, out: SchedulerOutput, sampled: list | None = None) -> UpdateOutput:
+    def update(self, out: SchedulerOutput, sampled: list | None = None,
+               accepted: list[int] | None = None) -> UpdateOutput:
         """Apply a step's results. `sampled[i]` is the token for `out.scheduled[i]` (ignored where it samples
-        nothing; a list of n tokens for an n > 1 request finishing its prompt); None runs count-only."""
-        return self.updates.update(out, sampled)
+        nothing; a list of n tokens for an n > 1 request finishing its prompt; the list of tokens the verifier
+        emitted - accepted drafts, then one more - where the item verified drafts); None runs count-only, with
+        `accepted[i]` the drafts kept where `out.scheduled[i]` verified any (`spec_token_ids`)."""
+        return self.updates.update(out, sampled, accepted)
+
+    def set_drafts(self, drafts: dict[str, list[int]]) -> None:
+        """Speculative decoding: each running request's drafts for the next step, by request id (vLLM's
+        `update_draft_token_ids`; count-only runs give placeholder ids). Call between `update()` and the next
+        `schedule()`."""
+        if self.spec_steps is None:
+            raise ValueError("set_drafts: speculative decoding is off (scheduler.speculative_config is null)")
+        self.spec_steps.set_drafts(drafts)
 
     def advance_beams(self, members: list[Request], plan: list[tuple[int, int]]) -> UpdateOutput:
         """One beam-search step of a group: member j continues member plan[j][0] with token plan[j][1]."""

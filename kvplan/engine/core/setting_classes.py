@@ -45,7 +45,8 @@ def config_fields(config: str) -> Callable[[type[T]], type[T]]:
     is declared `name: type = SETTING`, in declaration order, and gets the setting's default."""
 
     def add(cls: type[T]) -> type[T]:
-        _declare(cls, [(s.name, s.annotation.replace(" | None", ""), s.default)
+        # (None is the core's value only where the setting is nullable: elsewhere it means a side's derived value)
+        _declare(cls, [(s.name, s.annotation if s.nullable else s.annotation.replace(" | None", ""), s.default)
                        for s in SETTINGS.values() if s.config == config and "core" in s.sides],
                  f"the {config} settings of the core")
         return cls

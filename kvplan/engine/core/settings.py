@@ -21,11 +21,13 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kvplan.engine.core.eviction import EVICTION_POLICIES
 from kvplan.engine.core.needs import ON, Needs, check_needs  # noqa: F401 (check_needs: the sides')
+from kvplan.engine.core.speculative import speculative_problem
 from kvplan.engine.core.victims import VICTIM_POLICIES
 from kvplan.engine.core.vllm_versions import NAMES as VLLM_VERSIONS
 from kvplan.engine.core.vllm_versions import NEWEST as NEWEST_VLLM
@@ -84,6 +86,8 @@ class Field:
     values: tuple[tuple[str, str], ...] = ()  # accepted aliases of choices: (alias, choice)
     why: str = ""  # why the bounds are where they are, when it is not obvious
     derived: bool = False  # None means "derived" (left out, not written): not listed among the allowed values
+    # a string's own grammar (a JSON setting): what is wrong with a value, or None
+    checker: Callable[[str], str | None] | None = None
 
     def allowed(self) -> str:
         if self.kind == "choice":
@@ -123,6 +127,8 @@ class Field:
             return value, None if isinstance(value, bool) else f"must be true or false, got {short_repr(value)}"
         if self.kind == "str":
             ok = isinstance(value, str) and value
+            if ok and self.checker is not None:
+                return value, self.checker(value)  # type: ignore[arg-type]  # (ok: a str)
             return value, None if ok else f"must be a non-empty string, got {short_repr(value)}"
         if self.kind == "bytes":
             return self._bytes(value)
@@ -229,7 +235,8 @@ class Setting(Field):
         """The field as the engine or the simulator takes it (None allowed where `unset` gives it a meaning)."""
         derived = self.derived_on(side)
         return Field(self.kind, self.default_on(side), self.choices, self.minimum, self.maximum, self.above,
-                     self.nullable or derived, self.help, self.values, self.why, derived=derived)
+                     self.nullable or derived, self.help, self.values, self.why, derived=derived,
+                     checker=self.checker)
 
 
 def _s(name: str, kind: str, default: object, help: str, flag: str = "", vllm: bool | str = True,
@@ -243,6 +250,11 @@ def _s(name: str, kind: str, default: object, help: str, flag: str = "", vllm: b
 
 CORE_SIM, ENGINE, ENGINE_SIM = frozenset({"core", "sim"}), frozenset({"engine"}), frozenset({"engine", "sim"})
 SIM = frozenset({"sim"})
+CORE_ENGINE = frozenset({"core", "engine"})
+
+
+def _spec_problem(text: str) -> str | None:
+    return speculative_problem(text)[1]
 MAX_PARALLEL = 64  # GPUs of one replica: 8 nodes of 8 (the largest single-model deployments published)
 
 PER_BLOCK = "one object per KV block: more would exhaust memory"
@@ -357,6 +369,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("cache_aware_admission_threshold", "float", 0.5, "KV cache usage from which cache-aware admission reorders "
        "(0: every step)", config="scheduler", minimum=0, maximum=1, needs=CACHE_AWARE, since="0.34",
        unit="fraction of blocks"),
+    _s("speculative_config", "str", None, "speculative decoding as vLLM spells it, a JSON object: "
+       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, "
+       "\"prompt_lookup_min\": 1}' (prompt lookup) or '{\"method\": \"draft_model\", \"model\": DIR, "
+       "\"num_speculative_tokens\": 3}' (a small model with the target's vocabulary); the keys acceptance (k + 1 "
+       "probabilities of accepting 0..k drafts) and acceptance_rate are the simulator's, the live engine ignores "
+       "them (null: off)", config="scheduler", sides=CORE_ENGINE, nullable=True, checker=_spec_problem),
     # --- the device and the model (the engine and the simulator) ---
     _s("kv_cache_dtype", "choice", "auto", "KV cache dtype (auto: the model's; fp8 and int8 hold ~2x the blocks "
        "in the same memory)", sides=ENGINE_SIM, choices=KV_CACHE_DTYPES, values=(("float8", "fp8"),),

@@ -34,7 +34,8 @@ class StepUpdate:
         self.sched = sched
         self.windowed = sched.windowed  # a constant of the cache: read once, not per request
 
-    def update(self, out: SchedulerOutput, sampled: list | None = None) -> UpdateOutput:
+    def update(self, out: SchedulerOutput, sampled: list | None = None,
+               accepted: list[int] | None = None) -> UpdateOutput:
         """Apply a step's results (`Scheduler.update`)."""
         sched = self.sched
         result = UpdateOutput()
@@ -51,6 +52,10 @@ class StepUpdate:
                     self._slide_window(request, result)
                 continue
             if request.beam:  # its token waits for the whole group's step (`advance_beams`)
+                continue
+            if item.spec_token_ids:  # a speculative step: its drafts verified (`spec_steps`)
+                sched.spec_steps.verify(item, sampled[i] if sampled is not None else None,  # type: ignore[union-attr]
+                                        accepted[i] if accepted is not None else None, result)
                 continue
             token = sampled[i] if sampled is not None else None
             if request.n > 1 and not request.forked:
