@@ -59,6 +59,7 @@ class _Item:
     start_pos: int
     is_decode: bool
     samples: bool = True  # every row a client sees produced a token
+    spec_token_ids: tuple[int, ...] = ()  # (a client's stream shows no drafts)
 
 
 @dataclass(slots=True)

@@ -168,6 +168,10 @@ def run(args: argparse.Namespace) -> int:
 
     busy = saturation_note(runs[0]["info"].get("frontend"))
     notes += [busy] if busy is not None else []
+    from kvplan.sim.spec_decode import speculation_note
+
+    spec_note = speculation_note(runs[0]["info"])
+    notes += [spec_note] if spec_note is not None else []
     if args.workers > 1:
         from kvplan.sim.parallel import why_not_parallel
 

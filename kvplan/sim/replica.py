@@ -42,6 +42,7 @@ from kvplan.sim.cost import CostModel, sliding_window, step_time
 from kvplan.sim.cost.features import decode_stretch_features, first_decode_features
 from kvplan.sim.links import TierPricing
 from kvplan.sim.shared_store import SharedView
+from kvplan.sim.spec_decode import DraftCost, DraftOutcomes, speculation
 
 NAN = math.nan
 FAST_PATH_CELLS = 1 << 20  # most (request, step) pairs priced in one stretch
@@ -111,6 +112,12 @@ class Replica:
         self.shared_view: SharedView | None = None  # this replica's view of the cluster's shared prefix store
         # P/D (`sim.disagg`): sees each scheduled step and its start (the KV loads it starts)
         self.on_schedule: Callable[[SchedulerOutput, float], None] | None = None
+        # Speculative decoding (`sim.spec_decode`): the drafts' outcomes, the draft model's price and, replaying a
+        # live run, what it proposed after each step (step id -> request id -> (drafts, accepted))
+        self.drafts: DraftOutcomes | None
+        self.draft_cost: DraftCost | None
+        self.recorded_proposals: Callable[[int], dict[str, tuple[int, int]]] | None
+        self.drafts, self.draft_cost, self.recorded_proposals = speculation(config, cost, cache.block_size)
         self.process = env.process(self._run())
 
     @property
@@ -172,7 +179,7 @@ class Replica:
                 track = self.tracks[item.request.request_id]
                 if track.first_scheduled_s != track.first_scheduled_s:  # NaN: first time scheduled
                     track.first_scheduled_s = start
-                if not item.is_decode:
+                if not item.is_decode and not item.spec_token_ids:  # (verifying drafts is decode work)
                     prefill += item.num_new_tokens
                     chunks += 1
             if self.pricing is None:
@@ -180,6 +187,8 @@ class Replica:
             else:  # promotions over their links (a shared store's network, layer-wise loading)
                 dt = self.pricing.step_seconds(self.cost, step, start, self.block_size, self.attended_limit,
                                                self.sliding_window)
+            if self.draft_cost is not None:  # the draft model's passes (speculative decoding, draft_model)
+                dt += self.draft_cost.seconds(step.scheduled)
             self._account(sched.kv.usage(), dt)
             self.busy_seconds += dt
             if prefill:  # decode rows: the scheduled items that are not chunks, and the bulk decodes
@@ -187,7 +196,13 @@ class Replica:
             end = start + dt
             self.busy_until = end
             yield self.env.timeout(max(end - self.env.now, 0.0))
-            self._finish_step(step, sched.update(step, None), end)
+            drafts = self.drafts
+            if drafts is None:
+                self._finish_step(step, sched.update(step, None), end)
+            else:  # speculative decoding: the outcome of the drafts verified, then the next step's drafts
+                self._finish_step(step, sched.update(step, None, drafts.accepted(step)), end)
+                drafts.propose(sched, step, self.recorded_proposals(step.step_id)
+                               if self.recorded_proposals is not None else None)
             self.clock = end
 
     def _account(self, usage: float, dt: float) -> None:
@@ -221,6 +236,11 @@ class Replica:
             self._common_gaps += common
             self._common_gap = gap
         self._flush_gaps()
+        if update.spec and self.token_times is not None:  # a verification emits its accepted drafts at once
+            for item in step.scheduled:
+                times = tracks[item.request.request_id].token_times_s if item.spec_token_ids else None
+                if times is not None:
+                    times.extend([end] * (item.request.num_output_tokens - len(times)))
         for child in update.forked:
             parent = self.tracks[child.parent_id]
             sample = sample_index(child.request_id)
@@ -264,6 +284,8 @@ class Replica:
 
     def _close(self, request: Request, end: float) -> None:
         t = self.tracks.pop(request.request_id)
+        if self.drafts is not None:
+            self.drafts.forget(request.request_id)
         if t.token_times_s is not None:
             assert self.token_times is not None  # a track records its token times only when the replica does
             self.token_times[(t.row, t.sample)] = t.token_times_s
@@ -411,6 +433,10 @@ class Replica:
             value = m[key]
             if value is not None:
                 out[key] = int(value)  # (an int already: a tier's counter)
+        if self.drafts is not None:  # speculative decoding: vLLM's SpecDecodingStats counters
+            stats = self.sched.stats
+            out.update(num_drafts=stats.num_drafts, num_draft_tokens=stats.num_draft_tokens,
+                       num_accepted_tokens=stats.num_accepted_tokens)
         for name in TIER_NAMES:  # bytes over each tier's link: its promotions out and its stores in
             if f"kv_offload_{name}_hits" in out and self.block_bytes is not None:
                 moved = out[f"kv_offload_{name}_promotions"] + out[f"kv_offload_{name}_demotions"]

@@ -374,8 +374,9 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
     table, front_info = client_view(cluster.log.to_frame(cluster.trace.request_id), series, front)
     duration = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
     replicas = cluster.replicas
+    counters = cluster.counters()
     kv = kv_summary(sum(r.usage_seconds for r in replicas), duration * len(replicas),
-                    max(r.peak_usage for r in replicas), series, cluster.counters())
+                    max(r.peak_usage for r in replicas), series, counters)
     rejected = cluster.rejected()
     info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
             "steps": sum(r.num_steps for r in replicas), "fast_steps": sum(r.num_fast_steps for r in replicas),
@@ -383,6 +384,10 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
             **work_seconds(replicas)}
     if front_info is not None:
         info["frontend"] = front_info
+    if "num_draft_tokens" in counters:
+        from kvplan.sim.spec_decode import speculation_info
+
+        info["speculative"] = speculation_info(counters)
     groups = kv_groups_info(replicas, num_blocks, duration)
     if groups is not None:
         info["kv_groups"] = groups

@@ -77,6 +77,7 @@ class SimSpec:
     vllm_version: str = SETTING
     cache_aware_admission_window: int = SETTING
     cache_aware_admission_threshold: float = SETTING
+    speculative_config: str | None = SETTING
     kv_cache_dtype: str = SETTING
     gpu_memory_utilization: float | None = SETTING
     quantization: str = SETTING

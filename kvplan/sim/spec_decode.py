@@ -21,12 +21,14 @@ the proposals, so a run is reproducible. The invariant: 0 <= accepted <= drafts 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
+from kvplan.engine.core.request import RequestStatus
 from kvplan.errors import UserError
+
+RUNNING_STATUS = RequestStatus.RUNNING
 
 PROB_TOLERANCE = 1e-6
 
@@ -68,39 +70,23 @@ class AcceptanceModel:
         proposed = (1.0 - self.no_draft) * self.k
         return self.mean_accepted / proposed if proposed else 0.0
 
-    def sampler(self, rng: np.random.Generator) -> DraftSampler:
-        return DraftSampler(self, rng)
+    def outcome(self, u: float) -> tuple[int, int]:
+        """(drafts, accepted) of the proposal whose uniform variate is `u` in [0, 1)."""
+        if u < self.no_draft:
+            return 0, 0
+        u = (u - self.no_draft) / (1.0 - self.no_draft)
+        reached = 1.0
+        for j, rate in enumerate(self.position_rates):  # P(accepted == j) = reached * (1 - rate)
+            stop = reached * (1.0 - rate)
+            if u < stop:
+                return self.k, j
+            u -= stop
+            reached *= rate
+        return self.k, self.k
 
     def describe(self) -> str:
         return (f"k={self.k}, acceptance rate {self.acceptance_rate:.3f}, {1 + self.mean_accepted:.2f} tokens per "
                 f"verification step ({self.source})")
-
-
-class DraftSampler:
-    """Draws (drafts, accepted) per proposal from an `AcceptanceModel`, in blocks of uniform variates from the
-    run's generator (one variate per proposal: the same stream whatever the batch)."""
-
-    __slots__ = ("_buffer", "_cumulative", "_next", "_rng", "k", "no_draft")
-
-    def __init__(self, model: AcceptanceModel, rng: np.random.Generator) -> None:
-        self.k, self.no_draft = model.k, model.no_draft
-        self._cumulative = np.cumsum(model.accepted_distribution[:-1]).tolist()
-        self._rng = rng
-        self._buffer: list[float] = []
-        self._next = 0
-
-    def draw(self) -> tuple[int, int]:
-        if self._next == len(self._buffer):
-            self._buffer, self._next = self._rng.random(4096).tolist(), 0
-        u = self._buffer[self._next]
-        self._next += 1
-        if u < self.no_draft:
-            return 0, 0
-        u = (u - self.no_draft) / (1.0 - self.no_draft)
-        for j, bound in enumerate(self._cumulative):
-            if u < bound:
-                return self.k, j
-        return self.k, self.k
 
 
 def _number(value: object, what: str, low: float, high: float, low_open: bool = False) -> float:
@@ -119,7 +105,7 @@ def from_rate(k: int, rate: float, what: str = "speculative_config.acceptance_ra
 def from_distribution(k: int, probabilities: Sequence[float],
                       what: str = "speculative_config.acceptance") -> AcceptanceModel:
     """The model whose accepted count is distributed as `probabilities` (j = 0..k)."""
-    if isinstance(probabilities, str) or not isinstance(probabilities, Sequence) or len(probabilities) != k + 1:
+    if not isinstance(probabilities, list | tuple) or len(probabilities) != k + 1:
         raise UserError(f"{what}: {probabilities!r}; allowed: a list of {k + 1} probabilities (accepting 0..{k} of "
                         f"the {k} drafts) that sum to 1")
     p = [_number(x, f"{what}[{j}]", 0.0, 1.0) for j, x in enumerate(probabilities)]
@@ -190,6 +176,7 @@ class _Pass:
     start_pos: int
     is_decode: bool
     samples: bool = True
+    spec_token_ids: tuple[int, ...] = ()
 
 
 class DraftCost:
@@ -217,3 +204,142 @@ class DraftCost:
             passes = [_Pass(1, end + j - 1, True) for end in sampling]
             total += float(self.cost.step_times(step_features(passes, self.block_size)))
         return total
+
+
+PLACEHOLDER = 0  # the token id of a count-only draft (the scheduler only counts drafts)
+
+
+MASK64 = (1 << 64) - 1
+
+
+def uniform(seed: int, key: int, index: int) -> float:
+    """A uniform variate in [0, 1) for proposal `index` of request `key`: splitmix64 of the three (a counter-based
+    generator: the same draw whatever the batch, the replica or the process a request is simulated in)."""
+    z = (seed * 0x9E3779B97F4A7C15 + key * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
+class DraftOutcomes:
+    """The replica's side of speculative decoding (see the module): after each step, the drafts every request that
+    sampled proposes for its next step, and - when that step verifies them - how many the target accepts.
+
+    A proposal's outcome is the acceptance model's at a counter-based uniform variate of (seed, request, its
+    proposal count), or, replaying a live run (`kvplan validate`, priced by the run's own steps), what the live
+    engine proposed and accepted. Invariant: a request's pending outcome is the one drawn with the drafts it holds;
+    drafts trimmed by the budget keep the first accepted ones (positions are verified in order)."""
+
+    __slots__ = ("_counts", "_pending", "model", "seed")
+
+    def __init__(self, model: AcceptanceModel | None, seed: int = 0) -> None:
+        self.model, self.seed = model, seed
+        self._pending: dict[str, int] = {}
+        self._counts: dict[str, int] = {}
+
+    def accepted(self, step) -> list[int] | None:
+        """Drafts accepted per scheduled item of `step` (None when it verified none)."""
+        out, pending, any_drafts = [], self._pending, False
+        for item in step.scheduled:
+            drafts = len(item.spec_token_ids)
+            if drafts:
+                any_drafts = True
+                out.append(min(pending.pop(item.request.request_id, 0), drafts))
+            else:
+                out.append(0)
+        return out if any_drafts else None
+
+    def propose(self, sched, step, recorded: dict[str, tuple[int, int]] | None = None) -> None:
+        """Give every request that sampled in `step` and still runs its drafts for the next step (`recorded`: a
+        live run's proposals after this step, request id -> (drafts, accepted))."""
+        drafts: dict[str, list[int]] = {}
+        for item in step.scheduled:
+            request = item.request
+            if not item.samples or request.status is not RUNNING_STATUS:
+                continue
+            rid = request.request_id
+            if recorded is not None:
+                d, a = recorded.get(rid, (0, 0))
+            else:
+                assert self.model is not None  # (a run that is not recorded has a model: `Cluster`)
+                index = self._counts.get(rid, 0)
+                self._counts[rid] = index + 1
+                d, a = self.model.outcome(uniform(self.seed, zlib.crc32(rid.encode()), index))
+            if d:
+                drafts[rid] = [PLACEHOLDER] * d
+                self._pending[rid] = a
+        if drafts:
+            sched.set_drafts(drafts)
+
+    def forget(self, request_id: str) -> None:
+        """A finished request's counters (the cluster calls it as requests close)."""
+        self._counts.pop(request_id, None)
+        self._pending.pop(request_id, None)
+
+
+def speculation(config, cost, block_size: int) -> tuple[
+        DraftOutcomes | None, DraftCost | None, Callable[[int], dict[str, tuple[int, int]]] | None]:
+    """A replica's speculative decoding under scheduler config `config` priced by `cost`: (its draft outcomes,
+    the draft model's cost or None, a recorded run's proposals by step id or None); all None when it is off.
+
+    A recorded cost (a live run's own steps) replays the run's proposals and its measured step times, which
+    include the drafter's work; any other cost draws outcomes from the acceptance model - the config's, else
+    the calibrated profile's measured one - and prices a draft model's passes as steps of that model."""
+    spec = config.speculative
+    if spec is None:
+        return None, None, None
+    recorded = getattr(cost, "recorded_proposals", None)
+    if recorded is not None:
+        return DraftOutcomes(None), None, recorded
+    meta = getattr(cost, "meta", None)
+    measured = meta.get("speculative") if isinstance(meta, dict) else None
+    model = acceptance_model(spec.num_speculative_tokens, spec.acceptance_rate, spec.acceptance, measured,
+                             spec.method)
+    draft = None
+    if spec.method == "draft_model":
+        draft = DraftCost(draft_model_cost(spec.model, cost, block_size), spec.num_speculative_tokens, block_size)
+    return DraftOutcomes(model), draft, None
+
+
+def draft_model_cost(name: str | None, cost, block_size: int):
+    """The cost model of the draft model: on a GPU the analytic one of its spec on the same hardware and
+    parallelism as the target (vLLM's default draft_tensor_parallel_size); on a calibrated device its shipped
+    profile."""
+    from kvplan.sim.cost.analytic import AnalyticCost
+    from kvplan.sim.specs.models import get_model
+
+    if name is None:
+        raise UserError("speculative_config.model: the draft_model method needs the draft model; allowed: a "
+                        "built-in model name or a model directory")
+    if isinstance(cost, AnalyticCost):
+        return AnalyticCost(get_model(name), cost.hardware, block_size, cost.kv_dtype_bytes, shape=cost.shape)
+    from kvplan.sim.cost.calibrated import load_profile
+    from kvplan.sim.specs.profiles import shipped_profile
+
+    device = cost.meta.get("device", "cpu-local") if isinstance(getattr(cost, "meta", None), dict) else "cpu-local"
+    try:
+        return load_profile(shipped_profile(name, device))
+    except ValueError as exc:
+        raise UserError(f"speculative_config.model: {exc}; allowed: a draft model with a calibrated profile on "
+                        f"{device}, or --cost analytic on a GPU") from None
+
+
+def speculation_info(counters: dict[str, int]) -> dict[str, float | int | None]:
+    """A run's speculative-decoding figures (vLLM's names) from the replicas' summed counters."""
+    drafts, proposed, accepted = (counters["num_drafts"], counters["num_draft_tokens"],
+                                  counters["num_accepted_tokens"])
+    return {"num_drafts": drafts, "num_draft_tokens": proposed, "num_accepted_tokens": accepted,
+            "acceptance_rate": accepted / proposed if proposed else None,
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else None}
+
+
+def speculation_note(info: dict) -> str | None:
+    """simulate's note line on a run's speculative decoding, or None when it had none."""
+    spec = info.get("speculative")
+    if spec is None:
+        return None
+    if not spec["num_drafts"]:
+        return "speculative decoding: no step verified drafts"
+    return (f"speculative decoding: {spec['num_accepted_tokens']:,} of {spec['num_draft_tokens']:,} drafts accepted "
+            f"(acceptance rate {spec['acceptance_rate']:.3f}); {spec['mean_acceptance_length']:.2f} tokens per "
+            f"verification step over {spec['num_drafts']:,} verifications")

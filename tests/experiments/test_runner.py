@@ -141,7 +141,7 @@ def test_min_replicas_matches_hand_arithmetic(tmp_path, capsys):
                                     max_num_batched_tokens=prompt, max_num_seqs=1))
 
     class Item:  # one whole prompt, from position 0, sampled
-        num_new_tokens, start_pos, is_decode, samples = prompt, 0, False, 1
+        num_new_tokens, start_pos, is_decode, samples, spec_token_ids = prompt, 0, False, 1, ()
 
     s_ms = float(cost.step_times(step_features([Item()], 16, 0))) * 1e3
     by_hand = {r: float(np.percentile([k * s_ms for j in range(r) for k in range(1, len(range(j, n, r)) + 1)], 90))

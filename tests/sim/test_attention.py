@@ -38,7 +38,8 @@ KV_TOKEN = 2 * 32 * 8 * 128 * 2  # K/V bytes per token over the layers, bf16
 
 
 def _item(n, start, decode=False):
-    return type("Item", (), {"num_new_tokens": n, "start_pos": start, "is_decode": decode, "samples": True})()
+    return type("Item", (), {"num_new_tokens": n, "start_pos": start, "is_decode": decode, "samples": True,
+                           "spec_token_ids": ()})()
 
 
 def test_decode_batch_by_hand():

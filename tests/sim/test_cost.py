@@ -51,7 +51,7 @@ def test_builtin_specs_and_hf_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     spec = get_model(str(tmp_path))
     assert spec.num_params == get_model("smollm2-135m").num_params
-    with pytest.raises(ValueError, match=r"allowed: a built-in model \(.*29 in all: `kvplan simulate --help` "
+    with pytest.raises(ValueError, match=r"allowed: a built-in model \(.*30 in all: `kvplan simulate --help` "
                                          r"lists them\)"):
         get_model("gpt-5")
     with pytest.raises(ValueError, match="allowed: a100-40gb, a100-80gb, a10g, a40, b200, h100-sxm, h200, l4, "
@@ -146,7 +146,7 @@ def _llama3_cost():
 
 
 def _item(n, start, decode=False, samples=True):
-    return SimpleNamespace(num_new_tokens=n, start_pos=start, is_decode=decode, samples=samples)
+    return SimpleNamespace(num_new_tokens=n, start_pos=start, is_decode=decode, samples=samples, spec_token_ids=())
 
 
 def test_llama3_shapes_by_hand():

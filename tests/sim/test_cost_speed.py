@@ -120,6 +120,7 @@ class _Item:
     start_pos: int
     is_decode: bool = True
     samples: bool = True
+    spec_token_ids: tuple[int, ...] = ()
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 16, 64])

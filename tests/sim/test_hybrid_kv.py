@@ -123,6 +123,7 @@ def test_window_features_of_a_step_match_the_stretch_and_the_integral():
     class Item:
         def __init__(self, start, n):
             self.num_new_tokens, self.start_pos, self.is_decode, self.samples = n, start, n == 1, True
+            self.spec_token_ids = ()
 
     contexts, remaining = np.array([10, 1020, 1500, 4000]), np.array([3, 30, 30, 1])
     stretch = decode_stretch_features(contexts, remaining, 30, 16, sliding_window=1024)

@@ -15,6 +15,7 @@ from kvplan.sim.spec_decode import (
     from_counts,
     from_distribution,
     from_rate,
+    uniform,
 )
 
 
@@ -37,17 +38,20 @@ def test_a_distribution_round_trips_through_position_rates(weights):
 
 def test_draws_follow_the_distribution():
     model = from_distribution(4, [0.1, 0.2, 0.3, 0.15, 0.25])
-    sampler = model.sampler(np.random.default_rng(7))
-    draws = [sampler.draw() for _ in range(40_000)]
+    draws = [model.outcome(uniform(7, key, i)) for key in range(200) for i in range(200)]
     assert all(d == 4 for d, _ in draws)
     freq = np.bincount([a for _, a in draws], minlength=5) / len(draws)
     assert freq == pytest.approx([0.1, 0.2, 0.3, 0.15, 0.25], abs=0.01)
 
 
-def test_draws_are_reproducible_from_the_seed():
-    model = from_rate(4, 0.7)
-    s1, s2 = model.sampler(np.random.default_rng(3)), model.sampler(np.random.default_rng(3))
-    assert [s1.draw() for _ in range(5000)] == [s2.draw() for _ in range(5000)]
+def test_the_counter_based_variates_are_uniform_and_independent_of_order():
+    u = np.array([uniform(3, key, i) for key in range(100) for i in range(100)])
+    assert u.min() >= 0 and u.max() < 1
+    assert np.histogram(u, bins=10, range=(0, 1))[0] == pytest.approx([1000] * 10, rel=0.1)
+    assert uniform(3, 5, 9) == uniform(3, 5, 9) != uniform(4, 5, 9)
+    # consecutive proposals of one request are not correlated
+    pairs = np.array([[uniform(1, key, 0), uniform(1, key, 1)] for key in range(5000)])
+    assert abs(np.corrcoef(pairs.T)[0, 1]) < 0.05
 
 
 def test_measured_counts_keep_the_empty_proposals_and_the_position_rates():
@@ -59,8 +63,7 @@ def test_measured_counts_keep_the_empty_proposals_and_the_position_rates():
     # asked for more drafts than measured: the last position's rate carries on
     wider = from_counts(4, counts, "test")
     assert wider.position_rates == pytest.approx((0.6, 0.5, 0.5, 0.5))
-    sampler = wider.sampler(np.random.default_rng(1))
-    assert {sampler.draw()[0] for _ in range(500)} == {0, 4}
+    assert {wider.outcome(u)[0] for u in np.linspace(0, 0.999, 500)} == {0, 4}
 
 
 def test_the_profile_records_are_summed_by_outcome():
@@ -81,7 +84,6 @@ def test_the_config_wins_over_a_measurement_and_none_is_an_error_naming_the_keys
 
 def test_the_invariant_holds_for_every_draw():
     model = AcceptanceModel(3, (0.9, 0.5, 0.2), 0.3, "test")
-    sampler = model.sampler(np.random.default_rng(0))
-    for _ in range(2000):
-        drafts, accepted = sampler.draw()
+    for u in np.linspace(0, 1, 2001, endpoint=False):
+        drafts, accepted = model.outcome(float(u))
         assert 0 <= accepted <= drafts <= 3

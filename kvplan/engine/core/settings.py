@@ -18,6 +18,7 @@ Adding a knob is one `Setting` here, its field in the classes of the sides that 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -126,6 +127,8 @@ class Field:
         if self.kind == "bool":
             return value, None if isinstance(value, bool) else f"must be true or false, got {short_repr(value)}"
         if self.kind == "str":
+            if self.checker is not None and isinstance(value, dict):  # a JSON setting written as a YAML mapping
+                value = json.dumps(value)
             ok = isinstance(value, str) and value
             if ok and self.checker is not None:
                 return value, self.checker(value)  # type: ignore[arg-type]  # (ok: a str)
@@ -250,7 +253,6 @@ def _s(name: str, kind: str, default: object, help: str, flag: str = "", vllm: b
 
 CORE_SIM, ENGINE, ENGINE_SIM = frozenset({"core", "sim"}), frozenset({"engine"}), frozenset({"engine", "sim"})
 SIM = frozenset({"sim"})
-CORE_ENGINE = frozenset({"core", "engine"})
 
 
 def _spec_problem(text: str) -> str | None:
@@ -374,7 +376,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        "\"prompt_lookup_min\": 1}' (prompt lookup) or '{\"method\": \"draft_model\", \"model\": DIR, "
        "\"num_speculative_tokens\": 3}' (a small model with the target's vocabulary); the keys acceptance (k + 1 "
        "probabilities of accepting 0..k drafts) and acceptance_rate are the simulator's, the live engine ignores "
-       "them (null: off)", config="scheduler", sides=CORE_ENGINE, nullable=True, checker=_spec_problem),
+       "them (null: off; in YAML also a mapping)", config="scheduler", nullable=True, checker=_spec_problem),
     # --- the device and the model (the engine and the simulator) ---
     _s("kv_cache_dtype", "choice", "auto", "KV cache dtype (auto: the model's; fp8 and int8 hold ~2x the blocks "
        "in the same memory)", sides=ENGINE_SIM, choices=KV_CACHE_DTYPES, values=(("float8", "fp8"),),

@@ -8,7 +8,8 @@ step: only those rows go through the LM head and the sampler), and `batched`: 1 
 more token rows. One row is a matrix-vector product, which CPU BLAS libraries run on a different, cheaper path
 than a matrix-matrix product (measured on llama-100m bf16, 2 cores: 42 ms for one decode, 70 ms for two).
 
-`step_features` reads any sequence of items with `num_new_tokens`, `start_pos`, `is_decode` and `samples`: the
+`step_features` reads any sequence of items with `num_new_tokens`, `start_pos`, `is_decode`, `samples` and
+`spec_token_ids` (the drafts a speculative step verifies: its LM head runs at each of them too): the
 core's `ScheduledRequest`s in the simulator, or the items of a recorded engine step profile (`kvplan calibrate`),
 so a live step and a simulated one are described by the same arithmetic.
 
@@ -97,8 +98,8 @@ def step_features(items: Iterable, block_size: int, attended_limit: int = 0, bul
         count += 1
         n, start = item.num_new_tokens, item.start_pos
         end = start + n
-        if item.samples:
-            sampled += 1
+        if item.samples:  # a verification step's LM head runs at the last verified token and at every draft
+            sampled += 1 + len(item.spec_token_ids)
         if attended_limit:  # sink+window: attention reads at most the retained tokens
             end, start = min(end, attended_limit), min(start, attended_limit)
         blocks += -(-end // block_size)

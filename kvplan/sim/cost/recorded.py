@@ -37,6 +37,7 @@ class ProfiledItem:
     start_pos: int
     is_decode: bool
     samples: bool
+    spec_token_ids: tuple[int, ...] = ()  # speculative decoding: placeholders for the drafts the step verified
 
 
 @dataclass(slots=True)
