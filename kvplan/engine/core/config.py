@@ -232,6 +232,7 @@ class SchedulerConfig:
     vllm_version: str = SETTING
     cache_aware_admission_window: int = SETTING
     cache_aware_admission_threshold: float = SETTING
+    max_loras: int = SETTING
 
     def __post_init__(self) -> None:
         check_settings(self, "scheduler", "scheduler")
