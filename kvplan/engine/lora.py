@@ -43,19 +43,6 @@ class Adapter:
     modules: tuple[str, ...]  # the model's module paths it changes
 
 
-def parse_lora_modules(specs: list[str] | None, flag: str = "--lora-modules") -> dict[str, str]:
-    """vLLM's serve spelling `name=path` (repeatable) as {name: path}."""
-    out: dict[str, str] = {}
-    for spec in specs or []:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise UserError(f"{flag}: {spec!r} is not name=path; allowed: name=path, e.g. sql=/adapters/sql")
-        if name in out:
-            raise UserError(f"{flag}: adapter name {name!r} is given twice; allowed: distinct names")
-        out[name] = path
-    return out
-
-
 def read_adapter(name: str, lora_id: int, path: str | Path, model: nn.Module, max_lora_rank: int) -> Adapter:
     """The adapter at `path`, checked: its files exist, its rank is within max_lora_rank, every target module is a
     linear layer of the model and every weight has that layer's shape (one line naming the problem otherwise)."""
