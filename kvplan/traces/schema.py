@@ -19,7 +19,7 @@ from kvplan.errors import SHOWN_CHARS, UserError, listed, short_repr  # noqa: F4
 NO_VALUE = -1  # session_id / turn when the source has none
 MAX_ARRIVAL_S = 1e10  # ~300 years of trace: float64 seconds still resolve microseconds
 ARRAY_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "request_id", "session_id", "turn", "priority",
-                "n", "hash_ids", "hash_offsets", "lora")
+                "n", "hash_ids", "hash_offsets")
 
 
 class TraceFormatError(UserError):

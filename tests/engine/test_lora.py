@@ -124,3 +124,48 @@ def test_bad_adapters_and_names_are_refused_in_one_line(tiny_models, adapters, t
         llm.add_request([1, 2, 3], lora="chat")
     with pytest.raises(UserError, match=r"lora 'sql': LoRA is off"):
         LLM(path, **kw).add_request([1, 2, 3], lora="sql")
+
+
+def test_the_server_takes_the_adapter_in_model_and_lists_adapters(tiny_models, adapters):
+    import httpx
+
+    from tests.engine.serving.servers import thread_server
+
+    path = tiny_models["tiny-llama"]
+    llm = LLM(path, dtype="float32", kv_cache_memory=4 << 20, max_model_len=96, enable_lora=True, max_loras=1,
+              lora_modules={"sql": adapters["sql"], "chat": adapters["chat"]})
+    prompt = [5, 9, 2, 7]
+    want = {name: _merged_greedy(path, adapters.get(name), [prompt])[0] for name in (None, "sql", "chat")}
+    with thread_server(llm, "tiny") as (url, _):
+        listed = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
+        assert [m["id"] for m in listed] == ["tiny", "chat", "sql"] or [m["id"] for m in listed] == [
+            "tiny", "sql", "chat"]
+        assert {m.get("parent") for m in listed[1:]} == {"tiny"}
+        for model, name in (("tiny", None), ("sql", "sql"), ("chat", "chat")):
+            body = {"model": model, "prompt": prompt, "max_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True,
+                    "return_token_ids": True}
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+            assert reply["model"] == model and reply["choices"][0]["token_ids"] == want[name], reply
+        missing = httpx.post(f"{url}/v1/completions", json={"model": "nope", "prompt": prompt}, timeout=30)
+        assert missing.status_code == 404 and "`sql`" in missing.json()["error"]["message"]
+
+
+def test_a_replayed_trace_runs_each_row_with_its_adapter(tiny_models, adapters, tmp_path):
+    from kvplan import traces
+    from kvplan.engine.options import EngineOptions
+    from kvplan.live import replay, replay_requests
+
+    rows = [{"request_id": i, "arrival_s": 0.01 * i, "prompt_tokens": 6, "output_tokens": 3,
+             **({"lora": name} if name else {})} for i, name in enumerate([None, "sql", "chat", "sql", None])]
+    trace_path = tmp_path / "t.jsonl"
+    trace_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trace = traces.load(str(trace_path))
+    assert [r.lora for r in replay_requests(trace, 256, 96, 0)] == [None, "sql", "chat", "sql", None]
+    options = EngineOptions(dtype="float32", kv_cache_memory=4 << 20, max_model_len=96, enable_lora=True,
+                            max_loras=1)
+    result, _ = replay(tiny_models["tiny-llama"], trace, options, lora_modules={"sql": adapters["sql"],
+                                                                                 "chat": adapters["chat"]})
+    assert len(result.requests) == 5 and result.info["rejected"] == 0
+    with pytest.raises(UserError, match=r"--trace: request_id 2 \(t.jsonl:3\): lora 'chat': no such adapter; "
+                                        r"allowed: sql"):
+        replay(tiny_models["tiny-llama"], trace, options, lora_modules={"sql": adapters["sql"]})
