@@ -15,7 +15,7 @@ from kvplan.engine.core.settings import (  # noqa: F401 (MODEL_DTYPES: commands'
     check_needs,
 )
 from kvplan.engine.options import EngineOptions, check_sim_only
-from kvplan.errors import UserError, listed
+from kvplan.errors import ConfigError, UserError, listed
 from kvplan.output import safe_name
 from kvplan.settings_cli import add_setting_flags, check_flag_needs, settings_from_args
 from kvplan.traces.specs import read_yaml
@@ -35,6 +35,39 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     which it refuses (their help says so)."""
     add_setting_flags(p, "engine")
     add_setting_flags(p, "sim", names=SIM_ONLY_TIERS)
+
+
+def add_lora_modules(p: argparse.ArgumentParser) -> None:
+    """vLLM's `--lora-modules name=path [name=path ...]`: the adapters an engine command serves. Not a setting
+    (settings hold one scalar each): the commands that run an engine take it here, in one place."""
+    p.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", default=None,
+                   help="LoRA adapters (PEFT directories: adapter_config.json + adapter_model.safetensors) a request "
+                        "may name, as vLLM's serve takes them; needs --enable-lora")
+
+
+def lora_modules_from_args(args: argparse.Namespace) -> dict[str, str]:
+    """{name: path} of `--lora-modules`, refused without --enable-lora (before any model loads)."""
+    out: dict[str, str] = {}
+    for spec in args.lora_modules or []:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise UserError(f"argument --lora-modules: {spec!r} is not name=path; allowed: name=path, e.g. "
+                            "sql=/adapters/sql")
+        if name in out:
+            raise UserError(f"argument --lora-modules: adapter name {name!r} is given twice; allowed: distinct names")
+        out[name] = path
+    if out and not getattr(args, "enable_lora", False):
+        raise UserError("argument --lora-modules: needs LoRA on; allowed: --enable-lora, or leave it out")
+    if getattr(args, "enable_lora", False):  # the checks across LoRA settings, before the model loads
+        from kvplan.engine.core.lora import check_max_lora_rank, max_cpu_loras_of
+
+        try:
+            check_max_lora_rank(args.max_lora_rank)
+            max_cpu_loras_of(args.max_loras, args.max_cpu_loras)
+        except ConfigError as exc:
+            key, _, rest = str(exc).partition(": ")
+            raise ConfigError(f"argument {SETTINGS[key].flag}: {rest}") from None
+    return out
 
 
 def options_from_args(args: argparse.Namespace) -> EngineOptions:

@@ -45,8 +45,21 @@ def replay_requests(trace: Trace, vocab_size: int, max_model_len: int, seed: int
                              "(`kvplan trace convert --clip-to-context`)")
         tokens = prompt_token_ids(record, vocab_size, seed)
         out.append(ReplayRequest(row, float(record.arrival_s), tokens, int(record.output_tokens), int(record.n),
-                                 int(record.priority)))
+                                 int(record.priority), lora=record.lora))
     return out
+
+
+def check_trace_loras(trace: Trace, llm) -> None:
+    """Refuse, before anything runs, a trace whose rows name an adapter the engine was not given."""
+    from kvplan.engine.lora import lora_id_of
+
+    for k, name in enumerate(trace.lora_names, start=1):
+        try:
+            lora_id_of(llm.lora, name)
+        except UserError as exc:
+            assert trace.lora is not None  # (names come with the column)
+            row = int(np.flatnonzero(trace.lora == k)[0])
+            raise UserError(f"--trace: {trace.reference(row)}: {exc}") from None
 
 
 def sample_interval(trace: Trace) -> float:
@@ -55,14 +68,17 @@ def sample_interval(trace: Trace) -> float:
 
 
 def replay(model: str, trace: Trace, options: EngineOptions, *, seed: int = 0, temperature: float = 1.0,
-           steps_path: str | Path | None = None) -> tuple[ServingResult, dict]:
+           steps_path: str | Path | None = None,
+           lora_modules: dict[str, str] | None = None) -> tuple[ServingResult, dict]:
     """Serve `trace` on the live engine in real time. Returns the result tables and the engine's facts
-    (meta: resolved model path, KV blocks, CPU blocks, max_model_len, ...)."""
+    (meta: resolved model path, KV blocks, CPU blocks, max_model_len, ...). `lora_modules`: the adapters the
+    trace's rows may name (`--lora-modules`)."""
     from kvplan.engine.llm import LLM
     from kvplan.engine.models import resolve_model
     from kvplan.engine.replay import LiveReplay
 
-    llm = LLM(model, seed=seed, **asdict(options))
+    llm = LLM(model, seed=seed, lora_modules=lora_modules, **asdict(options))
+    check_trace_loras(trace, llm)
     meta = {**llm.profile_meta, "model_path": str(resolve_model(model)), "max_model_len": llm.max_model_len}
     requests = replay_requests(trace, llm.loaded.vocab_size, llm.max_model_len, seed)
     log = LiveReplay(llm, temperature=temperature, seed=seed, sample_interval_s=sample_interval(trace),

@@ -6,8 +6,11 @@ import argparse
 
 from kvplan.arg_types import FRACTION, NON_NEGATIVE, POSITIVE_TOKENS, SEED, integer, number
 from kvplan.engine.core.settings import ON, Needs
+from kvplan.engine_args import add_lora_modules, lora_modules_from_args
 from kvplan.errors import UserError
 from kvplan.settings_cli import add_setting_flags, check_flag_needs, settings_from_args
+
+LORA_SETTINGS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
 
 
 def register(verbs: argparse._SubParsersAction) -> None:
@@ -37,8 +40,11 @@ def register(verbs: argparse._SubParsersAction) -> None:
     # Its own defaults: float32, to answer as HF `generate` does on the same checkpoint (the bundled models are
     # float32; the serving commands run bfloat16), and 512 MiB of KV, to hold one prompt at the model's whole
     # context (SmolLM2's 8192 tokens in float32; the serving commands bound --max-model-len instead).
-    add_setting_flags(p, "engine", names=("block_size", "kv_cache_memory", "dtype", "kv_cache_dtype"),
+    add_setting_flags(p, "engine", names=("block_size", "kv_cache_memory", "dtype", "kv_cache_dtype", *LORA_SETTINGS),
                       defaults={"dtype": "float32", "kv_cache_memory": 512 << 20})
+    add_lora_modules(p)
+    p.add_argument("--lora", default=None, metavar="NAME", help="run every prompt with this adapter of "
+                   "--lora-modules (default: the base model)")
     p.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"],
                    help="default: cpu (fused C++ decode) on CPU when it builds, else torch; triton on CUDA")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -72,16 +78,23 @@ def sampling_params(args: argparse.Namespace):  # -> SamplingParams
 
 def _generate(args: argparse.Namespace) -> int:
     params = sampling_params(args)  # before torch and the model load: a bad combination is refused at once
+    settings = settings_from_args(args, "engine")
+    check_flag_needs(args, settings)
+    lora_modules = lora_modules_from_args(args)
+    if args.lora is not None and args.lora not in lora_modules:
+        raise UserError(f"argument --lora: {args.lora!r} is not an adapter of --lora-modules; allowed: "
+                        f"{', '.join(lora_modules) or 'none given (--enable-lora --lora-modules NAME=PATH)'}")
     from kvplan.engine.llm import LLM
     from kvplan.output import print_json
 
-    llm = LLM(args.model, attention_backend=args.attention_backend, **settings_from_args(args, "engine"))
+    llm = LLM(args.model, attention_backend=args.attention_backend, lora_modules=lora_modules, **settings)
     if args.prompt_ids:
         prompts = [_parse_ids(text) for text in args.prompt_ids]
     else:
         prompts = [_templated(llm, text, args.raw) for text in args.prompt]
-    outputs = llm.generate(prompts, params)
-    report = {"model": args.model, "kv_blocks": llm.num_kv_blocks, "kv_dtype": llm.profile_meta["kv_dtype"],
+    outputs = llm.generate(prompts, params, lora=args.lora)
+    report = {"model": args.model, **({"lora": args.lora} if args.lora else {}),
+              "kv_blocks": llm.num_kv_blocks, "kv_dtype": llm.profile_meta["kv_dtype"],
               "kv_bytes_per_block": llm.kv_cache.layout.bytes_per_block, "block_size": args.block_size, "requests": [
         {"request_id": o.request_id, "prompt": o.prompt if o.prompt is not None else o.prompt_token_ids,
          "outputs": [{"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,

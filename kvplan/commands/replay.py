@@ -22,7 +22,7 @@ from kvplan.endpoint.session import (
     replay_endpoint,
     within_duration,
 )
-from kvplan.engine_args import add_engine_arguments, options_from_args
+from kvplan.engine_args import add_engine_arguments, add_lora_modules, lora_modules_from_args, options_from_args
 from kvplan.errors import UserError
 from kvplan.live import EngineOptions
 from kvplan.output import atomic_dir, check_out_dir, check_paths, format_table, json_text, print_json
@@ -33,6 +33,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("replay", help="serve a trace on the live engine in real time", description=__doc__)
     add_trace_arguments(p, model_required=False)
     add_engine_arguments(p)
+    add_lora_modules(p)
     add_endpoint_arguments(p)
     p.add_argument("--drift-probe", action="store_true", help="--endpoint: send the fixed drift-probe pattern "
                    "before and after the replay and write probe.json; `calibrate --from-replay` keeps it in the "
@@ -92,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--model: required (the model the in-process engine runs), unless --endpoint is given")
     trace = within_duration(load_trace(args), args.duration)
     options = options_from_args(args)
+    lora_modules = lora_modules_from_args(args)
     with atomic_dir(args.out, {"command": "replay", "model": args.model, "trace": str(args.trace),
                                "options": asdict(options)}) as out:
         result, meta = replay(args.model, trace, options, seed=args.seed, temperature=args.temperature,
-                              steps_path=out / "steps.jsonl")
+                              steps_path=out / "steps.jsonl", lora_modules=lora_modules)
         write_tables(result, out, args.format)
         (out / "engine.json").write_text(json_text({"engine": meta, "options": asdict(options)}))
     if args.json:

@@ -16,7 +16,7 @@ import argparse
 from dataclasses import asdict
 
 from kvplan.arg_types import integer, number
-from kvplan.engine_args import add_engine_arguments, options_from_args
+from kvplan.engine_args import add_engine_arguments, add_lora_modules, lora_modules_from_args, options_from_args
 from kvplan.errors import UserError
 from kvplan.output import short
 
@@ -26,6 +26,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="smollm2-135m, llama-100m, tiny-llama or a local HF directory (required, except "
                    "with --pd-proxy)")
     add_engine_arguments(p)
+    add_lora_modules(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=integer(1, 65535), default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: --model)")
@@ -59,11 +60,12 @@ def run(args: argparse.Namespace) -> int:
     from kvplan.engine.serving.server import serve
 
     options = options_from_args(args)
+    lora_modules = lora_modules_from_args(args)
     transfer = None if args.kv_transfer_config is None else parse_kv_transfer_config(args.kv_transfer_config)
     check_listen(args.host, args.port)  # before the model loads; uvicorn would exit with its own log lines
     if transfer is not None and transfer.is_producer:  # where this instance serves its KV (loopback)
         check_listen("127.0.0.1", transfer.kv_port, "--kv-transfer-config: kv_port")
-    llm = LLM(args.model, seed=args.seed, kv_transfer=transfer, **asdict(options))
+    llm = LLM(args.model, seed=args.seed, kv_transfer=transfer, lora_modules=lora_modules, **asdict(options))
     name = args.served_model_name or args.model
     layout = llm.kv_cache.layout
     print(f"kvplan serve: {name} ({options.dtype}, KV {llm.profile_meta['kv_dtype']}, block {options.block_size}, "

@@ -29,6 +29,7 @@ from kvplan.engine.cpu_linear import can_pack, pack_linears
 from kvplan.engine.kv_cache import KVLayout, PagedKVCache, check_host_memory
 from kvplan.engine.kv_transfer.config import KVTransferConfig
 from kvplan.engine.kv_transfer.connector import KVConnector, check_params
+from kvplan.engine.lora import lora_id_of, lora_runtime
 from kvplan.engine.model_runner import ModelRunner
 from kvplan.engine.models import load_model
 from kvplan.engine.options import engine_options
@@ -79,10 +80,11 @@ class _Group:
 class LLM:
     def __init__(self, model: str, *, seed: int = 0, device: str | None = None, attention_backend: str | None = None,
                  profile_path: str | Path | None = None, kv_transfer: KVTransferConfig | None = None,
-                 **settings: object) -> None:
+                 lora_modules: dict[str, str] | None = None, **settings: object) -> None:
         """`settings`: any of `EngineOptions` (engine.core.settings declares them: names, defaults, ranges);
         `kv_transfer`: this instance's `--kv-transfer-config` (engine.kv_transfer.connector: a producer serves
-        held KV on kv_port, a consumer pulls it)."""
+        held KV on kv_port, a consumer pulls it); `lora_modules`: adapter name -> PEFT directory (vLLM's
+        --lora-modules; needs enable_lora; engine.lora)."""
         if isinstance(settings.get("dtype"), torch.dtype):
             settings["dtype"] = str(settings["dtype"]).removeprefix("torch.")
         o = self.options = engine_options(settings)
@@ -92,6 +94,7 @@ class LLM:
                                  attn_implementation=register_paged_attention())
         if can_pack(self.loaded.model):  # bf16/fp16 on CPU: oneDNN weights packed once, not on every call
             pack_linears(self.loaded.model, batch_hint=min(o.max_num_seqs, 64))
+        self.lora = lora_runtime(self.loaded.model, o, lora_modules or {}, self.device, dtype)
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = min(o.max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
         layout = KVLayout(self.loaded.num_layers, self.loaded.num_kv_heads, self.loaded.head_dim,
@@ -178,19 +181,22 @@ class LLM:
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, arrival_s: float | None = None, priority: int = 0,
-                    teacher_token_ids: Sequence[int] | None = None, kv_transfer_params: dict | None = None) -> str:
+                    teacher_token_ids: Sequence[int] | None = None, kv_transfer_params: dict | None = None,
+                    lora: str | None = None) -> str:
         """Queue a request. `teacher_token_ids` scores a continuation instead of sampling one: each step
         produces the next given token (max_tokens = their count, n = 1) and records its log-probability under
         the step's logits, read back with `teacher_logprobs` when the request finishes: the decode path, cache
         policy and KV dtype included (perplexity under a bounded cache). `kv_transfer_params` (vLLM's): with
         `do_remote_decode` the request finishes holding its KV for a decode instance; with `do_remote_prefill` its
-        prompt's KV is read from the prefill instance the params name (engine.kv_transfer.connector)."""
+        prompt's KV is read from the prefill instance the params name (engine.kv_transfer.connector). `lora`:
+        the adapter it runs with (a name of `lora_modules`; None: the base model)."""
         params = params or SamplingParams()
         if teacher_token_ids is not None:
             params = SamplingParams(max_tokens=len(teacher_token_ids), ignore_eos=True)
         tokens = self.encode(prompt)
         self.check_prompt(tokens, params)
         check_params(kv_transfer_params, self.kv_transfer)
+        lora_id = lora_id_of(self.lora, lora)
         rid = request_id if request_id is not None else f"req-{self._counter}"
         if rid in self._groups:
             raise UserError(f"request id {rid!r} is already in use")
@@ -199,7 +205,7 @@ class LLM:
         width = params.beam_width
         request = make_request(rid, prompt_token_ids=tokens, max_tokens=params.max_tokens, n=width or params.n,
                                beam=width > 0, stop_token_ids=stops, arrival_s=arrival_s or 0.0, priority=priority,
-                               kv_transfer_params=kv_transfer_params)
+                               kv_transfer_params=kv_transfer_params, lora_id=lora_id, lora_name=lora or "")
         reason = self.scheduler.rejection_reason(request)
         if reason is not None:
             raise UserError(f"request {rid} cannot run: {reason}")
@@ -261,6 +267,9 @@ class LLM:
         sampled: list = [None] * len(out.scheduled)
         if out.scheduled:
             prepared = self.runner.prepare(out)
+            if self.lora is not None:  # the step's adapters into their slots, each row tagged with its slot
+                self.lora.load(out)
+                self.lora.bind(prepared.packed)
             mark = self._lap(times, "prepare", mark)
             logits = self.runner.forward(prepared)
             mark = self._lap(times, "forward", mark)
@@ -416,9 +425,16 @@ class LLM:
 
     # -- batch API -----------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str | Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs in input order. All prompts are checked before any work."""
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 lora: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in input order. All prompts are checked before any work.
+        `lora`: one adapter name for all, or one per prompt (None: the base model)."""
         params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        loras = [lora] * len(prompts) if lora is None or isinstance(lora, str) else list(lora)
+        if len(loras) != len(prompts):
+            raise UserError(f"got {len(prompts)} prompts but {len(loras)} adapters")
+        for name in set(loras):
+            lora_id_of(self.lora, name)
         if len(params_list) != len(prompts):
             raise UserError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
         for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
@@ -426,7 +442,8 @@ class LLM:
                 self.check_prompt(self.encode(prompt), p)
             except ValueError as exc:
                 raise UserError(f"prompt {i}: {exc}") from None
-        ids = [self.add_request(prompt, p) for prompt, p in zip(prompts, params_list, strict=True)]
+        ids = [self.add_request(prompt, p, lora=name)
+               for prompt, p, name in zip(prompts, params_list, loras, strict=True)]
         results: dict[str, RequestOutput] = {}
         while len(results) < len(ids):
             for output in self.step():

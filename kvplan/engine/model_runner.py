@@ -6,7 +6,7 @@ single [1, tokens] batch with explicit positions. The model computes logits only
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,7 @@ class PreparedStep:
     metadata: AttentionMetadata
     sample_rows: torch.Tensor  # packed row of each sampling request's last token
     sampled_items: list[ScheduledRequest]  # in the order of `sample_rows`
+    packed: list[ScheduledRequest] = field(default_factory=list)  # every item, in the order of its rows (LoRA)
 
 
 def padded_tables(items: list[ScheduledRequest]) -> torch.Tensor:
@@ -72,7 +73,8 @@ class ModelRunner:
         device = self.device
         metadata = self._metadata(prefills, decodes)
         return PreparedStep(torch.tensor([ids], device=device), torch.tensor([positions], device=device), metadata,
-                            torch.tensor(sample_rows, dtype=torch.long, device=device), sampled)
+                            torch.tensor(sample_rows, dtype=torch.long, device=device), sampled,
+                            [*prefills, *decodes])
 
     def _metadata(self, prefills: list[ScheduledRequest], decodes: list[ScheduledRequest]) -> AttentionMetadata:
         bs, device = self.block_size, self.device

@@ -53,6 +53,7 @@ class ReplayRequest:
     n: int = 1
     priority: int = 0
     kv_transfer_params: dict | None = None  # P/D: what the proxy sends (engine.core.remote_kv)
+    lora: str | None = None  # the LoRA adapter the trace row names (None: the base model)
 
 
 @dataclass(slots=True)
@@ -223,7 +224,8 @@ class LiveReplay:
                                 ignore_eos=True, seed=self.seed * 1_000_003 + request.row)
         try:
             self.llm.add_request(request.prompt_token_ids, params, request_id=rid, arrival_s=request.arrival_s,
-                                 priority=request.priority, kv_transfer_params=request.kv_transfer_params)
+                                 priority=request.priority, kv_transfer_params=request.kv_transfer_params,
+                                 lora=request.lora)
         except ValueError as exc:
             rejected.append((request.row, str(exc)))
             return

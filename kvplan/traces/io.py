@@ -52,6 +52,8 @@ def to_frame(trace: Trace, *, hashes_as_text: bool = False) -> pd.DataFrame:
         "output_tokens": trace.output_tokens, **nullable, "priority": trace.priority, "n": trace.n,
         "hash_granularity": np.full(len(trace), trace.hash_granularity, dtype=np.int64),
     })
+    if trace.lora is not None:  # the adapter's name, null for the base model
+        frame["lora"] = [trace.lora_of(i) for i in range(len(trace))]
     if trace.has_prefix:
         lists = np.split(trace.hash_ids, trace.hash_offsets[1:-1]) if len(trace) else []
         frame["prefix_hashes"] = [" ".join(map(str, h.tolist())) for h in lists] if hashes_as_text else lists
@@ -91,5 +93,7 @@ def _jsonl(trace: Trace) -> str:
                "output_tokens": r.output_tokens, "session_id": r.session_id, "turn": r.turn,
                "priority": r.priority, "n": r.n, "hash_granularity": r.hash_granularity,
                "prefix_hashes": None if r.prefix_hashes is None else list(r.prefix_hashes)}
+        if r.lora is not None:  # absent: the base model
+            obj["lora"] = r.lora
         lines.append(json.dumps(obj, separators=(",", ":")))
     return "".join(line + "\n" for line in lines)

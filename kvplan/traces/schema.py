@@ -42,6 +42,7 @@ class RequestRecord:
     priority: int = 0
     n: int = 1
     prompt_token_ids: list[int] | None = None
+    lora: str | None = None  # the LoRA adapter it names (None: the base model)
 
 
 @dataclass(slots=True)
@@ -93,13 +94,18 @@ class Trace:
     report: LoadReport = field(default_factory=LoadReport)
     # int64: the file line each request starts on (the line its errors name); None when not read from a file
     source_line: np.ndarray | None = None
+    # int64: the LoRA adapter each request names, k > 0 for lora_names[k - 1], 0 the base model; None: no row
+    # names one (the JSONL key `lora`)
+    lora: np.ndarray | None = None
+    lora_names: tuple[str, ...] = ()
 
     @classmethod
     def build(cls, arrival_s: object, prompt_tokens: object, output_tokens: object, *,
               request_id: object = None, session_id: object = None, turn: object = None,
               priority: object = None, n: object = None, hash_ids: object = None,
               hash_offsets: object = None, hash_granularity: int = 0, timed: bool = True,
-              report: LoadReport | None = None, source_line: object = None) -> Trace:
+              report: LoadReport | None = None, source_line: object = None, lora: object = None,
+              lora_names: tuple[str, ...] = ()) -> Trace:
         """Arrays from any sequences, with defaults for the optional columns."""
         size = len(prompt_tokens)  # type: ignore[arg-type]
 
@@ -117,6 +123,7 @@ class Trace:
             hash_offsets=_i64(hash_offsets) if has_prefix else None,
             hash_granularity=hash_granularity if has_prefix else 0, timed=timed,
             report=report or LoadReport(), source_line=None if source_line is None else _i64(source_line),
+            lora=None if lora is None or not lora_names else _i64(lora), lora_names=tuple(lora_names),
         )
 
     def __len__(self) -> int:
@@ -153,6 +160,7 @@ class Trace:
             session_id=self.session_id[idx], turn=self.turn[idx], priority=self.priority[idx], n=self.n[idx],
             hash_ids=hash_ids, hash_offsets=hash_offsets,
             source_line=None if self.source_line is None else self.source_line[idx],
+            lora=None if self.lora is None else self.lora[idx],
         )
 
     def reference(self, i: int) -> str:
@@ -183,8 +191,13 @@ class Trace:
             prompt_tokens=int(self.prompt_tokens[i]), output_tokens=int(self.output_tokens[i]),
             prefix_hashes=prefix, hash_granularity=self.hash_granularity if prefix is not None else 0,
             session_id=None if session == NO_VALUE else session, turn=None if turn == NO_VALUE else turn,
-            priority=int(self.priority[i]), n=int(self.n[i]),
+            priority=int(self.priority[i]), n=int(self.n[i]), lora=self.lora_of(i),
         )
+
+    def lora_of(self, i: int) -> str | None:
+        """The adapter request `i` names (None: the base model)."""
+        k = 0 if self.lora is None else int(self.lora[i])
+        return self.lora_names[k - 1] if k else None
 
 
 def gather_segments(flat: np.ndarray, offsets: np.ndarray, idx: np.ndarray,

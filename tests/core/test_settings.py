@@ -28,7 +28,8 @@ CHANGED = {"block_size": 8, "num_blocks": 300, "num_cpu_blocks": 64, "kv_offload
            "quantization": "awq", "tensor_parallel_size": 2, "pipeline_parallel_size": 2,
            "enable_expert_parallel": True, "entry_point": "llm", "api_server_latency_ms": 12.5, "vllm_version": "0.33",
            "cache_aware_admission_window": 0, "cache_aware_admission_threshold": 0.5,
-           "speculative_config": '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}'}
+           "speculative_config": '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}',
+           "enable_lora": True, "max_loras": 2, "max_lora_rank": 8, "max_cpu_loras": 3}
 # `allocator` keeps its default above (a reservation allocator has no prefix cache, window or swap); its other
 # values are covered by the simulator's reservation tests. `kv_offloading_backend` has one value kvplan models.
 # The cache-aware window needs vLLM 0.34 and the fcfs policy, both changed above (tests/core/test_cache_aware.py

@@ -14,12 +14,18 @@ Cache-aware admission (vLLM 0.34's `cache_aware_admission_window` N and `_thresh
 admissions, once KV usage is at least u, the plain waiting requests (status WAITING, nothing computed) among the
 first N of the queue are put in order of their cached prefix on the GPU, deepest first, ties by position; every
 other request of the window keeps its slot, and the queue beyond the window is untouched (`reorder_window`).
+
+LoRA (`lora`, vLLM's max_loras rule): a waiting request whose adapter would make the adapters of the running
+requests (and of this step's admissions) exceed `max_loras` is skipped: set aside for the step, the requests
+behind it still tried, and put back at its place afterwards. Base requests are never skipped, and without
+adapters nothing here changes.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvplan.engine.core.lora import lora_skipped, running_loras
 from kvplan.engine.core.remote_kv import wants_remote_prefill
 from kvplan.engine.core.request import Request, RequestStatus
 from kvplan.engine.core.request_queue import FCFSQueue
@@ -83,8 +89,20 @@ class Admission:
             self.reorder_window()
         admitted: dict[str, int] = {}  # this step's admissions and their tokens (an async load's reservation)
         rows, spec = sched.draft_slots, sched.spec_steps  # speculative decoding's budget rows and lookahead slots
+        # LoRA (`lora`): the adapters running or admitted in this step, counted once a waiting adapter is met (a
+        # queue of base requests never counts them); the requests skipped for max_loras, back in place after
+        loras: set[int] | None = None
+        skipped: list[Request] = []
         while len(waiting) and budget > rows:
             request = waiting.peek()
+            if request.lora_id:
+                if loras is None:
+                    loras = running_loras(sched.running)
+                if lora_skipped(request.lora_id, loras, sched.config.max_loras):
+                    skipped.append(waiting.pop())
+                    continue
+                loras.add(request.lora_id)  # admitted or not, the set already holds it or has room: only a
+                # request admitted below keeps it, and one refused ends the loop
             if request.kv_transfer_params is not None and wants_remote_prefill(request):
                 # a decode-side request: it takes a sequence slot only once its KV has arrived, and no budget
                 if not sched.has_seq_room(request.seq_slots) or not sched.remote.park(request, out, admitted):
@@ -96,6 +114,8 @@ class Admission:
                 if left is None:
                     break
                 budget = left
+                if loras is not None and request.lora_id:
+                    loras.add(request.lora_id)
                 continue
             plan = self.plan(request, budget - rows)
             if plan is None:
@@ -117,6 +137,10 @@ class Admission:
             budget -= n + rows
             sched.emit(out, request, n, copies, cached_tokens)
             admitted[request.request_id] = n
+            if loras is not None and request.lora_id:
+                loras.add(request.lora_id)
+        for request in reversed(skipped):  # vLLM's prepend_requests: at the head, in their order
+            waiting.push_front(request)
 
     def head_blocked(self) -> bool:
         """Whether the head of the waiting queue stays waiting through every step in which each running request
@@ -148,6 +172,8 @@ class Admission:
         request = sched.waiting.peek()
         if request.kv_transfer_params is not None or sched.remote.holding:
             return False  # P/D admissions are not planned here: never counted as blocked
+        if request.lora_id and lora_skipped(request.lora_id, running_loras(sched.running), sched.config.max_loras):
+            return len(sched.waiting) == 1  # skipped for max_loras: a request behind it may still be admitted
         sched.refresh_prefill_cap()  # the cap the next `schedule` plans with, not the last one's
         budget = sched.config.max_num_batched_tokens
         if not sched.prefill_first:

@@ -49,12 +49,13 @@ def chain_mix(parent: int, a: int, b: int) -> int:
 class TokenBlockKeys:
     """Keys of the full blocks of a growing token list (shared by reference with the request)."""
 
-    __slots__ = ("block_size", "keys", "token_ids")
+    __slots__ = ("block_size", "keys", "root", "token_ids")
 
-    def __init__(self, token_ids: list[int], block_size: int) -> None:
+    def __init__(self, token_ids: list[int], block_size: int, root: int = ROOT_KEY) -> None:
         self.token_ids = token_ids
         self.block_size = block_size
         self.keys: list[int] = []
+        self.root = root  # the parent of block 0 (a LoRA adapter's own: `request.adapter_root`)
 
     def key(self, index: int) -> int | None:
         """Key of block `index`, or None while that block is not full."""
@@ -63,12 +64,12 @@ class TokenBlockKeys:
             start = len(keys) * bs
             if start + bs > len(self.token_ids):
                 return None
-            parent = keys[-1] if keys else ROOT_KEY
+            parent = keys[-1] if keys else self.root
             keys.append(chain_hash(parent, array("q", self.token_ids[start:start + bs]).tobytes()))
         return keys[index]
 
     def fork(self, token_ids: list[int], child_salt: str, keep_blocks: int) -> TokenBlockKeys:
-        child = TokenBlockKeys(token_ids, self.block_size)
+        child = TokenBlockKeys(token_ids, self.block_size, self.root)
         child.keys = self.keys[:keep_blocks]
         return child
 
@@ -76,10 +77,10 @@ class TokenBlockKeys:
 class HashBlockKeys:
     """Keys derived from a trace's prefix hashes at granularity `granularity` (a multiple of `block_size`)."""
 
-    __slots__ = ("block_size", "granularity", "hash_ids", "keys", "num_hashed_blocks", "salt")
+    __slots__ = ("block_size", "granularity", "hash_ids", "keys", "num_hashed_blocks", "root", "salt")
 
     def __init__(self, hash_ids: list[int] | tuple[int, ...], granularity: int, block_size: int,
-                 prompt_len: int, salt: str) -> None:
+                 prompt_len: int, salt: str, root: int = ROOT_KEY) -> None:
         if granularity % block_size and block_size % granularity:
             raise UserError(f"hash granularity {granularity} is neither a multiple nor a divisor of block size "
                              f"{block_size}; prefix hashes can only be expanded or gathered into such blocks")
@@ -90,6 +91,7 @@ class HashBlockKeys:
         self.num_hashed_blocks = min(prompt_len, len(hash_ids) * granularity) // block_size
         self.salt = stable_id_hash(salt)
         self.keys: list[int] = []
+        self.root = root  # the parent of block 0 (a LoRA adapter's own: `request.adapter_root`)
 
     def key(self, index: int) -> int:
         """Key of block `index` (always defined: the caller only asks for blocks it has filled)."""
@@ -97,7 +99,7 @@ class HashBlockKeys:
         if index < len(keys):
             return keys[index]
         per_group = self.granularity // self.block_size
-        parent = keys[-1] if keys else ROOT_KEY
+        parent = keys[-1] if keys else self.root
         start, hashed, hash_ids = len(keys), self.num_hashed_blocks, self.hash_ids
         # `chain_mix` inlined (a simulator run keys every block of every request): the trace's blocks, then the
         # request's own, salted
@@ -120,7 +122,7 @@ class HashBlockKeys:
         # Through the constructor (a mypyc-compiled class has no __new__ that skips __init__): a prompt of exactly
         # the hashed blocks keeps num_hashed_blocks, which never exceeds the hashed span.
         child = HashBlockKeys(self.hash_ids, self.granularity, self.block_size,
-                              self.num_hashed_blocks * self.block_size, child_salt)
+                              self.num_hashed_blocks * self.block_size, child_salt, self.root)
         child.keys = self.keys[:keep_blocks]
         return child
 

@@ -234,6 +234,7 @@ class SchedulerConfig:
     cache_aware_admission_window: int = SETTING
     cache_aware_admission_threshold: float = SETTING
     speculative_config: str | None = SETTING
+    max_loras: int = SETTING
 
     def __post_init__(self) -> None:
         check_settings(self, "scheduler", "scheduler")

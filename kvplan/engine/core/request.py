@@ -24,7 +24,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvplan.engine.core.block_keys import BlockKeys, HashBlockKeys, TokenBlockKeys
+from kvplan.engine.core.block_keys import ROOT_KEY, BlockKeys, HashBlockKeys, TokenBlockKeys, chain_hash
 from kvplan.errors import UserError
 
 
@@ -77,6 +77,10 @@ class Request:
     # speculative decoding: drafts proposed for its next step (`Scheduler.set_drafts`; placeholder ids in
     # count-only runs), scheduled after its verified tokens and cleared once a step schedules it (vLLM's)
     spec_token_ids: list[int] = field(default_factory=list)
+    # its LoRA adapter (`lora`): an id for the max_loras rule and the slots, 0 the base model; the name keys its
+    # prefix blocks apart from other adapters' (vLLM's block-hash extra keys)
+    lora_id: int = 0
+    lora_name: str = ""
 
     @property
     def num_tokens(self) -> int:
@@ -128,7 +132,7 @@ class Request:
             arrival_s=self.arrival_s, priority=self.priority, n=1, beam=self.beam, prefix_hashes=self.prefix_hashes,
             hash_granularity=self.hash_granularity, stop_token_ids=self.stop_token_ids, status=self.status,
             num_cached_tokens=self.num_cached_tokens, seq=self.seq, started=self.started, parent_id=self.request_id,
-            group_id=self.group, forked=True,
+            group_id=self.group, forked=True, lora_id=self.lora_id, lora_name=self.lora_name,
         )
         child.continue_from(self)
         return child
@@ -167,7 +171,8 @@ def make_request(request_id: str, *, max_tokens: int, prompt_len: int | None = N
                  prompt_token_ids: list[int] | None = None, prefix_hashes: list[int] | None = None,
                  hash_granularity: int = 0, arrival_s: float = 0.0, priority: int = 0, n: int = 1,
                  beam: bool = False, stop_token_ids: frozenset[int] | set[int] = frozenset(),
-                 kv_transfer_params: dict[str, Any] | None = None) -> Request:
+                 kv_transfer_params: dict[str, Any] | None = None, lora_id: int = 0,
+                 lora_name: str = "") -> Request:
     """Build a request from token ids (engine) or from lengths plus optional trace prefix hashes (simulator)."""
     tokens = list(prompt_token_ids) if prompt_token_ids is not None else None
     if tokens is not None:
@@ -184,13 +189,21 @@ def make_request(request_id: str, *, max_tokens: int, prompt_len: int | None = N
                    priority=priority, n=n, beam=beam, token_ids=tokens,
                    prefix_hashes=tuple(prefix_hashes) if prefix_hashes else None,
                    hash_granularity=hash_granularity, stop_token_ids=frozenset(stop_token_ids),
-                   kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params is not None else None)
+                   kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params is not None else None,
+                   lora_id=lora_id, lora_name=lora_name)
 
 
 def attach_block_keys(request: Request, block_size: int) -> None:
     """Give the request the block-key source matching its content and the cache's block size."""
+    root = adapter_root(request.lora_name)  # (the plain root for a base request)
     if request.token_ids is not None:
-        request.block_keys = TokenBlockKeys(request.token_ids, block_size)
+        request.block_keys = TokenBlockKeys(request.token_ids, block_size, root)
     else:
         request.block_keys = HashBlockKeys(request.prefix_hashes or (), request.hash_granularity or block_size,
-                                           block_size, request.prompt_len, request.request_id)
+                                           block_size, request.prompt_len, request.request_id, root)
+
+
+def adapter_root(lora_name: str) -> int:
+    """The parent key of a request's block 0: vLLM puts the adapter's name in every block hash's extra keys, so
+    requests of different adapters never share a cached block, and base requests keep the plain root."""
+    return chain_hash(ROOT_KEY, b"lora:" + lora_name.encode()) if lora_name else ROOT_KEY

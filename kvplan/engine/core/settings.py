@@ -272,6 +272,10 @@ LOWER_TIER = Needs("a prefix tier below the GPU", (*CPU_TIER.any_of, ("kv_disk_b
 SHARED_TIER = Needs("a cluster-shared prefix tier", (("kv_shared_blocks", ON),))
 SWAP = Needs("swapping preempted requests out", (("preemption_mode", "swap"),))
 CACHE_AWARE = Needs("cache-aware admission", (("cache_aware_admission_window", ON),))
+LORA = Needs("LoRA adapters", (("enable_lora", ON),))
+CORE_ENGINE = frozenset({"core", "engine"})
+# vLLM's MaxLoRARanks (config/lora.py): the ranks its kernels are built for
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def _by_version(field: str, unit: str = "") -> str:
@@ -417,6 +421,19 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("position_mode", "choice", "original", "with a window: retained tokens keep their positions (original), or "
        "take their positions within the cache (shifted, StreamingLLM; RoPE models, torch/cpu attention)",
        sides=ENGINE, choices=POSITION_MODES, needs=WINDOW, vllm=False),
+    # --- LoRA (vLLM's LoRAConfig; the adapters themselves: the engine commands' --lora-modules) ---
+    _s("enable_lora", "bool", False, "serve LoRA adapters on the base model (a request names its adapter; "
+       "--lora-modules gives them)", sides=ENGINE),
+    _s("max_loras", "int", 1, "adapters the running requests may use at once (the adapter slots on the device): a "
+       "waiting request whose adapter would exceed it is skipped, keeping its place, until one finishes",
+       config="scheduler", sides=CORE_ENGINE, minimum=1, maximum=4096,
+       why="adapter slots, each holding its weights on the device", needs=LORA, unit="adapters"),
+    _s("max_lora_rank", "int", 16, "the largest adapter rank served (an adapter of higher rank is refused); "
+       f"vLLM's ranks: {', '.join(map(str, LORA_RANKS))}", sides=ENGINE, minimum=1, maximum=LORA_RANKS[-1],
+       needs=LORA, unit="rank"),
+    _s("max_cpu_loras", "int", None, "adapters kept in CPU memory (least recently used dropped first; a dropped "
+       "one is read from disk again); at least max_loras", sides=ENGINE, minimum=1, maximum=1_000_000,
+       nullable=True, needs=LORA, unit="adapters"),
 )}
 # The replica's deployment shape: the simulator prices it, the live engine (one device) refuses anything but 1.
 SHAPE_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")

@@ -94,17 +94,22 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         """vLLM's endpoint of the same name: replays start from a cold prefix cache, as a simulation does."""
         return {"dropped_blocks": await engine.reset_prefix_cache()}
 
+    # LoRA adapters (engine.lora): a request names one in `model`; listed after the base model, as vLLM does
+    adapters = {} if llm.lora is None else {name: str(a.path) for name, a in llm.lora.adapters.items()}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "kvplan", "max_model_len": llm.max_model_len,
-                                            "vocab_size": llm.loaded.vocab_size}]}  # replay draws ids below it
+        base = {"id": model_name, "object": "model", "created": created, "owned_by": "kvplan",
+                "max_model_len": llm.max_model_len, "vocab_size": llm.loaded.vocab_size}  # replay draws ids below it
+        return {"object": "list", "data": [base, *({**base, "id": name, "root": path, "parent": model_name}
+                                                   for name, path in adapters.items())]}
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await _body(request)
         prompts = completion_prompts(body, llm.encode, llm.loaded.vocab_size)
         parsed = parse_common(body, prompts, 16, llm.max_model_len, llm.loaded.vocab_size)
+        parsed.lora = body.get("model") if body.get("model") in adapters else None
         if parsed.kv_transfer_params is not None and len(prompts) > 1:
             raise BadRequest("kv_transfer_params: one prompt per request (its KV is held under the request's id); "
                              f"got {len(prompts)} prompts", "kv_transfer_params")
@@ -116,6 +121,7 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         prompt = chat_prompt(body, llm.tokenizer)
         parsed = parse_common(body, [prompt], max(1, llm.max_model_len - len(prompt)), llm.max_model_len,
                               llm.loaded.vocab_size)
+        parsed.lora = body.get("model") if body.get("model") in adapters else None
         return await _serve(request, parsed, chat=True)
 
     async def _body(request: Request) -> dict:
@@ -131,8 +137,9 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
             raise BadRequest(f"the request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
-        if body.get("model") not in (None, model_name):
-            raise BadRequest(f"The model `{body['model']}` does not exist; this server serves `{model_name}`",
+        if body.get("model") not in (None, model_name) and body.get("model") not in adapters:
+            served = ", ".join(f"`{name}`" for name in (model_name, *adapters))
+            raise BadRequest(f"The model `{body['model']}` does not exist; this server serves {served}",
                              "model", status=404)
         return body
 
@@ -146,7 +153,7 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         streams = await _add_all(rid, parsed, events)
         n = parsed.params.n
         choices = {(p, j): _Choice(p * n + j) for p in range(len(streams)) for j in range(n)}
-        reply = _Reply(rid, model_name, created, chat, parsed, llm.tokenizer, choices, streams, events)
+        reply = _Reply(rid, parsed.lora or model_name, created, chat, parsed, llm.tokenizer, choices, streams, events)
         if parsed.stream:
             return StreamingResponse(reply.sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -157,7 +164,7 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         try:
             for p, tokens in enumerate(parsed.prompts):
                 streams.append(await engine.add(f"{rid}-{p}", tokens, parsed.params, events, key=p,
-                                                kv_transfer_params=parsed.kv_transfer_params))
+                                                kv_transfer_params=parsed.kv_transfer_params, lora=parsed.lora))
         except BaseException as exc:
             for stream in streams:
                 stream.abort()

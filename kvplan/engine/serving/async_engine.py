@@ -119,7 +119,8 @@ class AsyncEngine:
 
     # -- called from handlers (any thread) ------------------------------------------------------------------
     async def add(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
-                  events: asyncio.Queue, key: object = None, kv_transfer_params: dict | None = None) -> RequestStream:
+                  events: asyncio.Queue, key: object = None, kv_transfer_params: dict | None = None,
+                  lora: str | None = None) -> RequestStream:
         """Submit a request; returns once the engine accepted it. Raises ValueError (a request that cannot run:
         the message says why), QueueFull, or RuntimeError when the engine thread is gone."""
         if not self.alive:
@@ -131,7 +132,7 @@ class AsyncEngine:
             self._pending += 1
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, events, key, loop.create_future(), time.perf_counter())
-        self._commands.put(("add", request_id, list(prompt_token_ids), params, stream, kv_transfer_params))
+        self._commands.put(("add", request_id, list(prompt_token_ids), params, stream, kv_transfer_params, lora))
         await stream.accepted
         return RequestStream(self, request_id)
 
@@ -181,12 +182,12 @@ class AsyncEngine:
                 command[1](self.llm.scheduler.reset_prefix_cache())
 
     def _add(self, request_id: str, tokens: list[int], params: SamplingParams, stream: _Stream,
-             kv_transfer_params: dict | None) -> None:
+             kv_transfer_params: dict | None, lora: str | None = None) -> None:
         with self._pending_lock:
             self._pending -= 1
         try:
             self.llm.add_request(tokens, params, request_id=request_id, arrival_s=stream.arrival_s,
-                                 kv_transfer_params=kv_transfer_params)
+                                 kv_transfer_params=kv_transfer_params, lora=lora)
         except ValueError as exc:
             stream.answer(exc)
             return

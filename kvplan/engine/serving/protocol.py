@@ -39,6 +39,7 @@ class ParsedRequest:
     return_token_ids: bool
     stop: tuple[str, ...]  # stop strings: the text is cut before the first one and the sequence ends
     kv_transfer_params: dict | None = None  # vLLM's P/D fields (engine.kv_transfer.producer reads them)
+    lora: str | None = None  # the LoRA adapter the request's `model` names (None: the base model)
 
 
 def _number(body: dict, key: str, default: float, low: float, high: float) -> float:

@@ -87,9 +87,10 @@ def read_parquet(path: str | Path, errors: str = "strict") -> Rows:
 
 
 _DESCRIPTION = "kvplan Request records ({}): the lossless interchange format"
+LORA = "lora"  # the adapter a row names (absent or null: the base model)
 KVPLAN_JSONL = jsonl_format("kvplan-jsonl", FIELDS, _DESCRIPTION.format("JSONL"), hashes=HASHES,
-                            failed_requests=True)
+                            failed_requests=True, lora=LORA)
 KVPLAN_CSV = Format("kvplan-csv", "csv", read_native_csv, FIELDS, _DESCRIPTION.format("CSV"), hashes=HASHES,
-                    failed_requests=True)
+                    failed_requests=True, lora=LORA)
 KVPLAN_PARQUET = Format("kvplan-parquet", "parquet", read_parquet, FIELDS, _DESCRIPTION.format("Parquet"),
-                        hashes=HASHES, failed_requests=True)
+                        hashes=HASHES, failed_requests=True, lora=LORA)

@@ -55,6 +55,7 @@ class Format:
     optional: tuple[str, ...] = field(default=())  # published columns the loader reads nothing from
     # A failed request (0 output tokens) may have 0 prompt tokens: BurstGPT logs failures that way.
     failed_requests: bool = False
+    lora: str | None = None  # field naming each row's LoRA adapter (a string; absent or null: the base model)
 
     @property
     def required(self) -> list[str]:
@@ -64,7 +65,7 @@ class Format:
     def known(self) -> set[str]:
         """Every column the layout defines, required or not."""
         return {f.source for f in self.fields} | set(self.extra_required) | set(self.optional) | (
-            {self.hashes} if self.hashes else set())
+            {self.hashes} if self.hashes else set()) | ({self.lora} if self.lora else set())
 
     @property
     def layout(self) -> str:
@@ -86,10 +87,13 @@ class Format:
         exclude = self.adjust(rows, columns, opts, report) if self.adjust else None
         hashes, granularity = self._hashes(rows, columns, opts.hash_granularity, report, str(path))
         columns = {k: v for k, v in columns.items() if not k.startswith("_")}
+        lora_names: tuple[str, ...] = ()
+        if self.lora is not None and self.lora in rows.fields:
+            columns["lora"], lora_names = adapter_column(rows, self.lora)
         if not self.timed:
             columns["arrival_s"] = np.zeros(len(rows))
         return finish(rows, columns, opts, report, hashes=hashes, exclude=exclude,
-                      hash_granularity=granularity, timed=self.timed)
+                      hash_granularity=granularity, timed=self.timed, lora_names=lora_names)
 
     def field(self, column: str) -> Field:
         return next(f for f in self.fields if f.column == column)
@@ -131,6 +135,25 @@ class Format:
             report.notes.append(f"--hash-granularity {override}: each of {self.hashes} covers {override} tokens, "
                                 f"not the {self.name} layout's {stated}")
         return (flat, counts), granularity
+
+
+def adapter_column(rows: Rows, name: str) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Each row's adapter as an index into the trace's sorted adapter names (k > 0: names[k - 1]; 0: none given,
+    the base model); a value that is no non-empty string is a bad row."""
+    raw = rows.fields[name]
+    given = [v for v in raw if v is not None and not (isinstance(v, float) and np.isnan(v))]
+    names = tuple(sorted({v for v in given if isinstance(v, str) and v}))
+    index = {n: k + 1 for k, n in enumerate(names)}
+    column = np.zeros(len(rows), dtype=np.int64)
+    for r, value in enumerate(raw):
+        if value is None or value == "" or (isinstance(value, float) and np.isnan(value)):
+            continue  # (CSV writes the base model's null as an empty cell)
+        if isinstance(value, str) and value:
+            column[r] = index[value]
+        else:
+            rows.flag(np.arange(len(rows)) == r, f"{name} {short_repr(value)}: not an adapter name; allowed: a "
+                                                 "non-empty string naming a LoRA adapter, or no value (the base model)")
+    return column, names
 
 
 def check_failed_prompts(rows: Rows, columns: dict[str, np.ndarray], prompt: Field) -> None:
