@@ -22,6 +22,7 @@ from kvplan.arg_types import (
     REPLICAS,
     SEED,
     integer,
+    number,
     out_path,
 )
 from kvplan.errors import UserError
@@ -48,7 +49,12 @@ def register(verbs: argparse._SubParsersAction) -> None:
     add_arrival_options(p)
     p.add_argument("--clip-context", nargs="?", type=integer(2, MAX_TOKENS), const=0, default=None, metavar="TOKENS",
                    help="clip requests to TOKENS (default: max_model_len) instead of rejecting those beyond it")
-    p.add_argument("--seed", type=SEED, default=0, help="seed for --rate / --retime arrivals (default 0)")
+    p.add_argument("--lora-adapters", type=integer(1, 100_000), default=None, metavar="N",
+                   help="spread the trace's sessions over N LoRA adapters lora-1 .. lora-N (with --enable-lora)")
+    p.add_argument("--lora-skew", type=number(low=0, high=100), default=0.0, metavar="S",
+                   help="Zipf exponent of the adapters' popularity (adapter i ~ i^-S; default 0: uniform)")
+    p.add_argument("--seed", type=SEED, default=0, help="seed for --rate / --retime arrivals and --lora-adapters "
+                   "(default 0)")
     from kvplan.sim.specs.models import MODELS
 
     p.add_argument("--model", default="llama-3-8b", help="a built-in model spec (" + ", ".join(sorted(MODELS))
@@ -168,10 +174,10 @@ def run(args: argparse.Namespace) -> int:
 
     busy = saturation_note(runs[0]["info"].get("frontend"))
     notes += [busy] if busy is not None else []
+    from kvplan.sim.lora import lora_note
     from kvplan.sim.spec_decode import speculation_note
 
-    spec_note = speculation_note(runs[0]["info"])
-    notes += [spec_note] if spec_note is not None else []
+    notes += [n for n in (speculation_note(runs[0]["info"]), lora_note(runs[0]["info"])) if n is not None]
     if args.workers > 1:
         from kvplan.sim.parallel import why_not_parallel
 
@@ -248,7 +254,7 @@ def prepare_trace(args: argparse.Namespace):  # -> (traces.Trace, notes)
     """The trace as loaded, re-timed (--rate / --retime) and clipped (--clip-context) when asked, with a note
     for everything the user should know about it: what the load changed, and a length-only trace's burst."""
     from kvplan.sim.run import model_context
-    from kvplan.traces.transforms import clip_to_context, retime
+    from kvplan.traces.transforms import assign_adapters, clip_to_context, retime
 
     trace = load_trace(str(args.trace), args)
     arrivals = retime_spec(args)
@@ -259,6 +265,8 @@ def prepare_trace(args: argparse.Namespace):  # -> (traces.Trace, notes)
         if context is None:
             raise UserError(f"--clip-context: {args.model} states no context length; allowed: --clip-context TOKENS")
         trace = clip_to_context(trace, context)
+    if args.lora_adapters is not None:
+        trace = assign_adapters(trace, args.lora_adapters, args.lora_skew, args.seed)
     notes = list(trace.report.lines())
     if not trace.timed:
         notes.append(f"{args.trace} " + UNTIMED_NOTE.format(n=len(trace)))

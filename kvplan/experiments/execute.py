@@ -51,14 +51,19 @@ def _workload_keys(config: dict) -> tuple[str | None, str, str | None, str, int]
     w = config["workload"]
     synthetic = json.dumps(w["synthetic"], sort_keys=True) if "synthetic" in w else None
     load = json.dumps({key: w.get(key) for key in ("format", *TRACE_LOAD)}, sort_keys=True)
-    return w.get("trace"), load, synthetic, json.dumps(w["transforms"], sort_keys=True), int(config["seed"])
+    # the transforms, then the LoRA adapters the requests name (workload.lora_adapters / lora_skew)
+    steps = {"transforms": w["transforms"], "lora": [w.get("lora_adapters", 0), w.get("lora_skew", 0.0)]}
+    return w.get("trace"), load, synthetic, json.dumps(steps, sort_keys=True), int(config["seed"])
 
 
 def _transformed(trace: str | None, load: str, synthetic: str | None, transforms: str, seed: int):  # -> Trace
-    from kvplan.traces.transforms import apply_transforms
+    from kvplan.traces.transforms import apply_transforms, assign_adapters
 
+    steps = json.loads(transforms)
     base = _base_trace(trace, load, synthetic, seed)
-    return apply_transforms(base, json.loads(transforms), seed, path="workload.transforms")
+    out = apply_transforms(base, steps["transforms"], seed, path="workload.transforms")
+    adapters, skew = steps["lora"]
+    return assign_adapters(out, adapters, skew, seed) if adapters else out
 
 
 @lru_cache(maxsize=4)

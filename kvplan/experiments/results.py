@@ -67,7 +67,7 @@ def flatten(config: dict) -> dict[str, object]:
     out.update({f"{pd_block.KEY}.{k}": (block or {}).get(k) for k in OPTIONS})
     out[pd_block.KEY] = pd_block.shape(block)  # (a swept whole block groups the runs by this)
     out["gpus"] = pd_block.gpus(config)
-    for key in ("mode", "rate", "concurrency", "rate_scale"):
+    for key in ("mode", "rate", "concurrency", "rate_scale", "lora_adapters", "lora_skew"):
         out[f"workload.{key}"] = config["workload"][key]
     return out
 

@@ -119,9 +119,18 @@ LOAD: dict[str, Field] = {
                      help="concurrency: seconds a user pauses between an answer and its next request"),
     "rate_scale": replace(RATE_SCALE, help="burst: multiply the recorded trace's request rate"),
 }
+# Which LoRA adapter each request names (traces.transforms.assign_adapters), after the transforms: what a
+# multi-LoRA experiment sweeps (engine.enable_lora serves them)
+ADAPTERS: dict[str, Field] = {
+    "lora_adapters": Field("int", 0, minimum=0, maximum=100_000, why="adapters of one deployment",
+                           help="sessions (requests, where sessions are unknown) spread over this many LoRA adapters, "
+                                "lora-1 .. lora-N; 0: as the trace names them"),
+    "lora_skew": Field("float", 0.0, minimum=0, maximum=100, help="Zipf exponent of the adapters' popularity "
+                       "(adapter i drawn with probability proportional to i^-skew; 0: all equally popular)"),
+}
 LOAD_MODES = {"rate": "sustained", "arrivals": "sustained", "concurrency": "concurrency",
               "think_s": "concurrency", "rate_scale": "burst"}  # a load key -> the only mode it applies to
-WORKLOAD_KEYS = ("trace", "format", *TRACE_LOAD, "transforms", "synthetic", *LOAD)
+WORKLOAD_KEYS = ("trace", "format", *TRACE_LOAD, "transforms", "synthetic", *LOAD, *ADAPTERS)
 # A steady-state probe's length and trimming (sim.probe.Probe has the same fields and defaults).
 PROBE: dict[str, Field] = {
     "duration_s": Field("float", 600.0, above=0, maximum=1e7,
@@ -155,7 +164,8 @@ assert all(getattr(Probe(), k) == f.default for k, f in PROBE.items()), "PROBE a
 # What a sweep may vary: every engine and cluster knob, the model, the hardware and the offered load.
 SWEEPABLE: dict[str, Field] = {**TOP, **{f"engine.{k}": f for k, f in ENGINE.items()},
                                **{f"cluster.{k}": f for k, f in CLUSTER.items()},
-                               **{f"workload.{k}": LOAD[k] for k in ("rate", "concurrency", "rate_scale")}}
+                               **{f"workload.{k}": LOAD[k] for k in ("rate", "concurrency", "rate_scale")},
+                               **{f"workload.{k}": f for k, f in ADAPTERS.items()}}
 
 # A search target -> (the key it varies, the load mode it implies or None for any, integer steps?).
 SEARCH_TARGETS = {"max_rate": "workload.rate", "max_goodput": "workload.rate",
@@ -305,7 +315,8 @@ def parse_workload(doc: object) -> dict:
     check_mapping(doc, "workload", WORKLOAD_KEYS)
     if ("trace" in doc) == ("synthetic" in doc):
         raise SchemaError("workload: needs exactly one of trace (a file or sample:NAME) and synthetic (a spec)")
-    out = {**{key: f.check(doc.get(key, f.default), f"workload.{key}") for key, f in LOAD.items()},
+    out = {**{key: f.check(doc.get(key, f.default), f"workload.{key}") for key, f in (*LOAD.items(),
+                                                                                    *ADAPTERS.items())},
            "transforms": parse_transforms(doc.get("transforms"))}
     if "trace" in doc:
         out["trace"] = Field("str").check(doc["trace"], "workload.trace")

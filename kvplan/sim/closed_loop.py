@@ -30,6 +30,7 @@ from simpy.events import EventPriority
 
 from kvplan.engine.core import make_request
 from kvplan.errors import UserError
+from kvplan.sim.lora import adapter_of
 from kvplan.traces.schema import Trace
 from kvplan.traces.steady import Population, SessionDraws
 
@@ -127,7 +128,8 @@ class ClosedLoop:
         request = make_request(str(row), max_tokens=int(trace.output_tokens[source]),
                                prompt_len=int(trace.prompt_tokens[source]), prefix_hashes=hashes,
                                hash_granularity=trace.hash_granularity if hashes else 0, arrival_s=at,
-                               priority=int(trace.priority[source]), n=int(trace.n[source]))
+                               priority=int(trace.priority[source]), n=int(trace.n[source]),
+                               **adapter_of(trace, source))
         cluster = self.cluster
         if not cluster.router.pick(request, cluster.replicas).submit(request, row):
             self._schedule(user, at + self.think_s)  # rejected (too long for the cache): on to the next

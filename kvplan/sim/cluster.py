@@ -19,6 +19,7 @@ from kvplan.results.request_table import RequestLog
 from kvplan.sim.closed_loop import ClosedLoop
 from kvplan.sim.cost import CostModel
 from kvplan.sim.links import wire_tiers, without_shared
+from kvplan.sim.lora import adapter_of
 from kvplan.sim.replica import Replica
 from kvplan.sim.routers import Router
 from kvplan.sim.stopping import Stoppable
@@ -103,7 +104,7 @@ class Cluster(Stoppable):
         name = row if self.row_names is None else self.row_names[row]
         return make_request(str(name), max_tokens=int(t.output_tokens[row]), prompt_len=int(t.prompt_tokens[row]),
                             prefix_hashes=hashes or None, hash_granularity=t.hash_granularity if hashes else 0,
-                            arrival_s=arrival, priority=int(t.priority[row]), n=int(t.n[row]))
+                            arrival_s=arrival, priority=int(t.priority[row]), n=int(t.n[row]), **adapter_of(t, row))
 
     # -- results -------------------------------------------------------------------------------------------
     def itl(self) -> ItlLog:

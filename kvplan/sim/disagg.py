@@ -45,6 +45,7 @@ from kvplan.results.itl import ItlLog
 from kvplan.results.request_table import RequestLog
 from kvplan.sim.cluster import UNSERVABLE
 from kvplan.sim.cost import CostModel
+from kvplan.sim.lora import adapter_of
 from kvplan.sim.pd_transfer import KVLink
 from kvplan.sim.replica import Replica
 from kvplan.sim.routers import Router
@@ -169,7 +170,7 @@ class DisaggCluster(Stoppable):
         return make_request(str(row), max_tokens=max_tokens, prompt_len=int(t.prompt_tokens[row]),
                             prefix_hashes=hashes or None, hash_granularity=t.hash_granularity if hashes else 0,
                             arrival_s=arrival, priority=int(t.priority[row]), n=int(t.n[row]),
-                            kv_transfer_params=params)
+                            kv_transfer_params=params, **adapter_of(t, row))
 
     def _handoff(self, prefill: Replica):
         def close(row: int, sample: int, end: float) -> None:

@@ -21,11 +21,18 @@ slot are the shared core's: engine.core):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from kvplan.errors import UserError
 from kvplan.sim.specs.arch import ModelSpec
 from kvplan.sim.specs.hardware import HardwareSpec
+
+if TYPE_CHECKING:
+    from kvplan.engine.core.lora import LoraSlots
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +123,87 @@ def calibrated_lora_cost(model: ModelSpec, max_lora_rank: int, token_seconds: fl
     per_token = 2.0 * model.layer_matmul_params
     return LoraCost(model, max_lora_rank, model.num_layers, LoraShapes.of(model), host_link_bandwidth,
                     disk_bandwidth, None, token_seconds / per_token)
+
+
+class LoraServing:
+    """One replica's adapters: the core's slot manager (which adapters a step makes resident, LRU, vLLM's) and
+    the prices of its loads and kernels. `seconds(step)` is what the step's LoRA work adds to its time."""
+
+    __slots__ = ("cost", "loads", "slots")
+
+    def __init__(self, slots: LoraSlots, cost: LoraCost | None) -> None:
+        self.slots, self.cost = slots, cost
+        self.loads = {"disk": 0, "gpu": 0}  # adapters read from disk / copied into a device slot
+
+    def seconds(self, step) -> float:
+        moved = self.slots.step(step)
+        self.loads["disk"] += len(moved.disk_loads)
+        self.loads["gpu"] += len(moved.gpu_loads)
+        cost = self.cost
+        if cost is None:  # a recorded run: the measured step time holds the LoRA work
+            return 0.0
+        rank = cost.max_lora_rank
+        total = cost.load_seconds([rank] * (len(moved.gpu_loads) - len(moved.disk_loads)),
+                                  [rank] * len(moved.disk_loads)) if moved.moved else 0.0
+        if moved.slots:
+            rows = sum(1 for request in step.decodes if request.lora_id)
+            rows += sum(item.num_new_tokens for item in step.scheduled if item.request.lora_id)
+            total += cost.step_seconds(rows, len(moved.slots))
+        return total
+
+
+def lora_serving(config, cost) -> LoraServing | None:
+    """A replica's `LoraServing` under scheduler config `config` priced by `cost` (None: LoRA off). A GPU's
+    analytic cost prices the kernels with its GEMM laws' constants; a calibrated profile with its per-token
+    linear cost and its measured swap rate (the engine's host memory copies); a recorded run adds nothing."""
+    if not config.enable_lora:
+        return None
+    from kvplan.engine.core.lora import LoraSlots, max_cpu_loras_of
+    from kvplan.sim.cost.analytic import AnalyticCost
+    from kvplan.sim.cost.calibrated import CalibratedCost
+
+    slots = LoraSlots(config.max_loras, max_cpu_loras_of(config.max_loras, config.max_cpu_loras))
+    rank = config.max_lora_rank
+    if isinstance(cost, AnalyticCost):
+        laws, model, shape = cost.resolved_laws, cost.model, cost.shape
+        from kvplan.sim.specs.arch import stage_layers
+
+        priced: LoraCost | None = gpu_lora_cost(model, cost.hardware, rank, shape.tp,
+                                                stage_layers(model.num_layers, shape.pp), laws.gemm_floor_s,
+                                                laws.gemm_compute_efficiency, laws.gemm_memory_efficiency)
+    elif isinstance(cost, CalibratedCost):
+        from kvplan.sim.specs.models import get_model
+
+        model = get_model(str(cost.meta.get("model")))
+        block_bytes = model.kv_bytes_per_token() * int(cost.meta.get("block_size", 16))
+        copy_rate = block_bytes / cost.swap_seconds_per_block if cost.swap_seconds_per_block > 0 else math.inf
+        priced = calibrated_lora_cost(model, rank, cost.coefficients.get("prefill_tokens", 0.0), copy_rate, copy_rate)
+    else:
+        priced = None
+    return LoraServing(slots, priced)
+
+
+def adapter_of(trace, row: int) -> dict:
+    """make_request's LoRA fields for a trace row: its adapter's id (k for lora_names[k - 1]; 0 the base model)
+    and name."""
+    k = 0 if trace.lora is None else int(trace.lora[row])
+    return {"lora_id": k, "lora_name": trace.lora_names[k - 1] if k else ""}
+
+
+def check_trace_adapters(trace, enable_lora: bool) -> None:
+    """A trace naming adapters needs --enable-lora (vLLM refuses an unknown model name the same way)."""
+    if trace.lora is None or not trace.lora_names:
+        return
+    named = int(np.flatnonzero(trace.lora)[0]) if np.any(trace.lora) else None
+    if named is not None and not enable_lora:
+        raise UserError(f"trace: {trace.reference(named)} names LoRA adapter {trace.lora_of(named)!r}; allowed: "
+                        "--enable-lora (engine.enable_lora: true), or a trace without a lora column")
+
+
+def lora_note(info: dict) -> str | None:
+    """simulate's note line on a run's adapter loads, or None without LoRA."""
+    loads = info.get("lora")
+    if loads is None:
+        return None
+    return (f"LoRA: {loads['gpu_loads']:,} adapter loads into device slots, {loads['disk_loads']:,} of them read "
+            "from disk first (not in the CPU cache)")

@@ -41,6 +41,7 @@ from kvplan.results.request_table import RequestLog
 from kvplan.sim.cost import CostModel, sliding_window, step_time
 from kvplan.sim.cost.features import decode_stretch_features, first_decode_features
 from kvplan.sim.links import TierPricing
+from kvplan.sim.lora import LoraServing, lora_serving
 from kvplan.sim.shared_store import SharedView
 from kvplan.sim.spec_decode import DraftCost, DraftOutcomes, speculation
 
@@ -118,6 +119,11 @@ class Replica:
         self.draft_cost: DraftCost | None
         self.recorded_proposals: Callable[[int], dict[str, tuple[int, int]]] | None
         self.drafts, self.draft_cost, self.recorded_proposals = speculation(config, cost, cache.block_size)
+        # LoRA (`sim.lora`): the adapter slots and their prices; the decode fast path has no per-step hook for
+        # adapter loads, so a LoRA replica steps one step at a time
+        self.lora: LoraServing | None = lora_serving(config, cost)
+        if self.lora is not None:
+            self.fast_path = False
         self.process = env.process(self._run())
 
     @property
@@ -189,6 +195,8 @@ class Replica:
                                                self.sliding_window)
             if self.draft_cost is not None:  # the draft model's passes (speculative decoding, draft_model)
                 dt += self.draft_cost.seconds(step.scheduled)
+            if self.lora is not None:  # adapters loaded into their slots, then the LoRA kernels
+                dt += self.lora.seconds(step)
             self._account(sched.kv.usage(), dt)
             self.busy_seconds += dt
             if prefill:  # decode rows: the scheduled items that are not chunks, and the bulk decodes
@@ -433,6 +441,8 @@ class Replica:
             value = m[key]
             if value is not None:
                 out[key] = int(value)  # (an int already: a tier's counter)
+        if self.lora is not None:  # adapters read from disk and copied into device slots
+            out.update(lora_disk_loads=self.lora.loads["disk"], lora_gpu_loads=self.lora.loads["gpu"])
         if self.drafts is not None:  # speculative decoding: vLLM's SpecDecodingStats counters
             stats = self.sched.stats
             out.update(num_drafts=stats.num_drafts, num_draft_tokens=stats.num_draft_tokens,

@@ -27,6 +27,7 @@ from kvplan.sim.cost.recorded import RecordedCost, read_step_profile
 from kvplan.sim.frontend import FrontendRun, frontend_for
 from kvplan.sim.gpu.table import load_table
 from kvplan.sim.links import block_bytes
+from kvplan.sim.lora import check_trace_adapters
 from kvplan.sim.parallel import MergedCluster, run_parallel, worth_parallel
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
@@ -137,12 +138,21 @@ def analytic_cost(spec: SimSpec) -> tuple[AnalyticCost, int]:
     blocks = kv_capacity_blocks(model, hardware, spec.kv_block_size, kv_dtype_bytes=capacity_bytes,
                                 gpu_memory_utilization=spec.memory_utilization,
                                 max_num_batched_tokens=spec.batch[0], max_num_seqs=spec.batch[1],
-                                shape=shape)
+                                shape=shape, lora_bytes=lora_reserved_bytes(spec, model, shape))
     if blocks < 1 and spec.num_blocks is None:
         raise UserError(no_fit_message(spec, model, hardware, shape, kv_bytes))
     table = load_table(spec.gpu_profile, hardware, "--gpu-profile") if spec.gpu_profile else None
     cost = AnalyticCost(model, hardware, spec.kv_block_size, kv_bytes, **spec.cost_options, shape=shape, table=table)
     return cost, spec.num_blocks if spec.num_blocks is not None else blocks
+
+
+def lora_reserved_bytes(spec: SimSpec, model, shape: Shape) -> float:
+    """One rank's stacked LoRA buffers (`sim.lora`), 0 without --enable-lora; a pipeline stage holds its layers'."""
+    if not spec.enable_lora:
+        return 0.0
+    from kvplan.sim.lora import reserved_bytes
+
+    return reserved_bytes(model, spec.max_loras, spec.max_lora_rank, shape.tp) / shape.pp
 
 
 def model_layout(name: str) -> KVLayout | None:
@@ -211,6 +221,7 @@ def build_configs(spec: SimSpec, trace: Trace, num_blocks: int, cost: CostModel
                   ) -> tuple[CacheConfig, SchedulerConfig]:
     tier = offloading_tier(spec, cost)
     check_sizes(spec, num_blocks, float(trace.arrival_s[-1] - trace.arrival_s[0]))  # before any pool is built
+    check_trace_adapters(trace, spec.enable_lora)
     max_len = resolve_max_model_len(spec, trace)
     granularity = trace.hash_granularity if trace.has_prefix else 0
     if spec.enable_prefix_caching and granularity and granularity % spec.kv_block_size and \
@@ -384,6 +395,8 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
             **work_seconds(replicas)}
     if front_info is not None:
         info["frontend"] = front_info
+    if "lora_gpu_loads" in counters:  # adapters read from disk / copied into a device slot (`sim.lora`)
+        info["lora"] = {"disk_loads": counters["lora_disk_loads"], "gpu_loads": counters["lora_gpu_loads"]}
     if "num_draft_tokens" in counters:
         from kvplan.sim.spec_decode import speculation_info
 

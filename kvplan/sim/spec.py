@@ -86,6 +86,10 @@ class SimSpec:
     enable_expert_parallel: bool = SETTING
     entry_point: str = SETTING
     api_server_latency_ms: float | None = SETTING
+    enable_lora: bool = SETTING
+    max_loras: int = SETTING
+    max_lora_rank: int = SETTING
+    max_cpu_loras: int | None = SETTING
 
     def __post_init__(self) -> None:
         check_side(self, "sim")

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvplan.errors import UserError
 from kvplan.traces.arrivals import arrival_times
-from kvplan.traces.schema import MAX_ARRIVAL_S, Trace, gather_segments
+from kvplan.traces.schema import MAX_ARRIVAL_S, NO_VALUE, Trace, gather_segments
 
 DIGEST_IDS = 8  # one 64-byte blake2b digest yields eight 64-bit ids
 
@@ -157,6 +157,24 @@ def derived_ids(hashes: np.ndarray, per_hash: int) -> np.ndarray:
 
 
 # The order `kvplan trace convert` and an experiment's workload.transforms apply transforms in.
+def assign_adapters(trace: Trace, adapters: int, skew: float, seed: int) -> Trace:
+    """Every session (every request, where sessions are unknown) served by one of `adapters` LoRA adapters,
+    lora-1 .. lora-N, drawn with Zipf popularity: adapter i with probability proportional to i^-skew (0: all
+    equally popular). A multi-turn conversation stays with its adapter; replaces any adapters the trace named."""
+    if not isinstance(adapters, int) or isinstance(adapters, bool) or adapters < 1:
+        raise UserError(f"adapters must be an integer >= 1, got {adapters!r}")
+    if not skew >= 0:
+        raise UserError(f"skew must be >= 0, got {skew!r}")
+    weights = np.arange(1, adapters + 1, dtype=np.float64) ** -float(skew)
+    units = np.where(trace.session_id != NO_VALUE, trace.session_id, -1 - np.arange(len(trace), dtype=np.int64))
+    keys, unit = np.unique(units, return_inverse=True)
+    drawn = np.random.default_rng(seed).choice(adapters, size=len(keys), p=weights / weights.sum())
+    names = tuple(f"lora-{i + 1}" for i in range(adapters))
+    out = trace.with_columns(lora=(drawn[unit] + 1).astype(np.int64), lora_names=names)
+    return _noted(out, f"LoRA adapters: {adapters} (Zipf skew {skew:g}) over {len(keys)} "
+                       f"{'sessions' if np.any(trace.session_id != NO_VALUE) else 'requests'}")
+
+
 TRANSFORM_ORDER = ("window", "sample", "rate_scale", "retime", "jitter", "clip_context", "expand_block")
 
 

@@ -234,7 +234,10 @@ class SchedulerConfig:
     cache_aware_admission_window: int = SETTING
     cache_aware_admission_threshold: float = SETTING
     speculative_config: str | None = SETTING
+    enable_lora: bool = SETTING
     max_loras: int = SETTING
+    max_lora_rank: int = SETTING
+    max_cpu_loras: int | None = SETTING
 
     def __post_init__(self) -> None:
         check_settings(self, "scheduler", "scheduler")

@@ -423,17 +423,18 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        sides=ENGINE, choices=POSITION_MODES, needs=WINDOW, vllm=False),
     # --- LoRA (vLLM's LoRAConfig; the adapters themselves: the engine commands' --lora-modules) ---
     _s("enable_lora", "bool", False, "serve LoRA adapters on the base model (a request names its adapter; "
-       "--lora-modules gives them)", sides=ENGINE),
+       "--lora-modules gives them; the simulator: the trace's `lora` column names them)", config="scheduler"),
     _s("max_loras", "int", 1, "adapters the running requests may use at once (the adapter slots on the device): a "
        "waiting request whose adapter would exceed it is skipped, keeping its place, until one finishes",
-       config="scheduler", sides=CORE_ENGINE, minimum=1, maximum=4096,
+       config="scheduler", minimum=1, maximum=4096,
        why="adapter slots, each holding its weights on the device", needs=LORA, unit="adapters"),
     _s("max_lora_rank", "int", 16, "the largest adapter rank served (an adapter of higher rank is refused); "
-       f"vLLM's ranks: {', '.join(map(str, LORA_RANKS))}", sides=ENGINE, minimum=1, maximum=LORA_RANKS[-1],
-       needs=LORA, unit="rank"),
+       f"vLLM's ranks: {', '.join(map(str, LORA_RANKS))}; the simulator prices every adapter's kernels at it (vLLM's "
+       "stacked buffers are this wide)", config="scheduler", minimum=1, maximum=LORA_RANKS[-1], needs=LORA,
+       unit="rank"),
     _s("max_cpu_loras", "int", None, "adapters kept in CPU memory (least recently used dropped first; a dropped "
-       "one is read from disk again); at least max_loras", sides=ENGINE, minimum=1, maximum=1_000_000,
-       nullable=True, needs=LORA, unit="adapters"),
+       "one is read from disk again); at least max_loras (null: max_loras)", config="scheduler", minimum=1,
+       maximum=1_000_000, nullable=True, needs=LORA, unit="adapters"),
 )}
 # The replica's deployment shape: the simulator prices it, the live engine (one device) refuses anything but 1.
 SHAPE_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")

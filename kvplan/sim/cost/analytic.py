@@ -329,12 +329,14 @@ class AnalyticCost:
 
 def kv_capacity_blocks(model: ModelSpec, hardware: HardwareSpec, block_size: int, *,
                        kv_dtype_bytes: float | None = None, gpu_memory_utilization: float = 0.9,
-                       max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, shape: Shape | None = None) -> int:
-    """KV blocks that fit on each rank: (memory × utilization − the rank's weights − activation reserve) ÷ the
-    rank's bytes per block. Every rank holds the same tokens (its heads' or its layers' part of them)."""
+                       max_num_batched_tokens: int = 2048, max_num_seqs: int = 256, shape: Shape | None = None,
+                       lora_bytes: float = 0.0) -> int:
+    """KV blocks that fit on each rank: (memory × utilization − the rank's weights − activation reserve − its LoRA
+    buffers) ÷ the rank's bytes per block. Every rank holds the same tokens (its heads' or its layers' part of
+    them). `lora_bytes`: the stacked adapter buffers vLLM allocates before sizing the cache (`sim.lora`)."""
     shape = shape or Shape()
     budget = hardware.memory_bytes * gpu_memory_utilization - weight_bytes_per_rank(model, shape)
-    budget -= activation_reserve(model, max_num_batched_tokens, max_num_seqs, shape.tp)
+    budget -= activation_reserve(model, max_num_batched_tokens, max_num_seqs, shape.tp) + lora_bytes
     per_block = model.kv_bytes_per_token(kv_dtype_bytes, shape.tp, shape.pp) * block_size
     return max(int(budget // per_block), 0)
 
