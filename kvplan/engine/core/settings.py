@@ -413,7 +413,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        needs=LORA, unit="rank"),
     _s("max_cpu_loras", "int", None, "adapters kept in CPU memory (least recently used dropped first; a dropped "
        "one is read from disk again); at least max_loras", sides=ENGINE, minimum=1, maximum=1_000_000,
-       nullable=True, needs=LORA, unit="adapters"),
+       nullable=True, unset="max_loras (vLLM's)", unset_sides=ENGINE, needs=LORA, unit="adapters"),
 )}
 # The replica's deployment shape: the simulator prices it, the live engine (one device) refuses anything but 1.
 SHAPE_SETTINGS = ("tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")
