@@ -52,3 +52,13 @@ def test_a_value_that_is_no_adapter_name_is_refused_in_one_line(tmp_path, capsys
     assert main(["trace", "stats", path]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "t.jsonl:1: lora" in err and "allowed: a non-empty string" in err, err
+
+
+def test_an_endpoint_replay_names_each_rows_adapter_in_model(tmp_path):
+    from kvplan.endpoint.loadgen import LoadGenerator
+    from kvplan.endpoint.prompts import endpoint_requests
+
+    requests = endpoint_requests(traces.load(_write(tmp_path, ROWS)), vocab_size=100, seed=0)
+    assert [r.lora for r in requests] == NAMES
+    client = LoadGenerator("http://127.0.0.1:1", "base-model")
+    assert [client.body(r)["model"] for r in requests] == ["sql", "base-model", "chat", "base-model"]
