@@ -203,3 +203,23 @@ def apply_transforms(trace: Trace, steps: dict, seed: int, path: str | None = No
             message = str(exc)
             raise UserError(message if message.startswith(where) else f"{where}: {message}") from None
     return trace
+
+
+def assign_adapters(trace: Trace, adapters: int, skew: float = 0.0, base_fraction: float = 0.0,
+                    seed: int = 0) -> Trace:
+    """Each request names one of `adapters` LoRA adapters (`lora-0` .. ; a share `base_fraction` stays on the base
+    model), adapter k drawn with probability proportional to 1 / (k + 1) ** skew (0: uniform; about 1: the
+    Zipf popularity multi-LoRA studies use). Multi-LoRA experiments vary both on the same trace."""
+    if not 1 <= adapters <= 100_000:
+        raise UserError(f"adapters: {adapters!r}; allowed: an integer >= 1 and <= 100000")
+    if not 0 <= skew <= 10:
+        raise UserError(f"adapter skew: {skew!r}; allowed: a number >= 0 and <= 10 (0: uniform popularity)")
+    if not 0 <= base_fraction < 1:
+        raise UserError(f"base fraction: {base_fraction!r}; allowed: a number >= 0 and < 1")
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, adapters + 1, dtype=np.float64) ** skew
+    lora = rng.choice(adapters, size=len(trace), p=weights / weights.sum()) + 1
+    lora[rng.random(len(trace)) < base_fraction] = 0
+    names = tuple(f"lora-{k}" for k in range(adapters))
+    return _noted(replace(trace, lora=lora.astype(np.int64), lora_names=names),
+                  f"{adapters} LoRA adapters assigned (skew {skew:g}, base fraction {base_fraction:g}, seed {seed})")
