@@ -266,7 +266,7 @@ def prepare_trace(args: argparse.Namespace):  # -> (traces.Trace, notes)
             raise UserError(f"--clip-context: {args.model} states no context length; allowed: --clip-context TOKENS")
         trace = clip_to_context(trace, context)
     if args.lora_adapters is not None:
-        trace = assign_adapters(trace, args.lora_adapters, args.lora_skew, args.seed)
+        trace = assign_adapters(trace, args.lora_adapters, args.lora_skew, seed=args.seed)
     notes = list(trace.report.lines())
     if not trace.timed:
         notes.append(f"{args.trace} " + UNTIMED_NOTE.format(n=len(trace)))

@@ -235,7 +235,8 @@ class LoadGenerator:
                 "temperature": self.temperature, "seed": self.seed * 1_000_003 + request.row, "ignore_eos": True,
                 "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True,
                 **self.adapter.request_fields}
-        return body if self.model is None else {"model": self.model, **body}
+        model = request.lora or self.model  # an adapter is named in `model`, as vLLM's server takes it
+        return body if model is None else {"model": model, **body}
 
     async def _send(self, client: httpx.AsyncClient, request: EndpointRequest, outcome: Outcome, origin: float,
                     gate: asyncio.Semaphore | None) -> None:

@@ -27,6 +27,7 @@ class EndpointRequest:
     prompt_tokens: int  # the trace's length (a text prompt's own token count may differ by a few)
     max_tokens: int
     n: int = 1
+    lora: str | None = None  # the LoRA adapter the trace row names: sent as the request's model (vLLM's way)
 
 
 def word_tokens(tokenizer) -> list[int]:
@@ -61,5 +62,5 @@ def endpoint_requests(trace: Trace, *, vocab_size: int, seed: int, tokenizer=Non
         ids = prompt_token_ids(record, len(words) if words else vocab_size, seed)
         prompt: list[int] | str = ids if write is None else write(ids)
         out.append(EndpointRequest(row, float(record.arrival_s), prompt, int(record.prompt_tokens),
-                                   int(record.output_tokens), int(record.n)))
+                                   int(record.output_tokens), int(record.n), record.lora))
     return out

@@ -267,10 +267,11 @@ class LLM:
         sampled: list = [None] * len(out.scheduled)
         if out.scheduled:
             prepared = self.runner.prepare(out)
-            if self.lora is not None:  # the step's adapters into their slots, each row tagged with its slot
-                self.lora.load(out)
-                self.lora.bind(prepared.packed)
             mark = self._lap(times, "prepare", mark)
+            if self.lora is not None:  # the step's adapters into their slots (timed apart: adapter loads), each
+                self.lora.load(out)  # row tagged with its slot
+                self.lora.bind(prepared.packed)
+                mark = self._lap(times, "lora", mark)
             logits = self.runner.forward(prepared)
             mark = self._lap(times, "forward", mark)
             self._sample(out, prepared.sampled_items, logits, sampled)
@@ -283,7 +284,8 @@ class LLM:
         finished = self._record(out, result, scheduled_at, now)
         self.last_step = StepTrace(out, result, times, usage)
         if self.profiler is not None:
-            self.profiler.record(out, self.kv_cache.layout.block_size, times)
+            self.profiler.record(out, self.kv_cache.layout.block_size, times,
+                                 **(self.lora.step_loads() if self.lora is not None else {}))
         if self.kv_connector is not None:
             self.kv_connector.idle_wait(out)
         return failed + finished

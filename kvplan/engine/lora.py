@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kvplan.engine.core.lora import LoraSlots, check_max_lora_rank, max_cpu_loras_of
+from kvplan.engine.core.lora import LoraSlots, LoraStep, check_max_lora_rank, max_cpu_loras_of
 from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput
 from kvplan.errors import UserError
 
@@ -161,6 +161,7 @@ class LoraRuntime:
             self.layers[path] = layer
         self.loads = {"disk": 0, "gpu": 0}  # adapters read from disk, copied into a slot (a run's totals)
         self._slot_of: dict[int, int] = {}  # adapter -> its slot in the current step
+        self.last = LoraStep()  # what the last step moved
 
     def lora_id(self, name: str | None) -> int:
         """The id of adapter `name` (None: the base model, 0)."""
@@ -187,6 +188,13 @@ class LoraRuntime:
         self.loads["disk"] += len(moves.disk_loads)
         self.loads["gpu"] += len(moves.gpu_loads)
         self._slot_of = moves.slots
+        self.last = moves
+
+    def step_loads(self) -> dict[str, float]:
+        """The adapter moves since the last call (a step's, read once for its profile record beside its `lora`
+        time; none for a step that ran nothing)."""
+        moves, self.last = self.last, LoraStep()
+        return {"lora_disk_loads": float(len(moves.disk_loads)), "lora_gpu_loads": float(len(moves.gpu_loads))}
 
     def bind(self, packed: list[ScheduledRequest]) -> None:
         """The rows of each slot for the packed batch (`packed`: the scheduled items in row order)."""

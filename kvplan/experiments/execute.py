@@ -63,7 +63,7 @@ def _transformed(trace: str | None, load: str, synthetic: str | None, transforms
     base = _base_trace(trace, load, synthetic, seed)
     out = apply_transforms(base, steps["transforms"], seed, path="workload.transforms")
     adapters, skew = steps["lora"]
-    return assign_adapters(out, adapters, skew, seed) if adapters else out
+    return assign_adapters(out, adapters, skew, seed=seed) if adapters else out
 
 
 @lru_cache(maxsize=4)

@@ -157,22 +157,29 @@ def derived_ids(hashes: np.ndarray, per_hash: int) -> np.ndarray:
 
 
 # The order `kvplan trace convert` and an experiment's workload.transforms apply transforms in.
-def assign_adapters(trace: Trace, adapters: int, skew: float, seed: int) -> Trace:
+def assign_adapters(trace: Trace, adapters: int, skew: float = 0.0, base_fraction: float = 0.0,
+                    seed: int = 0) -> Trace:
     """Every session (every request, where sessions are unknown) served by one of `adapters` LoRA adapters,
     lora-1 .. lora-N, drawn with Zipf popularity: adapter i with probability proportional to i^-skew (0: all
-    equally popular). A multi-turn conversation stays with its adapter; replaces any adapters the trace named."""
-    if not isinstance(adapters, int) or isinstance(adapters, bool) or adapters < 1:
-        raise UserError(f"adapters must be an integer >= 1, got {adapters!r}")
-    if not skew >= 0:
-        raise UserError(f"skew must be >= 0, got {skew!r}")
+    equally popular; about 1: the popularity multi-LoRA studies use); a share `base_fraction` of the sessions stays
+    on the base model. A multi-turn conversation stays with its adapter; replaces any adapters the trace named."""
+    if isinstance(adapters, bool) or not isinstance(adapters, int) or not 1 <= adapters <= 100_000:
+        raise UserError(f"adapters: {adapters!r}; allowed: an integer >= 1 and <= 100000")
+    if not 0 <= skew <= 100:
+        raise UserError(f"adapter skew: {skew!r}; allowed: a number >= 0 and <= 100 (0: uniform popularity)")
+    if not 0 <= base_fraction < 1:
+        raise UserError(f"base fraction: {base_fraction!r}; allowed: a number >= 0 and < 1")
     weights = np.arange(1, adapters + 1, dtype=np.float64) ** -float(skew)
-    units = np.where(trace.session_id != NO_VALUE, trace.session_id, -1 - np.arange(len(trace), dtype=np.int64))
+    sessions = trace.session_id != NO_VALUE
+    units = np.where(sessions, trace.session_id, -1 - np.arange(len(trace), dtype=np.int64))
     keys, unit = np.unique(units, return_inverse=True)
-    drawn = np.random.default_rng(seed).choice(adapters, size=len(keys), p=weights / weights.sum())
+    rng = np.random.default_rng(seed)
+    drawn = rng.choice(adapters, size=len(keys), p=weights / weights.sum()) + 1
+    drawn[rng.random(len(keys)) < base_fraction] = 0
     names = tuple(f"lora-{i + 1}" for i in range(adapters))
-    out = trace.with_columns(lora=(drawn[unit] + 1).astype(np.int64), lora_names=names)
-    return _noted(out, f"LoRA adapters: {adapters} (Zipf skew {skew:g}) over {len(keys)} "
-                       f"{'sessions' if np.any(trace.session_id != NO_VALUE) else 'requests'}")
+    out = trace.with_columns(lora=drawn[unit].astype(np.int64), lora_names=names)
+    return _noted(out, f"LoRA adapters: {adapters} (Zipf skew {skew:g}, base fraction {base_fraction:g}, seed "
+                       f"{seed}) over {len(keys)} {'sessions' if np.any(sessions) else 'requests'}")
 
 
 TRANSFORM_ORDER = ("window", "sample", "rate_scale", "retime", "jitter", "clip_context", "expand_block")

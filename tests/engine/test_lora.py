@@ -74,7 +74,7 @@ def _merged_greedy(model_path: str, adapter: str | None, prompts: list[list[int]
     return out
 
 
-def test_a_mixed_batch_of_adapters_equals_the_merged_models(tiny_models, adapters):
+def test_a_mixed_batch_of_adapters_equals_the_merged_models(tiny_models, adapters, tmp_path):
     path = tiny_models["tiny-llama"]
     g = torch.Generator().manual_seed(3)
     names = [None, "sql", "chat", None, "code", "math", "sql", "chat", "math", "code", None, "sql"]
@@ -83,7 +83,7 @@ def test_a_mixed_batch_of_adapters_equals_the_merged_models(tiny_models, adapter
     # two device slots, three adapters in CPU memory: four adapters interleaved force swaps and re-reads
     llm = LLM(path, dtype="float32", block_size=8, kv_cache_memory=4 << 20, max_model_len=96, enable_lora=True,
               max_loras=2, max_cpu_loras=3, max_lora_rank=16, max_num_batched_tokens=48, max_num_seqs=3,
-              lora_modules=adapters)
+              lora_modules=adapters, profile_path=tmp_path / "steps.jsonl")
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True), lora=names)
     got = [o.outputs[0].token_ids for o in outputs]
     references = {}
@@ -96,6 +96,12 @@ def test_a_mixed_batch_of_adapters_equals_the_merged_models(tiny_models, adapter
     assert all(got[i] != base[i] for i, n in enumerate(names) if n is not None), "an adapter changed nothing"
     assert llm.lora.loads["gpu"] > len(ADAPTERS) and llm.lora.loads["disk"] > len(ADAPTERS), llm.lora.loads
     assert llm.scheduler.kv.pool.num_used == 0
+    llm.close()  # the step records: each step's adapter moves, beside their time
+    records = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    records = [r for r in records if "times_s" in r]
+    assert sum(r["lora_gpu_loads"] for r in records) == llm.lora.loads["gpu"]
+    assert sum(r["lora_disk_loads"] for r in records) == llm.lora.loads["disk"]
+    assert all("lora" in r["times_s"] for r in records)
 
 
 def test_bad_adapters_and_names_are_refused_in_one_line(tiny_models, adapters, tmp_path):

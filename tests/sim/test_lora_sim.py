@@ -63,10 +63,10 @@ def test_lora_rows_cost_more_than_base_rows():
 
 def test_adapters_across_sessions_keep_a_session_on_one_adapter():
     trace = Trace.build([0, 1, 2, 3], [10] * 4, [5] * 4, session_id=[7, 7, 8, 8])
-    out = assign_adapters(trace, 50, 0.0, 3)
+    out = assign_adapters(trace, 50, 0.0, seed=3)
     assert out.lora[0] == out.lora[1] and out.lora[2] == out.lora[3]
     assert out.lora_names == tuple(f"lora-{i}" for i in range(1, 51))
-    skewed = assign_adapters(Trace.build(list(range(4000)), [10] * 4000, [5] * 4000), 16, 1.2, 0)
+    skewed = assign_adapters(Trace.build(list(range(4000)), [10] * 4000, [5] * 4000), 16, 1.2, seed=0)
     counts = np.bincount(skewed.lora, minlength=17)[1:]
     assert counts[0] > 3 * counts[7]  # Zipf: 8^1.2 = 12x the draws of the eighth adapter
 

@@ -52,3 +52,32 @@ def test_a_value_that_is_no_adapter_name_is_refused_in_one_line(tmp_path, capsys
     assert main(["trace", "stats", path]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "t.jsonl:1: lora" in err and "allowed: a non-empty string" in err, err
+
+
+def test_an_endpoint_replay_names_each_rows_adapter_in_model(tmp_path):
+    from kvplan.endpoint.loadgen import LoadGenerator
+    from kvplan.endpoint.prompts import endpoint_requests
+
+    requests = endpoint_requests(traces.load(_write(tmp_path, ROWS)), vocab_size=100, seed=0)
+    assert [r.lora for r in requests] == NAMES
+    client = LoadGenerator("http://127.0.0.1:1", "base-model")
+    assert [client.body(r)["model"] for r in requests] == ["sql", "base-model", "chat", "base-model"]
+
+
+def test_adapters_assigned_by_popularity_round_trip(tmp_path):
+    from kvplan.errors import UserError
+    from kvplan.traces.transforms import assign_adapters
+
+    trace = Trace.build(np.zeros(4000), np.full(4000, 8), np.full(4000, 2))
+    skewed = assign_adapters(trace, 8, skew=1.2, base_fraction=0.25, seed=3)
+    counts = np.bincount(skewed.lora, minlength=9)
+    assert abs(counts[0] / 4000 - 0.25) < 0.03 and list(counts[1:]) == sorted(counts[1:], reverse=True)
+    uniform = np.bincount(assign_adapters(trace, 4, seed=1).lora, minlength=5)
+    assert uniform[0] == 0 and uniform[1:].min() > 900
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(render(skewed, "jsonl"))
+    back = traces.load(str(path))  # names only the adapters used, sorted: compare by name
+    assert [back.lora_of(i) for i in range(4000)] == [skewed.lora_of(i) for i in range(4000)]
+    for bad in ({"adapters": 0}, {"adapters": 2, "skew": -1}, {"adapters": 2, "base_fraction": 1.0}):
+        with pytest.raises(UserError, match="allowed"):
+            assign_adapters(trace, **bad)

@@ -433,7 +433,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
        "stacked buffers are this wide)", config="scheduler", minimum=1, maximum=LORA_RANKS[-1], needs=LORA,
        unit="rank"),
     _s("max_cpu_loras", "int", None, "adapters kept in CPU memory (least recently used dropped first; a dropped "
-       "one is read from disk again); at least max_loras (null: max_loras)", config="scheduler", minimum=1,
+       "one is read from disk again); at least max_loras (null: max_loras, vLLM's)", config="scheduler", minimum=1,
        maximum=1_000_000, nullable=True, needs=LORA, unit="adapters"),
 )}
 # The replica's deployment shape: the simulator prices it, the live engine (one device) refuses anything but 1.
