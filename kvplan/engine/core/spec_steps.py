@@ -50,7 +50,7 @@ class SpecSteps:
     while RUNNING with every verified token but its last computed; `num_computed_tokens` never counts a rejected
     draft once `update` has run; `stats` counts every verification (`SchedulerStats.observe_draft`)."""
 
-    __slots__ = ("sched", "config", "k", "lookahead", "max_model_len")
+    __slots__ = ("config", "k", "lookahead", "max_model_len", "sched")
 
     def __init__(self, sched: Scheduler, config: SpeculativeConfig) -> None:
         self.sched = sched
