@@ -58,7 +58,7 @@ def test_the_setting_parses_as_vllm_and_refuses_bad_input_in_one_line():
            '{"method": "ngram", "num_speculative_tokens": 1, "acceptance": [0.2, 0.2]}': "summing to 1",
            '{"method": "ngram", "num_speculative_tokens": 1, "acceptance_rate": 0}': "> 0 and <= 1"}
     for text, why in bad.items():
-        with pytest.raises(ConfigError, match="^scheduler.speculative_config: ") as exc:
+        with pytest.raises(ConfigError, match=r"^scheduler\.speculative_config: ") as exc:
             SchedulerConfig(speculative_config=text)
         assert why in str(exc.value) and "\n" not in str(exc.value)
 
