@@ -25,7 +25,7 @@ class DraftModel:
         self.loaded = load_model(name_or_path, dtype=dtype, device=str(device))
         self.device = device
         if self.loaded.vocab_size != target_vocab:
-            raise UserError(f"speculative_config: key 'model' ({name_or_path}) has a vocabulary of "
+            raise UserError(f"speculative_config: key 'model': the draft model has a vocabulary of "
                             f"{self.loaded.vocab_size} tokens, the target model {target_vocab}; allowed: a draft "
                             "model with the target's vocabulary")
 
