@@ -160,7 +160,10 @@ def test_no_bulk_decodes_or_fast_path_and_refusals():
     decoding(sched)
     assert sched.decode_horizon(100) == 0
     beam = make_request("b", prompt_len=4, max_tokens=4, n=2, beam=True)
-    assert not sched.add_request(beam) and "beam search" in beam.finish_reason
+    assert sched.add_request(beam)  # accepted; its sequences never take drafts (vLLM's beam search neither)
+    sched.update(sched.schedule())
+    sched.set_drafts({"b": [1, 2]})
+    assert beam.spec_token_ids == []
     with pytest.raises(ConfigError, match=r"sink\+window"):
         Scheduler(CacheConfig(num_blocks=64, max_model_len=200, window_tokens=32),
                   SchedulerConfig(speculative_config=json.dumps(NGRAM)))

@@ -206,9 +206,6 @@ class Scheduler:
             return f"n = {request.n} parallel sequences exceed max_num_seqs {self.config.max_num_seqs}"
         if request.kv_transfer_params is not None and (request.n > 1 or request.beam):
             return "kv_transfer_params (prefill/decode disaggregation) need n = 1 and no beam search"
-        if request.beam and self.spec_steps is not None:
-            return ("beam search advances every beam one token per step; speculative decoding (speculative_config) "
-                    "does not apply to it")
         if request.beam and (self.windowed or self.cache_config.allocator != "paged"):
             return ("beam search shares blocks copy-on-write and keeps every beam's whole history: it needs the "
                     "paged allocator without a sink+window cache or sliding-window layers")

@@ -61,12 +61,14 @@ class SpecSteps:
 
     def set_drafts(self, drafts: Mapping[str, Sequence[int]]) -> None:
         """Drafts for the next step, by request id (vLLM's `update_draft_token_ids`): finished or unknown requests
-        are skipped, a request still prefilling gets none."""
+        and beam-search sequences are skipped, a request still prefilling gets none. (vLLM 0.34 refuses only
+        min_p and logit_bias with speculative decoding, which kvplan has not; n > 1 samples get drafts once
+        forked, each sequence verified with its own generator.)"""
         requests = self.sched.requests
         for request_id, tokens in drafts.items():
             request = requests.get(request_id)
-            if request is None or request.status is not RUNNING:
-                continue
+            if request is None or request.status is not RUNNING or request.beam:
+                continue  # (beam search advances one token per beam and step: vLLM's drafts never apply to it)
             if len(tokens) > self.k:
                 raise ValueError(f"request {request_id}: {len(tokens)} drafts exceed num_speculative_tokens {self.k}")
             if request.num_computed_tokens < request.num_tokens - 1:  # a prefill chunk: it samples nothing
