@@ -433,11 +433,14 @@ class LLM:
                 metrics.num_cached_tokens = item.num_cached_tokens
             if item.samples and index == 0:
                 metrics.first_token_s = metrics.first_token_s or now
-                metrics.token_times_s.append(now)
+                verified = result.spec.get(item.request_id)  # speculative decoding: 1 + accepted tokens at once
+                metrics.token_times_s.extend([now] * (1 if verified is None else verified[1] + 1))
         done = []
         for request in result.finished:
-            group_id, _ = self._owner.pop(request.request_id)
+            group_id, index = self._owner.pop(request.request_id)
             group = self._groups[group_id]
+            if index == 0 and result.spec:  # a stop inside an accepted run dropped the tokens after it
+                del group.metrics.token_times_s[request.num_output_tokens:]
             group.finished += 1
             group.metrics.num_preemptions += request.num_preemptions
             if group.finished == group.num_sequences:
