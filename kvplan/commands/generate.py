@@ -38,12 +38,12 @@ def register(verbs: argparse._SubParsersAction) -> None:
     # Its own defaults: float32, to answer as HF `generate` does on the same checkpoint (the bundled models are
     # float32; the serving commands run bfloat16), and 512 MiB of KV, to hold one prompt at the model's whole
     # context (SmolLM2's 8192 tokens in float32; the serving commands bound --max-model-len instead).
-    add_setting_flags(p, "engine", names=("block_size", "kv_cache_memory", "dtype", "kv_cache_dtype",
-                                          "speculative_config"),
+    add_setting_flags(p, "engine", names=("block_size", "kv_cache_memory", "dtype", "kv_cache_dtype"),
                       defaults={"dtype": "float32", "kv_cache_memory": 512 << 20})
     p.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"],
                    help="default: cpu (fused C++ decode) on CPU when it builds, else torch; triton on CUDA")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_setting_flags(p, "engine", names=("speculative_config",))  # (its acceptance rate goes to stderr)
     p.set_defaults(handler=_generate)
 
 
