@@ -145,6 +145,14 @@ def test_each_scheduled_request_takes_its_draft_rows_from_the_budget():
     assert widths(DRAFT) == [(4, 3), (4, 3)]  # 4 + 1 each; 1 left is not more than its one row
 
 
+def test_drafts_are_trimmed_to_the_budget_with_chunked_prefill_off():
+    sched = spec_scheduler(NGRAM, budget=6, enable_chunked_prefill=False)
+    for rid in "ab":
+        decoding(sched, rid, prompt=3)
+    sched.set_drafts({rid: [1, 2, 3] for rid in "ab"})
+    assert [(i.num_new_tokens, len(i.spec_token_ids)) for i in sched.schedule().scheduled] == [(4, 3), (2, 1)]
+
+
 def test_prefix_keys_cover_only_verified_tokens():
     sched = spec_scheduler(NGRAM)
     request = decoding(sched, prompt=6, tokens=True)  # 7 tokens, 6 computed

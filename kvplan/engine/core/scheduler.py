@@ -422,6 +422,8 @@ class Scheduler:
             if spec is not None:  # its drafts too (num_tokens_with_spec), short of max_model_len
                 pending = spec.cap(request, pending + len(request.spec_token_ids))
             n = pending if pending <= room and pending <= self._cap else self.chunk(pending, room)
+            if n == 0 and spec is not None and request.spec_token_ids:  # a decode's drafts are trimmed to fit,
+                n = int(min(pending, room, self._cap))  # chunked prefill or not (vLLM's running loop)
             if n == 0:
                 continue
             slots = n if spec is None else spec.slots(request.num_computed_tokens, n)
