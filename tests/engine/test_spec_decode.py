@@ -139,18 +139,24 @@ def _text_lines(out: str) -> list[str]:
     return [line for line in out.splitlines() if not line.startswith("  ")]
 
 
+def assert_prints_the_same_with_ngram(argv: list[str], capsys) -> None:
+    """`kvplan generate ARGV` prints the same text with the issue's n-gram option, and the acceptance rate on
+    stderr."""
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert main([*argv, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, '
+                                                 '"prompt_lookup_max": 4}']) == 0
+    captured = capsys.readouterr()
+    assert _text_lines(captured.out) == _text_lines(plain)
+    assert "speculative decoding: acceptance rate" in captured.err
+
+
 def test_generate_prints_the_same_with_speculation_and_reports_acceptance(tiny_models, capsys):
     for batch in (prompts(4, seed=1), prompts(4, seed=2)):
         argv = ["generate", "--model", tiny_models["tiny-llama"], "--max-tokens", "48"]
         for prompt in batch:
             argv += ["--prompt-ids", " ".join(map(str, prompt))]
-        assert main(argv) == 0
-        plain = capsys.readouterr().out
-        assert main([*argv, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, '
-                                                     '"prompt_lookup_max": 4}']) == 0
-        captured = capsys.readouterr()
-        assert _text_lines(captured.out) == _text_lines(plain)
-        assert "speculative decoding: acceptance rate" in captured.err
+        assert_prints_the_same_with_ngram(argv, capsys)
 
 
 @pytest.mark.parametrize(("spec", "why"), [
@@ -193,10 +199,4 @@ def test_smollm2_generate_with_ngram_prints_the_plain_output(capsys):
     argv = ["generate", "--model", SMOLLM2, "--max-tokens", "48"]
     for question in questions:
         argv += ["--prompt", question]
-    assert main(argv) == 0
-    plain = capsys.readouterr().out
-    assert main([*argv, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, '
-                                                 '"prompt_lookup_max": 4}']) == 0
-    captured = capsys.readouterr()
-    assert _text_lines(captured.out) == _text_lines(plain)
-    assert "speculative decoding: acceptance rate" in captured.err
+    assert_prints_the_same_with_ngram(argv, capsys)
