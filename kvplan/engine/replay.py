@@ -214,11 +214,10 @@ class LiveReplay:
                                            "num_evicted_blocks", "num_rejected")}
         # the prefix tiers' counters, as the simulator's replica reports them (absent: the run had no such tier)
         counters.update((k, int(m[k])) for k in TIER_COUNTER_KEYS if m[k] is not None)
-        if llm.spec is not None:  # speculative decoding's counters (vLLM's names), only where it ran
+        if llm.spec is not None:  # speculative decoding: vLLM's SpecDecodingStats counters (the simulator's keys)
             stats = sched.stats
-            counters.update(spec_decode_num_drafts=stats.num_drafts,
-                            spec_decode_num_draft_tokens=stats.num_draft_tokens,
-                            spec_decode_num_accepted_tokens=stats.num_accepted_tokens)
+            counters.update(num_drafts=stats.num_drafts, num_draft_tokens=stats.num_draft_tokens,
+                            num_accepted_tokens=stats.num_accepted_tokens)
         return ReplayLog(done, series, rejected, counters, usage_seconds, peak, steps, busy, llm.num_kv_blocks,
                          llm.kv_cache.layout.block_size)
 
