@@ -284,7 +284,7 @@ class LLM:
         finished = self._record(out, result, scheduled_at, now)
         self.last_step = StepTrace(out, result, times, usage)
         if self.profiler is not None:
-            self.profiler.record(out, self.kv_cache.layout.block_size, times)
+            self.profiler.record(out, self.kv_cache.layout.block_size, times, result.spec)
         if self.kv_connector is not None:
             self.kv_connector.idle_wait(out)
         return failed + finished

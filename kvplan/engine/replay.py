@@ -204,8 +204,8 @@ class LiveReplay:
             peak = max(peak, trace.kv_usage)
             self._stamp(trace, live, done, start, end)
             if profiler is not None:
-                profiler.record(trace.output, llm.kv_cache.layout.block_size, trace.times_s, start_s=start,
-                                end_s=end)
+                profiler.record(trace.output, llm.kv_cache.layout.block_size, trace.times_s, trace.update.spec,
+                                start_s=start, end_s=end)
             if self.on_step is not None:
                 self.on_step(outputs, start, end)
             now = end
