@@ -164,17 +164,8 @@ class Scheduler:
         self.decode_steps = DecodeSteps(self)
         self.remote = RemoteKV(self)
         #: speculative decoding (None: off) and the budget rows a scheduled request takes for drafting
-        self.spec_steps: SpecSteps | None = None
-        self.draft_slots = 0
-        spec = self.config.speculative
-        if spec is not None:
-            if self.windowed or self.cache_config.allocator != "paged":
-                raise ConfigError("scheduler.speculative_config: rolls rejected drafts back in place, which needs "
-                                  "the paged allocator without a sink+window cache or sliding-window layers; "
-                                  "allowed: null with this cache")
-            self.spec_steps = SpecSteps(self, spec)
-            self.draft_slots = spec.draft_slots
-            self.decode_mode = DecodeMode.PER_REQUEST  # no bulk decodes: a step's length depends on acceptance
+        self.spec_steps = SpecSteps.of(self)
+        self.draft_slots = self.spec_steps.config.draft_slots if self.spec_steps is not None else 0
 
     # -- requests ------------------------------------------------------------------------------------------
     def add_request(self, request: Request) -> bool:

@@ -35,9 +35,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from kvplan.engine.core.decode_steps import DecodeMode
 from kvplan.engine.core.outputs import ScheduledRequest, UpdateOutput
 from kvplan.engine.core.request import Request, RequestStatus
 from kvplan.engine.core.speculative import SpeculativeConfig
+from kvplan.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvplan.engine.core.scheduler import Scheduler
@@ -58,6 +60,20 @@ class SpecSteps:
         self.k = config.num_speculative_tokens
         self.lookahead = config.num_lookahead_tokens
         self.max_model_len = sched.cache_config.max_model_len
+
+    @staticmethod
+    def of(sched: Scheduler) -> SpecSteps | None:
+        """The component for `sched`'s configuration (None: speculative decoding off); it turns bulk decodes off
+        (a step's length depends on acceptance). Refuses a cache whose blocks leave mid-request."""
+        config = sched.config.speculative
+        if config is None:
+            return None
+        if sched.windowed or sched.cache_config.allocator != "paged":
+            raise ConfigError("scheduler.speculative_config: rolls rejected drafts back in place, which needs the "
+                              "paged allocator without a sink+window cache or sliding-window layers; allowed: null "
+                              "with this cache")
+        sched.decode_mode = DecodeMode.PER_REQUEST
+        return SpecSteps(sched, config)
 
     def set_drafts(self, drafts: Mapping[str, Sequence[int]]) -> None:
         """Drafts for the next step, by request id (vLLM's `update_draft_token_ids`): finished or unknown requests
