@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from kvplan.arg_types import FRACTION, NON_NEGATIVE, POSITIVE_TOKENS, SEED, integer, number
 from kvplan.engine.core.settings import ON, Needs
@@ -48,6 +49,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--attention-backend", default=None, choices=["torch", "cpu", "triton"],
                    help="default: cpu (fused C++ decode) on CPU when it builds, else torch; triton on CUDA")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_setting_flags(p, "engine", names=("speculative_config",))  # (its acceptance rate goes to stderr)
     p.set_defaults(handler=_generate)
 
 
@@ -100,6 +102,8 @@ def _generate(args: argparse.Namespace) -> int:
          "outputs": [{"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
                       **({"score": c.score} if c.score is not None else {})} for c in o.outputs],
          "metrics": o.metrics.as_dict()} for o in outputs]}
+    if llm.spec is not None:  # on stderr: stdout stays what the same command without speculation prints
+        print(spec_summary(llm.spec_stats), file=sys.stderr)
     if args.json:
         print_json(report)
         return 0
@@ -113,6 +117,16 @@ def _generate(args: argparse.Namespace) -> int:
         m = request["metrics"]
         print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()))
     return 0
+
+
+def spec_summary(stats: dict) -> str:
+    """One line on speculative decoding's acceptance (`LLM.spec_stats`)."""
+    rate, length = stats["acceptance_rate"], stats["mean_acceptance_length"]
+    return (f"speculative decoding: acceptance rate {'n/a' if rate is None else f'{rate:.3f}'} "
+            f"({stats['num_accepted_tokens']} of {stats['num_draft_tokens']} drafts accepted in "
+            f"{stats['num_drafts']} verifications; mean acceptance length "
+            f"{'n/a' if length is None else f'{length:.3f}'}; accepted per position "
+            f"{stats['num_accepted_tokens_per_pos']})")
 
 
 def _parse_ids(text: str) -> list[int]:

@@ -34,7 +34,13 @@ from kvplan.arg_types import integer, out_path
 from kvplan.commands.replay import add_trace_arguments, load_trace
 from kvplan.commands.validate_report import ADJUSTED, print_report, write_report
 from kvplan.endpoint.session import add_endpoint_arguments, within_duration
-from kvplan.engine_args import add_engine_arguments, load_configs, options_from_args
+from kvplan.engine_args import (
+    add_engine_arguments,
+    add_lora_modules,
+    load_configs,
+    lora_modules_from_args,
+    options_from_args,
+)
 from kvplan.errors import UserError
 from kvplan.output import atomic_dir, check_out_dir, check_paths
 from kvplan.results.serving_result import write_tables
@@ -60,6 +66,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default=None,
                    help="calibrated profile (default: the shipped cpu-local profile of --model, if any)")
     shared |= {a.dest for a in p._actions}
+    add_lora_modules(p)  # the adapters a LoRA trace's rows name (live runs; the simulator prices max_lora_rank)
     p.add_argument("--configs", default=None, help="YAML list of named configurations overriding the options")
     p.add_argument("--repeats", type=integer(1, 100), default=2, help="live runs per configuration (the noise band)")
     p.add_argument("--mode", choices=MODES, default="both")
@@ -198,7 +205,7 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
             print(f"  {name}: live run {r + 1}/{args.repeats}", file=sys.stderr)
             where = out / f"live-{r + 1}"
             live, meta = replay(args.model, trace, options, seed=args.seed, temperature=args.temperature,
-                                steps_path=where / "steps.jsonl")
+                                steps_path=where / "steps.jsonl", lora_modules=lora_modules_from_args(args))
             write_tables(live, where, "parquet")
             lives.append(live)
             runs.append({"repeat": r + 1, "state": "cold", "why": "a fresh engine", "reset": None})

@@ -37,6 +37,9 @@ from kvplan.engine.outputs import CompletionOutput, RequestMetrics, RequestOutpu
 from kvplan.engine.profiler import StepProfiler
 from kvplan.engine.rope import rope_for_positions
 from kvplan.engine.sampling import SampledToken, SamplingParams, sample_row
+from kvplan.engine.spec_decode.draft_model import DraftModel
+from kvplan.engine.spec_decode.ngram import propose_ngram
+from kvplan.engine.spec_decode.rejection import verify
 from kvplan.errors import UserError
 
 # kv_cache_dtype names (vLLM's where it has one) -> the cache's torch dtype
@@ -116,6 +119,11 @@ class LLM:
             raise UserError(f"KV budget too small: {budget} bytes hold {num_blocks} blocks of {o.block_size} tokens "
                              f"({layout.bytes_per_block} bytes each): {exc}") from exc
         self.scheduler = Scheduler(cache, core_config(SchedulerConfig, o))
+        # speculative decoding: the proposer (engine.spec_decode); drafts' distributions wait here for their step
+        self.spec = self.scheduler.config.speculative
+        self.draft_model = (DraftModel(self.spec.model, self.loaded.vocab_size, dtype, self.device)
+                            if self.spec is not None and self.spec.model is not None else None)
+        self._draft_q: dict[str, torch.Tensor] = {}
         self.kv_cache = PagedKVCache(layout, num_blocks, num_cpu_blocks, self.device, tier_blocks)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache, backend, self.device, o.sink_tokens,
                                   o.window_tokens, rope)
@@ -280,11 +288,13 @@ class LLM:
         if self.kv_connector is not None:
             self.kv_connector.exported(result, {r.request_id: r.prompt_len for r in result.finished})
         self._advance_beams(out, result)
+        if self.spec is not None:
+            self._propose()
         now = self._lap(times, "update", mark)
         finished = self._record(out, result, scheduled_at, now)
         self.last_step = StepTrace(out, result, times, usage)
         if self.profiler is not None:
-            self.profiler.record(out, self.kv_cache.layout.block_size, times,
+            self.profiler.record(out, self.kv_cache.layout.block_size, times, result.spec,
                                  **(self.lora.step_loads() if self.lora is not None else {}))
         if self.kv_connector is not None:
             self.kv_connector.idle_wait(out)
@@ -335,12 +345,20 @@ class LLM:
     def _sample(self, out: SchedulerOutput, items: list, logits: torch.Tensor, sampled: list) -> None:
         position = {id(item): i for i, item in enumerate(out.scheduled)}
         argmax = logits.argmax(dim=-1).tolist()  # one batched argmax serves every plain greedy row
-        for row, item in enumerate(items):
+        row = -1
+        for item in items:
+            row += 1
             request = item.request
             group_id, index = self._owner[request.request_id]
             group = self._groups[group_id]
             params = group.params
-            if group.beam is not None:  # beam search: the group's step decides once every beam has its row
+            if item.spec_token_ids:  # rows for its last verified token and each draft: the verifier's tokens
+                drafts = item.spec_token_ids
+                sampled[position[id(item)]] = verify(logits[row:row + len(drafts) + 1], drafts, params,
+                                                     group.generators[index], self._draft_q.pop(request.request_id,
+                                                                                                None))
+                row += len(drafts)
+            elif group.beam is not None:  # beam search: the group's step decides once every beam has its row
                 group.beam.rows[index] = torch.log_softmax(logits[row].float(), dim=-1)
             elif group.teacher is not None:  # scoring: the given token, and its log-probability here
                 token = group.teacher[len(group.teacher_logprobs)]
@@ -359,6 +377,43 @@ class LLM:
                 sampled[position[id(item)]] = draw.token
                 if params.logprobs is not None:
                     group.logprobs.setdefault(index, []).append(draw)
+
+    def _propose(self) -> None:
+        """Drafts for the next step of every running request that decodes plainly (no beam search, scoring or
+        logprobs; an n > 1 request once forked): n-gram lookup or the draft model (engine.spec_decode)."""
+        spec = self.spec
+        assert spec is not None
+        drafts: dict[str, list[int]] = {}
+        self._draft_q = {}  # (the last step's were all taken by its verification, or their drafts dropped)
+        for request in self.scheduler.running:
+            if request.num_computed_tokens != request.num_tokens - 1 or (request.n > 1 and not request.forked):
+                continue  # still prefilling (the scheduler would drop its drafts), or not forked yet
+            group_id, index = self._owner[request.request_id]
+            group = self._groups[group_id]
+            if group.beam is not None or group.teacher is not None or group.params.logprobs is not None:
+                continue
+            tokens = request.token_ids
+            if self.draft_model is None:
+                drafts[request.request_id] = propose_ngram(tokens, spec.num_speculative_tokens,
+                                                           spec.prompt_lookup_min, spec.prompt_lookup_max)
+                continue
+            proposed, q = self.draft_model.propose(tokens, spec.num_speculative_tokens, group.params,
+                                                   group.generators[index])
+            drafts[request.request_id] = proposed
+            if q is not None:
+                self._draft_q[request.request_id] = q
+            else:
+                self._draft_q.pop(request.request_id, None)
+        self.scheduler.set_drafts(drafts)
+
+    @property
+    def spec_stats(self) -> dict[str, float | int | None]:
+        """Speculative decoding's counters so far (vLLM's names) and the acceptance rate (None: none verified)."""
+        stats = self.scheduler.stats
+        return {"num_drafts": stats.num_drafts, "num_draft_tokens": stats.num_draft_tokens,
+                "num_accepted_tokens": stats.num_accepted_tokens, "acceptance_rate": stats.acceptance_rate,
+                "mean_acceptance_length": stats.mean_acceptance_length,
+                "num_accepted_tokens_per_pos": list(stats.num_accepted_tokens_per_pos)}
 
     def _advance_beams(self, out: SchedulerOutput, result: UpdateOutput) -> None:
         """Step every beam group of this batch whose beams all have their log-probabilities (a group split across
@@ -389,11 +444,14 @@ class LLM:
                 metrics.num_cached_tokens = item.num_cached_tokens
             if item.samples and index == 0:
                 metrics.first_token_s = metrics.first_token_s or now
-                metrics.token_times_s.append(now)
+                verified = result.spec.get(item.request_id)  # speculative decoding: 1 + accepted tokens at once
+                metrics.token_times_s.extend([now] * (1 if verified is None else verified[1] + 1))
         done = []
         for request in result.finished:
-            group_id, _ = self._owner.pop(request.request_id)
+            group_id, index = self._owner.pop(request.request_id)
             group = self._groups[group_id]
+            if index == 0 and result.spec:  # a stop inside an accepted run dropped the tokens after it
+                del group.metrics.token_times_s[request.num_output_tokens:]
             group.finished += 1
             group.metrics.num_preemptions += request.num_preemptions
             if group.finished == group.num_sequences:

@@ -1,7 +1,10 @@
 """Turns a scheduler step into one forward pass of the HF model over the paged cache.
 
 Packing: the new tokens of all prefill/chunk/recompute requests first, then one token per decoding request, in a
-single [1, tokens] batch with explicit positions. The model computes logits only for the rows that sample.
+single [1, tokens] batch with explicit positions. The model computes logits only for the rows that sample: a
+request's last token, and with speculative decoding its last verified token and every draft after it (the drafts
+are the inputs of the step's last positions; their KV is written like any token's, and overwritten next step
+where they were rejected).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ class PreparedStep:
     input_ids: torch.Tensor  # [1, tokens]
     positions: torch.Tensor  # [1, tokens]
     metadata: AttentionMetadata
-    sample_rows: torch.Tensor  # packed row of each sampling request's last token
+    sample_rows: torch.Tensor  # packed rows that sample: 1 + len(item.spec_token_ids) per sampling item
     sampled_items: list[ScheduledRequest]  # in the order of `sample_rows`
     packed: list[ScheduledRequest] = field(default_factory=list)  # every item, in the order of its rows (LoRA)
 
@@ -64,11 +67,12 @@ class ModelRunner:
         sample_rows: list[int] = []
         sampled: list[ScheduledRequest] = []
         for item in [*prefills, *decodes]:
-            start, n = item.start_pos, item.num_new_tokens
-            ids.extend(item.request.token_ids[start:start + n])
+            start, n, drafts = item.start_pos, item.num_new_tokens, item.spec_token_ids
+            ids.extend(item.request.token_ids[start:start + n - len(drafts)])
+            ids.extend(drafts)
             positions.extend(range(start, start + n))
             if item.samples:
-                sample_rows.append(len(ids) - 1)
+                sample_rows.extend(range(len(ids) - 1 - len(drafts), len(ids)))
                 sampled.append(item)
         device = self.device
         metadata = self._metadata(prefills, decodes)
@@ -116,7 +120,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, prepared: PreparedStep) -> torch.Tensor:
-        """Logits [sampling requests, vocab] (float32)."""
+        """Logits [sample rows, vocab] (float32): one row per sampling request, 1 + d for one verifying d drafts."""
         context = ForwardContext(prepared.metadata, self.kv_cache.layers, self.backend)
         keep = prepared.sample_rows if len(prepared.sample_rows) else torch.tensor([0], device=self.device)
         with forward_context(context):

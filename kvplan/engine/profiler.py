@@ -19,13 +19,16 @@ from kvplan.engine.core.outputs import SchedulerOutput
 from kvplan.engine.core.tier_transfers import num_demotions
 
 
-def step_record(step: SchedulerOutput, block_size: int, times: dict[str, float], **extra: float) -> dict:
+def step_record(step: SchedulerOutput, block_size: int, times: dict[str, float],
+                spec: dict[str, tuple[int, int]] | None = None, **extra: float) -> dict:
+    """One step's record; `spec` (speculative decoding, `UpdateOutput.spec`): request id -> (drafts verified,
+    drafts accepted), recorded as `spec` only in steps that verified drafts."""
     items = [[i.request_id, i.num_new_tokens, i.start_pos, i.is_decode, i.samples] for i in step.scheduled]
     return {"step": step.step_id, "block_size": block_size, "items": items,
             "num_batched_tokens": step.num_batched_tokens, "num_copies": len(step.copies),
             "num_swap_out": len(step.swap_out), "num_swap_in": len(step.swap_in),
             "num_promotions": len(step.promotions), "num_demotions": num_demotions(step.tier_transfers),
-            "times_s": times, "wall_s": sum(times.values()), **extra}
+            "times_s": times, "wall_s": sum(times.values()), **({"spec": spec} if spec else {}), **extra}
 
 
 class StepProfiler:
@@ -36,8 +39,9 @@ class StepProfiler:
         self._file = self._tmp.open("w")
         self._file.write(json.dumps({"meta": meta}) + "\n")
 
-    def record(self, step: SchedulerOutput, block_size: int, times: dict[str, float], **extra: float) -> None:
-        self._file.write(json.dumps(step_record(step, block_size, times, **extra)) + "\n")
+    def record(self, step: SchedulerOutput, block_size: int, times: dict[str, float],
+               spec: dict[str, tuple[int, int]] | None = None, **extra: float) -> None:
+        self._file.write(json.dumps(step_record(step, block_size, times, spec, **extra)) + "\n")
 
     def close(self) -> None:
         if not self._file.closed:

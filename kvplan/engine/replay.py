@@ -205,8 +205,8 @@ class LiveReplay:
             peak = max(peak, trace.kv_usage)
             self._stamp(trace, live, done, start, end)
             if profiler is not None:
-                profiler.record(trace.output, llm.kv_cache.layout.block_size, trace.times_s, start_s=start,
-                                end_s=end)
+                profiler.record(trace.output, llm.kv_cache.layout.block_size, trace.times_s, trace.update.spec,
+                                start_s=start, end_s=end)
             if self.on_step is not None:
                 self.on_step(outputs, start, end)
             now = end
@@ -215,6 +215,10 @@ class LiveReplay:
                                            "num_evicted_blocks", "num_rejected")}
         # the prefix tiers' counters, as the simulator's replica reports them (absent: the run had no such tier)
         counters.update((k, int(m[k])) for k in TIER_COUNTER_KEYS if m[k] is not None)
+        if llm.spec is not None:  # speculative decoding: vLLM's SpecDecodingStats counters (the simulator's keys)
+            stats = sched.stats
+            counters.update(num_drafts=stats.num_drafts, num_draft_tokens=stats.num_draft_tokens,
+                            num_accepted_tokens=stats.num_accepted_tokens)
         return ReplayLog(done, series, rejected, counters, usage_seconds, peak, steps, busy, llm.num_kv_blocks,
                          llm.kv_cache.layout.block_size)
 
@@ -239,7 +243,12 @@ class LiveReplay:
             if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time scheduled
                 seq.first_scheduled_s = start
             if item.samples:
-                seq.token_times_s.append(end)
+                verified = trace.update.spec.get(item.request_id)  # speculative decoding: 1 + accepted tokens
+                if verified is None:
+                    seq.token_times_s.append(end)
+                else:
+                    seq.token_times_s.extend([end] * (verified[1] + 1))
+                    seq.spec_steps = [*(seq.spec_steps or []), verified]
                 seq.last_token_s = end
         for child in trace.update.forked:
             parent = live[child.parent_id]
@@ -252,6 +261,8 @@ class LiveReplay:
             seq = live.pop(request.request_id)
             seq.last_token_s = end  # the finish
             seq.output_tokens = request.num_output_tokens
+            if seq.spec_steps is not None:  # a stop inside an accepted run dropped the tokens after it
+                del seq.token_times_s[seq.output_tokens:]
             seq.cached_prompt_tokens = request.num_cached_tokens
             seq.preemptions = request.num_preemptions
             done.append(seq)

@@ -65,14 +65,19 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     if params.greedy:
         token = int(torch.argmax(logits))
     else:
-        probs = torch.softmax(_filter(logits / params.temperature, params.top_k, params.top_p), dim=-1)
-        token = int(torch.multinomial(probs, 1, generator=generator))
+        token = int(torch.multinomial(probabilities(logits, params), 1, generator=generator))
     if params.logprobs is None:
         return SampledToken(token)
     logprobs = torch.log_softmax(logits, dim=-1)
     top = torch.topk(logprobs, params.logprobs) if params.logprobs else None
     alternatives = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
     return SampledToken(token, float(logprobs[token]), alternatives)
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a sampled (temperature > 0) request draws from, after temperature, top-k and top-p:
+    the sampler's and the speculative verifier's one definition."""
+    return torch.softmax(_filter(logits.float() / params.temperature, params.top_k, params.top_p), dim=-1)
 
 
 def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

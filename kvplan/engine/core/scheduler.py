@@ -164,17 +164,8 @@ class Scheduler:
         self.decode_steps = DecodeSteps(self)
         self.remote = RemoteKV(self)
         #: speculative decoding (None: off) and the budget rows a scheduled request takes for drafting
-        self.spec_steps: SpecSteps | None = None
-        self.draft_slots = 0
-        spec = self.config.speculative
-        if spec is not None:
-            if self.windowed or self.cache_config.allocator != "paged":
-                raise ConfigError("scheduler.speculative_config: rolls rejected drafts back in place, which needs "
-                                  "the paged allocator without a sink+window cache or sliding-window layers; "
-                                  "allowed: null with this cache")
-            self.spec_steps = SpecSteps(self, spec)
-            self.draft_slots = spec.draft_slots
-            self.decode_mode = DecodeMode.PER_REQUEST  # no bulk decodes: a step's length depends on acceptance
+        self.spec_steps = SpecSteps.of(self)
+        self.draft_slots = self.spec_steps.config.draft_slots if self.spec_steps is not None else 0
 
     # -- requests ------------------------------------------------------------------------------------------
     def add_request(self, request: Request) -> bool:
@@ -206,9 +197,6 @@ class Scheduler:
             return f"n = {request.n} parallel sequences exceed max_num_seqs {self.config.max_num_seqs}"
         if request.kv_transfer_params is not None and (request.n > 1 or request.beam):
             return "kv_transfer_params (prefill/decode disaggregation) need n = 1 and no beam search"
-        if request.beam and self.spec_steps is not None:
-            return ("beam search advances every beam one token per step; speculative decoding (speculative_config) "
-                    "does not apply to it")
         if request.beam and (self.windowed or self.cache_config.allocator != "paged"):
             return ("beam search shares blocks copy-on-write and keeps every beam's whole history: it needs the "
                     "paged allocator without a sink+window cache or sliding-window layers")
@@ -425,6 +413,8 @@ class Scheduler:
             if spec is not None:  # its drafts too (num_tokens_with_spec), short of max_model_len
                 pending = spec.cap(request, pending + len(request.spec_token_ids))
             n = pending if pending <= room and pending <= self._cap else self.chunk(pending, room)
+            if n == 0 and spec is not None and request.spec_token_ids:  # a decode's drafts are trimmed to fit,
+                n = int(min(pending, room, self._cap))  # chunked prefill or not (vLLM's running loop)
             if n == 0:
                 continue
             slots = n if spec is None else spec.slots(request.num_computed_tokens, n)

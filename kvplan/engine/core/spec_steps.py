@@ -35,9 +35,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from kvplan.engine.core.decode_steps import DecodeMode
 from kvplan.engine.core.outputs import ScheduledRequest, UpdateOutput
 from kvplan.engine.core.request import Request, RequestStatus
 from kvplan.engine.core.speculative import SpeculativeConfig
+from kvplan.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvplan.engine.core.scheduler import Scheduler
@@ -50,7 +52,7 @@ class SpecSteps:
     while RUNNING with every verified token but its last computed; `num_computed_tokens` never counts a rejected
     draft once `update` has run; `stats` counts every verification (`SchedulerStats.observe_draft`)."""
 
-    __slots__ = ("sched", "config", "k", "lookahead", "max_model_len")
+    __slots__ = ("config", "k", "lookahead", "max_model_len", "sched")
 
     def __init__(self, sched: Scheduler, config: SpeculativeConfig) -> None:
         self.sched = sched
@@ -59,14 +61,30 @@ class SpecSteps:
         self.lookahead = config.num_lookahead_tokens
         self.max_model_len = sched.cache_config.max_model_len
 
+    @staticmethod
+    def of(sched: Scheduler) -> SpecSteps | None:
+        """The component for `sched`'s configuration (None: speculative decoding off); it turns bulk decodes off
+        (a step's length depends on acceptance). Refuses a cache whose blocks leave mid-request."""
+        config = sched.config.speculative
+        if config is None:
+            return None
+        if sched.windowed or sched.cache_config.allocator != "paged":
+            raise ConfigError("scheduler.speculative_config: rolls rejected drafts back in place, which needs the "
+                              "paged allocator without a sink+window cache or sliding-window layers; allowed: null "
+                              "with this cache")
+        sched.decode_mode = DecodeMode.PER_REQUEST
+        return SpecSteps(sched, config)
+
     def set_drafts(self, drafts: Mapping[str, Sequence[int]]) -> None:
         """Drafts for the next step, by request id (vLLM's `update_draft_token_ids`): finished or unknown requests
-        are skipped, a request still prefilling gets none."""
+        and beam-search sequences are skipped, a request still prefilling gets none. (vLLM 0.34 refuses only
+        min_p and logit_bias with speculative decoding, which kvplan has not; n > 1 samples get drafts once
+        forked, each sequence verified with its own generator.)"""
         requests = self.sched.requests
         for request_id, tokens in drafts.items():
             request = requests.get(request_id)
-            if request is None or request.status is not RUNNING:
-                continue
+            if request is None or request.status is not RUNNING or request.beam:
+                continue  # (beam search advances one token per beam and step: vLLM's drafts never apply to it)
             if len(tokens) > self.k:
                 raise ValueError(f"request {request_id}: {len(tokens)} drafts exceed num_speculative_tokens {self.k}")
             if request.num_computed_tokens < request.num_tokens - 1:  # a prefill chunk: it samples nothing

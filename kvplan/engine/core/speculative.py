@@ -68,7 +68,7 @@ def _int(data: dict, key: str, minimum: int, default: int | None) -> int | str:
     return value
 
 
-def _acceptance(data: dict, k: int) -> tuple[float, ...] | None | str:
+def _acceptance(data: dict, k: int) -> tuple[float, ...] | str | None:
     value = data.get("acceptance")
     if value is None:
         return None

@@ -28,3 +28,6 @@ class SequenceTiming:
     output_tokens: int = 0
     cached_prompt_tokens: int = 0
     preemptions: int = 0
+    # speculative decoding: (drafts verified, drafts accepted) for each of its steps that verified drafts, in
+    # order, where the side records them (the live replay); None otherwise
+    spec_steps: list[tuple[int, int]] | None = None
