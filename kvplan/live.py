@@ -92,6 +92,9 @@ def to_result(log, trace: Trace) -> ServingResult:
     for seq in log.sequences:
         times = seq.token_times_s
         gaps = np.diff(times) if len(times) > 1 else np.empty(0)
+        # a verification step (speculative decoding) emits its tokens at once: one chunk, one gap (as a client
+        # streaming them counts it, and the simulator's ITL log)
+        gaps = gaps[gaps > 0]
         itl.add_many(gaps.tolist(), [1] * len(gaps))
         table.add(seq.row, seq.sample, 0, seq.arrival_s, seq.first_scheduled_s, times[0] if times else math.nan,
                   seq.last_token_s, seq.prompt_tokens, seq.output_tokens, seq.cached_prompt_tokens, seq.preemptions,

@@ -223,6 +223,8 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
                            for c, a, b in checks]
     cold = [live for live, run in zip(lives, runs, strict=True) if run["state"] == "cold"]
     warm = [live for live, run in zip(lives, runs, strict=True) if run["state"] == "warm"]
+    if profile is not None and plan is None and measures_acceptance(options):
+        profile, cost = with_measured_acceptance(profile, options, out, len(lives), entry)
     sims = {}
     if profile is not None and cold:
         simulations = [("calibrated", "timing", profile)]
@@ -240,6 +242,41 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
     if lives:
         (out / "cdf.png").write_bytes(cdf_plot_of(lives, sims, f"{name}: {len(lives)} live run(s) vs simulation"))
     return entry
+
+
+def measures_acceptance(options) -> bool:
+    """Whether speculative decoding is on with no acceptance given: the timing simulation then takes the one the
+    live runs measured."""
+    from kvplan.engine.core.speculative import parse_speculative_config
+
+    spec = parse_speculative_config(options.speculative_config, "--speculative-config")
+    return spec is not None and spec.acceptance is None and spec.acceptance_rate is None
+
+
+def with_measured_acceptance(profile: str, options, out: Path, repeats: int, entry: dict):
+    """The profile with the live runs' draft acceptance (their verifications, all repeats) as its `speculative`
+    section, written beside the runs; the section also goes in the report."""
+    from kvplan.engine.core.speculative import parse_speculative_config
+    from kvplan.sim.cost.calibrated import load_profile, save_profile
+    from kvplan.sim.cost.recorded import read_step_profile
+    from kvplan.sim.spec_decode import acceptance_model, measured_section, verification_counts
+
+    spec = parse_speculative_config(options.speculative_config, "--speculative-config")
+    assert spec is not None  # (measures_acceptance said so)
+    counts: dict[tuple[int, int], int] = {}
+    for r in range(repeats):
+        for key, n in verification_counts(read_step_profile(out / f"live-{r + 1}" / "steps.jsonl")[1]).items():
+            counts[key] = counts.get(key, 0) + n
+    cost = load_profile(profile)
+    cost.meta["speculative"] = measured_section(spec.method, spec.num_speculative_tokens, counts,
+                                                f"the {repeats} live run(s) of this validation")
+    model = acceptance_model(spec.num_speculative_tokens, None, None, cost.meta["speculative"], spec.method)
+    entry["acceptance"] = {"source": "measured by the live runs", "acceptance_rate": rounded(model.acceptance_rate),
+                           "mean_acceptance_length": rounded(1 + model.mean_accepted),
+                           "verifications": sum(counts.values())}
+    path = out / "profile-acceptance.yaml"
+    save_profile(cost, path, f"{profile}, with the draft acceptance the live runs measured")
+    return str(path), cost
 
 
 def rounded(value: float | None) -> float | None:

@@ -113,12 +113,10 @@ class Replica:
         self.shared_view: SharedView | None = None  # this replica's view of the cluster's shared prefix store
         # P/D (`sim.disagg`): sees each scheduled step and its start (the KV loads it starts)
         self.on_schedule: Callable[[SchedulerOutput, float], None] | None = None
-        # Speculative decoding (`sim.spec_decode`): the drafts' outcomes, the draft model's price and, replaying a
-        # live run, what it proposed after each step (step id -> request id -> (drafts, accepted))
+        # Speculative decoding (`sim.spec_decode`): the drafts' outcomes and the draft model's price
         self.drafts: DraftOutcomes | None
         self.draft_cost: DraftCost | None
-        self.recorded_proposals: Callable[[int], dict[str, tuple[int, int]]] | None
-        self.drafts, self.draft_cost, self.recorded_proposals = speculation(config, cost, cache.block_size)
+        self.drafts, self.draft_cost = speculation(config, cost, cache.block_size)
         # LoRA (`sim.lora`): the adapter slots and their prices; the decode fast path has no per-step hook for
         # adapter loads, so a LoRA replica steps one step at a time
         self.lora: LoraServing | None = lora_serving(config, cost)
@@ -209,8 +207,7 @@ class Replica:
                 self._finish_step(step, sched.update(step, None), end)
             else:  # speculative decoding: the outcome of the drafts verified, then the next step's drafts
                 self._finish_step(step, sched.update(step, None, drafts.accepted(step)), end)
-                drafts.propose(sched, step, self.recorded_proposals(step.step_id)
-                               if self.recorded_proposals is not None else None)
+                drafts.propose(sched, step)
             self.clock = end
 
     def _account(self, usage: float, dt: float) -> None:

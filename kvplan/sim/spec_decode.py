@@ -147,6 +147,36 @@ def counts_from_records(records: Sequence[Sequence[int]]) -> dict[tuple[int, int
     return out
 
 
+def measured_section(method: str, k: int, counts: Mapping[tuple[int, int], int], corpus: str) -> dict:
+    """A profile's `speculative` section: the live engine's verifications, (drafts, accepted, how many)."""
+    records = [[d, a, n] for (d, a), n in sorted(counts.items())]
+    return {"method": method, "num_speculative_tokens": k, "corpus": corpus, "counts": records}
+
+
+def verification_counts(steps) -> dict[tuple[int, int], int]:
+    """{(drafts verified, accepted): how many} over a live run's recorded steps (`ProfiledStep.spec`)."""
+    counts: dict[tuple[int, int], int] = {}
+    for step in steps:
+        for pair in (step.spec or {}).values():
+            counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def measured_problem(section: object) -> str | None:
+    """What is wrong with a profile's `speculative` section (None: nothing)."""
+    allowed = ("allowed: {method: ngram | draft_model, num_speculative_tokens: k, corpus: text, counts: [[drafts, "
+               "accepted, how many], ...]} with 0 <= accepted <= drafts")
+    if not isinstance(section, dict) or not isinstance(section.get("method"), str) \
+            or not isinstance(section.get("counts"), list) or not section["counts"]:
+        return f"got {section!r:.80}; {allowed}"
+    for row in section["counts"]:
+        ok = isinstance(row, list) and len(row) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                             for x in row)
+        if not ok or not (0 <= row[1] <= row[0] and row[2] >= 1):
+            return f"counts: {row!r:.60} is no (drafts, accepted, how many) row; {allowed}"
+    return None
+
+
 def acceptance_model(k: int, rate: float | None, distribution: Sequence[float] | None,
                      measured: Mapping[str, object] | None, method: str) -> AcceptanceModel:
     """The acceptance model a simulation uses: the config's own rate or distribution first, else the profile's
@@ -225,46 +255,56 @@ class DraftOutcomes:
     """The replica's side of speculative decoding (see the module): after each step, the drafts every request that
     sampled proposes for its next step, and - when that step verifies them - how many the target accepts.
 
-    A proposal's outcome is the acceptance model's at a counter-based uniform variate of (seed, request, its
-    proposal count), or, replaying a live run (`kvplan validate`, priced by the run's own steps), what the live
-    engine proposed and accepted. Invariant: a request's pending outcome is the one drawn with the drafts it holds;
-    drafts trimmed by the budget keep the first accepted ones (positions are verified in order)."""
+    The outcome of a request's j-th verification is `outcome(request id, j)`: the acceptance model's at a
+    counter-based uniform variate of (seed, request, j), or, replaying a live run (`kvplan validate`, priced by
+    the run's own steps), the drafts and acceptance the live engine recorded. Counting verifications, not
+    proposals, keeps both the same when a preemption drops a request's drafts. Invariant: a request's pending
+    outcome is the one of the drafts it holds; drafts trimmed by the budget keep the first accepted ones
+    (positions are verified in order)."""
 
-    __slots__ = ("_counts", "_pending", "model", "seed")
+    __slots__ = ("_pending", "_verified", "outcome")
 
-    def __init__(self, model: AcceptanceModel | None, seed: int = 0) -> None:
-        self.model, self.seed = model, seed
+    def __init__(self, outcome: Callable[[str, int], tuple[int, int]]) -> None:
+        self.outcome = outcome
         self._pending: dict[str, int] = {}
-        self._counts: dict[str, int] = {}
+        self._verified: dict[str, int] = {}
+
+    @classmethod
+    def drawn(cls, model: AcceptanceModel, seed: int = 0) -> DraftOutcomes:
+        return cls(lambda rid, j: model.outcome(uniform(seed, zlib.crc32(rid.encode()), j)))
+
+    @classmethod
+    def recorded(cls, k: int, accepted: Mapping[str, Sequence[int]]) -> DraftOutcomes:
+        """A live run's outcomes: its proposers always offer k drafts (n-gram pads with the last token, a draft
+        model proposes k), and `accepted[request id]` lists what each of its verifications kept."""
+        def outcome(rid: str, j: int) -> tuple[int, int]:
+            kept = accepted.get(rid, ())
+            return k, kept[j] if j < len(kept) else 0
+        return cls(outcome)
 
     def accepted(self, step) -> list[int] | None:
         """Drafts accepted per scheduled item of `step` (None when it verified none)."""
-        out, pending, any_drafts = [], self._pending, False
+        out, pending, verified, any_drafts = [], self._pending, self._verified, False
         for item in step.scheduled:
             drafts = len(item.spec_token_ids)
             if drafts:
                 any_drafts = True
-                out.append(min(pending.pop(item.request.request_id, 0), drafts))
+                rid = item.request.request_id
+                out.append(min(pending.pop(rid, 0), drafts))
+                verified[rid] = verified.get(rid, 0) + 1
             else:
                 out.append(0)
         return out if any_drafts else None
 
-    def propose(self, sched, step, recorded: dict[str, tuple[int, int]] | None = None) -> None:
-        """Give every request that sampled in `step` and still runs its drafts for the next step (`recorded`: a
-        live run's proposals after this step, request id -> (drafts, accepted))."""
+    def propose(self, sched, step) -> None:
+        """Give every request that sampled in `step` and still runs its drafts for the next step."""
         drafts: dict[str, list[int]] = {}
         for item in step.scheduled:
             request = item.request
             if not item.samples or request.status is not RUNNING_STATUS:
                 continue
             rid = request.request_id
-            if recorded is not None:
-                d, a = recorded.get(rid, (0, 0))
-            else:
-                assert self.model is not None  # (a run that is not recorded has a model: `Cluster`)
-                index = self._counts.get(rid, 0)
-                self._counts[rid] = index + 1
-                d, a = self.model.outcome(uniform(self.seed, zlib.crc32(rid.encode()), index))
+            d, a = self.outcome(rid, self._verified.get(rid, 0))
             if d:
                 drafts[rid] = [PLACEHOLDER] * d
                 self._pending[rid] = a
@@ -272,25 +312,24 @@ class DraftOutcomes:
             sched.set_drafts(drafts)
 
     def forget(self, request_id: str) -> None:
-        """A finished request's counters (the cluster calls it as requests close)."""
-        self._counts.pop(request_id, None)
+        """A finished request's counters (the replica calls it as requests close)."""
+        self._verified.pop(request_id, None)
         self._pending.pop(request_id, None)
 
 
-def speculation(config, cost, block_size: int) -> tuple[
-        DraftOutcomes | None, DraftCost | None, Callable[[int], dict[str, tuple[int, int]]] | None]:
+def speculation(config, cost, block_size: int) -> tuple[DraftOutcomes | None, DraftCost | None]:
     """A replica's speculative decoding under scheduler config `config` priced by `cost`: (its draft outcomes,
-    the draft model's cost or None, a recorded run's proposals by step id or None); all None when it is off.
+    the draft model's cost or None); both None when it is off.
 
     A recorded cost (a live run's own steps) replays the run's proposals and its measured step times, which
     include the drafter's work; any other cost draws outcomes from the acceptance model - the config's, else
     the calibrated profile's measured one - and prices a draft model's passes as steps of that model."""
     spec = config.speculative
     if spec is None:
-        return None, None, None
-    recorded = getattr(cost, "recorded_proposals", None)
+        return None, None
+    recorded = getattr(cost, "recorded_acceptance", None)
     if recorded is not None:
-        return DraftOutcomes(None), None, recorded
+        return DraftOutcomes.recorded(spec.num_speculative_tokens, recorded), None
     meta = getattr(cost, "meta", None)
     measured = meta.get("speculative") if isinstance(meta, dict) else None
     model = acceptance_model(spec.num_speculative_tokens, spec.acceptance_rate, spec.acceptance, measured,
@@ -298,7 +337,7 @@ def speculation(config, cost, block_size: int) -> tuple[
     draft = None
     if spec.method == "draft_model":
         draft = DraftCost(draft_model_cost(spec.model, cost, block_size), spec.num_speculative_tokens, block_size)
-    return DraftOutcomes(model), draft, None
+    return DraftOutcomes.drawn(model), draft
 
 
 def draft_model_cost(name: str | None, cost, block_size: int):

@@ -23,6 +23,7 @@ A profile (`profiles/*.yaml`, written by `kvplan calibrate`, read by `--cost cal
     copy_seconds_per_block: 1.0e-6
     fit: {...}                     # fit quality: R², held-out error, residual percentiles
     provenance: {...}              # machine, versions, threads, date, git revision, command
+    speculative: {...}             # optional: a measured draft acceptance (sim.spec_decode.measured_section)
 
 Every coefficient and transfer cost must be a finite number of seconds in [0, 3600] (`MAX_SECONDS`): a negative
 one could price a step below zero, and a measured step takes milliseconds, so more than an hour per unit is a
@@ -49,7 +50,7 @@ COEFFICIENTS = ("step", "request", "prefill_tokens", "prefill_attention", "decod
                 "decode_context_max", "blocks_touched", "sampled", "batched")
 TRANSFERS = ("swap_seconds_per_block", "copy_seconds_per_block")
 PROFILE_KEYS = ("model", "device", "dtype", "block_size", "block_sizes", "kv_capacity_blocks", "coefficients",
-                *TRANSFERS, "fit", "provenance")
+                *TRANSFERS, "fit", "provenance", "speculative")
 MAX_SECONDS = 3600.0  # per unit of a feature, or per block moved
 MAX_BLOCKS = 2**24
 MAX_BLOCK_SIZE = 256  # the engine's (and the simulator's) largest block size
@@ -165,6 +166,12 @@ def _check_meta(path: Path, doc: dict) -> None:
     for key in ("fit", "provenance"):
         if key in doc and not isinstance(doc[key], dict):
             raise UserError(f"{path}: {key}: must be a mapping, got {shown(doc[key])}; allowed: key: value pairs")
+    if "speculative" in doc:  # a measured acceptance (sim.spec_decode)
+        from kvplan.sim.spec_decode import measured_problem
+
+        problem = measured_problem(doc["speculative"])
+        if problem is not None:
+            raise UserError(f"{path}: speculative: {problem}")
     sizes = doc.get("block_sizes")
     if sizes is not None and (not isinstance(sizes, list) or not sizes or not all(
             isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_BLOCK_SIZE for b in sizes)):

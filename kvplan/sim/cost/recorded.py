@@ -51,6 +51,8 @@ class ProfiledStep:
     start_s: float | None = None  # on the trace clock (live replay only)
     end_s: float | None = None
     tier_moves: tuple[int, int] | None = None  # (promoted, demoted) prefix-tier blocks; None: an older profile
+    # speculative decoding: request id -> (drafts verified, drafts accepted), for the requests that verified any
+    spec: dict[str, tuple[int, int]] | None = None
 
     @property
     def duration_s(self) -> float:
@@ -103,7 +105,7 @@ def read_step_profile(path: str | Path) -> tuple[dict, list[ProfiledStep]]:
                                           _seconds(record["wall_s"], "wall_s"),
                                           _optional_seconds(record.get("start_s"), "start_s"),
                                           _optional_seconds(record.get("end_s"), "end_s"),
-                                          _tier_moves(record)))
+                                          _tier_moves(record), _spec(record, items)))
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 what = "a {'meta': {...}} header" if number == 1 else "a step record"
                 raise UserError(f"{path}:{number}: not {what} of an engine step profile ({why(exc)}); allowed: "
@@ -131,6 +133,24 @@ def _header(meta: object) -> dict:
     return meta
 
 
+def _spec(record: dict, items: list[ProfiledItem]) -> dict[str, tuple[int, int]] | None:
+    """A step's verifications (speculative decoding), checked; each verifying item gets its drafts' placeholders
+    (the LM head rows `step_features` counts)."""
+    spec = record.get("spec")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise TypeError(f"spec is {short(spec)}, not an object")
+    out: dict[str, tuple[int, int]] = {}
+    for rid, pair in spec.items():
+        verified = whole(pair[0], "spec drafts", 0, MAX_TOKENS)
+        out[rid] = (verified, whole(pair[1], "spec accepted", 0, verified))
+    for item in items:
+        if item.request_id in out:
+            item.spec_token_ids = (0,) * out[item.request_id][0]
+    return out
+
+
 def _tier_moves(record: dict) -> tuple[int, int] | None:
     if "num_promotions" not in record:  # written before the engine had prefix tiers
         return None
@@ -146,6 +166,12 @@ class RecordedCost:
                              "allowed: the steps.jsonl that `kvplan replay` writes")
         self.steps = {s.step: s for s in steps}
         self.source = source
+        # speculative decoding: what each request's verifications accepted, in order
+        accepted: dict[str, list[int]] = {}
+        for s in steps:
+            for rid, (_, kept) in (s.spec or {}).items():
+                accepted.setdefault(rid, []).append(kept)
+        self.recorded_acceptance: dict[str, list[int]] = accepted
 
     def recorded_step_time(self, step) -> float:
         live = self.steps.get(step.step_id)
