@@ -105,6 +105,16 @@ OUTPUTS: dict[str, Output] = {
                           "--max-model-len 1024 --prefill-replicas 1 --decode-replicas 1 --repeats 2 "
                           "--out results/pd-validate",
                           out_dir="results/pd-validate"),
+    # speculative decoding and multi-LoRA (docs/speculative-decoding.md, docs/lora.md)
+    "spec-tpot": Output(".venv/bin/python scripts/spec_decode_tpot.py"),
+    "spec-decode": Output("kvplan run experiments/spec_decode.yaml --workers 2"),
+    "spec-validate": Output("kvplan validate --trace docs/validation/spec-trace.jsonl --model smollm2-135m "
+                            "--max-model-len 1024 --temperature 0 --speculative-config '{\"method\": \"ngram\", "
+                            "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' "
+                            "--repeats 2 --out results/spec-validate", out_dir="results/spec-validate"),
+    "multi-lora": Output("kvplan run experiments/multi_lora.yaml --workers 2"),
+    "lora-validate": Output(".venv/bin/python scripts/lora_validation.py --out results/lora-validate",
+                            out_dir="results/lora-validate"),
 }
 
 

@@ -22,7 +22,7 @@ from kvplan.engine.core.vllm_versions import NEWEST
 from kvplan.experiments import model_range
 from kvplan.experiments.criteria import SUMMARY_TO_SLO, gate_lines, slo_name
 from kvplan.experiments.pd_block import KEY as PD_KEY
-from kvplan.experiments.pd_block import comparison_line, hidden
+from kvplan.experiments.pd_block import SPECULATIVE, comparison_line, hidden
 from kvplan.experiments.rank_by import COLUMNS, rank_by
 from kvplan.experiments.rank_by import HEADERS as RANK_HEADERS
 from kvplan.experiments.rank_by import UNITS as RANK_UNITS
@@ -35,7 +35,7 @@ WIDTH = 100
 UNITS = {"max_rate": "req/s", "max_goodput": "req/s", "max_concurrency": "users", "max_burst_scale": "x rate",
          "min_replicas": "replicas", "min_cost": "replicas"}
 # swept keys whose values name themselves ("h100-sxm", not "hardware=h100-sxm"; a P/D block by its shape, "1P2D")
-TOP_LEVEL = ("model", "hardware", PD_KEY)
+TOP_LEVEL = ("model", "hardware", PD_KEY, SPECULATIVE)
 
 
 def short_label(exp: Experiment, row: pd.Series) -> str:

@@ -21,6 +21,7 @@ the P:D shape with the fewest GPUs in all, or the cheapest (each pool at its GPU
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 from kvplan.errors import UserError
@@ -74,8 +75,19 @@ def shape(block: dict | None) -> str:
     return text + ("+" if others != {k: OPTION_DEFAULTS[k] for k in others} else "")
 
 
+SPECULATIVE = "engine.speculative_config"  # a JSON object: shown by its method and the keys it sets
+SHORT_SPEC_KEYS = {"num_speculative_tokens": "k", "prompt_lookup_max": "lookup_max", "prompt_lookup_min": "lookup_min"}
+
+
 def label_value(key: str, value: object) -> object:
-    """How a swept value shows in a label and in the points table (a whole block by its `shape`)."""
+    """How a swept value shows in a label and in the points table: a whole block by its `shape`, a speculative
+    config by its method and what it sets (`ngram k=4 acceptance_rate=0.8`; `no speculation`), not its JSON."""
+    if key == SPECULATIVE:
+        if value is None:
+            return "no speculation"
+        spec = json.loads(str(value))
+        return " ".join([str(spec.get("method")), *(f"{SHORT_SPEC_KEYS.get(k, k)}={v}" for k, v in spec.items()
+                                                     if k != "method")])
     return shape(value) if key == KEY else value  # type: ignore[arg-type]  # (a block or None)
 
 
@@ -89,7 +101,7 @@ def hidden(key: str, value: object, block: object) -> bool:
 def label_part(key: str, value: object) -> str:
     """A swept value in a point's label: `name=value` by the key's last part; a block by its shape alone
     (`1P2D`, `co-located`: it names itself), which keeps the answer's label column narrow."""
-    return str(label_value(key, value)) if key == KEY else f"{key.split('.')[-1]}={value}"
+    return str(label_value(key, value)) if key in (KEY, SPECULATIVE) else f"{key.split('.')[-1]}={value}"
 
 
 def spec_of(block: dict | None) -> Disaggregation | None:
