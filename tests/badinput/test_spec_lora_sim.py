@@ -18,8 +18,8 @@ SIMULATE = ["simulate", "--trace", "traces/samples/chat.jsonl", "--rate", "5", "
     ([*SIMULATE, "--speculative-config", "not json"], "--speculative-config"),
     ([*SIMULATE, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
      "speculative_config: the simulator needs to know how often drafts are accepted"),
-    ([*SIMULATE, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, "acceptance": [0.5, 0.6, 0]}'],
-     "acceptance"),
+    ([*SIMULATE, "--speculative-config",
+      '{"method": "ngram", "num_speculative_tokens": 2, "acceptance": [0.5, 0.6, 0]}'], "acceptance"),
     ([*SIMULATE, "--speculative-config", '{"method": "draft_model", "model": "no-such-model", '
                                           '"num_speculative_tokens": 2, "acceptance_rate": 0.5}'], "no-such-model"),
     ([*SIMULATE, "--lora-adapters", "4"], "names LoRA adapter"),
