@@ -82,8 +82,10 @@ RUN_COLUMNS: tuple[Column, ...] = (
     Column("disaggregation.<option>", "the run's prefill/decode pools (experiments.pd_block; null in each: "
            "co-located)", members=tuple(f"disaggregation.{k}" for k in OPTIONS)),
     Column("gpus", "the deployment's GPUs: replicas x TP x PP, or each P/D pool's replicas x its TP x its PP"),
-    Column("workload.<key>", "the load: mode, rate, concurrency, rate_scale", members=tuple(
-        f"workload.{k}" for k in ("mode", "rate", "concurrency", "rate_scale"))),
+    Column("workload.<key>", "the load: mode, rate, concurrency, rate_scale; and the LoRA adapters its sessions "
+           "were spread over (lora_adapters, 0: as the trace names them; lora_skew, their Zipf exponent)",
+           members=tuple(f"workload.{k}" for k in ("mode", "rate", "concurrency", "rate_scale", "lora_adapters",
+                                                   "lora_skew"))),
     Column("step_scale", "the factor on every step's compute time: 1 for the answer's runs, a band edge's factor "
                          "for the model-range searches' runs"),
     *MODEL_ERROR,

@@ -93,10 +93,9 @@ class SimSpec:
 
     def __post_init__(self) -> None:
         check_side(self, "sim")
-        if self.enable_lora:  # vLLM's rank set and its CPU-cache rule, as the engine commands check them
-            from kvplan.engine.core.lora import check_max_lora_rank, max_cpu_loras_of
+        if self.enable_lora:  # vLLM's CPU-cache rule, as the engine commands check it
+            from kvplan.engine.core.lora import max_cpu_loras_of
 
-            check_max_lora_rank(self.max_lora_rank)
             max_cpu_loras_of(self.max_loras, self.max_cpu_loras)
         unset = tuple(name for name in VLLM_FILLED if getattr(self, name) is None)
         if not unset:

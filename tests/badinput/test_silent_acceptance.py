@@ -31,7 +31,8 @@ def valid(s: Setting) -> object:
     if s.kind == "float":
         value = 0.5 if s.maximum is None or s.maximum >= 0.5 else s.maximum
         return value if value != s.default else value / 2
-    return 4 if s.maximum is None or s.maximum >= 4 else int(s.maximum)
+    candidates = [4 if s.maximum is None or s.maximum >= 4 else int(s.maximum), 8, 16, 1]
+    return next(v for v in candidates if s.checker is None or s.checker(v) is None)  # (a number's own rule too)
 
 
 def enabling(name: str) -> dict[str, object]:

@@ -24,7 +24,7 @@ SIMULATE = ["simulate", "--trace", "traces/samples/chat.jsonl", "--rate", "5", "
                                           '"num_speculative_tokens": 2, "acceptance_rate": 0.5}'], "no-such-model"),
     ([*SIMULATE, "--lora-adapters", "4"], "names LoRA adapter"),
     ([*SIMULATE, "--max-loras", "4"], "argument --max-loras: needs LoRA adapters"),
-    ([*SIMULATE, "--enable-lora", "--max-lora-rank", "12"], "max_lora_rank: 12 is not a rank vLLM serves"),
+    ([*SIMULATE, "--enable-lora", "--max-lora-rank", "12"], "argument --max-lora-rank: 12 is not a rank vLLM serves"),
     ([*SIMULATE, "--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"], "max_cpu_loras: 2 is below max_loras 4"),
     ([*SIMULATE, "--enable-lora", "--lora-adapters", "0"], "--lora-adapters"),
     ([*SIMULATE, "--enable-lora", "--lora-adapters", "4", "--lora-skew", "-1"], "--lora-skew"),

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from kvplan.engine.core.outputs import SchedulerOutput
 from kvplan.engine.core.request import Request, adapter_root  # noqa: F401 (adapter_root: the sides')
-from kvplan.engine.core.settings import LORA_RANKS
+from kvplan.engine.core.settings import lora_rank_problem
 from kvplan.errors import ConfigError
 
 BASE = 0  # lora_id of the base model: no adapter
@@ -51,9 +51,9 @@ def max_cpu_loras_of(max_loras: int, max_cpu_loras: int | None) -> int:
 
 def check_max_lora_rank(rank: int) -> None:
     """vLLM accepts only the ranks its kernels are built for (`LORA_RANKS`)."""
-    if rank not in LORA_RANKS:
-        raise ConfigError(f"max_lora_rank: {rank} is not a rank vLLM serves; allowed: "
-                          f"{', '.join(map(str, LORA_RANKS))}")
+    problem = lora_rank_problem(rank)
+    if problem is not None:
+        raise ConfigError(f"max_lora_rank: {problem}")
 
 
 def step_loras(out: SchedulerOutput) -> list[int]:

@@ -88,7 +88,7 @@ class Field:
     why: str = ""  # why the bounds are where they are, when it is not obvious
     derived: bool = False  # None means "derived" (left out, not written): not listed among the allowed values
     # a string's own grammar (a JSON setting): what is wrong with a value, or None
-    checker: Callable[[str], str | None] | None = None
+    checker: Callable[[Any], str | None] | None = None
 
     def allowed(self) -> str:
         if self.kind == "choice":
@@ -131,11 +131,14 @@ class Field:
                 value = json.dumps(value)
             ok = isinstance(value, str) and value
             if ok and self.checker is not None:
-                return value, self.checker(value)  # type: ignore[arg-type]  # (ok: a str)
+                return value, self.checker(value)
             return value, None if ok else f"must be a non-empty string, got {short_repr(value)}"
         if self.kind == "bytes":
             return self._bytes(value)
-        return self._number(value)
+        value, problem = self._number(value)
+        if problem is None and self.checker is not None:  # a number's own rule beyond its range (LoRA ranks)
+            return value, self.checker(value)
+        return value, problem
 
     def _number(self, value: object) -> tuple[object, str | None]:
         # bool is an int in Python; `block_size: true` is a mistake, not 1.
@@ -276,6 +279,12 @@ LORA = Needs("LoRA adapters", (("enable_lora", ON),))
 CORE_ENGINE = frozenset({"core", "engine"})
 # vLLM's MaxLoRARanks (config/lora.py): the ranks its kernels are built for
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank_problem(rank: int) -> str | None:
+    """What is wrong with a max_lora_rank: vLLM accepts only the ranks its kernels are built for."""
+    allowed = ", ".join(map(str, LORA_RANKS))
+    return None if rank in LORA_RANKS else f"{rank} is not a rank vLLM serves; allowed: {allowed}"
 
 
 def _by_version(field: str, unit: str = "") -> str:
@@ -431,7 +440,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("max_lora_rank", "int", 16, "the largest adapter rank served (an adapter of higher rank is refused); "
        f"vLLM's ranks: {', '.join(map(str, LORA_RANKS))}; the simulator prices every adapter's kernels at it (vLLM's "
        "stacked buffers are this wide)", config="scheduler", minimum=1, maximum=LORA_RANKS[-1], needs=LORA,
-       unit="rank"),
+       unit="rank", checker=lora_rank_problem),
     _s("max_cpu_loras", "int", None, "adapters kept in CPU memory (least recently used dropped first; a dropped "
        "one is read from disk again); at least max_loras (null: max_loras, vLLM's)", config="scheduler", minimum=1,
        maximum=1_000_000, nullable=True, needs=LORA, unit="adapters"),
