@@ -203,13 +203,21 @@ class LoraDriver:
         return kept
 
 
-def measure_lora(model: str, rank: int, max_loras: int, *, dtype: str, block_size: int, seed: int,
-                 temperature: float, repeats: int, work: Path) -> tuple[LoraFit, dict]:
-    """Write max_loras adapters under `work`, run the designs on the live engine, fit; returns the fit and the
-    engine's profile meta (threads, device)."""
+def measure_lora(model: str, rank: int, max_loras: int, profile, *, dtype: str, block_size: int, seed: int,
+                 temperature: float, repeats: int, work: Path) -> LoraFit:
+    """Write max_loras adapters under `work`, run the designs on the live engine and fit. The seconds are stated
+    at the speed of `profile` (a CalibratedCost): a speed probe (calibration.probe) before and after the designs
+    measures how much slower the machine runs than the profile's coefficients say, and the fitted seconds are
+    divided by that factor (recorded as fit.speed_factor) - a shared machine drifts, and the section must add to
+    the profile's own step prices, not to another hour's."""
+    from kvplan.calibration.probe import speed_probe
     from kvplan.engine.llm import LLM
 
+    def probe():
+        return speed_probe(model, profile, block_size=block_size, dtype=dtype, seed=seed, temperature=temperature)
+
     adapters = write_adapters(model, work, max_loras, rank)
+    before = probe()
     llm = LLM(model, block_size=block_size, dtype=dtype, max_num_batched_tokens=512, seed=seed, max_model_len=1024,
               kv_cache_memory=64 << 20, enable_lora=True, max_loras=max_loras, max_cpu_loras=max_loras,
               max_lora_rank=rank, lora_modules=adapters)
@@ -217,4 +225,11 @@ def measure_lora(model: str, rank: int, max_loras: int, *, dtype: str, block_siz
         samples = LoraDriver(llm, max_loras, seed, temperature).run(max_loras, repeats)
     finally:
         llm.close()
-    return fit_lora(samples, rank), llm.profile_meta
+    after = probe()
+    factor = (before.measured_s + after.measured_s) / (before.predicted_s + after.predicted_s)
+    fit = fit_lora(samples, rank)
+    fit.seconds_per_slot /= factor
+    fit.seconds_per_row_rank /= factor
+    fit.fit = {**fit.fit, "speed_factor": round(factor, 4),
+               "speed_factors": [round(before.factor, 4), round(after.factor, 4)]}
+    return fit

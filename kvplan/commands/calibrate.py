@@ -135,6 +135,10 @@ def check_sections(args: argparse.Namespace) -> None:
     for key, needed in needs.items():
         if getattr(args, key) is not None and getattr(args, needed) is None:
             raise UserError(f"--{key.replace('_', '-')}: allowed: with --{needed.replace('_', '-')}")
+    if args.max_lora_rank is not None:  # before any work: a rank the engine (vLLM) serves
+        from kvplan.engine.core.lora import check_max_lora_rank
+
+        check_max_lora_rank(args.max_lora_rank)
     sections = [k for k in ("max_lora_rank", "speculative_config") if getattr(args, k) is not None]
     if args.profile is not None and not sections:
         raise UserError("--profile: adds a measured section; allowed: with --max-lora-rank or --speculative-config")
@@ -160,9 +164,9 @@ def measured_sections(args: argparse.Namespace, cost) -> None:
     from kvplan.calibration.lora import measure_lora
 
     with tempfile.TemporaryDirectory() as tmp:
-        fit, _ = measure_lora(args.model, args.max_lora_rank, args.max_loras or 4, dtype=args.dtype,
-                              block_size=int(cost.meta.get("block_size") or 16), seed=args.seed,
-                              temperature=args.temperature, repeats=args.repeats, work=Path(tmp))
+        fit = measure_lora(args.model, args.max_lora_rank, args.max_loras or 4, cost, dtype=args.dtype,
+                           block_size=int(cost.meta.get("block_size") or 16), seed=args.seed,
+                           temperature=args.temperature, repeats=args.repeats, work=Path(tmp))
     cost.meta["lora"] = fit.section()
     print(f"LoRA rank {fit.rank}: {fit.seconds_per_slot * 1e3:.3g} ms per active adapter + "
           f"{fit.seconds_per_row_rank * 1e6:.3g} us per adapter row x rank; " + json.dumps(fit.fit),
@@ -182,7 +186,12 @@ def run_sections(args: argparse.Namespace) -> int:
     command = " ".join(["kvplan calibrate", *sys.argv[2:]]) if sys.argv[1:2] == ["calibrate"] else \
         f"kvplan calibrate --model {args.model} --profile {args.profile} --max-lora-rank {args.max_lora_rank}"
     cost.meta["provenance"] = {**cost.meta.get("provenance", {}), "sections_command": command}
-    save_profile(cost, args.out, f"kvplan calibrate profile: {args.model} on {cost.meta.get('device')}\n"
+    from kvplan.sim.cost.calibrated import SIGNATURE
+
+    # the base's own header kind: only a profile calibrate wrote whole keeps the signature (its completeness check)
+    signed = args.profile.read_bytes().startswith(SIGNATURE)
+    save_profile(cost, args.out, (f"kvplan calibrate profile: {args.model} on {cost.meta.get('device')}\n"
+                                  if signed else f"{args.profile.name} with measured sections\n") +
                  "Regenerate with the command under provenance.command (provenance.sections_command adds the "
                  "measured sections).")
     if args.json:

@@ -185,9 +185,11 @@ def test_a_step_whose_prefix_tier_moves_differ_is_caught():
 
 
 def test_calibrate_lora_options_need_max_lora_rank(tmp_path, capsys):
-    for extra in (["--max-loras", "2"], ["--profile", str(tmp_path / "base.yaml")]):
+    for extra, why in ((["--max-loras", "2"], "allowed: with --max-lora-rank"),
+                       (["--profile", str(tmp_path / "base.yaml")], "allowed: with --max-lora-rank"),
+                       (["--max-lora-rank", "4"], "max_lora_rank: 4 is not a rank vLLM serves; allowed: 1, 8")):
         assert main(["calibrate", "--model", "tiny-llama", *extra, "--out", str(tmp_path / "p.yaml")]) == 2
-        assert "allowed: with --max-lora-rank" in capsys.readouterr().err
+        assert why in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -198,14 +200,14 @@ def test_calibrate_adds_a_measured_lora_section_to_a_profile_keeping_its_fit(tmp
     save_profile(CalibratedCost({"step": 0.01, "prefill_tokens": 1e-4}, 1e-4, 1e-5, 100,
                                 {"model": "tiny-llama", "block_size": 16, "dtype": "float32"}), base)
     out = tmp_path / "lora.yaml"
-    assert main(["calibrate", "--model", "tiny-llama", "--profile", str(base), "--max-lora-rank", "4",
+    assert main(["calibrate", "--model", "tiny-llama", "--profile", str(base), "--max-lora-rank", "8",
                  "--max-loras", "2", "--out", str(out)]) == 0
     before, after = load_profile(base), load_profile(out)
     assert after.coefficients == before.coefficients and after.kv_capacity_blocks == 100
     lora = after.meta["lora"]
-    assert lora["rank"] == 4 and lora["fit"]["designs"] >= 3
+    assert lora["rank"] == 8 and lora["fit"]["designs"] >= 3
     assert lora["seconds_per_slot"] >= 0 and lora["seconds_per_row_rank"] >= 0
-    assert "--max-lora-rank 4" in after.meta["provenance"]["sections_command"]
+    assert "--max-lora-rank 8" in after.meta["provenance"]["sections_command"]
 
 
 @pytest.mark.slow
