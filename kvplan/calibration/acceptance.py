@@ -62,7 +62,7 @@ def measure_acceptance(model: str, speculative_config: str, corpus: Path, *, dty
             tokens = tokenize(llm, prompt)[-room:]
             llm.add_request(tokens, SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True,
                                                    seed=seed + k))
-        updates = []
+        updates: list = []  # the steps' UpdateOutput
         while llm.has_unfinished_requests():
             llm.step()
             trace = llm.last_step  # (a step that ran nothing leaves the previous one there: counted once)

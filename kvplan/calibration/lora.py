@@ -19,6 +19,7 @@ depend on what an adapter learned. `write_adapters` also serves scripts/lora_val
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,7 +189,8 @@ class LoraDriver:
         self.prefill(2, 32, min(max_loras, 2), False)  # warm-up, not kept: kernels, allocator, the adapters' slots
         self.decode(4, min(max_loras, 4), False)
         self.samples.clear()
-        designs = [(self.decode, (batch,)) for batch in DECODE_BATCHES] + [(self.prefill, shape) for shape in PREFILLS]
+        designs: list[tuple[Callable[..., None], tuple[int, ...]]] = [
+            *((self.decode, (batch,)) for batch in DECODE_BATCHES), *((self.prefill, shape) for shape in PREFILLS)]
         kept: list[LoraSample] = []
         for _ in range(repeats):
             for run, shape in designs:
