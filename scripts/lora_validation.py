@@ -1,10 +1,11 @@
 """Validate the multi-LoRA simulator against the live engine: docs/lora.md's live-vs-simulated figures.
 
-Writes N rank-R PEFT adapters for SmolLM2-135M (seeded random weights on every linear layer: q, k, v, o, gate, up,
-down - the timing and the policy do not depend on what an adapter learned), spreads the sessions of
-docs/validation/spec-trace.jsonl over them (Zipf popularity, `traces.transforms.assign_adapters`), and runs
-`kvplan validate` on that trace with fewer adapter slots than adapters, so that requests wait for a slot and
-adapters are swapped in and out of the slots and the CPU cache during the run:
+Writes N rank-R PEFT adapters for SmolLM2-135M (`calibration.lora.write_adapters`: seeded random weights on every
+linear layer: q, k, v, o, gate, up, down - the timing and the policy do not depend on what an adapter learned),
+spreads the sessions of docs/validation/spec-trace.jsonl over them (Zipf popularity,
+`traces.transforms.assign_adapters`), and runs `kvplan validate` on that trace with fewer adapter slots than
+adapters, so that requests wait for a slot and adapters are swapped in and out of the slots and the CPU cache
+during the run:
 
     PYTHONPATH=. python scripts/lora_validation.py --out results/lora-validate
 
@@ -19,37 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-           "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
-
-
-def module_shapes(model: str) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each targeted linear layer of `model` (its sim spec, which follows its config)."""
-    from kvplan.sim.specs.models import get_model
-
-    m = get_model(model)
-    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    return {"q_proj": (m.hidden_size, q), "k_proj": (m.hidden_size, kv), "v_proj": (m.hidden_size, kv),
-            "o_proj": (q, m.hidden_size), "gate_proj": (m.hidden_size, m.intermediate_size),
-            "up_proj": (m.hidden_size, m.intermediate_size), "down_proj": (m.intermediate_size, m.hidden_size)}
-
-
-def write_adapters(model: str, out: Path, count: int, rank: int) -> dict[str, str]:
-    from kvplan.engine.lora import write_peft_adapter
-    from kvplan.sim.specs.models import get_model
-
-    layers, shapes = get_model(model).num_layers, module_shapes(model)
-    adapters = {}
-    for k in range(1, count + 1):
-        g = torch.Generator().manual_seed(k)
-        weights = {f"model.layers.{layer}.{MODULES[name]}.{name}":
-                   (torch.randn(rank, n_in, generator=g) * 0.02, torch.randn(n_out, rank, generator=g) * 0.02)
-                   for layer in range(layers) for name, (n_in, n_out) in shapes.items()}
-        adapters[f"lora-{k}"] = str(write_peft_adapter(out / f"lora-{k}", weights, rank=rank, alpha=2.0 * rank))
-    return adapters
 
 
 def main() -> int:
@@ -65,6 +36,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     from kvplan import traces
+    from kvplan.calibration.lora import write_adapters
     from kvplan.traces.io import render
     from kvplan.traces.transforms import assign_adapters
 

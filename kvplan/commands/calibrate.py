@@ -45,6 +45,18 @@ def register(verbs: argparse._SubParsersAction) -> None:
                         "default 1)")
     p.add_argument("--device-name", help="the `device` the profile is for (default cpu-local; with --from-replay "
                                          "the endpoint)")
+    p.add_argument("--max-lora-rank", type=integer(1, 512), default=None,
+                   help="also measure the live engine's LoRA cost at this adapter rank (profile's `lora` section)")
+    p.add_argument("--max-loras", type=integer(1, 64), default=None,
+                   help="with --max-lora-rank: adapters measured at once, 1..N active per step (default 4)")
+    p.add_argument("--speculative-config", metavar="JSON", default=None,
+                   help="also measure draft acceptance with this config (profile's `speculative` section)")
+    p.add_argument("--acceptance-corpus", type=Path, metavar="FILE", default=None,
+                   help="with --speculative-config: UTF-8 text whose paragraphs (blank-line separated) are prompts")
+    p.add_argument("--acceptance-max-tokens", type=integer(1, 512), default=None,
+                   help="with --speculative-config: tokens generated per corpus prompt (default 64)")
+    p.add_argument("--profile", type=Path, metavar="BASE", default=None,
+                   help="add the measured section(s) to this profile, keeping its fit (no main calibration)")
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--out", type=out_path, required=True, help="profile YAML (the plot goes beside it as .png)")
     p.add_argument("--steps-out", type=out_path, default=None, help="also keep every recorded step (JSONL)")
@@ -54,11 +66,14 @@ def register(verbs: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_outputs(args)
+    check_sections(args)
     if args.from_replay is not None:
         return run_from_replay(args)
     for key, default in LIVE_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
+    if args.profile is not None:
+        return run_sections(args)
     args.block_sizes = args.block_sizes or [8, 16, 32]
     args.dtype = args.dtype or "bfloat16"
     if args.dtype not in MODEL_DTYPES:  # a label only with --from-replay; here the engine runs it
@@ -96,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     cost.meta["fit"]["temperature"] = args.temperature
     cost.meta.update({"model": args.model, "device": args.device_name, "dtype": args.dtype, "block_size": primary,
                       "block_sizes": list(args.block_sizes), "provenance": provenance(meta, args)})
+    measured_sections(args, cost)
     save_profile(cost, args.out, f"kvplan calibrate profile: {args.model} on {args.device_name}\n"
                  "Regenerate with the command under provenance.command.")
     write_atomic(plot_path(args.out), residual_plot(cal, f"{args.model} ({args.dtype}) on "
@@ -109,6 +125,79 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps(cost.meta["fit"]))
     print(format_table(HEADERS, table))
     print("coefficients (s): " + ", ".join(f"{k}={v:.3g}" for k, v in cost.coefficients.items()))
+    return 0
+
+
+def check_sections(args: argparse.Namespace) -> None:
+    """The measured sections' options: each with the flag that turns its measurement on, none from a replay."""
+    needs = {"max_loras": "max_lora_rank", "acceptance_corpus": "speculative_config",
+             "acceptance_max_tokens": "speculative_config", "speculative_config": "acceptance_corpus"}
+    for key, needed in needs.items():
+        if getattr(args, key) is not None and getattr(args, needed) is None:
+            raise UserError(f"--{key.replace('_', '-')}: allowed: with --{needed.replace('_', '-')}")
+    if args.max_lora_rank is not None:  # before any work: a rank the engine (vLLM) serves
+        from kvplan.engine.core.lora import check_max_lora_rank
+
+        check_max_lora_rank(args.max_lora_rank)
+    sections = [k for k in ("max_lora_rank", "speculative_config") if getattr(args, k) is not None]
+    if args.profile is not None and not sections:
+        raise UserError("--profile: adds a measured section; allowed: with --max-lora-rank or --speculative-config")
+    if args.from_replay is not None and sections:
+        raise UserError(f"--{sections[0].replace('_', '-')}: measures the live engine; allowed: without "
+                         "--from-replay")
+
+
+def measured_sections(args: argparse.Namespace, cost) -> None:
+    """The optional measured sections: LoRA cost (--max-lora-rank) and draft acceptance (--speculative-config)."""
+    if args.speculative_config is not None:
+        from kvplan.calibration.acceptance import measure_acceptance
+
+        section, stats = measure_acceptance(args.model, args.speculative_config, args.acceptance_corpus,
+                                            dtype=args.dtype, seed=args.seed, temperature=args.temperature,
+                                            max_tokens=args.acceptance_max_tokens or 64)
+        cost.meta["speculative"] = section
+        rate, length = stats["acceptance_rate"], stats["mean_acceptance_length"]
+        print(f"draft acceptance ({section['method']}, k={section['num_speculative_tokens']}): rate {rate:.3f}, "
+              f"mean acceptance length {length:.3f} over {stats['num_drafts']} verifications", file=sys.stderr)
+    if args.max_lora_rank is None:
+        return
+    from kvplan.calibration.lora import measure_lora
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fit = measure_lora(args.model, args.max_lora_rank, args.max_loras or 4, cost, dtype=args.dtype,
+                           block_size=int(cost.meta.get("block_size") or 16), seed=args.seed,
+                           temperature=args.temperature, repeats=args.repeats, work=Path(tmp))
+    cost.meta["lora"] = fit.section()
+    print(f"LoRA rank {fit.rank}: {fit.seconds_per_slot * 1e3:.3g} ms per active adapter + "
+          f"{fit.seconds_per_row_rank * 1e6:.3g} us per adapter row x rank; " + json.dumps(fit.fit),
+          file=sys.stderr)
+
+
+def run_sections(args: argparse.Namespace) -> int:
+    """--profile BASE: the base profile with the measured section(s) added; its fit and coefficients kept."""
+    from kvplan.sim.cost.calibrated import load_profile, save_profile
+
+    cost = load_profile(args.profile)
+    if cost.meta.get("model") != args.model:
+        raise UserError(f"--profile: {args.profile} is for model {short(cost.meta.get('model'))}; allowed: a profile "
+                         f"of --model {args.model}")
+    args.dtype = args.dtype or str(cost.meta.get("dtype") or "bfloat16")
+    measured_sections(args, cost)
+    command = " ".join(["kvplan calibrate", *sys.argv[2:]]) if sys.argv[1:2] == ["calibrate"] else \
+        f"kvplan calibrate --model {args.model} --profile {args.profile} --max-lora-rank {args.max_lora_rank}"
+    cost.meta["provenance"] = {**cost.meta.get("provenance", {}), "sections_command": command}
+    from kvplan.sim.cost.calibrated import SIGNATURE
+
+    # the base's own header kind: only a profile calibrate wrote whole keeps the signature (its completeness check)
+    signed = args.profile.read_bytes().startswith(SIGNATURE)
+    save_profile(cost, args.out, (f"kvplan calibrate profile: {args.model} on {cost.meta.get('device')}\n"
+                                  if signed else f"{args.profile.name} with measured sections\n") +
+                 "Regenerate with the command under provenance.command (provenance.sections_command adds the "
+                 "measured sections).")
+    if args.json:
+        print_json(cost.to_dict())
+    else:
+        print(f"{args.out}: {args.profile} with " + ", ".join(k for k in ("lora", "speculative") if k in cost.meta))
     return 0
 
 

@@ -11,9 +11,12 @@ slot are the shared core's: engine.core):
   token rows, each row with its request's adapter (Punica's SGMV, vLLM's `lora_shrink` / `lora_expand`): the
   kernels read each active adapter's A and B once and compute 2 x rows x rank x (d_in + d_out) FLOPs; they run
   at the padded `max_lora_rank` (the stacked buffers' width). A step without adapter rows runs no LoRA kernel.
-  Priced with the GPU laws' fitted GEMM constants (kernel floor, compute and memory efficiency) on a GPU; on a
-  calibrated profile (a measured CPU engine) as the profile's per-token linear cost scaled by the LoRA FLOPs
-  against the layers' own FLOPs per token.
+  Priced with the GPU laws' fitted GEMM constants (kernel floor, compute and memory efficiency) on a GPU. On a
+  calibrated profile (a measured CPU engine) with the profile's measured `lora` section when it has one
+  (`kvplan calibrate --max-lora-rank`, calibration.lora): seconds_per_slot x active adapters +
+  seconds_per_row_rank x adapter rows x max_lora_rank - the live engine's per-slot op overhead dominates on a CPU.
+  Without it, a fallback: the profile's per-token linear cost scaled by the LoRA FLOPs against the layers' own
+  FLOPs per token (which misses that overhead: ~2x too cheap for SmolLM2-135M on a 2-core CPU).
 * **Loads.** An adapter the slot manager brings into a GPU slot is copied over the host link; one not in the
   CPU cache is first read from the drive. vLLM loads adapters before the step's forward pass, so the time adds to
   that step.
@@ -87,12 +90,17 @@ class LoraCost:
     gpu: tuple[float, float, float] | None = None
     # calibrated: seconds per LoRA FLOP (the profile's per-token linear cost / the layers' FLOPs per token)
     seconds_per_flop: float = 0.0
+    # calibrated with a measured `lora` section: (seconds per active adapter, seconds per adapter row x rank)
+    measured: tuple[float, float] | None = None
 
     def step_seconds(self, rows: int, active: int) -> float:
         """The step's LoRA kernels: `rows` token rows with an adapter, of `active` distinct adapters."""
         if rows == 0:
             return 0.0
         r, s = self.max_lora_rank, self.shapes
+        if self.measured is not None:
+            per_slot, per_row_rank = self.measured
+            return per_slot * active + per_row_rank * rows * r
         flops = 2.0 * rows * r * (s.shrink + s.expand) * self.layers
         if self.gpu is None:
             return flops * self.seconds_per_flop
@@ -117,12 +125,15 @@ def gpu_lora_cost(model: ModelSpec, hardware: HardwareSpec, max_lora_rank: int, 
 
 
 def calibrated_lora_cost(model: ModelSpec, max_lora_rank: int, token_seconds: float, host_link_bandwidth: float,
-                         disk_bandwidth: float) -> LoraCost:
-    """On a measured CPU engine: a LoRA FLOP costs what a FLOP of the layers' own GEMMs does (the profile's
-    per-token linear cost over the 2 FLOPs per layer GEMM parameter a token costs)."""
+                         disk_bandwidth: float, measured: dict | None = None) -> LoraCost:
+    """On a measured CPU engine: the profile's measured `lora` section when given (per active adapter and per
+    adapter row x rank, see the module); else the fallback, a LoRA FLOP costing what a FLOP of the layers' own
+    GEMMs does (the profile's per-token linear cost over the 2 FLOPs per layer GEMM parameter a token costs)."""
     per_token = 2.0 * model.layer_matmul_params
     return LoraCost(model, max_lora_rank, model.num_layers, LoraShapes.of(model), host_link_bandwidth,
-                    disk_bandwidth, None, token_seconds / per_token)
+                    disk_bandwidth, None, token_seconds / per_token,
+                    None if measured is None else (float(measured["seconds_per_slot"]),
+                                                   float(measured["seconds_per_row_rank"])))
 
 
 class LoraServing:
@@ -146,16 +157,25 @@ class LoraServing:
         total = cost.load_seconds([rank] * (len(moved.gpu_loads) - len(moved.disk_loads)),
                                   [rank] * len(moved.disk_loads)) if moved.moved else 0.0
         if moved.slots:
-            rows = sum(1 for request in step.decodes if request.lora_id)
-            rows += sum(item.num_new_tokens for item in step.scheduled if item.request.lora_id)
-            total += cost.step_seconds(rows, len(moved.slots))
+            total += cost.step_seconds(lora_rows(step)[0], len(moved.slots))
         return total
+
+
+def lora_rows(step) -> tuple[int, int]:
+    """(token rows with an adapter, distinct adapters) of a scheduled step (a `SchedulerOutput`): what its LoRA
+    kernels cost, priced here and measured by `calibration.lora`."""
+    rows = sum(1 for request in step.decodes if request.lora_id)
+    rows += sum(item.num_new_tokens for item in step.scheduled if item.request.lora_id)
+    adapters = {r.lora_id for r in step.decodes if r.lora_id} | {i.request.lora_id for i in step.scheduled
+                                                                 if i.request.lora_id}
+    return rows, len(adapters)
 
 
 def lora_serving(config, cost) -> LoraServing | None:
     """A replica's `LoraServing` under scheduler config `config` priced by `cost` (None: LoRA off). A GPU's
-    analytic cost prices the kernels with its GEMM laws' constants; a calibrated profile with its per-token
-    linear cost and its measured swap rate (the engine's host memory copies); a recorded run adds nothing."""
+    analytic cost prices the kernels with its GEMM laws' constants; a calibrated profile with its measured `lora`
+    section (else, as a fallback, its per-token linear cost scaled by FLOPs) and its measured swap rate (the
+    engine's host memory copies) for loads; a recorded run adds nothing."""
     if not config.enable_lora:
         return None
     from kvplan.engine.core.lora import LoraSlots, max_cpu_loras_of
@@ -177,7 +197,9 @@ def lora_serving(config, cost) -> LoraServing | None:
         model = get_model(str(cost.meta.get("model")))
         block_bytes = model.kv_bytes_per_token() * int(cost.meta.get("block_size", 16))
         copy_rate = block_bytes / cost.swap_seconds_per_block if cost.swap_seconds_per_block > 0 else math.inf
-        priced = calibrated_lora_cost(model, rank, cost.coefficients.get("prefill_tokens", 0.0), copy_rate, copy_rate)
+        measured = cost.meta.get("lora")
+        priced = calibrated_lora_cost(model, rank, cost.coefficients.get("prefill_tokens", 0.0), copy_rate, copy_rate,
+                                      measured if isinstance(measured, dict) else None)
     else:
         priced = None
     return LoraServing(slots, priced)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kvplan.cli import main
+from kvplan.errors import UserError
 from kvplan.live import EngineOptions, replay, sample_interval, sim_spec
 from kvplan.output import verify_result_set
 from kvplan.sim.cost.calibrated import load_profile
@@ -181,3 +182,62 @@ def test_a_step_whose_prefix_tier_moves_differ_is_caught():
     with pytest.raises(PolicyDivergence, match=r"step 0 differs: the simulation promoted and demoted \(1, 1\) "
                                                r"prefix-tier blocks, the live run \(0, 1\)"):
         RecordedCost([live]).recorded_step_time(step)
+
+
+def test_calibrate_lora_options_need_max_lora_rank(tmp_path, capsys):
+    for extra, why in ((["--max-loras", "2"], "allowed: with --max-lora-rank"),
+                       (["--profile", str(tmp_path / "base.yaml")], "allowed: with --max-lora-rank"),
+                       (["--max-lora-rank", "4"], "max_lora_rank: 4 is not a rank vLLM serves; allowed: 1, 8")):
+        assert main(["calibrate", "--model", "tiny-llama", *extra, "--out", str(tmp_path / "p.yaml")]) == 2
+        assert why in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_calibrate_adds_a_measured_lora_section_to_a_profile_keeping_its_fit(tmp_path):
+    from kvplan.sim.cost.calibrated import CalibratedCost, save_profile
+
+    base = tmp_path / "base.yaml"
+    save_profile(CalibratedCost({"step": 0.01, "prefill_tokens": 1e-4}, 1e-4, 1e-5, 100,
+                                {"model": "tiny-llama", "block_size": 16, "dtype": "float32"}), base)
+    out = tmp_path / "lora.yaml"
+    assert main(["calibrate", "--model", "tiny-llama", "--profile", str(base), "--max-lora-rank", "8",
+                 "--max-loras", "2", "--out", str(out)]) == 0
+    before, after = load_profile(base), load_profile(out)
+    assert after.coefficients == before.coefficients and after.kv_capacity_blocks == 100
+    lora = after.meta["lora"]
+    assert lora["rank"] == 8 and lora["fit"]["designs"] >= 3
+    assert lora["seconds_per_slot"] >= 0 and lora["seconds_per_row_rank"] >= 0
+    assert "--max-lora-rank 8" in after.meta["provenance"]["sections_command"]
+
+
+@pytest.mark.slow
+def test_calibrate_measures_draft_acceptance_on_a_corpus(tmp_path, capsys):
+    from kvplan.sim.cost.calibrated import CalibratedCost, save_profile
+    from kvplan.sim.spec_decode import counts_from_records
+
+    base = tmp_path / "base.yaml"
+    save_profile(CalibratedCost({"step": 0.01}, meta={"model": "tiny-llama", "block_size": 16}), base)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("one two three one two three one two three\n\nfor i in range(3): print(i)\nfor i in range(3):"
+                      " print(i)\n\n\n")
+    out = tmp_path / "spec.yaml"
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}'
+    assert main(["calibrate", "--model", "tiny-llama", "--dtype", "float32", "--profile", str(base),
+                 "--speculative-config", spec, "--acceptance-corpus", str(corpus), "--acceptance-max-tokens", "16",
+                 "--temperature", "0", "--out", str(out)]) == 0
+    assert "mean acceptance length" in capsys.readouterr().err
+    section = load_profile(out).meta["speculative"]
+    assert section["method"] == "ngram" and section["num_speculative_tokens"] == 3
+    assert section["corpus"].startswith("corpus.txt: 2 prompts, 16 tokens each")
+    counts = counts_from_records(section["counts"])
+    assert counts and all(0 <= accepted <= drafts <= 3 for drafts, accepted in counts)
+
+
+def test_an_empty_acceptance_corpus_is_refused_in_one_line(tmp_path):
+    from kvplan.calibration.acceptance import read_corpus
+
+    (tmp_path / "c.txt").write_text("\n\n  \n")
+    with pytest.raises(UserError, match=r"--acceptance-corpus: .*c\.txt: no prompt in it; allowed"):
+        read_corpus(tmp_path / "c.txt")
+    (tmp_path / "d.txt").write_text("a\nb\n\nc")
+    assert read_corpus(tmp_path / "d.txt") == ["a b", "c"]

@@ -24,6 +24,8 @@ A profile (`profiles/*.yaml`, written by `kvplan calibrate`, read by `--cost cal
     fit: {...}                     # fit quality: R², held-out error, residual percentiles
     provenance: {...}              # machine, versions, threads, date, git revision, command
     speculative: {...}             # optional: a measured draft acceptance (sim.spec_decode.measured_section)
+    lora: {rank: 8, seconds_per_slot: 2e-3, seconds_per_row_rank: 1e-6, fit: {...}}
+                                   # optional: the engine's measured LoRA cost (calibration.lora, sim.lora)
 
 Every coefficient and transfer cost must be a finite number of seconds in [0, 3600] (`MAX_SECONDS`): a negative
 one could price a step below zero, and a measured step takes milliseconds, so more than an hour per unit is a
@@ -50,7 +52,8 @@ COEFFICIENTS = ("step", "request", "prefill_tokens", "prefill_attention", "decod
                 "decode_context_max", "blocks_touched", "sampled", "batched")
 TRANSFERS = ("swap_seconds_per_block", "copy_seconds_per_block")
 PROFILE_KEYS = ("model", "device", "dtype", "block_size", "block_sizes", "kv_capacity_blocks", "coefficients",
-                *TRANSFERS, "fit", "provenance", "speculative")
+                *TRANSFERS, "fit", "provenance", "speculative", "lora")
+LORA_KEYS = ("rank", "seconds_per_slot", "seconds_per_row_rank", "fit")
 MAX_SECONDS = 3600.0  # per unit of a feature, or per block moved
 MAX_BLOCKS = 2**24
 MAX_BLOCK_SIZE = 256  # the engine's (and the simulator's) largest block size
@@ -98,6 +101,9 @@ class CalibratedCost:
         """The same profile on a machine `factor` times slower (every coefficient and transfer cost scaled):
         what `kvplan validate` simulates when a speed probe finds the machine away from its calibrated speed."""
         meta = {**self.meta, "provenance": {**self.meta.get("provenance", {}), "speed_factor": factor}}
+        if isinstance(meta.get("lora"), dict):  # the measured LoRA seconds slow down with the machine too
+            lora = meta["lora"]
+            meta["lora"] = {**lora, **{k: lora[k] * factor for k in ("seconds_per_slot", "seconds_per_row_rank")}}
         return CalibratedCost({k: v * factor for k, v in self.coefficients.items()},
                               self.swap_seconds_per_block * factor, self.copy_seconds_per_block * factor,
                               self.kv_capacity_blocks, meta)
@@ -172,11 +178,31 @@ def _check_meta(path: Path, doc: dict) -> None:
         problem = measured_problem(doc["speculative"])
         if problem is not None:
             raise UserError(f"{path}: speculative: {problem}")
+    if "lora" in doc:
+        _check_lora(path, doc["lora"])
     sizes = doc.get("block_sizes")
     if sizes is not None and (not isinstance(sizes, list) or not sizes or not all(
             isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_BLOCK_SIZE for b in sizes)):
         raise UserError(f"{path}: block_sizes: got {shown(sizes)}; allowed: a non-empty list of integers "
                          f"1 to {MAX_BLOCK_SIZE}")
+
+
+def _check_lora(path: Path, section: object) -> None:
+    """The `lora` section: the rank it was measured at and two finite non-negative seconds (calibration.lora)."""
+    allowed = ("allowed: {rank: integer 1 to 512, seconds_per_slot: s, seconds_per_row_rank: s, fit: {...}} with "
+               f"seconds 0 to {MAX_SECONDS:g}")
+    if not isinstance(section, dict) or set(section) - set(LORA_KEYS) or not {"rank", "seconds_per_slot",
+                                                                             "seconds_per_row_rank"} <= set(section):
+        raise UserError(f"{path}: lora: got {shown(section)}; {allowed}")
+    rank = section["rank"]
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= 512:
+        raise UserError(f"{path}: lora.rank: got {shown(rank)}; {allowed}")
+    for key in ("seconds_per_slot", "seconds_per_row_rank"):
+        value = section[key]
+        if not is_number(value) or not 0 <= value <= MAX_SECONDS:
+            raise UserError(f"{path}: lora.{key}: got {shown(value)}; {allowed}")
+    if "fit" in section and not isinstance(section["fit"], dict):
+        raise UserError(f"{path}: lora.fit: got {shown(section['fit'])}; {allowed}")
 
 
 def _coefficients(path: Path, coeffs: object) -> dict[str, float]:
