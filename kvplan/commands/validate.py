@@ -229,8 +229,10 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
     if profile is not None and cold:
         simulations = [("calibrated", "timing", profile)]
         if probes:
-            simulations += adjusted_profiles(entry, probes, runs, cost, profile, out,
-                                             in_run=plan is None and len(probes) > len(lives))
+            # the in-run speed needs the profile's price of each recorded step: a LoRA run's records lack the
+            # steps' adapter rows, so it has none
+            in_run = plan is None and len(probes) > len(lives) and not options.enable_lora
+            simulations += adjusted_profiles(entry, probes, runs, cost, profile, out, in_run=in_run)
         for label, key, path in simulations:
             sim = simulate_as(trace, options, meta, path)
             write_tables(sim, out / f"sim-{label}", "parquet")
