@@ -385,9 +385,7 @@ class LLM:
         assert spec is not None
         drafts: dict[str, list[int]] = {}
         self._draft_q = {}  # (the last step's were all taken by its verification, or their drafts dropped)
-        for request in self.scheduler.running:
-            if request.num_computed_tokens != request.num_tokens - 1 or (request.n > 1 and not request.forked):
-                continue  # still prefilling (the scheduler would drop its drafts), or not forked yet
+        for request in self.scheduler.requests_to_draft():  # (the core's rule: decoding, forked, no beam)
             group_id, index = self._owner[request.request_id]
             group = self._groups[group_id]
             if group.beam is not None or group.teacher is not None or group.params.logprobs is not None:

@@ -207,7 +207,7 @@ class Replica:
                 self._finish_step(step, sched.update(step, None), end)
             else:  # speculative decoding: the outcome of the drafts verified, then the next step's drafts
                 self._finish_step(step, sched.update(step, None, drafts.accepted(step)), end)
-                drafts.propose(sched, step)
+                drafts.propose(sched)
             self.clock = end
 
     def _account(self, usage: float, dt: float) -> None:

@@ -14,8 +14,9 @@ vLLM does; the live engine learns the outcome by running the target, the simulat
 A measured model taken at K drafts serves any k: its per-position conditional acceptance rates are kept (a
 position beyond K takes the K-th rate), and the share of steps that proposed nothing is kept as such.
 
-Each draw goes through the simulation's seeded generator, one draw per proposal, in the order the replica makes
-the proposals, so a run is reproducible. The invariant: 0 <= accepted <= drafts <= k.
+Each outcome is drawn at a counter-based variate of (seed, request, its verification count) (`uniform`), so a run
+is reproducible and a request draws the same whatever its batch, replica or process. The invariant:
+0 <= accepted <= drafts <= k.
 """
 
 from __future__ import annotations
@@ -25,10 +26,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kvplan.engine.core.request import RequestStatus
 from kvplan.errors import UserError
-
-RUNNING_STATUS = RequestStatus.RUNNING
 
 PROB_TOLERANCE = 1e-6
 
@@ -84,9 +82,6 @@ class AcceptanceModel:
             reached *= rate
         return self.k, self.k
 
-    def describe(self) -> str:
-        return (f"k={self.k}, acceptance rate {self.acceptance_rate:.3f}, {1 + self.mean_accepted:.2f} tokens per "
-                f"verification step ({self.source})")
 
 
 def _number(value: object, what: str, low: float, high: float, low_open: bool = False) -> float:
@@ -296,13 +291,11 @@ class DraftOutcomes:
                 out.append(0)
         return out if any_drafts else None
 
-    def propose(self, sched, step) -> None:
-        """Give every request that sampled in `step` and still runs its drafts for the next step."""
+    def propose(self, sched) -> None:
+        """Give every request the scheduler has take drafts for the next step (`requests_to_draft`) its drafts; a
+        request that proposed before without being verified since draws the same outcome again."""
         drafts: dict[str, list[int]] = {}
-        for item in step.scheduled:
-            request = item.request
-            if not item.samples or request.status is not RUNNING_STATUS:
-                continue
+        for request in sched.requests_to_draft():
             rid = request.request_id
             d, a = self.outcome(rid, self._verified.get(rid, 0))
             if d:

@@ -438,6 +438,12 @@ class Scheduler:
         `accepted[i]` the drafts kept where `out.scheduled[i]` verified any (`spec_token_ids`)."""
         return self.updates.update(out, sampled, accepted)
 
+    def requests_to_draft(self) -> list[Request]:
+        """Speculative decoding: the running requests that take drafts for the next step (`SpecSteps.drafting`)."""
+        if self.spec_steps is None:
+            raise ValueError("requests_to_draft: speculative decoding is off (scheduler.speculative_config is null)")
+        return self.spec_steps.drafting()
+
     def set_drafts(self, drafts: dict[str, list[int]]) -> None:
         """Speculative decoding: each running request's drafts for the next step, by request id (vLLM's
         `update_draft_token_ids`; count-only runs give placeholder ids). Call between `update()` and the next

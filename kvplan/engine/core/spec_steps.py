@@ -92,6 +92,14 @@ class SpecSteps:
                 continue
             request.spec_token_ids = list(tokens)
 
+    def drafting(self) -> list[Request]:
+        """The running requests that take drafts for the next step, in running order: those whose next step
+        samples a generated token (every computed token but the last), an n > 1 request once forked, no beam-search
+        sequence - the ones `set_drafts` keeps drafts for. The engine proposes for these (the simulator draws
+        their outcomes)."""
+        return [r for r in self.sched.running
+                if r.num_computed_tokens == r.num_tokens - 1 and (r.n == 1 or r.forked) and not r.beam]
+
     def cap(self, request: Request, n: int) -> int:
         """`n` scheduled tokens of a running request, capped so that no position reaches max_model_len."""
         return min(n, self.max_model_len - request.num_computed_tokens - 1)
