@@ -40,7 +40,7 @@ from kvplan.calibration.fitting import HOLDOUT_FRACTION, Calibration, fit_qualit
 from kvplan.calibration.replay_dir import read_replay
 from kvplan.errors import UserError
 from kvplan.sim.cost.calibrated import COEFFICIENTS, CalibratedCost, feature_columns
-from kvplan.sim.cost.features import step_features
+from kvplan.sim.cost.features import StepItem, step_features
 from kvplan.sim.cost.fit import fit_with_holdout
 
 GAP_FRACTION = 0.3
@@ -49,17 +49,6 @@ MIN_STEPS = 4 * len(COEFFICIENTS)  # as the live calibration: a few steps per co
 # 2,500) is not identified: its coefficient would only trade against theirs.
 RANK_TOLERANCE = 0.02
 NEVER_SEEN = "a black box never shows swaps or copies"
-
-
-@dataclass(slots=True)
-class _Item:
-    """One row of a reconstructed step: the fields `step_features` reads."""
-
-    num_new_tokens: int
-    start_pos: int
-    is_decode: bool
-    samples: bool = True  # every row a client sees produced a token
-    spec_token_ids: tuple[int, ...] = ()  # (a client's stream shows no drafts)
 
 
 @dataclass(slots=True)
@@ -170,21 +159,21 @@ def _spans(count: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.cumsum(marks)[:count] > 0
 
 
-def _rows(stamps: _Stamps, cluster: np.ndarray, table: pd.DataFrame, usable: np.ndarray) -> list[list[_Item]]:
+def _rows(stamps: _Stamps, cluster: np.ndarray, table: pd.DataFrame, usable: np.ndarray) -> list[list[StepItem]]:
     """The rows of each usable step (point 3 of the module docstring)."""
     prompt, cached = table["prompt_tokens"].tolist(), table["cached_prompt_tokens"].tolist()
     row = table["request"].tolist()
-    items: dict[int, list[_Item]] = {c: [] for c in usable.tolist()}
+    items: dict[int, list[StepItem]] = {c: [] for c in usable.tolist()}
     prefilled: set[tuple[int, int]] = set()
     for c, s, j in zip(cluster.tolist(), stamps.seq.tolist(), stamps.k.tolist(), strict=True):
         if c not in items:
             continue
         if j:
-            items[c].append(_Item(1, prompt[s] + j - 1, True))
+            items[c].append(StepItem(1, prompt[s] + j - 1, True))
         elif (c, row[s]) not in prefilled:
             prefilled.add((c, row[s]))
             hit = min(cached[s], prompt[s] - 1)  # a full hit still computes the last prompt token
-            items[c].append(_Item(prompt[s] - hit, hit, False))
+            items[c].append(StepItem(prompt[s] - hit, hit, False))
     return [items[c] for c in usable.tolist()]
 
 

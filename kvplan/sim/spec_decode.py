@@ -193,17 +193,6 @@ def acceptance_model(k: int, rate: float | None, distribution: Sequence[float] |
                     "--speculative-config)")
 
 
-@dataclass(slots=True)
-class _Pass:
-    """One row group of a draft-model pass, as `step_features` reads scheduled items."""
-
-    num_new_tokens: int
-    start_pos: int
-    is_decode: bool
-    samples: bool = True
-    spec_token_ids: tuple[int, ...] = ()
-
-
 class DraftCost:
     """The draft model's forward passes in a step (method `draft_model`; an n-gram proposer runs on the CPU beside
     the GPU and costs nothing here). vLLM's autoregressive drafter first runs over the tokens the target computed
@@ -216,9 +205,9 @@ class DraftCost:
         self.cost, self.k, self.block_size = cost, k, block_size
 
     def seconds(self, scheduled) -> float:
-        from kvplan.sim.cost.features import step_features
+        from kvplan.sim.cost.features import StepItem, step_features
 
-        first = [_Pass(item.num_new_tokens, item.start_pos, item.is_decode, item.samples) for item in scheduled]
+        first = [StepItem(item.num_new_tokens, item.start_pos, item.is_decode, item.samples) for item in scheduled]
         if not first:
             return 0.0
         total = float(self.cost.step_times(step_features(first, self.block_size)))
@@ -226,7 +215,7 @@ class DraftCost:
         for j in range(1, self.k):
             if not sampling:
                 break
-            passes = [_Pass(1, end + j - 1, True) for end in sampling]
+            passes = [StepItem(1, end + j - 1, True) for end in sampling]
             total += float(self.cost.step_times(step_features(passes, self.block_size)))
         return total
 

@@ -55,6 +55,18 @@ class StepFeatures(Generic[N]):
 FEATURE_NAMES = tuple(f.name for f in fields(StepFeatures))
 
 
+@dataclass(slots=True)
+class StepItem:
+    """One row group of a step that is no scheduler output (a draft model's pass, a step reconstructed from a
+    client's token times): the fields `step_features` reads."""
+
+    num_new_tokens: int
+    start_pos: int
+    is_decode: bool
+    samples: bool = True
+    spec_token_ids: tuple[int, ...] = ()
+
+
 def step_max(a, b):
     """max of plain numbers, or element-wise when either is a stretch's array (the same IEEE result per entry,
     so a step prices bit-identically alone or in a stretch)."""
