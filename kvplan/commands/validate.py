@@ -223,8 +223,9 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
                            for c, a, b in checks]
     cold = [live for live, run in zip(lives, runs, strict=True) if run["state"] == "cold"]
     warm = [live for live, run in zip(lives, runs, strict=True) if run["state"] == "warm"]
-    if profile is not None and plan is None and measures_acceptance(options):
-        profile, cost = with_measured_acceptance(profile, options, out, len(lives), entry)
+    spec = measured_acceptance_config(options) if profile is not None and plan is None else None
+    if profile is not None and spec is not None:
+        profile, cost = with_measured_acceptance(profile, spec, out, len(lives), entry)
     sims = {}
     if profile is not None and cold:
         simulations = [("calibrated", "timing", profile)]
@@ -246,25 +247,22 @@ def validate_config(args, trace, name: str, options, profile: str | None, out: P
     return entry
 
 
-def measures_acceptance(options) -> bool:
-    """Whether speculative decoding is on with no acceptance given: the timing simulation then takes the one the
-    live runs measured."""
+def measured_acceptance_config(options):  # -> SpeculativeConfig | None
+    """The speculative config when speculative decoding is on with no acceptance given (the timing simulation then
+    takes the one the live runs measured), else None."""
     from kvplan.engine.core.speculative import parse_speculative_config
 
     spec = parse_speculative_config(options.speculative_config, "--speculative-config")
-    return spec is not None and spec.acceptance is None and spec.acceptance_rate is None
+    return spec if spec is not None and spec.acceptance is None and spec.acceptance_rate is None else None
 
 
-def with_measured_acceptance(profile: str, options, out: Path, repeats: int, entry: dict):
+def with_measured_acceptance(profile: str, spec, out: Path, repeats: int, entry: dict):
     """The profile with the live runs' draft acceptance (their verifications, all repeats) as its `speculative`
     section, written beside the runs; the section also goes in the report."""
-    from kvplan.engine.core.speculative import parse_speculative_config
     from kvplan.sim.cost.calibrated import load_profile, save_profile
     from kvplan.sim.cost.recorded import read_step_profile
     from kvplan.sim.spec_decode import acceptance_model, measured_section, verification_counts
 
-    spec = parse_speculative_config(options.speculative_config, "--speculative-config")
-    assert spec is not None  # (measures_acceptance said so)
     counts: dict[tuple[int, int], int] = {}
     for r in range(repeats):
         for key, n in verification_counts(read_step_profile(out / f"live-{r + 1}" / "steps.jsonl")[1]).items():
