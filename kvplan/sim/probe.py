@@ -43,7 +43,15 @@ from kvplan.sim.pd_run import frontend_info as pd_frontend_info
 from kvplan.sim.pd_run import request_table as pd_request_table
 from kvplan.sim.replica import SERIES_COLUMNS
 from kvplan.sim.routers import make_router
-from kvplan.sim.run import build_configs, build_cost, check_trace, client_view, through_frontend, work_seconds
+from kvplan.sim.run import (
+    build_configs,
+    build_cost,
+    check_trace,
+    client_view,
+    serving_extras,
+    through_frontend,
+    work_seconds,
+)
 from kvplan.sim.spec import SimSpec
 from kvplan.sim.stability import Bounds, ProbeSignals, judge
 from kvplan.traces.steady import MAX_PROBE_REQUESTS, Population, open_loop
@@ -272,7 +280,8 @@ def _collect(cluster: Cluster | DisaggCluster, num_blocks: int, probe: Probe, wi
     info = {"num_blocks": num_blocks, "block_size": replicas[0].block_size, "replicas": len(replicas),
             "steps": sum(r.sched.stats.num_steps for r in replicas),
             "fast_steps": sum(r.num_fast_steps for r in replicas), "rejected": len(rejected_list),
-            "rejected_first": references(trace, rejected_list), "probe": probe_info, **work_seconds(replicas)}
+            "rejected_first": references(trace, rejected_list), "probe": probe_info, **work_seconds(replicas),
+            **serving_extras(counters)}  # (the window's adapter loads and verifications)
     if front_info is not None:
         info["frontend"] = front_info
     return ServingResult(summary, table, series, info, rejected=never_served)

@@ -395,12 +395,7 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
             **work_seconds(replicas)}
     if front_info is not None:
         info["frontend"] = front_info
-    if "lora_gpu_loads" in counters:  # adapters read from disk / copied into a device slot (`sim.lora`)
-        info["lora"] = {"disk_loads": counters["lora_disk_loads"], "gpu_loads": counters["lora_gpu_loads"]}
-    if "num_draft_tokens" in counters:
-        from kvplan.sim.spec_decode import speculation_info
-
-        info["speculative"] = speculation_info(counters)
+    info.update(serving_extras(counters))
     groups = kv_groups_info(replicas, num_blocks, duration)
     if groups is not None:
         info["kv_groups"] = groups
@@ -409,6 +404,19 @@ def collect(cluster: Cluster | MergedCluster, num_blocks: int,
         tokens = {key: times for r in replicas if r.token_times is not None for key, times in r.token_times.items()}
     return ServingResult(summarize(table, cluster.itl(), kv, goodput), table, series, info, tokens,
                      rejected_rows(cluster.trace, rejected))
+
+
+def serving_extras(counters: dict[str, int]) -> dict[str, dict]:
+    """`info`'s LoRA adapter loads (`sim.lora`) and speculative decoding's figures (`sim.spec_decode`), for the
+    runs that have them, from the replicas' summed counters (a whole run's, or a probe window's)."""
+    out: dict[str, dict] = {}
+    if "lora_gpu_loads" in counters:  # adapters read from disk / copied into a device slot
+        out["lora"] = {"disk_loads": counters["lora_disk_loads"], "gpu_loads": counters["lora_gpu_loads"]}
+    if "num_draft_tokens" in counters:
+        from kvplan.sim.spec_decode import speculation_info
+
+        out["speculative"] = speculation_info(counters)
+    return out
 
 
 def work_seconds(replicas: list) -> dict[str, float]:
