@@ -22,6 +22,9 @@ SIMULATE = ["simulate", "--trace", "traces/samples/chat.jsonl", "--rate", "5", "
       '{"method": "ngram", "num_speculative_tokens": 2, "acceptance": [0.5, 0.6, 0]}'], "acceptance"),
     ([*SIMULATE, "--speculative-config", '{"method": "draft_model", "model": "no-such-model", '
                                           '"num_speculative_tokens": 2, "acceptance_rate": 0.5}'], "no-such-model"),
+    ([*SIMULATE, "--max-num-batched-tokens", "1", "--max-model-len", "8192", "--speculative-config",
+      '{"method": "draft_model", "model": "llama-3.2-1b", "num_speculative_tokens": 2, "acceptance_rate": 0.5}'],
+     "max_num_batched_tokens: 1 leaves no token once a request takes its 1 drafting row"),
     ([*SIMULATE, "--lora-adapters", "4"], "names LoRA adapter"),
     ([*SIMULATE, "--max-loras", "4"], "argument --max-loras: needs LoRA adapters"),
     ([*SIMULATE, "--enable-lora", "--max-lora-rank", "12"], "argument --max-lora-rank: 12 is not a rank vLLM serves"),

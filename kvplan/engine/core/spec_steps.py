@@ -72,6 +72,11 @@ class SpecSteps:
             raise ConfigError("scheduler.speculative_config: rolls rejected drafts back in place, which needs the "
                               "paged allocator without a sink+window cache or sliding-window layers; allowed: null "
                               "with this cache")
+        budget = sched.config.max_num_batched_tokens
+        if budget <= config.draft_slots:  # every scheduled request takes its drafting rows: none could ever run
+            raise ConfigError(f"scheduler.max_num_batched_tokens: {budget} leaves no token once a request takes its "
+                              f"{config.draft_slots} drafting row(s) ({config.method}); allowed: more than "
+                              f"{config.draft_slots}")
         sched.decode_mode = DecodeMode.PER_REQUEST
         return SpecSteps(sched, config)
 
