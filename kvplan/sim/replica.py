@@ -88,6 +88,7 @@ class Replica:
         self._group_used = kv.group_used if isinstance(kv, HybridKVCacheManager) else []
         self.kind_peak_blocks = [0] * len(kinds)
         self.num_fast_steps = 0
+        self._decode_step_s = math.nan  # the last stretch's last step time: how many steps to price (`_fast_forward`)
         self._common_gaps, self._common_gap = 0, 0.0  # see `_gap`
         self._wake: simpy.Event | None = None
         # Steady-state probes (sim.probe): inter-token gaps count only for tokens sampled inside the measurement
@@ -311,23 +312,24 @@ class Replica:
         last = running[-1]  # the latest admitted, the likeliest to be still in its prompt
         if last.num_computed_tokens < last.prompt_len + last.num_output_tokens - 1:
             return []
-        contexts, remaining = [], []
-        for r in running:
-            if r.num_computed_tokens < r.prompt_len:
-                return []  # a one-token prefill chunk looks like decode to the horizon but is priced as prefill
-            contexts.append(r.num_computed_tokens + 1)
-            remaining.append(r.max_tokens - r.num_output_tokens)
         arrival = self.next_arrival(self.index)
         sample = self.next_sample_s if self.sample_interval_s else math.inf
         bound = min(arrival, sample)
         limit = max(FAST_PATH_CELLS // len(running), 1)
         if not math.isinf(bound):  # ask only for about as many steps as fit before the bound
-            first = self.cost.step_times(first_decode_features(contexts, self.block_size, self.sliding_window))
-            # Completions make later steps shorter than the first: ask for a quarter more.
+            first = self._decode_step_s
+            if first != first:  # NaN: no stretch yet - price this one's first step
+                first = self.cost.step_times(first_decode_features([r.num_computed_tokens + 1 for r in running],
+                                                                   self.block_size, self.sliding_window))
+            # Completions make later steps shorter than the first: ask for a quarter more. (Only the work priced
+            # depends on the estimate: a stretch that stops short of the bound is followed by another.)
             limit = min(limit, int((bound - self.clock) / first * 1.25) + 2)
         k = sched.decode_horizon(limit)
         if k <= 0:
             return []
+        # Every running request is a plain decode now (`decode_horizon`): past its prompt, one token pending
+        contexts = [r.num_computed_tokens + 1 for r in running]
+        remaining = [r.max_tokens - r.num_output_tokens for r in running]
         features = decode_stretch_features(np.array(contexts, dtype=np.int64), np.array(remaining, dtype=np.int64),
                                            k, self.block_size, self.sliding_window)
         times = self.cost.step_times(features).tolist()
@@ -350,6 +352,7 @@ class Replica:
         k = len(ends)
         if k == 0:
             return []
+        self._decode_step_s = times[k - 1]
         usage: list[float] = []
         shared = self.shared_view
         if shared is not None:  # the stretch's stores into the shared store take effect at their steps' times

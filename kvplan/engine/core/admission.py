@@ -180,6 +180,13 @@ class Admission:
             budget -= len(sched.running)
         if budget <= 0:
             return True
+        # A head whose every block fits beside the watermark (with a block to spare) is admitted by the next step
+        # whatever its prefix hits: not blocked, without looking them up - the common case right after an arrival.
+        pool = kv.pool
+        if (pool is not None and len(kv.groups) == 1 and sched.has_seq_room(request.seq_slots)
+                and (sched.config.enable_chunked_prefill or request.num_tokens <= budget)
+                and pool.num_free > -(-request.num_tokens // sched.block_size) + sched.admission_reserve()):
+            return False
         plan = self.plan(request, budget)
         if plan is None:
             return True
