@@ -1,7 +1,7 @@
 """A compiled build of the core (scripts/build_compiled_core.sh, mypyc) runs exactly as the pure-Python core, which
 stays the executable specification: the same seeded random traces (arrivals, aborts, n > 1 groups, prefix hashes,
 decode stretches applied at once) drive a pure scheduler here and a compiled one in a subprocess whose PYTHONPATH
-puts the build first, and every step's output and the state it leaves must be equal.
+puts the build first (tests/compiled_sides.py), and every step's output and the state it leaves must be equal.
 
 The build is named by KVPLAN_COMPILED_CORE (the OUT directory of the build script); without it the test skips.
 One subprocess serves every hypothesis example (one JSON line in, one out).
@@ -10,17 +10,14 @@ One subprocess serves every hypothesis example (one JSON line in, one out).
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-BUILD = os.environ.get("KVPLAN_COMPILED_CORE")
+from tests.compiled_sides import compiled_side, serve
+
 POLICIES = ("lru", "fifo", "lfu", "s3fifo")
 
 
@@ -79,36 +76,10 @@ def transcript(params: dict) -> list:
     return log
 
 
-def plain(log: list) -> list:
-    """`log` as the JSON line the compiled side sends: tuples become lists, floats round-trip exactly (repr)."""
-    return json.loads(json.dumps(log))
-
-
 @pytest.fixture(scope="module")
 def compiled():
-    """The subprocess running the compiled core; yields a function from params to its transcript."""
-    if not BUILD:
-        pytest.skip("KVPLAN_COMPILED_CORE is unset: build a compiled core with scripts/build_compiled_core.sh OUT "
-                    "and set KVPLAN_COMPILED_CORE=OUT to compare it with the pure core")
-    env = {**os.environ, "PYTHONPATH": str(Path(BUILD).resolve())}
-    proc = subprocess.Popen([sys.executable, __file__], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, cwd=str(Path(BUILD).resolve()))
-    assert proc.stdin is not None and proc.stdout is not None
-    hello = json.loads(proc.stdout.readline() or "null")
-    assert hello is not None, "the compiled core's subprocess died on start (see its stderr above)"
-    not_compiled = [path for path in hello if not path.endswith(".so")]
-    assert not not_compiled, f"KVPLAN_COMPILED_CORE={BUILD} is not a compiled build: {not_compiled} are .py"
-
-    def run(params: dict) -> list:
-        proc.stdin.write(json.dumps(params) + "\n")
-        proc.stdin.flush()
-        line = proc.stdout.readline()
-        assert line, f"the compiled core's subprocess died on {params}"
-        return json.loads(line)
-
-    yield run
-    proc.stdin.close()
-    proc.wait(timeout=30)
+    """The subprocess running the compiled core (tests/compiled_sides.py)."""
+    yield from compiled_side("tests.core.test_compiled_core")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -126,26 +97,14 @@ def test_the_compiled_core_steps_exactly_as_the_pure_core(compiled, seed, block_
                   policy=policy, schedule=schedule, max_seqs=max_seqs, budget=budget, caching=caching, mode=mode,
                   tier_blocks=tier_blocks, watermark=watermark, bulk=bulk, stretches=stretches, allocator=allocator,
                   iterations=120)
-    expected = plain(transcript(params))
-    got = compiled(params)
+    expected = json.loads(json.dumps(transcript(params)))  # as JSON carries it: tuples as lists, floats by repr
+    got = json.loads(compiled(json.dumps(params)))
     assert len(got) == len(expected)
     for index, (mine, theirs) in enumerate(zip(expected, got, strict=True)):
         assert theirs == mine, f"entry {index} differs for {params}"
 
 
-def serve() -> None:
-    """The compiled side: say where the core's modules come from, then answer each params line with a transcript."""
-    import kvplan.engine.core.block_pool
-    import kvplan.engine.core.decode_steps
-    import kvplan.engine.core.kv_manager
-    import kvplan.engine.core.scheduler
-
-    modules = (kvplan.engine.core.scheduler, kvplan.engine.core.decode_steps, kvplan.engine.core.kv_manager,
-               kvplan.engine.core.block_pool)
-    print(json.dumps([module.__file__ for module in modules]), flush=True)
-    for line in sys.stdin:
-        print(json.dumps(transcript(json.loads(line))), flush=True)
-
-
 if __name__ == "__main__":
-    serve()
+    serve(lambda line: json.dumps(transcript(json.loads(line))),
+          ("kvplan.engine.core.scheduler", "kvplan.engine.core.decode_steps", "kvplan.engine.core.kv_manager",
+           "kvplan.engine.core.block_pool"))
