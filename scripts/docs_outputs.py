@@ -115,6 +115,10 @@ OUTPUTS: dict[str, Output] = {
     "multi-lora": Output("kvplan run experiments/multi_lora.yaml --workers 2"),
     "lora-validate": Output(".venv/bin/python scripts/lora_validation.py --out results/lora-validate",
                             out_dir="results/lora-validate"),
+    # the 70B replica search against every replica count probed (docs/experiments/gpus-needed-70b.md): ~30 min
+    "gpus-needed-70b-exhaustive": Output(".venv/bin/python scripts/exhaustive_min_replicas.py "
+                                         "experiments/gpus_needed_70b.yaml --out results/gpus-70b-exhaustive "
+                                         "--workers 2", out_dir="results/gpus-70b-exhaustive"),
 }
 
 
