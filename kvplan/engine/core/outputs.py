@@ -31,7 +31,8 @@ class ScheduledRequest:
     num_new_tokens: int  # tokens computed for it in this step
     start_pos: int  # position of the first of them (= tokens already computed, prefix hits included)
     num_cached_tokens: int  # tokens served by the prefix cache at this admission (0 if already running)
-    block_ids: list[int]  # the live block table (valid until the next schedule)
+    block_ids: list[int] | tuple[list[int], ...]  # the live block table (valid until the next schedule); a hybrid
+    # cache: one per group (`kv_groups.GroupBlockIds`)
     samples: bool  # this step computes the request's last pending token, so a token is sampled
     is_decode: bool  # a one-token step on a generated token (everything else is prefill or recompute)
     copies: tuple[tuple[int, int], ...] = ()  # this request's copy-on-write pairs (also in SchedulerOutput)

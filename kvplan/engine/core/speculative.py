@@ -75,7 +75,7 @@ def _acceptance(data: dict, k: int) -> tuple[float, ...] | str | None:
     if (not isinstance(value, list) or len(value) != k + 1
             or not all(isinstance(p, int | float) and not isinstance(p, bool) and math.isfinite(p) and 0 <= p <= 1
                        for p in value)
-            or abs(sum(value) - 1.0) > 1e-6):
+            or abs(sum(value, 0.0) - 1.0) > 1e-6):  # (a float sum: a compiled core checks the type)
         return (f"key 'acceptance' must be a list of {k + 1} probabilities (of accepting 0..{k} drafts in a step) "
                 f"summing to 1, got {short_repr(value)}")
     return tuple(float(p) for p in value)
