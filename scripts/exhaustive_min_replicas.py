@@ -22,26 +22,24 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from kvplan.errors import UserError
+from kvplan.experiments.schema import Experiment, load_experiment
 
-def exhaustive_doc(doc: dict, source: Path) -> dict:
-    """The experiment without its search: its grid gains `cluster.replicas` over [low, high], its seeds stay."""
-    search = doc.get("search") or {}
-    if search.get("target") != "min_replicas":
-        raise SystemExit(f"{source}: search.target must be min_replicas (got {search.get('target')!r})")
-    low, high = int(search.get("low", 1)), int(search["high"])
-    out = {k: v for k, v in doc.items() if k not in ("search", "objective")}
-    out["name"] = f"{doc.get('name', source.stem)}-exhaustive"
+
+def exhaustive_doc(doc: dict, exp: Experiment) -> dict:
+    """The experiment without its search: its grid gains `cluster.replicas` over the search's [low, high], and it
+    runs the seeds the search ran (`exp`: the experiment as the schema read it, defaults resolved)."""
+    out = {k: v for k, v in doc.items() if k not in ("search", "objective", "repeats")}
+    out["name"] = f"{exp.name}-exhaustive"
     sweep = dict(out.get("sweep") or {})
-    grid = dict(sweep.get("grid") or {})
-    grid["cluster.replicas"] = list(range(low, high + 1))
-    sweep["grid"] = grid
+    sweep["grid"] = {**(sweep.get("grid") or {}),
+                     "cluster.replicas": list(range(int(exp.search["low"]), int(exp.search["high"]) + 1))}
     out["sweep"] = sweep
-    if "seeds" not in doc and "repeats" not in doc:
-        out["seeds"] = [0, 1, 2]  # a search's default seeds (experiments.schema.SEARCH_SEEDS)
+    out["seeds"] = list(exp.seeds)
     workload = dict(out.get("workload") or {})
     trace = workload.get("trace")
     if isinstance(trace, str) and ":" not in trace and not Path(trace).is_absolute():
-        workload["trace"] = str((source.parent / trace).resolve())  # relative to the experiment's file
+        workload["trace"] = str((exp.source.parent / trace).resolve())  # relative to the experiment's file
     out["workload"] = workload
     return out
 
@@ -76,10 +74,19 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true", help="reuse the finished runs under OUT (walls then count "
                                                                "only what was left to run)")
     args = parser.parse_args()
+    try:
+        exp = load_experiment(args.experiment)
+    except UserError as exc:  # one line naming the file and key, as `kvplan run` prints it
+        print(f"exhaustive_min_replicas: error: {exc}", file=sys.stderr)
+        return 2
+    if not exp.search or exp.search["target"] != "min_replicas":
+        print(f"exhaustive_min_replicas: error: {args.experiment}: search.target: "
+              f"{(exp.search or {}).get('target')!r}; allowed: min_replicas", file=sys.stderr)
+        return 2
     doc = yaml.safe_load(args.experiment.read_text())
     args.out.mkdir(parents=True, exist_ok=True)
     derived = args.out / "exhaustive.yaml"
-    derived.write_text(yaml.safe_dump(exhaustive_doc(doc, args.experiment), sort_keys=False))
+    derived.write_text(yaml.safe_dump(exhaustive_doc(doc, exp), sort_keys=False))
     walls = []
     for experiment, out in ((args.experiment, args.out / "search"), (derived, args.out / "run")):
         start = time.perf_counter()
@@ -89,16 +96,16 @@ def main() -> int:
         if done.returncode:
             raise SystemExit(f"kvplan run {experiment} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         walls.append(time.perf_counter() - start)
-    keys = list((doc.get("sweep") or {}).get("grid") or {})
+    keys = list(exp.sweep_grid)
     runs = pd.read_parquet(args.out / "run" / "runs.parquet")
     runs["label_point"] = label(runs, keys)
     found = exhaustive_answers(runs)
     points = pd.read_parquet(args.out / "search" / "points.parquet")
-    searched = pd.read_parquet(args.out / "search" / "runs.parquet")
+    search_probes = len(pd.read_parquet(args.out / "search" / "runs.parquet"))
     points["label_point"] = label(points, keys)
-    print(f"search:     {len(searched)} probes in {walls[0]:.0f} s ({args.workers} workers; model range included)")
-    print(f"exhaustive: {len(runs)} probes in {walls[1]:.0f} s (replicas {doc['search'].get('low', 1)} to "
-          f"{doc['search']['high']}, every seed)")
+    print(f"search:     {search_probes} probes in {walls[0]:.0f} s ({args.workers} workers; model range included)")
+    print(f"exhaustive: {len(runs)} probes in {walls[1]:.0f} s (replicas {exp.search['low']} to "
+          f"{exp.search['high']}, every seed)")
     print(f"{'point':<42} {'seed':>4} {'exhaustive':>10} {'search':>6}  counts above failing")
     same = True
     for _, point in points.iterrows():
