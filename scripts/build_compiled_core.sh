@@ -7,7 +7,8 @@
 #
 #   scripts/build_compiled_core.sh OUT [EXTRA_MODULE.py ...]    e.g. ... /tmp/core kvplan/sim/replica.py
 #   COMPILER=cython scripts/build_compiled_core.sh OUT          Cython instead, on the same unchanged .py files
-#   PYTHONPATH=OUT .venv/bin/python -m kvplan ...               runs with the compiled core
+#   PYTHONPATH=OUT .venv/bin/kvplan ...                         runs with the compiled core (or `python -P -m kvplan`:
+#                                                               a plain -m from the checkout imports the pure package)
 #
 # COMPILER=cython runs `cythonize` (CYTHONIZE, default: the one on PATH; `pip install cython` in any venv of the
 # same Python) in pure-Python mode on the same modules, for a like-for-like comparison with mypyc.
@@ -65,4 +66,4 @@ case "${COMPILER:-mypyc}" in
 esac
 rm -rf "$out/build"
 echo "built $(find "$out/kvplan" -name '*.so' | wc -l) extension modules into $out (${COMPILER:-mypyc})"
-echo "use: KVPLAN_COMPILED_CORE=$out (tests/core/test_compiled_core.py) or PYTHONPATH=$out"
+echo "use: KVPLAN_COMPILED_CORE=$out (tests/core/test_compiled_core.py) or PYTHONPATH=$out .venv/bin/kvplan ..."
