@@ -92,13 +92,22 @@ def reference_summary(rows: dict[str, dict]) -> float | None:
 
 def regime(name: str, data_dir: str, synthetic_requests: int = 1_000_000, replicas: int = 16,
            per_replica_rate: float = 6.0, seed: int = 0) -> dict:
-    """One row, with the reference workload measured just before and after it."""
+    """One row, with the reference workload measured just before and after it, and the file its process imported
+    the core's scheduler from (`core_module`: a compiled build's extension when one is first on the path)."""
     before = reference_mops()
     result = _regime(name, data_dir, synthetic_requests, replicas, per_replica_rate, seed)
     if not result.get("skipped"):
         after = reference_mops()
-        result.update(reference_mops=(before + after) / 2, reference_before_mops=before, reference_after_mops=after)
+        result.update(reference_mops=(before + after) / 2, reference_before_mops=before, reference_after_mops=after,
+                      core_module=core_module())
     return result
+
+
+def core_module() -> str:
+    """Where this process's `kvplan.engine.core.scheduler` came from: its .py file, or a compiled extension."""
+    from kvplan.engine.core import scheduler
+
+    return str(scheduler.__file__)
 
 
 def _regime(name: str, data_dir: str, synthetic_requests: int, replicas: int, per_replica_rate: float,

@@ -231,6 +231,10 @@ def _show_sim(result: dict) -> None:
     if result.get("reference_mops") is not None:
         print(f"reference: {result['reference_mops']:.1f} Mops/s (a fixed pure-Python workload, measured around "
               "each row; ref_Mops/s is the row's own)")
+    compiled = sorted({row["core_module"] for row in result["regimes"].values()
+                       if not row.get("skipped") and not row.get("core_module", ".py").endswith(".py")})
+    if compiled:  # a build first on PYTHONPATH (docs/compiled-core.md): say so, these rows are not the pure core's
+        print(f"core: compiled, from {', '.join(str(Path(module).parent) for module in compiled)}")
     for line in skipped:
         print(line)
     for name, row in result["regimes"].items():

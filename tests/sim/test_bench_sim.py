@@ -66,3 +66,26 @@ def test_peak_memory_counts_this_process_and_its_children():
     with PeakMemory() as peak:
         subprocess.run([sys.executable, "-c", "x = bytearray(64 << 20); import time; time.sleep(0.3)"], check=True)
     assert peak.mb > 64  # the child's 64 MB, beside this process's own
+
+
+def _row(core_module: str) -> dict:
+    return {"requests": 10, "replicas": 1, "prefix_caching": "on", "wall_s": 1.0, "simulated_s": 2000.0,
+            "speedup": 2000.0, "fast_share": 0.5, "peak_rss_mb": 100.0, "reference_mops": 11.0, "target": "speedup",
+            "target_met": True, "core_module": core_module, "probes": 2, "overloaded_probes": 0, "seeds": [0],
+            "answers": {"base": 1.0}}
+
+
+def test_report_names_a_compiled_core_and_stays_quiet_on_the_pure_one(capsys):
+    from kvplan.commands.bench import _show_sim
+
+    result = {"speedup_target": 2000.0, "burst_wall_target_s": 10.0, "reference_mops": 11.0,
+              "regimes": {"a": _row(bench.core_module()), "b": {"skipped": True, "reason": "no data"}}}
+    _show_sim(result)
+    assert "core: compiled" not in capsys.readouterr().out
+    result["regimes"]["a"] = _row("/tmp/build/kvplan/engine/core/scheduler.cpython-311-x86_64-linux-gnu.so")
+    _show_sim(result)
+    assert "core: compiled, from /tmp/build/kvplan/engine/core" in capsys.readouterr().out
+
+
+def test_a_row_names_the_scheduler_module_its_process_imported():
+    assert bench.core_module().endswith("kvplan/engine/core/scheduler.py")  # the pure module, in this suite
