@@ -96,11 +96,16 @@ class HashBlockKeys:
     def key(self, index: int) -> int:
         """Key of block `index` (always defined: the caller only asks for blocks it has filled)."""
         keys = self.keys
-        if index < len(keys):
+        start = len(keys)
+        if index < start:
             return keys[index]
+        if index == start and start >= self.num_hashed_blocks:  # the common call: a decode filled its next block
+            parent = hash((keys[-1] if start else self.root, self.salt, start))  # the salted loop below, once
+            keys.append(parent)
+            return parent
         per_group = self.granularity // self.block_size
         parent = keys[-1] if keys else self.root
-        start, hashed, hash_ids = len(keys), self.num_hashed_blocks, self.hash_ids
+        hashed, hash_ids = self.num_hashed_blocks, self.hash_ids
         # `chain_mix` inlined (a simulator run keys every block of every request): the trace's blocks, then the
         # request's own, salted
         if per_group:

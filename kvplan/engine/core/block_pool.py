@@ -44,6 +44,13 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._empty: list[KVBlock] = self.blocks[::-1]  # a stack: block 0 is handed out first
         self.policy: EvictionPolicy = make_eviction_policy(eviction_policy, num_blocks)
+        # The policy's optional hooks, None where it keeps the base's no-op (LRU, the default, keeps both): a
+        # prefix hit touches, a registration notes, once per block - calls that would change nothing.
+        policy_class = type(self.policy)
+        self._on_cached: Callable[[KVBlock], None] | None = (
+            None if policy_class.on_cached is EvictionPolicy.on_cached else self.policy.on_cached)
+        self._touch: Callable[[KVBlock], None] | None = (
+            None if policy_class.touch is EvictionPolicy.touch else self.policy.touch)
         self.cached: dict[int, KVBlock] = {}
         self.duplicates: dict[int, list[KVBlock]] = {}  # key -> later copies, oldest first (rare)
         # Told each key whose last copy an allocation evicts, with the evicted block's id (a lower prefix tier
@@ -124,22 +131,37 @@ class BlockPool:
         `register` and `release` would do to it, in one call (a lower prefix tier's store, one per block the GPU
         evicts: the tiers' hottest path). An empty block first, else the policy's victim, whose key goes to
         `spill` first; None when every block is in use (nothing changes)."""
-        empty, policy = self._empty, self.policy
+        empty, policy, cached = self._empty, self.policy, self.cached
         if empty:
             block = empty.pop()
         elif len(policy):
             block = policy.evict()
             victim: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
-            self._drop_key(block)
-            if self.spill is not None and victim not in self.cached:
+            if victim not in self.duplicates and cached.get(victim) is block:
+                del cached[victim]  # `_drop_key`, inlined for the common case: the only copy of its contents
+            else:
+                self._drop_key(block)
+            if self.spill is not None and victim not in cached:
                 self.spill(victim, block.block_id)
         else:
             return None
         block.key = key
-        self.cached[key] = block
-        policy.on_cached(block)
+        cached[key] = block
+        if self._on_cached is not None:
+            self._on_cached(block)
         policy.insert(block)
         return block
+
+    def refresh(self, block: KVBlock) -> None:
+        """`acquire` then `release` of a cached block in one call (a lower prefix tier storing a key it already
+        has): the policy sees the same calls, and the block ends as it was, free or held."""
+        if block.ref_cnt == 0:
+            self.policy.remove(block)
+            if self._touch is not None:
+                self._touch(block)
+            self.policy.insert(block)
+        elif self._touch is not None:
+            self._touch(block)
 
     def _drop_key(self, block: KVBlock) -> None:
         """Forget `block`'s key (it is being evicted or unregistered); its earliest duplicate, if any, becomes
@@ -178,7 +200,8 @@ class BlockPool:
         if block.ref_cnt == 0:
             self.policy.remove(block)
         block.ref_cnt += 1
-        self.policy.touch(block)
+        if self._touch is not None:
+            self._touch(block)
 
     def share(self, block: KVBlock) -> None:
         """One more reference to a block already in use (a fork)."""
@@ -197,7 +220,8 @@ class BlockPool:
         held = self.cached.setdefault(key, block)
         if held is not block:
             self.duplicates.setdefault(key, []).append(block)
-        self.policy.on_cached(block)
+        if self._on_cached is not None:
+            self._on_cached(block)
         if self.on_register is not None:
             self.on_register(key, block.block_id)
         return True
@@ -208,7 +232,7 @@ class BlockPool:
         (`salt`: a hybrid layout's group, whose copy of the same tokens is another block)."""
         if not self.enable_caching:
             return
-        cached, on_cached, told = self.cached, self.policy.on_cached, self.on_register
+        cached, on_cached, told = self.cached, self._on_cached, self.on_register
         for i in range(first, end):
             block = table[i]
             if block is not None and block.key is None:
@@ -216,7 +240,8 @@ class BlockPool:
                 block.key = key
                 if cached.setdefault(key, block) is not block:
                     self.duplicates.setdefault(key, []).append(block)
-                on_cached(block)
+                if on_cached is not None:
+                    on_cached(block)
                 if told is not None:
                     told(key, block.block_id)
 

@@ -78,8 +78,7 @@ class PrefixTier:
         pool = self.pool
         held = pool.cached.get(key)
         if held is not None:
-            pool.acquire(held)
-            pool.release(held)
+            pool.refresh(held)
             return
         # An empty slot, or this tier's victim, demoted further (or dropped) below by the pool's `spill` first
         # (one slot per key: the victim's contents are gone from here).

@@ -69,17 +69,22 @@ class TieredPrefix:
         blocks, registered and cached free (so the admission takes them as ordinary hits; `plan` counts them as
         free blocks it takes). Stops at the first key nobody has, or when no GPU block is free. The GPU `hits`
         are pinned meanwhile: a promotion's allocation must not evict the prefix it extends."""
-        pool, promoted = self.pool, []
+        pool, tiers, promoted = self.pool, self.tiers, []
+        cached = pool.cached
         for hit in hits:
             pool.acquire(hit)
         for key in keys:
-            block = pool.cached.get(key)
+            block = cached.get(key)
             if block is not None:  # past the first tier hit the GPU may hold a later block: a plain hit
                 pool.acquire(block)
                 promoted.append(block)
                 continue
-            tier = next((t for t in self.tiers if key in t), None)
-            if tier is None or pool.num_free == 0:
+            for tier in tiers:  # the first tier that holds it
+                if key in tier:
+                    break
+            else:
+                break  # nobody holds it
+            if pool.num_free == 0:
                 break
             slot = tier.pin(key)  # a demotion this allocation causes must not evict the slot being copied
             assert slot is not None  # the tier holds `key`
