@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from itertools import accumulate, pairwise
+from itertools import pairwise
 
 import numpy as np
 import simpy
@@ -388,11 +388,13 @@ class Replica:
             inside = [j for j in range(1, k) if lo <= ends[j] <= hi]
             self.itl.add_many([gaps[j - 1] for j in inside], alive[inside].tolist())
         self._itl_on = lo <= ends[0] <= hi  # the first step's gaps
-        widest = list(accumulate(gaps, max, initial=0.0))  # widest[j]: the widest of the first j gaps
+        # The widest of a request's gaps inside the stretch: of all of them for one that runs to its end (nearly
+        # every request), of the first `last` for one that finishes at its step `last`.
+        widest = max(0.0, max(gaps)) if gaps else 0.0
         tracks, first, clock = self.tracks, ends[0], self.clock
         common_gap, common = first - clock, 0
         for request, steps in zip(running, remaining, strict=True):
-            last = min(steps, k) - 1
+            last = k - 1 if steps >= k else steps - 1
             track = tracks[request.request_id]
             if track.last_token_s == clock:  # `_gap`, inlined for the common case: a token in the step before
                 common += 1
@@ -404,8 +406,9 @@ class Replica:
             if gap > track.itl_max_s:
                 track.itl_max_s = gap
             track.last_token_s = ends[last]
-            if widest[last] > track.itl_max_s:
-                track.itl_max_s = widest[last]
+            widest_here = widest if last == k - 1 else max(0.0, max(gaps[:last])) if last else 0.0
+            if widest_here > track.itl_max_s:
+                track.itl_max_s = widest_here
         if common:
             self._common_gaps += common
             self._common_gap = common_gap

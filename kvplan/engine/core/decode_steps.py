@@ -222,7 +222,10 @@ class DecodeSteps:
         caching = pool is not None and pool.enable_caching
         events: list[Event] = []
         for idx, request in enumerate(running):
-            n = min(k, request.max_tokens - request.num_output_tokens)  # its steps in the stretch
+            n = request.max_tokens - request.num_output_tokens  # its steps in the stretch: this, or k if fewer
+            finishes = n <= k
+            if not finishes:
+                n = k
             pos = request.num_computed_tokens  # before the stretch
             request.num_computed_tokens = pos + n
             request.num_output_tokens += n
@@ -230,7 +233,7 @@ class DecodeSteps:
             if pool is not None and ((pos - 1) // bs != (pos + n - 1) // bs or (pos + n) // bs != pos // bs):
                 _block_events(events, idx, pos, n, -(-pos // bs) * bs, request.num_hashed_blocks, bs,
                               caching and request.block_keys is not None)
-            if request.num_output_tokens >= request.max_tokens:
+            if finishes:  # its output budget is reached in the stretch's step n - 1
                 events.append((n - 1, UPDATE, idx, FINISH, 0))
         finished = self._replay(events, usage, k, UpdateOutput())
         if finished:
