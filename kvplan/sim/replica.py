@@ -390,7 +390,7 @@ class Replica:
         self._itl_on = lo <= ends[0] <= hi  # the first step's gaps
         # The widest of a request's gaps inside the stretch: of all of them for one that runs to its end (nearly
         # every request), of the first `last` for one that finishes at its step `last`.
-        widest = max(0.0, max(gaps)) if gaps else 0.0
+        widest = max([0.0, *gaps])
         tracks, first, clock = self.tracks, ends[0], self.clock
         common_gap, common = first - clock, 0
         for request, steps in zip(running, remaining, strict=True):
@@ -406,7 +406,7 @@ class Replica:
             if gap > track.itl_max_s:
                 track.itl_max_s = gap
             track.last_token_s = ends[last]
-            widest_here = widest if last == k - 1 else max(0.0, max(gaps[:last])) if last else 0.0
+            widest_here = widest if last == k - 1 else max([0.0, *gaps[:last]])
             if widest_here > track.itl_max_s:
                 track.itl_max_s = widest_here
         if common:

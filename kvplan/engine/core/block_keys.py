@@ -99,24 +99,21 @@ class HashBlockKeys:
         start = len(keys)
         if index < start:
             return keys[index]
-        if index == start and start >= self.num_hashed_blocks:  # the common call: a decode filled its next block
-            parent = hash((keys[-1] if start else self.root, self.salt, start))  # the salted loop below, once
-            keys.append(parent)
-            return parent
-        per_group = self.granularity // self.block_size
         parent = keys[-1] if keys else self.root
-        hashed, hash_ids = self.num_hashed_blocks, self.hash_ids
+        hashed = self.num_hashed_blocks
         # `chain_mix` inlined (a simulator run keys every block of every request): the trace's blocks, then the
-        # request's own, salted
-        if per_group:
-            for i in range(start, min(index + 1, hashed)):
-                parent = hash((parent, int(hash_ids[i // per_group]), i % per_group))
-                keys.append(parent)
-        else:  # blocks larger than a group: each gathers the groups it covers
-            per_block = self.block_size // self.granularity
-            for i in range(start, min(index + 1, hashed)):
-                parent = hash((parent, tuple(int(h) for h in hash_ids[i * per_block:(i + 1) * per_block]), 0))
-                keys.append(parent)
+        # request's own, salted (a decode filling its next block, the common call, has only the latter)
+        if start < hashed:
+            hash_ids, per_group = self.hash_ids, self.granularity // self.block_size
+            if per_group:
+                for i in range(start, min(index + 1, hashed)):
+                    parent = hash((parent, int(hash_ids[i // per_group]), i % per_group))
+                    keys.append(parent)
+            else:  # blocks larger than a group: each gathers the groups it covers
+                per_block = self.block_size // self.granularity
+                for i in range(start, min(index + 1, hashed)):
+                    parent = hash((parent, tuple(int(h) for h in hash_ids[i * per_block:(i + 1) * per_block]), 0))
+                    keys.append(parent)
         salt = self.salt
         for i in range(max(start, hashed), index + 1):
             parent = hash((parent, salt, i))

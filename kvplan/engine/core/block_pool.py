@@ -137,10 +137,7 @@ class BlockPool:
         elif len(policy):
             block = policy.evict()
             victim: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
-            if victim not in self.duplicates and cached.get(victim) is block:
-                del cached[victim]  # `_drop_key`, inlined for the common case: the only copy of its contents
-            else:
-                self._drop_key(block)
+            self._drop_key(block)
             if self.spill is not None and victim not in cached:
                 self.spill(victim, block.block_id)
         else:
