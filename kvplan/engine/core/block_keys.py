@@ -105,10 +105,17 @@ class HashBlockKeys:
         # request's own, salted (a decode filling its next block, the common call, has only the latter)
         if start < hashed:
             hash_ids, per_group = self.hash_ids, self.granularity // self.block_size
-            if per_group:
-                for i in range(start, min(index + 1, hashed)):
-                    parent = hash((parent, int(hash_ids[i // per_group]), i % per_group))
-                    keys.append(parent)
+            if per_group:  # group by group: a group's hash is read once for all its sub-blocks
+                end = min(index + 1, hashed)
+                group, sub = divmod(start, per_group)
+                i = start
+                while i < end:
+                    group_hash, stop = int(hash_ids[group]), min(per_group, sub + end - i)
+                    for j in range(sub, stop):
+                        parent = hash((parent, group_hash, j))
+                        keys.append(parent)
+                    i += stop - sub
+                    group, sub = group + 1, 0
             else:  # blocks larger than a group: each gathers the groups it covers
                 per_block = self.block_size // self.granularity
                 for i in range(start, min(index + 1, hashed)):

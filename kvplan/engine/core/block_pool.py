@@ -113,17 +113,18 @@ class BlockPool:
             block.ref_cnt = 1
         if n > take:  # the rest evicts, as `allocate` does once the empty stack is gone
             cached, duplicates, spill = self.cached, self.duplicates, self.spill
-            for block in self.policy.evict_many(n - take):
+            victims = self.policy.evict_many(n - take)
+            for block in victims:
                 key: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
-                if key not in duplicates and cached.get(key) is block:
-                    del cached[key]  # `_drop_key`, inlined for the common case: the only copy of its contents
-                    block.key = None
-                else:
+                if key in duplicates:
                     self._drop_key(block)
+                else:  # `_drop_key`, inlined for the common case: the only copy, so `cached[key]` is this block
+                    del cached[key]
+                    block.key = None
                 block.ref_cnt = 1
-                blocks.append(block)
                 if spill is not None and key not in cached:
                     spill(key, block.block_id)
+            blocks += victims
         return blocks
 
     def insert_free(self, key: int) -> KVBlock | None:
@@ -165,32 +166,31 @@ class BlockPool:
         the copy a lookup finds."""
         key: int = block.key  # type: ignore[assignment]  # every caller passes a keyed block (evicted or checked)
         block.key = None
-        if self.cached.get(key) is block:
-            copies = self.duplicates.get(key)
-            if copies:
-                self.cached[key] = copies.pop(0)
-                if not copies:
-                    del self.duplicates[key]
-            else:
-                del self.cached[key]
+        copies = self.duplicates.get(key)  # never an empty list: a key's entry goes with its last duplicate
+        if copies is None:  # the only copy of its contents, so `cached[key]` is this block
+            del self.cached[key]
+            return
+        if self.cached[key] is block:
+            self.cached[key] = copies.pop(0)
         else:
-            copies = self.duplicates[key]
             copies.remove(block)
-            if not copies:
-                del self.duplicates[key]
+        if not copies:
+            del self.duplicates[key]
 
     def release_all(self, blocks: Sequence[KVBlock | None]) -> None:
         """Drop one reference to each of `blocks`, last to first (a request's table: tail first), skipping
         holes. A block whose last reference goes becomes cached free when keyed, else empty."""
-        empty, insert = self._empty, self.policy.insert
+        empty, cached_free = self._empty, []
         for block in reversed(blocks):  # inlined, not a loop over `release`: a finishing request frees ~100
             if block is not None:
                 block.ref_cnt -= 1
                 if block.ref_cnt == 0:
                     if block.key is not None:
-                        insert(block)
+                        cached_free.append(block)
                     else:
                         empty.append(block)
+        if cached_free:  # the policy's candidates in the same order, in one call
+            self.policy.insert_many(cached_free)
 
     def acquire(self, block: KVBlock) -> None:
         """Take one more reference to a cached block (a prefix hit)."""
@@ -199,6 +199,16 @@ class BlockPool:
         block.ref_cnt += 1
         if self._touch is not None:
             self._touch(block)
+
+    def acquire_many(self, blocks: Sequence[KVBlock]) -> None:
+        """`acquire` of each of `blocks`, in order (an admission's prefix hits)."""
+        remove, touch = self.policy.remove, self._touch
+        for block in blocks:
+            if block.ref_cnt == 0:
+                remove(block)
+            block.ref_cnt += 1
+            if touch is not None:
+                touch(block)
 
     def share(self, block: KVBlock) -> None:
         """One more reference to a block already in use (a fork)."""
@@ -230,10 +240,10 @@ class BlockPool:
         if not self.enable_caching:
             return
         cached, on_cached, told = self.cached, self._on_cached, self.on_register
-        for i in range(first, end):
-            block = table[i]
+        for block, key in zip(table[first:end], keys[first:end], strict=True):
             if block is not None and block.key is None:
-                key = keys[i] ^ salt
+                if salt:
+                    key ^= salt
                 block.key = key
                 if cached.setdefault(key, block) is not block:
                     self.duplicates.setdefault(key, []).append(block)

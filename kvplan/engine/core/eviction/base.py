@@ -55,6 +55,11 @@ class EvictionPolicy(ABC):
     def __len__(self) -> int:
         """Number of candidates (cached free blocks)."""
 
+    def insert_many(self, blocks: list[KVBlock]) -> None:
+        """`insert` of each of `blocks`, in order (a finishing request frees its blocks together)."""
+        for block in blocks:
+            self.insert(block)
+
     def evict(self) -> KVBlock:
         self.num_evictions += 1
         return self.pop_victim()

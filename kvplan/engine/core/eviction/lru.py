@@ -26,10 +26,19 @@ class LRUPolicy(EvictionPolicy):
     def insert(self, block: KVBlock) -> None:
         self._queue[block.block_id] = block
 
+    def insert_many(self, blocks: list[KVBlock]) -> None:
+        queue = self._queue
+        for block in blocks:
+            queue[block.block_id] = block
+
     def remove(self, block: KVBlock) -> None:
         del self._queue[block.block_id]
 
     def pop_victim(self) -> KVBlock:
+        return self._queue.popitem(last=False)[1]
+
+    def evict(self) -> KVBlock:
+        self.num_evictions += 1
         return self._queue.popitem(last=False)[1]
 
     def evict_many(self, n: int) -> list[KVBlock]:
