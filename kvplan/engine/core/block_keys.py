@@ -105,8 +105,12 @@ class HashBlockKeys:
         # request's own, salted (a decode filling its next block, the common call, has only the latter)
         if start < hashed:
             hash_ids, per_group = self.hash_ids, self.granularity // self.block_size
-            if per_group:  # group by group: a group's hash is read once for all its sub-blocks
-                end = min(index + 1, hashed)
+            end = min(index + 1, hashed)
+            if per_group == 1:  # one group per block (the granularity is the block size)
+                for i in range(start, end):
+                    parent = hash((parent, int(hash_ids[i]), 0))
+                    keys.append(parent)
+            elif per_group:  # group by group: a group's hash is read once for all its sub-blocks
                 group, sub = divmod(start, per_group)
                 i = start
                 while i < end:
@@ -118,8 +122,8 @@ class HashBlockKeys:
                     group, sub = group + 1, 0
             else:  # blocks larger than a group: each gathers the groups it covers
                 per_block = self.block_size // self.granularity
-                for i in range(start, min(index + 1, hashed)):
-                    parent = hash((parent, tuple(int(h) for h in hash_ids[i * per_block:(i + 1) * per_block]), 0))
+                for i in range(start, end):
+                    parent = hash((parent, tuple(map(int, hash_ids[i * per_block:(i + 1) * per_block])), 0))
                     keys.append(parent)
         salt = self.salt
         for i in range(max(start, hashed), index + 1):

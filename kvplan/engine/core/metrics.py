@@ -134,16 +134,29 @@ def _table_slots(ids_of: dict[str, list[int]], requests: list[Request], bs: int)
         base = (np.arange(len(flat), dtype=np.int64) - first) * bs  # the first position of each table entry
         held = flat != HOLE  # sink+window released blocks: holes in the table
         block_ids, base = flat[held], base[held]
-        # A block shared by several tables counts once, with the most slots any holder has written / will write;
-        # grouped over the distinct live ids (work follows the live tables, not the pool's size).
-        distinct, slot = np.unique(block_ids, return_inverse=True)
-        most = np.zeros(len(distinct), dtype=np.int64)
-        np.maximum.at(most, slot, np.clip(np.repeat(done, lengths)[held] - base, 0, bs))
-        tokens = int(most.sum())
-        most[:] = 0
-        np.maximum.at(most, slot, np.clip(np.repeat(final, lengths)[held] - base, 0, bs))
-        needed_slots = int(most.sum())
+        tokens, needed_slots = _distinct_max_sums(block_ids, np.clip(np.repeat(done, lengths)[held] - base, 0, bs),
+                                                  np.clip(np.repeat(final, lengths)[held] - base, 0, bs))
     return tokens, needed_slots
+
+
+def _distinct_max_sums(block_ids: np.ndarray, *values: np.ndarray) -> list[int]:
+    """For each of `values` (non-negative, one per entry of `block_ids`): the sum over the distinct block ids of
+    the largest value any of the id's entries has - a block several tables hold counts once, with the most slots
+    any holder has written (or will write). Scatters into arrays indexed by block id, with no sort; `np.zeros`
+    of a large size maps zero pages lazily, so the work follows the live entries, not the pool's size."""
+    if not len(block_ids):
+        return [0] * len(values)
+    size = int(block_ids.max()) + 1
+    most, last = np.zeros(size, dtype=np.int64), np.empty(size, dtype=np.int64)
+    entry = np.arange(len(block_ids), dtype=np.int64)
+    last[block_ids] = entry
+    once = last[block_ids] == entry  # one entry per distinct id: the one whose index the scatter kept
+    sums = []
+    for value in values:
+        np.maximum.at(most, block_ids, value)
+        sums.append(int(most[block_ids][once].sum()))
+        most[block_ids] = 0
+    return sums
 
 
 def _reservation_breakdown(kv: ReservationAllocator, requests: Iterable[Request]) -> MemoryBreakdown:
