@@ -240,10 +240,10 @@ class BlockPool:
         if not self.enable_caching:
             return
         cached, on_cached, told = self.cached, self._on_cached, self.on_register
-        for block, key in zip(table[first:end], keys[first:end], strict=True):
+        for i in range(first, end):
+            block = table[i]
             if block is not None and block.key is None:
-                if salt:
-                    key ^= salt
+                key = keys[i] ^ salt
                 block.key = key
                 if cached.setdefault(key, block) is not block:
                     self.duplicates.setdefault(key, []).append(block)
