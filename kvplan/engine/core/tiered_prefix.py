@@ -71,8 +71,7 @@ class TieredPrefix:
         are pinned meanwhile: a promotion's allocation must not evict the prefix it extends."""
         pool, tiers, promoted = self.pool, self.tiers, []
         cached = pool.cached
-        for hit in hits:
-            pool.acquire(hit)
+        pool.acquire_many(hits)
         for key in keys:
             block = cached.get(key)
             if block is not None:  # past the first tier hit the GPU may hold a later block: a plain hit
