@@ -86,9 +86,11 @@ class SharedView(TierView):
     def apply(self, key: int, when: float) -> None:
         """Store `key` now, as made at `when` (its step's start): a store that copies a block (not a refresh of a
         key the store has, nor one dropped with every slot pinned) holds the node's link for it from `when`."""
-        stored = self.stats.demotions
-        TierView.store(self, key)
-        if self.link is not None and self.stats.demotions > stored:
+        stats, tier = self.stats, self.tier
+        stored = stats.demotions
+        tier.stats = stats  # `TierView.store`, inlined: once per block the GPU evicts
+        tier.store(key, -1, GPU)
+        if self.link is not None and stats.demotions > stored:
             self.link.reserve(when, 1)
 
     def __contains__(self, key: int) -> bool:

@@ -138,7 +138,11 @@ class BlockPool:
         elif len(policy):
             block = policy.evict()
             victim: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
-            self._drop_key(block)
+            if victim in self.duplicates:
+                self._drop_key(block)
+            else:  # `_drop_key`'s common case inlined, as in `allocate_many` (a tier's pool never has duplicates)
+                del cached[victim]
+                block.key = None
             if self.spill is not None and victim not in cached:
                 self.spill(victim, block.block_id)
         else:
