@@ -110,16 +110,12 @@ class HashBlockKeys:
                 for i in range(start, end):
                     parent = hash((parent, int(hash_ids[i]), 0))
                     keys.append(parent)
-            elif per_group:  # group by group: a group's hash is read once for all its sub-blocks
-                group, sub = divmod(start, per_group)
-                i = start
-                while i < end:
-                    group_hash, stop = int(hash_ids[group]), min(per_group, sub + end - i)
-                    for j in range(sub, stop):
+            elif per_group:  # group by group: a group's hash is read once for its sub-blocks start .. end-1
+                for group in range(start // per_group, (end - 1) // per_group + 1):
+                    group_hash, first = int(hash_ids[group]), group * per_group
+                    for j in range(max(start - first, 0), min(end - first, per_group)):
                         parent = hash((parent, group_hash, j))
                         keys.append(parent)
-                    i += stop - sub
-                    group, sub = group + 1, 0
             else:  # blocks larger than a group: each gathers the groups it covers
                 per_block = self.block_size // self.granularity
                 for i in range(start, end):

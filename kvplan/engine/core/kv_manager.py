@@ -234,19 +234,10 @@ class KVCacheManager(TieredPrefix):
                   ids: list[int]) -> None:
         """Put the prefix `hits` (holes as `HOLE`) at the head of the request's new `table` and `ids`, one
         reference each; the request's computed and registered counts start after them."""
-        if None in hits:  # a sliding group's hits: holes outside its window, as the window leaves them
-            for block in hits:
-                if block is None:
-                    table.append(None)
-                    ids.append(HOLE)
-                else:
-                    self.pool.acquire(block)
-                    table.append(block)
-                    ids.append(block.block_id)
-        else:
-            self.pool.acquire_many(hits)  # type: ignore[arg-type]  # no holes
-            table += hits
-            ids += [block.block_id for block in hits]  # type: ignore[union-attr]
+        # a hole (outside a sliding group's window, as the window leaves it) takes nothing
+        self.pool.acquire_many([block for block in hits if block is not None])
+        table += hits
+        ids += [HOLE if block is None else block.block_id for block in hits]
         request.num_hashed_blocks = len(hits)  # hit blocks are already registered
         request.num_computed_tokens = len(hits) * self.block_size
 
