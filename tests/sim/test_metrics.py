@@ -1,10 +1,16 @@
-"""Summary statistics: weighted percentiles equal numpy's on the expanded data; the summary key set."""
+"""Summary statistics: weighted percentiles equal numpy's on the expanded data; the ITL log's bins; the summary key
+set."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from kvplan.results import itl
 from kvplan.results.itl import ItlLog
 from kvplan.results.summary import SUMMARY_KEYS, weighted_percentile
 from kvplan.sim.run import simulate
@@ -29,6 +35,36 @@ def test_itl_log_counts_merge():
     b.add(0.5000000004)  # the same microsecond
     values, counts = ItlLog().merge([a, b]).arrays()
     assert values.tolist() == [0.25, 0.5] and counts.tolist() == [1, 4]
+
+
+HALF_MICROSECONDS = st.integers(0, 10**7).map(lambda u: (u + 0.5) / 1e6)  # rounding ties, where rules differ
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.floats(0, 100, allow_nan=False), HALF_MICROSECONDS), st.integers(1, 10**6)),
+                max_size=300), st.integers(1, 64))
+def test_itl_log_bins_as_round_does(entries, limit):
+    """Binned in bulk (numpy's rint, at most `limit` pending) the table is the one `round` gives gap by gap,
+    half-microsecond gaps included (both round half to even)."""
+    expected: dict[int, int] = {}
+    for gap, count in entries:
+        expected[round(gap * 1e6)] = expected.get(round(gap * 1e6), 0) + count
+    log = ItlLog()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(itl, "PENDING_LIMIT", limit)
+        for i, (gap, count) in enumerate(entries):
+            if i % 3:
+                log.add(gap, count)
+            else:
+                log.add_many([gap], [count])
+    assert log.counts == expected
+
+
+def test_itl_log_refuses_a_gap_that_is_not_a_number():
+    log = ItlLog()
+    log.add(math.nan)
+    with pytest.raises(ValueError, match="finite"):
+        log.arrays()
 
 
 def test_summary_has_exactly_the_design_keys():
