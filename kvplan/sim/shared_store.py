@@ -48,7 +48,7 @@ class StoreQueue:
         items = self.items
         while items and items[0][0] <= now:
             when, _, view, key = heapq.heappop(items)
-            view.apply(key, when)
+            view.apply([(key, -1)], when)
 
 
 class SharedView(TierView):
@@ -74,24 +74,27 @@ class SharedView(TierView):
             self.queue.push(starts[step], self, key)
         self.stretch = None
 
-    def store(self, key: int, src: int = -1, src_tier: str = GPU) -> None:
-        """(`src`: unused - the simulator's shared store logs no copies, it only counts them.)"""
+    def store_many(self, keys: list[tuple[int, int]], src_tier: str = GPU) -> None:
+        """(The blocks' ids are unused: the simulator's shared store logs no copies, it only counts them.)"""
         if self.stretch is not None:
-            self.stretch.append((len(self.usage), key))
+            step = len(self.usage)
+            self.stretch.extend([(step, key) for key, _ in keys])
             return
         now = self.clock()
         self.queue.flush(now)
-        self.apply(key, now)
+        self.apply(keys, now)
 
-    def apply(self, key: int, when: float) -> None:
-        """Store `key` now, as made at `when` (its step's start): a store that copies a block (not a refresh of a
-        key the store has, nor one dropped with every slot pinned) holds the node's link for it from `when`."""
+    def apply(self, keys: list[tuple[int, int]], when: float) -> None:
+        """Store `keys` now, in order, as made at `when` (their step's start): each store that copies a block (not
+        a refresh of a key the store has, nor one dropped with every slot pinned) holds the node's link for it from
+        `when`, one block after another."""
         stats, tier = self.stats, self.tier
         stored = stats.demotions
-        tier.stats = stats  # `TierView.store`, inlined: once per block the GPU evicts
-        tier.store(key, -1, GPU)
-        if self.link is not None and stats.demotions > stored:
-            self.link.reserve(when, 1)
+        tier.stats = stats  # `TierView.store_many`, inlined
+        tier.store_many(keys, GPU)
+        if self.link is not None:
+            for _ in range(stats.demotions - stored):
+                self.link.reserve(when, 1)
 
     def __contains__(self, key: int) -> bool:
         self.queue.flush(self.clock())

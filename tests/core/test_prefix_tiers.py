@@ -175,3 +175,39 @@ def test_write_through_stores_a_block_in_every_tier_when_it_is_computed():
         store_block(kv, key)
     assert 5 not in cpu and 5 in disk and (cpu.stats.dropped, disk.stats.dropped) == (1, 0)
     assert (cpu.stats.demotions, disk.stats.demotions) == (3, 3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(cpu=st.integers(1, 5), disk=st.integers(0, 4), policy=st.sampled_from(["lru", "fifo", "lfu", "s3fifo"]),
+       batches=st.lists(st.tuples(st.lists(st.integers(0, 12), max_size=8, unique=True), st.integers(-1, 12)),
+                        max_size=25))
+def test_a_batch_of_stores_is_the_stores_one_at_a_time(cpu, disk, policy, batches):
+    """What a GPU allocation's evictions hand the chain in one call (`store_many`) ends as the same calls one key at
+    a time would leave it: each tier's keys in its policy's eviction order, its counters (the last tier's drops
+    counted from its evictions: the evictions its pool reports key by key), the logged copies; `pin` holds a key
+    through a batch (a promotion in flight)."""
+    chains = []
+    for _ in range(2):
+        log: list = []
+        chains.append((build_tiers([TierSpec("cpu", cpu, policy), TierSpec("disk", disk, policy)], 1, log=log), log))
+    lost: list[tuple[int, int]] = []  # the one-at-a-time chain's last tier: what its pool evicts, told key by key
+    chains[1][0][-1].pool.spill = lost.extend
+    for keys, pinned in batches:
+        batch = [(key, 100 + key) for key in keys]
+        for tiers, _ in chains:
+            slot = tiers[0].pin(pinned) if pinned >= 0 else None
+            if tiers is chains[0][0]:
+                tiers[0].store_many(batch)
+            else:
+                for key, block in batch:
+                    tiers[0].store(key, block)
+            if slot is not None:
+                tiers[0].unpin(slot)
+    (batched, batched_log), (single, single_log) = chains
+    assert batched_log == single_log
+    if disk:  # a drop from an unpinned last tier is an eviction from it (the top one may drop a store when pinned)
+        assert single[-1].stats.dropped == len(lost)
+    for a, b in zip(batched, single, strict=True):
+        assert (a.stats, a.name) == (b.stats, b.name)
+        order = [[block.key for block in t.pool.policy.evict_many(len(t.pool.policy))] for t in (a, b)]
+        assert order[0] == order[1]

@@ -53,9 +53,10 @@ class BlockPool:
             None if policy_class.touch is EvictionPolicy.touch else self.policy.touch)
         self.cached: dict[int, KVBlock] = {}
         self.duplicates: dict[int, list[KVBlock]] = {}  # key -> later copies, oldest first (rare)
-        # Told each key whose last copy an allocation evicts, with the evicted block's id (a lower prefix tier
-        # copies it out before the block is reused); None: dropped.
-        self.spill: Callable[[int, int], None] | None = None
+        # Told the keys whose last copy an allocation evicts, each with the evicted block's id, in eviction order,
+        # once per allocation call (a lower prefix tier copies them out before the blocks are reused; one call for
+        # an admission's many evictions); None: dropped.
+        self.spill: Callable[[list[tuple[int, int]]], None] | None = None
         # Told each key registered here, with its block's id (write-through prefix tiers store it at once);
         # None: nobody is told.
         self.on_register: Callable[[int, int], None] | None = None
@@ -99,7 +100,7 @@ class BlockPool:
             key: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
             self._drop_key(block)
             if self.spill is not None and key not in self.cached:
-                self.spill(key, block.block_id)
+                self.spill([(key, block.block_id)])
         block.ref_cnt = 1
         return block
 
@@ -113,6 +114,7 @@ class BlockPool:
             block.ref_cnt = 1
         if n > take:  # the rest evicts, as `allocate` does once the empty stack is gone
             cached, duplicates, spill = self.cached, self.duplicates, self.spill
+            spilled: list[tuple[int, int]] = []  # (no spill reads this pool: its keys can wait for the loop's end)
             victims = self.policy.evict_many(n - take)
             for block in victims:
                 key: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
@@ -123,7 +125,9 @@ class BlockPool:
                     block.key = None
                 block.ref_cnt = 1
                 if spill is not None and key not in cached:
-                    spill(key, block.block_id)
+                    spilled.append((key, block.block_id))
+            if spill is not None and spilled:
+                spill(spilled)
             blocks += victims
         return blocks
 
@@ -144,7 +148,7 @@ class BlockPool:
                 del cached[victim]
                 block.key = None
             if self.spill is not None and victim not in cached:
-                self.spill(victim, block.block_id)
+                self.spill([(victim, block.block_id)])
         else:
             return None
         block.key = key

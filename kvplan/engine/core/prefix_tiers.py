@@ -59,10 +59,21 @@ class PrefixTier:
         self.name = name
         self.pool = BlockPool(num_blocks, block_size, eviction_policy, enable_caching=True)
         self.stats = TierStats()
-        self.below: PrefixTier | TierView | None = None  # write-back: where what this tier evicts goes
+        self._below: PrefixTier | TierView | None = None
         # the chain's copies, shared with the KV manager (None: not logged - the simulator's shared store)
         self.log = log
-        self.pool.spill = self._evicted
+
+    @property
+    def below(self) -> PrefixTier | TierView | None:
+        """Write-back: where what this tier evicts goes (None: dropped)."""
+        return self._below
+
+    @below.setter
+    def below(self, tier: PrefixTier | TierView | None) -> None:
+        self._below = tier
+        # Nothing below: the pool spills nowhere, and `store_many` counts the drops from its policy's evictions
+        # (a full last tier evicts once per store: no call and no list for each).
+        self.pool.spill = None if tier is None else self._evicted
 
     def __len__(self) -> int:
         return len(self.pool.cached)
@@ -71,24 +82,33 @@ class PrefixTier:
         return key in self.pool.cached
 
     def store(self, key: int, src: int, src_tier: str = GPU) -> None:
-        """Keep `key` (block `src` of the pool `src_tier` above, which evicted it, or wrote it through): a key
-        already here is refreshed, not copied again. A new key takes a slot from free to keyed and cached free in
-        one pool call (`BlockPool.insert_free`); the copy into it is logged after the demotion its own eviction
-        caused."""
-        pool = self.pool
-        held = pool.cached.get(key)
-        if held is not None:
-            pool.refresh(held)
-            return
-        # An empty slot, or this tier's victim, demoted further (or dropped) below by the pool's `spill` first
-        # (one slot per key: the victim's contents are gone from here).
-        slot = pool.insert_free(key)
-        if slot is None:  # every slot is pinned by a promotion in flight: nowhere to put it
-            self.stats.dropped += 1
-            return
-        self.stats.demotions += 1
-        if self.log is not None:
-            self.log.append(TierTransfer(src_tier, src, self.name, slot.block_id))
+        """Keep `key` (block `src` of the pool `src_tier` above, which evicted it, or wrote it through)."""
+        self.store_many([(key, src)], src_tier)
+
+    def store_many(self, keys: list[tuple[int, int]], src_tier: str = GPU) -> None:
+        """Keep each (key, block) of `keys` in order, as `store` would one at a time (the pool above's `spill`:
+        an admission's evictions in one call). A key already here is refreshed, not copied again. A new key takes
+        a slot from free to keyed and cached free in one pool call (`BlockPool.insert_free`); the copy into it is
+        logged after the demotion its own eviction caused."""
+        pool, stats, log = self.pool, self.stats, self.log  # (a store below this tier never swaps this `stats`)
+        cached, policy = pool.cached, pool.policy
+        evicted = policy.num_evictions
+        for key, src in keys:
+            held = cached.get(key)
+            if held is not None:
+                pool.refresh(held)
+                continue
+            # An empty slot, or this tier's victim, demoted further (or dropped) below by the pool's `spill` first
+            # (one slot per key: the victim's contents are gone from here).
+            slot = pool.insert_free(key)
+            if slot is None:  # every slot is pinned by a promotion in flight: nowhere to put it
+                stats.dropped += 1
+                continue
+            stats.demotions += 1
+            if log is not None:
+                log.append(TierTransfer(src_tier, src, self.name, slot.block_id))
+        if self._below is None:  # every key this tier evicted is dropped (a tier's pool holds no duplicates)
+            stats.dropped += policy.num_evictions - evicted
 
     def pin(self, key: int) -> KVBlock | None:
         """Hold `key`'s slot while its contents are copied up, so that no store evicts it meanwhile."""
@@ -100,11 +120,9 @@ class PrefixTier:
     def unpin(self, slot: KVBlock) -> None:
         self.pool.release(slot)
 
-    def _evicted(self, key: int, slot: int) -> None:
-        if self.below is not None:
-            self.below.store(key, slot, self.name)
-        else:
-            self.stats.dropped += 1
+    def _evicted(self, keys: list[tuple[int, int]]) -> None:
+        assert self._below is not None  # the pool's `spill` only while a tier is below (`below`)
+        self._below.store_many(keys, self.name)
 
 
 class TierView:
@@ -132,8 +150,11 @@ class TierView:
         return self.tier.pool
 
     def store(self, key: int, src: int = -1, src_tier: str = GPU) -> None:
+        self.store_many([(key, src)], src_tier)
+
+    def store_many(self, keys: list[tuple[int, int]], src_tier: str = GPU) -> None:
         self.tier.stats = self.stats
-        self.tier.store(key, src, src_tier)
+        self.tier.store_many(keys, src_tier)
 
     def pin(self, key: int) -> KVBlock | None:
         return self.tier.pin(key)
@@ -192,7 +213,7 @@ def connect(pool: BlockPool, tiers: list[PrefixTier | TierView], write_through: 
         pool.on_register = write
     else:
         pool.on_register = None
-        pool.spill = tiers[0].store
+        pool.spill = tiers[0].store_many
 
 
 def offloading_blocks(size_gib: float | None, bytes_per_block: float, blocks: int) -> int:
