@@ -76,10 +76,18 @@ def test_a_block_larger_than_the_granularity_is_shared_when_all_its_groups_are()
 
 
 def test_hash_keys_are_the_chain_mix_chain_whatever_order_they_are_asked_in():
+    """A group's sub-blocks are its base and the keys after it, the base the chain_mix of the previous group's
+    base (the root's for the first) and the group's hash with the low bits cleared; the private keys chain_mix
+    from the last hashed key on."""
     keys = HashBlockKeys([11, 22, 33], 64, 16, prompt_len=150, salt="r7")  # 9 hashed blocks, then private ones
-    expected, parent = [], ROOT_KEY
+    expected, base = [], ROOT_KEY
     for i in range(14):
-        parent = chain_mix(parent, [11, 22, 33][i // 4], i % 4) if i < 9 else chain_mix(parent, keys.salt, i)
-        expected.append(parent)
-    assert [keys.key(i) for i in (3, 0, 8, 9, 13, 5)] == [expected[i] for i in (3, 0, 8, 9, 13, 5)]
+        if i < 9:
+            if i % 4 == 0:
+                base = chain_mix(base, [11, 22, 33][i // 4], 0) & -4  # 4 sub-blocks per group: 2 bits
+            expected.append(base + i % 4)
+        else:
+            expected.append(chain_mix(expected[-1], keys.salt, i))
+    order = (1, 3, 0, 6, 8, 9, 13, 5)  # groups begun by one call and finished by a later one
+    assert [keys.key(i) for i in order] == [expected[i] for i in order]
     assert keys.keys == expected

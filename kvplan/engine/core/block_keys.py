@@ -11,9 +11,12 @@ Two sources of content:
 
 * `TokenBlockKeys`: the token ids themselves (the live engine).
 * `HashBlockKeys`: a trace's prefix hashes at granularity G (Mooncake's 512-token `hash_ids`), G a multiple or a
-  divisor of the block size b. Group j expands into G/b sub-blocks keyed H(prev, hash_j, sub-index), or block i
-  gathers the b/G groups it covers, keyed H(prev, their hashes, 0), so sharing at granularity G is preserved
-  exactly at block size b (a block is shared when all its groups are). Blocks past the hashed part of the prompt
+  divisor of the block size b. Group j expands into its G/b sub-blocks, keyed base_j, base_j + 1, ... where
+  base_j = H(base_{j-1}, hash_j, 0) with its low bits (those that number a sub-block) cleared: one hash per group
+  instead of one per sub-block, and a sub-block's key still names every group before it and its own place (a
+  simulator keys tens of millions of Mooncake blocks). Or block i gathers the b/G groups it covers, keyed H(prev,
+  their hashes, 0). Either way sharing at granularity G is preserved exactly at block size b (a block is shared
+  when all its groups are). Blocks past the hashed part of the prompt
   (the tail of the prompt not covered, and every block holding generated tokens) are keyed with a per-request salt:
   they are cacheable, but never shared with another request - as on the live engine, where generated text differs.
   No token list is ever built, so a million such requests fit in memory.
@@ -110,12 +113,16 @@ class HashBlockKeys:
                 for i in range(start, end):
                     parent = hash((parent, int(hash_ids[i]), 0))
                     keys.append(parent)
-            elif per_group:  # group by group: a group's hash is read once for its sub-blocks start .. end-1
+            elif per_group:  # group by group: one hash per group, its sub-blocks consecutive keys (the module)
+                low = -(1 << (per_group - 1).bit_length())  # clears the bits that number a group's sub-blocks
                 for group in range(start // per_group, (end - 1) // per_group + 1):
-                    group_hash, first = int(hash_ids[group]), group * per_group
-                    for j in range(max(start - first, 0), min(end - first, per_group)):
-                        parent = hash((parent, group_hash, j))
-                        keys.append(parent)
+                    first = group * per_group
+                    if first < start:  # begun by an earlier call: its first key is its base
+                        base = keys[first]
+                    else:  # chained to the previous group's base (the root's for the first)
+                        base = hash((keys[first - per_group] if group else self.root, int(hash_ids[group]), 0)) & low
+                    keys.extend(range(base + max(start - first, 0), base + min(end - first, per_group)))
+                parent = keys[-1]
             else:  # blocks larger than a group: each gathers the groups it covers
                 per_block = self.block_size // self.granularity
                 for i in range(start, end):
