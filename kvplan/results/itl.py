@@ -7,7 +7,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-PENDING_LIMIT = 1 << 16  # gaps held before they are binned (a simulator adds one per decode step)
+PENDING_LIMIT = 1 << 12  # gaps held before they are binned (a simulator adds one per decode step; a few
+# thousand amortise numpy's per-call cost, and a million-request run keeps dozens of replicas' logs in memory)
 
 
 class ItlLog:
