@@ -38,7 +38,7 @@ from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.timing import SequenceTiming
 from kvplan.results.itl import ItlLog
 from kvplan.results.request_table import RequestLog
-from kvplan.sim.cost import CostModel, sliding_window, step_time
+from kvplan.sim.cost import CostModel, reads_spread, sliding_window, step_time
 from kvplan.sim.cost.features import decode_stretch_features, first_decode_features
 from kvplan.sim.links import TierPricing
 from kvplan.sim.lora import LoraServing, lora_serving
@@ -61,6 +61,7 @@ class Replica:
         self.block_size = cache.block_size
         self.attended_limit = cache.sink_tokens + cache.window_tokens if cache.windowed else 0
         self.sliding_window = sliding_window(cost)
+        self.spread = reads_spread(cost)  # whether stretches need the features only some cost models read
         self.next_arrival = next_arrival
         self.sample_interval_s, self.next_sample_s = sample_interval_s, 0.0
         self.fast_path = fast_path
@@ -331,7 +332,7 @@ class Replica:
         contexts = [r.num_computed_tokens + 1 for r in running]
         remaining = [r.max_tokens - r.num_output_tokens for r in running]
         features = decode_stretch_features(np.array(contexts, dtype=np.int64), np.array(remaining, dtype=np.int64),
-                                           k, self.block_size, self.sliding_window)
+                                           k, self.block_size, self.sliding_window, self.spread)
         times = self.cost.step_times(features).tolist()
         ends, clock = [], self.clock
         for dt in times:

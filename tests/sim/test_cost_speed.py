@@ -11,9 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvplan.sim.cost import reads_spread
 from kvplan.sim.cost.analytic import AnalyticCost
-from kvplan.sim.cost.features import StepFeatures, decode_stretch_features, first_decode_features, step_features
+from kvplan.sim.cost.features import (
+    FEATURE_NAMES,
+    StepFeatures,
+    decode_stretch_features,
+    first_decode_features,
+    step_features,
+)
 from kvplan.sim.cost.parallel import Shape
+from kvplan.sim.cost.scaled import ScaledCost
 from kvplan.sim.cost.token_table import TokenTable
 from kvplan.sim.gpu.table import load_table
 from kvplan.sim.specs.hardware import get_hardware
@@ -149,3 +157,26 @@ def test_leaving_out_the_zero_attention_terms_changes_no_bit(name):
         full = np.maximum(compute, read) + a._floor
         step = StepFeatures(n, 0, 0, n, ctx, ctx, blocks, n, 1)
         assert np.array_equal(a.time(step), full)
+
+
+@pytest.mark.parametrize("name", sorted(COSTS))
+def test_the_analytic_cost_reads_no_spread_so_stretches_may_leave_it_out(name):
+    """`reads_spread` False is true of every analytic shape: a step prices the same whatever its longest context
+    and `batched`, so a stretch without them (`spread=False`) prices as one with them."""
+    cost = replace(COSTS[name])
+    assert reads_spread(cost) is False and reads_spread(ScaledCost(cost, 2.0)) is False
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        n, k = int(rng.integers(1, 40)), int(rng.integers(1, 60))
+        contexts, remaining = rng.integers(1, 9000, n), rng.integers(1, 80, n)
+        full = decode_stretch_features(contexts, remaining, k, 16)
+        lean = decode_stretch_features(contexts, remaining, k, 16, spread=False)
+        assert lean.decode_context_max == 0 and lean.batched == 0
+        assert np.array_equal(cost.step_times(full), cost.step_times(lean))
+        step = StepFeatures(*(int(rng.integers(0, 5000)) for _ in FEATURE_NAMES))
+        for spread in ({"decode_context_max": 0, "batched": 0}, {"decode_context_max": 10**6, "batched": 1}):
+            assert cost.step_times(replace(step, **spread)) == cost.step_times(step)
+
+
+def test_a_model_that_does_not_say_reads_the_spread():
+    assert reads_spread(object()) is True  # (a calibrated profile prices it: the default keeps it)

@@ -24,6 +24,12 @@ class CostModel(Protocol):
     def transfer_time(self, swapped_blocks: int, copied_blocks: int, disk_blocks: int = 0) -> float: ...
 
 
+def reads_spread(model: CostModel) -> bool:
+    """Whether the model's step times read `decode_context_max` and `batched` (the calibrated model's spread and
+    BLAS terms); one that declares `reads_spread = False` gets decode stretches without them."""
+    return getattr(model, "reads_spread", True)
+
+
 def sliding_window(model: CostModel) -> int:
     """The window the model's sliding-window layers attend over (0: none, or a cost model that does not price
     layer kinds separately, as a profile measured on one model does)."""
@@ -59,4 +65,4 @@ def step_parts(model: CostModel, step, block_size: int, attended_limit: int = 0,
     return compute, transfers, promoted
 
 
-__all__ = ["CostModel", "StepFeatures", "sliding_window", "step_parts", "step_time"]
+__all__ = ["CostModel", "StepFeatures", "reads_spread", "sliding_window", "step_parts", "step_time"]

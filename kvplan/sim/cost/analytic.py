@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import numpy as np
 
@@ -122,6 +122,8 @@ class AnalyticCost:
     # vllm/config/vllm.py) schedules step n + 1 while step n runs on the GPU, so a step takes the longer of the
     # two, not their sum; False: the CPU work and the forward pass run one after the other.
     async_scheduling: bool = True
+    # Neither the longest decode context nor `batched` enters the laws (`sim.cost.reads_spread`)
+    reads_spread: ClassVar[bool] = False
     # Fraction of peak FLOP/s the attention kernels achieve; None: the shape-aware law fitted on FlashAttention-3's
     # published speeds (`sim.gpu.attention`, docs/attention.md). A number replaces that law's e(head_dim).
     attention_efficiency: float | None = None
