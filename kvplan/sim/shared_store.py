@@ -88,12 +88,10 @@ class SharedView(TierView):
         """Store `keys` now, in order, as made at `when` (their step's start): each store that copies a block (not
         a refresh of a key the store has, nor one dropped with every slot pinned) holds the node's link for it from
         `when`, one block after another."""
-        stats, tier = self.stats, self.tier
-        stored = stats.demotions
-        tier.stats = stats  # `TierView.store_many`, inlined
-        tier.store_many(keys, GPU)
+        stored = self.stats.demotions
+        TierView.store_many(self, keys, GPU)
         if self.link is not None:
-            for _ in range(stats.demotions - stored):
+            for _ in range(self.stats.demotions - stored):
                 self.link.reserve(when, 1)
 
     def __contains__(self, key: int) -> bool:

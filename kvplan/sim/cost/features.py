@@ -154,10 +154,8 @@ def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int,
     if sliding_window:
         capped = np.minimum(attended, sliding_window)
         window = (0, np.add.reduce(capped, axis=0), np.add.reduce((capped + (block_size - 1)) // block_size, axis=0))
-    if not spread:
-        return StepFeatures(count, 0, 0, count, np.add.reduce(attended, axis=0), 0, blocks, count, 0, *window)
-    return StepFeatures(count, 0, 0, count, np.add.reduce(attended, axis=0), np.maximum.reduce(attended, axis=0),
-                        blocks, count, (count >= 2).astype(np.int64), *window)
+    longest, batched = (np.maximum.reduce(attended, axis=0), (count >= 2).astype(np.int64)) if spread else (0, 0)
+    return StepFeatures(count, 0, 0, count, np.add.reduce(attended, axis=0), longest, blocks, count, batched, *window)
 
 
 def first_decode_features(contexts: list[int], block_size: int, sliding_window: int = 0) -> StepFeatures[int]:
