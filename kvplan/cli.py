@@ -28,12 +28,24 @@ SERVE_PACKAGES = ("fastapi", "starlette", "uvicorn", "prometheus_client")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="kvplan", description="KV-cache capacity planner for LLM serving.")
-    parser.add_argument("--version", action="version", version=f"kvplan {__version__}")
+    parser.add_argument("--version", action=VersionAction, nargs=0, help="show the version, and the serving core "
+                        "this process runs (compiled or pure Python: kvplan/launch.py), and exit")
     verbs = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"kvplan.commands.{name}").register(verbs)
     _refuse_empty_values(parser)
     return parser
+
+
+class VersionAction(argparse.Action):
+    """`--version`: the version, and which serving core runs (looked up only when asked: it imports the core)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        from kvplan.launch import core_description
+
+        print(f"kvplan {__version__} (serving core: {core_description()})")
+        parser.exit()
 
 
 def _refuse_empty_values(parser: argparse.ArgumentParser) -> None:

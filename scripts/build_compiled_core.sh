@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Build the shared serving core (kvplan/engine/core) with mypyc (or Cython) into a scratch directory OUT, never
-# into the checkout: OUT/kvplan is a copy of the package whose core modules are C extensions beside their .py
-# sources (an extension wins over a .py of the same name on import), and OUT/{sim,engine,traces,experiments,kernels}
-# link to the checkout's data folders, which kvplan finds beside its package. The pure-Python core stays the executable
-# specification; tests/core/test_compiled_core.py compares the two step by step (KVPLAN_COMPILED_CORE=OUT).
+# Build the shared serving core (kvplan/engine/core) with mypyc (or Cython) into OUT, never into the package:
+# OUT/kvplan mirrors the package - real folders, a link to the checkout's file for every file - except that the
+# modules it compiles are copies with their C extensions beside them (an extension wins over a .py of the same name
+# on import). So a module left interpreted is the checkout's own file, found where it lives (its data beside the
+# package too), and an edit to it is live in the build. The build is finished when OUT/kvplan-compiled.json is
+# written, last, with the digest of the sources it compiled (kvplan/launch.py): scripts/install.sh builds into
+# .venv/kvplan-compiled, and the `kvplan` script runs that build while its digest is current, the pure modules
+# otherwise. The pure-Python core stays the executable specification; tests/core/test_compiled_core.py and
+# tests/sim/test_compiled_sim.py compare the two (KVPLAN_COMPILED_CORE=OUT).
 #
 #   scripts/build_compiled_core.sh OUT [EXTRA_MODULE.py ...]    e.g. ... /tmp/core kvplan/sim/replica.py
 #   COMPILER=cython scripts/build_compiled_core.sh OUT          Cython instead, on the same unchanged .py files
-#   PYTHONPATH=OUT .venv/bin/kvplan ...                         runs with the compiled core (or `python -P -m kvplan`:
-#                                                               a plain -m from the checkout imports the pure package)
+#   PYTHONPATH=OUT .venv/bin/python -P -m kvplan ...            runs with that build (a plain -m from the checkout
+#                                                               imports the pure package)
 #
 # COMPILER=cython runs `cythonize` (CYTHONIZE, default: the one on PATH; `pip install cython` in any venv of the
 # same Python) in pure-Python mode on the same modules, for a like-for-like comparison with mypyc.
@@ -31,14 +35,22 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=$(mkdir -p "$1" && cd "$1" && pwd)
 shift
 case "$out/" in
-  "$root"/*) echo "$0: OUT $out is inside the checkout $root; build compiled files outside it" >&2; exit 2 ;;
+  "$root"/.venv/*) ;;  # git-ignored: the install's own build (.venv/kvplan-compiled)
+  "$root"/*) echo "$0: OUT $out is inside the checkout $root; build compiled files outside it (or under .venv)" >&2
+             exit 2 ;;
 esac
 python=${PYTHON:-$root/.venv/bin/python}
 [ -x "$python" ] || python=$(command -v python3)
 
+rm -f "$out/kvplan-compiled.json"  # unfinished until the end (kvplan/launch.py)
 rm -rf "$out/kvplan" "$out/build" "$out"/*__mypyc*.so
-cp -r "$root/kvplan" "$out/kvplan"
-find "$out/kvplan" -name __pycache__ -prune -exec rm -rf {} +
+# The mirror: the package's folders, each file a link to the checkout's (the compiled modules are copied below)
+(cd "$root" && find kvplan -name __pycache__ -prune -o -type d -print) | while IFS= read -r dir; do
+  mkdir -p "$out/$dir"
+done
+(cd "$root" && find kvplan -name __pycache__ -prune -o -type f -print) | while IFS= read -r file; do
+  ln -s "$root/$file" "$out/$file"
+done
 cp "$root/pyproject.toml" "$out/"  # mypyc reads the project's mypy settings from it
 for data in sim engine traces experiments kernels; do
   ln -sfn "$root/$data" "$out/$data"
@@ -53,7 +65,11 @@ while IFS= read -r path; do
   modules+=("$path")
 done < <(find kvplan/engine/core -name '*.py' | sort)
 modules+=("$@")
-for path in "${modules[@]}"; do echo "compiling:   $path"; done
+digest=$(cd "$root" && "$python" -m kvplan.launch digest "${modules[@]}")  # of the sources about to be copied
+for path in "${modules[@]}"; do
+  echo "compiling:   $path"
+  rm "$out/$path" && cp "$root/$path" "$out/$path"
+done
 case "${COMPILER:-mypyc}" in
   mypyc)
     "$python" -m mypyc "${modules[@]}" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
@@ -65,5 +81,6 @@ case "${COMPILER:-mypyc}" in
   *) echo "$0: COMPILER=${COMPILER} is neither mypyc nor cython" >&2; exit 2 ;;
 esac
 rm -rf "$out/build"
+(cd "$root" && "$python" -m kvplan.launch stamp "$out" "$digest" "${COMPILER:-mypyc}" "${modules[@]}")
 echo "built $(find "$out/kvplan" -name '*.so' | wc -l) extension modules into $out (${COMPILER:-mypyc})"
-echo "use: KVPLAN_COMPILED_CORE=$out (tests/core/test_compiled_core.py) or PYTHONPATH=$out .venv/bin/kvplan ..."
+echo "use: KVPLAN_COMPILED_CORE=$out (tests/core/test_compiled_core.py) or PYTHONPATH=$out .venv/bin/python -P -m kvplan ..."

