@@ -10,6 +10,7 @@
 # tests/sim/test_compiled_sim.py compare the two (KVPLAN_COMPILED_CORE=OUT).
 #
 #   scripts/build_compiled_core.sh OUT [EXTRA_MODULE.py ...]    e.g. ... /tmp/core kvplan/sim/replica.py
+#   scripts/build_compiled_core.sh OUT --sim                    the core and SIM_MODULES below: the install's build
 #   COMPILER=cython scripts/build_compiled_core.sh OUT          Cython instead, on the same unchanged .py files
 #   PYTHONPATH=OUT .venv/bin/python -P -m kvplan ...            runs with that build (a plain -m from the checkout
 #                                                               imports the pure package)
@@ -27,6 +28,10 @@
 #   __init__.py files - re-exports only
 # Needs a C compiler (cc) and Python headers; 1 to 4 minutes with mypyc, about 5 with Cython, on 2 shared cores.
 set -euo pipefail
+# Beside the core, the install's build (--sim) compiles the simulator's step loop and the per-arrival and per-request
+# bookkeeping around it. shared_store.py must go with the core: its class subclasses the core's TierView.
+SIM_MODULES=(kvplan/sim/replica.py kvplan/sim/shared_store.py kvplan/sim/cluster.py kvplan/results/request_table.py
+             kvplan/results/itl.py kvplan/sim/cost/token_table.py)
 if [ $# -lt 1 ]; then
   echo "usage: $0 OUT [EXTRA_MODULE.py ...]  (OUT: a scratch directory outside the checkout)" >&2
   exit 2
@@ -64,6 +69,10 @@ while IFS= read -r path; do
   case " $excluded " in *" $name "*) echo "interpreted: $path"; continue ;; esac
   modules+=("$path")
 done < <(find kvplan/engine/core -name '*.py' | sort)
+if [ "${1:-}" = --sim ]; then
+  shift
+  modules+=("${SIM_MODULES[@]}")
+fi
 modules+=("$@")
 digest=$(cd "$root" && "$python" -m kvplan.launch digest "${modules[@]}")  # of the sources about to be copied
 for path in "${modules[@]}"; do

@@ -53,8 +53,7 @@ fi
 core_build=.venv/kvplan-compiled
 if ! .venv/bin/python -m kvplan.launch status "$core_build" > /dev/null 2>&1; then
   echo "compiling the serving core with mypyc into $core_build (about a minute on 2 cores; log: $core_build.log)" >&2
-  if bash scripts/build_compiled_core.sh "$core_build" kvplan/sim/replica.py kvplan/sim/shared_store.py \
-       > "$core_build.log" 2>&1; then
+  if bash scripts/build_compiled_core.sh "$core_build" --sim > "$core_build.log" 2>&1; then
     grep "^built " "$core_build.log" >&2
   else
     echo "could not compile the serving core (see $core_build.log): the kvplan script runs the pure-Python core" >&2

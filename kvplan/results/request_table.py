@@ -25,7 +25,7 @@ class RequestLog:
         self.columns: dict[str, array[Any]] = {name: array("q" if name in _INT_COLUMNS else "d")
                                                for name in RAW_COLUMNS}
 
-    def add(self, *values: float) -> None:
+    def add(self, *values: object) -> None:  # ints into the "q" columns, floats into the "d" ones
         for column, value in zip(self.columns.values(), values, strict=True):
             column.append(value)
 

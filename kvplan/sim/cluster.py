@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import simpy
@@ -108,20 +110,39 @@ class Cluster(Stoppable):
 
     # -- results -------------------------------------------------------------------------------------------
     def itl(self) -> ItlLog:
-        return ItlLog().merge(r.itl for r in self.replicas)
+        return merged_itl(self.replicas)
 
     def series_rows(self) -> list[tuple]:
-        return [row for r in self.replicas for row in r.series]
+        return series_rows(self.replicas)
 
     def counters(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for replica in self.replicas:
-            for key, value in replica.counters().items():
-                totals[key] = totals.get(key, 0) + value
-        totals["num_rejected"] = len(self.unservable) + sum(len(r.rejected) for r in self.replicas)
-        return totals
+        return counter_totals(self.replicas, self.unservable)
 
     def rejected(self) -> list[tuple[int, str]]:
         """(trace row, reason) of every request never served: rejected by a replica's scheduler (longer than
         max_model_len, too large for the KV cache) or failed in the trace itself."""
-        return sorted([*self.unservable, *(x for r in self.replicas for x in r.rejected)])
+        return rejected_rows(self.replicas, self.unservable)
+
+
+# What a cluster's results sum over its replicas: functions of the replicas (`Replica`s here, the parts a worker
+# process sends back in `sim.parallel`: anything with `itl`, `series`, `counters()` and `rejected`), so that both
+# kinds of cluster share them.
+def merged_itl(replicas: Sequence[Any]) -> ItlLog:
+    return ItlLog().merge(r.itl for r in replicas)
+
+
+def series_rows(replicas: Sequence[Any]) -> list[tuple]:
+    return [row for r in replicas for row in r.series]
+
+
+def counter_totals(replicas: Sequence[Any], unservable: list[tuple[int, str]]) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for replica in replicas:
+        for key, value in replica.counters().items():
+            totals[key] = totals.get(key, 0) + value
+    totals["num_rejected"] = len(unservable) + sum(len(r.rejected) for r in replicas)
+    return totals
+
+
+def rejected_rows(replicas: Sequence[Any], unservable: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    return sorted([*unservable, *(x for r in replicas for x in r.rejected)])

@@ -30,7 +30,7 @@ from kvplan.engine.core import CacheConfig, SchedulerConfig
 from kvplan.engine.core.kv_layout import KVLayout
 from kvplan.results.itl import ItlLog
 from kvplan.results.request_table import RequestLog
-from kvplan.sim.cluster import UNSERVABLE, Cluster
+from kvplan.sim.cluster import UNSERVABLE, Cluster, counter_totals, merged_itl, rejected_rows, series_rows
 from kvplan.sim.cost import CostModel
 from kvplan.sim.routers import RoundRobin
 from kvplan.traces import Trace
@@ -78,19 +78,18 @@ class MergedCluster:
             for name, column in self.log.columns.items():
                 column.extend(part.log.columns[name])
 
+    # The same sums over replicas as a Cluster's
     def itl(self) -> ItlLog:
-        return ItlLog().merge(r.itl for r in self.replicas)
+        return merged_itl(self.replicas)
 
     def series_rows(self) -> list[tuple]:
-        return [row for r in self.replicas for row in r.series]
+        return series_rows(self.replicas)
 
-    # The same sums over replicas. (Cluster's methods read only `replicas` and `unservable`, which a MergedCluster
-    # has too; their `self` is typed Cluster until kvplan.sim.cluster types it by those two attributes.)
     def counters(self) -> dict[str, int]:
-        return Cluster.counters(self)  # type: ignore[arg-type]
+        return counter_totals(self.replicas, self.unservable)
 
     def rejected(self) -> list[tuple[int, str]]:
-        return Cluster.rejected(self)  # type: ignore[arg-type]
+        return rejected_rows(self.replicas, self.unservable)
 
 
 def shares(trace: Trace, num_replicas: int) -> tuple[list[np.ndarray], list[tuple[int, str]]]:
