@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages, where no build ever applies)
@@ -75,7 +76,7 @@ def build_status(build: Path, root: Path = ROOT) -> str:
     return "" if current == stamp.get("digest") else f"{build} is out of date: the sources changed since it was built"
 
 
-def chosen_build(env: dict[str, str] | os._Environ[str], build: Path | None = None) -> Path | None:
+def chosen_build(env: Mapping[str, str], build: Path | None = None) -> Path | None:
     """The build the script should re-execute into, or None (run the pure modules here)."""
     if env.get(PURE_ENV) or env.get(ACTIVE_ENV):
         return None
@@ -83,12 +84,17 @@ def chosen_build(env: dict[str, str] | os._Environ[str], build: Path | None = No
     return build if not build_status(build) else None
 
 
-def core_description() -> str:
-    """Which serving core this process runs: the compiled build's extension, or the pure-Python modules."""
+def core_module() -> str:
+    """The file this process imported `kvplan.engine.core.scheduler` from: its .py, or a build's extension."""
     from kvplan.engine.core import scheduler
 
-    where = str(scheduler.__file__)
-    return f"compiled, {Path(where).parents[3]}" if not where.endswith(".py") else "pure Python"
+    return str(scheduler.__file__)
+
+
+def core_description() -> str:
+    """Which serving core this process runs: the compiled build (named by its folder), or the pure-Python modules."""
+    where = core_module()
+    return "pure Python" if where.endswith(".py") else f"compiled, {Path(where).parents[3]}"
 
 
 def main() -> int:
@@ -97,7 +103,7 @@ def main() -> int:
         path = os.environ.get("PYTHONPATH")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(build), *([path] if path else [])]),
                ACTIVE_ENV: str(build)}
-        os.execve(sys.executable, [sys.executable, sys.argv[0], *sys.argv[1:]], env)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)  # this script again, on the build
     from kvplan.cli import main as cli_main
 
     return cli_main()

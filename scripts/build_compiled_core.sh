@@ -57,9 +57,6 @@ done
   ln -s "$root/$file" "$out/$file"
 done
 cp "$root/pyproject.toml" "$out/"  # mypyc reads the project's mypy settings from it
-for data in sim engine traces experiments kernels; do
-  ln -sfn "$root/$data" "$out/$data"
-done
 
 excluded="config.py kv_interface.py settings.py setting_classes.py vllm_versions.py __init__.py"
 modules=()

@@ -52,6 +52,7 @@ import numpy as np
 from kvplan.bench.memory import PeakMemory
 from kvplan.bench.reference import reference_mops
 from kvplan.bench.workloads import lognormal_lengths
+from kvplan.launch import core_module
 
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 AZURE_CONV = Path("azure-llm-2023") / "AzureLLMInferenceTrace_conv.csv"
@@ -101,13 +102,6 @@ def regime(name: str, data_dir: str, synthetic_requests: int = 1_000_000, replic
         result.update(reference_mops=(before + after) / 2, reference_before_mops=before, reference_after_mops=after,
                       core_module=core_module())
     return result
-
-
-def core_module() -> str:
-    """Where this process's `kvplan.engine.core.scheduler` came from: its .py file, or a compiled extension."""
-    from kvplan.engine.core import scheduler
-
-    return str(scheduler.__file__)
 
 
 def _regime(name: str, data_dir: str, synthetic_requests: int, replicas: int, per_replica_rate: float,
