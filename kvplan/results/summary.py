@@ -4,6 +4,8 @@ memory breakdown, prefix-cache, preemption, eviction and tier counters)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -104,7 +106,9 @@ def _stats(name: str, values: np.ndarray, weights: np.ndarray | None = None) -> 
         weights = np.ones(len(values), dtype=np.int64)
         values = np.sort(values)
     total = int(weights.sum())
-    mean = float(np.dot(values, weights) / total) if total else float("nan")
+    # fsum, not np.dot: a BLAS dot splits long vectors across its threads, so its last bits depended on the machine's
+    # core count (and it rounds at every add); fsum is the exactly rounded sum wherever it runs
+    mean = math.fsum((values * weights).tolist()) / total if total else float("nan")
     return {f"mean_{name}_ms": mean, f"median_{name}_ms": weighted_percentile(values, weights, 50),
             f"p90_{name}_ms": weighted_percentile(values, weights, 90),
             f"p99_{name}_ms": weighted_percentile(values, weights, 99)}

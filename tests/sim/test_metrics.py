@@ -4,6 +4,7 @@ set."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvplan.results import itl
 from kvplan.results.itl import ItlLog
-from kvplan.results.summary import SUMMARY_KEYS, weighted_percentile
+from kvplan.results.summary import SUMMARY_KEYS, _stats, weighted_percentile
 from kvplan.sim.run import simulate
 from kvplan.sim.spec import SimSpec
 from tests.sim.helpers import random_trace
@@ -26,6 +27,20 @@ def test_weighted_percentile_is_numpys_linear_percentile(seed):
     expanded = np.repeat(values, weights)
     for q in (0, 1, 50, 90, 99, 100):
         assert weighted_percentile(values, weights, q) == pytest.approx(np.percentile(expanded, q), abs=1e-15)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2**42, 2**42), st.integers(-30, 0), st.integers(1, 1000)), min_size=1,
+                max_size=40))
+def test_weighted_mean_is_the_exactly_rounded_sum(entries):
+    """The summary's mean is the exact weighted sum rounded once, then divided: no machine-dependent BLAS
+    summation order (a multithreaded dot product split long columns across the machine's cores) and no
+    cancellation. The values are m × 2^e (|m| < 2^42, weights < 2^10: every product exact), so the exact sum is
+    known."""
+    values = np.sort(np.array([math.ldexp(m, e) for m, e, _ in entries], dtype=np.float64))
+    weights = np.array([w for *_, w in entries], dtype=np.int64)
+    exact = sum((Fraction(float(v)) * int(w) for v, w in zip(values, weights, strict=True)), Fraction(0))
+    assert _stats("x", values, weights)["mean_x_ms"] == float(exact) / int(weights.sum())
 
 
 def test_itl_log_counts_merge():
