@@ -331,8 +331,7 @@ class Replica:
         # Every running request is a plain decode now (`decode_horizon`): past its prompt, one token pending
         contexts = [r.num_computed_tokens + 1 for r in running]
         remaining = [r.max_tokens - r.num_output_tokens for r in running]
-        features = decode_stretch_features(np.array(contexts, dtype=np.int64), np.array(remaining, dtype=np.int64),
-                                           k, self.block_size, self.sliding_window, self.spread)
+        features = decode_stretch_features(contexts, remaining, k, self.block_size, self.sliding_window, self.spread)
         times = self.cost.step_times(features).tolist()
         ends, clock = [], self.clock
         for dt in times:

@@ -27,6 +27,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from kvplan.sim.cost.decode_stretch import stretch_sums
+
 # What a feature is: `int` for one step, `np.ndarray` (int64, one entry per step) for a stretch of steps.
 N = TypeVar("N", int, np.ndarray)
 
@@ -139,23 +141,25 @@ def window_decode_sums(ends: Sequence[int], block_size: int, window: int) -> tup
     return sum(capped), sum([-(-c // block_size) for c in capped])
 
 
-def decode_stretch_features(contexts: np.ndarray, remaining: np.ndarray, k: int, block_size: int,
-                            sliding_window: int = 0, spread: bool = True) -> StepFeatures[np.ndarray]:
+def decode_stretch_features(contexts: Sequence[int] | np.ndarray, remaining: Sequence[int] | np.ndarray, k: int,
+                            block_size: int, sliding_window: int = 0,
+                            spread: bool = True) -> StepFeatures[np.ndarray]:
     """Features of k pure-decode steps where request i attends contexts[i] + j tokens in step j (0-based) and
-    runs remaining[i] steps: a request that finishes drops out of the later steps. Cost O(len(contexts) × k).
+    runs remaining[i] steps: a request that finishes drops out of the later steps. Summed in O(n + k) by
+    `decode_stretch.stretch_sums` (lists of ints, as the replica keeps them, pass through unconverted).
     `spread` False leaves `decode_context_max` and `batched` a plain 0, for a cost model that prices neither
-    (`sim.cost.reads_spread`): three array operations fewer per stretch, a tenth of its pricing."""
-    steps = np.arange(k, dtype=np.int64)
-    alive = steps < remaining[:, None]  # (request, step)
-    attended = (contexts[:, None] + steps) * alive
-    count = np.add.reduce(alive, axis=0, dtype=np.int64)  # ufunc reductions: .sum() adds a Python layer per call
-    blocks = np.add.reduce((attended + (block_size - 1)) // block_size, axis=0)
-    window = (0, 0, 0)
+    (`sim.cost.reads_spread`): array operations fewer per stretch."""
+    contexts = contexts if type(contexts) is list else np.asarray(contexts, dtype=np.int64).tolist()
+    remaining = remaining if type(remaining) is list else np.asarray(remaining, dtype=np.int64).tolist()
+    live, attended, blocks, longest, capped, capped_blocks = stretch_sums(contexts, remaining, k, block_size,
+                                                                         sliding_window, spread)
+    count = np.array(live, dtype=np.int64)  # one array: the cost models recognise a decode stretch by it
+    window: tuple = (0, 0, 0)
     if sliding_window:
-        capped = np.minimum(attended, sliding_window)
-        window = (0, np.add.reduce(capped, axis=0), np.add.reduce((capped + (block_size - 1)) // block_size, axis=0))
-    longest, batched = (np.maximum.reduce(attended, axis=0), (count >= 2).astype(np.int64)) if spread else (0, 0)
-    return StepFeatures(count, 0, 0, count, np.add.reduce(attended, axis=0), longest, blocks, count, batched, *window)
+        window = (0, np.array(capped, dtype=np.int64), np.array(capped_blocks, dtype=np.int64))
+    spread_terms = (np.array(longest, dtype=np.int64), (count >= 2).astype(np.int64)) if spread else (0, 0)
+    return StepFeatures(count, 0, 0, count, np.array(attended, dtype=np.int64), spread_terms[0],
+                        np.array(blocks, dtype=np.int64), count, spread_terms[1], *window)
 
 
 def first_decode_features(contexts: list[int], block_size: int, sliding_window: int = 0) -> StepFeatures[int]:

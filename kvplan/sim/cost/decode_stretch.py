@@ -1,0 +1,103 @@
+"""The features of a stretch of k pure-decode steps over n requests, in O(n + k + n·k/b) integer operations instead
+of the n × k table of every request's every step.
+
+Request i attends a = contexts[i] + j tokens in step j (0-based) while j < remaining[i], and nothing after. Its
+terms of each per-step sum change only at a few steps: it joins at step 0 and leaves after its last step; its
+attended tokens grow by one per step (up to the window W in the sliding-window sums); its blocks ⌈a / b⌉ grow at
+the steps where a − 1 is a multiple of b, one step in b. So every feature is a running sum over the steps of those
+changes (difference lists), plus the one token per step each live request adds. The sums are exact integers:
+the same values, bit for bit, as summing the table (tests/sim/test_decode_stretch.py checks them against it).
+
+Plain lists of ints in and out, and loops only, so that the compiled build (`scripts/build_compiled_core.sh
+--sim`) runs it as C integer arithmetic: a stretch's n and k are tens, where an array library spends most of its
+time entering and leaving each operation.
+"""
+
+from __future__ import annotations
+
+
+def _blocks_changes(changes: list[int], context: int, steps: int, block_size: int, limit: int) -> int:
+    """Add +1 to `changes` at each step j in 1 .. steps - 1 where the request's blocks grow: ⌈a / b⌉ with
+    a = context + j tokens grows when a − 1 is a multiple of b, while a <= `limit` (a window: afterwards the keys
+    it reads stay at `limit`; context + steps: no limit inside the stretch). Returns its blocks in its last step."""
+    blocks = -(-min(context, limit) // block_size)
+    step = (1 - context) % block_size or block_size  # the first j >= 1 with (context + j − 1) % b == 0
+    while step < steps and context + step <= limit:
+        changes[step] += 1
+        blocks += 1
+        step += block_size
+    return blocks
+
+
+def stretch_sums(contexts: list[int], remaining: list[int], k: int, block_size: int, window: int,
+                 spread: bool) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
+    """Per step of the stretch: (live requests, Σ attended tokens, Σ their blocks, the longest attended or [] when
+    not `spread`, Σ min(attended, window) and Σ its blocks or [] and [] when `window` is 0). A step nobody is live
+    in has 0 everywhere."""
+    live_changes = [0] * (k + 1)
+    context_changes = [0] * (k + 1)  # Σ of the live requests' step-0 contexts; each step adds its live count
+    block_changes = [0] * (k + 1)
+    longest_ending = [0] * (k + 1) if spread else []  # the longest step-0 context of those live to step j - 1
+    for i in range(len(contexts)):
+        context = contexts[i]
+        steps = min(remaining[i], k)
+        if steps <= 0:
+            continue
+        live_changes[0] += 1
+        live_changes[steps] -= 1
+        context_changes[0] += context
+        context_changes[steps] -= context
+        block_changes[0] += -(-context // block_size)  # its blocks in its last step leave after it
+        block_changes[steps] -= _blocks_changes(block_changes, context, steps, block_size, context + steps)
+        if spread and context > longest_ending[steps]:
+            longest_ending[steps] = context
+    live, attended, touched = [0] * k, [0] * k, [0] * k
+    count = total = blocks = 0
+    for j in range(k):
+        count += live_changes[j]
+        total += context_changes[j]
+        blocks += block_changes[j]
+        live[j] = count
+        attended[j] = total + j * count
+        touched[j] = blocks
+    longest: list[int] = []
+    if spread:  # the longest live context: the largest step-0 context among the requests still live, plus j
+        longest = [0] * k
+        top = 0
+        for j in range(k - 1, -1, -1):
+            top = max(top, longest_ending[j + 1])
+            longest[j] = top + j if live[j] else 0
+    capped, capped_blocks = window_sums(contexts, remaining, k, block_size, window) if window else ([], [])
+    return live, attended, touched, longest, capped, capped_blocks
+
+
+def window_sums(contexts: list[int], remaining: list[int], k: int, block_size: int,
+                window: int) -> tuple[list[int], list[int]]:
+    """Per step: Σ min(attended, window) over the live requests, and Σ of the blocks those keys span. A request's
+    capped count grows by one per step until it reaches the window, then stays."""
+    level_changes = [0] * (k + 1)  # its step-0 value joins, its last step's value leaves
+    slope_changes = [0] * (k + 1)  # +1 from step 1 up to the step it reaches the window
+    block_changes = [0] * (k + 1)
+    for i in range(len(contexts)):
+        context = contexts[i]
+        steps = min(remaining[i], k)
+        if steps <= 0:
+            continue
+        level_changes[0] += min(context, window)
+        level_changes[steps] -= min(context + steps - 1, window)
+        growing = min(window - context, steps - 1)  # the last step its capped count still grows in
+        if growing >= 1:
+            slope_changes[1] += 1
+            slope_changes[growing + 1] -= 1
+        block_changes[0] += -(-min(context, window) // block_size)
+        block_changes[steps] -= _blocks_changes(block_changes, context, steps, block_size, window)
+    capped, capped_blocks = [0] * k, [0] * k
+    level = slope = grown = blocks = 0
+    for j in range(k):
+        level += level_changes[j]
+        slope += slope_changes[j]
+        grown += slope
+        blocks += block_changes[j]
+        capped[j] = level + grown
+        capped_blocks[j] = blocks
+    return capped, capped_blocks
