@@ -46,7 +46,9 @@ class TokenTable:
                 return self._values[x]
             return self.term(x)
         if isinstance(x, np.ndarray) and x.dtype == np.int64 and x.ndim == 1 and len(x):
-            top = int(x.view(np.uint64).max())  # a negative count reads as a huge one: the term handles it
+            # a negative count reads as a huge one: the term handles it (the ufunc's reduce: `.max()` adds a Python
+            # layer that cost more than the lookup)
+            top = int(np.maximum.reduce(x.view(np.uint64)))
             if top >= len(self._values):
                 if top >= self.limit:
                     return self.term(x)
