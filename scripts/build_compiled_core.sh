@@ -32,7 +32,7 @@ set -euo pipefail
 # bookkeeping around it, and the two pricing helpers every step calls (the token tables, a decode stretch's sums).
 # shared_store.py must go with the core: its class subclasses the core's TierView.
 SIM_MODULES=(kvplan/sim/replica.py kvplan/sim/shared_store.py kvplan/sim/cluster.py kvplan/results/request_table.py
-             kvplan/results/itl.py kvplan/sim/cost/token_table.py kvplan/sim/cost/decode_stretch.py)
+             kvplan/results/itl.py kvplan/sim/cost/token_table.py kvplan/sim/cost/step_sums.py)
 if [ $# -lt 1 ]; then
   echo "usage: $0 OUT [EXTRA_MODULE.py ...]  (OUT: a scratch directory outside the checkout)" >&2
   exit 2

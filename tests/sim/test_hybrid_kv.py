@@ -112,7 +112,8 @@ def test_window_features_of_a_step_match_the_stretch_and_the_integral():
     its steps' one at a time (the fast path prices hybrid decodes as the step-by-step path does)."""
     import numpy as np
 
-    from kvplan.sim.cost.features import decode_stretch_features, step_features, windowed_attention2
+    from kvplan.sim.cost.features import decode_stretch_features, step_features
+    from kvplan.sim.cost.step_sums import windowed_attention2
 
     for start, n, window in [(0, 100, 1024), (512, 1024, 1024), (2000, 48, 1024), (1000, 50, 1024), (0, 1, 1)]:
         x = np.linspace(start, start + n, 200_001)

@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from kvplan.sim.cost.decode_stretch import stretch_sums
+from kvplan.sim.cost.step_sums import scheduled_sums, stretch_sums, window_decode_sums
 
 # What a feature is: `int` for one step, `np.ndarray` (int64, one entry per step) for a stretch of steps.
 N = TypeVar("N", int, np.ndarray)
@@ -86,59 +86,12 @@ def step_min(a, b):
     return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else min(a, b)
 
 
-def windowed_attention2(start: int, end: int, window: int) -> int:
-    """2 × ∫ min(x, window) dx over [start, end]: the doubled prefill attention work of the chunk's queries when
-    each reads at most `window` keys (with an unbounded window, end² − start² = chunk × (2 start + chunk))."""
-    below = min(end, window)
-    work = below * below - start * start if start < below else 0
-    return work + 2 * window * (end - max(start, window)) if end > window else work
-
-
 def step_features(items: Iterable, block_size: int, attended_limit: int = 0, bulk: Sequence = (),
                   sliding_window: int = 0) -> StepFeatures[int]:
     """Features of one step's scheduled items, plus the core's bulk-scheduled plain decodes `bulk` (requests
     about to compute one token each, never sink+window). `attended_limit` > 0 caps the tokens attention reads
-    (sink+window); `sliding_window` > 0 adds the window features of sliding layers."""
-    count = prefill = attn2 = decodes = ctx = ctx_max = blocks = sampled = 0
-    w_attn2 = w_ctx = w_blocks = 0
-    if bulk:  # each attends its computed tokens c plus the new one: Σ (c + 1), and ⌈(c + 1) / b⌉ = c // b + 1
-        computed = [request.num_computed_tokens for request in bulk]
-        count = decodes = sampled = len(computed)
-        ctx, ctx_max = sum(computed) + count, max(computed) + 1
-        blocks = sum([c // block_size for c in computed]) + count
-        if sliding_window:
-            w_ctx, w_blocks = window_decode_sums([c + 1 for c in computed], block_size, sliding_window)
-    for item in items:
-        count += 1
-        n, start = item.num_new_tokens, item.start_pos
-        end = start + n
-        if item.samples:  # a verification step's LM head runs at the last verified token and at every draft
-            sampled += 1 + len(item.spec_token_ids)
-        if attended_limit:  # sink+window: attention reads at most the retained tokens
-            end, start = min(end, attended_limit), min(start, attended_limit)
-        blocks += -(-end // block_size)
-        if item.is_decode:
-            decodes += 1
-            ctx += end
-            ctx_max = max(ctx_max, end)
-        else:
-            prefill += n
-            attn2 += n * (2 * start + n)
-        if sliding_window:
-            capped = min(end, sliding_window)
-            w_blocks += -(-capped // block_size)
-            if item.is_decode:
-                w_ctx += capped
-            else:
-                w_attn2 += windowed_attention2(start, start + n, sliding_window)
-    return StepFeatures(count, prefill, attn2, decodes, ctx, ctx_max, blocks, sampled, int(prefill + decodes >= 2),
-                        w_attn2, w_ctx, w_blocks)
-
-
-def window_decode_sums(ends: Sequence[int], block_size: int, window: int) -> tuple[int, int]:
-    """Σ min(end, window) and Σ of the blocks those keys span, over decodes attending `ends` tokens."""
-    capped = [min(end, window) for end in ends]
-    return sum(capped), sum([-(-c // block_size) for c in capped])
+    (sink+window); `sliding_window` > 0 adds the window features of sliding layers (`step_sums.scheduled_sums`)."""
+    return StepFeatures(*scheduled_sums(items, block_size, attended_limit, bulk, sliding_window))
 
 
 def decode_stretch_features(contexts: Sequence[int] | np.ndarray, remaining: Sequence[int] | np.ndarray, k: int,
@@ -146,7 +99,7 @@ def decode_stretch_features(contexts: Sequence[int] | np.ndarray, remaining: Seq
                             spread: bool = True) -> StepFeatures[np.ndarray]:
     """Features of k pure-decode steps where request i attends contexts[i] + j tokens in step j (0-based) and
     runs remaining[i] steps: a request that finishes drops out of the later steps. Summed in O(n + k) by
-    `decode_stretch.stretch_sums` (lists of ints, as the replica keeps them, pass through unconverted).
+    `step_sums.stretch_sums` (lists of ints, as the replica keeps them, pass through unconverted).
     `spread` False leaves `decode_context_max` and `batched` a plain 0, for a cost model that prices neither
     (`sim.cost.reads_spread`): array operations fewer per stretch."""
     contexts = contexts if type(contexts) is list else np.asarray(contexts, dtype=np.int64).tolist()

@@ -1,4 +1,4 @@
-"""`decode_stretch.stretch_sums` against the brute-force table it replaces: every request's attended tokens at
+"""`step_sums.stretch_sums` against the brute-force table it replaces: every request's attended tokens at
 every step of the stretch (n × k), summed per step with numpy."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvplan.sim.cost.decode_stretch import stretch_sums
 from kvplan.sim.cost.features import FEATURE_NAMES, decode_stretch_features
+from kvplan.sim.cost.step_sums import stretch_sums
 
 
 def table_sums(contexts: list[int], remaining: list[int], k: int, block_size: int, window: int) -> dict:

@@ -1,19 +1,79 @@
-"""The features of a stretch of k pure-decode steps over n requests, in O(n + k + n·k/b) integer operations instead
-of the n × k table of every request's every step.
+"""The integer sums a step is priced on (`features.StepFeatures`): one step's scheduled items, and a stretch of k
+pure-decode steps over n requests, the latter in O(n + k + n·k/b) operations instead of the n × k table of every
+request's every step.
 
 Request i attends a = contexts[i] + j tokens in step j (0-based) while j < remaining[i], and nothing after. Its
 terms of each per-step sum change only at a few steps: it joins at step 0 and leaves after its last step; its
 attended tokens grow by one per step (up to the window W in the sliding-window sums); its blocks ⌈a / b⌉ grow at
 the steps where a − 1 is a multiple of b, one step in b. So every feature is a running sum over the steps of those
 changes (difference lists), plus the one token per step each live request adds. The sums are exact integers:
-the same values, bit for bit, as summing the table (tests/sim/test_decode_stretch.py checks them against it).
+the same values, bit for bit, as summing the table (tests/sim/test_step_sums.py checks them against it).
 
-Plain lists of ints in and out, and loops only, so that the compiled build (`scripts/build_compiled_core.sh
---sim`) runs it as C integer arithmetic: a stretch's n and k are tens, where an array library spends most of its
-time entering and leaving each operation.
+Plain ints and lists of ints in and out, and loops only, so that the compiled build (`scripts/build_compiled_core.sh
+--sim`) runs them as C integer arithmetic: a stretch's n and k are tens, where an array library spends most of its
+time entering and leaving each operation; `features` wraps the sums in the dataclass the cost models read.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+def windowed_attention2(start: int, end: int, window: int) -> int:
+    """2 × ∫ min(x, window) dx over [start, end]: the doubled prefill attention work of the chunk's queries when
+    each reads at most `window` keys (with an unbounded window, end² − start² = chunk × (2 start + chunk))."""
+    below = min(end, window)
+    work = below * below - start * start if start < below else 0
+    return work + 2 * window * (end - max(start, window)) if end > window else work
+
+
+def scheduled_sums(items: Iterable[Any], block_size: int, attended_limit: int, bulk: Sequence[Any],
+                   sliding_window: int) -> tuple[int, ...]:
+    """`StepFeatures` of one step, in its field order: its scheduled items (anything with `num_new_tokens`,
+    `start_pos`, `is_decode`, `samples` and `spec_token_ids`), plus the core's bulk-scheduled plain decodes `bulk`
+    (requests about to compute one token each, never sink+window). `attended_limit` > 0 caps the tokens attention
+    reads (sink+window); `sliding_window` > 0 adds the window features of sliding layers."""
+    count = prefill = attn2 = decodes = ctx = ctx_max = blocks = sampled = 0
+    w_attn2 = w_ctx = w_blocks = 0
+    if bulk:  # each attends its computed tokens c plus the new one: Σ (c + 1), and ⌈(c + 1) / b⌉ = c // b + 1
+        computed = [request.num_computed_tokens for request in bulk]
+        count = decodes = sampled = len(computed)
+        ctx, ctx_max = sum(computed) + count, max(computed) + 1
+        blocks = sum([c // block_size for c in computed]) + count
+        if sliding_window:
+            w_ctx, w_blocks = window_decode_sums([c + 1 for c in computed], block_size, sliding_window)
+    for item in items:
+        count += 1
+        n, start = item.num_new_tokens, item.start_pos
+        end = start + n
+        if item.samples:  # a verification step's LM head runs at the last verified token and at every draft
+            sampled += 1 + len(item.spec_token_ids)
+        if attended_limit:  # sink+window: attention reads at most the retained tokens
+            end, start = min(end, attended_limit), min(start, attended_limit)
+        blocks += -(-end // block_size)
+        if item.is_decode:
+            decodes += 1
+            ctx += end
+            ctx_max = max(ctx_max, end)
+        else:
+            prefill += n
+            attn2 += n * (2 * start + n)
+        if sliding_window:
+            capped = min(end, sliding_window)
+            w_blocks += -(-capped // block_size)
+            if item.is_decode:
+                w_ctx += capped
+            else:
+                w_attn2 += windowed_attention2(start, start + n, sliding_window)
+    return (count, prefill, attn2, decodes, ctx, ctx_max, blocks, sampled, int(prefill + decodes >= 2), w_attn2, w_ctx,
+            w_blocks)
+
+
+def window_decode_sums(ends: Sequence[int], block_size: int, window: int) -> tuple[int, int]:
+    """Σ min(end, window) and Σ of the blocks those keys span, over decodes attending `ends` tokens."""
+    capped = [min(end, window) for end in ends]
+    return sum(capped), sum([-(-c // block_size) for c in capped])
 
 
 def _blocks_changes(changes: list[int], context: int, steps: int, block_size: int, limit: int) -> int:
