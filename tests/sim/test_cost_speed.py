@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvplan.engine.core.request import Request, make_request
 from kvplan.sim.cost import reads_spread
 from kvplan.sim.cost.analytic import AnalyticCost
 from kvplan.sim.cost.features import (
@@ -117,9 +118,11 @@ def test_a_pickled_cost_prices_the_same():
     assert copy._linear.term.__self__ is copy
 
 
-@dataclass
-class _Request:
-    num_computed_tokens: int
+def _request(computed: int) -> Request:
+    """A core request that has computed `computed` tokens (a bulk decode: the step computes its next one)."""
+    request = make_request(f"r{computed}", prompt_len=computed + 1, max_tokens=8)
+    request.num_computed_tokens = computed
+    return request
 
 
 @dataclass
@@ -137,7 +140,7 @@ def test_bulk_decodes_count_what_the_per_item_loop_counts(block_size, window):
     rng = np.random.default_rng(block_size + window)
     for _ in range(30):
         computed = [int(c) for c in rng.integers(0, 300, int(rng.integers(1, 20)))]
-        bulk = step_features((), block_size, 0, [_Request(c) for c in computed], window)
+        bulk = step_features((), block_size, 0, [_request(c) for c in computed], window)
         items = step_features([_Item(1, c) for c in computed], block_size, 0, (), window)
         assert bulk == items
         assert first_decode_features([c + 1 for c in computed], block_size, window) == items

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from kvplan.engine.core.request import Request
+
 
 def windowed_attention2(start: int, end: int, window: int) -> int:
     """2 × ∫ min(x, window) dx over [start, end]: the doubled prefill attention work of the chunk's queries when
@@ -28,7 +30,7 @@ def windowed_attention2(start: int, end: int, window: int) -> int:
     return work + 2 * window * (end - max(start, window)) if end > window else work
 
 
-def scheduled_sums(items: Iterable[Any], block_size: int, attended_limit: int, bulk: Sequence[Any],
+def scheduled_sums(items: Iterable[Any], block_size: int, attended_limit: int, bulk: Sequence[Request],
                    sliding_window: int) -> tuple[int, ...]:
     """`StepFeatures` of one step, in its field order: its scheduled items (anything with `num_new_tokens`,
     `start_pos`, `is_decode`, `samples` and `spec_token_ids`), plus the core's bulk-scheduled plain decodes `bulk`
@@ -37,12 +39,17 @@ def scheduled_sums(items: Iterable[Any], block_size: int, attended_limit: int, b
     count = prefill = attn2 = decodes = ctx = ctx_max = blocks = sampled = 0
     w_attn2 = w_ctx = w_blocks = 0
     if bulk:  # each attends its computed tokens c plus the new one: Σ (c + 1), and ⌈(c + 1) / b⌉ = c // b + 1
-        computed = [request.num_computed_tokens for request in bulk]
-        count = decodes = sampled = len(computed)
-        ctx, ctx_max = sum(computed) + count, max(computed) + 1
-        blocks = sum([c // block_size for c in computed]) + count
+        longest = 0
+        for request in bulk:  # (a loop over ints: the compiled build runs it without a list or a boxed sum)
+            computed: int = request.num_computed_tokens
+            ctx += computed
+            blocks += computed // block_size
+            if computed > longest:
+                longest = computed
+        count = decodes = sampled = len(bulk)
+        ctx, ctx_max, blocks = ctx + count, longest + 1, blocks + count
         if sliding_window:
-            w_ctx, w_blocks = window_decode_sums([c + 1 for c in computed], block_size, sliding_window)
+            w_ctx, w_blocks = window_decode_sums([r.num_computed_tokens + 1 for r in bulk], block_size, sliding_window)
     for item in items:
         count += 1
         n, start = item.num_new_tokens, item.start_pos
