@@ -18,10 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from itertools import chain
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from kvplan.engine.core.kv_manager import HOLE
 from kvplan.engine.core.reservation import ReservationAllocator
@@ -99,14 +96,13 @@ def memory_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakd
 
 
 def _paged_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakdown:
-    """One pass over every live table, vectorised: a sample of 256 requests holding 170 blocks each is 43k
-    (block, holder) pairs, which a Python loop took 40 ms over. A hybrid layout's groups hold distinct blocks of
-    the one pool: their slots add up."""
+    """One pass over every live table (`_table_slots`). A hybrid layout's groups hold distinct blocks of the one
+    pool: their slots add up."""
     bs = kv.block_size
     requests = list(requests)
     tokens = needed_slots = 0
     for group in kv.groups:
-        group_tokens, group_needed = _table_slots(group.block_ids, requests, bs)
+        group_tokens, group_needed = _table_slots(group.block_ids, requests, bs, kv.config.num_blocks)
         tokens += group_tokens
         needed_slots += group_needed
     total = kv.config.num_blocks * bs
@@ -116,47 +112,41 @@ def _paged_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakd
                            (total - used_slots) / total)
 
 
-def _table_slots(ids_of: dict[str, list[int]], requests: list[Request], bs: int) -> tuple[int, int]:
-    """(token states the tables' blocks hold, slots their holders will have written at their end)."""
-    tables, done, final = [], [], []
+def _table_slots(ids_of: dict[str, list[int]], requests: list[Request], bs: int, num_blocks: int) -> tuple[int, int]:
+    """(token states the tables' blocks hold, slots their holders will have written at their end). A block several
+    tables hold counts once, with the most slots any holder has written (or will write): one pass over the table
+    entries, each block's largest value so far kept by its id (`most_done`, `most_final`; -1: not seen yet), for
+    the pool's `num_blocks` ids (and any beyond, should a table hold one)."""
+    most_done, most_final = [-1] * num_blocks, [-1] * num_blocks
+    tokens = needed_slots = 0
     for request in requests:
         ids = ids_of.get(request.request_id)
         if ids is None:
             continue
-        tables.append(ids)
-        done.append(request.num_computed_tokens)
-        final.append(max(request.final_len, request.num_tokens))
-    tokens = needed_slots = 0
-    if tables:
-        lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
-        flat = np.fromiter(chain.from_iterable(tables), dtype=np.int64, count=int(lengths.sum()))
-        first = np.repeat(np.cumsum(lengths) - lengths, lengths)
-        base = (np.arange(len(flat), dtype=np.int64) - first) * bs  # the first position of each table entry
-        held = flat != HOLE  # sink+window released blocks: holes in the table
-        block_ids, base = flat[held], base[held]
-        tokens, needed_slots = _distinct_max_sums(block_ids, np.clip(np.repeat(done, lengths)[held] - base, 0, bs),
-                                                  np.clip(np.repeat(final, lengths)[held] - base, 0, bs))
+        done, final = request.num_computed_tokens, max(request.final_len, request.num_tokens)
+        base = 0  # the first token position of the entry
+        for block_id in ids:
+            if block_id != HOLE:  # (sink+window released blocks: holes in the table)
+                if block_id >= len(most_done):
+                    grow = block_id + 1 - len(most_done)
+                    most_done.extend([-1] * grow)
+                    most_final.extend([-1] * grow)
+                written = min(max(done - base, 0), bs)
+                will = min(max(final - base, 0), bs)
+                seen = most_done[block_id]
+                if seen < 0:
+                    tokens += written
+                    needed_slots += will
+                    most_done[block_id], most_final[block_id] = written, will
+                else:  # held by an earlier table too: count the larger value once
+                    if written > seen:
+                        tokens += written - seen
+                        most_done[block_id] = written
+                    if will > most_final[block_id]:
+                        needed_slots += will - most_final[block_id]
+                        most_final[block_id] = will
+            base += bs
     return tokens, needed_slots
-
-
-def _distinct_max_sums(block_ids: np.ndarray, *values: np.ndarray) -> list[int]:
-    """For each of `values` (non-negative, one per entry of `block_ids`): the sum over the distinct block ids of
-    the largest value any of the id's entries has - a block several tables hold counts once, with the most slots
-    any holder has written (or will write). Scatters into arrays indexed by block id, with no sort; `np.zeros`
-    of a large size maps zero pages lazily, so the work follows the live entries, not the pool's size."""
-    if not len(block_ids):
-        return [0] * len(values)
-    size = int(block_ids.max()) + 1
-    most, last = np.zeros(size, dtype=np.int64), np.empty(size, dtype=np.int64)
-    entry = np.arange(len(block_ids), dtype=np.int64)
-    last[block_ids] = entry
-    once = last[block_ids] == entry  # one entry per distinct id: the one whose index the scatter kept
-    sums = []
-    for value in values:
-        np.maximum.at(most, block_ids, value)
-        sums.append(int(most[block_ids][once].sum()))
-        most[block_ids] = 0
-    return sums
 
 
 def _reservation_breakdown(kv: ReservationAllocator, requests: Iterable[Request]) -> MemoryBreakdown:
