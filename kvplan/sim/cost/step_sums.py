@@ -83,17 +83,19 @@ def window_decode_sums(ends: Sequence[int], block_size: int, window: int) -> tup
     return sum(capped), sum([-(-c // block_size) for c in capped])
 
 
-def _blocks_changes(changes: list[int], context: int, steps: int, block_size: int, limit: int) -> int:
-    """Add +1 to `changes` at each step j in 1 .. steps - 1 where the request's blocks grow: ⌈a / b⌉ with
-    a = context + j tokens grows when a − 1 is a multiple of b, while a <= `limit` (a window: afterwards the keys
-    it reads stay at `limit`; context + steps: no limit inside the stretch). Returns its blocks in its last step."""
+def _block_changes(changes: list[int], context: int, steps: int, block_size: int, limit: int) -> None:
+    """Record one request's blocks ⌈a / b⌉ in `changes`, a = context + j tokens in its steps j < `steps`: they join
+    at step 0, grow by one at each step j >= 1 where a − 1 is a multiple of b while a <= `limit` (a window:
+    afterwards the keys it reads stay at `limit`; context + steps: no limit inside the stretch), and leave after
+    its last step."""
     blocks = -(-min(context, limit) // block_size)
+    changes[0] += blocks
     step = (1 - context) % block_size or block_size  # the first j >= 1 with (context + j − 1) % b == 0
     while step < steps and context + step <= limit:
         changes[step] += 1
         blocks += 1
         step += block_size
-    return blocks
+    changes[steps] -= blocks
 
 
 def stretch_sums(contexts: list[int], remaining: list[int], k: int, block_size: int, window: int,
@@ -114,8 +116,7 @@ def stretch_sums(contexts: list[int], remaining: list[int], k: int, block_size: 
         live_changes[steps] -= 1
         context_changes[0] += context
         context_changes[steps] -= context
-        block_changes[0] += -(-context // block_size)  # its blocks in its last step leave after it
-        block_changes[steps] -= _blocks_changes(block_changes, context, steps, block_size, context + steps)
+        _block_changes(block_changes, context, steps, block_size, context + steps)
         if spread and context > longest_ending[steps]:
             longest_ending[steps] = context
     live, attended, touched = [0] * k, [0] * k, [0] * k
@@ -156,8 +157,7 @@ def window_sums(contexts: list[int], remaining: list[int], k: int, block_size: i
         if growing >= 1:
             slope_changes[1] += 1
             slope_changes[growing + 1] -= 1
-        block_changes[0] += -(-min(context, window) // block_size)
-        block_changes[steps] -= _blocks_changes(block_changes, context, steps, block_size, window)
+        _block_changes(block_changes, context, steps, block_size, window)
     capped, capped_blocks = [0] * k, [0] * k
     level = slope = grown = blocks = 0
     for j in range(k):
