@@ -80,3 +80,23 @@ def test_only_the_leading_plain_decodes_go_in_bulk():
     assert out.num_batched_tokens == 32
     sched.update(out)
     assert [r.num_output_tokens for r in sched.running] == [2, 2, 1]
+
+
+def test_a_victim_among_the_bulk_decodes_leaves_their_batch(monkeypatch):
+    """`longest_remaining` can pick a victim the bulk scheduled earlier in the step (vLLM's FCFS victim never is
+    one): it leaves `out.decodes`, its token refunded and its registration undone, and the step stays the general
+    loop's (`drive` compares them at every step)."""
+    from kvplan.engine.core.preemption import GroupPreemption
+
+    bulk_victims = []
+    unschedule = GroupPreemption._unschedule
+
+    def recording(self, request, out, undone):
+        if any(decode is request for decode in out.decodes):
+            bulk_victims.append(request.request_id)
+        return unschedule(self, request, out, undone)
+
+    monkeypatch.setattr(GroupPreemption, "_unschedule", recording)
+    drive(0, 150, block_size=4, num_blocks=40, budget=48, max_seqs=8, preemption_mode="recompute",
+          victim_policy="longest_remaining", max_model_len=160)
+    assert bulk_victims

@@ -23,8 +23,11 @@ order as stepping. Two entry points use it:
       running:  [d d d d d d d | p d d]       d: plain decode, p: anything else (a prefill chunk, a recompute, a
                  └── bulk ───┘  └ general loop ┘      copy-on-write, an n > 1 prompt about to fork)
 
-  The run is taken only when the free blocks cover its new blocks *and* whatever the rest of the step could ask
-  for, so the general loop never preempts in such a step (a victim could otherwise be one of the bulk decodes).
+  The run ends before a decode that needs a block when none is free (the general loop preempts for it), so each
+  of its allocations succeeds as it would in the general loop. The rest of the step may still have to preempt: a
+  victim among the bulk decodes (any victim policy but vLLM's FCFS one can pick a request scheduled earlier in
+  the step) is taken out of `out.decodes` again, as the general loop's would be out of `out.scheduled`
+  (`GroupPreemption._unschedule`).
 * fast-forward (`horizon`, then `advance`) - k whole cycles of `schedule()` + `update()` at once, when every running
   request is a plain decode in its steady shape (table of cdiv(pos, b) blocks, every full block keyed) and nothing
   else can happen: no arrival (the caller bounds k by the next one), nothing swapped out, no rejection to report, no
@@ -48,7 +51,6 @@ import enum
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from kvplan.engine.core.kv_manager import cdiv
 from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
 from kvplan.engine.core.request import Request, RequestStatus
 
@@ -91,6 +93,7 @@ class DecodeSteps:
         tables = self.group.tables if self.group is not None else {}
         registering = sched.keys_wanted
         count = new = 0
+        free = pool.num_free if pool is not None else 0
         events: list[Event] = []  # of the few that open a block or fill one in this step
         for request in running if len(running) <= budget else islice(running, max(budget, 0)):
             pos = request.num_computed_tokens
@@ -110,6 +113,8 @@ class DecodeSteps:
                     if table[pos // bs].ref_cnt != 1:  # type: ignore[union-attr]
                         break  # copy-on-write first: the general loop's case
                 elif pos == held:
+                    if new == free:
+                        break  # no block left for it: the general loop preempts for it
                     new += 1
                     events.append((0, SCHEDULE, count, ALLOCATE, pos // bs))
                 else:
@@ -117,25 +122,13 @@ class DecodeSteps:
                 if registering and pos + 1 >= (request.num_hashed_blocks + 1) * bs:
                     events.append((0, SCHEDULE, count, REGISTER, (pos + 1) // bs - 1))
             count += 1
-        if count == 0 or (pool is not None and pool.num_free - new < self._rest_need(count)):
+        if count == 0:
             return 0
         if events:
             self._replay(events, None, 0, None)
         out.decodes = running[:count]
         out.num_batched_tokens += count
         return count
-
-    def _rest_need(self, first: int) -> int:
-        """Most blocks the running requests after the bulk decodes could allocate in this step (every pending
-        token, plus a copy of a shared tail): with that many free, none of them has to preempt."""
-        sched = self.sched
-        bs, need = sched.block_size, 0
-        tables = self.group.tables if self.group is not None else {}
-        for request in sched.running[first:]:
-            table = tables.get(request.request_id)
-            held = 0 if table is None else len(table)
-            need += max(cdiv(request.num_tokens, bs) - held, 0) + 1
-        return need
 
     def update(self, out: SchedulerOutput, result: UpdateOutput) -> None:
         """`update()` for `out.decodes`: one token each, output budgets finished (their full blocks were

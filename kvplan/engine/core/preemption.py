@@ -92,6 +92,12 @@ class GroupPreemption:
         victim is the last running request, never one already scheduled in the step; other victim policies can
         pick one.)"""
         kv = self.sched.kv
+        for i, decode in enumerate(out.decodes):  # a bulk-scheduled decode (`decode_steps`): one token
+            if decode is request:
+                kv.unregister_since(request, request.num_computed_tokens // kv.block_size)
+                out.num_batched_tokens -= 1
+                del out.decodes[i]
+                return 1 + self.sched.draft_slots
         for i, item in enumerate(out.scheduled):
             if item.request is request:
                 kv.unregister_since(request, item.start_pos // kv.block_size)
