@@ -6,22 +6,33 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvplan.engine.core import make_request
+from kvplan.engine.core.block_pool import KVBlock
 from kvplan.engine.core.metrics import _table_slots
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.lists(st.integers(-1, 30), max_size=12), st.integers(0, 200), st.integers(1, 200),
                           st.integers(1, 60)), max_size=8),
-       st.sampled_from([1, 4, 16]))
-def test_table_slots_count_a_shared_block_once_with_its_largest_value(tables, bs):
-    """The breakdown's slot sums against the definition, by brute force: over the distinct block ids of the live
-    tables (-1: a hole), each id's largest written / final slot count of any holder."""
-    requests, ids_of = [], {}
+       st.sampled_from([1, 4, 16]), st.lists(st.integers(0, 30), max_size=4))
+def test_table_slots_count_a_shared_block_once_with_its_largest_value(tables, bs, other_holders):
+    """The breakdown's slot sums against the definition, by brute force: over the distinct blocks of the live
+    tables (-1: a hole), each block's largest written / final slot count of any holder. Every table entry holds one
+    reference to its block, as in the pool; `other_holders` add references from outside the tables (a table of a
+    request the breakdown is not given, a P/D hold)."""
+    blocks = {i: KVBlock(i) for i in range(31)}
+    for ids, *_ in tables:
+        for block_id in ids:
+            if block_id != -1:
+                blocks[block_id].ref_cnt += 1
+    for block_id in other_holders:
+        blocks[block_id].ref_cnt += 1
+    requests, tables_of, ids_of = [], {}, {}
     for i, (ids, computed, prompt, max_tokens) in enumerate(tables):
         request = make_request(f"r{i}", prompt_len=prompt, max_tokens=max_tokens)
         request.num_computed_tokens = computed
         requests.append(request)
         ids_of[request.request_id] = ids
+        tables_of[request.request_id] = [None if block_id == -1 else blocks[block_id] for block_id in ids]
     requests.append(make_request("no-table", prompt_len=5, max_tokens=5))  # holds no blocks: skipped
     written: dict[int, int] = {}
     final: dict[int, int] = {}
@@ -32,4 +43,4 @@ def test_table_slots_count_a_shared_block_once_with_its_largest_value(tables, bs
             end = max(request.final_len, request.num_tokens)
             written[block] = max(written.get(block, 0), min(max(request.num_computed_tokens - p * bs, 0), bs))
             final[block] = max(final.get(block, 0), min(max(end - p * bs, 0), bs))
-    assert _table_slots(ids_of, requests, bs, 8) == (sum(written.values()), sum(final.values()))
+    assert _table_slots(tables_of, requests, bs, 8) == (sum(written.values()), sum(final.values()))

@@ -16,7 +16,7 @@ A block shared by several tables is counted once, with the most tokens any holde
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ from kvplan.engine.core.kv_manager import HOLE
 from kvplan.engine.core.reservation import ReservationAllocator
 
 if TYPE_CHECKING:
+    from kvplan.engine.core.block_pool import KVBlock
     from kvplan.engine.core.kv_interface import KVManager
     from kvplan.engine.core.kv_manager import KVCacheManager
     from kvplan.engine.core.request import Request
@@ -102,7 +103,7 @@ def _paged_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakd
     requests = list(requests)
     tokens = needed_slots = 0
     for group in kv.groups:
-        group_tokens, group_needed = _table_slots(group.block_ids, requests, bs, kv.config.num_blocks)
+        group_tokens, group_needed = _table_slots(group.tables, requests, bs, kv.config.num_blocks)
         tokens += group_tokens
         needed_slots += group_needed
     total = kv.config.num_blocks * bs
@@ -112,39 +113,53 @@ def _paged_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakd
                            (total - used_slots) / total)
 
 
-def _table_slots(ids_of: dict[str, list[int]], requests: list[Request], bs: int, num_blocks: int) -> tuple[int, int]:
+def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Request], bs: int,
+                 num_blocks: int) -> tuple[int, int]:
     """(token states the tables' blocks hold, slots their holders will have written at their end). A block several
-    tables hold counts once, with the most slots any holder has written (or will write): one pass over the table
-    entries, each block's largest value so far kept by its id (`most_done`, `most_final`; -1: not seen yet), for
-    the pool's `num_blocks` ids (and any beyond, should a table hold one)."""
-    most_done, most_final = [-1] * num_blocks, [-1] * num_blocks
+    tables hold counts once, with the most slots any holder has written (or will write).
+
+    Each table entry holds one of its block's references, so a block with one reference is in this table alone: a
+    table's entries sum in closed form (the first `done` of its len × bs slots are written, the first `final` will
+    be), and only its holes and shared blocks are visited again - a hole is taken back out, a shared block's value
+    goes to its id's largest so far (`most_done`, `most_final`; -1: not seen yet), for the pool's `num_blocks` ids
+    (and any beyond, should a table hold one)."""
+    most_done: list[int] = []  # sized on the first shared block (most tables share none)
+    most_final: list[int] = []
     tokens = needed_slots = 0
     for request in requests:
-        ids = ids_of.get(request.request_id)
-        if ids is None:
+        table = tables.get(request.request_id)
+        if table is None:
             continue
         done, final = request.num_computed_tokens, max(request.final_len, request.num_tokens)
+        span = len(table) * bs
+        # Σ over entries i of min(max(x - i × bs, 0), bs) = min(max(x, 0), len × bs): the slots fill in order
+        tokens += min(max(done, 0), span)
+        needed_slots += min(max(final, 0), span)
         base = 0  # the first token position of the entry
-        for block_id in ids:
-            if block_id != HOLE:  # (sink+window released blocks: holes in the table)
-                if block_id >= len(most_done):
-                    grow = block_id + 1 - len(most_done)
-                    most_done.extend([-1] * grow)
-                    most_final.extend([-1] * grow)
+        for block in table:
+            if block is None or block.ref_cnt != 1:  # a hole, or a block other tables may hold too
                 written = min(max(done - base, 0), bs)
                 will = min(max(final - base, 0), bs)
-                seen = most_done[block_id]
-                if seen < 0:
-                    tokens += written
-                    needed_slots += will
-                    most_done[block_id], most_final[block_id] = written, will
-                else:  # held by an earlier table too: count the larger value once
-                    if written > seen:
-                        tokens += written - seen
-                        most_done[block_id] = written
-                    if will > most_final[block_id]:
-                        needed_slots += will - most_final[block_id]
-                        most_final[block_id] = will
+                tokens -= written  # counted again below, once per distinct block
+                needed_slots -= will
+                if block is not None:
+                    block_id = block.block_id
+                    if block_id >= len(most_done):
+                        grow = max(block_id + 1, num_blocks) - len(most_done)
+                        most_done.extend([-1] * grow)
+                        most_final.extend([-1] * grow)
+                    seen = most_done[block_id]
+                    if seen < 0:
+                        tokens += written
+                        needed_slots += will
+                        most_done[block_id], most_final[block_id] = written, will
+                    else:  # held by an earlier table too: count the larger value once
+                        if written > seen:
+                            tokens += written - seen
+                            most_done[block_id] = written
+                        if will > most_final[block_id]:
+                            needed_slots += will - most_final[block_id]
+                            most_final[block_id] = will
             base += bs
     return tokens, needed_slots
 
