@@ -27,7 +27,6 @@ import math
 from collections.abc import Callable
 from itertools import pairwise
 
-import numpy as np
 import simpy
 
 from kvplan.engine.core import CacheConfig, Request, RequestStatus, Scheduler, SchedulerConfig, SchedulerOutput
@@ -38,8 +37,9 @@ from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.timing import SequenceTiming
 from kvplan.results.itl import ItlLog
 from kvplan.results.request_table import RequestLog
-from kvplan.sim.cost import CostModel, reads_spread, sliding_window, step_time
+from kvplan.sim.cost import CostModel, decode_law_of, reads_spread, sliding_window, step_time
 from kvplan.sim.cost.features import decode_stretch_features, first_decode_features
+from kvplan.sim.cost.step_sums import stretch_sums
 from kvplan.sim.links import TierPricing
 from kvplan.sim.lora import LoraServing, lora_serving
 from kvplan.sim.shared_store import SharedView
@@ -62,6 +62,8 @@ class Replica:
         self.attended_limit = cache.sink_tokens + cache.window_tokens if cache.windowed else 0
         self.sliding_window = sliding_window(cost)
         self.spread = reads_spread(cost)  # whether stretches need the features only some cost models read
+        # the cost model's pure-decode step on plain numbers, when it has one: a stretch priced in one typed loop
+        self.decode_law = decode_law_of(cost) if not self.sliding_window else None
         self.next_arrival = next_arrival
         self.sample_interval_s, self.next_sample_s = sample_interval_s, 0.0
         self.fast_path = fast_path
@@ -331,8 +333,7 @@ class Replica:
         # Every running request is a plain decode now (`decode_horizon`): past its prompt, one token pending
         contexts = [r.num_computed_tokens + 1 for r in running]
         remaining = [r.max_tokens - r.num_output_tokens for r in running]
-        features = decode_stretch_features(contexts, remaining, k, self.block_size, self.sliding_window, self.spread)
-        times = self.cost.step_times(features).tolist()
+        times, alive = self._stretch_times(contexts, remaining, k)
         ends, clock = [], self.clock
         for dt in times:
             clock += dt
@@ -368,25 +369,37 @@ class Replica:
             if used > peak:
                 peak = used
         self.usage_seconds, self.peak_usage, self.busy_seconds = seconds, peak, busy
-        self._stamp_stretch(running, remaining, ends, features.num_requests)
+        self._stamp_stretch(running, remaining, ends, alive)
         for step, request in finished:
             self._close(request, ends[step])
         self.clock = ends[-1]
         self.num_fast_steps += k
         return ends
 
+    def _stretch_times(self, contexts: list[int], remaining: list[int], k: int) -> tuple[list[float], list[int]]:
+        """(each step's seconds, the requests decoding in it) of k pure-decode steps: by the cost model's decode law
+        when it has one that covers them (`sim.cost.decode_law`), else by its `step_times` on the stretch's arrays.
+        Both give the same times, bit for bit."""
+        if self.decode_law is not None:  # (no model with a law reads the spread features)
+            alive, attended, blocks, *_ = stretch_sums(contexts, remaining, k, self.block_size, 0, False)
+            times = self.decode_law.times(alive, attended, blocks)
+            if times is not None:
+                return times, alive
+        features = decode_stretch_features(contexts, remaining, k, self.block_size, self.sliding_window, self.spread)
+        return self.cost.step_times(features).tolist(), features.num_requests.tolist()
+
     def _stamp_stretch(self, running: list[Request], remaining: list[int], ends: list[float],
-                       alive: np.ndarray) -> None:
+                       alive: list[int]) -> None:
         """Token times of a stretch: request i samples at the end of each of its min(remaining[i], k) steps;
         alive[j] requests sample in step j."""
         k = len(ends)
         gaps = [b - a for a, b in pairwise(ends)]  # gaps[j - 1]: step j-1 end -> step j end
         lo, hi = self.itl_from, self.itl_until
         if lo <= ends[0] and ends[-1] <= hi:
-            self.itl.add_many(gaps, alive[1:k].tolist())
+            self.itl.add_many(gaps, alive[1:k])
         else:  # a stretch across a measurement-window edge: only the gaps of steps ending inside it
             inside = [j for j in range(1, k) if lo <= ends[j] <= hi]
-            self.itl.add_many([gaps[j - 1] for j in inside], alive[inside].tolist())
+            self.itl.add_many([gaps[j - 1] for j in inside], [alive[j] for j in inside])
         self._itl_on = lo <= ends[0] <= hi  # the first step's gaps
         # The widest of a request's gaps inside the stretch: of all of them for one that runs to its end (nearly
         # every request), of the first `last` for one that finishes at its step `last`.

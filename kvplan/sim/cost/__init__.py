@@ -3,7 +3,8 @@
 Every model implements `CostModel`: `step_times(features)` maps a batch of steps' features (one array entry per
 step) to seconds, so the replica's decode fast path prices k steps in one vectorised call and a single step is
 the same arithmetic on plain ints (bit-identical times either way); `transfer_time` prices swap and copy-on-write
-traffic.
+traffic. A model may also offer `decode_law()` (`decode_law_of`): its pure-decode step on plain numbers, which
+prices a stretch in one typed loop, again bit for bit (`sim.cost.decode_law`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Protocol, overload
 
 import numpy as np
 
+from kvplan.sim.cost.decode_law import DecodeLaw
 from kvplan.sim.cost.features import StepFeatures, step_features
 
 
@@ -28,6 +30,13 @@ def reads_spread(model: CostModel) -> bool:
     """Whether the model's step times read `decode_context_max` and `batched` (the calibrated model's spread and
     BLAS terms); one that declares `reads_spread = False` gets decode stretches without them."""
     return getattr(model, "reads_spread", True)
+
+
+def decode_law_of(model: CostModel) -> DecodeLaw | None:
+    """The model's pure-decode step on plain numbers (`sim.cost.decode_law`), or None: a model without one prices
+    its decode stretches with `step_times` on arrays."""
+    law = getattr(model, "decode_law", None)
+    return law() if law is not None else None
 
 
 def sliding_window(model: CostModel) -> int:
@@ -65,4 +74,5 @@ def step_parts(model: CostModel, step, block_size: int, attended_limit: int = 0,
     return compute, transfers, promoted
 
 
-__all__ = ["CostModel", "StepFeatures", "reads_spread", "sliding_window", "step_parts", "step_time"]
+__all__ = ["CostModel", "DecodeLaw", "StepFeatures", "decode_law_of", "reads_spread", "sliding_window",
+           "step_parts", "step_time"]
