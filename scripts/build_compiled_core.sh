@@ -30,11 +30,11 @@
 set -euo pipefail
 # Beside the core, the install's build (--sim) compiles the simulator's step loop and the per-arrival and per-request
 # bookkeeping around it, and the pricing helpers every step calls (the token tables, a decode stretch's sums and the
-# analytic cost's decode law that prices it).
+# analytic cost's step law that prices them).
 # shared_store.py must go with the core: its class subclasses the core's TierView.
 SIM_MODULES=(kvplan/sim/replica.py kvplan/sim/shared_store.py kvplan/sim/cluster.py kvplan/results/request_table.py
              kvplan/results/itl.py kvplan/sim/cost/token_table.py kvplan/sim/cost/step_sums.py
-             kvplan/sim/cost/decode_law.py)
+             kvplan/sim/cost/step_law.py)
 if [ $# -lt 1 ]; then
   echo "usage: $0 OUT [EXTRA_MODULE.py ...]  (OUT: a scratch directory outside the checkout)" >&2
   exit 2

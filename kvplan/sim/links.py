@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, cast
 from kvplan.engine.core.config import CacheConfig
 from kvplan.engine.core.prefix_tiers import PrefixTier
 from kvplan.errors import UserError
-from kvplan.sim.cost import CostModel, step_parts
+from kvplan.sim.cost import CostModel, StepLaw, step_parts
 from kvplan.sim.shared_store import SharedView, StoreQueue
 from kvplan.sim.specs.arch import ModelSpec
 from kvplan.sim.specs.models import get_model
@@ -85,8 +85,8 @@ class TierPricing:
     layers: int = 0  # layer-wise loading: the model's layers (0: off, the copy precedes the compute)
 
     def step_seconds(self, cost: CostModel, step, start: float, block_size: int, attended_limit: int = 0,
-                     window: int = 0) -> float:
-        compute, transfers, copy = step_parts(cost, step, block_size, attended_limit, window)
+                     window: int = 0, law: StepLaw | None = None) -> float:
+        compute, transfers, copy = step_parts(cost, step, block_size, attended_limit, window, law)
         shared = sum(1 for tier, _ in step.promotions if tier == "shared")
         if shared:
             assert self.network is not None  # `wire_tiers` gives a link to every replica with a shared tier

@@ -37,7 +37,7 @@ from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.timing import SequenceTiming
 from kvplan.results.itl import ItlLog
 from kvplan.results.request_table import RequestLog
-from kvplan.sim.cost import CostModel, decode_law_of, reads_spread, sliding_window, step_time
+from kvplan.sim.cost import CostModel, reads_spread, sliding_window, step_law_of, step_time
 from kvplan.sim.cost.features import decode_stretch_features, first_decode_features
 from kvplan.sim.cost.step_sums import stretch_sums
 from kvplan.sim.links import TierPricing
@@ -62,8 +62,8 @@ class Replica:
         self.attended_limit = cache.sink_tokens + cache.window_tokens if cache.windowed else 0
         self.sliding_window = sliding_window(cost)
         self.spread = reads_spread(cost)  # whether stretches need the features only some cost models read
-        # the cost model's pure-decode step on plain numbers, when it has one: a stretch priced in one typed loop
-        self.decode_law = decode_law_of(cost) if not self.sliding_window else None
+        # the cost model's step on plain numbers, when it has one: a step, or a stretch in one typed loop
+        self.step_law = step_law_of(cost) if not self.sliding_window else None
         self.next_arrival = next_arrival
         self.sample_interval_s, self.next_sample_s = sample_interval_s, 0.0
         self.fast_path = fast_path
@@ -191,10 +191,11 @@ class Replica:
                     prefill += item.num_new_tokens
                     chunks += 1
             if self.pricing is None:
-                dt = step_time(self.cost, step, self.block_size, self.attended_limit, self.sliding_window)
+                dt = step_time(self.cost, step, self.block_size, self.attended_limit, self.sliding_window,
+                               self.step_law)
             else:  # promotions over their links (a shared store's network, layer-wise loading)
                 dt = self.pricing.step_seconds(self.cost, step, start, self.block_size, self.attended_limit,
-                                               self.sliding_window)
+                                               self.sliding_window, self.step_law)
             if self.draft_cost is not None:  # the draft model's passes (speculative decoding, draft_model)
                 dt += self.draft_cost.seconds(step.scheduled)
             if self.lora is not None:  # adapters loaded into their slots, then the LoRA kernels
@@ -377,12 +378,12 @@ class Replica:
         return ends
 
     def _stretch_times(self, contexts: list[int], remaining: list[int], k: int) -> tuple[list[float], list[int]]:
-        """(each step's seconds, the requests decoding in it) of k pure-decode steps: by the cost model's decode law
-        when it has one that covers them (`sim.cost.decode_law`), else by its `step_times` on the stretch's arrays.
+        """(each step's seconds, the requests decoding in it) of k pure-decode steps: by the cost model's step law
+        when it has one that covers them (`sim.cost.step_law`), else by its `step_times` on the stretch's arrays.
         Both give the same times, bit for bit."""
-        if self.decode_law is not None:  # (no model with a law reads the spread features)
+        if self.step_law is not None:  # (no model with a law reads the spread features)
             alive, attended, blocks, *_ = stretch_sums(contexts, remaining, k, self.block_size, 0, False)
-            times = self.decode_law.times(alive, attended, blocks)
+            times = self.step_law.times(alive, attended, blocks)
             if times is not None:
                 return times, alive
         features = decode_stretch_features(contexts, remaining, k, self.block_size, self.sliding_window, self.spread)

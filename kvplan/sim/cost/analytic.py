@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, overload
 import numpy as np
 
 from kvplan.errors import UserError
-from kvplan.sim.cost.decode_law import DecodeLaw
 from kvplan.sim.cost.features import FEATURE_NAMES, StepFeatures, is_zero, step_max
 from kvplan.sim.cost.moe import ExpertCost
 from kvplan.sim.cost.parallel import Shape, micro_batches, moe_activation_width, weight_bytes_per_rank
+from kvplan.sim.cost.step_law import StepLaw
 from kvplan.sim.cost.token_table import TokenTable
 from kvplan.sim.gpu.attention import AttentionCost
 from kvplan.sim.gpu.custom_allreduce import step_allreduce_time
@@ -251,17 +251,18 @@ class AnalyticCost:
             host = host + self.admit_overhead_s * (f.num_requests - f.decode_requests)
         return step_max(compute, host) if self.async_scheduling else compute + host
 
-    def decode_law(self) -> DecodeLaw | None:
-        """This model's pure-decode step as a `DecodeLaw` (the same times, on plain numbers), or None where a
-        stretch takes another branch of `step_times`: pipeline parallelism (micro-batches) or sliding-window layers
-        (their window features)."""
+    def step_law(self) -> StepLaw | None:
+        """This model's step as a `StepLaw` (the same times, on plain numbers), or None where a step takes another
+        branch of `step_times`: pipeline parallelism (micro-batches) or sliding-window layers (their window
+        features)."""
         attention = self._attention
         if self.shape.pp != 1 or attention._sliding_share:
             return None
-        return DecodeLaw(self._decode_linear, self._expert_table, self._collective_table, attention._decode_unit,
-                         attention._block_tokens, attention.request_tokens, attention._flop_rate,
-                         attention._token_bytes, attention._byte_rate, attention._floor, self.step_overhead_s,
-                         self.request_overhead_s, self.async_scheduling)
+        return StepLaw(self._linear, self._head, self._decode_linear, self._expert_table, self._collective_table,
+                       attention._prefill_unit, attention._queries_k0, attention._decode_unit,
+                       attention._block_tokens, attention.request_tokens, attention._flop_rate,
+                       attention._token_bytes, attention._byte_rate, attention._floor, self.step_overhead_s,
+                       self.request_overhead_s, self.admit_overhead_s, self.async_scheduling)
 
     def _gemm(self, rows, k: int, n: int):
         """A layer GEMM: the layers' weight width, at the rate their quantization runs at."""

@@ -15,9 +15,9 @@ from typing import Any, overload
 
 import numpy as np
 
-from kvplan.sim.cost import CostModel, decode_law_of
-from kvplan.sim.cost.decode_law import DecodeLaw
+from kvplan.sim.cost import CostModel, step_law_of
 from kvplan.sim.cost.features import StepFeatures
+from kvplan.sim.cost.step_law import StepLaw
 
 
 class ScaledCost:
@@ -41,9 +41,9 @@ class ScaledCost:
     def step_times(self, f: StepFeatures) -> np.ndarray | float:
         return self.inner.step_times(f) * self.factor
 
-    def decode_law(self) -> DecodeLaw | None:
-        """The inner model's pure-decode law with this factor (`sim.cost.decode_law`), if it has one."""
-        law = decode_law_of(self.inner)
+    def step_law(self) -> StepLaw | None:
+        """The inner model's step law with this factor (`sim.cost.step_law`), if it has one."""
+        law = step_law_of(self.inner)
         return law.scaled(self.factor) if law is not None else None
 
     def transfer_time(self, swapped_blocks: int, copied_blocks: int, disk_blocks: int = 0) -> float:
