@@ -185,7 +185,7 @@ class Admission:
         pool = kv.pool
         if (pool is not None and len(kv.groups) == 1 and sched.has_seq_room(request.seq_slots)
                 and (sched.config.enable_chunked_prefill or request.num_tokens <= budget)
-                and pool.num_free > sched.cache_config.blocks_per_request(request.num_tokens)
+                and pool.num_free > kv.groups[0].request_blocks(request.num_tokens)  # (the one group: the cache)
                 + sched.admission_reserve()):
             return False
         plan = self.plan(request, budget)

@@ -57,6 +57,10 @@ class KVCacheManager(TieredPrefix):
         self.block_ids: dict[str, list[int]] = {}  # the same tables as plain ids, for the model runner
         self.cpu_tables: dict[str, list[KVBlock | None]] = {}
         self.sink_blocks = cdiv(config.sink_tokens, config.block_size)
+        # A request of n tokens holds ⌈n / b⌉ blocks here unless a window releases some: `request_blocks` answers
+        # `CacheConfig.blocks_per_request` (and `admission_error` its `peak_blocks`) without calling the interpreted
+        # configuration in that common case, a few times per request
+        self._every_block = not config.windowed and config.hybrid_layout is None
         self.prefix_queries = 0  # tokens looked up at admission
         self.prefix_hits = 0  # tokens found cached
 
@@ -77,7 +81,9 @@ class KVCacheManager(TieredPrefix):
         """Why `request` could never run even alone in an empty cache, writing at most `chunk` tokens a step,
         or None. The watermark plays no part: it never holds back the only request that could run."""
         total = self.config.num_blocks
-        need = self.config.peak_blocks(request.final_len - 1, chunk)  # the last sampled token is never written
+        positions = request.final_len - 1  # the last sampled token is never written
+        need = cdiv(max(positions, 0), self.block_size) if self._every_block else self.config.peak_blocks(positions,
+                                                                                                          chunk)
         if request.beam and need * request.n > total:  # every beam resident at once, nothing shared
             return (f"needs {need * request.n} KV blocks for {request.n} beams of {request.final_len} tokens with "
                     f"nothing shared (block size {self.block_size}) but the cache holds only {total}")
@@ -152,12 +158,17 @@ class KVCacheManager(TieredPrefix):
         request.num_hashed_blocks = min(request.num_hashed_blocks, first_block)
 
     # -- allocation ----------------------------------------------------------------------------------------
+    def request_blocks(self, num_tokens: int) -> int:
+        """`CacheConfig.blocks_per_request(num_tokens)`: the blocks a request of that many tokens holds once its
+        window has slid (every block without one)."""
+        return cdiv(num_tokens, self.block_size) if self._every_block else self.config.blocks_per_request(num_tokens)
+
     def fits_whole(self, request: Request, hits: list[KVBlock], reserve: int) -> bool:
         """The full-prompt admission gate (vLLM's `scheduler_reserve_full_isl`): whether the blocks for all of
         the waiting request's tokens (prompt, plus output to recompute) beyond its prefix `hits`, and the hits
         that are free cached blocks, fit in the free blocks with `reserve` to spare. With a sink+window the need
         is capped at the blocks one request holds once its window has slid."""
-        need = max(self.config.blocks_per_request(request.num_tokens) - len(hits), 0)
+        need = max(self.request_blocks(request.num_tokens) - len(hits), 0)
         need += sum(1 for b in hits if b.ref_cnt == 0)
         return need + reserve <= self.pool.num_free
 

@@ -156,6 +156,7 @@ class Scheduler:
         #: whether a request's blocks can be released mid-request (sink+window, sliding groups): no fast path then
         self.windowed = self.cache_config.windowed or self.cache_config.hybrid
         self.prefill_first = self.config.schedule == "prefill_first"
+        self._watermark_blocks = self.cache_config.watermark_blocks  # (`admission_reserve`, several times a step)
         self.reserve_full_isl = self.config.scheduler_reserve_full_isl
         self.admissions = Admission(self)
         self.preemption = GroupPreemption(self)
@@ -305,7 +306,7 @@ class Scheduler:
 
     def admission_reserve(self) -> int:
         """Blocks an admission or swap-in must leave free: the watermark, only while something runs."""
-        return self.cache_config.watermark_blocks if self.running else 0
+        return self._watermark_blocks if self.running else 0
 
     def chunk(self, pending: int, budget: int) -> int:
         """Tokens to compute now out of `pending` within `budget`; 0: wait for a step with room."""
