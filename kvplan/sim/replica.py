@@ -62,8 +62,9 @@ class Replica:
         self.attended_limit = cache.sink_tokens + cache.window_tokens if cache.windowed else 0
         self.sliding_window = sliding_window(cost)
         self.spread = reads_spread(cost)  # whether stretches need the features only some cost models read
-        # the cost model's step on plain numbers, when it has one: a step, or a stretch in one typed loop
-        self.step_law = step_law_of(cost) if not self.sliding_window else None
+        # the cost model's step on plain numbers, when it has one: a step, or a stretch in one typed loop (a law has
+        # neither window nor spread features: a model that reads them prices its steps itself)
+        self.step_law = step_law_of(cost) if not (self.sliding_window or self.spread) else None
         self.next_arrival = next_arrival
         self.sample_interval_s, self.next_sample_s = sample_interval_s, 0.0
         self.fast_path = fast_path
@@ -381,7 +382,7 @@ class Replica:
         """(each step's seconds, the requests decoding in it) of k pure-decode steps: by the cost model's step law
         when it has one that covers them (`sim.cost.step_law`), else by its `step_times` on the stretch's arrays.
         Both give the same times, bit for bit."""
-        if self.step_law is not None:  # (no model with a law reads the spread features)
+        if self.step_law is not None:
             alive, attended, blocks, *_ = stretch_sums(contexts, remaining, k, self.block_size, 0, False)
             times = self.step_law.times(alive, attended, blocks)
             if times is not None:
