@@ -58,8 +58,8 @@ class KVCacheManager(TieredPrefix):
         self.cpu_tables: dict[str, list[KVBlock | None]] = {}
         self.sink_blocks = cdiv(config.sink_tokens, config.block_size)
         # A request of n tokens holds ⌈n / b⌉ blocks here unless a window releases some: `request_blocks` answers
-        # `CacheConfig.blocks_per_request` (and `admission_error` its `peak_blocks`) without calling the interpreted
-        # configuration in that common case, a few times per request
+        # `CacheConfig.blocks_per_request` without calling the interpreted configuration in that common case (the
+        # admission checks ask it several times per request)
         self._every_block = not config.windowed and config.hybrid_layout is None
         self.prefix_queries = 0  # tokens looked up at admission
         self.prefix_hits = 0  # tokens found cached
@@ -81,9 +81,7 @@ class KVCacheManager(TieredPrefix):
         """Why `request` could never run even alone in an empty cache, writing at most `chunk` tokens a step,
         or None. The watermark plays no part: it never holds back the only request that could run."""
         total = self.config.num_blocks
-        positions = request.final_len - 1  # the last sampled token is never written
-        need = cdiv(max(positions, 0), self.block_size) if self._every_block else self.config.peak_blocks(positions,
-                                                                                                          chunk)
+        need = self.config.peak_blocks(request.final_len - 1, chunk)  # the last sampled token is never written
         if request.beam and need * request.n > total:  # every beam resident at once, nothing shared
             return (f"needs {need * request.n} KV blocks for {request.n} beams of {request.final_len} tokens with "
                     f"nothing shared (block size {self.block_size}) but the cache holds only {total}")
