@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages, wh
 BUILD_DIR = "kvplan-compiled"  # in the venv: sys.prefix / BUILD_DIR
 STAMP = "kvplan-compiled.json"  # in the build, written last: a build without one never ran to its end
 BUILD_SCRIPT = Path("scripts") / "build_compiled_core.sh"
+INITS_WRITER = Path("kvplan") / "compiled_inits.py"  # rewrites the build's copies: a change to it is a new build
 PURE_ENV = "KVPLAN_PURE_CORE"  # set (non-empty): the script runs the pure modules
 ACTIVE_ENV = "KVPLAN_CORE_BUILD"  # set by the re-execution: this process already runs the build it names
 
@@ -41,12 +42,13 @@ def default_build() -> Path:
 
 
 def source_digest(compiled: list[str], root: Path = ROOT) -> str:
-    """sha256 over what a build depends on: the interpreter, the build script, the names of every file of the
-    package (the build mirrors them: a file added or removed is missing or dangling there), and the bytes of each
-    module it compiles (`compiled`: paths relative to `root`)."""
+    """sha256 over what a build depends on: the interpreter, the build script and the `__init__` writer it runs
+    (`compiled_inits`), the names of every file of the package (the build mirrors them: a file added or removed
+    is missing or dangling there), and the bytes of each module it compiles (`compiled`: paths relative to
+    `root`)."""
     digest = hashlib.sha256(f"{sys.implementation.cache_tag} {sys.version}\0".encode())
-    script = root / BUILD_SCRIPT
-    digest.update(script.read_bytes() if script.is_file() else b"")
+    for part in (root / BUILD_SCRIPT, root / INITS_WRITER):
+        digest.update(part.read_bytes() if part.is_file() else b"")
     names = []
     for folder, dirs, files in os.walk(root / "kvplan"):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
