@@ -9,10 +9,11 @@ of every probe. The build's copy of each compiled module therefore gets, for eac
 declarations are the one declaration, and the pure-Python core keeps the generated `__init__`.
 
 Invariant: a written `__init__` takes the same parameters in the same order, with the same defaults, and leaves
-every field as `dataclasses`' would. A field with a `default_factory` takes None for "not given" (then calls the
-factory); so a class whose such field's annotation admits None keeps `dataclasses`' `__init__`, as does any class
-this module does not model exactly: frozen or `init=False` or `kw_only` classes, classes with bases or with other
-decorators, `InitVar` or `KW_ONLY` annotations, `field()` arguments other than a default, a default factory, repr,
+every field as `dataclasses`' would; a copy (pickle, deepcopy) is rebuilt through it from the fields. A field with
+a `default_factory` takes None for "not given" (then calls the factory); so a class whose such field's annotation
+admits None keeps `dataclasses`' `__init__`, as does any class this module does not model exactly: frozen or
+`init=False` or `kw_only` classes, classes with bases or other decorators, with a `__post_init__` or their own
+pickling, `InitVar` or `KW_ONLY` annotations, `field()` arguments other than a default, a default factory, repr,
 compare, hash and metadata, and a factory that names one of the fields.
 
     python -m kvplan.compiled_inits FILE.py ...    rewrites each file in place (only ever a build's copies) and
@@ -82,6 +83,11 @@ def _fields(node: ast.ClassDef) -> tuple[list[_Field] | None, str]:
     """The class's fields in order, or (None, why it keeps `dataclasses`' `__init__`; "" when it has its own)."""
     if any(isinstance(s, ast.FunctionDef) and s.name == "__init__" for s in node.body):
         return None, ""
+    # (a copy rebuilt through __init__ - see _init_source - would run a __post_init__ a second time)
+    own = {s.name for s in node.body if isinstance(s, ast.FunctionDef)} & {
+        "__post_init__", "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__"}
+    if own:
+        return None, f"defines {', '.join(sorted(own))}"
     if node.bases or node.keywords:
         return None, "has base classes (inherited fields)"
     if len(node.decorator_list) != 1:
@@ -135,12 +141,15 @@ def _init_source(fields: list[_Field], node: ast.ClassDef, indent: str) -> str:
         else:
             parameters.append(f"{f.name}: {f.annotation}" + ("" if f.default is None else f" = {f.default}"))
             body.append(f"self.{f.name} = {f.name}")
-    if any(isinstance(s, ast.FunctionDef) and s.name == "__post_init__" for s in node.body):
-        body.append("self.__post_init__()")
     inner = indent + "    "
+    # A compiled class's __new__ runs its compiled __init__, so the default pickling (__new__ without arguments,
+    # then the state) would fail on a required field: a copy is rebuilt through the constructor instead.
+    values = "".join(f"self.{f.name}, " for f in fields)
     return (f"\n{indent}# written by kvplan.compiled_inits: the __init__ dataclasses would generate, compiled\n"
             f"{indent}def __init__({', '.join(parameters)}) -> None:\n"
-            + "".join(f"{inner}{line}\n" for line in body or ["pass"]))
+            + "".join(f"{inner}{line}\n" for line in body or ["pass"])
+            + f"\n{indent}def __reduce__(self) -> tuple[type, tuple[object, ...]]:\n"
+            f"{inner}return (type(self), ({values}))\n")
 
 
 def main(paths: list[str]) -> int:
