@@ -125,11 +125,12 @@ class ClosedLoop:
             lo, hi = offsets[source], offsets[source + 1]
             ids = trace_hashes[lo:hi]
             hashes = np.where(private[lo:hi], ids + (copy + 1) * pop.stride, ids).tolist() or None
+        lora_id, lora_name = adapter_of(trace, source)
         request = make_request(str(row), max_tokens=int(trace.output_tokens[source]),
                                prompt_len=int(trace.prompt_tokens[source]), prefix_hashes=hashes,
                                hash_granularity=trace.hash_granularity if hashes else 0, arrival_s=at,
                                priority=int(trace.priority[source]), n=int(trace.n[source]),
-                               **adapter_of(trace, source))
+                               lora_id=lora_id, lora_name=lora_name)
         cluster = self.cluster
         if not cluster.router.pick(request, cluster.replicas).submit(request, row):
             self._schedule(user, at + self.think_s)  # rejected (too long for the cache): on to the next

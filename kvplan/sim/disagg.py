@@ -167,10 +167,11 @@ class DisaggCluster(Stoppable):
     def _request(self, row: int, arrival: float, max_tokens: int, params: dict) -> Request:
         t = self.trace
         hashes = t.hashes_of(row).tolist() if t.has_prefix else None
+        lora_id, lora_name = adapter_of(t, row)
         return make_request(str(row), max_tokens=max_tokens, prompt_len=int(t.prompt_tokens[row]),
                             prefix_hashes=hashes or None, hash_granularity=t.hash_granularity if hashes else 0,
                             arrival_s=arrival, priority=int(t.priority[row]), n=int(t.n[row]),
-                            kv_transfer_params=params, **adapter_of(t, row))
+                            kv_transfer_params=params, lora_id=lora_id, lora_name=lora_name)
 
     def _handoff(self, prefill: Replica):
         def close(row: int, sample: int, end: float) -> None:

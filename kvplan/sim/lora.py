@@ -205,11 +205,11 @@ def lora_serving(config, cost) -> LoraServing | None:
     return LoraServing(slots, priced)
 
 
-def adapter_of(trace, row: int) -> dict:
-    """make_request's LoRA fields for a trace row: its adapter's id (k for lora_names[k - 1]; 0 the base model)
-    and name."""
+def adapter_of(trace, row: int) -> tuple[int, str]:
+    """make_request's LoRA fields for a trace row (`lora_id`, `lora_name`): its adapter's id (k for
+    lora_names[k - 1]; 0 the base model) and name."""
     k = 0 if trace.lora is None else int(trace.lora[row])
-    return {"lora_id": k, "lora_name": trace.lora_names[k - 1] if k else ""}
+    return k, trace.lora_names[k - 1] if k else ""
 
 
 def check_trace_adapters(trace, enable_lora: bool) -> None:

@@ -81,7 +81,7 @@ class KVCacheManager(TieredPrefix):
         """Why `request` could never run even alone in an empty cache, writing at most `chunk` tokens a step,
         or None. The watermark plays no part: it never holds back the only request that could run."""
         total = self.config.num_blocks
-        need = self.config.peak_blocks(request.final_len - 1, chunk)  # the last sampled token is never written
+        need = self.peak_blocks(request.final_len - 1, chunk)  # the last sampled token is never written
         if request.beam and need * request.n > total:  # every beam resident at once, nothing shared
             return (f"needs {need * request.n} KV blocks for {request.n} beams of {request.final_len} tokens with "
                     f"nothing shared (block size {self.block_size}) but the cache holds only {total}")
@@ -160,6 +160,12 @@ class KVCacheManager(TieredPrefix):
         """`CacheConfig.blocks_per_request(num_tokens)`: the blocks a request of that many tokens holds once its
         window has slid (every block without one)."""
         return cdiv(num_tokens, self.block_size) if self._every_block else self.config.blocks_per_request(num_tokens)
+
+    def peak_blocks(self, num_positions: int, chunk: int) -> int:
+        """`CacheConfig.peak_blocks(num_positions, chunk)`: every position's block without a window (asked once per
+        arriving request, so the common case stays out of the interpreted configuration class)."""
+        return cdiv(max(num_positions, 0), self.block_size) if self._every_block else self.config.peak_blocks(
+            num_positions, chunk)
 
     def fits_whole(self, request: Request, hits: list[KVBlock], reserve: int) -> bool:
         """The full-prompt admission gate (vLLM's `scheduler_reserve_full_isl`): whether the blocks for all of
