@@ -44,12 +44,6 @@ class Cluster(Stoppable):
         self.log = RequestLog()
         self.unservable: list[tuple[int, str]] = []  # failed requests of the trace: nothing to serve
         self.arrivals = trace.arrival_s.tolist() if closed_loop is None else []
-        # Each arrival's prefix hashes as a slice of plain lists: a numpy slice and its tolist() per request cost
-        # about as much as the rest of building it (empty: no prefix hashes, or a closed loop's own requests)
-        self._hash_ids: list[int] = []
-        self._hash_offsets: list[int] = []
-        if closed_loop is None and trace.hash_ids is not None and trace.hash_offsets is not None:
-            self._hash_ids, self._hash_offsets = trace.hash_ids.tolist(), trace.hash_offsets.tolist()
         # Failed rows take no router turn; a round robin's next arrival for a replica counts servable rows only.
         servable = trace.servable
         self._servable = None if servable.all() else np.flatnonzero(servable).tolist()
@@ -107,8 +101,8 @@ class Cluster(Stoppable):
         self.next_row = len(self.arrivals)
 
     def _request(self, row: int, arrival: float) -> Request:
-        t, offsets = self.trace, self._hash_offsets
-        hashes = self._hash_ids[offsets[row]:offsets[row + 1]] if offsets else None
+        t = self.trace
+        hashes = t.hashes_of(row).tolist() if t.has_prefix else None
         name = row if self.row_names is None else self.row_names[row]
         lora_id, lora_name = adapter_of(t, row)
         return make_request(str(name), max_tokens=int(t.output_tokens[row]), prompt_len=int(t.prompt_tokens[row]),
