@@ -6,14 +6,14 @@ client sees them, with the engine's own TTFT, TPOT and E2E beside them (`*_engin
 from __future__ import annotations
 
 from array import array
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
 
-RAW_COLUMNS = ("request", "sample", "replica", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
+RAW_COLUMNS: Final = ("request", "sample", "replica", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
                "prompt_tokens", "output_tokens", "cached_prompt_tokens", "preemptions", "itl_max_s")
-_INT_COLUMNS = {"request", "sample", "replica", "prompt_tokens", "output_tokens", "cached_prompt_tokens",
+_INT_COLUMNS: Final = {"request", "sample", "replica", "prompt_tokens", "output_tokens", "cached_prompt_tokens",
                 "preemptions"}
 
 
@@ -48,8 +48,8 @@ class RequestLog:
 
 # The engine-internal view beside the client's (`sim.frontend`): where no API server stands in front (a live
 # engine's replay, the LLM class), the engine's times are the client's; a black-box endpoint's are unknown (NaN).
-ENGINE_TIME_COLUMNS = ("engine_arrival_s", "first_token_engine_s", "finish_engine_s")
-ENGINE_LATENCY_COLUMNS = ("ttft_engine_ms", "tpot_engine_ms", "e2el_engine_ms")
+ENGINE_TIME_COLUMNS: Final = ("engine_arrival_s", "first_token_engine_s", "finish_engine_s")
+ENGINE_LATENCY_COLUMNS: Final = ("ttft_engine_ms", "tpot_engine_ms", "e2el_engine_ms")
 
 
 def _ttft_tpot_e2el(out: np.ndarray, arrival: pd.Series, first: pd.Series, finish: pd.Series

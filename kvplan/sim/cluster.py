@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import simpy
@@ -28,7 +28,7 @@ from kvplan.sim.stopping import Stoppable
 from kvplan.traces import Trace
 
 # A BurstGPT failure kept with --keep-failed: 0 output tokens (and often 0 prompt tokens) leave nothing to run.
-UNSERVABLE = "a failed request in the trace (0 prompt or 0 output tokens): nothing to serve"
+UNSERVABLE: Final = "a failed request in the trace (0 prompt or 0 output tokens): nothing to serve"
 
 
 class Cluster(Stoppable):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from itertools import pairwise
+from typing import Final
 
 import simpy
 
@@ -45,9 +46,9 @@ from kvplan.sim.lora import LoraServing, lora_serving
 from kvplan.sim.shared_store import SharedView
 from kvplan.sim.spec_decode import DraftCost, DraftOutcomes, speculation
 
-NAN = math.nan
-FAST_PATH_CELLS = 1 << 20  # most (request, step) pairs priced in one stretch
-SERIES_COLUMNS = ("replica", "time_s", "running", "waiting", "swapped", "kv_usage", "num_cached_free_blocks",
+NAN: Final = math.nan
+FAST_PATH_CELLS: Final = 1 << 20  # most (request, step) pairs priced in one stretch
+SERIES_COLUMNS: Final = ("replica", "time_s", "running", "waiting", "swapped", "kv_usage", "num_cached_free_blocks",
                   "token_states", "reserved_unused", "internal_fragmentation", "external_fragmentation", "free")
 
 

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from array import array
 from hashlib import blake2b
+from typing import Final
 
 from kvplan.errors import UserError
 
-ROOT_KEY = 0x6B76706C616E  # "kvplan": the parent of block 0
+ROOT_KEY: Final = 0x6B76706C616E  # "kvplan": the parent of block 0
 
 
 def chain_hash(parent: int, payload: bytes) -> int:

@@ -49,17 +49,19 @@ from __future__ import annotations
 
 import enum
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
-from kvplan.engine.core.request import Request, RequestStatus
+from kvplan.engine.core.request import RUNNING, Request
 
 if TYPE_CHECKING:
     from kvplan.engine.core.scheduler import Scheduler
 
-RUNNING = RequestStatus.RUNNING
-SCHEDULE, UPDATE = 0, 1  # within a step, schedule() allocates and registers before update() finishes
-ALLOCATE, REGISTER, FINISH = 0, 1, 2  # schedule() handles one request at a time: its allocation, then its keys
+SCHEDULE: Final = 0  # within a step, schedule() allocates and registers before update() finishes
+UPDATE: Final = 1
+ALLOCATE: Final = 0  # schedule() handles one request at a time: its allocation, then its keys
+REGISTER: Final = 1
+FINISH: Final = 2
 Event = tuple[int, int, int, int, int]  # (step, phase, running index, kind, logical block)
 
 

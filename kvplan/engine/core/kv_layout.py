@@ -23,11 +23,13 @@ layers where the uniform layout's is worth 62.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from kvplan.errors import ConfigError
 
-FULL, SLIDING = "full_attention", "sliding_attention"  # HF `layer_types` spelling
-LAYER_KINDS = (FULL, SLIDING)
+FULL: Final = "full_attention"  # HF `layer_types` spelling
+SLIDING: Final = "sliding_attention"
+LAYER_KINDS: Final = (FULL, SLIDING)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -24,14 +24,15 @@ reference count: a prefix-cache hit or a fork puts the same physical block into 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import CacheConfig
 from kvplan.engine.core.request import Request
 from kvplan.engine.core.tiered_prefix import TieredPrefix
 
-NO_COPIES: tuple[tuple[int, int], ...] = ()
-HOLE = -1  # block id placed in `block_ids` where sink+window released a block
+NO_COPIES: Final[tuple[tuple[int, int], ...]] = ()
+HOLE: Final = -1  # block id placed in `block_ids` where sink+window released a block
 
 
 def cdiv(a: int, b: int) -> int:

@@ -19,13 +19,14 @@ cache keys it by: `request.adapter_root`). Two policies, shared by the live engi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from kvplan.engine.core.outputs import SchedulerOutput
 from kvplan.engine.core.request import Request, adapter_root  # noqa: F401 (adapter_root: the sides')
 from kvplan.engine.core.settings import lora_rank_problem
 from kvplan.errors import ConfigError
 
-BASE = 0  # lora_id of the base model: no adapter
+BASE: Final = 0  # lora_id of the base model: no adapter
 
 
 def running_loras(running: list[Request]) -> set[int]:

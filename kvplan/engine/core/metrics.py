@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from kvplan.engine.core.kv_manager import HOLE
 from kvplan.engine.core.reservation import ReservationAllocator
@@ -199,14 +199,14 @@ def kv_snapshot(kv: KVManager, stats: SchedulerStats) -> dict[str, float | int |
     }
 
 
-TIER_NAMES = ("cpu", "disk", "shared")
-TIER_COUNTERS = ("hits", "promotions", "demotions", "dropped")
+TIER_NAMES: Final = ("cpu", "disk", "shared")
+TIER_COUNTERS: Final = ("hits", "promotions", "demotions", "dropped")
 # the cumulative ones (summed over replicas and windows); `_blocks` is a gauge
-TIER_COUNTER_KEYS = tuple(f"kv_offload_{name}_{counter}" for name in TIER_NAMES for counter in TIER_COUNTERS)
+TIER_COUNTER_KEYS: Final = tuple(f"kv_offload_{name}_{counter}" for name in TIER_NAMES for counter in TIER_COUNTERS)
 # bytes each tier's link moved (promotions out of it and stores into it, times the KV bytes of a block): the
 # simulator's summaries fill them in (the core does not know a block's bytes); null where a tier is absent
-TIER_BYTES_KEYS = tuple(f"kv_offload_{name}_bytes" for name in TIER_NAMES)
-TIER_SUMMARY_KEYS = TIER_COUNTER_KEYS + TIER_BYTES_KEYS
+TIER_BYTES_KEYS: Final = tuple(f"kv_offload_{name}_bytes" for name in TIER_NAMES)
+TIER_SUMMARY_KEYS: Final = TIER_COUNTER_KEYS + TIER_BYTES_KEYS
 
 
 def tier_counters(kv: KVManager) -> dict[str, int | None]:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Final
 
-PARTS = re.compile(r"[-_.\s]+")
-SHOWN = 4  # names proposed at most; the rest are counted
+PARTS: Final = re.compile(r"[-_.\s]+")
+SHOWN: Final = 4  # names proposed at most; the rest are counted
 
 
 def first_part(name: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from kvplan.errors import ConfigError
 
@@ -19,7 +20,7 @@ def kind(name: str) -> str:
     return SETTINGS[name].kind if name in SETTINGS else ""
 
 
-ON = "on"  # a `Needs` condition: any value but the setting's off value (0, false, null)
+ON: Final = "on"  # a `Needs` condition: any value but the setting's off value (0, false, null)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Final
 
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import ConfigError
 from kvplan.engine.core.tier_transfers import GPU, TierTransfer
 from kvplan.limits import MAX_BLOCKS
 
-GIB = 1 << 30  # vLLM's kv_offloading_size is in GiB
+GIB: Final = 1 << 30  # vLLM's kv_offloading_size is in GiB
 
 
 @dataclass(slots=True)

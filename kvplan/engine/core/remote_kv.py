@@ -47,7 +47,7 @@ mid-prompt (`inflight_prefill_blocks`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from kvplan.engine.core.request import Request, RequestStatus
 
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
     from kvplan.engine.core.scheduler import Scheduler
 
-RECEIVING = RequestStatus.WAITING_FOR_REMOTE_KVS
+RECEIVING: Final[RequestStatus] = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
 def wants_remote_prefill(request: Request) -> bool:

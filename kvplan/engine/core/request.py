@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from kvplan.engine.core.block_keys import ROOT_KEY, BlockKeys, HashBlockKeys, TokenBlockKeys, chain_hash
 from kvplan.errors import UserError
@@ -41,6 +41,12 @@ class RequestStatus(enum.IntEnum):
     @property
     def is_final(self) -> bool:
         return self is RequestStatus.FINISHED or self is RequestStatus.ABORTED
+
+
+# The status the schedulers' loops test most. Final: a compiled module reads it as a C constant, not from its
+# module's dict on every test; typed, not Literal, so a test of it does not narrow a status across calls that
+# change it.
+RUNNING: Final[RequestStatus] = RequestStatus.RUNNING
 
 
 @dataclass(slots=True, eq=False)
@@ -154,7 +160,7 @@ class Request:
 
 # A parallel-sampling child is its parent's id, "#" and its sample index (vLLM names them the same way): the one
 # format, made and read here.
-CHILD_SEPARATOR = "#"
+CHILD_SEPARATOR: Final = "#"
 
 
 def child_id(parent_id: str, sample: int) -> str:

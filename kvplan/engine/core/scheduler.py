@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import count
+from typing import Final
 
 from kvplan.engine.core.admission import Admission
 from kvplan.engine.core.beam_group import BeamGroups
@@ -66,7 +67,7 @@ from kvplan.engine.core.metrics import SchedulerStats, kv_snapshot, memory_break
 from kvplan.engine.core.outputs import ScheduledRequest, SchedulerOutput, UpdateOutput
 from kvplan.engine.core.preemption import GroupPreemption
 from kvplan.engine.core.remote_kv import RemoteKV
-from kvplan.engine.core.request import Request, RequestStatus, attach_block_keys
+from kvplan.engine.core.request import RUNNING, Request, RequestStatus, attach_block_keys
 from kvplan.engine.core.request_queue import make_queue
 from kvplan.engine.core.reservation import ReservationAllocator
 from kvplan.engine.core.spec_steps import SpecSteps
@@ -74,8 +75,7 @@ from kvplan.engine.core.step_update import StepUpdate
 from kvplan.engine.core.tier_transfers import promotions_of
 from kvplan.engine.core.victims import pick_victim
 
-RUNNING = RequestStatus.RUNNING
-INF = float("inf")  # no cap
+INF: Final = float("inf")  # no cap
 
 
 def make_kv_manager(config: CacheConfig, max_num_batched_tokens: int = 2048) -> KVManager:

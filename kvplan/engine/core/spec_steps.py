@@ -37,14 +37,12 @@ from typing import TYPE_CHECKING
 
 from kvplan.engine.core.decode_steps import DecodeMode
 from kvplan.engine.core.outputs import ScheduledRequest, UpdateOutput
-from kvplan.engine.core.request import Request, RequestStatus
+from kvplan.engine.core.request import RUNNING, Request
 from kvplan.engine.core.speculative import SpeculativeConfig
 from kvplan.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvplan.engine.core.scheduler import Scheduler
-
-RUNNING = RequestStatus.RUNNING
 
 
 class SpecSteps:

@@ -24,14 +24,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import Final
 
 from kvplan.errors import ConfigError, short_repr
 
-METHODS = ("ngram", "draft_model")
-KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model", "acceptance",
+METHODS: Final = ("ngram", "draft_model")
+KEYS: Final = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model", "acceptance",
         "acceptance_rate")
-MAX_SPECULATIVE_TOKENS = 64  # vLLM's kernels take a few to tens of drafts; more is a typo
-NGRAM_DEFAULT_LOOKUP = 5  # vLLM's default of both bounds when neither is given
+MAX_SPECULATIVE_TOKENS: Final = 64  # vLLM's kernels take a few to tens of drafts; more is a typo
+NGRAM_DEFAULT_LOOKUP: Final = 5  # vLLM's default of both bounds when neither is given
 
 
 @dataclass(frozen=True, slots=True)

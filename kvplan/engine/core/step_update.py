@@ -15,12 +15,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
-from kvplan.engine.core.request import Request, RequestStatus, child_id
+from kvplan.engine.core.request import RUNNING, Request, child_id
 
 if TYPE_CHECKING:
     from kvplan.engine.core.scheduler import Scheduler
-
-RUNNING = RequestStatus.RUNNING
 
 
 class StepUpdate:

@@ -21,8 +21,9 @@ Pure data, no torch: the simulator's cost model counts the promotions (`promotio
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
-GPU = "gpu"  # the device pool's name in a transfer (on the CPU engine too: the pool the forward pass reads)
+GPU: Final = "gpu"  # the device pool's name in a transfer (on the CPU engine too: the pool the forward pass reads)
 
 
 @dataclass(slots=True)

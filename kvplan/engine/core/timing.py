@@ -5,8 +5,9 @@ build the same per-request table from the same record."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
-NAN = float("nan")
+NAN: Final = float("nan")
 
 
 @dataclass(slots=True)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 
 # Most entries one table holds: counts up to 32 Ki tokens per step (vLLM's budgets are 2-16 Ki), about 1 MB of
 # floats at the most, grown as larger counts show up.
-TABLE_LIMIT = 1 << 15
-_FIRST_SIZE = 256  # the first fill: a decode batch's counts; larger counts double it
+TABLE_LIMIT: Final = 1 << 15
+_FIRST_SIZE: Final = 256  # the first fill: a decode batch's counts; larger counts double it
 
 
 @dataclass(slots=True)

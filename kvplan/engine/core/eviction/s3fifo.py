@@ -16,15 +16,15 @@ while a popular system prompt's blocks settle in M.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from kvplan.engine.core.eviction.base import EvictionPolicy
 
 if TYPE_CHECKING:
     from kvplan.engine.core.block_pool import KVBlock
 
-SMALL_FRACTION = 0.1
-MAX_FREQ = 3
+SMALL_FRACTION: Final = 0.1
+MAX_FREQ: Final = 3
 
 
 class S3FIFOPolicy(EvictionPolicy):
