@@ -34,6 +34,7 @@ from kvplan.engine.core import CacheConfig, Request, RequestStatus, Scheduler, S
 from kvplan.engine.core.decode_steps import DecodeMode
 from kvplan.engine.core.kv_groups import HybridKVCacheManager
 from kvplan.engine.core.metrics import TIER_COUNTER_KEYS, TIER_NAMES
+from kvplan.engine.core.outputs import UpdateOutput
 from kvplan.engine.core.request import sample_index
 from kvplan.engine.core.timing import SequenceTiming
 from kvplan.results.itl import ItlLog
@@ -230,7 +231,7 @@ class Replica:
                 if blocks > self.kind_peak_blocks[kind]:
                     self.kind_peak_blocks[kind] = blocks
 
-    def _finish_step(self, step, update, end: float) -> None:
+    def _finish_step(self, step: SchedulerOutput, update: UpdateOutput, end: float) -> None:
         tracks, clock = self.tracks, self.clock
         gap, common = end - clock, 0
         self._itl_on = self.itl_from <= end <= self.itl_until
@@ -254,6 +255,7 @@ class Replica:
                 if times is not None:
                     times.extend([end] * (item.request.num_output_tokens - len(times)))
         for child in update.forked:
+            assert child.parent_id is not None  # a forked child names its parent
             parent = self.tracks[child.parent_id]
             sample = sample_index(child.request_id)
             # A sibling that found no room (reservation allocators) samples its first token after a recompute.
