@@ -77,6 +77,8 @@ class Replica:
                 raise ValueError("recording every token time needs the step-by-step path (fast_path=False)")
             self.token_times = {}
         self.itl = ItlLog()
+        # every live request's track by id (a fork finds its parent's, a finish takes it out); each request also
+        # carries its own (`Request.timing`), which the per-step loops read
         self.tracks: dict[str, SequenceTiming] = {}
         self.rejected: list[tuple[int, str]] = []
         self.series: list[tuple] = []
@@ -142,8 +144,8 @@ class Replica:
 
     def submit(self, request: Request, row: int) -> bool:
         """Hand a request to the scheduler; False when it rejects it (recorded in `rejected`)."""
-        self.tracks[request.request_id] = SequenceTiming(row, 0, request.arrival_s,
-                                                         token_times_s=None if self.token_times is None else [])
+        request.timing = self.tracks[request.request_id] = SequenceTiming(
+            row, 0, request.arrival_s, token_times_s=None if self.token_times is None else [])
         if not self.sched.add_request(request):
             del self.tracks[request.request_id]
             self.rejected.append((row, request.finish_reason or "rejected"))
@@ -187,7 +189,8 @@ class Replica:
                     continue
             prefill = chunks = 0  # prompt-token rows, and the items computing them
             for item in step.scheduled:
-                track = self.tracks[item.request.request_id]
+                track = item.request.timing
+                assert track is not None  # every submitted request carries its track
                 if track.first_scheduled_s != track.first_scheduled_s:  # NaN: first time scheduled
                     track.first_scheduled_s = start
                 if not item.is_decode and not item.spec_token_ids:  # (verifying drafts is decode work)
@@ -232,12 +235,13 @@ class Replica:
                     self.kind_peak_blocks[kind] = blocks
 
     def _finish_step(self, step: SchedulerOutput, update: UpdateOutput, end: float) -> None:
-        tracks, clock = self.tracks, self.clock
+        clock = self.clock
         gap, common = end - clock, 0
         self._itl_on = self.itl_from <= end <= self.itl_until
         sampled = [item.request for item in step.scheduled if item.samples]  # bulk decodes all sample
         for request in step.decodes + sampled if step.decodes else sampled:
-            track = tracks[request.request_id]
+            track = request.timing
+            assert track is not None  # every submitted request carries its track
             if track.last_token_s == clock and track.token_times_s is None:
                 common += 1  # `_token` and `_gap`, inlined for the common case: a token in every step
                 if gap > track.itl_max_s:
@@ -251,7 +255,7 @@ class Replica:
         self._flush_gaps()
         if update.spec and self.token_times is not None:  # a verification emits its accepted drafts at once
             for item in step.scheduled:
-                times = tracks[item.request.request_id].token_times_s if item.spec_token_ids else None
+                times = self.tracks[item.request.request_id].token_times_s if item.spec_token_ids else None
                 if times is not None:
                     times.extend([end] * (item.request.num_output_tokens - len(times)))
         for child in update.forked:
@@ -260,7 +264,7 @@ class Replica:
             sample = sample_index(child.request_id)
             # A sibling that found no room (reservation allocators) samples its first token after a recompute.
             first = end if child.status is RequestStatus.RUNNING or child.status is RequestStatus.FINISHED else NAN
-            self.tracks[child.request_id] = SequenceTiming(
+            child.timing = self.tracks[child.request_id] = SequenceTiming(
                 parent.row, sample, parent.arrival_s, parent.first_scheduled_s, first, first,
                 token_times_s=None if parent.token_times_s is None else [first] if first == first else [])
         for request in update.finished:
@@ -409,11 +413,12 @@ class Replica:
         # The widest of a request's gaps inside the stretch: of all of them for one that runs to its end (nearly
         # every request), of the first `last` for one that finishes at its step `last`.
         widest = max([0.0, *gaps])
-        tracks, first, clock = self.tracks, ends[0], self.clock
+        first, clock = ends[0], self.clock
         common_gap, common = first - clock, 0
         for request, steps in zip(running, remaining, strict=True):
             last = k - 1 if steps >= k else steps - 1
-            track = tracks[request.request_id]
+            track = request.timing
+            assert track is not None  # every submitted request carries its track
             if track.last_token_s == clock:  # `_gap`, inlined for the common case: a token in the step before
                 common += 1
                 gap = common_gap

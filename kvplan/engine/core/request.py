@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kvplan.engine.core.block_keys import ROOT_KEY, BlockKeys, HashBlockKeys, TokenBlockKeys, chain_hash
+from kvplan.engine.core.timing import SequenceTiming
 from kvplan.errors import UserError
 
 
@@ -87,6 +88,9 @@ class Request:
     # prefix blocks apart from other adapters' (vLLM's block-hash extra keys)
     lora_id: int = 0
     lora_name: str = ""
+    # where a runner records its timeline (the simulator's replica reads it every step, instead of looking its
+    # id up); the core never reads it, and a fork starts without one
+    timing: SequenceTiming | None = None
 
     @property
     def num_tokens(self) -> int:
