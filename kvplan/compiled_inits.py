@@ -64,7 +64,7 @@ def add_inits(source: str) -> Written:
                 left.append((node.name, reason))
             continue
         indent = " " * node.body[0].col_offset
-        inserts.append((node.end_lineno or node.lineno, _init_source(fields, node, indent)))
+        inserts.append((node.end_lineno or node.lineno, _init_source(fields, indent)))
         written.append(node.name)
     for line, text in sorted(inserts, reverse=True):  # from the bottom, so earlier line numbers stay valid
         if line == len(lines) and not lines[-1].endswith("\n"):
@@ -131,7 +131,8 @@ def _fields(node: ast.ClassDef) -> tuple[list[_Field] | None, str]:
     return fields, ""
 
 
-def _init_source(fields: list[_Field], node: ast.ClassDef, indent: str) -> str:
+def _init_source(fields: list[_Field], indent: str) -> str:
+    """The `__init__` and `__reduce__` source for `fields`, indented as the class body."""
     parameters = ["self"]
     body = []
     for f in fields:
