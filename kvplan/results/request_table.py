@@ -11,10 +11,10 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-RAW_COLUMNS: Final = ("request", "sample", "replica", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
-               "prompt_tokens", "output_tokens", "cached_prompt_tokens", "preemptions", "itl_max_s")
+RAW_COLUMNS: Final = ("request", "sample", "replica", "arrival_s", "first_scheduled_s", "first_token_s",
+                      "finish_s", "prompt_tokens", "output_tokens", "cached_prompt_tokens", "preemptions", "itl_max_s")
 _INT_COLUMNS: Final = {"request", "sample", "replica", "prompt_tokens", "output_tokens", "cached_prompt_tokens",
-                "preemptions"}
+                       "preemptions"}
 
 
 class RequestLog:

@@ -50,7 +50,8 @@ from kvplan.sim.spec_decode import DraftCost, DraftOutcomes, speculation
 NAN: Final = math.nan
 FAST_PATH_CELLS: Final = 1 << 20  # most (request, step) pairs priced in one stretch
 SERIES_COLUMNS: Final = ("replica", "time_s", "running", "waiting", "swapped", "kv_usage", "num_cached_free_blocks",
-                  "token_states", "reserved_unused", "internal_fragmentation", "external_fragmentation", "free")
+                         "token_states", "reserved_unused", "internal_fragmentation", "external_fragmentation",
+                         "free")
 
 
 class Replica:
@@ -255,7 +256,8 @@ class Replica:
         self._flush_gaps()
         if update.spec and self.token_times is not None:  # a verification emits its accepted drafts at once
             for item in step.scheduled:
-                times = self.tracks[item.request.request_id].token_times_s if item.spec_token_ids else None
+                track = item.request.timing
+                times = track.token_times_s if item.spec_token_ids and track is not None else None
                 if times is not None:
                     times.extend([end] * (item.request.num_output_tokens - len(times)))
         for child in update.forked:

@@ -29,8 +29,8 @@ from typing import Final
 from kvplan.errors import ConfigError, short_repr
 
 METHODS: Final = ("ngram", "draft_model")
-KEYS: Final = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model", "acceptance",
-        "acceptance_rate")
+KEYS: Final = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
+               "acceptance", "acceptance_rate")
 MAX_SPECULATIVE_TOKENS: Final = 64  # vLLM's kernels take a few to tens of drafts; more is a typo
 NGRAM_DEFAULT_LOOKUP: Final = 5  # vLLM's default of both bounds when neither is given
 
