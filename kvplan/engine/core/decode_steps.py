@@ -48,7 +48,6 @@ Sink+window and hybrid caches use neither (their requests release blocks mid-req
 from __future__ import annotations
 
 import enum
-from itertools import islice
 from typing import TYPE_CHECKING, Final
 
 from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
@@ -97,7 +96,8 @@ class DecodeSteps:
         count = new = 0
         free = pool.num_free if pool is not None else 0
         events: list[Event] = []  # of the few that open a block or fill one in this step
-        for request in running if len(running) <= budget else islice(running, max(budget, 0)):
+        for i in range(min(len(running), budget)):  # (an index loop: the compiled build's list access is direct)
+            request = running[i]
             pos = request.num_computed_tokens
             output = request.num_output_tokens
             # A decode has one token pending past its prompt: pos == prompt + output - 1 with output >= 1 (output 0
@@ -111,8 +111,10 @@ class DecodeSteps:
                 # `_block_events(events, count, pos, 1, held, request.num_hashed_blocks, bs, registering)`, inlined
                 # (once per running request per step): its one step's allocation, then its registration
                 if pos < held:
-                    # (no holes: a cache that releases blocks mid-request never takes the decode fast path)
-                    if table[pos // bs].ref_cnt != 1:  # type: ignore[union-attr]
+                    # Only a fork shares a block a request still writes (a prefix hit is a full block below its
+                    # computed tokens), so only a forked request can need copy-on-write; the others skip reading
+                    # the block. (No holes: a cache that releases blocks mid-request never takes this path.)
+                    if request.forked and table[pos // bs].ref_cnt != 1:  # type: ignore[union-attr]
                         break  # copy-on-write first: the general loop's case
                 elif pos == held:
                     if new == free:
@@ -179,7 +181,9 @@ class DecodeSteps:
                 continue  # contiguous reservation: decode never allocates
             table = tables[request.request_id]
             # (no holes: a cache that releases blocks mid-request never takes the decode fast path)
-            if len(table) != -(-pos // bs) or (pos % bs and table[pos // bs].ref_cnt > 1):  # type: ignore[union-attr]
+            # (only a forked request can share the block it writes next: see `schedule_leading`)
+            if len(table) != -(-pos // bs) or (request.forked and pos % bs
+                                               and table[pos // bs].ref_cnt > 1):  # type: ignore[union-attr]
                 return 0  # the next write needs copy-on-write (or the table is not in its steady decode shape)
             if registering and request.block_keys is not None and request.num_hashed_blocks != pos // bs:
                 return 0
