@@ -49,6 +49,7 @@ from kvplan.sim.spec_decode import DraftCost, DraftOutcomes, speculation
 
 NAN: Final = math.nan
 FAST_PATH_CELLS: Final = 1 << 20  # most (request, step) pairs priced in one stretch
+MIN_STRETCH: Final = 2  # a one-step stretch makes more passes over the running requests than the step it replaces
 SERIES_COLUMNS: Final = ("replica", "time_s", "running", "waiting", "swapped", "kv_usage", "num_cached_free_blocks",
                          "token_states", "reserved_unused", "internal_fragmentation", "external_fragmentation",
                          "free")
@@ -339,7 +340,7 @@ class Replica:
             # depends on the estimate: a stretch that stops short of the bound is followed by another.)
             limit = min(limit, int((bound - self.clock) / first * 1.25) + 2)
         k = sched.decode_horizon(limit)
-        if k <= 0:
+        if k < MIN_STRETCH:
             return []
         # Every running request is a plain decode now (`decode_horizon`): past its prompt, one token pending
         contexts = [r.num_computed_tokens + 1 for r in running]
