@@ -339,8 +339,8 @@ class Replica:
             # Completions make later steps shorter than the first: ask for a quarter more. (Only the work priced
             # depends on the estimate: a stretch that stops short of the bound is followed by another.)
             limit = min(limit, int((bound - self.clock) / first * 1.25) + 2)
-        k = sched.decode_horizon(limit)
-        if k < MIN_STRETCH:
+        k = sched.decode_horizon(limit, MIN_STRETCH)
+        if k == 0:
             return []
         # Every running request is a plain decode now (`decode_horizon`): past its prompt, one token pending
         contexts = [r.num_computed_tokens + 1 for r in running]

@@ -54,7 +54,10 @@ def test_fast_path_equals_step_by_step(seed, block_size):
             counter = add_random_requests(rng, (fast, slow), counter, shared_roots=3)
             if fast.num_unfinished > 10:  # let the batch drain now and then so blocks run short less often
                 continue
-        k = fast.decode_horizon(rng.randint(1, 40))
+        limit = rng.randint(1, 40)
+        k = fast.decode_horizon(limit)
+        least = 1 + iteration % 6  # a caller's shortest worthwhile stretch cuts only shorter ones, to 0
+        assert fast.decode_horizon(limit, least) == (k if k >= least else 0)
         if k:
             fast.advance_decodes(k)
             fast_steps += k
@@ -152,3 +155,16 @@ def test_horizon_counts_cached_free_blocks_as_room():
     assert sched.decode_horizon(100) == 19
     sched.advance_decodes(19)
     assert sched.kv.pool.num_evictions == 2 and not sched.has_unfinished()
+
+
+def test_a_backlog_bounds_the_stretch_by_the_first_completion_and_least_cuts_it_to_zero():
+    sched = make_scheduler(block_size=4, num_blocks=40, budget=64, max_seqs=2, max_model_len=64)
+    sched.add_request(make_request("a", prompt_len=3, max_tokens=4))
+    sched.add_request(make_request("b", prompt_len=3, max_tokens=11))
+    sched.update(sched.schedule())  # one token each: a has 3 to go, b 10
+    sched.add_request(make_request("c", prompt_len=3, max_tokens=5))  # no sequence slot until one finishes
+    assert sched.waiting_head_blocked()
+    assert sched.decode_horizon(100) == 3  # a's completion frees a slot: c may be admitted then
+    assert sched.decode_horizon(100, 3) == 3
+    assert sched.decode_horizon(100, 4) == 0
+    assert sched.decode_horizon(2, 3) == 0  # the limit alone is below it

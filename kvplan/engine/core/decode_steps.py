@@ -147,11 +147,13 @@ class DecodeSteps:
                 finish(request, "length", result)
 
     # -- k steps: a pure-decode stretch ----------------------------------------------------------------------
-    def horizon(self, limit: int) -> int:
-        """Largest k <= limit for which `advance(k)` is exact (0 when no fast path applies)."""
+    def horizon(self, limit: int, least: int = 1) -> int:
+        """Largest k <= limit for which `advance(k)` is exact; 0 when no fast path applies, or when that k is below
+        `least` (the scan then stops at the first request that bounds it below)."""
         sched = self.sched
-        if (limit <= 0 or not sched.running or sched.swapped or sched.has_rejections or sched.remote.admission_due()
-                or sched.spec_steps is not None):  # speculative decoding: a step's length depends on acceptance
+        # (speculative decoding: a step's length depends on acceptance)
+        if (limit < max(least, 1) or not sched.running or sched.swapped or sched.has_rejections
+                or sched.remote.admission_due() or sched.spec_steps is not None):
             return 0
         backlog = len(sched.waiting) > 0
         if backlog and not sched.admissions.head_blocked():
@@ -173,6 +175,8 @@ class DecodeSteps:
             if request.n > 1 and not request.forked:
                 return 0
             remaining = request.max_tokens - output
+            if backlog and remaining < least:
+                return 0  # its completion ends the stretch (below) before `least` steps
             if remaining > longest:
                 longest = remaining
             if remaining < shortest:
@@ -192,6 +196,8 @@ class DecodeSteps:
         k = min(limit, longest)  # past the longest remaining output nobody is left to step
         if backlog:
             k = min(k, shortest)  # the first completion frees a slot and blocks: the head may then be admitted
+        if k < least:
+            return 0
         if pool is None or needed <= pool.num_free:
             return k  # the common case: free blocks are plentiful
         lo, hi = 0, k  # new blocks needed grows with k: find the largest k served by the free blocks
@@ -201,7 +207,7 @@ class DecodeSteps:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo
+        return lo if lo >= least else 0
 
     def _blocks_needed(self, k: int) -> int:
         bs = self.sched.block_size

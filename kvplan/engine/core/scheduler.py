@@ -466,9 +466,10 @@ class Scheduler:
         """Whether a beam group may step (`BeamGroups.ready`; a method, not an alias, for mypyc)."""
         return BeamGroups.ready(members)
 
-    def decode_horizon(self, limit: int) -> int:
-        """Largest k <= limit for which `advance_decodes(k)` equals k `schedule()` + `update()` cycles (0: none)."""
-        return self.decode_steps.horizon(limit)
+    def decode_horizon(self, limit: int, least: int = 1) -> int:
+        """Largest k <= limit for which `advance_decodes(k)` equals k `schedule()` + `update()` cycles (0: none, or
+        fewer than `least`)."""
+        return self.decode_steps.horizon(limit, least)
 
     def advance_decodes(self, k: int, usage: list[float] | None = None) -> list[tuple[int, Request]]:
         """Apply k pure-decode cycles at once; the (step, request) completions in update order (`decode_steps`)."""
