@@ -5,8 +5,8 @@ client sees them, with the engine's own TTFT, TPOT and E2E beside them (`*_engin
 
 from __future__ import annotations
 
-from array import array
-from typing import Any, Final
+import struct
+from typing import Final
 
 import numpy as np
 import pandas as pd
@@ -15,27 +15,42 @@ RAW_COLUMNS: Final = ("request", "sample", "replica", "arrival_s", "first_schedu
                       "finish_s", "prompt_tokens", "output_tokens", "cached_prompt_tokens", "preemptions", "itl_max_s")
 _INT_COLUMNS: Final = {"request", "sample", "replica", "prompt_tokens", "output_tokens", "cached_prompt_tokens",
                        "preemptions"}
+# One finished sequence's record, packed (8 bytes per cell: int64 for the int columns, float64 for the others)
+_RECORD: Final = struct.Struct("<" + "".join("q" if name in _INT_COLUMNS else "d" for name in RAW_COLUMNS))
+_RECORD_DTYPE: Final = np.dtype([(name, "<i8" if name in _INT_COLUMNS else "<f8") for name in RAW_COLUMNS])
 
 
 class RequestLog:
-    """Finished sequences, appended column by column into typed arrays (8 bytes per cell)."""
+    """Finished sequences, one packed record each (`RAW_COLUMNS` in order, 8 bytes per cell) in one growing
+    buffer: one call per sequence, where a column per array took one per cell (a million-request run adds a
+    million)."""
 
     def __init__(self) -> None:
-        # "q" columns take ints, "d" columns floats: one array type per column, so the element type is Any here
-        self.columns: dict[str, array[Any]] = {name: array("q" if name in _INT_COLUMNS else "d")
-                                               for name in RAW_COLUMNS}
+        self.data = bytearray()
 
-    def add(self, *values: object) -> None:  # ints into the "q" columns, floats into the "d" ones
-        for column, value in zip(self.columns.values(), values, strict=True):
-            column.append(value)
+    def add(self, *values: object) -> None:
+        """Record one sequence: its `RAW_COLUMNS` values in order (ints for the int columns)."""
+        self.data += _RECORD.pack(*values)
+
+    def extend(self, other: RequestLog) -> None:
+        self.data += other.data
+
+    def records(self) -> np.ndarray:
+        """A copy of the records, as a structured array with one field per column (the copy holds no view of the
+        buffer, which `add` could then not grow)."""
+        return np.frombuffer(self.data, dtype=_RECORD_DTYPE).copy()
+
+    def replace_records(self, records: np.ndarray) -> None:
+        self.data = bytearray(records.astype(_RECORD_DTYPE, copy=False).tobytes())
 
     def __len__(self) -> int:
-        return len(self.columns["request"])
+        return len(self.data) // _RECORD.size
 
     def raw_frame(self) -> pd.DataFrame:
         """The recorded columns (`RAW_COLUMNS`), ordered by (request, sample), without the derived ones."""
-        frame = pd.DataFrame({name: np.frombuffer(col, dtype=np.int64 if name in _INT_COLUMNS else np.float64)
-                              for name, col in self.columns.items()})
+        records = np.frombuffer(self.data, dtype=_RECORD_DTYPE)  # a view: the frame copies it (one copy at the peak)
+        frame = pd.DataFrame({name: records[name] for name in RAW_COLUMNS}, copy=True)
+        del records  # (the buffer can grow again)
         return frame.sort_values(["request", "sample"], kind="stable").reset_index(drop=True)
 
     def to_frame(self, request_ids: np.ndarray | None = None) -> pd.DataFrame:

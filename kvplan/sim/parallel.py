@@ -19,7 +19,6 @@ compares whole results.
 from __future__ import annotations
 
 import gc
-from array import array
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_all_start_methods, get_context
@@ -75,8 +74,7 @@ class MergedCluster:
 
     def __post_init__(self) -> None:
         for part in self.replicas:
-            for name, column in self.log.columns.items():
-                column.extend(part.log.columns[name])
+            self.log.extend(part.log)
 
     # The same sums over replicas as a Cluster's
     def itl(self) -> ItlLog:
@@ -112,7 +110,9 @@ def run_replica(share: Trace, names: list[int], index: int, cache: CacheConfig, 
     replica.index = index
     cluster.run()
     log = cluster.log
-    log.columns["request"] = array("q", (names[r] for r in log.columns["request"]))
+    records = log.records()
+    records["request"] = np.asarray(names, dtype=np.int64)[records["request"]]  # the whole trace's row numbers
+    log.replace_records(records)
     return ReplicaPart(index, replica.block_size, log, replica.series, replica.itl, replica.counters(),
                        [(names[r], reason) for r, reason in replica.rejected], replica.usage_seconds,
                        replica.peak_usage, replica.sched.stats.num_steps, replica.num_fast_steps,

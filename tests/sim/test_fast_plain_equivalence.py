@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from kvplan.errors import UserError
-from kvplan.results.request_table import RAW_COLUMNS, RequestLog
+from kvplan.results.request_table import RequestLog
 from kvplan.sim.cluster import Cluster
 from kvplan.sim.routers import make_router
 from kvplan.sim.run import build_configs, build_cost, check_trace, collect
@@ -159,9 +159,7 @@ def build(case: Case, fast_path: bool) -> Cluster | None:
 def raw_log(log: RequestLog) -> pd.DataFrame:
     """The log's rows as recorded (itl_max_s too, which the table only shows for outputs of 2+ tokens), in
     (request, sample) order: replicas close sequences in different orders within one step on the two paths."""
-    frame = pd.DataFrame({name: np.frombuffer(log.columns[name], dtype=np.dtype(log.columns[name].typecode))
-                          for name in RAW_COLUMNS})
-    return frame.sort_values(["request", "sample"], kind="stable").reset_index(drop=True)
+    return log.raw_frame()
 
 
 def strict(value: object) -> str:
