@@ -35,13 +35,12 @@ class RequestLog:
     def extend(self, other: RequestLog) -> None:
         self.data += other.data
 
-    def records(self) -> np.ndarray:
-        """A copy of the records, as a structured array with one field per column (the copy holds no view of the
-        buffer, which `add` could then not grow)."""
-        return np.frombuffer(self.data, dtype=_RECORD_DTYPE).copy()
-
-    def replace_records(self, records: np.ndarray) -> None:
-        self.data = bytearray(records.astype(_RECORD_DTYPE, copy=False).tobytes())
+    def renumber_requests(self, names: list[int]) -> None:
+        """Record r's request becomes names[r] (a replica's share of a trace, numbered as the whole trace), in
+        place."""
+        records = np.frombuffer(self.data, dtype=_RECORD_DTYPE)  # a writable view of the buffer
+        records["request"] = np.asarray(names, dtype=np.int64)[records["request"]]
+        del records  # (the buffer can grow again)
 
     def __len__(self) -> int:
         return len(self.data) // _RECORD.size

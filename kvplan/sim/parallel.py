@@ -110,9 +110,7 @@ def run_replica(share: Trace, names: list[int], index: int, cache: CacheConfig, 
     replica.index = index
     cluster.run()
     log = cluster.log
-    records = log.records()
-    records["request"] = np.asarray(names, dtype=np.int64)[records["request"]]  # the whole trace's row numbers
-    log.replace_records(records)
+    log.renumber_requests(names)  # the whole trace's row numbers
     return ReplicaPart(index, replica.block_size, log, replica.series, replica.itl, replica.counters(),
                        [(names[r], reason) for r, reason in replica.rejected], replica.usage_seconds,
                        replica.peak_usage, replica.sched.stats.num_steps, replica.num_fast_steps,
