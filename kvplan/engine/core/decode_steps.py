@@ -106,23 +106,26 @@ class DecodeSteps:
                     or (request.n > 1 and not request.forked)):
                 break
             if pool is not None:
-                table = tables[request.request_id]
-                held = len(table) * bs
                 # `_block_events(events, count, pos, 1, held, request.num_hashed_blocks, bs, registering)`, inlined
-                # (once per running request per step): its one step's allocation, then its registration
-                if pos < held:
-                    # Only a fork shares a block a request still writes (a prefix hit is a full block below its
-                    # computed tokens), so only a forked request can need copy-on-write; the others skip reading
-                    # the block. (No holes: a cache that releases blocks mid-request never takes this path.)
-                    if request.forked and table[pos // bs].ref_cnt != 1:  # type: ignore[union-attr]
-                        break  # copy-on-write first: the general loop's case
-                elif pos == held:
-                    if new == free:
-                        break  # no block left for it: the general loop preempts for it
-                    new += 1
-                    events.append((0, SCHEDULE, count, ALLOCATE, pos // bs))
-                else:
-                    break
+                # (once per running request per step): its one step's allocation, then its registration. Off a
+                # block boundary its table is not read: the block it writes also holds position pos - 1, computed,
+                # so the table has it (no holes: a cache that releases blocks mid-request never takes this path)
+                # and nothing is allocated - unless it is forked. Only a fork shares a block a request still writes
+                # (a prefix hit is a full block below its computed tokens), so only a forked request can need
+                # copy-on-write.
+                if pos % bs == 0 or request.forked:
+                    table = tables[request.request_id]
+                    held = len(table) * bs
+                    if pos < held:
+                        if request.forked and table[pos // bs].ref_cnt != 1:  # type: ignore[union-attr]
+                            break  # copy-on-write first: the general loop's case
+                    elif pos == held:
+                        if new == free:
+                            break  # no block left for it: the general loop preempts for it
+                        new += 1
+                        events.append((0, SCHEDULE, count, ALLOCATE, pos // bs))
+                    else:
+                        break
                 if registering and pos + 1 >= (request.num_hashed_blocks + 1) * bs:
                     events.append((0, SCHEDULE, count, REGISTER, (pos + 1) // bs - 1))
             count += 1
