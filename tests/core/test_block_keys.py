@@ -7,7 +7,14 @@ import sys
 
 import pytest
 
-from kvplan.engine.core.block_keys import ROOT_KEY, HashBlockKeys, TokenBlockKeys, chain_mix
+from kvplan.engine.core.block_keys import (
+    ROOT_KEY,
+    HashBlockKeys,
+    TokenBlockKeys,
+    chain_mix,
+    request_salt,
+    stable_id_hash,
+)
 
 
 def test_token_keys_are_chained_and_only_for_full_blocks():
@@ -20,11 +27,13 @@ def test_token_keys_are_chained_and_only_for_full_blocks():
 
 def test_keys_are_stable_across_processes():
     code = ("from kvplan.engine.core.block_keys import TokenBlockKeys, HashBlockKeys;"
-            "print(TokenBlockKeys([5, 6, 7, 8], 2).key(1), HashBlockKeys([3, 4], 512, 16, 1000, 'x').key(40))")
+            "print(TokenBlockKeys([5, 6, 7, 8], 2).key(1), HashBlockKeys([3, 4], 512, 16, 1000, 'x').key(40),"
+            "HashBlockKeys([3], 512, 16, 1000, '12').key(40))")
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2)}
     assert len(runs) == 1
-    local = f"{TokenBlockKeys([5, 6, 7, 8], 2).key(1)} {HashBlockKeys([3, 4], 512, 16, 1000, 'x').key(40)}\n"
+    local = (f"{TokenBlockKeys([5, 6, 7, 8], 2).key(1)} {HashBlockKeys([3, 4], 512, 16, 1000, 'x').key(40)} "
+             f"{HashBlockKeys([3], 512, 16, 1000, '12').key(40)}\n")
     assert runs == {local}
 
 
@@ -91,3 +100,13 @@ def test_hash_keys_are_the_chain_mix_chain_whatever_order_they_are_asked_in():
     order = (1, 3, 0, 6, 8, 9, 13, 5)  # groups begun by one call and finished by a later one
     assert [keys.key(i) for i in order] == [expected[i] for i in order]
     assert keys.keys == expected
+
+
+def test_request_salts_are_distinct_for_distinct_ids():
+    """A request's salt keeps its own blocks apart from every other request's: numbered ids (the simulator's,
+    through the int-tuple hash) and any other ids (blake2b) all get distinct salts, leading zeros included."""
+    ids = [str(i) for i in range(200_000)] + ["07", "007", "00", "000", "r7", "7#1", "٣", "1" * 19]
+    salts = [request_salt(i) for i in ids]
+    assert len(set(salts)) == len(ids)
+    assert request_salt("r7") == stable_id_hash("r7") and request_salt("٣") == stable_id_hash("٣")
+    assert request_salt("7") != stable_id_hash("7")
