@@ -6,6 +6,7 @@ from collections import Counter
 
 from kvplan.engine.core import RequestStatus, Scheduler
 from kvplan.engine.core.block_pool import BlockPool
+from kvplan.engine.core.metrics import _table_slots
 
 
 def check_pool(pool: BlockPool, tables: dict) -> None:
@@ -68,11 +69,27 @@ def _check_paged(sched: Scheduler, mid_step: bool) -> None:
             bound = (kv.config.peak_blocks(request.final_len - 1, sched.config.max_num_batched_tokens) if mid_step
                      else kv.config.blocks_per_request(10**9))
             assert held <= bound, f"{request.request_id} holds {held} > {bound} blocks in window mode"
+    if not mid_step:
+        check_shared_blocks_lead(sched)
     groups = [r.group for r in sched.swapped]
     for request in sched.swapped:
         assert request.request_id in kv.cpu_tables and request.request_id not in kv.tables
     assert len(set(groups)) == len([g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]), \
         "a swapped group's members are not adjacent"
+
+
+def check_shared_blocks_lead(sched: Scheduler) -> None:
+    """With one group of blocks, no window and no key held by two blocks, every table's blocks of more than one
+    reference come first - the memory breakdown's shortcut (`metrics._table_slots`) - and the breakdown's sums
+    agree with and without it."""
+    kv = sched.kv
+    if len(kv.groups) != 1 or kv.config.windowed or kv.pool.duplicates:
+        return
+    for rid, table in kv.tables.items():
+        shared = [block is not None and block.ref_cnt > 1 for block in table]
+        assert shared == sorted(shared, reverse=True), f"{rid}: a shared block after one of its own: {shared}"
+    args = (kv.groups[0].tables, [*sched.running, *sched.swapped], kv.block_size, kv.config.num_blocks)
+    assert _table_slots(*args, True) == _table_slots(*args, False)
 
 
 def check_tiers(kv) -> None:

@@ -102,8 +102,10 @@ def _paged_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakd
     bs = kv.block_size
     requests = list(requests)
     tokens = needed_slots = 0
+    # (one group, no holes, no duplicate copies: the shared blocks lead each table - see `_table_slots`)
+    leading = len(kv.groups) == 1 and not kv.config.windowed and kv.pool is not None and not kv.pool.duplicates
     for group in kv.groups:
-        group_tokens, group_needed = _table_slots(group.tables, requests, bs, kv.config.num_blocks)
+        group_tokens, group_needed = _table_slots(group.tables, requests, bs, kv.config.num_blocks, leading)
         tokens += group_tokens
         needed_slots += group_needed
     total = kv.config.num_blocks * bs
@@ -114,7 +116,7 @@ def _paged_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakd
 
 
 def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Request], bs: int,
-                 num_blocks: int) -> tuple[int, int]:
+                 num_blocks: int, shared_leading: bool = False) -> tuple[int, int]:
     """(token states the tables' blocks hold, slots their holders will have written at their end). A block several
     tables hold counts once, with the most slots any holder has written (or will write).
 
@@ -122,7 +124,13 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
     table's entries sum in closed form (the first `done` of its len × bs slots are written, the first `final` will
     be), and only its holes and shared blocks are visited again - a hole is taken back out, a shared block's value
     goes to its id's largest so far (`most_done`, `most_final`; -1: not seen yet), for the pool's `num_blocks` ids
-    (and any beyond, should a table hold one)."""
+    (and any beyond, should a table hold one).
+
+    `shared_leading`: the caller knows that every table's shared blocks come first (one group of blocks, no holes,
+    and no key with two copies in the pool), so a table's scan stops at its first block of one reference. A request
+    shares a block only by forking (everything before its copy-on-write of the last block) or by a prefix hit on
+    it, which took every block before it too; with one copy per key those are the table's own blocks before it,
+    and a held block is never evicted, so whoever shares a table's block shares all the blocks before it."""
     most_done: list[int] = []  # sized on the first shared block (most tables share none)
     most_final: list[int] = []
     tokens = needed_slots = 0
@@ -160,6 +168,8 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
                         if will > most_final[block_id]:
                             needed_slots += will - most_final[block_id]
                             most_final[block_id] = will
+            elif shared_leading:
+                break  # the rest of the table is its own: the closed form above counts it
             base += bs
     return tokens, needed_slots
 
