@@ -1,12 +1,16 @@
-"""Hand-worked eviction orders for every policy, on the block pool directly."""
+"""Hand-worked eviction orders for every policy, on the block pool directly; the LRU queue against a linked list."""
 
 from __future__ import annotations
 
-import pytest
+from collections import OrderedDict
 
-from kvplan.engine.core.block_pool import BlockPool
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import ConfigError
-from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.eviction import EVICTION_POLICIES, lru
 
 
 def cache_chain(pool: BlockPool, keys: list[int]) -> list:
@@ -162,3 +166,37 @@ def test_unregister_takes_a_block_out_of_the_cache():
         assert first.key is None and pool.lookup(5) is second and not pool.duplicates
         pool.release(first)
         assert pool.num_empty == 2, policy  # an unkeyed block frees as empty
+
+
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "remove", "evict", "evict_many"]), st.integers(0, 5)),
+                max_size=120), st.sampled_from([4, 12, 40, 100_000]))
+def test_lru_queue_is_a_linked_list_in_free_order(ops, capacity):
+    """The lazy-removal queue (`eviction.lru`) against the doubly linked list it stands for (an ordered dict):
+    the same candidates, evicted in the same order, whatever inserts, hits and evictions come in between, with
+    a compaction after every stale entry (capacity 4: slack 0) as with rare ones (100,000: 1,024); the queue stays
+    within four entries per block plus three slacks."""
+    blocks = [KVBlock(i) for i in range(6)]
+    policy, reference = lru.LRUPolicy(capacity), OrderedDict()
+    evicted = 0
+    for op, block_id in ops:
+        block = blocks[block_id]
+        if op == "insert" and block_id not in reference:
+            policy.insert(block)
+            reference[block_id] = block
+        elif op == "remove" and block_id in reference:
+            policy.remove(block)
+            del reference[block_id]
+        elif op == "evict" and reference:
+            assert policy.evict() is reference.popitem(last=False)[1]
+            evicted += 1
+        elif op == "evict_many":
+            n = min(block_id, len(reference))
+            assert policy.evict_many(n) == [reference.popitem(last=False)[1] for _ in range(n)]
+            evicted += n
+        assert len(policy) == len(reference)
+        assert len(policy._queue) <= 4 * len(blocks) + 3 * policy._slack + 1
+    assert policy.num_evictions == evicted
+    assert [policy.pop_victim() for _ in range(len(policy))] == list(reference.values())

@@ -31,6 +31,9 @@ class KVBlock:
     block_id: int
     ref_cnt: int = 0
     key: int | None = None  # set once the block is full and registered in the prefix cache
+    # the LRU queue's entries of this block a hit has made stale, still queued (`eviction.lru`; vLLM's blocks
+    # likewise carry their free queue's links)
+    stale_entries: int = 0
 
 
 class BlockPool:

@@ -2,18 +2,28 @@
 
 Candidates are ordered by the time they became free. A request frees its blocks tail-first, so within one
 chain the deepest block enters the queue first and is evicted first; the shared root of a prefix survives
-longest. The ordered dict is a doubly linked list with O(1) removal from the middle (a cache hit).
+longest.
+
+Kept as a queue with lazy removal (vLLM keeps a doubly linked list for its O(1) removal from the middle, a cache
+hit): every insertion appends the block; a hit only counts the block's queued entry as stale
+(`KVBlock.stale_entries`). A block's entries lie in the queue in the order they were made, and all but maybe the
+last are stale, so the entry of a block reached at the front is stale exactly when the block still counts one - it
+is then skipped and uncounted. The queue is compacted, in order, once stale entries outnumber live ones by more than
+a slack (an eighth of the capacity, at most `COMPACT_SLACK`), and its consumed front is dropped once longer than the
+rest: it holds at most about four entries per block of the cache. Invariant: the live entries, front to back, are
+the candidates in the order they became free - the order a linked list would hold them in.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from kvplan.engine.core.eviction.base import EvictionPolicy
 
 if TYPE_CHECKING:
     from kvplan.engine.core.block_pool import KVBlock
+
+COMPACT_SLACK: Final = 1024  # the most stale entries always tolerated (a compaction copies the queue)
 
 
 class LRUPolicy(EvictionPolicy):
@@ -21,30 +31,57 @@ class LRUPolicy(EvictionPolicy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._queue: OrderedDict[int, KVBlock] = OrderedDict()
+        self._queue: list[KVBlock] = []  # its front at `_head`
+        self._head = 0
+        self._size = 0
+        self._slack = min(COMPACT_SLACK, capacity // 8)
 
     def insert(self, block: KVBlock) -> None:
-        self._queue[block.block_id] = block
+        self._queue.append(block)
+        self._size += 1
 
     def insert_many(self, blocks: list[KVBlock]) -> None:
-        queue = self._queue
-        for block in blocks:
-            queue[block.block_id] = block
+        self._queue += blocks
+        self._size += len(blocks)
 
     def remove(self, block: KVBlock) -> None:
-        del self._queue[block.block_id]
+        block.stale_entries += 1
+        self._size -= 1
+        if len(self._queue) - self._head > 2 * self._size + self._slack:
+            self._compact()
 
     def pop_victim(self) -> KVBlock:
-        return self._queue.popitem(last=False)[1]
+        queue, head = self._queue, self._head
+        while True:  # (there is a live entry: a caller asks only while len() > 0)
+            block = queue[head]
+            head += 1
+            if not block.stale_entries:
+                break
+            block.stale_entries -= 1
+        self._size -= 1
+        if head > self._slack and 2 * head > len(queue):  # drop the consumed front
+            del queue[:head]
+            head = 0
+        self._head = head
+        return block
 
     def evict(self) -> KVBlock:
         self.num_evictions += 1
-        return self._queue.popitem(last=False)[1]
+        return self.pop_victim()
 
     def evict_many(self, n: int) -> list[KVBlock]:
         self.num_evictions += n
-        pop = self._queue.popitem
-        return [pop(False)[1] for _ in range(n)]
+        return [self.pop_victim() for _ in range(n)]
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return self._size
+
+    def _compact(self) -> None:
+        """Drop the stale entries, keeping the live ones in order."""
+        live = []
+        for block in self._queue[self._head:]:
+            if block.stale_entries:
+                block.stale_entries -= 1
+            else:
+                live.append(block)
+        self._queue, self._head = live, 0
