@@ -65,14 +65,6 @@ class LRUPolicy(EvictionPolicy):
         self._head = head
         return block
 
-    def evict(self) -> KVBlock:
-        self.num_evictions += 1
-        return self.pop_victim()
-
-    def evict_many(self, n: int) -> list[KVBlock]:
-        self.num_evictions += n
-        return [self.pop_victim() for _ in range(n)]
-
     def __len__(self) -> int:
         return self._size
 
