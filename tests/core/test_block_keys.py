@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvplan.engine.core.block_keys import (
     ROOT_KEY,
@@ -86,8 +88,8 @@ def test_a_block_larger_than_the_granularity_is_shared_when_all_its_groups_are()
 
 def test_hash_keys_are_the_chain_mix_chain_whatever_order_they_are_asked_in():
     """A group's sub-blocks are its base and the keys after it, the base the chain_mix of the previous group's
-    base (the root's for the first) and the group's hash with the low bits cleared; the private keys chain_mix
-    from the last hashed key on."""
+    base (the root's for the first) and the group's hash with the low bits cleared; the private keys are one run
+    from the chain_mix of the last hashed key, the salt and the run's first block."""
     keys = HashBlockKeys([11, 22, 33], 64, 16, prompt_len=150, salt="r7")  # 9 hashed blocks, then private ones
     expected, base = [], ROOT_KEY
     for i in range(14):
@@ -96,7 +98,7 @@ def test_hash_keys_are_the_chain_mix_chain_whatever_order_they_are_asked_in():
                 base = chain_mix(base, [11, 22, 33][i // 4], 0) & -4  # 4 sub-blocks per group: 2 bits
             expected.append(base + i % 4)
         else:
-            expected.append(chain_mix(expected[-1], keys.salt, i))
+            expected.append(chain_mix(expected[8], keys.salt, 9) + i - 9)
     order = (1, 3, 0, 6, 8, 9, 13, 5)  # groups begun by one call and finished by a later one
     assert [keys.key(i) for i in order] == [expected[i] for i in order]
     assert keys.keys == expected
@@ -110,3 +112,54 @@ def test_request_salts_are_distinct_for_distinct_ids():
     assert len(set(salts)) == len(ids)
     assert request_salt("r7") == stable_id_hash("r7") and request_salt("٣") == stable_id_hash("٣")
     assert request_salt("7") != stable_id_hash("7")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_requests_share_exactly_their_agreeing_trace_prefix_whatever_the_order_of_asking(data):
+    """Against a brute force over random requests (hash lists over a small alphabet, prompts shorter or longer
+    than their hashed span) and forks of them at random points: two requests' block i keys agree exactly when
+    both blocks lie in the hashed span and the hash lists agree up to it - or when one is a fork that inherited
+    block i's key from the other; a request's keys do not depend on the order it is asked for them in."""
+    block_size = data.draw(st.sampled_from([4, 16]), label="block_size")
+    granularity = data.draw(st.sampled_from([block_size, 4 * block_size, block_size // 2]), label="granularity")
+    requests = []  # (keys, hash_ids, hashed blocks, (parent index, inherited blocks) or None)
+    for r in range(data.draw(st.integers(2, 6), label="requests")):
+        if requests and data.draw(st.booleans(), label=f"fork {r}"):
+            p = data.draw(st.integers(0, len(requests) - 1), label=f"parent {r}")
+            parent, hash_ids, hashed, _ = requests[p]
+            parent.key(data.draw(st.integers(0, 20), label=f"parent asked {r}"))
+            keep = data.draw(st.integers(0, len(parent.keys)), label=f"kept {r}")
+            child = parent.fork(None, f"{r}#1", keep)
+            requests.append((child, hash_ids, hashed, (p, keep)))
+            continue
+        hash_ids = data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=6), label=f"hashes {r}")
+        prompt = data.draw(st.integers(1, len(hash_ids) * granularity + 3 * block_size), label=f"prompt {r}")
+        keys = HashBlockKeys(hash_ids, granularity, block_size, prompt, str(r))
+        requests.append((keys, hash_ids, keys.num_hashed_blocks, None))
+    blocks = 24
+    for keys, *_ in requests:  # each asked in its own random order, then up to the last block
+        for i in data.draw(st.lists(st.integers(0, blocks - 1), max_size=5), label="order"):
+            keys.key(i)
+        keys.key(blocks - 1)
+    fresh = [HashBlockKeys(h, granularity, block_size, n * block_size, "x") for _, h, n, _ in requests]
+
+    def origin(r: int, i: int) -> int:  # the request that computed r's block i key: r, or the fork ancestor it came from
+        while requests[r][3] is not None and i < requests[r][3][1]:
+            r = requests[r][3][0]
+        return r
+
+    def agree(a: int, b: int, i: int) -> bool:
+        (_, ha, na, _), (_, hb, nb, _) = requests[a], requests[b]
+        groups = -(-(i + 1) * block_size // granularity)  # the hash groups block i's contents depend on
+        return (i < na and i < nb and ha[:groups] == hb[:groups]) or origin(a, i) == origin(b, i)
+
+    for a in range(len(requests)):
+        for i in range(min(requests[a][2], blocks)):  # the trace's keys are those of a fresh request's
+            assert requests[a][0].keys[i] == fresh[a].key(i)
+        for b in range(a + 1, len(requests)):
+            for i in range(blocks):
+                assert (requests[a][0].keys[i] == requests[b][0].keys[i]) == agree(a, b, i), (a, b, i)
+    own = {k for keys, *_ in requests for k in keys.keys[keys.own_from:]}
+    assert len(own) == sum(len(keys.keys) - keys.own_from for keys, *_ in requests)  # no run meets another
+    assert not own & {k for keys, _, hashed, _ in requests for k in keys.keys[:hashed]}  # nor a trace key

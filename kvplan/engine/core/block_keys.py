@@ -19,14 +19,17 @@ Two sources of content:
   when all its groups are). Blocks past the hashed part of the prompt
   (the tail of the prompt not covered, and every block holding generated tokens) are keyed with a per-request salt:
   they are cacheable, but never shared with another request - as on the live engine, where generated text differs.
-  No token list is ever built, so a million such requests fit in memory.
+  Nothing but the request itself (re-admitted after a preemption) can ask for them, so they need no chain either:
+  they are one run of consecutive keys, base, base + 1, ..., the base H(key before the run, salt, its first
+  block) - a fork's own run starts where its inherited keys end, under its own salt. No token list is ever built,
+  so a million such requests fit in memory.
 """
 
 from __future__ import annotations
 
 from array import array
 from hashlib import blake2b
-from typing import Final
+from typing import Final, cast
 
 from kvplan.errors import UserError
 
@@ -94,7 +97,7 @@ class TokenBlockKeys:
 class HashBlockKeys:
     """Keys derived from a trace's prefix hashes at granularity `granularity` (a multiple of `block_size`)."""
 
-    __slots__ = ("block_size", "granularity", "hash_ids", "keys", "num_hashed_blocks", "root", "salt")
+    __slots__ = ("block_size", "granularity", "hash_ids", "keys", "num_hashed_blocks", "own_from", "root", "salt")
 
     def __init__(self, hash_ids: list[int] | tuple[int, ...], granularity: int, block_size: int,
                  prompt_len: int, salt: str, root: int = ROOT_KEY) -> None:
@@ -108,6 +111,7 @@ class HashBlockKeys:
         self.num_hashed_blocks = min(prompt_len, len(hash_ids) * granularity) // block_size
         self.salt = request_salt(salt)
         self.keys: list[int] = []
+        self.own_from = self.num_hashed_blocks  # the first block of the run keyed with this request's salt
         self.root = root  # the parent of block 0 (a LoRA adapter's own: `request.adapter_root`)
 
     def key(self, index: int) -> int:
@@ -116,17 +120,22 @@ class HashBlockKeys:
         start = len(keys)
         if index < start:
             return keys[index]
-        parent = keys[-1] if keys else self.root
         hashed = self.num_hashed_blocks
         # `chain_mix` inlined (a simulator run keys every block of every request): the trace's blocks, then the
-        # request's own, salted (a decode filling its next block, the common call, has only the latter)
+        # request's own run (a decode filling its next block, the common call, has only the latter)
         if start < hashed:
+            parent = keys[-1] if keys else self.root
             hash_ids, per_group = self.hash_ids, self.granularity // self.block_size
             end = min(index + 1, hashed)
             if per_group == 1:  # one group per block (the granularity is the block size)
+                # As objects, not ints: a compiled build then takes the ids and keys into the tuple as they are,
+                # instead of unboxing each and boxing it again (an allocation per block; the hash is the same)
+                ids = cast("list[object]", hash_ids) if isinstance(hash_ids, list) else list(hash_ids)
+                link: object = parent
+                chain = cast("list[object]", keys)
                 for i in range(start, end):
-                    parent = hash((parent, int(hash_ids[i]), 0))
-                    keys.append(parent)
+                    link = hash((link, ids[i], 0))
+                    chain.append(link)
             elif per_group:  # group by group: one hash per group, its sub-blocks consecutive keys (the module)
                 low = -(1 << (per_group - 1).bit_length())  # clears the bits that number a group's sub-blocks
                 for group in range(start // per_group, (end - 1) // per_group + 1):
@@ -136,17 +145,23 @@ class HashBlockKeys:
                     else:  # chained to the previous group's base (the root's for the first)
                         base = hash((keys[first - per_group] if group else self.root, int(hash_ids[group]), 0)) & low
                     keys.extend(range(base + max(start - first, 0), base + min(end - first, per_group)))
-                parent = keys[-1]
             else:  # blocks larger than a group: each gathers the groups it covers
                 per_block = self.block_size // self.granularity
                 for i in range(start, end):
                     parent = hash((parent, tuple(map(int, hash_ids[i * per_block:(i + 1) * per_block])), 0))
                     keys.append(parent)
-        salt = self.salt
-        for i in range(max(start, hashed), index + 1):
-            parent = hash((parent, salt, i))
-            keys.append(parent)
-        return parent
+        own = self.own_from
+        if index >= own:  # the request's own run (the module): its base, then consecutive keys
+            if start <= own:  # (start < own only with own == hashed: the trace's keys were just extended to it)
+                last = hash((keys[own - 1] if own else self.root, self.salt, own))
+                keys.append(last)
+                start = own + 1
+            else:
+                last = keys[start - 1]
+            for _ in range(start, index + 1):  # (one add per key: a decode's call asks for one)
+                last += 1
+                keys.append(last)
+        return keys[index]
 
     def fork(self, token_ids: list[int] | None, child_salt: str, keep_blocks: int) -> HashBlockKeys:
         # Through the constructor (a mypyc-compiled class has no __new__ that skips __init__): a prompt of exactly
@@ -154,6 +169,8 @@ class HashBlockKeys:
         child = HashBlockKeys(self.hash_ids, self.granularity, self.block_size,
                               self.num_hashed_blocks * self.block_size, child_salt, self.root)
         child.keys = self.keys[:keep_blocks]
+        # its own run starts after the keys it inherits (its parent's, salted with the parent's salt)
+        child.own_from = max(len(child.keys), child.num_hashed_blocks)
         return child
 
 
