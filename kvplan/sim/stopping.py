@@ -6,20 +6,24 @@ finished); every replica knows the horizon (`stop_at_s`), so no decode stretch r
 
 from __future__ import annotations
 
+from kvplan.sim.collector import simulation_collector
+
 
 class Stoppable:
     """Mixed into a cluster that has `env` (a SimPy environment), `replicas`, `stopped` (an event shared with its
     replicas) and `stop_reason`."""
 
     def run_to(self, until_s: float | None) -> None:
-        """Run to the end (every request finished), to `until_s`, or to a `stop()`."""
-        if until_s is None:
-            self.env.run()  # type: ignore[attr-defined]
-            return
-        for replica in self.replicas:  # type: ignore[attr-defined]
-            replica.stop_at_s = until_s
-        self.env.process(self._horizon(until_s))  # type: ignore[attr-defined]
-        self.env.run(until=self.stopped)  # type: ignore[attr-defined]
+        """Run to the end (every request finished), to `until_s`, or to a `stop()` - with the collector's thresholds
+        raised (`sim.collector`)."""
+        with simulation_collector():
+            if until_s is None:
+                self.env.run()  # type: ignore[attr-defined]
+                return
+            for replica in self.replicas:  # type: ignore[attr-defined]
+                replica.stop_at_s = until_s
+            self.env.process(self._horizon(until_s))  # type: ignore[attr-defined]
+            self.env.run(until=self.stopped)  # type: ignore[attr-defined]
 
     def _horizon(self, until_s: float):
         yield self.env.timeout(until_s)  # type: ignore[attr-defined]
