@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from kvplan.engine.core.config import ConfigError, check_int
 from kvplan.engine.core.eviction import EvictionPolicy, make_eviction_policy
@@ -116,11 +117,14 @@ class BlockPool:
         for block in blocks:
             block.ref_cnt = 1
         if n > take:  # the rest evicts, as `allocate` does once the empty stack is gone
-            cached, duplicates, spill = self.cached, self.duplicates, self.spill
+            # (keys as objects, as in `register_blocks`: no unboxing and boxing again per block)
+            cached = cast("dict[int | None, KVBlock]", self.cached)
+            duplicates = cast("dict[int | None, list[KVBlock]]", self.duplicates)
+            spill = self.spill
             spilled: list[tuple[int, int]] = []  # (no spill reads this pool: its keys can wait for the loop's end)
             victims = self.policy.evict_many(n - take)
             for block in victims:
-                key: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
+                key = block.key  # (never None: the policy holds keyed, cached free blocks only)
                 if key in duplicates:
                     self._drop_key(block)
                 else:  # `_drop_key`, inlined for the common case: the only copy, so `cached[key]` is this block
@@ -128,7 +132,7 @@ class BlockPool:
                     block.key = None
                 block.ref_cnt = 1
                 if spill is not None and key not in cached:
-                    spilled.append((key, block.block_id))
+                    spilled.append((cast(int, key), block.block_id))
             if spill is not None and spilled:
                 spill(spilled)
             blocks += victims
@@ -251,17 +255,22 @@ class BlockPool:
         if not self.enable_caching:
             return
         cached, on_cached, told = self.cached, self._on_cached, self.on_register
+        # Keys as objects where no salt applies: a compiled build then stores each key as it is, instead of
+        # unboxing it and boxing it again for the block and the dict (an allocation per block, most keys being
+        # wider than its unboxed ints)
+        boxed = cast("list[int | None]", keys)
+        keyed = cast("dict[int | None, KVBlock]", cached)
         for i in range(first, end):
             block = table[i]
             if block is not None and block.key is None:
-                key = keys[i] ^ salt
+                key = boxed[i] if not salt else keys[i] ^ salt
                 block.key = key
-                if cached.setdefault(key, block) is not block:
-                    self.duplicates.setdefault(key, []).append(block)
+                if keyed.setdefault(key, block) is not block:
+                    self.duplicates.setdefault(cast(int, key), []).append(block)
                 if on_cached is not None:
                     on_cached(block)
                 if told is not None:
-                    told(key, block.block_id)
+                    told(cast(int, key), block.block_id)
 
     def unregister(self, block: KVBlock) -> None:
         """Take an in-use block out of the prefix cache: its contents were never computed (its request was

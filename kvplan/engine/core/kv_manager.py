@@ -24,7 +24,7 @@ reference count: a prefix-cache hit or a fork puts the same physical block into 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, cast
 
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import CacheConfig
@@ -124,8 +124,10 @@ class KVCacheManager(TieredPrefix):
         # Every key up to the limit in one call (a blocked queue head is looked up again every step), then plain
         # list reads; a token-keyed request stops at its first block that is not full (its key is None).
         keys.key(limit - 1)
-        for key in keys.keys[:limit]:
-            block = cached.get(key)
+        # (keys as objects, as `BlockPool.register_blocks` takes them: a compiled build looks each up as it is)
+        keyed = cast("dict[int | None, KVBlock]", cached)
+        for key in cast("list[int | None]", keys.keys)[:limit]:
+            block = keyed.get(key)
             if block is None:
                 break
             hits.append(block)
