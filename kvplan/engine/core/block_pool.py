@@ -179,18 +179,20 @@ class BlockPool:
     def _drop_key(self, block: KVBlock) -> None:
         """Forget `block`'s key (it is being evicted or unregistered); its earliest duplicate, if any, becomes
         the copy a lookup finds."""
-        key: int = block.key  # type: ignore[assignment]  # every caller passes a keyed block (evicted or checked)
-        block.key = None
-        copies = self.duplicates.get(key)  # never an empty list: a key's entry goes with its last duplicate
+        key = block.key  # (never None: every caller passes a keyed block, evicted or checked; an object, as in
+        block.key = None  # `register_blocks`)
+        cached = cast("dict[int | None, KVBlock]", self.cached)
+        duplicates = cast("dict[int | None, list[KVBlock]]", self.duplicates)
+        copies = duplicates.get(key)  # never an empty list: a key's entry goes with its last duplicate
         if copies is None:  # the only copy of its contents, so `cached[key]` is this block
-            del self.cached[key]
+            del cached[key]
             return
-        if self.cached[key] is block:
-            self.cached[key] = copies.pop(0)
+        if cached[key] is block:
+            cached[key] = copies.pop(0)
         else:
             copies.remove(block)
         if not copies:
-            del self.duplicates[key]
+            del duplicates[key]
 
     def release_all(self, blocks: Sequence[KVBlock | None]) -> None:
         """Drop one reference to each of `blocks`, last to first (a request's table: tail first), skipping
