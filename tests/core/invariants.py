@@ -79,17 +79,20 @@ def _check_paged(sched: Scheduler, mid_step: bool) -> None:
 
 
 def check_shared_blocks_lead(sched: Scheduler) -> None:
-    """With one group of blocks, no window and no key held by two blocks, every table's blocks of more than one
-    reference come first - the memory breakdown's shortcut (`metrics._table_slots`) - and the breakdown's sums
-    agree with and without it."""
+    """With one group of blocks and no window, in every table a block of one reference whose key has one copy in
+    the pool (or none) is followed by no block of more than one reference - the memory breakdown's shortcut
+    (`metrics._table_slots`) - and the breakdown's sums agree with and without it."""
     kv = sched.kv
-    if len(kv.groups) != 1 or kv.config.windowed or kv.pool.duplicates:
+    if len(kv.groups) != 1 or kv.config.windowed:
         return
+    duplicates = kv.pool.duplicates
     for rid, table in kv.tables.items():
-        shared = [block is not None and block.ref_cnt > 1 for block in table]
-        assert shared == sorted(shared, reverse=True), f"{rid}: a shared block after one of its own: {shared}"
+        own = next((i for i, block in enumerate(table) if block is not None and block.ref_cnt == 1
+                    and block.key not in duplicates), len(table))
+        after = [i for i, block in enumerate(table[own:], own) if block is not None and block.ref_cnt > 1]
+        assert not after, f"{rid}: blocks {after} shared after block {own}, its own with a single-copy key"
     args = (kv.groups[0].tables, [*sched.running, *sched.swapped], kv.block_size, kv.config.num_blocks)
-    assert _table_slots(*args, True) == _table_slots(*args, False)
+    assert _table_slots(*args, True, duplicates) == _table_slots(*args, False)
 
 
 def check_tiers(kv) -> None:

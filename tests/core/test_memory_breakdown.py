@@ -44,3 +44,26 @@ def test_table_slots_count_a_shared_block_once_with_its_largest_value(tables, bs
             written[block] = max(written.get(block, 0), min(max(request.num_computed_tokens - p * bs, 0), bs))
             final[block] = max(final.get(block, 0), min(max(end - p * bs, 0), bs))
     assert _table_slots(tables_of, requests, bs, 8) == (sum(written.values()), sum(final.values()))
+
+
+def test_the_shortcut_scans_on_behind_a_block_whose_key_has_another_copy():
+    """The pattern a shortcut stopping at every first block of one reference would miss: r's block 1 is a later
+    copy of key 11 (its first copy, block 5, held by s), so s's prefix hit took that copy and then r's own block
+    2 - shared behind a block of one reference. The shortcut scans on behind it (the key is in `duplicates`) and
+    stops only at block 3, whose key has one copy; the sums equal the full scan's."""
+    blocks = [KVBlock(i) for i in range(6)]
+    keys = {0: 10, 1: 11, 2: 12, 3: 13, 5: 11}
+    for block_id, key in keys.items():
+        blocks[block_id].key = key
+    r = make_request("r", prompt_len=16, max_tokens=4)
+    s = make_request("s", prompt_len=12, max_tokens=4)
+    r.num_computed_tokens, s.num_computed_tokens = 16, 12
+    tables = {"r": [blocks[0], blocks[1], blocks[2], blocks[3]], "s": [blocks[0], blocks[5], blocks[2]]}
+    for table in tables.values():
+        for block in table:
+            block.ref_cnt += 1
+    duplicates = {11: [blocks[1]]}
+    full = _table_slots(tables, [r, s], 4, 6)
+    assert full == (16 + 4, 16 + 4)  # r's 4 blocks and s's one of its own (block 5): block 2 counted once
+    assert _table_slots(tables, [r, s], 4, 6, True, duplicates) == full
+    assert _table_slots(tables, [r, s], 4, 6, True, {}) != full  # stopping at r's block 1 misses block 2

@@ -102,10 +102,11 @@ def _paged_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakd
     bs = kv.block_size
     requests = list(requests)
     tokens = needed_slots = 0
-    # (one group, no holes, no duplicate copies: the shared blocks lead each table - see `_table_slots`)
-    leading = len(kv.groups) == 1 and not kv.config.windowed and kv.pool is not None and not kv.pool.duplicates
+    # (one group, no holes: the shared blocks lead each table but behind a shadowed copy - see `_table_slots`)
+    leading = len(kv.groups) == 1 and not kv.config.windowed and kv.pool is not None
+    copies = kv.pool.duplicates if kv.pool is not None else {}
     for group in kv.groups:
-        group_tokens, group_needed = _table_slots(group.tables, requests, bs, kv.config.num_blocks, leading)
+        group_tokens, group_needed = _table_slots(group.tables, requests, bs, kv.config.num_blocks, leading, copies)
         tokens += group_tokens
         needed_slots += group_needed
     total = kv.config.num_blocks * bs
@@ -116,7 +117,8 @@ def _paged_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakd
 
 
 def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Request], bs: int,
-                 num_blocks: int, shared_leading: bool = False) -> tuple[int, int]:
+                 num_blocks: int, shared_leading: bool = False,
+                 duplicates: Mapping[int, list[KVBlock]] | None = None) -> tuple[int, int]:
     """(token states the tables' blocks hold, slots their holders will have written at their end). A block several
     tables hold counts once, with the most slots any holder has written (or will write).
 
@@ -126,11 +128,14 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
     goes to its id's largest so far (`most_done`, `most_final`; -1: not seen yet), for the pool's `num_blocks` ids
     (and any beyond, should a table hold one).
 
-    `shared_leading`: the caller knows that every table's shared blocks come first (one group of blocks, no holes,
-    and no key with two copies in the pool), so a table's scan stops at its first block of one reference. A request
-    shares a block only by forking (everything before its copy-on-write of the last block) or by a prefix hit on
-    it, which took every block before it too; with one copy per key those are the table's own blocks before it,
-    and a held block is never evicted, so whoever shares a table's block shares all the blocks before it."""
+    `shared_leading`: the caller knows that the tables are one group of blocks without holes, so a table's scan
+    stops at its first block of one reference - unless that block's key has another copy in the pool
+    (`duplicates`, the pool's). A request shares a block only by forking (everything before its copy-on-write of
+    the last block) or by a prefix hit on it, which took every block before it too: the table's own blocks,
+    except where a lookup found another copy of the same key, which the hitting request then holds - so that
+    copy stays the one lookups find and the table's block stays a later copy, in `duplicates`, for as long as the
+    hit block is shared. (A held block is never evicted.) So behind a first block of one reference whose key has
+    one copy nothing is shared; behind one whose key has several the scan goes on."""
     most_done: list[int] = []  # sized on the first shared block (most tables share none)
     most_final: list[int] = []
     tokens = needed_slots = 0
@@ -168,7 +173,7 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
                         if will > most_final[block_id]:
                             needed_slots += will - most_final[block_id]
                             most_final[block_id] = will
-            elif shared_leading:
+            elif shared_leading and (not duplicates or block.key not in duplicates):
                 break  # the rest of the table is its own: the closed form above counts it
             base += bs
     return tokens, needed_slots
