@@ -258,8 +258,8 @@ class BlockPool:
             return
         cached, on_cached, told = self.cached, self._on_cached, self.on_register
         # Keys as objects where no salt applies: a compiled build then stores each key as it is, instead of
-        # unboxing it and boxing it again for the block and the dict (an allocation per block, most keys being
-        # wider than its unboxed ints)
+        # unboxing it and boxing it again for the block and the dict (an allocation per block for each key that
+        # fits its unboxed 63-bit ints)
         boxed = cast("list[int | None]", keys)
         keyed = cast("dict[int | None, KVBlock]", cached)
         for i in range(first, end):
