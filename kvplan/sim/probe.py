@@ -35,7 +35,6 @@ from kvplan.results.serving_result import ServingResult
 from kvplan.results.summary import kv_summary, latency_summary
 from kvplan.sim.closed_loop import ClosedLoop
 from kvplan.sim.cluster import Cluster
-from kvplan.sim.collector import simulation_collector
 from kvplan.sim.cost.scaled import scaled
 from kvplan.sim.disagg import DisaggCluster
 from kvplan.sim.frontend import FrontendRun
@@ -126,7 +125,6 @@ class Probe:
         return max(self.duration_s, self.min_requests / (self.offered_rate(pop) * share))
 
 
-@simulation_collector()  # (the run and its tables: `sim.collector`)
 def run_probe(pop: Population, spec: SimSpec, probe: Probe, seed: int, step_scale: float = 1.0) -> ServingResult:
     """Simulate one probe, lengthening it while its window is too short (see the module docstring).
     `step_scale` multiplies every step's compute time (`sim.cost.scaled`: an edge of the model-error band)."""

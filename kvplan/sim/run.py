@@ -19,7 +19,6 @@ from kvplan.results.rejected import references, rejected_rows
 from kvplan.results.serving_result import ServingResult
 from kvplan.results.summary import kv_summary, summarize
 from kvplan.sim.cluster import Cluster
-from kvplan.sim.collector import simulation_collector
 from kvplan.sim.cost import CostModel, StepFeatures
 from kvplan.sim.cost.analytic import AnalyticCost, kv_capacity_blocks
 from kvplan.sim.cost.calibrated import load_profile
@@ -325,7 +324,6 @@ def prefill_bound_s(trace: Trace, spec: SimSpec, cost: CostModel) -> float:
     return steps * float(cost.step_times(chunk))
 
 
-@simulation_collector()  # (the run and its tables: `sim.collector`)
 def simulate(trace: Trace, spec: SimSpec, goodput: dict[str, float | None] | None = None, *,
              processes: int = 1) -> ServingResult:
     """Replay `trace` as recorded, every request to its end; `goodput`: per-request bounds for request_goodput.
