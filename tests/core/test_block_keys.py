@@ -144,7 +144,7 @@ def test_requests_share_exactly_their_agreeing_trace_prefix_whatever_the_order_o
         keys.key(blocks - 1)
     fresh = [HashBlockKeys(h, granularity, block_size, n * block_size, "x") for _, h, n, _ in requests]
 
-    def origin(r: int, i: int) -> int:  # the request that computed r's block i key: r, or the fork ancestor it came from
+    def origin(r: int, i: int) -> int:  # who computed r's block i key: r, or the fork ancestor it came from
         while requests[r][3] is not None and i < requests[r][3][1]:
             r = requests[r][3][0]
         return r
