@@ -101,10 +101,11 @@ class BlockPool:
             block = self._empty.pop()
         else:
             block = self.policy.evict()
-            key: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
+            # (never None: the policy holds keyed, cached free blocks only; an object, as in `allocate_many`)
+            key = block.key
             self._drop_key(block)
             if self.spill is not None and key not in self.cached:
-                self.spill([(key, block.block_id)])
+                self.spill([(cast(int, key), block.block_id)])
         block.ref_cnt = 1
         return block
 
@@ -179,8 +180,9 @@ class BlockPool:
     def _drop_key(self, block: KVBlock) -> None:
         """Forget `block`'s key (it is being evicted or unregistered); its earliest duplicate, if any, becomes
         the copy a lookup finds."""
-        key = block.key  # (never None: every caller passes a keyed block, evicted or checked; an object, as in
-        block.key = None  # `register_blocks`)
+        # (never None: every caller passes a keyed block, evicted or checked; an object, as in `register_blocks`)
+        key = block.key
+        block.key = None
         cached = cast("dict[int | None, KVBlock]", self.cached)
         duplicates = cast("dict[int | None, list[KVBlock]]", self.duplicates)
         copies = duplicates.get(key)  # never an empty list: a key's entry goes with its last duplicate
