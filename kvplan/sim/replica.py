@@ -238,19 +238,20 @@ class Replica:
 
     def _finish_step(self, step: SchedulerOutput, update: UpdateOutput, end: float) -> None:
         clock = self.clock
-        gap, common = end - clock, 0
+        gap = end - clock
         self._itl_on = self.itl_from <= end <= self.itl_until
-        sampled = [item.request for item in step.scheduled if item.samples]  # bulk decodes all sample
-        for request in step.decodes + sampled if step.decodes else sampled:
-            track = request.timing
-            assert track is not None  # every submitted request carries its track
-            if track.last_token_s == clock and track.token_times_s is None:
-                common += 1  # `_token` and `_gap`, inlined for the common case: a token in every step
-                if gap > track.itl_max_s:
-                    track.itl_max_s = gap
-                track.last_token_s = end
-            else:
-                self._token(track, end)
+        # In running order: the bulk decodes (all sample) each before the items behind it, in runs (not joined to
+        # the sampled items in one list: a copy of hundreds per step)
+        decodes = step.decodes
+        done = common = 0
+        for item in step.scheduled:
+            if item.samples:
+                if item.decodes_before > done:
+                    common += self._tokens(decodes, done, item.decodes_before, clock, end)
+                    done = item.decodes_before
+                common += self._tokens([item.request], 0, 1, clock, end)
+        if done < len(decodes):
+            common += self._tokens(decodes, done, len(decodes), clock, end)
         if common:
             self._common_gaps += common
             self._common_gap = gap
@@ -272,6 +273,22 @@ class Replica:
                 token_times_s=None if parent.token_times_s is None else [first] if first == first else [])
         for request in update.finished:
             self._close(request, end)
+
+    def _tokens(self, requests: list[Request], start: int, stop: int, clock: float, end: float) -> int:
+        """Each of requests[start:stop] emits a token at `end` (the step began at `clock`); returns how many emitted
+        their previous one at `clock`, whose gap `_finish_step` counts once."""
+        gap, common = end - clock, 0
+        for i in range(start, stop):
+            track = requests[i].timing
+            assert track is not None  # every submitted request carries its track
+            if track.last_token_s == clock and track.token_times_s is None:
+                common += 1  # `_token` and `_gap`, inlined for the common case: a token in every step
+                if gap > track.itl_max_s:
+                    track.itl_max_s = gap
+                track.last_token_s = end
+            else:
+                self._token(track, end)
+        return common
 
     def _token(self, track: SequenceTiming, now: float) -> None:
         if track.token_times_s is not None:

@@ -7,7 +7,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvplan.engine.core import make_request
+from kvplan.engine.core import CacheConfig, Request, Scheduler, SchedulerConfig, make_request
 from kvplan.engine.core.decode_steps import DecodeMode
 from kvplan.engine.core.eviction import EVICTION_POLICIES
 from tests.core.helpers import make_scheduler
@@ -16,17 +16,17 @@ from tests.core.test_fast_forward import add_random_requests, snapshot
 
 def batch(out) -> list[tuple]:
     """The step's work in running order: (request id, tokens, first position, samples, decode)."""
-    bulk = [(r.request_id, 1, r.num_computed_tokens, True, True) for r in out.decodes]
-    return bulk + [(i.request_id, i.num_new_tokens, i.start_pos, i.samples, i.is_decode) for i in out.scheduled]
+    return [(e.request_id, 1, e.num_computed_tokens, True, True) if isinstance(e, Request)
+            else (e.request_id, e.num_new_tokens, e.start_pos, e.samples, e.is_decode) for e in out.in_running_order()]
 
 
-def drive(seed: int, steps: int, **kwargs) -> int:
+def drive(seed: int, steps: int, **kwargs) -> tuple[int, int]:
     """Run a bulk and a general scheduler side by side on the same random arrivals and aborts; returns how many
-    decodes went through the bulk path."""
+    decodes went through the bulk path, and how many of them behind a scheduled item (`schedule_inline`)."""
     rng = random.Random(seed)
     bulk, general = make_scheduler(**kwargs), make_scheduler(**kwargs)
     bulk.decode_mode = DecodeMode.BULK
-    counter = bulked = 0
+    counter = bulked = behind = 0
     for step in range(steps):
         if rng.random() < 0.25 or not bulk.has_unfinished():
             counter = add_random_requests(rng, (bulk, general), counter, shared_roots=2)
@@ -39,13 +39,14 @@ def drive(seed: int, steps: int, **kwargs) -> int:
         assert (a.copies, a.swap_out, a.swap_in, a.preempted, a.num_batched_tokens) == (
             b.copies, b.swap_out, b.swap_in, b.preempted, b.num_batched_tokens)
         bulked += len(a.decodes)
+        behind += len(a.decodes) - (a.scheduled[0].decodes_before if a.scheduled else len(a.decodes))
         ua, ub = bulk.update(a), general.update(b)
         assert [r.request_id for r in ua.finished] == [r.request_id for r in ub.finished]
         assert [r.request_id for r in ua.forked] == [r.request_id for r in ub.forked]
         full = step % 40 == 39
         assert snapshot(bulk, full) == snapshot(general, full)
         assert bulk.stats == general.stats
-    return bulked
+    return bulked, behind
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -62,9 +63,32 @@ def test_bulk_decodes_equal_the_general_loop(seed, block_size, blocks, policy, m
 
 
 def test_bulk_path_carries_most_decodes_under_load_and_memory_pressure():
-    bulked = drive(3, 400, block_size=4, num_blocks=70, budget=64, max_seqs=12, preemption_mode="recompute",
-                   max_model_len=160)
+    bulked, behind = drive(3, 400, block_size=4, num_blocks=70, budget=64, max_seqs=12, preemption_mode="recompute",
+                           max_model_len=160)
     assert bulked > 500
+    assert behind > 10  # (at 4 tokens a block, half of the decode steps open or fill one)
+
+
+def test_plain_decodes_behind_a_prompt_in_chunks_go_in_bulk_in_their_place():
+    """Decodes admitted behind a long prompt still in its chunks: those whose step touches no block join the bulk
+    (`schedule_inline`), and update in running order; those that fill a block stay in the general loop."""
+    sched = Scheduler(CacheConfig(block_size=4, num_blocks=64, watermark=0.0, max_model_len=64,
+                                  enable_prefix_caching=True),
+                      SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_token_threshold=8))
+    sched.decode_mode = DecodeMode.BULK
+    for rid, prompt, max_tokens in (("p", 40, 10), ("a", 2, 10), ("b", 2, 2)):
+        sched.add_request(make_request(rid, prompt_len=prompt, max_tokens=max_tokens))
+    sched.update(sched.schedule())  # p's first chunk of 8 (the threshold); a and b prefilled
+    out = sched.schedule()
+    assert [r.request_id for r in out.decodes] == ["a", "b"]
+    assert [(i.request_id, i.num_new_tokens, i.decodes_before) for i in out.scheduled] == [("p", 8, 0)]
+    assert batch(out) == [("p", 8, 8, False, False), ("a", 1, 2, True, True), ("b", 1, 2, True, True)]
+    assert out.decode_sums == (4, 0, 2)
+    result = sched.update(out)
+    assert [r.request_id for r in result.finished] == ["b"]  # its budget of 2 tokens
+    assert [(r.request_id, r.num_computed_tokens) for r in sched.running] == [("p", 16), ("a", 3)]
+    out = sched.schedule()  # a's token fills its first block, keyed when scheduled: the general loop's
+    assert out.decodes == [] and [i.request_id for i in out.scheduled] == ["p", "a"]
 
 
 def test_only_the_leading_plain_decodes_go_in_bulk():
@@ -100,3 +124,32 @@ def test_a_victim_among_the_bulk_decodes_leaves_their_batch(monkeypatch):
     drive(0, 150, block_size=4, num_blocks=40, budget=48, max_seqs=8, preemption_mode="recompute",
           victim_policy="longest_remaining", max_model_len=160)
     assert bulk_victims
+
+
+def test_forked_decodes_behind_a_prompt_in_chunks_copy_on_write_in_the_general_loop():
+    """Siblings share the partial block their prompt ends in: the first to write it copies it (copy-on-write), so a
+    forked decode never joins the bulk behind the leading run, even off a block boundary."""
+    sched = Scheduler(CacheConfig(block_size=4, num_blocks=64, watermark=0.0, max_model_len=64),
+                      SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_token_threshold=8))
+    sched.decode_mode = DecodeMode.BULK
+    sched.add_request(make_request("p", prompt_len=40, max_tokens=10))
+    sched.add_request(make_request("f", prompt_len=2, max_tokens=10, n=2))
+    result = sched.update(sched.schedule())  # p's first chunk; f's prompt, then its two samples
+    assert len(result.forked) == 1
+    out = sched.schedule()
+    assert out.decodes == [] and len(out.scheduled) == 3
+    assert len(out.copies) == 1  # the first sibling to write the shared block copies it
+
+
+def test_bulk_decodes_behind_an_item_finish_after_it():
+    """Running order holds in `update()` too: a prompt whose last chunk ends its budget finishes (and frees its
+    blocks) before the bulk decode behind it that finishes in the same step."""
+    sched = Scheduler(CacheConfig(block_size=4, num_blocks=64, watermark=0.0, max_model_len=64),
+                      SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_token_threshold=8))
+    sched.decode_mode = DecodeMode.BULK
+    sched.add_request(make_request("p", prompt_len=16, max_tokens=1))
+    sched.add_request(make_request("a", prompt_len=2, max_tokens=2))
+    sched.update(sched.schedule())  # p's first chunk, a's prompt
+    out = sched.schedule()
+    assert [r.request_id for r in out.decodes] == ["a"] and out.scheduled[0].decodes_before == 0
+    assert [r.request_id for r in sched.update(out).finished] == ["p", "a"]

@@ -20,13 +20,18 @@ order as stepping. Two entry points use it:
   `SchedulerOutput.decodes`, ahead of the general loop, so their allocations, registrations and completions keep
   their places before everything else in the step::
 
-      running:  [d d d d d d d | p d d]       d: plain decode, p: anything else (a prefill chunk, a recompute, a
-                 └── bulk ───┘  └ general loop ┘      copy-on-write, an n > 1 prompt about to fork)
+      running:  [d d d d d d d | p d D]       d: plain decode, p: anything else (a prefill chunk, a recompute, a
+                 └── bulk ───┘  └ general loop ┘      copy-on-write, an n > 1 prompt about to fork), D: a plain
+                                   (d: bulk)          decode opening or filling a block
 
   The run ends before a decode that needs a block when none is free (the general loop preempts for it), so each
-  of its allocations succeeds as it would in the general loop. The rest of the step may still have to preempt: a
-  victim among the bulk decodes (any victim policy but vLLM's FCFS one can pick a request scheduled earlier in
-  the step) is taken out of `out.decodes` again, as the general loop's would be out of `out.scheduled`
+  of its allocations succeeds as it would in the general loop. Behind the run, the general loop hands each plain
+  decode whose step opens no block and fills none back to the bulk (`schedule_inline`: the decodes admitted
+  behind a long prompt still in its chunks); touching no block, its place among the loop's allocations does not
+  matter, and each scheduled item records how many bulk decodes come before it (`decodes_before`), so that
+  `update()` and the simulator keep running order. The rest of the step may still have to preempt: a victim
+  among the bulk decodes (any victim policy but vLLM's FCFS one can pick a request scheduled earlier in the
+  step) is taken out of `out.decodes` again, as the general loop's would be out of `out.scheduled`
   (`GroupPreemption._unschedule`).
 * fast-forward (`horizon`, then `advance`) - k whole cycles of `schedule()` + `update()` at once, when every running
   request is a plain decode in its steady shape (table of cdiv(pos, b) blocks, every full block keyed) and nothing
@@ -94,6 +99,7 @@ class DecodeSteps:
         tables = self.group.tables if self.group is not None else {}
         registering = sched.keys_wanted
         count = new = 0
+        context = blocks = longest = 0  # `out.decode_sums`, summed here while each request is at hand
         free = pool.num_free if pool is not None else 0
         events: list[Event] = []  # of the few that open a block or fill one in this step
         for i in range(min(len(running), budget)):  # (an index loop: the compiled build's list access is direct)
@@ -105,6 +111,7 @@ class DecodeSteps:
             if (output == 0 or pos != request.prompt_len + output - 1 or request.token_ids is not None
                     or (request.n > 1 and not request.forked)):
                 break
+            block = pos // bs  # the block its token goes into (a new one where pos is a multiple of bs)
             if pool is not None:
                 # `_block_events(events, count, pos, 1, held, request.num_hashed_blocks, bs, registering)`, inlined
                 # (once per running request per step): its one step's allocation, then its registration. Off a
@@ -113,35 +120,61 @@ class DecodeSteps:
                 # and nothing is allocated - unless it is forked. Only a fork shares a block a request still writes
                 # (a prefix hit is a full block below its computed tokens), so only a forked request can need
                 # copy-on-write.
-                if pos % bs == 0 or request.forked:
+                if pos == block * bs or request.forked:
                     table = tables[request.request_id]
                     held = len(table) * bs
                     if pos < held:
-                        if request.forked and table[pos // bs].ref_cnt != 1:  # type: ignore[union-attr]
+                        if request.forked and table[block].ref_cnt != 1:  # type: ignore[union-attr]
                             break  # copy-on-write first: the general loop's case
                     elif pos == held:
                         if new == free:
                             break  # no block left for it: the general loop preempts for it
                         new += 1
-                        events.append((0, SCHEDULE, count, ALLOCATE, pos // bs))
+                        events.append((0, SCHEDULE, count, ALLOCATE, block))
                     else:
                         break
                 if registering and pos + 1 >= (request.num_hashed_blocks + 1) * bs:
                     events.append((0, SCHEDULE, count, REGISTER, (pos + 1) // bs - 1))
             count += 1
+            context += pos
+            blocks += block
+            if pos > longest:
+                longest = pos
         if count == 0:
             return 0
         if events:
             self._replay(events, None, 0, None)
         out.decodes = running[:count]
+        out.decode_sums = (context, blocks, longest)
         out.num_batched_tokens += count
         return count
 
-    def update(self, out: SchedulerOutput, result: UpdateOutput) -> None:
-        """`update()` for `out.decodes`: one token each, output budgets finished (their full blocks were
-        registered when they were scheduled)."""
+    def schedule_inline(self, out: SchedulerOutput, request: Request) -> bool:
+        """Schedule `request`, met by the general loop behind the leading run, into `out.decodes` when it is a
+        plain decode whose step opens no block and fills none (no allocation, copy-on-write or registration, so
+        that its place among the loop's allocations does not matter); False: the general loop schedules it."""
+        pos = request.num_computed_tokens
+        output = request.num_output_tokens
+        bs = self.sched.block_size
+        # a plain decode, as `schedule_leading` takes one, off a block boundary and not forked (which could share
+        # the block it writes), its write not filling a block it would key
+        if (output == 0 or pos != request.prompt_len + output - 1 or request.token_ids is not None
+                or request.n > 1 or request.forked or pos % bs == 0
+                or (self.sched.keys_wanted and pos + 1 >= (request.num_hashed_blocks + 1) * bs)):
+            return False
+        sums = out.decode_sums if out.decodes else (0, 0, 0)  # (None: a victim left them; they stay unknown)
+        if sums is not None:
+            out.decode_sums = (sums[0] + pos, sums[1] + pos // bs, max(sums[2], pos))
+        out.decodes.append(request)
+        out.num_batched_tokens += 1
+        return True
+
+    def update(self, decodes: list[Request], start: int, stop: int, result: UpdateOutput) -> None:
+        """`update()` for the bulk decodes decodes[start:stop]: one token each, output budgets finished (their full
+        blocks were registered when they were scheduled)."""
         finish = self.sched.finish
-        for request in out.decodes:
+        for i in range(start, stop):
+            request = decodes[i]
             if request.status is not RUNNING:
                 continue  # aborted after schedule()
             request.num_computed_tokens += 1

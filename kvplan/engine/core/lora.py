@@ -58,14 +58,12 @@ def check_max_lora_rank(rank: int) -> None:
 
 
 def step_loras(out: SchedulerOutput) -> list[int]:
-    """The adapters a step's batch uses, in order of first use (bulk decodes, then the scheduled requests)."""
+    """The adapters a step's batch uses, in order of first use (in running order)."""
     seen: dict[int, None] = {}
-    for request in out.decodes:
+    for entry in out.in_running_order():
+        request = entry if isinstance(entry, Request) else entry.request
         if request.lora_id != BASE:
             seen[request.lora_id] = None
-    for item in out.scheduled:
-        if item.request.lora_id != BASE:
-            seen[item.request.lora_id] = None
     return list(seen)
 
 

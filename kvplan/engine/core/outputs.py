@@ -40,6 +40,9 @@ class ScheduledRequest:
     # scheduled_spec_decode_tokens); a step that verifies drafts samples, at the last verified token and at each
     # draft
     spec_token_ids: Sequence[int] = ()
+    # how many of the step's bulk decodes (`SchedulerOutput.decodes`) come before it in running order: its place
+    # among them, which `update()` keeps (a bulk decode behind a prefill chunk goes after it)
+    decodes_before: int = 0
 
     @property
     def request_id(self) -> str:
@@ -60,15 +63,32 @@ class SchedulerOutput:
     promotions: list[tuple[str, int]] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (request id, reason)
-    # Plain count-only decodes scheduled in bulk (one token each, ahead of `scheduled` in running order); only
-    # under the scheduler's `DecodeMode.BULK` - the simulator's fast path (see `decode_steps`).
+    # Plain count-only decodes scheduled in bulk (one token each, in running order; each item of `scheduled` says
+    # how many of them come before it); only under the scheduler's `DecodeMode.BULK` - the simulator's fast path
+    # (see `decode_steps`).
     decodes: list[Request] = field(default_factory=list)
+    # (Σ, Σ of // block_size, max) of `decodes`' computed tokens, taken as they were scheduled (the attention
+    # metadata a model runner builds for them: the simulator's cost model reads it, instead of visiting hundreds
+    # of requests again); None once an entry of `decodes` is taken back out (a preemption victim)
+    decode_sums: tuple[int, int, int] | None = None
     # P/D, decode side: the receives to start, one per request that began waiting for remote KV (`remote_kv`)
     kv_loads: list[KVLoad] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
         return not self.scheduled and not self.decodes
+
+    def in_running_order(self) -> list[Request | ScheduledRequest]:
+        """The step's batch in running order: each bulk decode (a `Request`) and each scheduled item, the bulk
+        decodes each before the items behind them (`ScheduledRequest.decodes_before`)."""
+        batch: list[Request | ScheduledRequest] = []
+        done = 0
+        for item in self.scheduled:
+            batch.extend(self.decodes[done:item.decodes_before])
+            done = max(done, item.decodes_before)
+            batch.append(item)
+        batch.extend(self.decodes[done:])
+        return batch
 
 
 @dataclass(slots=True)

@@ -97,6 +97,10 @@ class GroupPreemption:
                 kv.unregister_since(request, request.num_computed_tokens // kv.block_size)
                 out.num_batched_tokens -= 1
                 del out.decodes[i]
+                out.decode_sums = None  # (they counted it)
+                for item in out.scheduled:  # the items behind it have one bulk decode fewer before them
+                    if item.decodes_before > i:
+                        item.decodes_before -= 1
                 return 1 + self.sched.draft_slots
         for i, item in enumerate(out.scheduled):
             if item.request is request:

@@ -294,7 +294,18 @@ class Scheduler:
 
     def drop_finished(self) -> None:
         """Drop the requests that are no longer RUNNING from `running`, keeping its order."""
-        self.running = [r for r in self.running if r.status is RUNNING]
+        # (once per step that finishes a request, with hundreds running and one or two finished: the kept runs
+        # between them are copied whole, instead of appending every running request to a new list)
+        running = self.running
+        kept: list[Request] = []
+        start = 0
+        for i, request in enumerate(running):
+            if request.status is not RUNNING:
+                kept += running[start:i]
+                start = i + 1
+        if start:
+            kept += running[start:]
+            self.running = kept
 
     def count_steps(self, k: int) -> None:
         """Count k steps run without `schedule()` (a fast-forwarded stretch)."""
@@ -336,7 +347,7 @@ class Scheduler:
         samples = end == verified  # all of num_tokens
         out.scheduled.append(ScheduledRequest(
             request, n, start, cached_tokens, self.kv.block_ids[request.request_id], samples,
-            samples and n == 1 and start >= request.prompt_len, copies, drafts))
+            samples and n == 1 and start >= request.prompt_len, copies, drafts, len(out.decodes)))
         out.num_batched_tokens += n
         if copies:
             out.copies.extend(copies)
@@ -401,13 +412,18 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         kv, spec, rows = self.kv, self.spec_steps, self.draft_slots
-        first = self.decode_steps.schedule_leading(out, budget) if self.decode_mode is DecodeMode.BULK else 0
+        bulk = self.decode_mode is DecodeMode.BULK
+        first = self.decode_steps.schedule_leading(out, budget) if bulk else 0
+        inline = bulk and not self.windowed  # (a sink+window cache releases blocks mid-request: `decode_steps`)
         budget -= first
         for request in self.running[first:]:  # a copy: preemption edits the list
             if budget <= rows:  # (each request takes `rows` more for drafting: 0 without a draft model)
                 break
             if request.status is not RUNNING:
                 continue  # preempted as a victim earlier in this loop
+            if inline and self.decode_steps.schedule_inline(out, request):
+                budget -= 1
+                continue
             # num_tokens_to_compute, inlined (this loop runs once per running request per step)
             pending = request.prompt_len + request.num_output_tokens - request.num_computed_tokens
             room = budget - rows

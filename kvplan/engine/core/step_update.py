@@ -37,10 +37,13 @@ class StepUpdate:
         """Apply a step's results (`Scheduler.update`)."""
         sched = self.sched
         result = UpdateOutput()
-        if out.decodes:
-            sched.decode_steps.update(out, result)
+        decodes, steps = out.decodes, sched.decode_steps
+        done = 0  # bulk decodes updated: in running order, each before the items behind it
         windowed = self.windowed
         for i, item in enumerate(out.scheduled):
+            if item.decodes_before > done:
+                steps.update(decodes, done, item.decodes_before, result)
+                done = item.decodes_before
             request = item.request
             if request.status is not RUNNING:
                 continue  # aborted after schedule()
@@ -60,6 +63,8 @@ class StepUpdate:
                 self.fork_after_prompt(request, token, result)
             else:
                 self.append(request, token, result)
+        if done < len(decodes):
+            steps.update(decodes, done, len(decodes), result)
         if result.finished:
             sched.drop_finished()
         return result

@@ -66,7 +66,7 @@ def step_parts(model: CostModel, step, block_size: int, attended_limit: int = 0,
         return recorded(step), 0.0, 0.0
     compute = transfers = promoted = 0.0
     if step.scheduled or step.decodes:
-        sums = scheduled_sums(step.scheduled, block_size, attended_limit, step.decodes, window)
+        sums = scheduled_sums(step.scheduled, block_size, attended_limit, step.decodes, window, step.decode_sums)
         seconds = law.step(sums) if law is not None else None  # (None: a step it does not cover)
         compute = seconds if seconds is not None else float(model.step_times(StepFeatures(*sums)))
     if step.swap_out or step.swap_in or step.copies:

@@ -91,7 +91,7 @@ def step_features(items: Iterable, block_size: int, attended_limit: int = 0, bul
     """Features of one step's scheduled items, plus the core's bulk-scheduled plain decodes `bulk` (requests
     about to compute one token each, never sink+window). `attended_limit` > 0 caps the tokens attention reads
     (sink+window); `sliding_window` > 0 adds the window features of sliding layers (`step_sums.scheduled_sums`)."""
-    return StepFeatures(*scheduled_sums(items, block_size, attended_limit, bulk, sliding_window))
+    return StepFeatures(*scheduled_sums(items, block_size, attended_limit, list(bulk), sliding_window))
 
 
 def decode_stretch_features(contexts: Sequence[int] | np.ndarray, remaining: Sequence[int] | np.ndarray, k: int,

@@ -30,22 +30,19 @@ def windowed_attention2(start: int, end: int, window: int) -> int:
     return work + 2 * window * (end - max(start, window)) if end > window else work
 
 
-def scheduled_sums(items: Iterable[Any], block_size: int, attended_limit: int, bulk: Sequence[Request],
-                   sliding_window: int) -> tuple[int, ...]:
+def scheduled_sums(items: Iterable[Any], block_size: int, attended_limit: int, bulk: list[Request],
+                   sliding_window: int, bulk_sums: tuple[int, int, int] | None = None) -> tuple[int, ...]:
     """`StepFeatures` of one step, in its field order: its scheduled items (anything with `num_new_tokens`,
     `start_pos`, `is_decode`, `samples` and `spec_token_ids`), plus the core's bulk-scheduled plain decodes `bulk`
     (requests about to compute one token each, never sink+window). `attended_limit` > 0 caps the tokens attention
-    reads (sink+window); `sliding_window` > 0 adds the window features of sliding layers."""
+    reads (sink+window); `sliding_window` > 0 adds the window features of sliding layers. `bulk_sums`, when the
+    caller has them (`SchedulerOutput.decode_sums`): the bulk's (Σ, Σ of // block_size, max) computed tokens."""
     count = prefill = attn2 = decodes = ctx = ctx_max = blocks = sampled = 0
     w_attn2 = w_ctx = w_blocks = 0
     if bulk:  # each attends its computed tokens c plus the new one: Σ (c + 1), and ⌈(c + 1) / b⌉ = c // b + 1
-        longest = 0
-        for request in bulk:  # (a loop over ints: the compiled build runs it without a list or a boxed sum)
-            computed: int = request.num_computed_tokens
-            ctx += computed
-            blocks += computed // block_size
-            if computed > longest:
-                longest = computed
+        if bulk_sums is None:
+            bulk_sums = decode_sums(bulk, block_size)
+        ctx, blocks, longest = bulk_sums
         count = decodes = sampled = len(bulk)
         ctx, ctx_max, blocks = ctx + count, longest + 1, blocks + count
         if sliding_window:
@@ -75,6 +72,18 @@ def scheduled_sums(items: Iterable[Any], block_size: int, attended_limit: int, b
                 w_attn2 += windowed_attention2(start, start + n, sliding_window)
     return (count, prefill, attn2, decodes, ctx, ctx_max, blocks, sampled, int(prefill + decodes >= 2), w_attn2, w_ctx,
             w_blocks)
+
+
+def decode_sums(bulk: list[Request], block_size: int) -> tuple[int, int, int]:
+    """(Σ, Σ of // block_size, max) of the computed tokens of `bulk` (as `SchedulerOutput.decode_sums`)."""
+    context = blocks = longest = 0
+    for request in bulk:  # (a loop over ints: the compiled build runs it without a list or a boxed sum)
+        computed: int = request.num_computed_tokens
+        context += computed
+        blocks += computed // block_size
+        if computed > longest:
+            longest = computed
+    return context, blocks, longest
 
 
 def window_decode_sums(ends: Sequence[int], block_size: int, window: int) -> tuple[int, int]:
