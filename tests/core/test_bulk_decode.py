@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from kvplan.engine.core import CacheConfig, Request, Scheduler, SchedulerConfig, make_request
 from kvplan.engine.core.decode_steps import DecodeMode
 from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.sim.cost.step_sums import decode_sums
 from tests.core.helpers import make_scheduler
 from tests.core.test_fast_forward import add_random_requests, snapshot
 
@@ -38,6 +39,11 @@ def drive(seed: int, steps: int, **kwargs) -> tuple[int, int]:
         assert batch(a) == batch(b)
         assert (a.copies, a.swap_out, a.swap_in, a.preempted, a.num_batched_tokens) == (
             b.copies, b.swap_out, b.swap_in, b.preempted, b.num_batched_tokens)
+        # the bulk's sums, taken as it was scheduled (None: no bulk, or a victim left it)
+        if a.decode_sums is not None:
+            assert a.decode_sums == decode_sums(a.decodes, bulk.block_size)
+        else:
+            assert not a.decodes or a.preempted
         bulked += len(a.decodes)
         behind += len(a.decodes) - (a.scheduled[0].decodes_before if a.scheduled else len(a.decodes))
         ua, ub = bulk.update(a), general.update(b)
