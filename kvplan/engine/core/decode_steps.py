@@ -326,15 +326,20 @@ def _block_events(events: list[Event], idx: int, pos: int, n: int, held: int, ha
     """Append (step, SCHEDULE, idx, kind, logical block) for every allocation and registration of running request
     `idx` over n decode steps: it had `pos` tokens computed, block slots for `held` tokens (held >= pos, or
     == pos when its next write opens a block) and `hashed` blocks keyed."""
+    # (while loops, not range(a, b, bs): the compiled build runs a range with a variable step as a Python iterator)
     # Step t writes position pos + t; a new block is allocated whenever that position is the first not held.
-    for start in range(held, pos + n, bs):
+    start = held
+    while start < pos + n:
         events.append((start - pos, SCHEDULE, idx, ALLOCATE, start // bs))
+        start += bs
     if registering:
         # Step t computes up to pos + t + 1 tokens; block e // bs - 1 (and any full one before it not yet keyed)
         # is keyed when the step is scheduled, for the first e = pos + t + 1 past the keyed blocks and at every
         # block end after it.
-        for end in range(max((hashed + 1) * bs, pos + 1), pos + n + 1, bs):
+        end = max((hashed + 1) * bs, pos + 1)
+        while end <= pos + n:
             events.append((end - pos - 1, SCHEDULE, idx, REGISTER, end // bs - 1))
+            end += bs
 
 
 def _new_blocks(pos: int, n: int, bs: int) -> int:
