@@ -435,9 +435,11 @@ class Replica:
         widest = max([0.0, *gaps])
         first, clock = ends[0], self.clock
         common_gap, common = first - clock, 0
-        for request, steps in zip(running, remaining, strict=True):
+        assert len(running) == len(remaining)
+        for i in range(len(running)):  # (by index: a compiled build runs zip() as a Python iterator)
+            steps = remaining[i]
             last = k - 1 if steps >= k else steps - 1
-            track = request.timing
+            track = running[i].timing
             assert track is not None  # every submitted request carries its track
             if track.last_token_s == clock:  # `_gap`, inlined for the common case: a token in the step before
                 common += 1

@@ -94,7 +94,8 @@ class TieredPrefix:
             tier.stats.promotions += 1
             self.transfers.append(TierTransfer(tier.name, slot.block_id, GPU, block.block_id))
             promoted.append(block)
-        pool.release_all(hits + promoted)
+        pinned: list[KVBlock | None] = [*hits, *promoted]
+        pool.release_all(pinned)
         return promoted
 
     def share_tier(self, view: TierView) -> None:
