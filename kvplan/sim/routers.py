@@ -74,7 +74,7 @@ class PrefixAware:
             # same cached prefix, and the lowest index would take every request until the imbalance trips
             if tokens > best_tokens or (best is not None and tokens == best_tokens and replica.outstanding < best_load):
                 best, best_tokens, best_load = replica, tokens, replica.outstanding
-        if best is not None and best_tokens >= self.cache_threshold * request.prompt_len:
+        if best is not None and best_tokens >= self.cache_threshold * int(request.prompt_len):
             return best
         return least_loaded(replicas)
 

@@ -21,20 +21,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from kvplan.engine.core.config import ConfigError, check_int
 from kvplan.engine.core.eviction import EvictionPolicy, make_eviction_policy
 
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # native 64-bit fields in the compiled build (no tag checks); int when interpreted
+
 
 @dataclass(slots=True, eq=False)
 class KVBlock:
-    block_id: int
-    ref_cnt: int = 0
+    block_id: i64
+    ref_cnt: i64 = 0
     key: int | None = None  # set once the block is full and registered in the prefix cache
     # the LRU queue's entries of this block a hit has made stale, still queued (`eviction.lru`; vLLM's blocks
     # likewise carry their free queue's links)
-    stale_entries: int = 0
+    stale_entries: i64 = 0
 
 
 class BlockPool:

@@ -59,6 +59,8 @@ from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
 from kvplan.engine.core.request import RUNNING, Request
 
 if TYPE_CHECKING:
+    from mypy_extensions import i64  # native 64-bit locals in the compiled build (no tag checks); int when interpreted
+
     from kvplan.engine.core.scheduler import Scheduler
 
 SCHEDULE: Final = 0  # within a step, schedule() allocates and registers before update() finishes
@@ -95,23 +97,27 @@ class DecodeSteps:
         sched = self.sched
         if sched.windowed:
             return 0
-        running, pool, bs = sched.running, self.pool, sched.block_size
+        running, pool = sched.running, self.pool
+        bs: i64 = sched.block_size
         tables = self.group.tables if self.group is not None else {}
         registering = sched.keys_wanted
-        count = new = 0
-        context = blocks = longest = 0  # `out.decode_sums`, summed here while each request is at hand
-        free = pool.num_free if pool is not None else 0
+        count: i64 = 0
+        new: i64 = 0
+        context: i64 = 0  # `out.decode_sums`, summed here while each request is at hand
+        blocks: i64 = 0
+        longest: i64 = 0
+        free: i64 = pool.num_free if pool is not None else 0
         events: list[Event] = []  # of the few that open a block or fill one in this step
         for i in range(min(len(running), budget)):  # (an index loop: the compiled build's list access is direct)
             request = running[i]
-            pos = request.num_computed_tokens
-            output = request.num_output_tokens
+            pos: i64 = request.num_computed_tokens
+            output: i64 = request.num_output_tokens
             # A decode has one token pending past its prompt: pos == prompt + output - 1 with output >= 1 (output 0
             # would be the prompt's last token)
             if (output == 0 or pos != request.prompt_len + output - 1 or request.token_ids is not None
                     or (request.n > 1 and not request.forked)):
                 break
-            block = pos // bs  # the block its token goes into (a new one where pos is a multiple of bs)
+            block: i64 = pos // bs  # the block its token goes into (a new one where pos is a multiple of bs)
             if pool is not None:
                 # `_block_events(events, count, pos, 1, held, request.num_hashed_blocks, bs, registering)`, inlined
                 # (once per running request per step): its one step's allocation, then its registration. Off a
@@ -122,7 +128,7 @@ class DecodeSteps:
                 # copy-on-write.
                 if pos == block * bs or request.forked:
                     table = tables[request.request_id]
-                    held = len(table) * bs
+                    held: i64 = len(table) * bs
                     if pos < held:
                         if request.forked and table[block].ref_cnt != 1:  # type: ignore[union-attr]
                             break  # copy-on-write first: the general loop's case
@@ -178,8 +184,9 @@ class DecodeSteps:
             if request.status is not RUNNING:
                 continue  # aborted after schedule()
             request.num_computed_tokens += 1
-            request.num_output_tokens += 1
-            if request.num_output_tokens >= request.max_tokens:
+            output: i64 = request.num_output_tokens + 1
+            request.num_output_tokens = output
+            if output >= request.max_tokens:
                 finish(request, "length", result)
 
     # -- k steps: a pure-decode stretch ----------------------------------------------------------------------
@@ -197,20 +204,22 @@ class DecodeSteps:
         if sched.windowed or len(sched.running) > sched.config.max_num_batched_tokens:  # windows release
             return 0
         pool = self.pool
-        bs = sched.block_size
+        bs: i64 = sched.block_size
         tables = self.group.tables if self.group is not None else {}
         registering = pool is not None and pool.enable_caching
-        longest, shortest = 0, limit
-        needed = 0  # new blocks for `limit` steps (the same as for k, as no request runs longer)
+        longest: i64 = 0
+        shortest: i64 = limit
+        steps: i64 = limit
+        needed: i64 = 0  # new blocks for `limit` steps (the same as for k, as no request runs longer)
         for request in sched.running:  # once per running request per stretch: properties and helpers inlined
-            pos = request.num_computed_tokens
-            output = request.num_output_tokens
+            pos: i64 = request.num_computed_tokens
+            output: i64 = request.num_output_tokens
             # a plain decode, as `schedule_leading` takes one (output 0: the prompt's last token, a prefill)
             if output == 0 or request.token_ids is not None or request.prompt_len + output - pos != 1:
                 return 0  # the engine samples real tokens (stop tokens possible); only count-only runs qualify
             if request.n > 1 and not request.forked:
                 return 0
-            remaining = request.max_tokens - output
+            remaining: i64 = request.max_tokens - output
             if backlog and remaining < least:
                 return 0  # its completion ends the stretch (below) before `least` steps
             if remaining > longest:
@@ -228,7 +237,7 @@ class DecodeSteps:
             if registering and request.block_keys is not None and request.num_hashed_blocks != pos // bs:
                 return 0
             # `_new_blocks(pos, min(limit, remaining), bs)`
-            needed += (pos + (limit if limit < remaining else remaining) - 1) // bs - (pos - 1) // bs
+            needed += (pos + (steps if steps < remaining else remaining) - 1) // bs - (pos - 1) // bs
         k = min(limit, longest)  # past the longest remaining output nobody is left to step
         if backlog:
             k = min(k, shortest)  # the first completion frees a slot and blocks: the head may then be admitted
@@ -259,15 +268,15 @@ class DecodeSteps:
         sched = self.sched
         running = sched.running
         pool = self.pool
-        bs = sched.block_size
+        bs: i64 = sched.block_size
         caching = pool is not None and pool.enable_caching
         events: list[Event] = []
         for idx, request in enumerate(running):
-            n = request.max_tokens - request.num_output_tokens  # its steps in the stretch: this, or k if fewer
+            n: i64 = request.max_tokens - request.num_output_tokens  # its steps in the stretch: this, or k if fewer
             finishes = n <= k
             if not finishes:
                 n = k
-            pos = request.num_computed_tokens  # before the stretch
+            pos: i64 = request.num_computed_tokens  # before the stretch
             request.num_computed_tokens = pos + n
             request.num_output_tokens += n
             # `_block_events` only for a request whose stretch opens or fills a block (a short stretch often neither)

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from kvplan.engine.core.block_keys import ROOT_KEY, BlockKeys, HashBlockKeys, TokenBlockKeys, chain_hash
 from kvplan.engine.core.timing import SequenceTiming
 from kvplan.errors import UserError
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # native 64-bit fields in the compiled build (no tag checks); int when interpreted
 
 
 class RequestStatus(enum.IntEnum):
@@ -53,11 +56,11 @@ RUNNING: Final[RequestStatus] = RequestStatus.RUNNING
 @dataclass(slots=True, eq=False)
 class Request:
     request_id: str
-    prompt_len: int
-    max_tokens: int
+    prompt_len: i64
+    max_tokens: i64
     arrival_s: float = 0.0
     priority: int = 0  # smaller is more important (vLLM convention)
-    n: int = 1  # parallel samples or beams: the prompt is computed once, then forked into n sequences
+    n: i64 = 1  # parallel samples or beams: the prompt is computed once, then forked into n sequences
     beam: bool = False  # a beam-search sequence: its group advances in lockstep (`Scheduler.advance_beams`)
     token_ids: list[int] | None = None
     prefix_hashes: tuple[int, ...] | None = None  # a trace's prefix hashes, one per `hash_granularity` tokens
@@ -65,10 +68,10 @@ class Request:
     block_keys: BlockKeys | None = None  # attached by the scheduler when prefix caching is on
     stop_token_ids: frozenset[int] = frozenset()
     status: RequestStatus = RequestStatus.WAITING
-    num_output_tokens: int = 0
-    num_computed_tokens: int = 0
+    num_output_tokens: i64 = 0
+    num_computed_tokens: i64 = 0
     num_cached_tokens: int = 0  # prefix-cache hit (tokens) at the first admission
-    num_hashed_blocks: int = 0  # blocks of this request already registered in the prefix cache
+    num_hashed_blocks: i64 = 0  # blocks of this request already registered in the prefix cache
     num_preemptions: int = 0
     seq: int = 0  # admission order of add_request, a stable tie-breaker
     # order of its latest start in the running set: its place in vLLM's running list (a fork takes its parent's)

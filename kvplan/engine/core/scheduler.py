@@ -425,7 +425,7 @@ class Scheduler:
                 budget -= 1
                 continue
             # num_tokens_to_compute, inlined (this loop runs once per running request per step)
-            pending = request.prompt_len + request.num_output_tokens - request.num_computed_tokens
+            pending: int = request.prompt_len + request.num_output_tokens - request.num_computed_tokens
             room = budget - rows
             if spec is not None:  # its drafts too (num_tokens_with_spec), short of max_model_len
                 pending = spec.cap(request, pending + len(request.spec_token_ids))

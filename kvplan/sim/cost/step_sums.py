@@ -17,9 +17,12 @@ time entering and leaving each operation; `features` wraps the sums in the datac
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvplan.engine.core.request import Request
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # native 64-bit locals in the compiled build (no tag checks); int when interpreted
 
 
 def windowed_attention2(start: int, end: int, window: int) -> int:
@@ -92,19 +95,21 @@ def window_decode_sums(ends: Sequence[int], block_size: int, window: int) -> tup
     return sum(capped), sum([-(-c // block_size) for c in capped])
 
 
-def _block_changes(changes: list[int], context: int, steps: int, block_size: int, limit: int) -> None:
-    """Record one request's blocks ⌈a / b⌉ in `changes`, a = context + j tokens in its steps j < `steps`: they join
-    at step 0, grow by one at each step j >= 1 where a − 1 is a multiple of b while a <= `limit` (a window:
-    afterwards the keys it reads stay at `limit`; context + steps: no limit inside the stretch), and leave after
-    its last step."""
-    blocks = -(-min(context, limit) // block_size)
-    changes[0] += blocks
-    step = (1 - context) % block_size or block_size  # the first j >= 1 with (context + j − 1) % b == 0
+def _block_changes(changes: list[int], context: i64, steps: i64, block_size: i64, limit: i64) -> i64:
+    """Record one request's blocks ⌈a / b⌉ in `changes`, a = context + j tokens in its steps j < `steps` (>= 1):
+    they grow by one at each step j >= 1 where a − 1 is a multiple of b while a <= `limit` (a window: afterwards
+    the keys it reads stay at `limit`; context + steps: no limit inside the stretch), and leave after its last
+    step. Returns its step-0 blocks, which join at step 0: the caller sums them (every request's change at step 0,
+    kept in a local instead of boxed into changes[0] once per request)."""
+    blocks: i64 = -(-min(context, limit) // block_size)
+    joined = blocks
+    step: i64 = (1 - context) % block_size or block_size  # the first j >= 1 with (context + j − 1) % b == 0
     while step < steps and context + step <= limit:
         changes[step] += 1
         blocks += 1
         step += block_size
     changes[steps] -= blocks
+    return joined
 
 
 def stretch_sums(contexts: list[int], remaining: list[int], k: int, block_size: int, window: int,
@@ -116,25 +121,34 @@ def stretch_sums(contexts: list[int], remaining: list[int], k: int, block_size: 
     context_changes = [0] * (k + 1)  # Σ of the live requests' step-0 contexts; each step adds its live count
     block_changes = [0] * (k + 1)
     longest_ending = [0] * (k + 1) if spread else []  # the longest step-0 context of those live to step j - 1
+    # Step 0's changes (every live request joins there) are summed in native locals, not boxed into lists
+    live: i64 = 0
+    joined: i64 = 0
+    joined_blocks: i64 = 0
     for i in range(len(contexts)):
-        context = contexts[i]
-        steps = min(remaining[i], k)
+        context: i64 = contexts[i]
+        steps: i64 = min(remaining[i], k)
         if steps <= 0:
             continue
-        live_changes[0] += 1
+        live += 1
         live_changes[steps] -= 1
-        context_changes[0] += context
+        joined += context
         context_changes[steps] -= context
-        _block_changes(block_changes, context, steps, block_size, context + steps)
+        joined_blocks += _block_changes(block_changes, context, steps, block_size, context + steps)
         if spread and context > longest_ending[steps]:
             longest_ending[steps] = context
-    live, attended, touched = [0] * k, [0] * k, [0] * k
-    count = total = blocks = 0
+    live_changes[0] += live  # (an index steps >= 1 never holds step 0's)
+    context_changes[0] += joined
+    block_changes[0] += joined_blocks
+    lives, attended, touched = [0] * k, [0] * k, [0] * k
+    count: i64 = 0
+    total: i64 = 0
+    blocks: i64 = 0
     for j in range(k):
         count += live_changes[j]
         total += context_changes[j]
         blocks += block_changes[j]
-        live[j] = count
+        lives[j] = count
         attended[j] = total + j * count
         touched[j] = blocks
     longest: list[int] = []
@@ -143,9 +157,9 @@ def stretch_sums(contexts: list[int], remaining: list[int], k: int, block_size: 
         top = 0
         for j in range(k - 1, -1, -1):
             top = max(top, longest_ending[j + 1])
-            longest[j] = top + j if live[j] else 0
+            longest[j] = top + j if lives[j] else 0
     capped, capped_blocks = window_sums(contexts, remaining, k, block_size, window) if window else ([], [])
-    return live, attended, touched, longest, capped, capped_blocks
+    return lives, attended, touched, longest, capped, capped_blocks
 
 
 def window_sums(contexts: list[int], remaining: list[int], k: int, block_size: int,
@@ -166,7 +180,7 @@ def window_sums(contexts: list[int], remaining: list[int], k: int, block_size: i
         if growing >= 1:
             slope_changes[1] += 1
             slope_changes[growing + 1] -= 1
-        _block_changes(block_changes, context, steps, block_size, window)
+        block_changes[0] += _block_changes(block_changes, context, steps, block_size, window)
     capped, capped_blocks = [0] * k, [0] * k
     level = slope = grown = blocks = 0
     for j in range(k):
