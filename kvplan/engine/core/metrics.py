@@ -24,6 +24,8 @@ from kvplan.engine.core.kv_manager import HOLE
 from kvplan.engine.core.reservation import ReservationAllocator
 
 if TYPE_CHECKING:
+    from mypy_extensions import i64  # native 64-bit locals in the compiled build (no tag checks); int when interpreted
+
     from kvplan.engine.core.block_pool import KVBlock
     from kvplan.engine.core.kv_interface import KVManager
     from kvplan.engine.core.kv_manager import KVCacheManager
@@ -138,21 +140,24 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
     one copy nothing is shared; behind one whose key has several the scan goes on."""
     most_done: list[int] = []  # sized on the first shared block (most tables share none)
     most_final: list[int] = []
-    tokens = needed_slots = 0
+    tokens: i64 = 0
+    needed_slots: i64 = 0
+    size: i64 = bs
     for request in requests:
         table = tables.get(request.request_id)
         if table is None:
             continue
-        done, final = request.num_computed_tokens, max(request.final_len, request.num_tokens)
-        span = len(table) * bs
+        done: i64 = request.num_computed_tokens
+        final: i64 = max(request.final_len, request.num_tokens)
+        span: i64 = len(table) * size
         # Σ over entries i of min(max(x - i × bs, 0), bs) = min(max(x, 0), len × bs): the slots fill in order
         tokens += min(max(done, 0), span)
         needed_slots += min(max(final, 0), span)
-        base = 0  # the first token position of the entry
+        base: i64 = 0  # the first token position of the entry
         for block in table:
             if block is None or block.ref_cnt != 1:  # a hole, or a block other tables may hold too
-                written = min(max(done - base, 0), bs)
-                will = min(max(final - base, 0), bs)
+                written: i64 = min(max(done - base, 0), size)
+                will: i64 = min(max(final - base, 0), size)
                 tokens -= written  # counted again below, once per distinct block
                 needed_slots -= will
                 if block is not None:
@@ -161,7 +166,7 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
                         grow = max(block_id + 1, num_blocks) - len(most_done)
                         most_done.extend([-1] * grow)
                         most_final.extend([-1] * grow)
-                    seen = most_done[block_id]
+                    seen: i64 = most_done[block_id]
                     if seen < 0:
                         tokens += written
                         needed_slots += will
@@ -175,7 +180,7 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
                             most_final[block_id] = will
             elif shared_leading and (not duplicates or block.key not in duplicates):
                 break  # the rest of the table is its own: the closed form above counts it
-            base += bs
+            base += size
     return tokens, needed_slots
 
 
