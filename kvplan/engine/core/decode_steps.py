@@ -152,6 +152,7 @@ class DecodeSteps:
             self._replay(events, None, 0, None)
         out.decodes = running[:count]
         out.decode_sums = (context, blocks, longest)
+        out.leading_decodes = count
         out.num_batched_tokens += count
         return count
 
@@ -175,9 +176,11 @@ class DecodeSteps:
         out.num_batched_tokens += 1
         return True
 
-    def update(self, decodes: list[Request], start: int, stop: int, result: UpdateOutput) -> None:
+    def update(self, decodes: list[Request], start: int, stop: int, result: UpdateOutput, leading: int = 0,
+               finished_at: list[int] | None = None) -> None:
         """`update()` for the bulk decodes decodes[start:stop]: one token each, output budgets finished (their full
-        blocks were registered when they were scheduled)."""
+        blocks were registered when they were scheduled). The index of each that finishes below `leading` (the
+        leading run, each at its index in `running`) goes to `finished_at`."""
         finish = self.sched.finish
         for i in range(start, stop):
             request = decodes[i]
@@ -188,6 +191,8 @@ class DecodeSteps:
             request.num_output_tokens = output
             if output >= request.max_tokens:
                 finish(request, "length", result)
+                if i < leading and finished_at is not None:
+                    finished_at.append(i)
 
     # -- k steps: a pure-decode stretch ----------------------------------------------------------------------
     def horizon(self, limit: int, least: int = 1) -> int:
@@ -271,6 +276,7 @@ class DecodeSteps:
         bs: i64 = sched.block_size
         caching = pool is not None and pool.enable_caching
         events: list[Event] = []
+        finished_at: list[int] = []  # (their places in `running`, for `drop_finished`)
         for idx, request in enumerate(running):
             n: i64 = request.max_tokens - request.num_output_tokens  # its steps in the stretch: this, or k if fewer
             finishes = n <= k
@@ -285,9 +291,10 @@ class DecodeSteps:
                               caching and request.block_keys is not None)
             if finishes:  # its output budget is reached in the stretch's step n - 1
                 events.append((n - 1, UPDATE, idx, FINISH, 0))
+                finished_at.append(idx)
         finished = self._replay(events, usage, k, UpdateOutput())
         if finished:
-            sched.drop_finished()
+            sched.drop_finished(finished_at)
         sched.count_steps(k)
         return finished
 

@@ -39,10 +39,14 @@ class StepUpdate:
         result = UpdateOutput()
         decodes, steps = out.decodes, sched.decode_steps
         done = 0  # bulk decodes updated: in running order, each before the items behind it
+        # The leading run's places in `running` are its indices (unless a victim left it): where every request
+        # this update finishes is one of them, `drop_finished` is told their places (`finished_at`)
+        leading = out.leading_decodes if out.decode_sums is not None else 0
+        finished_at: list[int] = []
         windowed = self.windowed
         for i, item in enumerate(out.scheduled):
             if item.decodes_before > done:
-                steps.update(decodes, done, item.decodes_before, result)
+                steps.update(decodes, done, item.decodes_before, result, leading, finished_at)
                 done = item.decodes_before
             request = item.request
             if request.status is not RUNNING:
@@ -64,9 +68,9 @@ class StepUpdate:
             else:
                 self.append(request, token, result)
         if done < len(decodes):
-            steps.update(decodes, done, len(decodes), result)
+            steps.update(decodes, done, len(decodes), result, leading, finished_at)
         if result.finished:
-            sched.drop_finished()
+            sched.drop_finished(finished_at if len(finished_at) == len(result.finished) else None)
         return result
 
     def append(self, request: Request, token: int | None, result: UpdateOutput) -> None:
