@@ -176,8 +176,8 @@ class DecodeSteps:
         out.num_batched_tokens += 1
         return True
 
-    def update(self, decodes: list[Request], start: int, stop: int, result: UpdateOutput, leading: int = 0,
-               finished_at: list[int] | None = None) -> None:
+    def update(self, decodes: list[Request], start: int, stop: int, result: UpdateOutput, leading: int,
+               finished_at: list[int]) -> None:
         """`update()` for the bulk decodes decodes[start:stop]: one token each, output budgets finished (their full
         blocks were registered when they were scheduled). The index of each that finishes below `leading` (the
         leading run, each at its index in `running`) goes to `finished_at`."""
@@ -191,7 +191,7 @@ class DecodeSteps:
             request.num_output_tokens = output
             if output >= request.max_tokens:
                 finish(request, "length", result)
-                if i < leading and finished_at is not None:
+                if i < leading:
                     finished_at.append(i)
 
     # -- k steps: a pure-decode stretch ----------------------------------------------------------------------
@@ -214,7 +214,7 @@ class DecodeSteps:
         registering = pool is not None and pool.enable_caching
         longest: i64 = 0
         shortest: i64 = limit
-        steps: i64 = limit
+        steps: i64 = limit  # (`limit` as a native int, for the per-request sum below)
         needed: i64 = 0  # new blocks for `limit` steps (the same as for k, as no request runs longer)
         for request in sched.running:  # once per running request per stretch: properties and helpers inlined
             pos: i64 = request.num_computed_tokens

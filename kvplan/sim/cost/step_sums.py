@@ -169,6 +169,7 @@ def window_sums(contexts: list[int], remaining: list[int], k: int, block_size: i
     level_changes = [0] * (k + 1)  # its step-0 value joins, its last step's value leaves
     slope_changes = [0] * (k + 1)  # +1 from step 1 up to the step it reaches the window
     block_changes = [0] * (k + 1)
+    joined_blocks: i64 = 0  # step 0's blocks, summed natively as in `stretch_sums`
     for i in range(len(contexts)):
         context = contexts[i]
         steps = min(remaining[i], k)
@@ -180,7 +181,8 @@ def window_sums(contexts: list[int], remaining: list[int], k: int, block_size: i
         if growing >= 1:
             slope_changes[1] += 1
             slope_changes[growing + 1] -= 1
-        block_changes[0] += _block_changes(block_changes, context, steps, block_size, window)
+        joined_blocks += _block_changes(block_changes, context, steps, block_size, window)
+    block_changes[0] += joined_blocks
     capped, capped_blocks = [0] * k, [0] * k
     level = slope = grown = blocks = 0
     for j in range(k):
