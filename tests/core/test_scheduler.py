@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvplan.engine.core import CacheConfig, ConfigError, RequestStatus, SchedulerConfig, make_request
-from kvplan.engine.core.victims import pick_victim
+from kvplan.engine.core.victims import VICTIM_POLICIES, pick_victim
 from tests.core.helpers import make_scheduler, run_to_completion, step
 
 
@@ -108,6 +110,21 @@ def test_pick_victim_hand_worked():
     assert pick_victim("longest_remaining", reqs).request_id == "old_low_prio"
     reqs[0].num_output_tokens = 40  # 10 to go: "new" (20 to go) has the most left
     assert pick_victim("longest_remaining", reqs).request_id == "new"
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.integers(0, 9)), min_size=1, max_size=12),
+       st.permutations(range(12)), st.sampled_from(sorted(VICTIM_POLICIES)))
+def test_pick_victim_is_the_policy_key_maximum(fields, order, policy):
+    """Whatever the running order - forks share their parent's `started`, cache-aware admission starts a later
+    arrival first - the victim is the request with the largest policy key (the default's field-by-field scan
+    included), ties in the key's leading fields falling to the larger `seq`."""
+    reqs = []
+    for seq, (started, priority, output) in enumerate(fields):
+        request = make_request(f"r{seq}", prompt_len=4, max_tokens=10, priority=priority, arrival_s=started)
+        request.seq, request.started, request.num_output_tokens = seq, started, output
+        reqs.append(request)
+    running = [reqs[i] for i in order if i < len(reqs)]
+    assert pick_victim(policy, running) is max(running, key=VICTIM_POLICIES[policy])
 
 
 def test_priority_queue_admits_the_most_important_first():
