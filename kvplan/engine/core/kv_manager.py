@@ -62,6 +62,7 @@ class KVCacheManager(TieredPrefix):
         # `CacheConfig.blocks_per_request` without calling the interpreted configuration in that common case (the
         # admission checks ask it several times per request)
         self._every_block = not config.windowed and config.hybrid_layout is None
+        self.windowed = config.windowed  # (read at every prefix lookup: an attribute, not the configuration's property)
         self.prefix_queries = 0  # tokens looked up at admission
         self.prefix_hits = 0  # tokens found cached
 
@@ -88,7 +89,7 @@ class KVCacheManager(TieredPrefix):
                     f"nothing shared (block size {self.block_size}) but the cache holds only {total}")
         if need <= total:
             return None
-        if not self.config.windowed:
+        if not self.windowed:
             return (f"needs {need} KV blocks ({request.final_len} tokens at block size {self.block_size}) "
                     f"but the cache holds only {total}")
         return (f"needs {need} KV blocks at its peak (sinks, a window of {self.config.window_tokens} tokens and a "
@@ -117,7 +118,7 @@ class KVCacheManager(TieredPrefix):
         cached = self.pool.cached
         hits: list[KVBlock] = []
         limit = (request.num_tokens - 1) // self.block_size
-        if self.config.windowed:  # only blocks the step keeps (sinks + one window): more would pass its peak
+        if self.windowed:  # only blocks the step keeps (sinks + one window): more would pass its peak
             limit = min(limit, self.sink_blocks + self.config.window_tokens // self.block_size)
         if limit <= 0:
             return hits, None, 0
@@ -364,7 +365,7 @@ class KVCacheManager(TieredPrefix):
     def release_outside_window(self, request: Request) -> list[int]:
         """Release whole blocks that lie neither in the sinks nor in the last W computed tokens, deepest
         first. Returns the released block ids."""
-        if not self.config.windowed:
+        if not self.windowed:
             return []
         first_visible = max(0, request.num_computed_tokens - self.config.window_tokens) // self.block_size
         table = self.tables[request.request_id]

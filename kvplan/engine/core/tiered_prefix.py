@@ -26,6 +26,7 @@ class TieredPrefix:
     config: CacheConfig
     pool: BlockPool
     block_size: int
+    windowed: bool
     tiers: list[PrefixTier | TierView]
     transfers: list[TierTransfer]
 
@@ -51,7 +52,7 @@ class TieredPrefix:
         returns when the GPU has room for every promotion - without promoting anything (a router's probe of every
         replica must not move blocks on the ones it passes over)."""
         keys = request.block_keys
-        if not self.tiers or keys is None or not self.pool.enable_caching or self.config.windowed:
+        if not self.tiers or keys is None or not self.pool.enable_caching or self.windowed:
             return len(self.find_cached_prefix(request))
         limit = (request.num_tokens - 1) // self.block_size
         if limit <= 0:
