@@ -29,12 +29,12 @@
 # Needs a C compiler (cc) and Python headers; 1 to 4 minutes with mypyc, about 5 with Cython, on 2 shared cores.
 set -euo pipefail
 # Beside the core, the install's build (--sim) compiles the simulator's step loop and the per-arrival and per-request
-# bookkeeping around it, and the pricing helpers every step calls (the token tables, a decode stretch's sums and the
-# analytic cost's step law that prices them).
+# bookkeeping around it (the router each arrival asks), and the pricing helpers every step calls (a step's price, the
+# token tables, a decode stretch's sums and the analytic cost's step law that prices them).
 # shared_store.py must go with the core: its class subclasses the core's TierView.
 SIM_MODULES=(kvplan/sim/replica.py kvplan/sim/shared_store.py kvplan/sim/cluster.py kvplan/results/request_table.py
              kvplan/results/itl.py kvplan/sim/cost/token_table.py kvplan/sim/cost/step_sums.py
-             kvplan/sim/cost/step_law.py)
+             kvplan/sim/cost/step_law.py kvplan/sim/cost/step_price.py kvplan/sim/routers.py)
 if [ $# -lt 1 ]; then
   echo "usage: $0 OUT [EXTRA_MODULE.py ...]  (OUT: a scratch directory outside the checkout)" >&2
   exit 2

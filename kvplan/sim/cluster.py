@@ -41,6 +41,9 @@ class Cluster(Stoppable):
         self.stopped = self.env.event()
         self.stop_reason = ""
         self.router = router
+        # a router that places arrivals in advance (round robin) says whose the next ones are (looked up once: each
+        # replica asks at every step)
+        self._arrivals_before = getattr(router, "arrivals_before", None)
         self.log = RequestLog()
         self.unservable: list[tuple[int, str]] = []  # failed requests of the trace: nothing to serve
         self.arrivals = trace.arrival_s.tolist() if closed_loop is None else []
@@ -51,6 +54,7 @@ class Cluster(Stoppable):
         self._priority, self._n = trace.priority.data, trace.n.data
         self._hashes = (trace.hash_ids, trace.hash_offsets.data) if (
             trace.hash_ids is not None and trace.hash_offsets is not None) else None
+        self._adapters = trace.lora is not None  # (else every row is the base model's: no call per arrival)
         # Failed rows take no router turn; a round robin's next arrival for a replica counts servable rows only.
         servable = trace.servable
         self._servable = None if servable.all() else np.flatnonzero(servable).tolist()
@@ -76,7 +80,7 @@ class Cluster(Stoppable):
     def _next_arrival(self, index: int) -> float:
         """When replica `index` may next see a request: the next arrival, or, under a router that decides
         placement in advance (round robin), the next arrival that router will hand to this replica."""
-        ahead = getattr(self.router, "arrivals_before", None)
+        ahead = self._arrivals_before
         row = self.next_row
         if ahead is not None:
             turns = ahead(index, len(self.replicas))
@@ -115,7 +119,7 @@ class Cluster(Stoppable):
             ids, offsets = prefix
             hashes = ids[offsets[row]:offsets[row + 1]].tolist()
         name = row if self.row_names is None else self.row_names[row]
-        lora_id, lora_name = adapter_of(t, row)
+        lora_id, lora_name = adapter_of(t, row) if self._adapters else (0, "")
         return make_request(str(name), max_tokens=output, prompt_len=prompt, prefix_hashes=hashes or None,
                             hash_granularity=t.hash_granularity if hashes else 0, arrival_s=arrival,
                             priority=self._priority[row], n=self._n[row], lora_id=lora_id, lora_name=lora_name)
