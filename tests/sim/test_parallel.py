@@ -56,3 +56,27 @@ def test_only_long_round_robin_runs_are_split():
     assert not worth_parallel("round_robin", 16, 1, False, 1_000_000)
     assert not worth_parallel("round_robin", 16, 2, True, 1_000_000)  # token times: step by step, one process
     assert not worth_parallel("round_robin", 16, 2, False, 100)
+
+
+def test_a_replica_process_frees_its_finished_cluster():
+    """A worker runs its replicas one after another: each finished cluster (cyclic garbage: scheduler and
+    components, SimPy environment and processes) is gone when `run_replica` returns - with the automatic collector
+    off, so that only run_replica's own collection can have freed it."""
+    import gc
+
+    from kvplan.sim.cluster import Cluster
+    from kvplan.sim.parallel import run_replica
+
+    trace = random_trace(3, 40, rate=20.0)
+    spec = SimSpec(num_blocks=200, block_size=8)
+    cost, blocks = build_cost(spec)
+    cache, config = build_configs(spec, trace, blocks, cost)
+    gc.collect()
+    gc.disable()
+    try:
+        part = run_replica(trace, list(range(len(trace))), 0, cache, config, cost, 0.5, True)
+        alive = [o for o in gc.get_objects() if isinstance(o, Cluster)]
+    finally:
+        gc.enable()
+    assert part.num_steps > 0 and len(part.log) > 0
+    assert alive == []
