@@ -51,19 +51,34 @@ class LRUPolicy(EvictionPolicy):
             self._compact()
 
     def pop_victim(self) -> KVBlock:
+        return self._pop(1)[0]
+
+    def evict_many(self, n: int) -> list[KVBlock]:
+        """`EvictionPolicy.evict_many` in one loop: the pool evicts a batch per allocation, and a call per victim
+        cost more than taking it."""
+        self.num_evictions += n
+        return self._pop(n)
+
+    def _pop(self, n: int) -> list[KVBlock]:
+        """The n live entries at the front, in order, skipping (and uncounting) stale ones; the consumed front is
+        dropped once they are taken (when it is does not change what the queue yields: `len(_queue) - _head`, all
+        `remove` reads, is the same either way)."""
         queue, head = self._queue, self._head
-        while True:  # (there is a live entry: a caller asks only while len() > 0)
-            block = queue[head]
-            head += 1
-            if not block.stale_entries:
-                break
-            block.stale_entries -= 1
-        self._size -= 1
-        if head > self._slack and 2 * head > len(queue):  # drop the consumed front
+        victims: list[KVBlock] = []
+        for _ in range(n):  # (there are n live entries: a caller asks only for as many as len() counts)
+            while True:
+                block = queue[head]
+                head += 1
+                if not block.stale_entries:
+                    break
+                block.stale_entries -= 1
+            victims.append(block)
+        self._size -= n
+        if head > self._slack and 2 * head > len(queue):
             del queue[:head]
             head = 0
         self._head = head
-        return block
+        return victims
 
     def __len__(self) -> int:
         return self._size
