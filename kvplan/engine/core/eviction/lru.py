@@ -60,9 +60,9 @@ class LRUPolicy(EvictionPolicy):
         return self._pop(n)
 
     def _pop(self, n: int) -> list[KVBlock]:
-        """The n live entries at the front, in order, skipping (and uncounting) stale ones; the consumed front is
-        dropped once they are taken (when it is does not change what the queue yields: `len(_queue) - _head`, all
-        `remove` reads, is the same either way)."""
+        """The n live entries at the front, in order, skipping (and uncounting) stale ones. The consumed front is
+        dropped once, after all n are taken: when that happens changes nothing the queue yields, since `remove`
+        reads only `len(_queue) - _head`, the same either way."""
         queue, head = self._queue, self._head
         victims: list[KVBlock] = []
         for _ in range(n):  # (there are n live entries: a caller asks only for as many as len() counts)
