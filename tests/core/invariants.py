@@ -15,8 +15,9 @@ def check_pool(pool: BlockPool, tables: dict) -> None:
         for block in table:
             if block is not None:
                 holders[block.block_id] += 1
-    empty = {b.block_id for b in pool._empty}
-    assert len(empty) == len(pool._empty), "a block is twice in the empty list"
+    order = pool.empty_order()
+    empty = set(order)
+    assert len(empty) == len(order) == pool.num_empty, "a block is twice in the empty list"
     assert len(empty) + len(pool.policy) + pool.num_used == pool.num_blocks
     for block in pool.blocks:
         assert block.ref_cnt == holders[block.block_id], f"block {block.block_id}: ref {block.ref_cnt} != holders"

@@ -42,7 +42,7 @@ def state(sched: Scheduler, full: bool) -> tuple:
     blocks = [(b.block_id, b.ref_cnt, b.key) for b in pool.blocks]
     cached = sorted((key, b.block_id) for key, b in pool.cached.items())
     duplicates = sorted((key, [b.block_id for b in copies]) for key, copies in pool.duplicates.items())
-    empty = [b.block_id for b in pool._empty]  # its order decides the next block ids
+    empty = pool.empty_order()  # its order decides the next block ids
     tiers = [(t.name, sorted(t.pool.cached), t.stats) for t in kv.tiers]
     return (*common, blocks, cached, duplicates, empty, eviction_order, pool.num_evictions, tiers)
 

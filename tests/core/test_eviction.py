@@ -200,3 +200,40 @@ def test_lru_queue_is_a_linked_list_in_free_order(ops, capacity):
         assert len(policy._queue) <= 4 * len(blocks) + 3 * policy._slack + 1
     assert policy.num_evictions == evicted
     assert [policy.pop_victim() for _ in range(len(policy))] == list(reference.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["allocate", "allocate_many", "release", "register", "insert_free",
+                                           "drop_cache"]), st.integers(0, 7)), max_size=60),
+       st.integers(1, 12), st.sampled_from(sorted(EVICTION_POLICIES)))
+def test_blocks_created_on_first_use_are_handed_out_as_a_pool_built_whole(ops, num_blocks, policy):
+    """A pool creates its blocks on first use; one whose blocks were all created up front (`blocks` read at once)
+    hands out the same block ids, evicts the same ones and reports the same counts after every operation."""
+    lazy, whole = BlockPool(num_blocks, 4, policy), BlockPool(num_blocks, 4, policy)
+    assert [b.block_id for b in whole.blocks] == list(range(num_blocks))
+    held: list[list] = [[], []]  # each pool's blocks in use, in the same order
+    next_key = 1
+    for op, arg in ops:
+        for pool, mine in zip((lazy, whole), held, strict=True):
+            if op == "allocate" and pool.num_free:
+                mine.append(pool.allocate())
+            elif op == "allocate_many":
+                mine.extend(pool.allocate_many(min(arg, pool.num_free)))
+            elif op == "release" and mine:
+                pool.release_all(mine[-arg - 1:])
+                del mine[-arg - 1:]
+            elif op == "register":
+                for block in mine[:arg]:
+                    if block.key is None:
+                        pool.register(block, next_key + block.block_id)
+            elif op == "insert_free" and (next_key + 1000) not in pool.cached:
+                pool.insert_free(next_key + 1000)
+            elif op == "drop_cache":
+                pool.drop_cache()
+        next_key += 100
+        assert [[b.block_id for b in mine] for mine in held[:1]] == [[b.block_id for b in held[1]]]
+        assert (lazy.num_free, lazy.num_empty, lazy.num_used, lazy.num_evictions, lazy.empty_order()) == (
+            whole.num_free, whole.num_empty, whole.num_used, whole.num_evictions, whole.empty_order())
+        assert sorted(lazy.cached) == sorted(whole.cached)
+    assert [(b.block_id, b.ref_cnt, b.key) for b in lazy.blocks] == [(b.block_id, b.ref_cnt, b.key)
+                                                                    for b in whole.blocks]

@@ -16,7 +16,7 @@ def snapshot(sched, full: bool) -> tuple:
     kv, pool = sched.kv, sched.kv.pool
     requests = sorted((r.request_id, r.status, r.num_computed_tokens, r.num_output_tokens, r.num_hashed_blocks)
                       for r in sched.requests.values())
-    state = (requests, dict(kv.block_ids), [b.block_id for b in pool._empty], sched.step_id,
+    state = (requests, dict(kv.block_ids), pool.empty_order(), sched.step_id,
              [r.request_id for r in sched.running], sched.stats.num_steps)
     if not full:
         return state

@@ -48,8 +48,12 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self._empty: list[KVBlock] = self.blocks[::-1]  # a stack: block 0 is handed out first
+        # Empty blocks are a stack: the last one freed is handed out first. Below the blocks freed so far lie those
+        # never handed out, block `_fresh` on top, created on first use (`_take_fresh`): a pool of 10k+ blocks is
+        # built for every probe of a search, and a light one touches a fraction of them.
+        self._empty: list[KVBlock] = []
+        self._fresh: i64 = 0
+        self._made: list[KVBlock] = []  # the blocks created so far, by id
         self.policy: EvictionPolicy = make_eviction_policy(eviction_policy, num_blocks)
         # The policy's optional hooks, None where it keeps the base's no-op (LRU, the default, keeps both): a
         # prefix hit touches, a registration notes, once per block - calls that would change nothing.
@@ -70,13 +74,24 @@ class BlockPool:
 
     # -- queries -------------------------------------------------------------------------------------------
     @property
+    def blocks(self) -> list[KVBlock]:
+        """Every block, by id (creates those never handed out, under the freed ones: the stack's order holds)."""
+        if self._fresh < self.num_blocks:
+            self._empty[:0] = self._take_fresh(self.num_blocks - self._fresh)[::-1]
+        return self._made
+
+    @property
     def num_free(self) -> int:
         """Blocks an allocation can obtain: empty plus cached-but-free."""
-        return len(self._empty) + len(self.policy)
+        return len(self._empty) + self.num_blocks - self._fresh + len(self.policy)
 
     @property
     def num_empty(self) -> int:
-        return len(self._empty)
+        return len(self._empty) + self.num_blocks - self._fresh
+
+    def empty_order(self) -> list[int]:
+        """The empty blocks' ids in the order allocations will take them."""
+        return [b.block_id for b in reversed(self._empty)] + list(range(self._fresh, self.num_blocks))
 
     @property
     def num_cached_free(self) -> int:
@@ -102,6 +117,8 @@ class BlockPool:
         """One block with ref_cnt 1. The caller checks `num_free` first."""
         if self._empty:
             block = self._empty.pop()
+        elif self._fresh < self.num_blocks:
+            block = self._take_fresh(1)[0]
         else:
             block = self.policy.evict()
             # (never None: the policy holds keyed, cached free blocks only; an object, as in `allocate_many`)
@@ -118,6 +135,10 @@ class BlockPool:
         take = min(n, len(empty))
         blocks = empty[len(empty) - take:][::-1]  # the stack's top first, as pop() would
         del empty[len(empty) - take:]
+        if n > take and self._fresh < self.num_blocks:  # then those never handed out, lowest id first
+            fresh = self._take_fresh(min(n - take, self.num_blocks - self._fresh))
+            take += len(fresh)
+            blocks += fresh
         for block in blocks:
             block.ref_cnt = 1
         if n > take:  # the rest evicts, as `allocate` does once the empty stack is gone
@@ -150,6 +171,8 @@ class BlockPool:
         empty, policy, cached = self._empty, self.policy, self.cached
         if empty:
             block = empty.pop()
+        elif self._fresh < self.num_blocks:
+            block = self._take_fresh(1)[0]
         elif len(policy):
             block = policy.evict()
             victim: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
@@ -168,6 +191,14 @@ class BlockPool:
             self._on_cached(block)
         policy.insert(block)
         return block
+
+    def _take_fresh(self, n: int) -> list[KVBlock]:
+        """Create the next `n` blocks never handed out (the caller checks that so many are left)."""
+        first = self._fresh
+        blocks = [KVBlock(i) for i in range(first, first + n)]
+        self._made += blocks
+        self._fresh = first + n
+        return blocks
 
     def refresh(self, block: KVBlock) -> None:
         """`acquire` then `release` of a cached block in one call (a lower prefix tier storing a key it already
