@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from kvplan.engine.core.kv_manager import HOLE
 from kvplan.engine.core.reservation import ReservationAllocator
@@ -137,10 +137,15 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
     except where a lookup found another copy of the same key, which the hitting request then holds - so that
     copy stays the one lookups find and the table's block stays a later copy, in `duplicates`, for as long as the
     hit block is shared. (A held block is never evicted.) So behind a first block of one reference whose key has
-    one copy nothing is shared; behind one whose key has several the scan goes on."""
+    one copy nothing is shared; behind one whose key has several the scan goes on.
+
+    A table's leading shared blocks that it has all written (a prefix hit, the common case) each hold `size` slots
+    for it, the most any holder can: they go to `full` in one set update, and each counts `size` once at the end,
+    whatever other holders wrote; the scan goes on behind them."""
     most_done: list[int] = []  # sized on the first shared block (most tables share none)
     most_final: list[int] = []
     known: i64 = 0  # their length
+    full: set[KVBlock] = set()
     tokens: i64 = 0
     needed_slots: i64 = 0
     size: i64 = bs
@@ -154,8 +159,20 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
         # Σ over entries i of min(max(x - i × bs, 0), bs) = min(max(x, 0), len × bs): the slots fill in order
         tokens += min(max(done, 0), span)
         needed_slots += min(max(final, 0), span)
-        base: i64 = 0  # the first token position of the entry
+        lead: i64 = 0
         for block in table:
+            if block is None or block.ref_cnt == 1:
+                break
+            lead += 1
+        if lead and done >= lead * size and final >= lead * size:  # every lead block is and stays whole here
+            tokens -= lead * size
+            needed_slots -= lead * size
+            full.update(cast("list[KVBlock]", table[:lead]))  # (no hole among them)
+        else:
+            lead = 0
+        base: i64 = lead * size  # the first token position of the entry
+        for i in range(lead, len(table)):
+            block = table[i]
             if block is None or block.ref_cnt != 1:  # a hole, or a block other tables may hold too
                 # min(max(x - base, 0), size), as branches: a shared prefix is visited in every table that holds
                 # it, at every sample (the builtins' calls were a fifth of an interpreted probe's time)
@@ -187,7 +204,12 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
             elif shared_leading and (not duplicates or block.key not in duplicates):
                 break  # the rest of the table is its own: the closed form above counts it
             base += size
-    return tokens, needed_slots
+    for whole in full:  # `size` slots each, in place of the largest value other holders gave it
+        whole_id = whole.block_id
+        if whole_id < known and most_done[whole_id] >= 0:
+            tokens -= most_done[whole_id]
+            needed_slots -= most_final[whole_id]
+    return tokens + len(full) * size, needed_slots + len(full) * size
 
 
 def _reservation_breakdown(kv: ReservationAllocator, requests: Iterable[Request]) -> MemoryBreakdown:
