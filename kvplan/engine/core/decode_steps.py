@@ -61,6 +61,7 @@ from kvplan.engine.core.request import RUNNING, Request
 if TYPE_CHECKING:
     from mypy_extensions import i64  # native 64-bit locals in the compiled build (no tag checks); int when interpreted
 
+    from kvplan.engine.core.block_pool import KVBlock
     from kvplan.engine.core.scheduler import Scheduler
 
 SCHEDULE: Final = 0  # within a step, schedule() allocates and registers before update() finishes
@@ -313,14 +314,35 @@ class DecodeSteps:
         # Usage changes only at events: count allocations (all from the empty stack), re-read it after completions.
         now, recorded = kv.usage() if usage is not None else 0.0, 0  # `recorded`: steps whose usage is in `usage`
         used, total = (pool.num_used, pool.num_blocks) if pool is not None else (0, 1)
-        for t, phase, idx, kind, j in events:
+        # The allocations up to the next completion in one call (`allocate_many`: the blocks n calls of `allocate`
+        # return) where nobody is told of evictions or registrations (no prefix tier): only a completion frees
+        # blocks, and the registrations between them key held blocks, which no allocation can take - so only the
+        # order of those calls would differ
+        batched = pool is not None and pool.spill is None and pool.on_register is None
+        taken: list[KVBlock] = []  # the blocks of the allocations before the next completion, handed out in order
+        next_taken = 0
+        for e, (t, phase, idx, kind, j) in enumerate(events):
             # A schedule-time event in step t closes steps < t; an update closes step t (SCHEDULE = 0, UPDATE = 1).
             if usage is not None and recorded < t + phase:
                 usage.extend([now] * (t + phase - recorded))
                 recorded = t + phase
             request = running[idx]
             if kind == ALLOCATE:
-                block = pool.allocate()  # type: ignore[union-attr]  # block events exist only with a pool
+                if not batched:
+                    block = pool.allocate()  # type: ignore[union-attr]  # block events exist only with a pool
+                else:
+                    if next_taken == len(taken):  # the first since a completion: take all up to the next
+                        count = 1
+                        for later in range(e + 1, len(events)):
+                            event_kind = events[later][3]
+                            if event_kind == FINISH:
+                                break
+                            if event_kind == ALLOCATE:
+                                count += 1
+                        taken = pool.allocate_many(count)  # type: ignore[union-attr]
+                        next_taken = 0
+                    block = taken[next_taken]
+                    next_taken += 1
                 tables[request.request_id].append(block)
                 ids[request.request_id].append(block.block_id)
                 used += 1
