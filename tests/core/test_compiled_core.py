@@ -71,7 +71,7 @@ def transcript(params: dict) -> list:
                                      r.num_preemptions, r.num_cached_tokens) for r in sched.requests.values()),
                     [r.request_id for r in sched.running], [r.request_id for r in sched.waiting],
                     [r.request_id for r in sched.swapped], {rid: list(ids) for rid, ids in kv.block_ids.items()},
-                    repr(sched.stats), kv.usage(), None if pool is None else [b.block_id for b in pool._empty],
+                    repr(sched.stats), kv.usage(), None if pool is None else pool.empty_order(),
                     None if pool is None else sorted((key, b.block_id) for key, b in pool.cached.items())))
     return log
 
