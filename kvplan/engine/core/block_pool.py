@@ -115,11 +115,8 @@ class BlockPool:
     # -- mutation ------------------------------------------------------------------------------------------
     def allocate(self) -> KVBlock:
         """One block with ref_cnt 1. The caller checks `num_free` first."""
-        if self._empty:
-            block = self._empty.pop()
-        elif self._fresh < self.num_blocks:
-            block = self._take_fresh(1)[0]
-        else:
+        block = self._pop_empty()
+        if block is None:
             block = self.policy.evict()
             # (never None: the policy holds keyed, cached free blocks only; an object, as in `allocate_many`)
             key = block.key
@@ -168,12 +165,11 @@ class BlockPool:
         `register` and `release` would do to it, in one call (a lower prefix tier's store, one per block the GPU
         evicts: the tiers' hottest path). An empty block first, else the policy's victim, whose key goes to
         `spill` first; None when every block is in use (nothing changes)."""
-        empty, policy, cached = self._empty, self.policy, self.cached
-        if empty:
-            block = empty.pop()
-        elif self._fresh < self.num_blocks:
-            block = self._take_fresh(1)[0]
-        elif len(policy):
+        policy, cached = self.policy, self.cached
+        block = self._pop_empty()
+        if block is None:
+            if not len(policy):
+                return None
             block = policy.evict()
             victim: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
             if victim in self.duplicates:
@@ -183,14 +179,21 @@ class BlockPool:
                 block.key = None
             if self.spill is not None and victim not in cached:
                 self.spill([(victim, block.block_id)])
-        else:
-            return None
         block.key = key
         cached[key] = block
         if self._on_cached is not None:
             self._on_cached(block)
         policy.insert(block)
         return block
+
+    def _pop_empty(self) -> KVBlock | None:
+        """The empty block an allocation takes next - the freed stack's top, else the lowest never handed out - or
+        None when none is left."""
+        if self._empty:
+            return self._empty.pop()
+        if self._fresh < self.num_blocks:
+            return self._take_fresh(1)[0]
+        return None
 
     def _take_fresh(self, n: int) -> list[KVBlock]:
         """Create the next `n` blocks never handed out (the caller checks that so many are left)."""

@@ -332,14 +332,7 @@ class DecodeSteps:
                     block = pool.allocate()  # type: ignore[union-attr]  # block events exist only with a pool
                 else:
                     if next_taken == len(taken):  # the first since a completion: take all up to the next
-                        count = 1
-                        for later in range(e + 1, len(events)):
-                            event_kind = events[later][3]
-                            if event_kind == FINISH:
-                                break
-                            if event_kind == ALLOCATE:
-                                count += 1
-                        taken = pool.allocate_many(count)  # type: ignore[union-attr]
+                        taken = pool.allocate_many(_allocations_before_finish(events, e))  # type: ignore[union-attr]
                         next_taken = 0
                     block = taken[next_taken]
                     next_taken += 1
@@ -378,6 +371,18 @@ def _block_events(events: list[Event], idx: int, pos: int, n: int, held: int, ha
         while end <= pos + n:
             events.append((end - pos - 1, SCHEDULE, idx, REGISTER, end // bs - 1))
             end += bs
+
+
+def _allocations_before_finish(events: list[Event], first: int) -> int:
+    """How many ALLOCATE events there are from events[first] up to the next FINISH (or the end)."""
+    count = 0
+    for e in range(first, len(events)):
+        kind = events[e][3]
+        if kind == FINISH:
+            break
+        if kind == ALLOCATE:
+            count += 1
+    return count
 
 
 def _new_blocks(pos: int, n: int, bs: int) -> int:

@@ -174,8 +174,9 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
         for i in range(lead, len(table)):
             block = table[i]
             if block is None or block.ref_cnt != 1:  # a hole, or a block other tables may hold too
-                # min(max(x - base, 0), size), as branches: a shared prefix is visited in every table that holds
-                # it, at every sample (the builtins' calls were a fifth of an interpreted probe's time)
+                # min(max(x - base, 0), size), as branches: a block several tables hold, not in a table's whole
+                # lead, is visited in each of them at every sample (the builtins' calls were a fifth of an
+                # interpreted probe's time)
                 written: i64 = done - base
                 written = size if written >= size else (written if written > 0 else 0)
                 will: i64 = final - base
