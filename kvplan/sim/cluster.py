@@ -34,7 +34,8 @@ UNSERVABLE: Final = "a failed request in the trace (0 prompt or 0 output tokens)
 class Cluster(Stoppable):
     def __init__(self, trace: Trace, num_replicas: int, router: Router, cache: CacheConfig, config: SchedulerConfig,
                  cost: CostModel, *, sample_interval_s: float = 1.0, fast_path: bool = True,
-                 record_tokens: bool = False, closed_loop: ClosedLoop | None = None, layerwise: bool = False) -> None:
+                 record_tokens: bool = False, closed_loop: ClosedLoop | None = None, layerwise: bool = False,
+                 hash_ids_named: bool = False) -> None:
         self.env = simpy.Environment()
         self.trace = trace  # a closed loop: the requests its users have sent so far (set when the run ends)
         self.closed_loop = closed_loop
@@ -55,6 +56,7 @@ class Cluster(Stoppable):
         self._hashes = (trace.hash_ids, trace.hash_offsets.data) if (
             trace.hash_ids is not None and trace.hash_offsets is not None) else None
         self._adapters = trace.lora is not None  # (else every row is the base model's: no call per arrival)
+        self.hash_ids_named = hash_ids_named  # the caller checked that the trace's ids name prefixes (block_keys)
         # Failed rows take no router turn; a round robin's next arrival for a replica counts servable rows only.
         servable = trace.servable
         self._servable = None if servable.all() else np.flatnonzero(servable).tolist()
@@ -121,7 +123,8 @@ class Cluster(Stoppable):
         name = row if self.row_names is None else self.row_names[row]
         lora_id, lora_name = adapter_of(t, row) if self._adapters else (0, "")
         return make_request(str(name), max_tokens=output, prompt_len=prompt, prefix_hashes=hashes or None,
-                            hash_granularity=t.hash_granularity if hashes else 0, arrival_s=arrival,
+                            hash_granularity=t.hash_granularity if hashes else 0,
+                            hash_ids_named=self.hash_ids_named, arrival_s=arrival,
                             priority=self._priority[row], n=self._n[row], lora_id=lora_id, lora_name=lora_name)
 
     # -- results -------------------------------------------------------------------------------------------

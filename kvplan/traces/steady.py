@@ -46,6 +46,10 @@ class Population:
     private: np.ndarray | None  # per hash position of the trace: the id occurs in one session only
     start_gaps: np.ndarray  # gaps between consecutive session starts, in start order
     stride: int  # added once per copy to a private id: larger than every id of the trace
+    # The trace's ids name their prefixes (`hash_ids_name_prefixes`), and so do every copy's: its private ids move
+    # into a range of their own (ids >= 0, so that each copy's range lies above every id of the trace) - the
+    # simulator then keys blocks by their ids (engine.core.block_keys)
+    hash_ids_named: bool = False
 
     @property
     def sessions(self) -> int:
@@ -120,7 +124,24 @@ def population(trace: Trace) -> Population:
         unique_ids, sessions_per_id = np.unique(pairs[0], return_counts=True)
         private = sessions_per_id[np.searchsorted(unique_ids, ids)] == 1
         stride = int(ids.max()) + 1 if len(ids) else 1
-    return Population(trace, order, offsets, delays, private, start_gaps, stride)
+    named = trace.has_prefix and len(trace.hash_ids) > 0 and int(trace.hash_ids.min()) >= 0 and (
+        hash_ids_name_prefixes(trace))
+    return Population(trace, order, offsets, delays, private, start_gaps, stride, named)
+
+
+def hash_ids_name_prefixes(trace: Trace) -> bool:
+    """Whether every prefix hash id of the trace names its whole prefix: wherever an id occurs, it is a request's
+    first, or follows the same id (so, by induction, the same ids come before it) - Mooncake's convention, where an
+    id numbers a distinct prefix block. Two requests then share their first k blocks exactly when their k-th ids
+    are equal, which lets the block keys be the ids themselves (engine.core.block_keys)."""
+    ids, offsets = trace.hash_ids, trace.hash_offsets
+    if ids is None or offsets is None:
+        return False
+    first = np.zeros(len(ids), dtype=np.int64)
+    first[offsets[:-1][np.diff(offsets) > 0]] = 1
+    before = np.where(first == 1, 0, np.r_[0, ids[:-1]])  # (a first id's "before" is `first` = 1 alone)
+    occurrences = np.unique(np.stack([ids, before, first]), axis=1)  # each distinct (id, id before, first)
+    return len(np.unique(occurrences[0])) == occurrences.shape[1]
 
 
 def _blocks(draw, count: int) -> np.ndarray:

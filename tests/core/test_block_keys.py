@@ -104,6 +104,20 @@ def test_hash_keys_are_the_chain_mix_chain_whatever_order_they_are_asked_in():
     assert keys.keys == expected
 
 
+def test_ids_that_name_their_prefixes_are_the_keys_under_the_plain_root_only():
+    """Named ids key a block of one group by its id and a block of several by its last group's; an adapter's root,
+    or a block smaller than a group, keeps the chained keys (which never equal the base model's)."""
+    ids = [5, 9, 14, 20]  # 4 groups of 16 tokens
+    assert [HashBlockKeys(ids, 16, 16, 64, "a", named=True).key(i) for i in range(4)] == ids
+    assert [HashBlockKeys(ids, 16, 32, 64, "a", named=True).key(i) for i in range(2)] == [9, 20]
+    chained = [HashBlockKeys(ids, 16, 16, 64, "a").key(i) for i in range(4)]
+    adapter = HashBlockKeys(ids, 16, 16, 64, "a", root=ROOT_KEY + 1, named=True)
+    assert not adapter.named and not set(adapter.key(i) for i in range(4)) & set(ids + chained)
+    assert not HashBlockKeys(ids, 32, 16, 128, "a", named=True).named
+    forked = HashBlockKeys(ids, 16, 16, 64, "a", named=True).fork(None, "a#1", 2)
+    assert forked.named and forked.key(3) == 20
+
+
 def test_request_salts_are_distinct_for_distinct_ids():
     """A request's salt keeps its own blocks apart from every other request's: numbered ids (the simulator's,
     through the int-tuple hash) and any other ids (blake2b) all get distinct salts, leading zeros included."""
@@ -123,6 +137,14 @@ def test_requests_share_exactly_their_agreeing_trace_prefix_whatever_the_order_o
     block i's key from the other; a request's keys do not depend on the order it is asked for them in."""
     block_size = data.draw(st.sampled_from([4, 16]), label="block_size")
     granularity = data.draw(st.sampled_from([block_size, 4 * block_size, block_size // 2]), label="granularity")
+    # Ids that name their prefixes (each distinct prefix of a hash list numbered, Mooncake's way): the same
+    # sharing, keyed by id where a block holds whole groups (`named`)
+    named = data.draw(st.booleans(), label="named")
+    prefix_ids: dict[tuple[int, ...], int] = {}
+
+    def ids_of(hashes: list[int]) -> list[int]:
+        return [prefix_ids.setdefault(tuple(hashes[:j + 1]), len(prefix_ids)) for j in range(len(hashes))]
+
     requests = []  # (keys, hash_ids, hashed blocks, (parent index, inherited blocks) or None)
     for r in range(data.draw(st.integers(2, 6), label="requests")):
         if requests and data.draw(st.booleans(), label=f"fork {r}"):
@@ -135,14 +157,17 @@ def test_requests_share_exactly_their_agreeing_trace_prefix_whatever_the_order_o
             continue
         hash_ids = data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=6), label=f"hashes {r}")
         prompt = data.draw(st.integers(1, len(hash_ids) * granularity + 3 * block_size), label=f"prompt {r}")
-        keys = HashBlockKeys(hash_ids, granularity, block_size, prompt, str(r))
+        keys = HashBlockKeys(ids_of(hash_ids) if named else hash_ids, granularity, block_size, prompt, str(r),
+                             named=named)
+        assert keys.named == (named and granularity <= block_size)
         requests.append((keys, hash_ids, keys.num_hashed_blocks, None))
     blocks = 24
     for keys, *_ in requests:  # each asked in its own random order, then up to the last block
         for i in data.draw(st.lists(st.integers(0, blocks - 1), max_size=5), label="order"):
             keys.key(i)
         keys.key(blocks - 1)
-    fresh = [HashBlockKeys(h, granularity, block_size, n * block_size, "x") for _, h, n, _ in requests]
+    fresh = [HashBlockKeys(ids_of(h) if named else h, granularity, block_size, n * block_size, "x", named=named)
+             for _, h, n, _ in requests]
 
     def origin(r: int, i: int) -> int:  # who computed r's block i key: r, or the fork ancestor it came from
         while requests[r][3] is not None and i < requests[r][3][1]:

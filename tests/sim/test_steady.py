@@ -17,7 +17,7 @@ from kvplan.sim.probe import Probe, run_probe
 from kvplan.sim.spec import SimSpec
 from kvplan.traces import Trace
 from kvplan.traces.schema import NO_VALUE
-from kvplan.traces.steady import open_loop, population
+from kvplan.traces.steady import hash_ids_name_prefixes, open_loop, population
 from tests.sim.helpers import random_trace
 
 
@@ -158,3 +158,40 @@ def test_every_per_request_bound_reads_a_column_of_the_per_request_table():
                              goodput={"ttft_ms": 1e6, "tpot_ms": 1e6, "itl_ms": 1e6, "e2el_ms": 1e6}), seed=0)
     measured = result.requests[result.requests["phase"] == "measured"]
     assert result.summary["request_goodput"] == pytest.approx(measured["request"].nunique() / 24.0)
+
+
+def test_hash_ids_name_their_prefixes_only_where_each_id_follows_one_id():
+    """An id names its prefix where every occurrence follows the same id, or starts its request every time: the
+    sessions' turns and the random traces do; an id after two different ids, or once first and once not, does
+    not - and then, or with a negative id (its copies' private ids could meet another id), the population keys
+    its blocks by chained hashes."""
+    assert hash_ids_name_prefixes(sessions_trace()) and population(sessions_trace()).hash_ids_named
+    assert population(random_trace(8, 80)).hash_ids_named
+
+    def trace(*hashes: list[int]) -> Trace:
+        return Trace.build([0.0] * len(hashes), [16 * len(h) for h in hashes], [1] * len(hashes),
+                           hash_ids=np.concatenate(hashes), hash_offsets=np.cumsum([0] + [len(h) for h in hashes]),
+                           hash_granularity=16)
+
+    assert hash_ids_name_prefixes(trace([1, 2, 3], [1, 2], [4]))
+    assert not hash_ids_name_prefixes(trace([1, 2, 3], [4, 2]))  # 2 after 1 and after 4
+    assert not hash_ids_name_prefixes(trace([1, 2], [2, 3]))  # 2 first once
+    assert population(trace([1, 2], [1, 2, 3])).hash_ids_named
+    assert not population(trace([-1, 2], [-1, 2, 3])).hash_ids_named
+    assert not population(trace([1, 2], [2, 3])).hash_ids_named
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_blocks_keyed_by_id_give_the_results_of_chained_keys(block_size):
+    """A population whose ids name their prefixes keys its blocks by id (one group per block, or two): every
+    request, sample, counter and summary is what the chained keys give - prefix hits, evictions under a small
+    cache and the timings that follow from them alike."""
+    pop = population(random_trace(8, 80, rate=10.0, output=(1, 120)))
+    spec = SimSpec(num_blocks=150, block_size=block_size)
+    probe = Probe(rate=12.0, duration_s=60, min_requests=10)
+    by_id = run_probe(pop, spec, probe, seed=4)
+    chained = run_probe(dataclasses.replace(pop, hash_ids_named=False), spec, probe, seed=4)
+    assert pop.hash_ids_named and by_id.summary["prefix_cache_hit_rate"] > 0.1
+    pd.testing.assert_frame_equal(by_id.requests, chained.requests, check_exact=True)
+    pd.testing.assert_frame_equal(by_id.series, chained.series, check_exact=True)
+    assert by_id.summary == chained.summary and by_id.info == chained.info

@@ -23,6 +23,13 @@ Two sources of content:
   they are one run of consecutive keys, base, base + 1, ..., the base H(key before the run, salt, its first
   block) - a fork's own run starts where its inherited keys end, under its own salt. No token list is ever built,
   so a million such requests fit in memory.
+
+  Where a trace's ids are known to *name their prefixes* (`named`: wherever an id occurs, the same ids come
+  before it - Mooncake's convention; the simulator checks a workload's population once,
+  `traces.steady.hash_ids_name_prefixes`), an id already says everything its chained hash would: a block that
+  is one group, or that gathers several, is keyed by the id of its last group, with no hash at all (most of
+  keying a chat workload's long shared contexts). Only under the plain root: an adapter's blocks keep their
+  chained keys, which never equal the base model's. Ids that name prefixes give the same sharing either way.
 """
 
 from __future__ import annotations
@@ -95,12 +102,14 @@ class TokenBlockKeys:
 
 
 class HashBlockKeys:
-    """Keys derived from a trace's prefix hashes at granularity `granularity` (a multiple of `block_size`)."""
+    """Keys derived from a trace's prefix hashes at granularity `granularity` (a multiple or a divisor of
+    `block_size`); `named`: the ids name their prefixes (see the module)."""
 
-    __slots__ = ("block_size", "granularity", "hash_ids", "keys", "num_hashed_blocks", "own_from", "root", "salt")
+    __slots__ = ("block_size", "granularity", "hash_ids", "keys", "named", "num_hashed_blocks", "own_from", "root",
+                 "salt")
 
     def __init__(self, hash_ids: list[int] | tuple[int, ...], granularity: int, block_size: int,
-                 prompt_len: int, salt: str, root: int = ROOT_KEY) -> None:
+                 prompt_len: int, salt: str, root: int = ROOT_KEY, named: bool = False) -> None:
         if granularity % block_size and block_size % granularity:
             raise UserError(f"hash granularity {granularity} is neither a multiple nor a divisor of block size "
                              f"{block_size}; prefix hashes can only be expanded or gathered into such blocks")
@@ -113,6 +122,8 @@ class HashBlockKeys:
         self.keys: list[int] = []
         self.own_from = self.num_hashed_blocks  # the first block of the run keyed with this request's salt
         self.root = root  # the parent of block 0 (a LoRA adapter's own: `request.adapter_root`)
+        # ids as keys (the module) where they name prefixes, a block holds whole groups, and the root is the plain one
+        self.named = named and root == ROOT_KEY and granularity <= block_size
 
     def key(self, index: int) -> int:
         """Key of block `index` (always defined: the caller only asks for blocks it has filled)."""
@@ -127,7 +138,10 @@ class HashBlockKeys:
             parent = keys[-1] if keys else self.root
             hash_ids, per_group = self.hash_ids, self.granularity // self.block_size
             end = min(index + 1, hashed)
-            if per_group == 1:  # one group per block (the granularity is the block size)
+            if self.named:  # block i's key is the id of its last group, which names everything before it
+                step = self.block_size // self.granularity
+                keys.extend(hash_ids[step * start + step - 1:step * end:step])
+            elif per_group == 1:  # one group per block (the granularity is the block size)
                 # As objects, not ints: a compiled build then takes the ids and keys into the tuple as they are,
                 # instead of unboxing each and boxing it again (an allocation per block; the hash is the same)
                 ids = cast("list[object]", hash_ids) if isinstance(hash_ids, list) else list(hash_ids)
@@ -167,7 +181,7 @@ class HashBlockKeys:
         # Through the constructor (a mypyc-compiled class has no __new__ that skips __init__): a prompt of exactly
         # the hashed blocks keeps num_hashed_blocks, which never exceeds the hashed span.
         child = HashBlockKeys(self.hash_ids, self.granularity, self.block_size,
-                              self.num_hashed_blocks * self.block_size, child_salt, self.root)
+                              self.num_hashed_blocks * self.block_size, child_salt, self.root, self.named)
         child.keys = self.keys[:keep_blocks]
         # its own run starts after the keys it inherits (its parent's, salted with the parent's salt)
         child.own_from = max(len(child.keys), child.num_hashed_blocks)

@@ -65,6 +65,7 @@ class Request:
     token_ids: list[int] | None = None
     prefix_hashes: tuple[int, ...] | None = None  # a trace's prefix hashes, one per `hash_granularity` tokens
     hash_granularity: int = 0
+    hash_ids_named: bool = False  # each prefix hash names its whole prefix (`block_keys`: then it is the key)
     block_keys: BlockKeys | None = None  # attached by the scheduler when prefix caching is on
     stop_token_ids: frozenset[int] = frozenset()
     status: RequestStatus = RequestStatus.WAITING
@@ -143,7 +144,8 @@ class Request:
         child = Request(
             request_id=child_id, prompt_len=self.prompt_len, max_tokens=self.max_tokens,
             arrival_s=self.arrival_s, priority=self.priority, n=1, beam=self.beam, prefix_hashes=self.prefix_hashes,
-            hash_granularity=self.hash_granularity, stop_token_ids=self.stop_token_ids, status=self.status,
+            hash_granularity=self.hash_granularity, hash_ids_named=self.hash_ids_named,
+            stop_token_ids=self.stop_token_ids, status=self.status,
             num_cached_tokens=self.num_cached_tokens, seq=self.seq, started=self.started, parent_id=self.request_id,
             group_id=self.group, forked=True, lora_id=self.lora_id, lora_name=self.lora_name,
         )
@@ -182,11 +184,13 @@ def sample_index(request_id: str) -> int:
 
 def make_request(request_id: str, *, max_tokens: int, prompt_len: int | None = None,
                  prompt_token_ids: list[int] | None = None, prefix_hashes: list[int] | None = None,
-                 hash_granularity: int = 0, arrival_s: float = 0.0, priority: int = 0, n: int = 1,
+                 hash_granularity: int = 0, hash_ids_named: bool = False, arrival_s: float = 0.0,
+                 priority: int = 0, n: int = 1,
                  beam: bool = False, stop_token_ids: frozenset[int] | set[int] = frozenset(),
                  kv_transfer_params: dict[str, Any] | None = None, lora_id: int = 0,
                  lora_name: str = "") -> Request:
-    """Build a request from token ids (engine) or from lengths plus optional trace prefix hashes (simulator)."""
+    """Build a request from token ids (engine) or from lengths plus optional trace prefix hashes (simulator);
+    `hash_ids_named`: the caller has checked that its trace's hashes name their prefixes (`block_keys`)."""
     tokens = list(prompt_token_ids) if prompt_token_ids is not None else None
     if tokens is not None:
         prompt_len = len(tokens)
@@ -201,7 +205,8 @@ def make_request(request_id: str, *, max_tokens: int, prompt_len: int | None = N
     return Request(request_id=request_id, prompt_len=prompt_len, max_tokens=max_tokens, arrival_s=arrival_s,
                    priority=priority, n=n, beam=beam, token_ids=tokens,
                    prefix_hashes=tuple(prefix_hashes) if prefix_hashes else None,
-                   hash_granularity=hash_granularity, stop_token_ids=frozenset(stop_token_ids),
+                   hash_granularity=hash_granularity, hash_ids_named=hash_ids_named and bool(prefix_hashes),
+                   stop_token_ids=frozenset(stop_token_ids),
                    kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params is not None else None,
                    lora_id=lora_id, lora_name=lora_name)
 
@@ -213,7 +218,8 @@ def attach_block_keys(request: Request, block_size: int) -> None:
         request.block_keys = TokenBlockKeys(request.token_ids, block_size, root)
     else:
         request.block_keys = HashBlockKeys(request.prefix_hashes or (), request.hash_granularity or block_size,
-                                           block_size, request.prompt_len, request.request_id, root)
+                                           block_size, request.prompt_len, request.request_id, root,
+                                           request.hash_ids_named)
 
 
 def adapter_root(lora_name: str) -> int:
