@@ -128,7 +128,8 @@ class ClosedLoop:
         lora_id, lora_name = adapter_of(trace, source)
         request = make_request(str(row), max_tokens=int(trace.output_tokens[source]),
                                prompt_len=int(trace.prompt_tokens[source]), prefix_hashes=hashes,
-                               hash_granularity=trace.hash_granularity if hashes else 0, arrival_s=at,
+                               hash_granularity=trace.hash_granularity if hashes else 0,
+                               hash_ids_named=pop.hash_ids_named, arrival_s=at,
                                priority=int(trace.priority[source]), n=int(trace.n[source]),
                                lora_id=lora_id, lora_name=lora_name)
         cluster = self.cluster

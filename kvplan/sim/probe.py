@@ -175,7 +175,7 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
         cluster = Cluster(trace, spec.replicas, make_router(spec.router), cache, config, cost,
                           sample_interval_s=interval, fast_path=spec.fast_path, closed_loop=loop,
                           layerwise=spec.kv_offloading_layerwise,
-                          hash_ids_named=loop is None and pop.hash_ids_named)  # (copies of its sessions)
+                          hash_ids_named=pop.hash_ids_named)  # (the workload: copies of its sessions)
         shares = [spec.replicas] * spec.replicas  # replicas sharing the arrivals, per replica
     else:
         # (the pools' KV capacity and scheduler limits from the population's lengths, as above)

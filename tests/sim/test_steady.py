@@ -181,14 +181,15 @@ def test_hash_ids_name_their_prefixes_only_where_each_id_follows_one_id():
     assert not population(trace([1, 2], [2, 3])).hash_ids_named
 
 
-@pytest.mark.parametrize("block_size", [16, 32])
-def test_blocks_keyed_by_id_give_the_results_of_chained_keys(block_size):
-    """A population whose ids name their prefixes keys its blocks by id (one group per block, or two): every
-    request, sample, counter and summary is what the chained keys give - prefix hits, evictions under a small
-    cache and the timings that follow from them alike."""
+@pytest.mark.parametrize(("block_size", "probe"), [
+    (16, Probe(rate=12.0, duration_s=60, min_requests=10)), (32, Probe(rate=12.0, duration_s=60, min_requests=10)),
+    (16, Probe(mode="concurrency", concurrency=6, duration_s=60, min_requests=10))], ids=["open", "open-32", "closed"])
+def test_blocks_keyed_by_id_give_the_results_of_chained_keys(block_size, probe):
+    """A population whose ids name their prefixes keys its blocks by id (one group per block, or two; open and
+    closed loops): every request, sample, counter and summary is what the chained keys give - prefix hits,
+    evictions under a small cache and the timings that follow from them alike."""
     pop = population(random_trace(8, 80, rate=10.0, output=(1, 120)))
     spec = SimSpec(num_blocks=150, block_size=block_size)
-    probe = Probe(rate=12.0, duration_s=60, min_requests=10)
     by_id = run_probe(pop, spec, probe, seed=4)
     chained = run_probe(dataclasses.replace(pop, hash_ids_named=False), spec, probe, seed=4)
     assert pop.hash_ids_named and by_id.summary["prefix_cache_hit_rate"] > 0.1
