@@ -17,7 +17,7 @@ A block shared by several tables is counted once, with the most tokens any holde
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Final, cast
 
 from kvplan.engine.core.kv_manager import HOLE
@@ -89,7 +89,8 @@ class MemoryBreakdown:
         return self.token_states / allocated if allocated else 1.0
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+        # (its fields read directly: `dataclasses.asdict` deep-copies each value, at every series sample)
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def memory_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakdown:
@@ -140,12 +141,14 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
     one copy nothing is shared; behind one whose key has several the scan goes on.
 
     A table's leading shared blocks that it has all written (a prefix hit, the common case) each hold `size` slots
-    for it, the most any holder can: they go to `full` in one set update, and each counts `size` once at the end,
-    whatever other holders wrote; the scan goes on behind them."""
+    for it, the most any holder can: each goes to `full` once (`whole` marks it by id: tables that hit the same
+    prefix hold the same lead), and counts `size` once at the end, whatever other holders wrote; the scan goes on
+    behind them."""
     most_done: list[int] = []  # sized on the first shared block (most tables share none)
     most_final: list[int] = []
     known: i64 = 0  # their length
-    full: set[KVBlock] = set()
+    full: list[KVBlock] = []  # the distinct blocks of the tables' whole leads
+    whole: list[bool] = []  # by block id: in `full` (sized on the first whole lead)
     tokens: i64 = 0
     needed_slots: i64 = 0
     size: i64 = bs
@@ -167,7 +170,14 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
         if lead and done >= lead * size and final >= lead * size:  # every lead block is and stays whole here
             tokens -= lead * size
             needed_slots -= lead * size
-            full.update(cast("list[KVBlock]", table[:lead]))  # (no hole among them)
+            for j in range(lead):  # (no hole among them)
+                lead_block = cast("KVBlock", table[j])
+                lead_id: i64 = lead_block.block_id
+                if lead_id >= len(whole):
+                    whole.extend([False] * (max(lead_id + 1, num_blocks) - len(whole)))
+                if not whole[lead_id]:
+                    whole[lead_id] = True
+                    full.append(lead_block)
         else:
             lead = 0
         base: i64 = lead * size  # the first token position of the entry
@@ -205,8 +215,8 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
             elif shared_leading and (not duplicates or block.key not in duplicates):
                 break  # the rest of the table is its own: the closed form above counts it
             base += size
-    for whole in full:  # `size` slots each, in place of the largest value other holders gave it
-        whole_id = whole.block_id
+    for whole_block in full:  # `size` slots each, in place of the largest value other holders gave it
+        whole_id = whole_block.block_id
         if whole_id < known and most_done[whole_id] >= 0:
             tokens -= most_done[whole_id]
             needed_slots -= most_final[whole_id]
