@@ -114,7 +114,7 @@ def population(trace: Trace) -> Population:
     session_order = np.repeat(offsets[by_start], counts[by_start]) + within
     order, delays, offsets = order[session_order], delays[session_order], new_offsets
     start_gaps = np.diff(np.sort(first))
-    private, stride = None, 0
+    private, stride, named = None, 0, False
     if trace.has_prefix:
         session_of_row = np.empty(size, dtype=np.int64)
         session_of_row[order] = np.repeat(np.arange(len(counts)), counts[by_start])
@@ -124,8 +124,7 @@ def population(trace: Trace) -> Population:
         unique_ids, sessions_per_id = np.unique(pairs[0], return_counts=True)
         private = sessions_per_id[np.searchsorted(unique_ids, ids)] == 1
         stride = int(ids.max()) + 1 if len(ids) else 1
-    named = trace.has_prefix and len(trace.hash_ids) > 0 and int(trace.hash_ids.min()) >= 0 and (
-        hash_ids_name_prefixes(trace))
+        named = len(ids) > 0 and int(ids.min()) >= 0 and hash_ids_name_prefixes(trace)
     return Population(trace, order, offsets, delays, private, start_gaps, stride, named)
 
 
