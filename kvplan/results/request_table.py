@@ -45,19 +45,24 @@ class RequestLog:
     def __len__(self) -> int:
         return len(self.data) // _RECORD.size
 
+    def raw_columns(self, request_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The recorded columns (`RAW_COLUMNS`), ordered by (request, sample), each an array of its own; with
+        `request_ids` (by request), a `request_id` column first."""
+        records = np.frombuffer(self.data, dtype=_RECORD_DTYPE)  # a view: each column's take copies it
+        order = np.lexsort((records["sample"], records["request"]))  # stable, as the records' own order
+        columns = {name: records[name][order] for name in RAW_COLUMNS}
+        del records  # (the buffer can grow again)
+        if request_ids is None:
+            return columns
+        return {"request_id": np.asarray(request_ids)[columns["request"]], **columns}
+
     def raw_frame(self) -> pd.DataFrame:
         """The recorded columns (`RAW_COLUMNS`), ordered by (request, sample), without the derived ones."""
-        records = np.frombuffer(self.data, dtype=_RECORD_DTYPE)  # a view: the frame copies it (one copy at the peak)
-        frame = pd.DataFrame({name: records[name] for name in RAW_COLUMNS}, copy=True)
-        del records  # (the buffer can grow again)
-        return frame.sort_values(["request", "sample"], kind="stable").reset_index(drop=True)
+        return pd.DataFrame(self.raw_columns(), copy=False)
 
     def to_frame(self, request_ids: np.ndarray | None = None) -> pd.DataFrame:
         """The per-request table, ordered by (request, sample), with the derived latency columns."""
-        frame = self.raw_frame()
-        if request_ids is not None:
-            frame.insert(0, "request_id", np.asarray(request_ids)[frame["request"].to_numpy()])
-        return add_latency_columns(frame)
+        return pd.DataFrame(latency_columns(self.raw_columns(request_ids)), copy=False)
 
 
 # The engine-internal view beside the client's (`sim.frontend`): where no API server stands in front (a live
@@ -66,8 +71,8 @@ ENGINE_TIME_COLUMNS: Final = ("engine_arrival_s", "first_token_engine_s", "finis
 ENGINE_LATENCY_COLUMNS: Final = ("ttft_engine_ms", "tpot_engine_ms", "e2el_engine_ms")
 
 
-def _ttft_tpot_e2el(out: np.ndarray, arrival: pd.Series, first: pd.Series, finish: pd.Series
-                    ) -> tuple[pd.Series, np.ndarray, pd.Series]:
+def _ttft_tpot_e2el(out: np.ndarray, arrival: np.ndarray, first: np.ndarray, finish: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ttft = first - arrival
     e2el = finish - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -75,20 +80,25 @@ def _ttft_tpot_e2el(out: np.ndarray, arrival: pd.Series, first: pd.Series, finis
     return ttft, tpot, e2el
 
 
+def latency_columns(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`columns` (a table's, with `itl_max_s`) without `itl_max_s`, followed by TTFT, TPOT (mean gap after the
+    first token, vLLM's definition), worst inter-token gap, E2E latency and queueing delay, as a client sees them,
+    and the engine's own TTFT, TPOT and E2E (`ENGINE_LATENCY_COLUMNS`) from the engine's timestamps where the
+    columns have them (`ENGINE_TIME_COLUMNS`), else equal to the client's. Arrays in, arrays out: one table is
+    made of them once (a frame's column inserts each copied its blocks)."""
+    out = columns["output_tokens"]
+    arrival = columns["arrival_s"]
+    ttft, tpot, e2el = _ttft_tpot_e2el(out, arrival, columns["first_token_s"], columns["finish_s"])
+    derived = {name: values for name, values in columns.items() if name != "itl_max_s"}
+    derived.update(ttft_ms=ttft * 1e3, tpot_ms=tpot * 1e3, itl_max_ms=np.where(out > 1, columns["itl_max_s"] * 1e3,
+                                                                                 np.nan),
+                   e2el_ms=e2el * 1e3, queueing_ms=(columns["first_scheduled_s"] - arrival) * 1e3)
+    if all(c in columns for c in ENGINE_TIME_COLUMNS):
+        ttft, tpot, e2el = _ttft_tpot_e2el(out, *(columns[c] for c in ENGINE_TIME_COLUMNS))
+    derived.update(ttft_engine_ms=ttft * 1e3, tpot_engine_ms=tpot * 1e3, e2el_engine_ms=e2el * 1e3)
+    return derived
+
+
 def add_latency_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """TTFT, TPOT (mean gap after the first token, vLLM's definition), E2E latency and queueing delay, as a client
-    sees them, and the engine's own TTFT, TPOT and E2E (`ENGINE_LATENCY_COLUMNS`) from the engine's timestamps
-    where the frame has them (`ENGINE_TIME_COLUMNS`), else equal to the client's."""
-    out = frame["output_tokens"].to_numpy()
-    ttft, tpot, e2el = _ttft_tpot_e2el(out, frame["arrival_s"], frame["first_token_s"], frame["finish_s"])
-    frame["ttft_ms"] = ttft * 1e3
-    frame["tpot_ms"] = tpot * 1e3
-    frame["itl_max_ms"] = np.where(out > 1, frame["itl_max_s"] * 1e3, np.nan)
-    frame["e2el_ms"] = e2el * 1e3
-    frame["queueing_ms"] = (frame["first_scheduled_s"] - frame["arrival_s"]) * 1e3
-    if all(c in frame for c in ENGINE_TIME_COLUMNS):
-        ttft, tpot, e2el = _ttft_tpot_e2el(out, *(frame[c] for c in ENGINE_TIME_COLUMNS))
-    frame["ttft_engine_ms"] = ttft * 1e3
-    frame["tpot_engine_ms"] = tpot * 1e3
-    frame["e2el_engine_ms"] = e2el * 1e3
-    return frame.drop(columns=["itl_max_s"])
+    """The frame (with `itl_max_s`) with its derived latency columns (`latency_columns`) instead."""
+    return pd.DataFrame(latency_columns({name: frame[name].to_numpy() for name in frame.columns}))

@@ -116,23 +116,19 @@ class FrontendRun:
         engine, share = cost.engine_arrivals(arrival_s, prompt_tokens, output_tokens, servers)
         return cls(cost, np.asarray(arrival_s, dtype=np.float64), engine, share, servers)
 
-    def client_table(self, table: pd.DataFrame, mean_batch: float) -> pd.DataFrame:
-        """The per-request table as clients see it: `arrival_s`, `first_token_s`, `finish_s` become the client's,
-        the engine's are kept as `engine_arrival_s`, `first_token_engine_s`, `finish_engine_s`, and the latency
-        columns are recomputed (the engine's beside them, `*_engine_ms`)."""
-        from kvplan.results.request_table import add_latency_columns
-
-        out = table.drop(columns=[c for c in table.columns if c.endswith("_ms")])
-        rows = out["request"].to_numpy()
+    def client_columns(self, columns: dict[str, np.ndarray], mean_batch: float) -> dict[str, np.ndarray]:
+        """The recorded columns (`RequestLog.raw_columns`) as clients see them: `arrival_s`, `first_token_s`,
+        `finish_s` become the client's, and the engine's follow the recorded ones as `engine_arrival_s`,
+        `first_token_engine_s`, `finish_engine_s` (`latency_columns` then gives both views' latencies)."""
         delivery = self.cost.delivery_s(mean_batch)
-        out["engine_arrival_s"] = out["arrival_s"]
-        out["first_token_engine_s"] = out["first_token_s"]
-        out["finish_engine_s"] = out["finish_s"]
-        out["arrival_s"] = self.client_arrival_s[rows]
-        out["first_token_s"] = out["first_token_engine_s"] + delivery
-        out["finish_s"] = out["finish_engine_s"] + delivery
-        out["itl_max_s"] = table["itl_max_ms"] / 1e3  # the engine's worst gap: a client's, delivery alike
-        return add_latency_columns(out)
+        client = dict(columns)
+        client["arrival_s"] = self.client_arrival_s[columns["request"]]
+        client["first_token_s"] = columns["first_token_s"] + delivery
+        client["finish_s"] = columns["finish_s"] + delivery
+        itl = client.pop("itl_max_s")  # the engine's worst gap: a client's, delivery alike (kept last)
+        client.update(engine_arrival_s=columns["arrival_s"], first_token_engine_s=columns["first_token_s"],
+                      finish_engine_s=columns["finish_s"], itl_max_s=itl)
+        return client
 
     def info(self, table: pd.DataFrame, mean_batch: float) -> dict[str, Any]:
         """What the API servers did over the run: the utilization of one (>= 1: it could not keep up, the client

@@ -220,7 +220,7 @@ def _collect(cluster: Cluster | DisaggCluster, num_blocks: int, probe: Probe, wi
         table = pd_request_table(cluster)
         front_info = pd_frontend_info(cluster, table)
     else:
-        table, front_info = client_view(cluster.log.to_frame(trace.request_id), series, front)
+        table, front_info = client_view(cluster.log, trace.request_id, series, front)
     table.insert(list(table.columns).index("arrival_s"), "phase", _phase(table["arrival_s"].to_numpy(), w0, w1))
     finished = np.zeros(sent, dtype=bool)
     if len(table):

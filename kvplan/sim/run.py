@@ -16,6 +16,7 @@ from kvplan.engine.core.setting_classes import core_config
 from kvplan.errors import UserError
 from kvplan.limits import MAX_BLOCKS, MAX_REPLICAS, MAX_SAMPLES
 from kvplan.results.rejected import references, rejected_rows
+from kvplan.results.request_table import RequestLog, latency_columns
 from kvplan.results.serving_result import ServingResult
 from kvplan.results.summary import kv_summary, summarize
 from kvplan.sim.cluster import Cluster
@@ -368,21 +369,23 @@ def through_frontend(spec: SimSpec, trace: Trace) -> tuple[Trace, FrontendRun | 
     return trace.with_columns(arrival_s=front.engine_arrival_s), front
 
 
-def client_view(table: pd.DataFrame, series: pd.DataFrame, front: FrontendRun | None
+def client_view(log: RequestLog, request_ids: np.ndarray, series: pd.DataFrame, front: FrontendRun | None
                 ) -> tuple[pd.DataFrame, dict | None]:
-    """The per-request table as clients see it, and the front end's info (None without an API server)."""
+    """The per-request table (`log`'s, named by `request_ids`) as clients see it, and the front end's info (None
+    without an API server)."""
+    columns = log.raw_columns(request_ids)
     if front is None:
-        return table, None
+        return pd.DataFrame(latency_columns(columns), copy=False), None
     busy = series[series["running"] > 0]["running"] if len(series) else series.get("running", pd.Series(dtype=float))
     per_replica = float(busy.mean()) if len(busy) else 1.0  # the batch a step's outputs come in
-    table = front.client_table(table, per_replica)
+    table = pd.DataFrame(latency_columns(front.client_columns(columns, per_replica)), copy=False)
     return table, front.info(table, per_replica)
 
 
 def collect(cluster: Cluster | MergedCluster, num_blocks: int,
             goodput: dict[str, float | None] | None = None, front: FrontendRun | None = None) -> ServingResult:
     series = pd.DataFrame(cluster.series_rows(), columns=list(SERIES_COLUMNS))
-    table, front_info = client_view(cluster.log.to_frame(cluster.trace.request_id), series, front)
+    table, front_info = client_view(cluster.log, cluster.trace.request_id, series, front)
     duration = float(table["finish_s"].max() - table["arrival_s"].min()) if len(table) else 0.0
     replicas = cluster.replicas
     counters = cluster.counters()
