@@ -11,7 +11,9 @@ the same values, bit for bit, as summing the table (tests/sim/test_step_sums.py 
 
 Plain ints and lists of ints in and out, and loops only, so that the compiled build (`scripts/build_compiled_core.sh
 --sim`) runs them as C integer arithmetic: a stretch's n and k are tens, where an array library spends most of its
-time entering and leaving each operation; `features` wraps the sums in the dataclass the cost models read.
+time entering and leaving each operation; `features` wraps the sums in the dataclass the cost models read. A list
+item is updated as `a[i] = a[i] + x`, not `a[i] += x`: the compiled build does an augmented item assignment as a
+generic Python operation, and the plain form as integer arithmetic.
 """
 
 from __future__ import annotations
@@ -105,10 +107,10 @@ def _block_changes(changes: list[int], context: i64, steps: i64, block_size: i64
     joined = blocks
     step: i64 = (1 - context) % block_size or block_size  # the first j >= 1 with (context + j − 1) % b == 0
     while step < steps and context + step <= limit:
-        changes[step] += 1
+        changes[step] = changes[step] + 1
         blocks += 1
         step += block_size
-    changes[steps] -= blocks
+    changes[steps] = changes[steps] - blocks
     return joined
 
 
@@ -131,15 +133,15 @@ def stretch_sums(contexts: list[int], remaining: list[int], k: int, block_size: 
         if steps <= 0:
             continue
         live += 1
-        live_changes[steps] -= 1
+        live_changes[steps] = live_changes[steps] - 1
         joined += context
-        context_changes[steps] -= context
+        context_changes[steps] = context_changes[steps] - context
         joined_blocks += _block_changes(block_changes, context, steps, block_size, context + steps)
         if spread and context > longest_ending[steps]:
             longest_ending[steps] = context
-    live_changes[0] += live  # (an index steps >= 1 never holds step 0's)
-    context_changes[0] += joined
-    block_changes[0] += joined_blocks
+    live_changes[0] = live_changes[0] + live  # (an index steps >= 1 never holds step 0's)
+    context_changes[0] = context_changes[0] + joined
+    block_changes[0] = block_changes[0] + joined_blocks
     lives, attended, touched = [0] * k, [0] * k, [0] * k
     count: i64 = 0
     total: i64 = 0
@@ -175,14 +177,14 @@ def window_sums(contexts: list[int], remaining: list[int], k: int, block_size: i
         steps = min(remaining[i], k)
         if steps <= 0:
             continue
-        level_changes[0] += min(context, window)
-        level_changes[steps] -= min(context + steps - 1, window)
+        level_changes[0] = level_changes[0] + min(context, window)
+        level_changes[steps] = level_changes[steps] - min(context + steps - 1, window)
         growing = min(window - context, steps - 1)  # the last step its capped count still grows in
         if growing >= 1:
-            slope_changes[1] += 1
-            slope_changes[growing + 1] -= 1
+            slope_changes[1] = slope_changes[1] + 1
+            slope_changes[growing + 1] = slope_changes[growing + 1] - 1
         joined_blocks += _block_changes(block_changes, context, steps, block_size, window)
-    block_changes[0] += joined_blocks
+    block_changes[0] = block_changes[0] + joined_blocks
     capped, capped_blocks = [0] * k, [0] * k
     level = slope = grown = blocks = 0
     for j in range(k):
