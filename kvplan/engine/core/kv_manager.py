@@ -200,7 +200,9 @@ class KVCacheManager(TieredPrefix):
             self.block_ids[rid] = []
         ids = self.block_ids[rid]
         if hits:
-            self.take_hits(request, hits, table, ids)
+            # (`take_hits` reads a list, which the compiled build iterates natively, where a Sequence went through
+            # Python's iterator protocol; these hits have no holes, and a list's element type is invariant)
+            self.take_hits(request, cast("list[KVBlock | None]", hits), table, ids)
         copies = NO_COPIES
         if shared_tail is not None:
             copy = pool.allocate()
@@ -249,7 +251,7 @@ class KVCacheManager(TieredPrefix):
         left = self.pool.num_free - taken_free - max(new_blocks, 0) - (shared_tail is not None)
         return start, new_blocks, shared_tail, left
 
-    def take_hits(self, request: Request, hits: Sequence[KVBlock | None], table: list[KVBlock | None],
+    def take_hits(self, request: Request, hits: list[KVBlock | None], table: list[KVBlock | None],
                   ids: list[int]) -> None:
         """Put the prefix `hits` (holes as `HOLE`) at the head of the request's new `table` and `ids`, one
         reference each; the request's computed and registered counts start after them."""
