@@ -34,7 +34,7 @@ def write_tables(result: ServingResult, out: Path, fmt: str) -> None:
         if fmt == "parquet":
             # Dictionary pages for the text columns only (ids, phases, reasons repeat): on the float columns,
             # whose values are nearly all distinct, they were most of the writing time and made the file larger
-            text = [name for name in frame.columns if not pd.api.types.is_numeric_dtype(frame[name])]
+            text = [column for column in frame.columns if not pd.api.types.is_numeric_dtype(frame[column])]
             frame.to_parquet(buffer, index=False, use_dictionary=text)
         else:
             frame.to_csv(buffer, index=False)
