@@ -173,8 +173,11 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
             for j in range(lead):  # (no hole among them)
                 lead_block = cast("KVBlock", table[j])
                 lead_id: i64 = lead_block.block_id
-                if lead_id >= len(whole):
-                    whole.extend([False] * (max(lead_id + 1, num_blocks) - len(whole)))
+                if lead_id >= len(whole):  # (made at its size: extending an empty list copied a second one)
+                    if whole:  # an id beyond the pool's
+                        whole.extend([False] * (lead_id + 1 - len(whole)))
+                    else:
+                        whole = [False] * max(lead_id + 1, num_blocks)
                 if not whole[lead_id]:
                     whole[lead_id] = True
                     full.append(lead_block)
@@ -195,10 +198,13 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
                 needed_slots -= will
                 if block is not None:
                     block_id = block.block_id
-                    if block_id >= known:
+                    if block_id >= known:  # (made at their size on the first, as `whole`)
                         grow = max(block_id + 1, num_blocks) - known
-                        most_done.extend([-1] * grow)
-                        most_final.extend([-1] * grow)
+                        if known:
+                            most_done.extend([-1] * grow)
+                            most_final.extend([-1] * grow)
+                        else:
+                            most_done, most_final = [-1] * grow, [-1] * grow
                         known += grow
                     seen: i64 = most_done[block_id]
                     if seen < 0:
