@@ -52,3 +52,19 @@ def test_an_empty_stretch_and_arrays_in():
         a, b = getattr(from_lists, name), getattr(from_arrays, name)
         assert type(a) is type(b) and np.array_equal(a, b), name
     assert from_lists.num_requests is from_lists.decode_requests is from_lists.sampled  # one array: a decode stretch
+
+
+def test_every_way_to_leave_a_short_stretch():
+    """Exhaustively for short stretches: a request leaving at each step, or live past the end, from contexts at and
+    around block edges and the window (random stretches seldom end a growing request exactly at the last step)."""
+    for k in range(1, 6):
+        for block_size in (1, 2, 4):
+            for window in (0, 3, 8):
+                for context in range(1, 12):
+                    for remaining in range(-1, k + 2):
+                        got = stretch_sums([context], [remaining], k, block_size, window, True)
+                        want = table_sums([context], [remaining], k, block_size, window)
+                        names = ["live", "attended", "blocks", "longest", "capped", "capped_blocks"]
+                        for name, values in zip(names, got, strict=True):
+                            expected = want[name].tolist() if window or not name.startswith("capped") else []
+                            assert values == expected, (name, k, block_size, window, context, remaining)

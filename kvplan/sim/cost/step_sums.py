@@ -98,11 +98,12 @@ def window_decode_sums(ends: Sequence[int], block_size: int, window: int) -> tup
 
 
 def _block_changes(changes: list[int], context: i64, steps: i64, block_size: i64, limit: i64) -> i64:
-    """Record one request's blocks ⌈a / b⌉ in `changes`, a = context + j tokens in its steps j < `steps` (>= 1):
-    they grow by one at each step j >= 1 where a − 1 is a multiple of b while a <= `limit` (a window: afterwards
-    the keys it reads stay at `limit`; context + steps: no limit inside the stretch), and leave after its last
-    step. Returns its step-0 blocks, which join at step 0: the caller sums them (every request's change at step 0,
-    kept in a local instead of boxed into changes[0] once per request)."""
+    """Record one request's blocks ⌈a / b⌉ in `changes` (one per step of the stretch), a = context + j tokens in its
+    steps j < `steps` (>= 1): they grow by one at each step j >= 1 where a − 1 is a multiple of b while a <= `limit`
+    (a window: afterwards the keys it reads stay at `limit`; context + steps: no limit inside the stretch), and
+    leave after its last step (a request live to the stretch's end leaves after it: nothing to record). Returns its
+    step-0 blocks, which join at step 0: the caller sums them (every request's change at step 0, kept in a local
+    instead of boxed into changes[0] once per request)."""
     blocks: i64 = -(-min(context, limit) // block_size)
     joined = blocks
     step: i64 = (1 - context) % block_size or block_size  # the first j >= 1 with (context + j − 1) % b == 0
@@ -110,7 +111,8 @@ def _block_changes(changes: list[int], context: i64, steps: i64, block_size: i64
         changes[step] = changes[step] + 1
         blocks += 1
         step += block_size
-    changes[steps] = changes[steps] - blocks
+    if steps < len(changes):
+        changes[steps] = changes[steps] - blocks
     return joined
 
 
@@ -118,10 +120,13 @@ def stretch_sums(contexts: list[int], remaining: list[int], k: int, block_size: 
                  spread: bool) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
     """Per step of the stretch: (live requests, Σ attended tokens, Σ their blocks, the longest attended or [] when
     not `spread`, Σ min(attended, window) and Σ its blocks or [] and [] when `window` is 0). A step nobody is live
-    in has 0 everywhere."""
-    live_changes = [0] * (k + 1)
-    context_changes = [0] * (k + 1)  # Σ of the live requests' step-0 contexts; each step adds its live count
-    block_changes = [0] * (k + 1)
+    in has 0 everywhere.
+
+    The changes are kept for the stretch's k steps: a request live in all of them (most are, in a short stretch)
+    leaves after it, which no sum reads - so its leaving is not recorded (three list updates per request saved)."""
+    live_changes = [0] * k
+    context_changes = [0] * k  # Σ of the live requests' step-0 contexts; each step adds its live count
+    block_changes = [0] * k
     longest_ending = [0] * (k + 1) if spread else []  # the longest step-0 context of those live to step j - 1
     # Step 0's changes (every live request joins there) are summed in native locals, not boxed into lists
     live: i64 = 0
@@ -133,15 +138,17 @@ def stretch_sums(contexts: list[int], remaining: list[int], k: int, block_size: 
         if steps <= 0:
             continue
         live += 1
-        live_changes[steps] = live_changes[steps] - 1
         joined += context
-        context_changes[steps] = context_changes[steps] - context
+        if steps < k:  # it leaves inside the stretch
+            live_changes[steps] = live_changes[steps] - 1
+            context_changes[steps] = context_changes[steps] - context
         joined_blocks += _block_changes(block_changes, context, steps, block_size, context + steps)
         if spread and context > longest_ending[steps]:
             longest_ending[steps] = context
-    live_changes[0] = live_changes[0] + live  # (an index steps >= 1 never holds step 0's)
-    context_changes[0] = context_changes[0] + joined
-    block_changes[0] = block_changes[0] + joined_blocks
+    if k:
+        live_changes[0] = live_changes[0] + live  # (an index steps >= 1 never holds step 0's)
+        context_changes[0] = context_changes[0] + joined
+        block_changes[0] = block_changes[0] + joined_blocks
     lives, attended, touched = [0] * k, [0] * k, [0] * k
     count: i64 = 0
     total: i64 = 0
@@ -167,10 +174,11 @@ def stretch_sums(contexts: list[int], remaining: list[int], k: int, block_size: 
 def window_sums(contexts: list[int], remaining: list[int], k: int, block_size: int,
                 window: int) -> tuple[list[int], list[int]]:
     """Per step: Σ min(attended, window) over the live requests, and Σ of the blocks those keys span. A request's
-    capped count grows by one per step until it reaches the window, then stays."""
-    level_changes = [0] * (k + 1)  # its step-0 value joins, its last step's value leaves
-    slope_changes = [0] * (k + 1)  # +1 from step 1 up to the step it reaches the window
-    block_changes = [0] * (k + 1)
+    capped count grows by one per step until it reaches the window, then stays. (Changes kept for the k steps, as
+    in `stretch_sums`.)"""
+    level_changes = [0] * k  # its step-0 value joins, its last step's value leaves
+    slope_changes = [0] * k  # +1 from step 1 up to the step it reaches the window
+    block_changes = [0] * k
     joined_blocks: i64 = 0  # step 0's blocks, summed natively as in `stretch_sums`
     for i in range(len(contexts)):
         context = contexts[i]
@@ -178,13 +186,16 @@ def window_sums(contexts: list[int], remaining: list[int], k: int, block_size: i
         if steps <= 0:
             continue
         level_changes[0] = level_changes[0] + min(context, window)
-        level_changes[steps] = level_changes[steps] - min(context + steps - 1, window)
+        if steps < k:
+            level_changes[steps] = level_changes[steps] - min(context + steps - 1, window)
         growing = min(window - context, steps - 1)  # the last step its capped count still grows in
         if growing >= 1:
             slope_changes[1] = slope_changes[1] + 1
-            slope_changes[growing + 1] = slope_changes[growing + 1] - 1
+            if growing + 1 < k:
+                slope_changes[growing + 1] = slope_changes[growing + 1] - 1
         joined_blocks += _block_changes(block_changes, context, steps, block_size, window)
-    block_changes[0] = block_changes[0] + joined_blocks
+    if k:
+        block_changes[0] = block_changes[0] + joined_blocks
     capped, capped_blocks = [0] * k, [0] * k
     level = slope = grown = blocks = 0
     for j in range(k):
