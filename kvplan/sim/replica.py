@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from itertools import pairwise
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import simpy
 
@@ -46,6 +46,9 @@ from kvplan.sim.links import TierPricing
 from kvplan.sim.lora import LoraServing, lora_serving
 from kvplan.sim.shared_store import SharedView
 from kvplan.sim.spec_decode import DraftCost, DraftOutcomes, speculation
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # native 64-bit ints in the compiled build (--sim); int when interpreted
 
 NAN: Final = math.nan
 FAST_PATH_CELLS: Final = 1 << 20  # most (request, step) pairs priced in one stretch
@@ -274,7 +277,7 @@ class Replica:
         for request in update.finished:
             self._close(request, end)
 
-    def _tokens(self, requests: list[Request], start: int, stop: int, clock: float, end: float) -> int:
+    def _tokens(self, requests: list[Request], start: i64, stop: i64, clock: float, end: float) -> int:
         """Each of requests[start:stop] emits a token at `end` (the step began at `clock`); returns how many emitted
         their previous one at `clock`, whose gap `_finish_step` counts once."""
         gap, common = end - clock, 0

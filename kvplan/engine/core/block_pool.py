@@ -239,7 +239,8 @@ class BlockPool:
         empty, cached_free = self._empty, []
         # (inlined, not a loop over `release`: a finishing request frees ~100; by index, as a compiled build runs
         # `reversed()` as a Python iterator)
-        for i in range(len(blocks) - 1, -1, -1):
+        last: i64 = len(blocks) - 1  # (a native index: see `DecodeSteps.schedule_leading`)
+        for i in range(last, -1, -1):
             block = blocks[i]
             if block is not None:
                 block.ref_cnt -= 1
@@ -292,7 +293,7 @@ class BlockPool:
             self.on_register(key, block.block_id)
         return True
 
-    def register_blocks(self, table: list[KVBlock | None], keys: list[int], first: int, end: int,
+    def register_blocks(self, table: list[KVBlock | None], keys: list[int], first: i64, end: i64,
                         salt: int = 0) -> None:
         """`register(table[i], keys[i] ^ salt)` for i in first .. end-1, skipping holes and blocks already keyed
         (`salt`: a hybrid layout's group, whose copy of the same tokens is another block)."""
