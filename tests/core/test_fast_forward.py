@@ -41,7 +41,7 @@ def add_random_requests(rng: random.Random, scheds, counter: int, shared_roots: 
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("block_size", [1, 16, 48])  # 48: not a power of two (no shifts; a multiple of the hashes)
 def test_fast_path_equals_step_by_step(seed, block_size):
     rng = random.Random(seed)
     policy = sorted(EVICTION_POLICIES)[seed % len(EVICTION_POLICIES)]
@@ -92,13 +92,15 @@ def test_stretch_runs_through_completions_and_reports_their_steps():
     assert sched.decode_horizon(100) == 0  # someone is waiting: admissions are events
 
 
-def test_horizon_is_bounded_by_the_empty_blocks():
-    sched = make_scheduler(block_size=4, num_blocks=9, budget=64, max_model_len=36)
+@pytest.mark.parametrize("block_size", [4, 6])  # (6: block numbers by division, not by shifts)
+def test_horizon_is_bounded_by_the_empty_blocks(block_size):
+    sched = make_scheduler(block_size=block_size, num_blocks=9, budget=64, max_model_len=block_size + 30)
     for rid in "abc":
-        sched.add_request(make_request(rid, prompt_len=4, max_tokens=30))
-    sched.update(sched.schedule())  # 3 blocks used (4 tokens each, all full): 6 empty blocks
-    # every request needs a new block at each of its next steps 0, 4, 8: 6 blocks last exactly 8 steps
-    assert sched.decode_horizon(100) == 8
+        sched.add_request(make_request(rid, prompt_len=block_size, max_tokens=30))
+    sched.update(sched.schedule())  # 3 blocks used (one full prompt each): 6 empty blocks
+    # every request needs a new block at each of its next steps 0, b, 2b: 6 blocks last exactly 2b steps
+    assert sched.decode_horizon(100) == 2 * block_size
+    assert sched.decode_horizon(2 * block_size + 1) == 2 * block_size  # one step too many: 9 blocks for 6
 
 
 @pytest.mark.parametrize("policy", sorted(EVICTION_POLICIES))
