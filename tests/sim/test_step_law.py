@@ -111,3 +111,16 @@ def test_a_scaled_law_multiplies_last(factor):
     law, scaled = step_law_of(inner), step_law_of(ScaledCost(inner, factor))
     assert law is not None and scaled is not None
     assert scaled.times(live, attended, blocks) == [t * factor for t in law.times(live, attended, blocks) or []]
+
+
+def test_no_cost_model_has_both_a_law_and_recorded_steps():
+    """`step_parts` asks for a recorded cost's measured steps only when no step law is given: no model class may
+    offer both (a recorded cost replays measured steps; the others have no measurements to replay)."""
+    from kvplan.sim.cost.calibrated import CalibratedCost
+    from kvplan.sim.cost.recorded import RecordedCost
+
+    for cls in (AnalyticCost, CalibratedCost, RecordedCost, ScaledCost):
+        law = getattr(cls, "step_law", None)
+        recorded = getattr(cls, "recorded_step_time", None)
+        assert law is None or recorded is None, cls.__name__
+    assert getattr(RecordedCost, "recorded_step_time", None) is not None  # (the test sees the real attribute)
