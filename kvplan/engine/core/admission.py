@@ -175,7 +175,7 @@ class Admission:
         if request.lora_id and lora_skipped(request.lora_id, running_loras(sched.running), sched.config.max_loras):
             return len(sched.waiting) == 1  # skipped for max_loras: a request behind it may still be admitted
         sched.refresh_prefill_cap()  # the cap the next `schedule` plans with, not the last one's
-        budget = sched.config.max_num_batched_tokens
+        budget = sched.max_num_batched_tokens
         if not sched.prefill_first:
             budget -= len(sched.running)
         if budget <= 0:
@@ -184,7 +184,7 @@ class Admission:
         # whatever its prefix hits: not blocked, without looking them up - the common case right after an arrival.
         pool = kv.pool
         if (pool is not None and len(kv.groups) == 1 and sched.has_seq_room(request.seq_slots)
-                and (sched.config.enable_chunked_prefill or request.num_tokens <= budget)
+                and (sched.chunked_prefill or request.num_tokens <= budget)
                 and pool.num_free > kv.groups[0].request_blocks(request.num_tokens)  # (the one group: the cache)
                 + sched.admission_reserve()):
             return False

@@ -216,7 +216,7 @@ class DecodeSteps:
         backlog = len(sched.waiting) > 0
         if backlog and not sched.admissions.head_blocked():
             return 0  # an admission is due
-        if sched.windowed or len(sched.running) > sched.config.max_num_batched_tokens:  # windows release
+        if sched.windowed or len(sched.running) > sched.max_num_batched_tokens:  # windows release
             return 0
         pool = self.pool
         bs: i64 = sched.block_size

@@ -157,6 +157,11 @@ class Scheduler:
         self.windowed = self.cache_config.windowed or self.cache_config.hybrid
         self.prefill_first = self.config.schedule == "prefill_first"
         self._watermark_blocks = self.cache_config.watermark_blocks  # (`admission_reserve`, several times a step)
+        #: limits read several times a step, kept here: the configuration classes are interpreted, so each read
+        #: of theirs from the compiled core was a generic attribute lookup (a few hundred instructions)
+        self.max_num_seqs: int = self.config.max_num_seqs
+        self.max_num_batched_tokens: int = self.config.max_num_batched_tokens
+        self.chunked_prefill: bool = self.config.enable_chunked_prefill
         self.reserve_full_isl = self.config.scheduler_reserve_full_isl
         self.admissions = Admission(self)
         self.preemption = GroupPreemption(self)
@@ -190,18 +195,18 @@ class Scheduler:
 
     def rejection_reason(self, request: Request) -> str | None:
         """Why `request` could never run to completion under this configuration, or None."""
-        limit, budget = self.cache_config.max_model_len, self.config.max_num_batched_tokens
+        limit, budget = self.cache_config.max_model_len, self.max_num_batched_tokens
         if request.final_len > limit:
             return (f"prompt ({request.prompt_len}) + max_tokens ({request.max_tokens}) = {request.final_len} "
                     f"exceeds max_model_len {limit}")
-        if request.n > self.config.max_num_seqs:
-            return f"n = {request.n} parallel sequences exceed max_num_seqs {self.config.max_num_seqs}"
+        if request.n > self.max_num_seqs:
+            return f"n = {request.n} parallel sequences exceed max_num_seqs {self.max_num_seqs}"
         if request.kv_transfer_params is not None and (request.n > 1 or request.beam):
             return "kv_transfer_params (prefill/decode disaggregation) need n = 1 and no beam search"
         if request.beam and (self.windowed or self.cache_config.allocator != "paged"):
             return ("beam search shares blocks copy-on-write and keeps every beam's whole history: it needs the "
                     "paged allocator without a sink+window cache or sliding-window layers")
-        if not self.config.enable_chunked_prefill and request.prompt_len > budget:
+        if not self.chunked_prefill and request.prompt_len > budget:
             return (f"prompt of {request.prompt_len} tokens exceeds max_num_batched_tokens {budget} and chunked "
                     "prefill is off")
         return self.kv.admission_error(request, budget)
@@ -319,7 +324,7 @@ class Scheduler:
         self.stats.num_steps += k
 
     def has_seq_room(self, slots: int) -> bool:
-        return self.num_running_seqs + slots <= self.config.max_num_seqs
+        return self.num_running_seqs + slots <= self.max_num_seqs
 
     def admission_reserve(self) -> int:
         """Blocks an admission or swap-in must leave free: the watermark, only while something runs."""
@@ -329,11 +334,11 @@ class Scheduler:
         """Tokens to compute now out of `pending` within `budget`; 0: wait for a step with room."""
         if pending > self._cap:  # the cap is an int or INF (which never wins over an int): int() keeps it exact
             pending = int(self._cap)
-        if pending <= budget or self.config.enable_chunked_prefill:
+        if pending <= budget or self.chunked_prefill:
             return min(pending, budget)
         # Chunked prefill off: a prefill runs whole - except a recompute of prompt + generated tokens longer than
         # the whole budget, which no step could hold.
-        return budget if pending > self.config.max_num_batched_tokens else 0
+        return budget if pending > self.max_num_batched_tokens else 0
 
     def emit(self, out: SchedulerOutput, request: Request, n: int, copies: tuple[tuple[int, int], ...],
              cached_tokens: int) -> None:
@@ -372,7 +377,7 @@ class Scheduler:
         self.stats.num_steps += 1
         if self._rejected:
             out.rejected, self._rejected = self._rejected, []
-        budget = self.config.max_num_batched_tokens
+        budget = self.max_num_batched_tokens
         self.refresh_prefill_cap()
         if self.prefill_first and not self.swapped and self._schedule_prefills(out, budget):
             self._collect_tier_transfers(out)

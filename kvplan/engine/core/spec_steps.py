@@ -70,7 +70,7 @@ class SpecSteps:
             raise ConfigError("scheduler.speculative_config: rolls rejected drafts back in place, which needs the "
                               "paged allocator without a sink+window cache or sliding-window layers; allowed: null "
                               "with this cache")
-        budget = sched.config.max_num_batched_tokens
+        budget = sched.max_num_batched_tokens
         if budget <= config.draft_slots:  # every scheduled request takes its drafting rows: none could ever run
             raise ConfigError(f"scheduler.max_num_batched_tokens: {budget} leaves no token once a request takes its "
                               f"{config.draft_slots} drafting row(s) ({config.method}); allowed: more than "
