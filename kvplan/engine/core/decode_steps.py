@@ -354,8 +354,11 @@ class DecodeSteps:
                 ids[request.request_id].append(block.block_id)
                 used += 1
                 now = used / total  # as BlockPool.usage() computes it
-            elif kind == REGISTER:
-                kv.commit(request, (j + 1) * bs)  # block j fills: keyed (with any full block not yet keyed)
+            elif kind == REGISTER:  # block j fills: keyed (with any full block not yet keyed)
+                # by the one group, the manager itself (no hybrid cache takes a fast path): a direct call, where
+                # the protocol-typed `kv` is a generic method call in the compiled build
+                assert group is not None and group is kv
+                group.commit(request, (j + 1) * bs)
             else:
                 finish(request, "length", result)
                 finished.append((t, request))
