@@ -54,6 +54,9 @@ class BlockPool:
         self._empty: list[KVBlock] = []
         self._fresh: i64 = 0
         self._made: list[KVBlock] = []  # the blocks created so far, by id
+        # Their ids as int objects, by id: the block tables' id lists take these (`id_objects[block.block_id]`),
+        # where the compiled build would box the native id into a new int object for each entry
+        self.id_objects: list[object] = []
         self.policy: EvictionPolicy = make_eviction_policy(eviction_policy, num_blocks)
         # The policy's optional hooks, None where it keeps the base's no-op (LRU, the default, keeps both): a
         # prefix hit touches, a registration notes, once per block - calls that would change nothing.
@@ -200,6 +203,7 @@ class BlockPool:
         first = self._fresh
         blocks = [KVBlock(i) for i in range(first, first + n)]
         self._made += blocks
+        self.id_objects += range(first, first + n)
         self._fresh = first + n
         return blocks
 

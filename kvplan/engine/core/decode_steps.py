@@ -53,7 +53,7 @@ Sink+window and hybrid caches use neither (their requests release blocks mid-req
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
 from kvplan.engine.core.request import RUNNING, Request
@@ -322,6 +322,7 @@ class DecodeSteps:
         running, kv, finish = sched.running, sched.kv, sched.finish
         group = self.group
         tables, ids = (group.tables, group.block_ids) if group is not None else ({}, {})
+        id_objects = pool.id_objects if pool is not None else []
         bs = sched.block_size
         finished = []
         # Usage changes only at events: count allocations (all from the empty stack), re-read it after completions.
@@ -351,7 +352,7 @@ class DecodeSteps:
                     block = taken[next_taken]
                     next_taken += 1
                 tables[request.request_id].append(block)
-                ids[request.request_id].append(block.block_id)
+                cast("list[object]", ids[request.request_id]).append(id_objects[block.block_id])  # (its int object)
                 used += 1
                 now = used / total  # as BlockPool.usage() computes it
             elif kind == REGISTER:  # block j fills: keyed (with any full block not yet keyed)

@@ -213,7 +213,8 @@ class KVCacheManager(TieredPrefix):
         if new_blocks > 0:
             blocks = pool.allocate_many(new_blocks)
             table.extend(blocks)
-            ids.extend([block.block_id for block in blocks])
+            id_objects = pool.id_objects  # (the ids as the pool's int objects: `BlockPool.id_objects`)
+            cast("list[object]", ids).extend([id_objects[block.block_id] for block in blocks])
         return copies
 
     def can_allocate(self, request: Request, num_new_tokens: int, hits: list[KVBlock] | None = None,
@@ -258,7 +259,8 @@ class KVCacheManager(TieredPrefix):
         # a hole (outside a sliding group's window, as the window leaves it) takes nothing
         self.pool.acquire_many([block for block in hits if block is not None])
         table += hits
-        ids += [HOLE if block is None else block.block_id for block in hits]
+        id_objects = self.pool.id_objects  # (as in `allocate`)
+        cast("list[object]", ids).extend([HOLE if block is None else id_objects[block.block_id] for block in hits])
         request.num_hashed_blocks = len(hits)  # hit blocks are already registered
         request.num_computed_tokens = len(hits) * self.block_size
 
