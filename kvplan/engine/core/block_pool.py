@@ -203,8 +203,8 @@ class BlockPool:
         first = self._fresh
         blocks = [KVBlock(i) for i in range(first, first + n)]
         self._made += blocks
-        # (from the blocks, not `+= range(...)`: the compiled build concatenates a range through Python's generic
-        # sequence protocol, a cost per call that a tier's one-block calls pay tens of thousands of times)
+        # (made from the blocks: a range would be concatenated through the compiled build's generic sequence
+        # protocol, a cost per call that a prefix tier's one-block insertions pay tens of thousands of times)
         self.id_objects += [block.block_id for block in blocks]
         self._fresh = first + n
         return blocks

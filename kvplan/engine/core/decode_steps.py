@@ -81,7 +81,8 @@ class DecodeMode(enum.Enum):
 
 class DecodeSteps:
     """The scheduler's decode stepping (see the module), owned by one `Scheduler` and working on its public
-    state; it keeps only the cache's constants (its pool, and the one group's block tables of a paged cache)."""
+    state; it keeps only the cache's constants (its pool, the one group's block tables of a paged cache, and the
+    block size as a shift when it is a power of two)."""
 
     __slots__ = ("block_shift", "group", "pool", "sched")
 
