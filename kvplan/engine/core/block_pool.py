@@ -150,7 +150,7 @@ class BlockPool:
             victims = self.policy.evict_many(n - take)
             for block in victims:
                 key = block.key  # (never None: the policy holds keyed, cached free blocks only)
-                if key in duplicates:
+                if duplicates and key in duplicates:  # (an empty dict first: duplicates are rare, a lookup is not)
                     self._drop_key(block)
                 else:  # `_drop_key`, inlined for the common case: the only copy, so `cached[key]` is this block
                     del cached[key]
@@ -175,7 +175,7 @@ class BlockPool:
                 return None
             block = policy.evict()
             victim: int = block.key  # type: ignore[assignment]  # the policy holds keyed (cached free) blocks only
-            if victim in self.duplicates:
+            if self.duplicates and victim in self.duplicates:
                 self._drop_key(block)
             else:  # `_drop_key`'s common case inlined, as in `allocate_many` (a tier's pool never has duplicates)
                 del cached[victim]
@@ -228,7 +228,8 @@ class BlockPool:
         block.key = None
         cached = cast("dict[int | None, KVBlock]", self.cached)
         duplicates = cast("dict[int | None, list[KVBlock]]", self.duplicates)
-        copies = duplicates.get(key)  # never an empty list: a key's entry goes with its last duplicate
+        # (never an empty list: a key's entry goes with its last duplicate; an empty dict is not looked up)
+        copies = duplicates.get(key) if duplicates else None
         if copies is None:  # the only copy of its contents, so `cached[key]` is this block
             del cached[key]
             return
