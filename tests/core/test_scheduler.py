@@ -218,3 +218,26 @@ def test_kv_metrics_report_vllm_names_and_a_breakdown_that_sums_to_one():
     run_to_completion(sched)
     metrics = sched.kv_metrics()
     assert metrics["kv_usage"] == 0 and metrics["num_cached_free_blocks"] == 3
+
+
+@pytest.mark.parametrize("known_places", [False, True])
+@pytest.mark.parametrize("new_list", [False, True])
+@given(finished=st.sets(st.integers(0, 7)))
+def test_drop_finished_keeps_the_running_order_in_place_or_in_a_new_list(known_places, new_list, finished):
+    """`drop_finished` leaves the RUNNING requests in their order: in the same list (what a step's update does), or
+    in a new one with the old list untouched (what a stretch does: the replica stamps its tokens on the old list)."""
+    sched = make_scheduler()
+    for i in range(8):
+        sched.add_request(make_request(str(i), prompt_len=4, max_tokens=4))
+    while sched.waiting:
+        step(sched)
+    running = sched.running
+    before = list(running)
+    assert len(before) == 8
+    for i in finished:
+        before[i].status = RequestStatus.FINISHED
+    sched.drop_finished(sorted(finished) if known_places else None, new_list=new_list)
+    assert [r.request_id for r in sched.running] == [r.request_id for i, r in enumerate(before) if i not in finished]
+    assert (sched.running is running) == (not new_list or not finished)
+    if new_list:
+        assert running == before

@@ -309,7 +309,7 @@ class DecodeSteps:
                 finished_at.append(idx)
         finished = self._replay(events, _sorted_order(events), usage, k, UpdateOutput())
         if finished:
-            sched.drop_finished(finished_at)
+            sched.drop_finished(finished_at, new_list=True)  # (the replica stamps the stretch on the old list)
         sched.count_steps(k)
         return finished
 
