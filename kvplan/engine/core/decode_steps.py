@@ -219,6 +219,13 @@ class DecodeSteps:
             return 0  # an admission is due
         if sched.windowed or len(sched.running) > sched.max_num_batched_tokens:  # windows release
             return 0
+        if backlog:
+            # the first completion ends the stretch (below): one due before `least` steps rules it out, found by a
+            # pass reading two counts per request before the full one (with a backlog, most asks end here)
+            fewest: i64 = least
+            for request in sched.running:
+                if request.max_tokens - request.num_output_tokens < fewest:
+                    return 0
         pool = self.pool
         bs: i64 = sched.block_size
         shift: i64 = self.block_shift
@@ -237,8 +244,6 @@ class DecodeSteps:
             if request.n > 1 and not request.forked:
                 return 0
             remaining: i64 = request.max_tokens - output
-            if backlog and remaining < least:
-                return 0  # its completion ends the stretch (below) before `least` steps
             if remaining > longest:
                 longest = remaining
             if remaining < shortest:
