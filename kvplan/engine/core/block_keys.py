@@ -36,9 +36,12 @@ from __future__ import annotations
 
 from array import array
 from hashlib import blake2b
-from typing import Final, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from kvplan.errors import UserError
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # native 64-bit locals in the compiled build; int when interpreted
 
 ROOT_KEY: Final = 0x6B76706C616E  # "kvplan": the parent of block 0
 
@@ -172,7 +175,8 @@ class HashBlockKeys:
                 start = own + 1
             else:
                 last = keys[start - 1]
-            for _ in range(start, index + 1):  # (one add per key: a decode's call asks for one)
+            count: i64 = index + 1 - start  # (a native count: a loop over a range of Python ints is twice the cost)
+            for _key in range(count):  # (one add per key: a decode's call asks for one; `_` would box the index)
                 last += 1
                 keys.append(last)
         return keys[index]

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Final
 from kvplan.engine.core.eviction.base import EvictionPolicy
 
 if TYPE_CHECKING:
+    from mypy_extensions import i64  # native 64-bit locals in the compiled build; int when interpreted
+
     from kvplan.engine.core.block_pool import KVBlock
 
 COMPACT_SLACK: Final = 1024  # the most stale entries always tolerated (a compaction copies the queue)
@@ -63,9 +65,12 @@ class LRUPolicy(EvictionPolicy):
         """The n live entries at the front, in order, skipping (and uncounting) stale ones. The consumed front is
         dropped once, after all n are taken: when that happens changes nothing the queue yields, since `remove`
         reads only `len(_queue) - _head`, the same either way."""
-        queue, head = self._queue, self._head
+        queue = self._queue
+        head: i64 = self._head  # (native ints: the compiled build's list index and loop are then direct)
+        count: i64 = n
         victims: list[KVBlock] = []
-        for _ in range(n):  # (there are n live entries: a caller asks only for as many as len() counts)
+        for _victim in range(count):  # (n live entries: a caller asks only for as many as len() counts; not `_`,
+            # which the compiled build types as an object, boxing the index every iteration)
             while True:
                 block = queue[head]
                 head += 1
