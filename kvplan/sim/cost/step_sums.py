@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kvplan.engine.core.outputs import ScheduledRequest
 from kvplan.engine.core.request import Request
 
 if TYPE_CHECKING:
@@ -54,14 +55,19 @@ def scheduled_sums(items: Iterable[Any], block_size: int, attended_limit: int, b
             w_ctx, w_blocks = window_decode_sums([r.num_computed_tokens + 1 for r in bulk], block_size, sliding_window)
     for item in items:
         count += 1
-        n, start = item.num_new_tokens, item.start_pos
+        # (a step's own items read as the core's class, which the compiled build reads directly: any other item,
+        # read by name, takes a generic lookup per field, a few hundred instructions each)
+        if isinstance(item, ScheduledRequest):
+            n, start, samples, is_decode = item.num_new_tokens, item.start_pos, item.samples, item.is_decode
+        else:
+            n, start, samples, is_decode = item.num_new_tokens, item.start_pos, item.samples, item.is_decode
         end = start + n
-        if item.samples:  # a verification step's LM head runs at the last verified token and at every draft
+        if samples:  # a verification step's LM head runs at the last verified token and at every draft
             sampled += 1 + len(item.spec_token_ids)
         if attended_limit:  # sink+window: attention reads at most the retained tokens
             end, start = min(end, attended_limit), min(start, attended_limit)
         blocks += -(-end // block_size)
-        if item.is_decode:
+        if is_decode:
             decodes += 1
             ctx += end
             ctx_max = max(ctx_max, end)
@@ -71,7 +77,7 @@ def scheduled_sums(items: Iterable[Any], block_size: int, attended_limit: int, b
         if sliding_window:
             capped = min(end, sliding_window)
             w_blocks += -(-capped // block_size)
-            if item.is_decode:
+            if is_decode:
                 w_ctx += capped
             else:
                 w_attn2 += windowed_attention2(start, start + n, sliding_window)
