@@ -349,11 +349,15 @@ class DecodeSteps:
                 recorded = t + phase
             request = running[idx]
             if kind == ALLOCATE:
+                # (block events exist only with a pool; asserted, not ignored: an ignored None case made `block`
+                # partly Any, and the compiled build then read its id and indexed `id_objects` generically)
+                assert pool is not None
+                block: KVBlock
                 if not batched:
-                    block = pool.allocate()  # type: ignore[union-attr]  # block events exist only with a pool
+                    block = pool.allocate()
                 else:
                     if next_taken == len(taken):  # the first since a completion: take all up to the next
-                        taken = pool.allocate_many(_allocations_before_finish(events, order, e))  # type: ignore[union-attr]
+                        taken = pool.allocate_many(_allocations_before_finish(events, order, e))
                         next_taken = 0
                     block = taken[next_taken]
                     next_taken += 1
