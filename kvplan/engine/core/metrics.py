@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final, TypeVar, cast
 
 from kvplan.engine.core.kv_manager import HOLE
 from kvplan.engine.core.reservation import ReservationAllocator
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from kvplan.engine.core.kv_interface import KVManager
     from kvplan.engine.core.kv_manager import KVCacheManager
     from kvplan.engine.core.request import Request
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -119,6 +121,15 @@ def _paged_breakdown(kv: KVManager, requests: Iterable[Request]) -> MemoryBreakd
                            (total - used_slots) / total)
 
 
+def _grown(values: list[T], size: int, fill: T) -> list[T]:
+    """`values` grown to `size` entries (more than it has) with `fill`: in place, or made at its size when empty -
+    extending an empty list builds the padding and copies it into a second list (the pool's size, every sample)."""
+    if not values:
+        return [fill] * size
+    values.extend([fill] * (size - len(values)))
+    return values
+
+
 def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Request], bs: int,
                  num_blocks: int, shared_leading: bool = False,
                  duplicates: Mapping[int, list[KVBlock]] | None = None) -> tuple[int, int]:
@@ -173,11 +184,8 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
             for j in range(lead):  # (no hole among them)
                 lead_block = cast("KVBlock", table[j])
                 lead_id: i64 = lead_block.block_id
-                if lead_id >= len(whole):  # (made at its size: extending an empty list copied a second one)
-                    if whole:  # an id beyond the pool's
-                        whole.extend([False] * (lead_id + 1 - len(whole)))
-                    else:
-                        whole = [False] * max(lead_id + 1, num_blocks)
+                if lead_id >= len(whole):
+                    whole = _grown(whole, max(lead_id + 1, num_blocks), False)
                 if not whole[lead_id]:
                     whole[lead_id] = True
                     full.append(lead_block)
@@ -198,14 +206,9 @@ def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Requ
                 needed_slots -= will
                 if block is not None:
                     block_id = block.block_id
-                    if block_id >= known:  # (made at their size on the first, as `whole`)
-                        grow = max(block_id + 1, num_blocks) - known
-                        if known:
-                            most_done.extend([-1] * grow)
-                            most_final.extend([-1] * grow)
-                        else:
-                            most_done, most_final = [-1] * grow, [-1] * grow
-                        known += grow
+                    if block_id >= known:
+                        known = max(block_id + 1, num_blocks)
+                        most_done, most_final = _grown(most_done, known, -1), _grown(most_final, known, -1)
                     seen: i64 = most_done[block_id]
                     if seen < 0:
                         tokens += written
