@@ -21,8 +21,8 @@ Two sources of content:
   they are cacheable, but never shared with another request - as on the live engine, where generated text differs.
   Nothing but the request itself (re-admitted after a preemption) can ask for them, so they need no chain either:
   they are one run of consecutive keys, base, base + 1, ..., the base H(key before the run, salt, its first
-  block) - a fork's own run starts where its inherited keys end, under its own salt. No token list is ever built,
-  so a million such requests fit in memory.
+  block) halved (63 bits) - a fork's own run starts where its inherited keys end, under its own salt. No token
+  list is ever built, so a million such requests fit in memory.
 
   Where a trace's ids are known to *name their prefixes* (`named`: wherever an id occurs, the same ids come
   before it - Mooncake's convention; the simulator checks a workload's population once,
@@ -170,7 +170,9 @@ class HashBlockKeys:
         own = self.own_from
         if index >= own:  # the request's own run (the module): its base, then consecutive keys
             if start <= own:  # (start < own only with own == hashed: the trace's keys were just extended to it)
-                last = hash((keys[own - 1] if own else self.root, self.salt, own))
+                # (halved: |base| < 2**62, so that the run's keys stay within the compiled build's unboxed ints,
+                # where each `+= 1` is an add; beyond them - half of all bases - it allocated an int object)
+                last = hash((keys[own - 1] if own else self.root, self.salt, own)) >> 1
                 keys.append(last)
                 start = own + 1
             else:
