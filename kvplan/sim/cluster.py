@@ -104,8 +104,9 @@ class Cluster(Stoppable):
     def _arrivals(self):
         for row, arrival in enumerate(self.arrivals):
             self.next_row = row
-            if arrival > self.env.now:
-                yield self.env.timeout(arrival - self.env.now)
+            now = self.env.now  # (a SimPy property: an interpreted call)
+            if arrival > now:
+                yield self.env.timeout(arrival - now)
             prompt, output = self._prompt_tokens[row], self._output_tokens[row]
             if prompt < 1 or output < 1:
                 self.unservable.append((row, UNSERVABLE))

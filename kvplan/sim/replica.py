@@ -351,6 +351,7 @@ class Replica:
         sample = self.next_sample_s if self.sample_interval_s else math.inf
         bound = min(arrival, sample)
         limit = max(FAST_PATH_CELLS // len(running), 1)
+        first = 0.0  # the stretch's first step time, estimated (when a bound is near)
         if not math.isinf(bound):  # ask only for about as many steps as fit before the bound
             first = self._decode_step_s
             if first != first:  # NaN: no stretch yet - price this one's first step
@@ -363,8 +364,13 @@ class Replica:
         if k == 0:
             return []
         # Every running request is a plain decode now (`decode_horizon`): past its prompt, one token pending
-        contexts = [r.num_computed_tokens + 1 for r in running]
         remaining = [r.max_tokens - r.num_output_tokens for r in running]
+        if self.clock + first >= arrival and 1 in remaining:
+            # A first step that runs across the arrival and finishes a request never joins a stretch (below): by
+            # the estimate, the stretch would be empty, so it is not priced. (A stretch declined is stepped
+            # instead, the same way: an estimate that errs costs speed, never a result.)
+            return []
+        contexts = [r.num_computed_tokens + 1 for r in running]
         times, alive = self._stretch_times(contexts, remaining, k)
         ends, clock = [], self.clock
         for dt in times:
