@@ -235,8 +235,9 @@ def _collect(cluster: Cluster | DisaggCluster, num_blocks: int, probe: Probe, wi
 
     frame = table[table["phase"] == "measured"]
     loop_free = cluster.closed_loop is None
-    first = frame[(frame["sample"] == 0) & (frame["arrival_s"] < mid)]["ttft_ms"]
-    second = frame[(frame["sample"] == 0) & (frame["arrival_s"] >= mid)]["ttft_ms"]
+    # (a column first, then its rows: a row mask on the table takes every column, the request ids' strings too)
+    first = frame["ttft_ms"][(frame["sample"] == 0) & (frame["arrival_s"] < mid)]
+    second = frame["ttft_ms"][(frame["sample"] == 0) & (frame["arrival_s"] >= mid)]
     inside = series[(series["time_s"] >= w0) & (series["time_s"] < w1)]
 
     def queue(lo: float, hi: float) -> float:
@@ -260,7 +261,7 @@ def _collect(cluster: Cluster | DisaggCluster, num_blocks: int, probe: Probe, wi
     summary = latency_summary(frame, cluster.itl(), probe.goodput, duration_s=length)
     if isinstance(cluster, DisaggCluster):
         summary.update(part_summary(frame))
-    done = table[(table["finish_s"] >= w0) & (table["finish_s"] < w1)]
+    done = table[["output_tokens", "sample", "prompt_tokens"]][(table["finish_s"] >= w0) & (table["finish_s"] < w1)]
     output = int(done["output_tokens"].sum())
     prompt = int(done.loc[done["sample"] == 0, "prompt_tokens"].sum())
     summary.update(request_throughput=int((done["sample"] == 0).sum()) / length,
