@@ -30,6 +30,7 @@ from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
 from kvplan.engine.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
+    from kvplan.engine.core.kv_interface import PrefixHits
     from kvplan.engine.core.scheduler import Scheduler
 
 
@@ -104,7 +105,7 @@ class BeamGroups:
         if not sched.has_seq_room(len(members)) or kv.num_free_blocks - need < sched.admission_reserve():
             return None
         for request in members:
-            hits = kv.find_cached_prefix(request)
+            hits: PrefixHits = kv.find_cached_prefix(request)
             n = sched.chunk(request.num_tokens - len(hits) * bs, budget)  # may be 0: computed in later steps
             copies = kv.allocate(request, n, hits)
             sched.waiting.remove(request)

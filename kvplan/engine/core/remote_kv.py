@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Final
 from kvplan.engine.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
+    from kvplan.engine.core.kv_interface import PrefixHits
     from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
     from kvplan.engine.core.scheduler import Scheduler
 
@@ -153,7 +154,7 @@ class RemoteKV:
         and pops the request from `waiting` on True."""
         sched = self.sched
         kv = sched.kv
-        hits = kv.find_cached_prefix(request)  # capped below the prompt: at least one token is external
+        hits: PrefixHits = kv.find_cached_prefix(request)  # capped below the prompt: at least one token is external
         first = len(hits) * sched.block_size
         reserve = sched.admission_reserve() + self.inflight_prefill_blocks(admitted)
         copies = kv.allocate(request, request.prompt_len - first, hits, reserve)
@@ -167,7 +168,7 @@ class RemoteKV:
         request.kv_transfer_params["do_remote_prefill"] = False  # the connector's: one transfer per request
         request.status = RECEIVING
         self.holding.append(request)
-        ids = kv.block_ids[request.request_id]
+        ids: Any = kv.block_ids[request.request_id]  # (a list: a hybrid cache's, one per group, never loads)
         out.kv_loads.append(KVLoad(request, first, list(ids[first // sched.block_size:])))
         return True
 
@@ -230,7 +231,8 @@ class RemoteKV:
         rid = request.request_id
         self.sending[rid] = request
         if result is not None:
-            result.kv_sends[rid] = list(self.sched.kv.block_ids[rid])
+            ids: Any = self.sched.kv.block_ids[rid]  # (a list, as above)
+            result.kv_sends[rid] = list(ids)
         return True
 
     def abort(self, request: Request) -> None:
