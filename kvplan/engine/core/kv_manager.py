@@ -271,11 +271,14 @@ class KVCacheManager(TieredPrefix):
     def free(self, request: Request) -> None:
         """Release every block of the request, tail first (GPU and CPU side)."""
         rid = request.request_id
-        table = self.tables.pop(rid, None)
+        # (get and del: the compiled build's `pop` with a default is a Python method call; an empty CPU side, the
+        # common case, is not looked up)
+        table = self.tables.get(rid)
         if table is not None:
+            del self.tables[rid]
             del self.block_ids[rid]
             self.pool.release_all(table)
-        cpu_table = self.cpu_tables.pop(rid, None)
+        cpu_table = self.cpu_tables.pop(rid, None) if self.cpu_tables else None
         if cpu_table is not None:
             assert self.cpu_pool is not None  # only `swap_out` fills cpu_tables, and only with a CPU pool
             self.cpu_pool.release_all(cpu_table)

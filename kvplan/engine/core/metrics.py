@@ -130,7 +130,7 @@ def _grown(values: list[T], size: int, fill: T) -> list[T]:
     return values
 
 
-def _table_slots(tables: Mapping[str, list[KVBlock | None]], requests: list[Request], bs: int,
+def _table_slots(tables: dict[str, list[KVBlock | None]], requests: list[Request], bs: int,
                  num_blocks: int, shared_leading: bool = False,
                  duplicates: Mapping[int, list[KVBlock]] | None = None) -> tuple[int, int]:
     """(token states the tables' blocks hold, slots their holders will have written at their end). A block several
