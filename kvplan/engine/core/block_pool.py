@@ -269,10 +269,10 @@ class BlockPool:
 
     def acquire_many(self, blocks: list[KVBlock]) -> None:
         """`acquire` of each of `blocks`, in order (an admission's prefix hits)."""
-        remove, touch = self.policy.remove, self._touch
+        policy, touch = self.policy, self._touch  # (the policy's method called as one: a bound method is a Python call)
         for block in blocks:
             if block.ref_cnt == 0:
-                remove(block)
+                policy.remove(block)
             block.ref_cnt += 1
             if touch is not None:
                 touch(block)

@@ -192,7 +192,7 @@ class DecodeSteps:
         """`update()` for the bulk decodes decodes[start:stop]: one token each, output budgets finished (their full
         blocks were registered when they were scheduled). The index of each that finishes below `leading` (the
         leading run, each at its index in `running`) goes to `finished_at`."""
-        finish = self.sched.finish
+        sched = self.sched  # (its `finish` called as a method: a bound method in a local is a Python call)
         for i in range(start, stop):
             request = decodes[i]
             if request.status is not RUNNING:
@@ -201,7 +201,7 @@ class DecodeSteps:
             output: i64 = request.num_output_tokens + 1
             request.num_output_tokens = output
             if output >= request.max_tokens:
-                finish(request, "length", result)
+                sched.finish(request, "length", result)
                 if i < leading:
                     finished_at.append(i)
 
@@ -325,7 +325,7 @@ class DecodeSteps:
         it); returns the (step, request) completions. `usage` (when given) gets the KV usage of each of `steps`
         steps while it runs."""
         sched, pool = self.sched, self.pool
-        running, kv, finish = sched.running, sched.kv, sched.finish
+        running, kv = sched.running, sched.kv
         group = self.group
         tables, ids = (group.tables, group.block_ids) if group is not None else ({}, {})
         id_objects = pool.id_objects if pool is not None else []
@@ -366,12 +366,12 @@ class DecodeSteps:
                 used += 1
                 now = used / total  # as BlockPool.usage() computes it
             elif kind == REGISTER:  # block j fills: keyed (with any full block not yet keyed)
-                # by the one group, the manager itself (no hybrid cache takes a fast path): a direct call, where
-                # the protocol-typed `kv` is a generic method call in the compiled build
+                # by the one group, the manager itself (no hybrid cache takes a fast path): one call, where `kv`'s
+                # first picks the manager's class
                 assert group is not None and group is kv
                 group.commit(request, (j + 1) * bs)
             else:
-                finish(request, "length", result)
+                sched.finish(request, "length", result)
                 finished.append((t, request))
                 now = kv.usage()
                 used = pool.num_used if pool is not None else 0
