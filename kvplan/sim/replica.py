@@ -324,7 +324,8 @@ class Replica:
             self._common_gaps = 0
 
     def _close(self, request: Request, end: float) -> None:
-        t = self.tracks.pop(request.request_id)
+        t = self.tracks[request.request_id]  # (and del: the compiled build's dict.pop is a Python method call)
+        del self.tracks[request.request_id]
         if self.drafts is not None:
             self.drafts.forget(request.request_id)
         if t.token_times_s is not None:
