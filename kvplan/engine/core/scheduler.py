@@ -74,7 +74,8 @@ from kvplan.engine.core.step_update import StepUpdate
 from kvplan.engine.core.tier_transfers import promotions_of
 from kvplan.engine.core.victims import pick_victim
 
-INF: Final = float("inf")  # no cap
+NO_CAP: Final = 1 << 60  # the long-prefill cap when none applies: above any token count (an int, as the caps are:
+# compared with the tokens of every request the running loop meets, a float made each comparison a generic one)
 
 # The managers `make_kv_manager` builds, each a `KVManager`. Named as a union rather than the protocol so that a
 # compiled build calls their methods directly: a protocol's method goes through Python's method lookup and argument
@@ -144,16 +145,16 @@ class Scheduler:
                               "max_model_len (0: no cap)")
         # vLLM's long_prefill_token_threshold: a prefill's tokens per step, capped before the budget is applied -
         # in steps that start with more than one request (alone, a prefill starves nobody)
-        self._long_prefill = self.config.long_prefill_token_threshold or INF
+        self._long_prefill: int = self.config.long_prefill_token_threshold or NO_CAP
         if self.config.version.long_prefill_needs_chunking and not self.config.enable_chunked_prefill:
-            self._long_prefill = INF  # vLLM >= 0.34: the cap splits prompts, which only chunked prefill may do
+            self._long_prefill = NO_CAP  # vLLM >= 0.34: the cap splits prompts, which only chunked prefill may do
         # cache-aware admission (admission.reorder_window): a window on a prefix cache
         self.cache_aware_window = self.config.cache_aware_admission_window
         if self.cache_aware_window and not self.cache_config.enable_prefix_caching:
             raise ConfigError("scheduler.cache_aware_admission_window: orders waiting requests by their cached "
                               "prefix, and cache.enable_prefix_caching is off (vLLM ignores it then); allowed: 0, or "
                               "prefix caching on")
-        self._cap = INF
+        self._cap: int = NO_CAP
         # Constants of the configuration, public for the components:
         #: whether blocks are keyed for the prefix cache as steps are scheduled
         self.keys_wanted = self.cache_config.enable_prefix_caching and self.cache_config.allocator == "paged"
@@ -342,8 +343,8 @@ class Scheduler:
 
     def chunk(self, pending: int, budget: int) -> int:
         """Tokens to compute now out of `pending` within `budget`; 0: wait for a step with room."""
-        if pending > self._cap:  # the cap is an int or INF (which never wins over an int): int() keeps it exact
-            pending = int(self._cap)
+        if pending > self._cap:
+            pending = self._cap
         if pending <= budget or self.chunked_prefill:
             return min(pending, budget)
         # Chunked prefill off: a prefill runs whole - except a recompute of prompt + generated tokens longer than
@@ -379,7 +380,7 @@ class Scheduler:
         only when more than one request is in the system (`head_blocked` plans with it before `schedule` runs)."""
         # (vLLM counts the requests holding blocks while they wait for remote KV among the waiting)
         self._cap = self._long_prefill if (len(self.running) + len(self.waiting) + len(self.swapped)
-                                           + len(self.remote.holding)) > 1 else INF
+                                           + len(self.remote.holding)) > 1 else NO_CAP
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(self.step_id)
@@ -452,7 +453,7 @@ class Scheduler:
                 pending = spec.cap(request, pending + len(request.spec_token_ids))
             n = pending if pending <= room and pending <= self._cap else self.chunk(pending, room)
             if n == 0 and spec is not None and request.spec_token_ids:  # a decode's drafts are trimmed to fit,
-                n = int(min(pending, room, self._cap))  # chunked prefill or not (vLLM's running loop)
+                n = min(pending, room, self._cap)  # chunked prefill or not (vLLM's running loop)
             if n == 0:
                 continue
             slots = n if spec is None else spec.slots(request.num_computed_tokens, n)
