@@ -7,7 +7,6 @@ in priority order under the priority policy.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Iterator
 from itertools import islice
 
@@ -15,39 +14,51 @@ from kvplan.engine.core.request import Request
 
 
 class FCFSQueue:
+    """A list and the index of its head: the requests from `_head` on wait, in order (a deque's methods are Python
+    method calls in the compiled build, and the queue is read at every admission). The consumed front is dropped
+    once it is longer than the rest."""
+
     def __init__(self) -> None:
-        self._q: deque[Request] = deque()
+        self._items: list[Request] = []
+        self._head = 0
 
     def push(self, request: Request) -> None:
-        self._q.append(request)
+        self._items.append(request)
 
     def push_front(self, request: Request) -> None:
-        self._q.appendleft(request)
+        if self._head:
+            self._head -= 1
+            self._items[self._head] = request
+        else:
+            self._items.insert(0, request)
 
     def peek(self) -> Request:
-        return self._q[0]
+        return self._items[self._head]
 
     def pop(self) -> Request:
-        return self._q.popleft()
+        request = self._items[self._head]
+        self._head += 1
+        if 2 * self._head > len(self._items):
+            del self._items[:self._head]
+            self._head = 0
+        return request
 
     def remove(self, request: Request) -> None:
-        self._q.remove(request)
+        del self._items[self._items.index(request, self._head)]
 
     def head(self, n: int) -> list[Request]:
         """The first `n` requests (fewer when fewer wait), in order."""
-        return list(islice(self._q, n))
+        return self._items[self._head:self._head + n]
 
     def replace_head(self, requests: list[Request]) -> None:
         """Put `requests` (the same requests as `head(len(requests))`, reordered) in place of the queue's head."""
-        for _ in requests:
-            self._q.popleft()
-        self._q.extendleft(reversed(requests))
+        self._items[self._head:self._head + len(requests)] = requests
 
     def __len__(self) -> int:
-        return len(self._q)
+        return len(self._items) - self._head
 
     def __iter__(self) -> Iterator[Request]:
-        return iter(self._q)
+        return islice(self._items, self._head, None)
 
 
 class PriorityQueue:
