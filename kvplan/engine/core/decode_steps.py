@@ -366,8 +366,8 @@ class DecodeSteps:
                 used += 1
                 now = used / total  # as BlockPool.usage() computes it
             elif kind == REGISTER:  # block j fills: keyed (with any full block not yet keyed)
-                # by the one group, the manager itself (no hybrid cache takes a fast path): one call, where `kv`'s
-                # first picks the manager's class
+                # by the one group, the manager itself (no hybrid cache takes a fast path), called as the paged
+                # manager it is (a call through `kv` first picks among the managers' classes)
                 assert group is not None and group is kv
                 group.commit(request, (j + 1) * bs)
             else:
