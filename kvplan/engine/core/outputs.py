@@ -71,8 +71,8 @@ class SchedulerOutput:
     # metadata a model runner builds for them: the simulator's cost model reads it, instead of visiting hundreds
     # of requests again); None once an entry of `decodes` is taken back out (a preemption victim)
     decode_sums: tuple[int, int, int] | None = None
-    # how many of `decodes` lead `running` (`schedule_leading`'s run; the rest joined from behind): while
-    # `decode_sums` is not None (no victim left them), decodes[i] is running[i] for each of them
+    # how many of `decodes` lead `running` (`schedule_leading`'s run; the rest joined from behind), so that
+    # decodes[i] is running[i] for each of them; 0 once a preemption victim is taken back out of `decodes`
     leading_decodes: int = 0
     # P/D, decode side: the receives to start, one per request that began waiting for remote KV (`remote_kv`)
     kv_loads: list[KVLoad] = field(default_factory=list)

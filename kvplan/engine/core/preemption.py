@@ -98,6 +98,9 @@ class GroupPreemption:
                 out.num_batched_tokens -= 1
                 del out.decodes[i]
                 out.decode_sums = None  # (they counted it)
+                # nor do the ones left line up with `running` (`leading_decodes`), even should a decode joining
+                # from behind (`schedule_inline`) start new sums once this empties the list
+                out.leading_decodes = 0
                 for item in out.scheduled:  # the items behind it have one bulk decode fewer before them
                     if item.decodes_before > i:
                         item.decodes_before -= 1

@@ -41,7 +41,7 @@ class StepUpdate:
         done = 0  # bulk decodes updated: in running order, each before the items behind it
         # The leading run's places in `running` are its indices (unless a victim left it): where every request
         # this update finishes is one of them, `drop_finished` is told their places (`finished_at`)
-        leading = out.leading_decodes if out.decode_sums is not None else 0
+        leading = out.leading_decodes
         finished_at: list[int] = []
         windowed = self.windowed
         for i, item in enumerate(out.scheduled):
