@@ -59,6 +59,9 @@ def _check_paged(sched: Scheduler, mid_step: bool) -> None:
     assert set(kv.cpu_tables) <= set(sched.requests)
     for rid, table in kv.tables.items():
         assert kv.block_ids[rid] == [-1 if b is None else b.block_id for b in table]
+    on_requests = getattr(kv, "tables_on_requests", False)  # (a hybrid cache's groups keep theirs to themselves)
+    for rid, request in sched.requests.items():  # a request's own table is the one its cache holds under its id
+        assert request.kv_table is (kv.tables.get(rid) if on_requests else None), f"{rid}: kv_table is stale"
     check_pool(kv.pool, kv.tables)
     if kv.cpu_pool is not None:
         check_pool(kv.cpu_pool, kv.cpu_tables)

@@ -106,7 +106,6 @@ class DecodeSteps:
         running, pool = sched.running, self.pool
         bs: i64 = sched.block_size
         shift: i64 = self.block_shift
-        tables = self.group.tables if self.group is not None else {}
         registering = sched.keys_wanted
         count: i64 = 0
         new: i64 = 0
@@ -138,7 +137,8 @@ class DecodeSteps:
                 # (a prefix hit is a full block below its computed tokens), so only a forked request can need
                 # copy-on-write.
                 if pos == block * bs or request.forked:
-                    table = tables[request.request_id]
+                    table = request.kv_table
+                    assert table is not None  # a paged cache's running request holds its table
                     held: i64 = len(table) * bs
                     if pos < held:
                         if request.forked and table[block].ref_cnt != 1:  # type: ignore[union-attr]
@@ -229,7 +229,6 @@ class DecodeSteps:
         pool = self.pool
         bs: i64 = sched.block_size
         shift: i64 = self.block_shift
-        tables = self.group.tables if self.group is not None else {}
         registering = pool is not None and pool.enable_caching
         longest: i64 = 0
         shortest: i64 = limit
@@ -250,7 +249,8 @@ class DecodeSteps:
                 shortest = remaining
             if pool is None:
                 continue  # contiguous reservation: decode never allocates
-            table = tables[request.request_id]
+            table = request.kv_table
+            assert table is not None  # a paged cache's running request holds its table
             block: i64 = pos >> shift if shift >= 0 else pos // bs  # pos // bs (the other block numbers follow)
             inside = pos != block * bs  # pos % bs != 0: its next write goes into a block it holds
             # (no holes: a cache that releases blocks mid-request never takes the decode fast path)
@@ -327,7 +327,7 @@ class DecodeSteps:
         sched, pool = self.sched, self.pool
         running, kv = sched.running, sched.kv
         group = self.group
-        tables, ids = (group.tables, group.block_ids) if group is not None else ({}, {})
+        ids = group.block_ids if group is not None else {}
         id_objects = pool.id_objects if pool is not None else []
         bs = sched.block_size
         finished = []
@@ -361,7 +361,9 @@ class DecodeSteps:
                         next_taken = 0
                     block = taken[next_taken]
                     next_taken += 1
-                tables[request.request_id].append(block)
+                table = request.kv_table
+                assert table is not None  # a paged cache's running request holds its table
+                table.append(block)
                 cast("list[object]", ids[request.request_id]).append(id_objects[block.block_id])  # (its int object)
                 used += 1
                 now = used / total  # as BlockPool.usage() computes it

@@ -88,7 +88,7 @@ class HybridKVCacheManager:
         self.managers = [
             KVCacheManager(CacheConfig(**{**{f.name: getattr(config, f.name) for f in fields(CacheConfig)},
                                           "window_tokens": g.kept_tokens, "sink_tokens": 0}), self.pool,
-                           stable_id_hash(f"kv-group-{i}") if i else 0)
+                           stable_id_hash(f"kv-group-{i}") if i else 0, tables_on_requests=False)
             for i, g in enumerate(layout.groups)]
         self.sliding = [m for m, g in zip(self.managers, layout.groups, strict=True) if g.sliding]
         self.full = [m for m, g in zip(self.managers, layout.groups, strict=True) if not g.sliding]

@@ -44,7 +44,8 @@ class KVCacheManager(TieredPrefix):
     allocator (`kv_groups`) one manager per group shares the coordinator's `pool`, its prefix-cache keys told
     apart from the other groups' by `key_salt` (vLLM keys a cached block by hash and group id)."""
 
-    def __init__(self, config: CacheConfig, pool: BlockPool | None = None, key_salt: int = 0) -> None:
+    def __init__(self, config: CacheConfig, pool: BlockPool | None = None, key_salt: int = 0,
+                 tables_on_requests: bool = True) -> None:
         self.config = config
         self.block_size = config.block_size
         self.key_salt = key_salt
@@ -55,6 +56,9 @@ class KVCacheManager(TieredPrefix):
         # Prefix tiers below the GPU (none: the pool drops what it evicts, exactly as vLLM without offloading).
         self._init_tiers(config, own_pool=pool is None)
         self.tables: dict[str, list[KVBlock | None]] = {}
+        # Each table also as its request's `kv_table` (the whole cache; a hybrid cache's groups each hold one per
+        # request, so none of them is the request's): set wherever a table is made or dropped here
+        self.tables_on_requests = tables_on_requests
         self.block_ids: dict[str, list[int]] = {}  # the same tables as plain ids, for the model runner
         self.cpu_tables: dict[str, list[KVBlock | None]] = {}
         self.sink_blocks = cdiv(config.sink_tokens, config.block_size)
@@ -198,6 +202,8 @@ class KVCacheManager(TieredPrefix):
         if table is None:
             table = self.tables[rid] = []
             self.block_ids[rid] = []
+            if self.tables_on_requests:
+                request.kv_table = table
         ids = self.block_ids[rid]
         if hits:
             # (`take_hits` reads a list, which the compiled build iterates natively, where a Sequence went through
@@ -277,6 +283,7 @@ class KVCacheManager(TieredPrefix):
         if table is not None:
             del self.tables[rid]
             del self.block_ids[rid]
+            request.kv_table = None
             self.pool.release_all(table)
         cpu_table = self.cpu_tables.pop(rid, None) if self.cpu_tables else None
         if cpu_table is not None:
@@ -292,6 +299,8 @@ class KVCacheManager(TieredPrefix):
                 self.pool.share(block)
         self.tables[child.request_id] = table
         self.block_ids[child.request_id] = list(self.block_ids[parent.request_id])
+        if self.tables_on_requests:
+            child.kv_table = table
         return True
 
     # -- swap ----------------------------------------------------------------------------------------------
@@ -337,6 +346,8 @@ class KVCacheManager(TieredPrefix):
             cpu_pool.release_all(cpu_table)
             self.tables[request.request_id] = table
             self.block_ids[request.request_id] = [HOLE if b is None else b.block_id for b in table]
+            if self.tables_on_requests:
+                request.kv_table = table
             request.num_hashed_blocks = 0  # the copies are new blocks: register them again
         return copies
 

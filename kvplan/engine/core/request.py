@@ -31,6 +31,8 @@ from kvplan.errors import UserError
 if TYPE_CHECKING:
     from mypy_extensions import i64  # native 64-bit fields in the compiled build (no tag checks); int when interpreted
 
+    from kvplan.engine.core.block_pool import KVBlock
+
 
 class RequestStatus(enum.IntEnum):
     WAITING = 0
@@ -95,6 +97,10 @@ class Request:
     # where a runner records its timeline (the simulator's replica reads it every step, instead of looking its
     # id up); the core never reads it, and a fork starts without one
     timing: SequenceTiming | None = None
+    # its block table in a one-group paged cache: the list `KVCacheManager.tables` holds under its id (None while
+    # it holds none, and in a hybrid cache's groups), kept here so that the decode fast paths, which visit every
+    # running request per step or stretch, read it without a lookup by id
+    kv_table: list[KVBlock | None] | None = None
 
     @property
     def num_tokens(self) -> int:

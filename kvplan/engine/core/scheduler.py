@@ -286,7 +286,11 @@ class Scheduler:
         self.num_running_seqs += request.seq_slots
 
     def stop_running(self, request: Request) -> None:
-        self.running.remove(request)
+        running = self.running
+        if running[-1] is request:  # a preemption victim is most often the last (vLLM's FCFS victim policy)
+            running.pop()
+        else:  # (remove compares each request before it, at about a hundred instructions each when compiled)
+            running.remove(request)
         self.num_running_seqs -= request.seq_slots
 
     def finish(self, request: Request, reason: str, result: UpdateOutput | None) -> None:
