@@ -91,6 +91,8 @@ class DecodeSteps:
         kv = sched.kv
         self.pool = kv.pool  # None: a reservation cache, whose decodes never allocate
         self.group = kv.groups[0] if len(kv.groups) == 1 else None  # the tables a paged cache's decodes extend
+        # (one group is a whole paged cache, which keeps each table on its request too: the paths below read it)
+        assert self.group is None or self.group.tables_on_requests
         # log2 of a power-of-two block size, else -1: the per-request block numbers below are then shifts (x >> s
         # is x // 2**s for every int), where the compiled build's // calls a helper (about 20 instructions)
         bs = sched.block_size

@@ -150,8 +150,15 @@ class KVCacheManager(TieredPrefix):
             return
         request.block_keys.key(full - 1)  # computes every key up to it in one call
         keys = request.block_keys.keys
-        self.pool.register_blocks(self.tables[request.request_id], keys, first, min(full, len(keys)), self.key_salt)
+        table = self.table_of(request)
+        assert table is not None  # (blocks are committed only once allocated)
+        self.pool.register_blocks(table, keys, first, min(full, len(keys)), self.key_salt)
         request.num_hashed_blocks = full
+
+    def table_of(self, request: Request) -> list[KVBlock | None] | None:
+        """The request's block table here, None while it holds none: its `kv_table` where this manager is the
+        whole cache (no lookup by id on the per-step paths), else from `tables`."""
+        return request.kv_table if self.tables_on_requests else self.tables.get(request.request_id)
 
     def unregister_since(self, request: Request, first_block: int) -> None:
         """Undo the registrations of the request's blocks from `first_block` on: the step that registered them
@@ -190,7 +197,7 @@ class KVCacheManager(TieredPrefix):
         admission). Returns the copy-on-write copies to perform, or None - changing nothing - when fewer than
         `reserve` blocks would remain free."""
         rid, bs, pool = request.request_id, self.block_size, self.pool
-        table = self.tables.get(rid)
+        table = self.table_of(request)
         start = request.num_computed_tokens
         # `has_room`, inlined: this is the common decode step (room left in a private last block)
         # (the block written next is never a hole: only blocks wholly before the window are released)
