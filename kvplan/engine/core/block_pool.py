@@ -112,6 +112,12 @@ class BlockPool:
         """Fraction of blocks in use; cached-but-free blocks count as free (as vLLM)."""
         return self.num_used / self.num_blocks
 
+    @property
+    def registrations_watched(self) -> bool:
+        """Whether anything notes when a block is keyed (a lower tier told of it, or the eviction policy's
+        `on_cached`, FIFO's clock): registrations then happen in the order the steps make them."""
+        return self.on_register is not None or self._on_cached is not None
+
     def lookup(self, key: int) -> KVBlock | None:
         return self.cached.get(key)
 

@@ -297,6 +297,15 @@ class DecodeSteps:
         pool = self.pool
         bs: i64 = sched.block_size
         caching = pool is not None and pool.enable_caching
+        # Where nothing watches registrations or evictions (no prefix tier, no eviction policy that notes when a
+        # block is keyed), a request's registrations are made in one call - before its completion, or after the
+        # replay - instead of one event per block: a stretch keys only blocks its decodes fill, past every key the
+        # request held (those positions were never computed), so each key is new to the cache and its
+        # registration commutes with every allocation, eviction, completion and other registration of the
+        # stretch; it needs only its block allocated, and must precede its release.
+        deferred = (caching and pool is not None and pool.spill is None
+                    and not pool.registrations_watched)
+        keying: list[Request] = []  # the requests whose registrations wait for the replay's end (`deferred`)
         events: list[Event] = []
         finished_at: list[int] = []  # (their places in `running`, for `drop_finished`)
         for idx, request in enumerate(running):
@@ -309,12 +318,19 @@ class DecodeSteps:
             request.num_output_tokens += n
             # `_block_events` only for a request whose stretch opens or fills a block (a short stretch often neither)
             if pool is not None and ((pos - 1) // bs != (pos + n - 1) // bs or (pos + n) // bs != pos // bs):
+                keyed = caching and request.block_keys is not None
                 _block_events(events, idx, pos, n, -(-pos // bs) * bs, request.num_hashed_blocks, bs,
-                              caching and request.block_keys is not None)
+                              keyed and not deferred)
+                if keyed and deferred and not finishes and (pos + n) // bs > request.num_hashed_blocks:
+                    keying.append(request)
             if finishes:  # its output budget is reached in the stretch's step n - 1
                 events.append((n - 1, UPDATE, idx, FINISH, 0))
                 finished_at.append(idx)
-        finished = self._replay(events, _sorted_order(events), usage, k, UpdateOutput())
+        finished = self._replay(events, _sorted_order(events), usage, k, UpdateOutput(), deferred)
+        group = self.group
+        for request in keying:  # (by the one group, the manager itself, as in `_replay`)
+            assert group is not None
+            group.commit(request, request.num_computed_tokens)
         if finished:
             sched.drop_finished(finished_at, new_list=True)  # (the replica stamps the stretch on the old list)
         sched.count_steps(k)
@@ -322,10 +338,11 @@ class DecodeSteps:
 
     # -- the one replay of decode steps' effects ---------------------------------------------------------------
     def _replay(self, events: list[Event], order: list[int] | None, usage: list[float] | None, steps: int,
-                result: UpdateOutput | None) -> list[tuple[int, Request]]:
+                result: UpdateOutput | None, key_at_finish: bool = False) -> list[tuple[int, Request]]:
         """Apply `events` in sorted order (see the module), which `order` lists their places in (None: they are in
         it); returns the (step, request) completions. `usage` (when given) gets the KV usage of each of `steps`
-        steps while it runs."""
+        steps while it runs. `key_at_finish`: a completing request's full blocks are registered just before it
+        finishes (`advance`'s deferred registrations)."""
         sched, pool = self.sched, self.pool
         running, kv = sched.running, sched.kv
         group = self.group
@@ -375,6 +392,9 @@ class DecodeSteps:
                 assert group is not None and group is kv
                 group.commit(request, (j + 1) * bs)
             else:
+                if key_at_finish:
+                    assert group is not None and group is kv  # (as for REGISTER)
+                    group.commit(request, request.num_computed_tokens)
                 sched.finish(request, "length", result)
                 finished.append((t, request))
                 now = kv.usage()
