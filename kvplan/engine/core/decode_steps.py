@@ -41,7 +41,9 @@ order as stepping. Two entry points use it:
   completion (a backlog: `Admission.head_blocked`). Nothing in a stretch reads the prefix cache (admissions are
   excluded), so evicting inside it changes nothing but the blocks' fate, which the replay reproduces. A step's
   registrations and evictions all precede its end, so a cache-aware router reading the cache at an arrival during
-  the stretch's last step sees what it would see step by step::
+  the stretch's last step sees what it would see step by step. The keys a stretch registers are new to the cache
+  (positions never computed), so where nothing watches registrations their order does not matter: each request's
+  are then made in one call, before its completion or after the replay (`advance`)::
 
       step        0    1    2    3    4
       request a   ▪    ▪    ▪    ▪    ▪      allocate (maybe evict) / register / finish events, replayed sorted
@@ -296,6 +298,7 @@ class DecodeSteps:
         running = sched.running
         pool = self.pool
         bs: i64 = sched.block_size
+        shift: i64 = self.block_shift
         caching = pool is not None and pool.enable_caching
         # Where nothing watches registrations or evictions (no prefix tier, no eviction policy that notes when a
         # block is keyed), a request's registrations are made in one call - before its completion, or after the
@@ -316,13 +319,19 @@ class DecodeSteps:
             pos: i64 = request.num_computed_tokens  # before the stretch
             request.num_computed_tokens = pos + n
             request.num_output_tokens += n
-            # `_block_events` only for a request whose stretch opens or fills a block (a short stretch often neither)
-            if pool is not None and ((pos - 1) // bs != (pos + n - 1) // bs or (pos + n) // bs != pos // bs):
-                keyed = caching and request.block_keys is not None
-                _block_events(events, idx, pos, n, -(-pos // bs) * bs, request.num_hashed_blocks, bs,
-                              keyed and not deferred)
-                if keyed and deferred and not finishes and (pos + n) // bs > request.num_hashed_blocks:
-                    keying.append(request)
+            # `_block_events` only for a request whose stretch opens or fills a block (a short stretch often neither):
+            # the block numbers of positions pos - 1, pos, pos + n - 1 and pos + n (shifts where bs is a power of two)
+            if pool is not None:
+                before: i64 = (pos - 1) >> shift if shift >= 0 else (pos - 1) // bs
+                at: i64 = pos >> shift if shift >= 0 else pos // bs
+                last: i64 = (pos + n - 1) >> shift if shift >= 0 else (pos + n - 1) // bs
+                after: i64 = (pos + n) >> shift if shift >= 0 else (pos + n) // bs
+                if before != last or after != at:
+                    keyed = caching and request.block_keys is not None
+                    _block_events(events, idx, pos, n, -(-pos // bs) * bs, request.num_hashed_blocks, bs,
+                                  keyed and not deferred)
+                    if keyed and deferred and not finishes and after > request.num_hashed_blocks:
+                        keying.append(request)
             if finishes:  # its output budget is reached in the stretch's step n - 1
                 events.append((n - 1, UPDATE, idx, FINISH, 0))
                 finished_at.append(idx)
