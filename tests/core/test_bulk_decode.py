@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from kvplan.engine.core import CacheConfig, Request, Scheduler, SchedulerConfig, make_request
 from kvplan.engine.core.decode_steps import DecodeMode
 from kvplan.engine.core.eviction import EVICTION_POLICIES
+from kvplan.engine.core.victims import VICTIM_POLICIES
 from kvplan.sim.cost.step_sums import decode_sums
 from tests.core.helpers import make_scheduler
 from tests.core.test_fast_forward import add_random_requests, snapshot
@@ -58,7 +59,7 @@ def drive(seed: int, steps: int, **kwargs) -> tuple[int, int]:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 4, 16]), blocks=st.integers(40, 300),
        policy=st.sampled_from(sorted(EVICTION_POLICIES)), mode=st.sampled_from(["recompute", "swap"]),
-       schedule=st.sampled_from(["mixed", "prefill_first"]), victim=st.sampled_from(["newest", "longest_remaining"]),
+       schedule=st.sampled_from(["mixed", "prefill_first"]), victim=st.sampled_from(sorted(VICTIM_POLICIES)),
        queue=st.sampled_from(["fcfs", "priority"]), max_seqs=st.sampled_from([3, 8, 64]))
 # A victim that empties the leading run, then decodes joining from behind: their places no longer line up with
 # `running` (found by this test: `update` dropped a live request as finished)
