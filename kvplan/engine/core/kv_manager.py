@@ -131,7 +131,10 @@ class KVCacheManager(TieredPrefix):
         keys.key(limit - 1)
         # (keys as objects, as `BlockPool.register_blocks` takes them: a compiled build looks each up as it is)
         keyed = cast("dict[int | None, KVBlock]", cached)
-        for key in cast("list[int | None]", keys.keys)[:limit]:
+        # (the list itself, up to the limit: a slice would copy every key up to it, where most lookups stop early)
+        for taken, key in enumerate(cast("list[int | None]", keys.keys)):
+            if taken == limit:
+                break
             block = keyed.get(key)
             if block is None:
                 break
