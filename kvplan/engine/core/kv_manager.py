@@ -57,7 +57,7 @@ class KVCacheManager(TieredPrefix):
         self._init_tiers(config, own_pool=pool is None)
         self.tables: dict[str, list[KVBlock | None]] = {}
         # Each table also as its request's `kv_table` (the whole cache; a hybrid cache's groups each hold one per
-        # request, so none of them is the request's): set wherever a table is made or dropped here
+        # request, so none of them is the request's): set by `_hold`, dropped by `free`
         self.tables_on_requests = tables_on_requests
         self.block_ids: dict[str, list[int]] = {}  # the same tables as plain ids, for the model runner
         self.cpu_tables: dict[str, list[KVBlock | None]] = {}
@@ -163,6 +163,14 @@ class KVCacheManager(TieredPrefix):
         whole cache (no lookup by id on the per-step paths), else from `tables`."""
         return request.kv_table if self.tables_on_requests else self.tables.get(request.request_id)
 
+    def _hold(self, request: Request, table: list[KVBlock | None], ids: list[int]) -> None:
+        """Give `request` its block `table` (and `ids`, the same blocks as plain ids): in `tables` and `block_ids`,
+        and as its `kv_table` where this manager is the whole cache. (`free` drops all three.)"""
+        self.tables[request.request_id] = table
+        self.block_ids[request.request_id] = ids
+        if self.tables_on_requests:
+            request.kv_table = table
+
     def unregister_since(self, request: Request, first_block: int) -> None:
         """Undo the registrations of the request's blocks from `first_block` on: the step that registered them
         will not run for it (it was preempted after being scheduled), so their contents are never computed."""
@@ -210,10 +218,8 @@ class KVCacheManager(TieredPrefix):
         if left < reserve:
             return None
         if table is None:
-            table = self.tables[rid] = []
-            self.block_ids[rid] = []
-            if self.tables_on_requests:
-                request.kv_table = table
+            table = []
+            self._hold(request, table, [])
         ids = self.block_ids[rid]
         if hits:
             # (`take_hits` reads a list, which the compiled build iterates natively, where a Sequence went through
@@ -307,10 +313,7 @@ class KVCacheManager(TieredPrefix):
         for block in table:
             if block is not None:
                 self.pool.share(block)
-        self.tables[child.request_id] = table
-        self.block_ids[child.request_id] = list(self.block_ids[parent.request_id])
-        if self.tables_on_requests:
-            child.kv_table = table
+        self._hold(child, table, list(self.block_ids[parent.request_id]))
         return True
 
     # -- swap ----------------------------------------------------------------------------------------------
@@ -354,10 +357,7 @@ class KVCacheManager(TieredPrefix):
         tables, copies = self._copy_tables(cpu_tables, self.pool)
         for request, table, cpu_table in zip(group, tables, cpu_tables, strict=True):
             cpu_pool.release_all(cpu_table)
-            self.tables[request.request_id] = table
-            self.block_ids[request.request_id] = [HOLE if b is None else b.block_id for b in table]
-            if self.tables_on_requests:
-                request.kv_table = table
+            self._hold(request, table, [HOLE if b is None else b.block_id for b in table])
             request.num_hashed_blocks = 0  # the copies are new blocks: register them again
         return copies
 
