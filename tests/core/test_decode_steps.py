@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kvplan.engine.core import Scheduler, make_request
-from kvplan.engine.core.decode_steps import FINISH, UPDATE, DecodeMode, _block_events, _sorted_order
+from kvplan.engine.core.decode_steps import FINISH, UPDATE, DecodeMode, block_events
+from kvplan.engine.core.decode_stretch import _sorted_order
 from kvplan.engine.core.eviction import EVICTION_POLICIES
 from tests.core.helpers import make_scheduler
 from tests.core.test_bulk_decode import batch
@@ -145,14 +146,14 @@ def test_a_backlog_head_with_cached_hits_can_come_in_before_the_first_completion
        k=st.integers(1, 80), block_size=st.sampled_from([1, 2, 4, 16]))
 @settings(max_examples=300, deadline=None)
 def test_a_stretch_s_events_sort_by_step_and_place_as_by_the_whole_tuple(requests, k, block_size):
-    """`advance()` appends each request's block events (`_block_events`) and completion in running order; the int
+    """`advance()` appends each request's block events (`block_events`) and completion in running order; the int
     sort by (step, phase) and place in the list must give exactly the tuples' sorted order."""
     events = []
     for idx, (pos, remaining, behind, registering, at_boundary) in enumerate(requests):
         n = min(k, remaining)
         held = pos if at_boundary and pos % block_size == 0 else -(-pos // block_size) * block_size
         hashed = max(0, pos // block_size - behind)  # up to `behind` full blocks not keyed yet
-        _block_events(events, idx, pos, n, held, hashed, block_size, registering)
+        block_events(events, idx, pos, n, held, hashed, block_size, registering)
         if remaining <= k:
             events.append((n - 1, UPDATE, idx, FINISH, 0))
     assert [events[i] for i in _sorted_order(events)] == sorted(events)

@@ -42,7 +42,7 @@ prompt's KV (decode side: WAITING_FOR_REMOTE_KVS holding its blocks, `SchedulerO
 `UpdateOutput.kv_sends`, then `finished_sending`). Without such requests nothing here changes.
 
 `update(step, sampled)` (`step_update`) applies the step's results. Decodes can be stepped in bulk, one step or
-k at once, in count-only runs (`decode_steps`). Requests that could never run are rejected at
+k at once, in count-only runs (`decode_steps`, `decode_stretch`). Requests that could never run are rejected at
 `add_request` and reported in the next step.
 
 Speculative decoding (`speculative_config`, vLLM's; `spec_steps`): running requests' drafts (`set_drafts`) are
@@ -60,6 +60,7 @@ from kvplan.engine.core.admission import Admission
 from kvplan.engine.core.beam_group import BeamGroups
 from kvplan.engine.core.config import CacheConfig, ConfigError, HybridCacheConfig, SchedulerConfig
 from kvplan.engine.core.decode_steps import DecodeMode, DecodeSteps
+from kvplan.engine.core.decode_stretch import DecodeStretch
 from kvplan.engine.core.kv_groups import HybridKVCacheManager
 from kvplan.engine.core.kv_manager import KVCacheManager
 from kvplan.engine.core.metrics import SchedulerStats, kv_snapshot, memory_breakdown
@@ -95,7 +96,7 @@ class Scheduler:
     """The continuous-batching scheduler (see the module). It owns the request sets and the KV manager; its
     parts are components it owns, each working through this class's public members: `admissions` (waiting ->
     running), `preemption` (groups preempted and swapped back all or nothing), `beams` (beam-search groups),
-    `updates` (`update`) and `decode_steps` (decodes stepped in bulk or k steps at once).
+    `updates` (`update`), `decode_steps` (decodes stepped in bulk) and `decode_stretch` (k decode steps at once).
 
     Invariants between calls:
 
@@ -173,6 +174,7 @@ class Scheduler:
         self.beams = BeamGroups(self)
         self.updates = StepUpdate(self)
         self.decode_steps = DecodeSteps(self)
+        self.decode_stretch = DecodeStretch(self.decode_steps)
         self.remote = RemoteKV(self)
         #: speculative decoding (None: off) and the budget rows a scheduled request takes for drafting
         self.spec_steps = SpecSteps.of(self)
@@ -511,11 +513,11 @@ class Scheduler:
     def decode_horizon(self, limit: int, least: int = 1) -> int:
         """Largest k <= limit for which `advance_decodes(k)` equals k `schedule()` + `update()` cycles (0: none, or
         fewer than `least`)."""
-        return self.decode_steps.horizon(limit, least)
+        return self.decode_stretch.horizon(limit, least)
 
     def advance_decodes(self, k: int, usage: list[float] | None = None) -> list[tuple[int, Request]]:
-        """Apply k pure-decode cycles at once; the (step, request) completions in update order (`decode_steps`)."""
-        return self.decode_steps.advance(k, usage)
+        """Apply k pure-decode cycles at once; the (step, request) completions in update order (`decode_stretch`)."""
+        return self.decode_stretch.advance(k, usage)
 
     def waiting_head_blocked(self) -> bool:
         """Whether the waiting queue's head stays waiting until a running request finishes (`admission`)."""
