@@ -22,13 +22,14 @@ def batch(out) -> list[tuple]:
             else (e.request_id, e.num_new_tokens, e.start_pos, e.samples, e.is_decode) for e in out.in_running_order()]
 
 
-def drive(seed: int, steps: int, **kwargs) -> tuple[int, int]:
+def drive(seed: int, steps: int, **kwargs) -> tuple[int, int, int]:
     """Run a bulk and a general scheduler side by side on the same random arrivals and aborts; returns how many
-    decodes went through the bulk path, and how many of them behind a scheduled item (`schedule_inline`)."""
+    decodes went through the bulk path, how many of them behind a scheduled item (`schedule_inline`), and how
+    many the last update had found quiet (`DecodeSteps.update`: their checks skipped)."""
     rng = random.Random(seed)
     bulk, general = make_scheduler(**kwargs), make_scheduler(**kwargs)
     bulk.decode_mode = DecodeMode.BULK
-    counter = bulked = behind = 0
+    counter = bulked = behind = quiet = 0
     for step in range(steps):
         if rng.random() < 0.25 or not bulk.has_unfinished():
             counter = add_random_requests(rng, (bulk, general), counter, shared_roots=2)
@@ -36,6 +37,9 @@ def drive(seed: int, steps: int, **kwargs) -> tuple[int, int]:
             victim = rng.choice(sorted(bulk.requests))
             bulk.abort(victim)
             general.abort(victim)
+        noted = bulk.decode_steps
+        if noted.quiet_step == bulk.step_id:  # noted for this step (an abort above may still void it)
+            quiet += noted.quiet_count - len(noted.quiet_marks)
         a, b = bulk.schedule(), general.schedule()
         assert batch(a) == batch(b)
         assert (a.copies, a.swap_out, a.swap_in, a.preempted, a.num_batched_tokens) == (
@@ -53,7 +57,7 @@ def drive(seed: int, steps: int, **kwargs) -> tuple[int, int]:
         full = step % 40 == 39
         assert snapshot(bulk, full) == snapshot(general, full)
         assert bulk.stats == general.stats
-    return bulked, behind
+    return bulked, behind, quiet
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -74,10 +78,16 @@ def test_bulk_decodes_equal_the_general_loop(seed, block_size, blocks, policy, m
 
 
 def test_bulk_path_carries_most_decodes_under_load_and_memory_pressure():
-    bulked, behind = drive(3, 400, block_size=4, num_blocks=70, budget=64, max_seqs=12, preemption_mode="recompute",
-                           max_model_len=160)
+    bulked, behind, quiet = drive(3, 400, block_size=4, num_blocks=70, budget=64, max_seqs=12,
+                                  preemption_mode="recompute", max_model_len=160)
     assert bulked > 500
     assert behind > 10  # (at 4 tokens a block, half of the decode steps open or fill one)
+    assert quiet > 100  # decodes off a block's edge, taken by their sums
+
+
+def test_quiet_decodes_are_most_of_a_long_run_with_large_blocks():
+    bulked, _, quiet = drive(7, 300, block_size=16, num_blocks=400, budget=64, max_seqs=32, max_model_len=160)
+    assert quiet > bulked // 2
 
 
 def test_plain_decodes_behind_a_prompt_in_chunks_go_in_bulk_in_their_place():

@@ -32,7 +32,12 @@ order as stepping. Two entry points use it:
   `update()` and the simulator keep running order. The rest of the step may still have to preempt: a victim
   among the bulk decodes (any victim policy but vLLM's FCFS one can pick a request scheduled earlier in the
   step) is taken out of `out.decodes` again, as the general loop's would be out of `out.scheduled`
-  (`GroupPreemption._unschedule`).
+  (`GroupPreemption._unschedule`). Most of a run is *quiet* from one step to the next: a decode's step opens a
+  block or fills one to key once in a block's worth of steps. So `update` leaves the next step the run as it
+  stays (the finished dropped), the places of the requests whose next step is not quiet (`Request.quiet_until`,
+  set where `schedule_leading` last checked a request), and the others' sums; `schedule_leading` then checks only
+  those places and takes the rest by their sums, in the step right after that update and with the run still in
+  place.
 * fast-forward - k whole cycles of `schedule()` + `update()` at once, in a pure-decode stretch
   (`decode_stretch`), replayed here.
 
@@ -73,7 +78,9 @@ class DecodeSteps:
     state; it keeps only the cache's constants (its pool, the one group's block tables of a paged cache, and the
     block size as a shift when it is a power of two)."""
 
-    __slots__ = ("block_shift", "group", "pool", "sched")
+    __slots__ = ("block_shift", "bulk_step", "group", "lead_blocks", "lead_context", "pool", "quiet_blocks",
+                 "quiet_context", "quiet_count", "quiet_last", "quiet_longest", "quiet_marks", "quiet_step", "sched",
+                 "tracking")
 
     def __init__(self, sched: Scheduler) -> None:
         self.sched = sched
@@ -86,6 +93,23 @@ class DecodeSteps:
         # is x // 2**s for every int), where the compiled build's // calls a helper (about 20 instructions)
         bs = sched.block_size
         self.block_shift: i64 = bs.bit_length() - 1 if bs & (bs - 1) == 0 else -1
+        # The quiet run (see `update`): the first `quiet_count` requests of `running`, the last `quiet_last`, as
+        # the update after step `quiet_step` left them; `quiet_marks` the places of those whose next step is not
+        # quiet, and the others' sums then (Σ of computed tokens, of their // block_size, and their max)
+        self.quiet_step: i64 = -1
+        self.quiet_count: i64 = 0
+        self.quiet_last: Request | None = None
+        self.quiet_marks: list[int] = []
+        self.quiet_context: i64 = 0
+        self.quiet_blocks: i64 = 0
+        self.quiet_longest: i64 = 0
+        self.lead_context: i64 = 0  # the last leading run's sums, as scheduled (what `update` starts the above from)
+        self.lead_blocks: i64 = 0
+        # Quiet runs are kept only across consecutive bulk steps (`tracking`: this step's run follows the last
+        # one's, `bulk_step` the step after that), where the next step is likely bulk too; a run between
+        # stretches (the step after an arrival, under light load) would pay for one never used
+        self.bulk_step: i64 = -1
+        self.tracking = False
 
     # -- one step: the leading plain decodes of a mixed step -----------------------------------------------
     def schedule_leading(self, out: SchedulerOutput, budget: int) -> int:
@@ -108,7 +132,27 @@ class DecodeSteps:
         # (an index loop, as a native int: the compiled build's list access is then direct; over a Python int it
         # takes the generic path, about twice the cost per request)
         scan: i64 = min(len(running), budget)
-        for i in range(scan):
+        # The requests the last step's update() found quiet (`update`) would pass every check below and allocate
+        # and register nothing: only their sums are needed, which it left. Valid for the step right after it, with
+        # the run still in place (this step's own scheduling is the only other editor of `running`, and taking a
+        # request out of the run moves its last one); its marked requests go through the checks.
+        quiet: i64 = 0
+        if (self.quiet_step == sched.step_id - 1 and 0 < self.quiet_count <= scan
+                and running[self.quiet_count - 1] is self.quiet_last):
+            quiet = self.quiet_count
+            context, blocks, longest = self.quiet_context, self.quiet_blocks, self.quiet_longest
+        self.quiet_step = -1
+        marks = self.quiet_marks
+        tracking = self.bulk_step == sched.step_id - 1
+        marked: i64 = 0  # the marks passed
+        i: i64 = 0
+        while i < scan:
+            if i < quiet:  # on to the next marked request, or past the quiet run
+                i = marks[marked] if marked < len(marks) else quiet
+                marked += 1
+                count = i
+                if i == quiet:
+                    continue
             request = running[i]
             pos: i64 = request.num_computed_tokens
             output: i64 = request.num_output_tokens
@@ -143,17 +187,41 @@ class DecodeSteps:
                         break
                 if registering and pos + 1 >= (request.num_hashed_blocks + 1) * bs:
                     events.append((0, SCHEDULE, count, REGISTER, (pos + 1) // bs - 1))
+            if tracking:
+                # Its steps are quiet up to its next block boundary and the position whose step fills its next
+                # block to key (a forked one's never: it may share the block it writes). A registration made now
+                # only moves the latter on, and is followed by a boundary, so the registrations it knows of do.
+                # (A request in a quiet run was last checked in a tracking step: the run is noted only after one.)
+                edge: i64 = (block + 1) * bs
+                hashed: i64 = request.num_hashed_blocks
+                if request.forked:
+                    edge = 0
+                elif registering and (hashed + 1) * bs - 1 < edge:
+                    edge = (hashed + 1) * bs - 1
+                request.quiet_until = edge
             count += 1
             context += pos
             blocks += block
             if pos > longest:
                 longest = pos
+            i += 1
+        if count < quiet:  # stopped at a marked request: the sums are those of the requests before it
+            context = blocks = longest = 0
+            for j in range(count):
+                pos = running[j].num_computed_tokens
+                context += pos
+                blocks += pos >> shift if shift >= 0 else pos // bs
+                if pos > longest:
+                    longest = pos
+        self.tracking = tracking and count > 0
         if count == 0:
             return 0
         if events:
             self.replay(events, None, None, 0, None)  # (in order: all in step 0, appended in running order)
         out.decodes = running[:count]
         out.decode_sums = (context, blocks, longest)
+        self.lead_context, self.lead_blocks = context, blocks
+        self.bulk_step = sched.step_id
         out.leading_decodes = count
         out.num_batched_tokens += count
         return count
@@ -182,19 +250,62 @@ class DecodeSteps:
                finished_at: list[int]) -> None:
         """`update()` for the bulk decodes decodes[start:stop]: one token each, output budgets finished (their full
         blocks were registered when they were scheduled). The index of each that finishes below `leading` (the
-        leading run, each at its index in `running`) goes to `finished_at`."""
+        leading run, each at its index in `running`) goes to `finished_at`.
+
+        Passing over the leading run, it leaves the next step's `schedule_leading` the *quiet run*: the requests
+        that stay in it (in their places once the finished ones are dropped), the places of those whose next step
+        is not quiet (`Request.quiet_until`: it opens a block, fills one to key, or is a forked request's), and
+        the sums of the others then - from the run's sums as scheduled, less the requests that left it or are
+        marked, plus one token each."""
         sched = self.sched  # (its `finish` called as a method: a bound method in a local is a Python call)
+        shift: i64 = self.block_shift
+        bs: i64 = sched.block_size
+        # (the whole leading run is updated by the first call: nothing is scheduled before it)
+        noting: i64 = leading if self.tracking and start == 0 and stop >= leading and not sched.windowed else 0
+        left: i64 = 0  # the run's requests that leave it (finished, aborted)
+        lost: i64 = 0  # the computed tokens, as scheduled, of those and of the marked ones
+        lost_blocks: i64 = 0
+        longest: i64 = 0
+        marks = self.quiet_marks  # (read by the step's `schedule_leading`, which is over)
+        if noting:
+            marks.clear()
         for i in range(start, stop):
             request = decodes[i]
-            if request.status is not RUNNING:
-                continue  # aborted after schedule()
-            request.num_computed_tokens += 1
+            pos: i64 = request.num_computed_tokens
+            if request.status is not RUNNING:  # aborted after schedule()
+                if i < noting:
+                    left += 1
+                    lost += pos
+                    lost_blocks += pos >> shift if shift >= 0 else pos // bs
+                continue
+            request.num_computed_tokens = pos + 1
             output: i64 = request.num_output_tokens + 1
             request.num_output_tokens = output
             if output >= request.max_tokens:
                 sched.finish(request, "length", result)
                 if i < leading:
                     finished_at.append(i)
+                    if i < noting:
+                        left += 1
+                        lost += pos
+                        lost_blocks += pos >> shift if shift >= 0 else pos // bs
+            elif i < noting:
+                if pos + 1 >= request.quiet_until:
+                    marks.append(i - left)  # its place once the requests that left before it are dropped
+                    lost += pos
+                    lost_blocks += pos >> shift if shift >= 0 else pos // bs
+                elif pos + 1 > longest:
+                    longest = pos + 1
+        if left < noting:
+            kept: i64 = noting - left
+            last: i64 = noting - 1
+            while decodes[last].status is not RUNNING:
+                last -= 1
+            self.quiet_count, self.quiet_last = kept, decodes[last]
+            # each quiet request one token further on, its block the same (no boundary before `quiet_until`)
+            self.quiet_context = self.lead_context - lost + kept - len(marks)
+            self.quiet_blocks, self.quiet_longest = self.lead_blocks - lost_blocks, longest
+            self.quiet_step = sched.step_id
 
     # -- the one replay of decode steps' effects ---------------------------------------------------------------
     def replay(self, events: list[Event], order: list[int] | None, usage: list[float] | None, steps: int,

@@ -101,6 +101,10 @@ class Request:
     # it holds none, and in a hybrid cache's groups), kept here so that the decode fast paths, which visit every
     # running request per step or stretch, read it without a lookup by id
     kv_table: list[KVBlock | None] | None = None
+    # where its decode steps stop being quiet - where one opens a block, fills one to key, or always (0) for a
+    # forked one - as the bulk decode path last found it (`DecodeSteps.schedule_leading`), so that `update` can tell
+    # which of the leading run's next steps need checking
+    quiet_until: i64 = 0
 
     @property
     def num_tokens(self) -> int:
