@@ -94,8 +94,9 @@ class DecodeSteps:
         bs = sched.block_size
         self.block_shift: i64 = bs.bit_length() - 1 if bs & (bs - 1) == 0 else -1
         # The quiet run (see `update`): the first `quiet_count` requests of `running`, the last `quiet_last`, as
-        # the update after step `quiet_step` left them; `quiet_marks` the places of those whose next step is not
-        # quiet, and the others' sums then (Σ of computed tokens, of their // block_size, and their max)
+        # the last bulk update left them for step `quiet_step` (the next one's id); `quiet_marks` the places of
+        # those whose step is not quiet, and the others' sums then (Σ of computed tokens, of their // block_size,
+        # and their max)
         self.quiet_step: i64 = -1
         self.quiet_count: i64 = 0
         self.quiet_last: Request | None = None
@@ -134,8 +135,8 @@ class DecodeSteps:
         scan: i64 = min(len(running), budget)
         # The requests the last step's update() found quiet (`update`) would pass every check below and allocate
         # and register nothing: only their sums are needed, which it left. Valid for the step right after it, with
-        # the run still in place (this step's own scheduling is the only other editor of `running`, and taking a
-        # request out of the run moves its last one); its marked requests go through the checks.
+        # the run still in place (since that update only an abort can have taken a request out of `running`, and
+        # taking one out of the run moves its last one); its marked requests go through the checks.
         quiet: i64 = 0
         if (self.quiet_step == sched.step_id - 1 and 0 < self.quiet_count <= scan
                 and running[self.quiet_count - 1] is self.quiet_last):
