@@ -214,7 +214,7 @@ class DecodeSteps:
                 blocks += pos >> shift if shift >= 0 else pos // bs
                 if pos > longest:
                     longest = pos
-        self.tracking = tracking and count > 0
+        self.tracking = tracking
         if count == 0:
             return 0
         if events:
@@ -273,30 +273,26 @@ class DecodeSteps:
         for i in range(start, stop):
             request = decodes[i]
             pos: i64 = request.num_computed_tokens
-            if request.status is not RUNNING:  # aborted after schedule()
-                if i < noting:
-                    left += 1
-                    lost += pos
-                    lost_blocks += pos >> shift if shift >= 0 else pos // bs
-                continue
-            request.num_computed_tokens = pos + 1
-            output: i64 = request.num_output_tokens + 1
-            request.num_output_tokens = output
-            if output >= request.max_tokens:
+            if request.status is RUNNING:  # (else aborted after schedule())
+                request.num_computed_tokens = pos + 1
+                output: i64 = request.num_output_tokens + 1
+                request.num_output_tokens = output
+                if output < request.max_tokens:
+                    if i < noting:
+                        if pos + 1 >= request.quiet_until:
+                            marks.append(i - left)  # its place once the requests that left before it are dropped
+                            lost += pos
+                            lost_blocks += pos >> shift if shift >= 0 else pos // bs
+                        elif pos + 1 > longest:
+                            longest = pos + 1
+                    continue
                 sched.finish(request, "length", result)
                 if i < leading:
                     finished_at.append(i)
-                    if i < noting:
-                        left += 1
-                        lost += pos
-                        lost_blocks += pos >> shift if shift >= 0 else pos // bs
-            elif i < noting:
-                if pos + 1 >= request.quiet_until:
-                    marks.append(i - left)  # its place once the requests that left before it are dropped
-                    lost += pos
-                    lost_blocks += pos >> shift if shift >= 0 else pos // bs
-                elif pos + 1 > longest:
-                    longest = pos + 1
+            if i < noting:  # it leaves the run: finished, or aborted
+                left += 1
+                lost += pos
+                lost_blocks += pos >> shift if shift >= 0 else pos // bs
         if left < noting:
             kept: i64 = noting - left
             last: i64 = noting - 1
@@ -310,7 +306,7 @@ class DecodeSteps:
 
     # -- the one replay of decode steps' effects ---------------------------------------------------------------
     def replay(self, events: list[Event], order: list[int] | None, usage: list[float] | None, steps: int,
-                result: UpdateOutput | None, key_at_finish: bool = False) -> list[tuple[int, Request]]:
+               result: UpdateOutput | None, key_at_finish: bool = False) -> list[tuple[int, Request]]:
         """Apply `events` in sorted order (see the module), which `order` lists their places in (None: they are in
         it); returns the (step, request) completions. `usage` (when given) gets the KV usage of each of `steps`
         steps while it runs. `key_at_finish`: a completing request's full blocks are registered just before it
