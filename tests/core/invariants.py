@@ -25,7 +25,10 @@ def check_pool(pool: BlockPool, tables: dict) -> None:
             assert block.block_id in empty, f"free unkeyed block {block.block_id} not in the empty list"
         else:
             assert block.block_id not in empty, f"block {block.block_id} is in the empty list but used or keyed"
-        if block.key is not None:  # every keyed block is findable: the one a lookup returns or a later copy
+        if block.private:  # keyed, not entered: its request has not looked it up since (`check_private`)
+            assert block.key is not None
+            assert pool.cached.get(block.key) is not block and block not in pool.duplicates.get(block.key, ())
+        elif block.key is not None:  # every keyed block is findable: the one a lookup returns or a later copy
             assert pool.cached[block.key] is block or block in pool.duplicates[block.key]
     assert all(b.key == k for k, b in pool.cached.items())
     for key, copies in pool.duplicates.items():
@@ -33,6 +36,20 @@ def check_pool(pool: BlockPool, tables: dict) -> None:
         assert pool.cached[key] not in copies and len({b.block_id for b in copies}) == len(copies)
     cached_free = sum(1 for b in pool.blocks if b.ref_cnt == 0 and b.key is not None)
     assert cached_free == len(pool.policy), "eviction candidates != cached free blocks"
+
+
+def check_private(sched: Scheduler) -> None:
+    """No request that will look its blocks up again (waiting, swapped) has a key of a private block: those were
+    entered when it was preempted, and only it can ask for them."""
+    pool = sched.kv.pool
+    if pool is None:
+        return
+    private = {block.key for block in pool._made if block.private}
+    if not private:
+        return
+    for request in [*sched.waiting, *sched.swapped]:
+        if request.block_keys is not None:
+            assert not private & set(request.block_keys.keys), f"{request.request_id} cannot find its own blocks"
 
 
 def check_scheduler(sched: Scheduler, mid_step: bool = False) -> None:
@@ -46,6 +63,7 @@ def check_scheduler(sched: Scheduler, mid_step: bool = False) -> None:
         assert kv.reserved_slots == sum(length for _, length in kv.extents.values()) <= kv.total_slots
     else:
         _check_paged(sched, mid_step)
+        check_private(sched)
     for request in sched.running:
         assert request.status is RequestStatus.RUNNING and request.request_id in kv.tables
     for request in sched.waiting:

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from mypy_extensions import i64  # native 64-bit locals in the compiled build; int when interpreted
 
 ROOT_KEY: Final = 0x6B76706C616E  # "kvplan": the parent of block 0
+# A request's first private block (`block_pool`: keyed by its own run) when it has none (`Request.private_from`)
+PUBLIC: Final = 1 << 62
 
 
 def chain_hash(parent: int, payload: bytes) -> int:

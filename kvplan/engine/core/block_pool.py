@@ -9,7 +9,15 @@ Invariants (checked by the property tests):
   (`BlockHashToBlockMap`), every copy is keyed - two requests that computed the same block each register theirs,
   so the contents stay hit-able while any copy survives, and each copy is a cached (not empty) block once free;
 * a lookup returns `cached[key]`; when it is evicted the earliest duplicate takes its place;
-* a freed full block keeps its key and can be hit until an allocation evicts it.
+* a freed full block keeps its key and can be hit until an allocation evicts it;
+* except a *private* block (`KVBlock.private`): one keyed by a request's own run of keys (`block_keys`: the blocks
+  past a trace's hashes, salted with the request's id), which no other request can ask for, entered under its key
+  only when its request may look it up again (`publish`: it is preempted). Until then nobody can ask for the key,
+  so leaving it out of `cached` changes no lookup - and a finished request's blocks, nearly all of a simulated
+  run's registrations, are never entered, nor taken out again when evicted. It is keyed all the same (a cached
+  block once free, evicted in the policy's order). `publish` enters a table's private blocks after any earlier copy
+  of their keys (entered at an earlier preemption of the same request; a table's keys are distinct): the copies a
+  lookup finds, and their order, are those that entering each when registered would have made.
 
 Allocation takes empty blocks first and evicts a cached one (chosen by the eviction policy) only when none is
 left, so cached contents are never thrown away while empty memory remains::
@@ -23,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from kvplan.engine.core.block_keys import PUBLIC
 from kvplan.engine.core.config import ConfigError, check_int
 from kvplan.engine.core.eviction import EvictionPolicy, make_eviction_policy
 
@@ -38,6 +47,7 @@ class KVBlock:
     # the LRU queue's entries of this block a hit has made stale, still queued (`eviction.lru`; vLLM's blocks
     # likewise carry their free queue's links)
     stale_entries: i64 = 0
+    private: bool = False  # keyed but not in `cached` (see the module): its request has not looked it up since
 
 
 class BlockPool:
@@ -156,7 +166,10 @@ class BlockPool:
             victims = self.policy.evict_many(n - take)
             for block in victims:
                 key = block.key  # (never None: the policy holds keyed, cached free blocks only)
-                if duplicates and key in duplicates:  # (an empty dict first: duplicates are rare, a lookup is not)
+                if block.private:  # never entered: nothing to take out
+                    block.private = False
+                    block.key = None
+                elif duplicates and key in duplicates:  # (an empty dict first: duplicates are rare, a lookup is not)
                     self._drop_key(block)
                 else:  # `_drop_key`, inlined for the common case: the only copy, so `cached[key]` is this block
                     del cached[key]
@@ -232,6 +245,9 @@ class BlockPool:
         # (never None: every caller passes a keyed block, evicted or checked; an object, as in `register_blocks`)
         key = block.key
         block.key = None
+        if block.private:  # never entered (see the module)
+            block.private = False
+            return
         cached = cast("dict[int | None, KVBlock]", self.cached)
         duplicates = cast("dict[int | None, list[KVBlock]]", self.duplicates)
         # (never an empty list: a key's entry goes with its last duplicate; an empty dict is not looked up)
@@ -307,9 +323,11 @@ class BlockPool:
         return True
 
     def register_blocks(self, table: list[KVBlock | None], keys: list[int], first: i64, end: i64,
-                        salt: int = 0) -> None:
+                        salt: int = 0, private: i64 = PUBLIC) -> None:
         """`register(table[i], keys[i] ^ salt)` for i in first .. end-1, skipping holes and blocks already keyed
-        (`salt`: a hybrid layout's group, whose copy of the same tokens is another block)."""
+        (`salt`: a hybrid layout's group, whose copy of the same tokens is another block); those from `private`
+        on are keyed as private blocks, not entered (see the module: the table's request alone can ask for their
+        keys; the manager says so only where no lower tier is told of a key)."""
         if not self.enable_caching:
             return
         cached, on_cached, told = self.cached, self._on_cached, self.on_register
@@ -323,12 +341,24 @@ class BlockPool:
             if block is not None and block.key is None:
                 key = boxed[i] if not salt else keys[i] ^ salt
                 block.key = key
-                if keyed.setdefault(key, block) is not block:
+                if i >= private:
+                    block.private = True
+                elif keyed.setdefault(key, block) is not block:
                     self.duplicates.setdefault(cast(int, key), []).append(block)
                 if on_cached is not None:
                     on_cached(block)
                 if told is not None:
                     told(cast(int, key), block.block_id)
+
+    def publish(self, table: list[KVBlock | None]) -> None:
+        """Enter the private blocks of `table` under their keys (see the module): its request may look them up
+        again."""
+        keyed = cast("dict[int | None, KVBlock]", self.cached)  # (keys as objects, as in `register_blocks`)
+        for block in table:
+            if block is not None and block.private:
+                block.private = False
+                if keyed.setdefault(block.key, block) is not block:
+                    self.duplicates.setdefault(cast(int, block.key), []).append(block)
 
     def unregister(self, block: KVBlock) -> None:
         """Take an in-use block out of the prefix cache: its contents were never computed (its request was

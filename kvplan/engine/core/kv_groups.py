@@ -280,6 +280,10 @@ class HybridKVCacheManager:
                     i -= 1
         return self.pool.num_free + released - self._need(request, num_new_tokens, hits) >= reserve
 
+    def publish(self, request: Request) -> None:
+        for m in self.managers:
+            m.publish(request)
+
     def free(self, request: Request) -> None:
         """Every group's blocks, group by group (vLLM's coordinator order), each tail first."""
         for g, m in enumerate(self.managers):

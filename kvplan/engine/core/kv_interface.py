@@ -11,7 +11,8 @@ Contract, for every manager:
 * `allocate` changes nothing when it returns None; `can_allocate` answers what `allocate` would, changing nothing;
 * a prefix hit is the manager's own value (`find_cached_prefix`), handed back unchanged to `fits_whole` and
   `allocate`; `len()` of it is its length in blocks, the only thing the scheduler reads;
-* `free` releases everything a request holds (its GPU and CPU blocks), tail first;
+* `free` releases everything a request holds (its GPU and CPU blocks), tail first; `publish` before it where the
+  request may look its blocks up again (a preemption: `block_pool`'s private blocks);
 * `swap_out` returns None when it swapped nothing (the scheduler then recomputes), so `swap_in_cost` and `swap_in`
   are only ever called for a group it swapped out;
 * `cached_prefix_blocks` counts a request's cached prefix, lower tiers included, without moving any block (a
@@ -99,6 +100,8 @@ class KVManager(Protocol):
                      reserve: int = 0) -> bool: ...
 
     def record_admission(self, request: Request, num_hit_blocks: int) -> None: ...
+
+    def publish(self, request: Request) -> None: ...
 
     def free(self, request: Request) -> None: ...
 

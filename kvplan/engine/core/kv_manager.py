@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, cast
 
+from kvplan.engine.core.block_keys import PUBLIC
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import CacheConfig
 from kvplan.engine.core.request import Request
@@ -155,8 +156,19 @@ class KVCacheManager(TieredPrefix):
         keys = request.block_keys.keys
         table = self.table_of(request)
         assert table is not None  # (blocks are committed only once allocated)
-        self.pool.register_blocks(table, keys, first, min(full, len(keys)), self.key_salt)
+        pool = self.pool
+        # Its own run of keys as private blocks (`block_pool`) where it is the whole cache (a group's or a window's
+        # released blocks would leave its table unpublished) and no lower tier is told of a key or an eviction
+        private = (request.private_from if self._every_block and self.tables_on_requests and pool.spill is None
+                   and pool.on_register is None else PUBLIC)
+        pool.register_blocks(table, keys, first, min(full, len(keys)), self.key_salt, private)
         request.num_hashed_blocks = full
+
+    def publish(self, request: Request) -> None:
+        """The request may look its blocks up again (it is preempted): enter its private ones (`block_pool`)."""
+        table = self.table_of(request)
+        if table is not None and request.private_from < len(table):
+            self.pool.publish(table)
 
     def table_of(self, request: Request) -> list[KVBlock | None] | None:
         """The request's block table here, None while it holds none: its `kv_table` where this manager is the

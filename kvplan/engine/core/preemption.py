@@ -71,6 +71,8 @@ class GroupPreemption:
             sched.stats.num_preemptions += 1
             out.preempted.append(request.request_id)
             refund += self._unschedule(request, out, undone)
+        for request in group:  # each will look its blocks up again (once re-admitted, or swapped back in)
+            sched.kv.publish(request)
         if sched.config.preemption_mode == "swap":
             copies = sched.kv.swap_out(group)
             if copies is not None:

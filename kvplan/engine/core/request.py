@@ -24,7 +24,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from kvplan.engine.core.block_keys import ROOT_KEY, BlockKeys, HashBlockKeys, TokenBlockKeys, chain_hash
+from kvplan.engine.core.block_keys import PUBLIC, ROOT_KEY, BlockKeys, HashBlockKeys, TokenBlockKeys, chain_hash
 from kvplan.engine.core.timing import SequenceTiming
 from kvplan.errors import UserError
 
@@ -105,6 +105,10 @@ class Request:
     # forked one - as the bulk decode path last found it (`DecodeSteps.schedule_leading`), so that `update` can tell
     # which of the leading run's next steps need checking
     quiet_until: i64 = 0
+    # its first block keyed by its own run of keys, which no other request can ask for (`block_keys`): those are
+    # private blocks until it may look them up again (`block_pool`); PUBLIC: none (a sequence group's members hit
+    # each other's runs, and token contents have none)
+    private_from: i64 = PUBLIC
 
     @property
     def num_tokens(self) -> int:
@@ -227,9 +231,11 @@ def attach_block_keys(request: Request, block_size: int) -> None:
     if request.token_ids is not None:
         request.block_keys = TokenBlockKeys(request.token_ids, block_size, root)
     else:
-        request.block_keys = HashBlockKeys(request.prefix_hashes or (), request.hash_granularity or block_size,
-                                           block_size, request.prompt_len, request.request_id, root,
-                                           request.hash_ids_named)
+        keys = request.block_keys = HashBlockKeys(request.prefix_hashes or (), request.hash_granularity or block_size,
+                                                  block_size, request.prompt_len, request.request_id, root,
+                                                  request.hash_ids_named)
+        if request.n == 1 and not request.beam and request.parent_id is None:
+            request.private_from = keys.own_from
 
 
 def adapter_root(lora_name: str) -> int:

@@ -90,6 +90,9 @@ class ReservationAllocator:
     def unregister_since(self, request: Request, first_block: int) -> None:
         return None
 
+    def publish(self, request: Request) -> None:
+        return None  # (no prefix cache)
+
     def fits_whole(self, request: Request, hits: list, reserve: int) -> bool:
         return True  # an admission reserves the whole request anyway (`allocate`)
 
