@@ -32,7 +32,7 @@ set -euo pipefail
 # bookkeeping around it (the router each arrival asks), and the pricing helpers every step calls (a step's price, the
 # token tables, a decode stretch's sums and the analytic cost's step law that prices them).
 # shared_store.py must go with the core: its class subclasses the core's TierView.
-SIM_MODULES=(kvplan/sim/replica.py kvplan/sim/shared_store.py kvplan/sim/cluster.py kvplan/results/request_table.py
+SIM_MODULES=(kvplan/sim/replica.py kvplan/sim/token_clock.py kvplan/sim/shared_store.py kvplan/sim/cluster.py kvplan/results/request_table.py
              kvplan/results/itl.py kvplan/sim/cost/token_table.py kvplan/sim/cost/step_sums.py
              kvplan/sim/cost/step_law.py kvplan/sim/cost/step_price.py kvplan/sim/routers.py)
 if [ $# -lt 1 ]; then

@@ -193,7 +193,7 @@ def _run(pop: Population, spec: SimSpec, probe: Probe, seed: int, duration: floa
                          f"than {probe.overload_wait_s:g} s of its arrivals")
 
     for replica in cluster.replicas:
-        replica.itl_from, replica.itl_until, replica.mark_times = w0, w1, [w0, w1]
+        replica.tokens.itl_from, replica.tokens.itl_until, replica.mark_times = w0, w1, [w0, w1]
         replica.on_sample = check
     reason = cluster.run(until_s=duration + grace)
     stopped = cluster.env.now

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from itertools import pairwise
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import simpy
 
@@ -46,9 +45,7 @@ from kvplan.sim.links import TierPricing
 from kvplan.sim.lora import LoraServing, lora_serving
 from kvplan.sim.shared_store import SharedView
 from kvplan.sim.spec_decode import DraftCost, DraftOutcomes, speculation
-
-if TYPE_CHECKING:
-    from mypy_extensions import i64  # native 64-bit ints in the compiled build (--sim); int when interpreted
+from kvplan.sim.token_clock import TokenClock
 
 NAN: Final = math.nan
 FAST_PATH_CELLS: Final = 1 << 20  # most (request, step) pairs priced in one stretch
@@ -81,7 +78,9 @@ class Replica:
             if fast_path:
                 raise ValueError("recording every token time needs the step-by-step path (fast_path=False)")
             self.token_times = {}
-        self.itl = ItlLog()
+        # the sequences' token stamps and the inter-token gaps' log (`tokens.itl`); stamped runs (`token_clock`)
+        # where a step samples one token per sequence and token times are not kept (see below for drafts)
+        self.tokens = TokenClock(runs=not record_tokens)
         # every live request's track by id (a fork finds its parent's, a finish takes it out); each request also
         # carries its own (`Request.timing`), which the per-step loops read
         self.tracks: dict[str, SequenceTiming] = {}
@@ -102,15 +101,12 @@ class Replica:
         self.kind_peak_blocks = [0] * len(kinds)
         self.num_fast_steps = 0
         self._decode_step_s = math.nan  # the last stretch's last step time: how many steps to price (`_fast_forward`)
-        self._common_gaps, self._common_gap = 0, 0.0  # see `_gap`
         self._wake: simpy.Event | None = None
         # Steady-state probes (sim.probe): inter-token gaps count only for tokens sampled inside the measurement
-        # window; counters are marked at the first sample at or after each window edge; `on_sample` sees every
-        # sample (the overload check); `on_close` every finished sequence (the closed loop's users); and
-        # `stop_at_finish` ends a fast-path stretch at its first completion, where a closed-loop user sends
-        # its next request.
-        self.itl_from, self.itl_until = -math.inf, math.inf
-        self._itl_on = True
+        # window (`tokens.itl_from`, `itl_until`); counters are marked at the first sample at or after each window
+        # edge; `on_sample` sees every sample (the overload check); `on_close` every finished sequence (the closed
+        # loop's users); and `stop_at_finish` ends a fast-path stretch at its first completion, where a closed-loop
+        # user sends its next request.
         self.mark_times: list[float] = []
         self.marks: list[dict[str, int]] = []
         self.on_sample: Callable[[Replica], None] | None = None
@@ -131,12 +127,19 @@ class Replica:
         self.drafts: DraftOutcomes | None
         self.draft_cost: DraftCost | None
         self.drafts, self.draft_cost = speculation(config, cost, cache.block_size)
+        if self.drafts is not None:  # a verification samples several tokens at once
+            self.tokens.runs = False
         # LoRA (`sim.lora`): the adapter slots and their prices; the decode fast path has no per-step hook for
         # adapter loads, so a LoRA replica steps one step at a time
         self.lora: LoraServing | None = lora_serving(config, cost)
         if self.lora is not None:
             self.fast_path = False
         self.process = env.process(self._run())
+
+    @property
+    def itl(self) -> ItlLog:
+        """The inter-token gaps its sequences' tokens made (inside the measurement window)."""
+        return self.tokens.itl
 
     @property
     def num_steps(self) -> int:
@@ -240,25 +243,7 @@ class Replica:
                     self.kind_peak_blocks[kind] = blocks
 
     def _finish_step(self, step: SchedulerOutput, update: UpdateOutput, end: float) -> None:
-        clock = self.clock
-        gap = end - clock
-        self._itl_on = self.itl_from <= end <= self.itl_until
-        # In running order: the bulk decodes (all sample) each before the items behind it, in runs (not joined to
-        # the sampled items in one list: a copy of hundreds per step)
-        decodes = step.decodes
-        done = common = 0
-        for item in step.scheduled:
-            if item.samples:
-                if item.decodes_before > done:
-                    common += self._tokens(decodes, done, item.decodes_before, clock, end)
-                    done = item.decodes_before
-                common += self._tokens([item.request], 0, 1, clock, end)
-        if done < len(decodes):
-            common += self._tokens(decodes, done, len(decodes), clock, end)
-        if common:
-            self._common_gaps += common
-            self._common_gap = gap
-        self._flush_gaps()
+        self.tokens.step(step, self.clock, end)
         if update.spec and self.token_times is not None:  # a verification emits its accepted drafts at once
             for item in step.scheduled:
                 track = item.request.timing
@@ -277,55 +262,10 @@ class Replica:
         for request in update.finished:
             self._close(request, end)
 
-    def _tokens(self, requests: list[Request], start: i64, stop: i64, clock: float, end: float) -> int:
-        """Each of requests[start:stop] emits a token at `end` (the step began at `clock`); returns how many emitted
-        their previous one at `clock`, whose gap `_finish_step` counts once."""
-        gap, common = end - clock, 0
-        for i in range(start, stop):
-            track = requests[i].timing
-            assert track is not None  # every submitted request carries its track
-            if track.last_token_s == clock and track.token_times_s is None:
-                common += 1  # `_token` and `_gap`, inlined for the common case: a token in every step
-                if gap > track.itl_max_s:
-                    track.itl_max_s = gap
-                track.last_token_s = end
-            else:
-                self._token(track, end)
-        return common
-
-    def _token(self, track: SequenceTiming, now: float) -> None:
-        if track.token_times_s is not None:
-            track.token_times_s.append(now)
-        if track.last_token_s != track.last_token_s:  # NaN: the first token
-            track.first_token_s = now
-        else:
-            self._gap(track, now)
-        track.last_token_s = now
-
-    def _gap(self, track: SequenceTiming, now: float) -> None:
-        """Record the gap since the sequence's last token; gaps from the step that just ended before this one
-        (the common case) are counted and added to the ITL log once by `_flush_gaps`."""
-        last = track.last_token_s
-        if last == self.clock:
-            self._common_gaps += 1
-            gap = now - last
-            self._common_gap = gap
-        else:
-            gap = now - last
-            if self._itl_on:
-                self.itl.add(gap)
-        if gap > track.itl_max_s:
-            track.itl_max_s = gap
-
-    def _flush_gaps(self) -> None:
-        if self._common_gaps:
-            if self._itl_on:
-                self.itl.add(self._common_gap, self._common_gaps)
-            self._common_gaps = 0
-
     def _close(self, request: Request, end: float) -> None:
         t = self.tracks[request.request_id]  # (and del: the compiled build's dict.pop is a Python method call)
         del self.tracks[request.request_id]
+        self.tokens.settle(t)
         if self.drafts is not None:
             self.drafts.forget(request.request_id)
         if t.token_times_s is not None:
@@ -411,7 +351,7 @@ class Replica:
             if used > peak:
                 peak = used
         self.usage_seconds, self.peak_usage, self.busy_seconds = seconds, peak, busy
-        self._stamp_stretch(running, remaining, ends, alive)
+        self.tokens.stretch(running, remaining, ends, alive, self.clock)
         for step, request in finished:
             self._close(request, ends[step])
         self.clock = ends[-1]
@@ -429,48 +369,6 @@ class Replica:
                 return times, alive
         features = decode_stretch_features(contexts, remaining, k, self.block_size, self.sliding_window, self.spread)
         return self.cost.step_times(features).tolist(), features.num_requests.tolist()
-
-    def _stamp_stretch(self, running: list[Request], remaining: list[int], ends: list[float],
-                       alive: list[int]) -> None:
-        """Token times of a stretch: request i samples at the end of each of its min(remaining[i], k) steps;
-        alive[j] requests sample in step j."""
-        k = len(ends)
-        gaps = [b - a for a, b in pairwise(ends)]  # gaps[j - 1]: step j-1 end -> step j end
-        lo, hi = self.itl_from, self.itl_until
-        if lo <= ends[0] and ends[-1] <= hi:
-            self.itl.add_many(gaps, alive[1:k])
-        else:  # a stretch across a measurement-window edge: only the gaps of steps ending inside it
-            inside = [j for j in range(1, k) if lo <= ends[j] <= hi]
-            self.itl.add_many([gaps[j - 1] for j in inside], [alive[j] for j in inside])
-        self._itl_on = lo <= ends[0] <= hi  # the first step's gaps
-        # The widest of a request's gaps inside the stretch: of all of them for one that runs to its end (nearly
-        # every request), of the first `last` for one that finishes at its step `last`.
-        widest = max([0.0, *gaps])
-        first, clock = ends[0], self.clock
-        common_gap, common = first - clock, 0
-        assert len(running) == len(remaining)
-        for i in range(len(running)):  # (by index: a compiled build runs zip() as a Python iterator)
-            steps = remaining[i]
-            last = k - 1 if steps >= k else steps - 1
-            track = running[i].timing
-            assert track is not None  # every submitted request carries its track
-            if track.last_token_s == clock:  # `_gap`, inlined for the common case: a token in the step before
-                common += 1
-                gap = common_gap
-            else:
-                gap = first - track.last_token_s
-                if self._itl_on:
-                    self.itl.add(gap)
-            if gap > track.itl_max_s:
-                track.itl_max_s = gap
-            track.last_token_s = ends[last]
-            widest_here = widest if last == k - 1 else max([0.0, *gaps[:last]])
-            if widest_here > track.itl_max_s:
-                track.itl_max_s = widest_here
-        if common:
-            self._common_gaps += common
-            self._common_gap = common_gap
-        self._flush_gaps()
 
     # -- time series ---------------------------------------------------------------------------------------
     def _sample(self) -> None:

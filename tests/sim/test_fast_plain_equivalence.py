@@ -150,7 +150,7 @@ def build(case: Case, fast_path: bool) -> Cluster | None:
                       sample_interval_s=case.harness.sample_interval_s, fast_path=fast_path,
                       layerwise=spec.kv_offloading_layerwise)
     for replica in cluster.replicas:
-        replica.itl_from, replica.itl_until = case.harness.itl_window
+        replica.tokens.itl_from, replica.tokens.itl_until = case.harness.itl_window
         replica.mark_times = [t for t in case.harness.itl_window if math.isfinite(t)]
         replica.stop_at_finish = case.harness.stop_at_finish
     return cluster

@@ -5,7 +5,10 @@ build the same per-request table from the same record."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from mypy_extensions import i64  # a native 64-bit field in the compiled build; int when interpreted
 
 NAN: Final = float("nan")
 
@@ -32,3 +35,6 @@ class SequenceTiming:
     # speculative decoding: (drafts verified, drafts accepted) for each of its steps that verified drafts, in
     # order, where the side records them (the live replay); None otherwise
     spec_steps: list[tuple[int, int]] | None = None
+    # where a side that stamps a run of sequences at once left this record (the simulator's `sim.token_clock`: it
+    # holds everything up to that run's step `stamped_to`); -1: up to date
+    stamped_to: i64 = -1
