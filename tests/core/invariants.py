@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from kvplan.engine.core import RequestStatus, Scheduler
+from kvplan.engine.core.block_keys import PRIVATE_KEY
 from kvplan.engine.core.block_pool import BlockPool
 from kvplan.engine.core.metrics import _table_slots
 
@@ -25,9 +26,8 @@ def check_pool(pool: BlockPool, tables: dict) -> None:
             assert block.block_id in empty, f"free unkeyed block {block.block_id} not in the empty list"
         else:
             assert block.block_id not in empty, f"block {block.block_id} is in the empty list but used or keyed"
-        if block.private:  # keyed, not entered: its request has not looked it up since (`check_private`)
-            assert block.key is not None
-            assert pool.cached.get(block.key) is not block and block not in pool.duplicates.get(block.key, ())
+        if block.private:  # keyed by a placeholder, not entered: its request has not looked it up since
+            assert block.key == PRIVATE_KEY and block.key not in pool.cached  # (`check_private`)
         elif block.key is not None:  # every keyed block is findable: the one a lookup returns or a later copy
             assert pool.cached[block.key] is block or block in pool.duplicates[block.key]
     assert all(b.key == k for k, b in pool.cached.items())
@@ -39,17 +39,14 @@ def check_pool(pool: BlockPool, tables: dict) -> None:
 
 
 def check_private(sched: Scheduler) -> None:
-    """No request that will look its blocks up again (waiting, swapped) has a key of a private block: those were
-    entered when it was preempted, and only it can ask for them."""
-    pool = sched.kv.pool
-    if pool is None:
-        return
-    private = {block.key for block in pool._made if block.private}
-    if not private:
-        return
-    for request in [*sched.waiting, *sched.swapped]:
-        if request.block_keys is not None:
-            assert not private & set(request.block_keys.keys), f"{request.request_id} cannot find its own blocks"
+    """A private block in use is its request's alone, in its own run, and that request is running: a request that
+    will look its blocks up again (waiting, swapped) had them entered when it was preempted."""
+    for rid, table in sched.kv.tables.items():
+        request = sched.requests[rid]
+        for i, block in enumerate(table):
+            if block is not None and block.private:
+                assert request.status is RequestStatus.RUNNING, f"{rid} cannot find its own blocks"
+                assert i >= request.private_from and block.ref_cnt == 1
 
 
 def check_scheduler(sched: Scheduler, mid_step: bool = False) -> None:

@@ -27,13 +27,36 @@ def seen(sched: Scheduler) -> tuple:
     lookups = []
     for request in [*sched.waiting, *sched.swapped]:
         if request.block_keys is not None:
-            found = [pool.cached.get(key) for key in request.block_keys.keys]
+            full = (request.num_tokens - 1) // pool.block_size  # every block a lookup may cover
+            if full:
+                request.block_keys.key(full - 1)  # (computed here if its lookups have not)
+            found = [pool.cached.get(key) for key in request.block_keys.keys[:full]]
             lookups.append((request.request_id, [None if b is None else b.block_id for b in found]))
     requests = sorted((r.request_id, r.status, r.num_computed_tokens, r.num_output_tokens, r.num_hashed_blocks,
                        r.num_preemptions, r.num_cached_tokens) for r in sched.requests.values())
-    blocks = [(b.block_id, b.ref_cnt, b.key) for b in pool.blocks]
-    return (requests, {rid: list(ids) for rid, ids in kv.block_ids.items()}, blocks, pool.empty_order(),
-            pool.num_evictions, len(pool.policy), kv.prefix_queries, kv.prefix_hits, lookups)
+    # A private block's key, a placeholder, is the one at its place in its request's keys: a running request's
+    # (the blocks a finished request left keep only the placeholder; nobody can ask for them)
+    owned = {}
+    for request in sched.running:
+        table = kv.tables[request.request_id]
+        if request.block_keys is not None and table:
+            request.block_keys.key(len(table) - 1)
+            owned.update({id(b): request.block_keys.keys[i] for i, b in enumerate(table) if b is not None})
+    blocks = [(b.block_id, b.ref_cnt, owned.get(id(b)) if b.private else b.key, b.private) for b in pool.blocks]
+    return (requests, {rid: list(ids) for rid, ids in kv.block_ids.items()}, pool.empty_order(),
+            pool.num_evictions, len(pool.policy), kv.prefix_queries, kv.prefix_hits, lookups), blocks
+
+
+def same_blocks(private: list[tuple], reference: list[tuple]) -> None:
+    """Every block has the same id, references and key - a private one's the key at its place in its running
+    request's keys, or any key where a finished request left it (a placeholder nobody can ask for)."""
+    for (block_id, refs, key, is_private), (ref_id, ref_refs, ref_key, ref_private) in zip(private, reference,
+                                                                                             strict=True):
+        assert (block_id, refs) == (ref_id, ref_refs) and not ref_private
+        if is_private and key is None:
+            assert ref_key is not None and refs == 0
+        else:
+            assert key == ref_key
 
 
 def drive(seed: int, steps: int, **kwargs) -> int:
@@ -71,7 +94,9 @@ def drive(seed: int, steps: int, **kwargs) -> int:
                                           else 1 for item in out.scheduled]).finished
             outs.append([r.request_id for r in finished])
         assert outs[0] == outs[2] and outs[1] == outs[3]
-        assert seen(private) == seen(reference)
+        (seen_private, blocks_private), (seen_reference, blocks_reference) = seen(private), seen(reference)
+        assert seen_private == seen_reference
+        same_blocks(blocks_private, blocks_reference)
         assert private.kv.pool is not None and reference.kv.pool is not None
         assert not any(b.private for b in reference.kv.pool.blocks)
         held_private += sum(b.private for b in private.kv.pool.blocks)

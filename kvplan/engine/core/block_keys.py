@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 ROOT_KEY: Final = 0x6B76706C616E  # "kvplan": the parent of block 0
 # A request's first private block (`block_pool`: keyed by its own run) when it has none (`Request.private_from`)
 PUBLIC: Final = 1 << 62
+# What a private block holds as its key until it is published: no block's key, which all are 64-bit (hashes, and
+# trace ids, which the trace loaders keep as int64)
+PRIVATE_KEY: Final = 1 << 64
 
 
 def chain_hash(parent: int, payload: bytes) -> int:

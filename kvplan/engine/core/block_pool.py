@@ -15,9 +15,11 @@ Invariants (checked by the property tests):
   only when its request may look it up again (`publish`: it is preempted). Until then nobody can ask for the key,
   so leaving it out of `cached` changes no lookup - and a finished request's blocks, nearly all of a simulated
   run's registrations, are never entered, nor taken out again when evicted. It is keyed all the same (a cached
-  block once free, evicted in the policy's order). `publish` enters a table's private blocks after any earlier copy
-  of their keys (entered at an earlier preemption of the same request; a table's keys are distinct): the copies a
-  lookup finds, and their order, are those that entering each when registered would have made.
+  block once free, evicted in the policy's order), but by a placeholder (`PRIVATE_KEY`): its key, the one at its
+  place in its request's keys, is computed only if it is published (most never are). `publish` enters a table's
+  private blocks under their keys after any earlier copy of them (entered at an earlier preemption of the same
+  request; a table's keys are distinct): the copies a lookup finds, and their order, are those that entering each
+  when registered would have made. (Not under a policy that reads keys: `EvictionPolicy.reads_keys`.)
 
 Allocation takes empty blocks first and evicts a cached one (chosen by the eviction policy) only when none is
 left, so cached contents are never thrown away while empty memory remains::
@@ -31,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from kvplan.engine.core.block_keys import PUBLIC
+from kvplan.engine.core.block_keys import PRIVATE_KEY, PUBLIC
 from kvplan.engine.core.config import ConfigError, check_int
 from kvplan.engine.core.eviction import EvictionPolicy, make_eviction_policy
 
@@ -47,7 +49,8 @@ class KVBlock:
     # the LRU queue's entries of this block a hit has made stale, still queued (`eviction.lru`; vLLM's blocks
     # likewise carry their free queue's links)
     stale_entries: i64 = 0
-    private: bool = False  # keyed but not in `cached` (see the module): its request has not looked it up since
+    private: bool = False  # keyed by PRIVATE_KEY, not in `cached` (see the module): its request has not looked it
+    # up since
 
 
 class BlockPool:
@@ -326,8 +329,8 @@ class BlockPool:
                         salt: int = 0, private: i64 = PUBLIC) -> None:
         """`register(table[i], keys[i] ^ salt)` for i in first .. end-1, skipping holes and blocks already keyed
         (`salt`: a hybrid layout's group, whose copy of the same tokens is another block); those from `private`
-        on are keyed as private blocks, not entered (see the module: the table's request alone can ask for their
-        keys; the manager says so only where no lower tier is told of a key)."""
+        on as private blocks, by PRIVATE_KEY, not entered (see the module: the table's request alone can ask for
+        their keys, which `keys` need not hold; the manager says so only where no lower tier is told of a key)."""
         if not self.enable_caching:
             return
         cached, on_cached, told = self.cached, self._on_cached, self.on_register
@@ -339,26 +342,34 @@ class BlockPool:
         for i in range(first, end):
             block = table[i]
             if block is not None and block.key is None:
+                if i >= private:
+                    block.key = PRIVATE_KEY
+                    block.private = True
+                    if on_cached is not None:
+                        on_cached(block)
+                    continue
                 key = boxed[i] if not salt else keys[i] ^ salt
                 block.key = key
-                if i >= private:
-                    block.private = True
-                elif keyed.setdefault(key, block) is not block:
+                if keyed.setdefault(key, block) is not block:
                     self.duplicates.setdefault(cast(int, key), []).append(block)
                 if on_cached is not None:
                     on_cached(block)
                 if told is not None:
                     told(cast(int, key), block.block_id)
 
-    def publish(self, table: list[KVBlock | None]) -> None:
-        """Enter the private blocks of `table` under their keys (see the module): its request may look them up
-        again."""
-        keyed = cast("dict[int | None, KVBlock]", self.cached)  # (keys as objects, as in `register_blocks`)
-        for block in table:
+    def publish(self, table: list[KVBlock | None], keys: list[int], first: i64) -> None:
+        """Enter the private blocks of `table` (from its place `first` on) under their keys, `keys[i]` at place i
+        (see the module): its request may look them up again."""
+        boxed = cast("list[int | None]", keys)  # (as objects, as in `register_blocks`)
+        keyed = cast("dict[int | None, KVBlock]", self.cached)
+        for i in range(first, len(table)):
+            block = table[i]
             if block is not None and block.private:
+                key = boxed[i]
+                block.key = key
                 block.private = False
-                if keyed.setdefault(block.key, block) is not block:
-                    self.duplicates.setdefault(cast(int, block.key), []).append(block)
+                if keyed.setdefault(key, block) is not block:
+                    self.duplicates.setdefault(cast(int, key), []).append(block)
 
     def unregister(self, block: KVBlock) -> None:
         """Take an in-use block out of the prefix cache: its contents were never computed (its request was

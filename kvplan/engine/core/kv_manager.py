@@ -125,6 +125,8 @@ class KVCacheManager(TieredPrefix):
         limit = (request.num_tokens - 1) // self.block_size
         if self.windowed:  # only blocks the step keeps (sinks + one window): more would pass its peak
             limit = min(limit, self.sink_blocks + self.config.window_tokens // self.block_size)
+        if request.num_preemptions == 0:  # never admitted yet: nothing anywhere holds its own run's keys
+            limit = min(limit, request.private_from)
         if limit <= 0:
             return hits, None, 0
         # Every key up to the limit in one call (a blocked queue head is looked up again every step), then plain
@@ -152,23 +154,28 @@ class KVCacheManager(TieredPrefix):
         first = request.num_hashed_blocks
         if full <= first or request.block_keys is None or not self.pool.enable_caching:
             return
-        request.block_keys.key(full - 1)  # computes every key up to it in one call
-        keys = request.block_keys.keys
         table = self.table_of(request)
         assert table is not None  # (blocks are committed only once allocated)
         pool = self.pool
-        # Its own run of keys as private blocks (`block_pool`) where it is the whole cache (a group's or a window's
-        # released blocks would leave its table unpublished) and no lower tier is told of a key or an eviction
+        # Its own run of keys as private blocks (`block_pool`), whose keys wait until they are published, where it
+        # is the whole cache (a group's or a window's released blocks would leave its table unpublished), no lower
+        # tier is told of a key or an eviction, and the eviction policy reads no key
         private = (request.private_from if self._every_block and self.tables_on_requests and pool.spill is None
-                   and pool.on_register is None else PUBLIC)
-        pool.register_blocks(table, keys, first, min(full, len(keys)), self.key_salt, private)
+                   and pool.on_register is None and not pool.policy.reads_keys else PUBLIC)
+        if min(full, private) > first:
+            request.block_keys.key(min(full, private) - 1)  # computes every key up to it in one call
+        keys = request.block_keys.keys
+        pool.register_blocks(table, keys, first, full if private < full else min(full, len(keys)), self.key_salt,
+                             private)
         request.num_hashed_blocks = full
 
     def publish(self, request: Request) -> None:
         """The request may look its blocks up again (it is preempted): enter its private ones (`block_pool`)."""
         table = self.table_of(request)
-        if table is not None and request.private_from < len(table):
-            self.pool.publish(table)
+        private = request.private_from
+        if table is not None and private < len(table) and request.block_keys is not None:
+            request.block_keys.key(len(table) - 1)  # (its keys up to its last block: it has filled them)
+            self.pool.publish(table, request.block_keys.keys, private)
 
     def table_of(self, request: Request) -> list[KVBlock | None] | None:
         """The request's block table here, None while it holds none: its `kv_table` where this manager is the

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 class EvictionPolicy(ABC):
     name: ClassVar[str]
+    # whether it reads the blocks' keys (S3-FIFO's ghost queue): a pool then keys no block as private, whose key
+    # is a placeholder until it is published (`block_pool`)
+    reads_keys: ClassVar[bool] = False
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity

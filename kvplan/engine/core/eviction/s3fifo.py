@@ -29,6 +29,7 @@ MAX_FREQ: Final = 3
 
 class S3FIFOPolicy(EvictionPolicy):
     name = "s3fifo"
+    reads_keys = True
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
