@@ -114,7 +114,7 @@ class HashBlockKeys:
     `block_size`); `named`: the ids name their prefixes (see the module)."""
 
     __slots__ = ("block_size", "granularity", "hash_ids", "keys", "named", "num_hashed_blocks", "own_from", "root",
-                 "salt")
+                 "salt_id")
 
     def __init__(self, hash_ids: list[int] | tuple[int, ...], granularity: int, block_size: int,
                  prompt_len: int, salt: str, root: int = ROOT_KEY, named: bool = False) -> None:
@@ -126,7 +126,7 @@ class HashBlockKeys:
         self.block_size = block_size
         # Only blocks lying wholly inside both the prompt and the hashed span carry the trace's identity.
         self.num_hashed_blocks = min(prompt_len, len(hash_ids) * granularity) // block_size
-        self.salt = request_salt(salt)
+        self.salt_id = salt  # the id its own run is salted with (`salt`, computed when the run is first keyed)
         self.keys: list[int] = []
         self.own_from = self.num_hashed_blocks  # the first block of the run keyed with this request's salt
         self.root = root  # the parent of block 0 (a LoRA adapter's own: `request.adapter_root`)
@@ -187,6 +187,12 @@ class HashBlockKeys:
                 last += 1
                 keys.append(last)
         return keys[index]
+
+    @property
+    def salt(self) -> int:
+        """The salt of its own run (`request_salt` of its id): computed only where the run is keyed (a simulated
+        request whose blocks are all private keys none unless it is preempted: `block_pool`)."""
+        return request_salt(self.salt_id)
 
     def fork(self, token_ids: list[int] | None, child_salt: str, keep_blocks: int) -> HashBlockKeys:
         # Through the constructor (a mypyc-compiled class has no __new__ that skips __init__): a prompt of exactly
