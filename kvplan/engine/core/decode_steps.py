@@ -220,7 +220,7 @@ class DecodeSteps:
         if events:
             self.replay(events, None, None, 0, None)  # (in order: all in step 0, appended in running order)
         out.decodes = running[:count]
-        out.decode_sums = (context, blocks, longest)
+        out.decode_context, out.decode_blocks, out.decode_longest = context, blocks, longest
         self.lead_context, self.lead_blocks = context, blocks
         self.bulk_step = sched.step_id
         out.leading_decodes = count
@@ -240,9 +240,14 @@ class DecodeSteps:
                 or request.n > 1 or request.forked or pos % bs == 0
                 or (self.sched.keys_wanted and pos + 1 >= (request.num_hashed_blocks + 1) * bs)):
             return False
-        sums = out.decode_sums if out.decodes else (0, 0, 0)  # (None: a victim left them; they stay unknown)
-        if sums is not None:
-            out.decode_sums = (sums[0] + pos, sums[1] + pos // bs, max(sums[2], pos))
+        if not out.decodes:  # the first bulk decode (or the first since a victim emptied them): new sums
+            out.decode_context = out.decode_blocks = out.decode_longest = 0
+            out.decode_sums_known = True
+        if out.decode_sums_known:  # (else a victim left them: they stay unknown)
+            out.decode_context += pos
+            out.decode_blocks += pos // bs
+            if pos > out.decode_longest:
+                out.decode_longest = pos
         out.decodes.append(request)
         out.num_batched_tokens += 1
         return True

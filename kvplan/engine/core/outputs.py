@@ -22,6 +22,8 @@ from kvplan.engine.core.request import Request
 from kvplan.engine.core.tier_transfers import TierTransfer
 
 if TYPE_CHECKING:
+    from mypy_extensions import i64  # native 64-bit fields in the compiled build; int when interpreted
+
     from kvplan.engine.core.remote_kv import KVLoad
 
 
@@ -67,10 +69,12 @@ class SchedulerOutput:
     # how many of them come before it); only under the scheduler's `DecodeMode.BULK` - the simulator's fast path
     # (see `decode_steps`).
     decodes: list[Request] = field(default_factory=list)
-    # (Σ, Σ of // block_size, max) of `decodes`' computed tokens, taken as they were scheduled (the attention
-    # metadata a model runner builds for them: the simulator's cost model reads it, instead of visiting hundreds
-    # of requests again); None once an entry of `decodes` is taken back out (a preemption victim)
-    decode_sums: tuple[int, int, int] | None = None
+    # Σ, Σ of // block_size and max of `decodes`' computed tokens, taken as they were scheduled (`decode_sums`),
+    # as native sums (a decode joining from behind adds to them: a tuple of boxed ints would be made each time)
+    decode_context: i64 = 0
+    decode_blocks: i64 = 0
+    decode_longest: i64 = 0
+    decode_sums_known: bool = True  # False once an entry of `decodes` is taken back out (a preemption victim)
     # how many of `decodes` lead `running` (`schedule_leading`'s run; the rest joined from behind), so that
     # decodes[i] is running[i] for each of them; 0 once a preemption victim is taken back out of `decodes`
     leading_decodes: int = 0
@@ -80,6 +84,15 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled and not self.decodes
+
+    @property
+    def decode_sums(self) -> tuple[int, int, int] | None:
+        """(Σ, Σ of // block_size, max) of `decodes`' computed tokens, taken as they were scheduled (the attention
+        metadata a model runner builds for them: the simulator's cost model reads it, instead of visiting hundreds
+        of requests again); None without bulk decodes, or once one is taken back out (a preemption victim)."""
+        if not self.decodes or not self.decode_sums_known:
+            return None
+        return self.decode_context, self.decode_blocks, self.decode_longest
 
     def in_running_order(self) -> list[Request | ScheduledRequest]:
         """The step's batch in running order: each bulk decode (a `Request`) and each scheduled item, the bulk

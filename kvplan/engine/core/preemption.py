@@ -99,7 +99,7 @@ class GroupPreemption:
                 kv.unregister_since(request, request.num_computed_tokens // kv.block_size)
                 out.num_batched_tokens -= 1
                 del out.decodes[i]
-                out.decode_sums = None  # (they counted it)
+                out.decode_sums_known = False  # (they counted it)
                 # nor do the ones left line up with `running` (`leading_decodes`), even should a decode joining
                 # from behind (`schedule_inline`) start new sums once this empties the list
                 out.leading_decodes = 0
