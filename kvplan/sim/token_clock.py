@@ -190,28 +190,37 @@ class TokenClock:
 
     def settle_run(self) -> None:
         """Bring the whole stamped run up to date and end it (its requests are stamped one by one again)."""
-        run, ends, widest_at, widest_gap = self.run, self.ends, self.widest_at, self.widest_gap
-        last: i64 = len(ends) - 1
-        # The place on the stack of the widest gap since the last request's `since`: requests join the run in step
-        # order and keep their order in it, so their `since` does not decrease along it, nor does that place
-        place: i64 = 0
+        run, widest_at, widest_gap = self.run, self.widest_at, self.widest_gap
+        count: i64 = self.run_count
+        self.run, self.run_count, self.run_finished = [], 0, 0
+        if not count:
+            return
+        last: i64 = len(self.ends) - 1
+        end = self.ends[last]
+        # The widest gap since the last request's `since` (at `place` on the stack, which holds the gaps from
+        # step `at` on): requests join the run in step order and keep their order in it, so their `since` does
+        # not decrease along it, nor does that place
+        place: i64 = -1
+        at: i64 = -1
+        widest = 0.0
         before: i64 = 0
-        for i in range(self.run_count):
+        for i in range(count):
             track = run[i].timing
             assert track is not None  # every submitted request carries its track
             since: i64 = track.stamped_to
             if since < 0:  # closed
                 continue
             assert since >= before
+            before = since
             if since < last:
-                while widest_at[place] <= since:
+                while at <= since:
                     place += 1
-                before = since
-                track.last_token_s = ends[last]
-                if widest_gap[place] > track.itl_max_s:
-                    track.itl_max_s = widest_gap[place]
+                    at = widest_at[place]
+                    widest = widest_gap[place]
+                track.last_token_s = end
+                if widest > track.itl_max_s:
+                    track.itl_max_s = widest
             track.stamped_to = -1
-        self.run, self.run_count, self.run_finished = [], 0, 0
 
     # -- a stretch of decode steps -------------------------------------------------------------------------
     def stretch(self, running: list[Request], remaining: list[int], ends: list[float], alive: list[int],
