@@ -218,7 +218,8 @@ class DecodeSteps:
         if count == 0:
             return 0
         if events:
-            self.replay(events, None, None, 0, None)  # (in order: all in step 0, appended in running order)
+            # (in order: all in step 0, appended in running order; `new` of them allocate, and none finishes)
+            self.replay(events, None, None, 0, None, allocations=new)
         out.decodes = running[:count]
         out.decode_context, out.decode_blocks, out.decode_longest = context, blocks, longest
         self.lead_context, self.lead_blocks = context, blocks
@@ -311,11 +312,13 @@ class DecodeSteps:
 
     # -- the one replay of decode steps' effects ---------------------------------------------------------------
     def replay(self, events: list[Event], order: list[int] | None, usage: list[float] | None, steps: int,
-               result: UpdateOutput | None, key_at_finish: bool = False) -> list[tuple[int, Request]]:
+               result: UpdateOutput | None, key_at_finish: bool = False,
+               allocations: int = -1) -> list[tuple[int, Request]]:
         """Apply `events` in sorted order (see the module), which `order` lists their places in (None: they are in
         it); returns the (step, request) completions. `usage` (when given) gets the KV usage of each of `steps`
         steps while it runs. `key_at_finish`: a completing request's full blocks are registered just before it
-        finishes (`advance`'s deferred registrations)."""
+        finishes (`advance`'s deferred registrations). `allocations`: how many ALLOCATE events there are, where
+        the caller counted them and none completes a request (-1: counted here)."""
         sched, pool = self.sched, self.pool
         running, kv = sched.running, sched.kv
         group = self.group
@@ -349,7 +352,8 @@ class DecodeSteps:
                     block = pool.allocate()
                 else:
                     if next_taken == len(taken):  # the first since a completion: take all up to the next
-                        taken = pool.allocate_many(_allocations_before_finish(events, order, e))
+                        taken = pool.allocate_many(allocations if allocations >= 0
+                                                   else _allocations_before_finish(events, order, e))
                         next_taken = 0
                     block = taken[next_taken]
                     next_taken += 1
