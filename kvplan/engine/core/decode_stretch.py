@@ -121,9 +121,15 @@ class DecodeStretch:
         return lo if lo >= least else 0
 
     def _blocks_needed(self, k: int) -> int:
-        bs = self.sched.block_size
-        return sum(_new_blocks(r.num_computed_tokens, min(k, r.max_tokens - r.num_output_tokens), bs)
-                   for r in self.sched.running)
+        """New blocks the running requests open in k steps (each `_new_blocks` over its steps; a typed loop: the
+        search in `horizon` asks a dozen times, over hundreds of requests)."""
+        bs: i64 = self.sched.block_size
+        steps: i64 = k
+        needed: i64 = 0
+        for request in self.sched.running:
+            remaining: i64 = request.max_tokens - request.num_output_tokens
+            needed += _new_blocks(request.num_computed_tokens, steps if steps < remaining else remaining, bs)
+        return needed
 
     def advance(self, k: int, usage: list[float] | None = None) -> list[tuple[int, Request]]:
         """Apply k pure-decode cycles at once (k from `horizon`). Returns the requests that finished, each with
@@ -195,7 +201,7 @@ def _sorted_order(events: list[Event]) -> list[int]:
     return [key & mask for key in keys]
 
 
-def _new_blocks(pos: int, n: int, bs: int) -> int:
+def _new_blocks(pos: i64, n: i64, bs: i64) -> i64:
     """Blocks a request with `pos` tokens computed opens while writing positions pos .. pos+n-1: one at every
     multiple of bs among them."""
     return (pos + n - 1) // bs - (pos - 1) // bs
