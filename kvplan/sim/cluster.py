@@ -102,11 +102,12 @@ class Cluster(Stoppable):
         return self.stop_reason
 
     def _arrivals(self):
+        timeout = self.env.timeout  # (bound once: an attribute of the interpreted environment)
         for row, arrival in enumerate(self.arrivals):
             self.next_row = row
             now = self.env.now  # (a SimPy property: an interpreted call)
             if arrival > now:
-                yield self.env.timeout(arrival - now)
+                yield timeout(arrival - now)
             prompt, output = self._prompt_tokens[row], self._output_tokens[row]
             if prompt < 1 or output < 1:
                 self.unservable.append((row, UNSERVABLE))

@@ -60,6 +60,8 @@ class Replica:
                  cost: CostModel, log: RequestLog, next_arrival: Callable[[int], float], *,
                  sample_interval_s: float = 1.0, fast_path: bool = True, record_tokens: bool = False) -> None:
         self.env, self.index, self.cost, self.log = env, index, cost, log
+        # SimPy's timeout, bound once (an attribute of the interpreted environment, looked up generically)
+        self._timeout: Callable[[float], simpy.Timeout] = env.timeout
         # count-only: bulk decodes, unless stepping one step at a time (the reference path)
         self.sched = Scheduler(cache, config, decode_mode=DecodeMode.BULK if fast_path else DecodeMode.PER_REQUEST)
         self.block_size = cache.block_size
@@ -183,7 +185,7 @@ class Replica:
                 ends = self._fast_forward()
                 if ends:
                     self.busy_until = ends[-1]
-                    yield self.env.timeout(max(ends[-1] - self.env.now, 0.0))
+                    yield self._timeout(max(ends[-1] - self.env.now, 0.0))
                     continue
             step = sched.schedule()  # never empty while requests are unfinished - but for P/D's (`remote_kv`)
             start = self.clock
@@ -220,7 +222,7 @@ class Replica:
                 self.prefill_seconds += dt * prefill / (prefill + len(step.scheduled) - chunks + len(step.decodes))
             end = start + dt
             self.busy_until = end
-            yield self.env.timeout(max(end - self.env.now, 0.0))
+            yield self._timeout(max(end - self.env.now, 0.0))
             drafts = self.drafts
             if drafts is None:
                 self._finish_step(step, sched.update(step, None), end)

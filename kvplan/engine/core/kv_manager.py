@@ -68,6 +68,9 @@ class KVCacheManager(TieredPrefix):
         # admission checks ask it several times per request)
         self._every_block = not config.windowed and config.hybrid_layout is None
         self.windowed = config.windowed  # (read at every prefix lookup: an attribute, not the configuration's property)
+        # Whether requests' own runs may be private blocks (`block_pool`): where it is the whole cache (a group's or
+        # a window's released blocks would leave a table unpublished) and the eviction policy reads no key
+        self._private_blocks = self._every_block and tables_on_requests and not self.pool.policy.reads_keys
         self.prefix_queries = 0  # tokens looked up at admission
         self.prefix_hits = 0  # tokens found cached
 
@@ -157,11 +160,10 @@ class KVCacheManager(TieredPrefix):
         table = self.table_of(request)
         assert table is not None  # (blocks are committed only once allocated)
         pool = self.pool
-        # Its own run of keys as private blocks (`block_pool`), whose keys wait until they are published, where it
-        # is the whole cache (a group's or a window's released blocks would leave its table unpublished), no lower
-        # tier is told of a key or an eviction, and the eviction policy reads no key
-        private = (request.private_from if self._every_block and self.tables_on_requests and pool.spill is None
-                   and pool.on_register is None and not pool.policy.reads_keys else PUBLIC)
+        # Its own run of keys as private blocks (`block_pool`), whose keys wait until they are published (see
+        # `_private_blocks`), where no lower tier is told of a key or an eviction
+        private = (request.private_from if self._private_blocks and pool.spill is None and pool.on_register is None
+                   else PUBLIC)
         if min(full, private) > first:
             request.block_keys.key(min(full, private) - 1)  # computes every key up to it in one call
         keys = request.block_keys.keys
