@@ -276,8 +276,15 @@ class DecodeSteps:
         marks = self.quiet_marks  # (read by the step's `schedule_leading`, which is over)
         if noting:
             marks.clear()
-        for i in range(start, stop):
-            request = decodes[i]
+        # (over the list, not by index: the compiled build reads a list's item inline where it iterates it, and
+        # calls a bounds-checking helper per index; most calls take the whole list, from 0)
+        i: i64 = -1
+        for request in decodes:
+            i += 1
+            if i < start:
+                continue
+            if i >= stop:
+                break
             pos: i64 = request.num_computed_tokens
             if request.status is RUNNING:  # (else aborted after schedule())
                 request.num_computed_tokens = pos + 1
