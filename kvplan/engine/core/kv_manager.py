@@ -128,7 +128,9 @@ class KVCacheManager(TieredPrefix):
         limit = (request.num_tokens - 1) // self.block_size
         if self.windowed:  # only blocks the step keeps (sinks + one window): more would pass its peak
             limit = min(limit, self.sink_blocks + self.config.window_tokens // self.block_size)
-        if request.num_preemptions == 0:  # never admitted yet: nothing anywhere holds its own run's keys
+        # Never admitted yet, its own run's keys (salted with its id) are in no pool: looked up, they would miss.
+        # (Only where they could only ever be in this one: no lower tier, such as a cluster's shared store.)
+        if request.num_preemptions == 0 and self._private_blocks and not self.tiers:
             limit = min(limit, request.private_from)
         if limit <= 0:
             return hits, None, 0
