@@ -44,8 +44,9 @@ if TYPE_CHECKING:
     from mypy_extensions import i64  # native 64-bit locals in the compiled build; int when interpreted
 
 ROOT_KEY: Final = 0x6B76706C616E  # "kvplan": the parent of block 0
-# A request's first private block (`block_pool`: keyed by its own run) when it has none (`Request.private_from`)
-PUBLIC: Final = 1 << 62
+# A request's first private block (`block_pool`: keyed by its own run) when it has none (`Request.private_from`):
+# past any table (and within the compiled build's unboxed ints, where 2**62 would be an object compared slowly)
+PUBLIC: Final = 1 << 60
 # What a private block holds as its key until it is published: no block's key, which all are 64-bit (hashes, and
 # trace ids, which the trace loaders keep as int64)
 PRIVATE_KEY: Final = 1 << 64
