@@ -35,7 +35,7 @@ class TokenClock:
     measurement window whose gaps `itl` counts (a steady-state probe's; everything by default)."""
 
     __slots__ = ("common_gap", "common_gaps", "ends", "itl", "itl_from", "itl_on", "itl_until", "run", "run_count",
-                 "run_finished", "run_stamps", "runs", "widest_at", "widest_gap")
+                 "run_finished", "run_stamps", "runs", "stepped_to", "widest_at", "widest_gap")
 
     def __init__(self, runs: bool) -> None:
         self.itl = ItlLog()
@@ -55,6 +55,9 @@ class TokenClock:
         # ends[widest_at[i]] (indices increasing, gaps decreasing)
         self.widest_at: list[int] = []
         self.widest_gap: list[float] = []
+        # The end of the last step stamped here (not a stretch's): a run starts only at a step right after one,
+        # where steps, not stretches, are likely to follow (a run that a stretch ends at once only costs)
+        self.stepped_to = -1.0
 
     # -- one step ------------------------------------------------------------------------------------------
     def step(self, out: SchedulerOutput, clock: float, end: float) -> None:
@@ -100,11 +103,16 @@ class TokenClock:
             self.common_gap = end - clock
         self.flush_gaps()
         # The leading decodes are the run from here on: those that joined it now were stamped above
-        if not self.runs:
+        stepped_to, self.stepped_to = self.stepped_to, end
+        if not self.runs or not lead:
             return
         if not kept:
-            self.ends = [end]
-            self.widest_at, self.widest_gap = [], []
+            if clock != stepped_to:  # (after a stretch, or idle)
+                return
+            self.ends.clear()
+            self.ends.append(end)
+            self.widest_at.clear()
+            self.widest_gap.clear()
         to: i64 = len(self.ends) - 1
         for i in range(kept, lead):
             track = decodes[i].timing
