@@ -96,6 +96,20 @@ def test_swap_out_fails_cleanly_when_the_cpu_pool_is_full():
     assert kv.swap_out([request]) is None and len(kv.tables["r"]) == 3
 
 
+def retained_positions(table: list, num_computed: int, block_size: int) -> list[tuple[int, int]]:
+    """The token ranges [start, end) whose KV a table still holds: its runs of blocks, clipped at the computed
+    tokens."""
+    ranges, i = [], 0
+    while i < len(table):
+        j = i
+        while j < len(table) and table[j] is not None:
+            j += 1
+        if j > i and i * block_size < min(j * block_size, num_computed):
+            ranges.append((i * block_size, min(j * block_size, num_computed)))
+        i = max(j, i + 1)
+    return ranges
+
+
 def test_sink_and_window_keep_only_sink_and_recent_blocks():
     sched = make_scheduler(block_size=4, num_blocks=16, budget=64, sink_tokens=2, window_tokens=8,
                            max_model_len=200)
@@ -105,7 +119,7 @@ def test_sink_and_window_keep_only_sink_and_recent_blocks():
     held = [i for i, b in enumerate(table) if b is not None]
     assert held == [0, 5, 6, 7]  # sink block 0 and the blocks of tokens 22..29
     assert len(result.released["r"]) == 4
-    assert sched.kv.retained_positions(sched.requests["r"]) == [(0, 4), (20, 30)]
+    assert retained_positions(table, sched.requests["r"].num_computed_tokens, 4) == [(0, 4), (20, 30)]
     for _ in range(19):
         step(sched)
         held = sum(1 for b in sched.kv.tables.get("r", []) if b is not None)

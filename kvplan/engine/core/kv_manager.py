@@ -18,7 +18,7 @@ reference count: a prefix-cache hit or a fork puts the same physical block into 
       logical:  [s0][s1][--][--][--][w0][w1][w2 partial]
                  sinks   released     recent window
 * Swap moves a sequence group's blocks to a CPU-side pool and back, all or nothing, returning the (src, dst)
-  copies; a block the group's members share is copied once and is shared again after swap-in.
+  copies; a block the group's members share is copied once and is shared again after swap-in (`swap_copies`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from kvplan.engine.core.block_keys import PUBLIC
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import CacheConfig
 from kvplan.engine.core.request import Request
+from kvplan.engine.core.swap_copies import copy_tables, distinct_blocks, swap_in_blocks
 from kvplan.engine.core.tiered_prefix import TieredPrefix
 
 NO_COPIES: Final[tuple[tuple[int, int], ...]] = ()
@@ -344,9 +345,9 @@ class KVCacheManager(TieredPrefix):
         """Move a sequence group's blocks to the CPU pool, all or nothing: (gpu, cpu) copies, or None if the CPU
         pool cannot take them. A block shared inside the group is copied once and stays shared on the CPU."""
         tables = [self.tables[r.request_id] for r in group]
-        if self.cpu_pool is None or self.cpu_pool.num_free < self._distinct_blocks(tables):
+        if self.cpu_pool is None or self.cpu_pool.num_free < distinct_blocks(tables):
             return None
-        cpu_tables, copies = self._copy_tables(tables, self.cpu_pool)
+        cpu_tables, copies = copy_tables(tables, self.cpu_pool)
         for request, cpu_table in zip(group, cpu_tables, strict=True):
             self.free(request)
             self.cpu_tables[request.request_id] = cpu_table
@@ -355,21 +356,8 @@ class KVCacheManager(TieredPrefix):
     def swap_in_cost(self, group: list[Request], num_new_tokens: list[int]) -> int:
         """GPU blocks needed to swap the group in and let member i compute `num_new_tokens[i]` more tokens,
         counting the copy-on-write copies that `allocate` will make of the partial blocks they share."""
-        tables = [self.cpu_tables[r.request_id] for r in group]
-        holders: dict[int, int] = {}  # cpu block id -> tables holding it (its ref count on the CPU)
-        for table in tables:
-            for block in table:
-                if block is not None:
-                    holders[block.block_id] = holders.get(block.block_id, 0) + 1
-        cost, bs = len(holders), self.block_size
-        for request, table, n in zip(group, tables, num_new_tokens, strict=True):
-            start = request.num_computed_tokens
-            cost += max(cdiv(start + n, bs) - len(table), 0)
-            tail = table[start // bs] if start % bs and start // bs < len(table) else None
-            if n and tail is not None and holders[tail.block_id] > 1:
-                cost += 1  # copy-on-write of a shared partial block; the copy drops one holder
-                holders[tail.block_id] -= 1
-        return cost
+        return swap_in_blocks([self.cpu_tables[r.request_id] for r in group],
+                              [r.num_computed_tokens for r in group], num_new_tokens, self.block_size)
 
     def swap_in(self, group: list[Request]) -> list[tuple[int, int]]:
         """Move a group's blocks back from the CPU pool: (cpu, gpu) copies, shared blocks shared again. The caller
@@ -377,40 +365,12 @@ class KVCacheManager(TieredPrefix):
         cpu_pool = self.cpu_pool
         assert cpu_pool is not None  # a group is swapped out only into a CPU pool
         cpu_tables = [self.cpu_tables.pop(r.request_id) for r in group]
-        tables, copies = self._copy_tables(cpu_tables, self.pool)
+        tables, copies = copy_tables(cpu_tables, self.pool)
         for request, table, cpu_table in zip(group, tables, cpu_tables, strict=True):
             cpu_pool.release_all(cpu_table)
             self._hold(request, table, [HOLE if b is None else b.block_id for b in table])
             request.num_hashed_blocks = 0  # the copies are new blocks: register them again
         return copies
-
-    @staticmethod
-    def _distinct_blocks(tables: list[list[KVBlock | None]]) -> int:
-        return len({block.block_id for table in tables for block in table if block is not None})
-
-    @staticmethod
-    def _copy_tables(tables: list[list[KVBlock | None]], target: BlockPool
-                     ) -> tuple[list[list[KVBlock | None]], list[tuple[int, int]]]:
-        """Copy blocks into `target`, each distinct block once; a block held by several tables is held by the
-        same copy in each (one reference per table)."""
-        copy_of: dict[int, KVBlock] = {}
-        copies: list[tuple[int, int]] = []
-        new_tables: list[list[KVBlock | None]] = []
-        for table in tables:
-            new_table: list[KVBlock | None] = []
-            for block in table:
-                if block is None:
-                    new_table.append(None)
-                    continue
-                dst = copy_of.get(block.block_id)
-                if dst is None:
-                    dst = copy_of[block.block_id] = target.allocate()
-                    copies.append((block.block_id, dst.block_id))
-                else:
-                    target.share(dst)
-                new_table.append(dst)
-            new_tables.append(new_table)
-        return new_tables, copies
 
     # -- sink + window -------------------------------------------------------------------------------------
     def release_outside_window(self, request: Request) -> list[int]:
@@ -433,22 +393,3 @@ class KVCacheManager(TieredPrefix):
             self.pool.release(block)
             i -= 1
         return released
-
-    def retained_positions(self, request: Request) -> list[tuple[int, int]]:
-        """Token position ranges [start, end) whose KV the request still holds."""
-        n = request.num_computed_tokens
-        table = self.tables.get(request.request_id, [])
-        ranges: list[tuple[int, int]] = []
-        i = 0
-        while i < len(table):
-            if table[i] is None:
-                i += 1
-                continue
-            j = i
-            while j < len(table) and table[j] is not None:
-                j += 1
-            start, end = i * self.block_size, min(j * self.block_size, n)
-            if start < end:
-                ranges.append((start, end))
-            i = j
-        return ranges
