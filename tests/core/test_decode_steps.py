@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kvplan.engine.core import Scheduler, make_request
-from kvplan.engine.core.decode_steps import FINISH, UPDATE, DecodeMode, block_events
+from kvplan.engine.core.decode_events import FINISH, UPDATE, block_events
+from kvplan.engine.core.decode_steps import DecodeMode
 from kvplan.engine.core.decode_stretch import _sorted_order
 from kvplan.engine.core.eviction import EVICTION_POLICIES
 from tests.core.helpers import make_scheduler

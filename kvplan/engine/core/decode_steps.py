@@ -1,19 +1,10 @@
 """One decode step, applied to one step or to k at once: the scheduler's decode fast paths for count-only runs.
 
 A *plain decode* is a running request generating its next token: count-only (no token ids, so no stop token), one
-token pending past its prompt, n = 1 or already forked, its next write into no shared block. Its step has three
-effects, made here in one place (`block_events`, `replay`) whether one step or k are applied:
-
-* when the step is scheduled, in running order, per request: a new block when its position starts one
-  (`ALLOCATE`: an empty block, or the eviction policy's victim, as `kv.allocate` takes it), then the keys of the
-  block the step fills (`REGISTER`: a step's full blocks are keyed when it is scheduled, vLLM's timing, as
-  `Scheduler.emit` does);
-* when it is updated, in running order: one more computed and output token, and the request finishes at its
-  output budget (`FINISH`).
-
-Events sort by (step, schedule before update, running order, allocation before registration): the order the
-general loop makes them in, so a replay leaves the same block ids, eviction order, registrations and completion
-order as stepping. Two entry points use it:
+token pending past its prompt, n = 1 or already forked, its next write into no shared block. Its step's effects -
+a new block when its position starts one, the keys of the block it fills, and one more token with the finish at
+its output budget - are made here in one place (`decode_events.block_events`, then `replay`, in the events'
+order: the order the general loop makes them in) whether one step or k are applied. Two entry points use it:
 
 * bulk (`DecodeMode.BULK`: `schedule_leading`, then `update`) - in a step that also prefills or admits (the step
   after every arrival under load) the *leading* run of plain decodes in `running` is scheduled as one list,
@@ -47,8 +38,9 @@ Sink+window and hybrid caches use neither (their requests release blocks mid-req
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, cast
 
+from kvplan.engine.core.decode_events import ALLOCATE, REGISTER, SCHEDULE, Event, allocations_before_finish
 from kvplan.engine.core.outputs import SchedulerOutput, UpdateOutput
 from kvplan.engine.core.request import RUNNING, Request
 
@@ -58,12 +50,6 @@ if TYPE_CHECKING:
     from kvplan.engine.core.block_pool import KVBlock
     from kvplan.engine.core.scheduler import Scheduler
 
-SCHEDULE: Final = 0  # within a step, schedule() allocates and registers before update() finishes
-UPDATE: Final = 1
-ALLOCATE: Final = 0  # schedule() handles one request at a time: its allocation, then its keys
-REGISTER: Final = 1
-FINISH: Final = 2
-Event = tuple[int, int, int, int, int]  # (step, phase, running index, kind, logical block)
 
 
 class DecodeMode(enum.Enum):
@@ -360,7 +346,7 @@ class DecodeSteps:
                 else:
                     if next_taken == len(taken):  # the first since a completion: take all up to the next
                         taken = pool.allocate_many(allocations if allocations >= 0
-                                                   else _allocations_before_finish(events, order, e))
+                                                   else allocations_before_finish(events, order, e))
                         next_taken = 0
                     block = taken[next_taken]
                     next_taken += 1
@@ -387,35 +373,3 @@ class DecodeSteps:
             usage.extend([now] * (steps - recorded))
         return finished
 
-
-def block_events(events: list[Event], idx: int, pos: int, n: int, held: int, hashed: int, bs: int,
-                  registering: bool) -> None:
-    """Append (step, SCHEDULE, idx, kind, logical block) for every allocation and registration of running request
-    `idx` over n decode steps: it had `pos` tokens computed, block slots for `held` tokens (held >= pos, or
-    == pos when its next write opens a block) and `hashed` blocks keyed."""
-    # (while loops, not range(a, b, bs): the compiled build runs a range with a variable step as a Python iterator)
-    # Step t writes position pos + t; a new block is allocated whenever that position is the first not held.
-    start = held
-    while start < pos + n:
-        events.append((start - pos, SCHEDULE, idx, ALLOCATE, start // bs))
-        start += bs
-    if registering:
-        # Step t computes up to pos + t + 1 tokens; block e // bs - 1 (and any full one before it not yet keyed)
-        # is keyed when the step is scheduled, for the first e = pos + t + 1 past the keyed blocks and at every
-        # block end after it.
-        end = max((hashed + 1) * bs, pos + 1)
-        while end <= pos + n:
-            events.append((end - pos - 1, SCHEDULE, idx, REGISTER, end // bs - 1))
-            end += bs
-
-
-def _allocations_before_finish(events: list[Event], order: list[int] | None, first: int) -> int:
-    """How many ALLOCATE events there are from the `first`-th in sorted order up to the next FINISH (or the end)."""
-    count = 0
-    for e in range(first, len(events)):
-        kind = events[e if order is None else order[e]][3]
-        if kind == FINISH:
-            break
-        if kind == ALLOCATE:
-            count += 1
-    return count

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvplan.engine.core.decode_steps import FINISH, UPDATE, DecodeSteps, Event, block_events
+from kvplan.engine.core.decode_events import FINISH, UPDATE, Event, block_events
+from kvplan.engine.core.decode_steps import DecodeSteps
 from kvplan.engine.core.outputs import UpdateOutput
 
 if TYPE_CHECKING:
