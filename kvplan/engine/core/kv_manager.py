@@ -29,6 +29,7 @@ from typing import Final, cast
 from kvplan.engine.core.block_keys import PUBLIC
 from kvplan.engine.core.block_pool import BlockPool, KVBlock
 from kvplan.engine.core.config import CacheConfig
+from kvplan.engine.core.prefix_tiers import TierView
 from kvplan.engine.core.request import Request
 from kvplan.engine.core.swap_copies import copy_tables, distinct_blocks, swap_in_blocks
 from kvplan.engine.core.tiered_prefix import TieredPrefix
@@ -70,8 +71,10 @@ class KVCacheManager(TieredPrefix):
         self._every_block = not config.windowed and config.hybrid_layout is None
         self.windowed = config.windowed  # (read at every prefix lookup: an attribute, not the configuration's property)
         # Whether requests' own runs may be private blocks (`block_pool`): where it is the whole cache (a group's or
-        # a window's released blocks would leave a table unpublished) and the eviction policy reads no key
-        self._private_blocks = self._every_block and tables_on_requests and not self.pool.policy.reads_keys
+        # a window's released blocks would leave a table unpublished), the eviction policy reads no key, and no
+        # lower tier is told of keys or evictions (nor could hold another instance's keys: `share_tier` clears it)
+        self._private_blocks = (self._every_block and tables_on_requests and not self.pool.policy.reads_keys
+                                and not self.tiers)
         self.prefix_queries = 0  # tokens looked up at admission
         self.prefix_hits = 0  # tokens found cached
 
@@ -129,9 +132,8 @@ class KVCacheManager(TieredPrefix):
         limit = (request.num_tokens - 1) // self.block_size
         if self.windowed:  # only blocks the step keeps (sinks + one window): more would pass its peak
             limit = min(limit, self.sink_blocks + self.config.window_tokens // self.block_size)
-        # Never admitted yet, its own run's keys (salted with its id) are in no pool: looked up, they would miss.
-        # (Only where they could only ever be in this one: no lower tier, such as a cluster's shared store.)
-        if request.num_preemptions == 0 and self._private_blocks and not self.tiers:
+        # Never admitted yet, its own run's keys (salted with its id) are in no pool (no lower tier): they would miss
+        if request.num_preemptions == 0 and self._private_blocks:
             limit = min(limit, request.private_from)
         if limit <= 0:
             return hits, None, 0
@@ -162,25 +164,26 @@ class KVCacheManager(TieredPrefix):
             return
         table = self.table_of(request)
         assert table is not None  # (blocks are committed only once allocated)
-        pool = self.pool
-        # Its own run of keys as private blocks (`block_pool`), whose keys wait until they are published (see
-        # `_private_blocks`), where no lower tier is told of a key or an eviction
-        private = (request.private_from if self._private_blocks and pool.spill is None and pool.on_register is None
-                   else PUBLIC)
+        # Its own run of keys as private blocks (`block_pool`: their keys wait until published; `_private_blocks`)
+        private = request.private_from if self._private_blocks else PUBLIC
         if min(full, private) > first:
             request.block_keys.key(min(full, private) - 1)  # computes every key up to it in one call
         keys = request.block_keys.keys
-        pool.register_blocks(table, keys, first, full if private < full else min(full, len(keys)), self.key_salt,
-                             private)
+        self.pool.register_blocks(table, keys, first, full if private < full else min(full, len(keys)),
+                                  self.key_salt, private)
         request.num_hashed_blocks = full
 
     def publish(self, request: Request) -> None:
         """The request may look its blocks up again (it is preempted): enter its private ones (`block_pool`)."""
-        table = self.table_of(request)
+        table = self.table_of(request) if self._private_blocks else None  # (None: no private blocks here)
         private = request.private_from
         if table is not None and private < len(table) and request.block_keys is not None:
             request.block_keys.key(len(table) - 1)  # (its keys up to its last block: it has filled them)
             self.pool.publish(table, request.block_keys.keys, private)
+
+    def share_tier(self, view: TierView) -> None:
+        super().share_tier(view)
+        self._private_blocks = False  # a lower tier now holds keys (see `_private_blocks`); before any traffic
 
     def table_of(self, request: Request) -> list[KVBlock | None] | None:
         """The request's block table here, None while it holds none: its `kv_table` where this manager is the
